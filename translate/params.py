@@ -1,0 +1,103 @@
+"""Kernel parameters: the numbers a search picks for one TL program, and their pure validation."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+from hardware_profiles import Profile
+from tuner.problem import Problem
+
+
+@dataclass(frozen=True)
+class KernelParams:
+    """One candidate. Field names are the Optuna parameter names (search_spaces/ uses them)."""
+
+    block_m: int = 128
+    block_n: int = 64
+    num_warps: int = 4
+    kv_stages: int = 1              # K/V shared-memory buffers per tensor (1 = FA2's single buffer)
+    mma_atom: str = "SM80_16x8x16"
+    g2s_atom: str = "SM80_CP_ASYNC_CACHEGLOBAL"
+    s2r_atom: str = "SM75_U32x4_LDSM_N"
+    swizzle: int = 3                # B of Swizzle<B,3,3> on the shared-memory tiles; 0 = none
+    q_in_regs: bool = False
+
+    @property
+    def num_threads(self) -> int:
+        return self.num_warps * 32
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "KernelParams":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown kernel parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def key(self) -> str:
+        """A short stable name, used in kernel symbols and file names."""
+        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.kv_stages}"
+                f"_{self.mma_atom.split('_')[0].lower()}_{_short(self.g2s_atom)}_{_short(self.s2r_atom)}"
+                f"_sw{self.swizzle}_q{'r' if self.q_in_regs else 's'}")
+
+
+def _short(atom: str) -> str:
+    return {"SM80_CP_ASYNC_CACHEGLOBAL": "cpag", "SM80_CP_ASYNC_CACHEALWAYS": "cpaa",
+            "UniversalCopy128": "u128", "SM75_U32x4_LDSM_N": "ldsm4", "SM75_U32x2_LDSM_N": "ldsm2",
+            "UniversalCopy": "univ"}.get(atom, atom.lower())
+
+
+def smem_bytes(params: KernelParams, problem: Problem) -> int:
+    """Dynamic shared memory of the FA2-style design: Q tile + stages x (K tile + V tile)."""
+    elem = 2
+    q = params.block_m * problem.d_qk * elem
+    kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v) * elem
+    return q + kv
+
+
+def validate(params: KernelParams, profile: Profile, problem: Problem) -> list[str]:
+    """Every reason this candidate cannot work on this GPU for this problem; empty when legal.
+
+    Pure and cheap: runs before any compile, so an illegal combination costs nothing.
+    """
+    errors: list[str] = []
+    if problem.dtype not in profile.dtypes:
+        errors.append(f"{profile.name} has no {problem.dtype} tensor cores (supports {', '.join(profile.dtypes)})")
+    for field_name, legal in (("mma_atom", profile.mma_atoms), ("g2s_atom", profile.g2s_copy_atoms),
+                              ("s2r_atom", profile.s2r_copy_atoms)):
+        value = getattr(params, field_name)
+        if value not in legal:
+            errors.append(f"{field_name} {value} is not available on {profile.name} ({profile.nvcc_arch}); "
+                          f"legal: {', '.join(legal)}")
+    if params.num_warps not in (1, 2, 4, 8, 16):
+        errors.append(f"num_warps must be a power of two <= 16, got {params.num_warps}")
+    elif params.block_m % (16 * params.num_warps):
+        errors.append(f"block_m {params.block_m} must be a multiple of 16 x num_warps = {16 * params.num_warps} "
+                      "(each warp owns 16-row slabs of the M tile)")
+    if params.block_n % 16 or params.block_n <= 0:
+        errors.append(f"block_n {params.block_n} must be a positive multiple of 16 (k16 atoms in the P·V GEMM)")
+    if params.block_m <= 0:
+        errors.append(f"block_m must be positive, got {params.block_m}")
+    if params.kv_stages not in (1, 2, 3):
+        errors.append(f"kv_stages must be 1, 2 or 3, got {params.kv_stages}")
+    if params.swizzle not in (0, 1, 2, 3):
+        errors.append(f"swizzle must be 0..3, got {params.swizzle}")
+    for d in {problem.d_qk, problem.d_v}:
+        if d % 32:
+            errors.append(f"head dim {d} must be a multiple of 32 (shared-memory tile atoms are 32 or 64 wide)")
+    # Global->shared copies move 8 halves per thread, kBlockKSmem/8 threads per row.
+    row_threads = (64 if problem.d_qk % 64 == 0 else 32) // 8
+    if params.num_threads % row_threads:
+        errors.append(f"{params.num_threads} threads do not tile rows of {row_threads} copy threads")
+    smem = smem_bytes(params, problem)
+    if smem > profile.smem_per_block_bytes:
+        errors.append(f"shared memory {smem // 1024} KB (Q {params.block_m}x{problem.d_qk} + "
+                      f"{params.kv_stages} stage(s) of K/V {params.block_n}x({problem.d_qk}+{problem.d_v})) "
+                      f"exceeds the {profile.smem_per_block_kb} KB per-block limit of {profile.name}")
+    if params.num_threads * 1 > profile.max_threads_per_sm:
+        errors.append(f"{params.num_threads} threads exceed {profile.max_threads_per_sm} per SM")
+    if params.mma_atom == "SM75_16x8x8" and profile.sm >= 80 and problem.dtype == "bf16":
+        errors.append("SM75_16x8x8 has no bf16 variant; use SM80_16x8x16 for bf16")
+    return errors
