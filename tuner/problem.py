@@ -105,3 +105,38 @@ def grid_problems(variant: str, head_dim: int, dtype: str, causal: bool | None =
         for s in seqlens:
             out.append(Problem(variant, max(1, total_tokens // s), hq, hkv, s, s, dqk, dv, c, dtype))
     return out
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """What a compiled kernel bakes in at compile time; everything else (batch, heads, seqlens,
+    strides) is a runtime argument."""
+
+    variant: str
+    d_qk: int
+    d_v: int
+    causal: bool
+    dtype: str
+
+    @classmethod
+    def of(cls, problem: Problem) -> "KernelSpec":
+        return cls(problem.variant, problem.d_qk, problem.d_v, problem.causal, problem.dtype)
+
+    def label(self) -> str:
+        return f"{self.variant}_d{self.d_qk}x{self.d_v}_{'causal' if self.causal else 'noncausal'}_{self.dtype}"
+
+
+def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> KernelSpec:
+    """The kernel spec of a campaign: mla is always 192/128; others default to head dim 128."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; choose one of: {', '.join(VARIANTS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if variant == "mla":
+        if head_dim not in (None, MLA_D_QK):
+            raise ValueError(f"mla has head dims q/k {MLA_D_QK}, v {MLA_D_V}; --head-dim {head_dim} does not apply")
+        return KernelSpec(variant, MLA_D_QK, MLA_D_V, causal, dtype)
+    hd = 128 if head_dim is None else head_dim
+    if hd not in (64, 128):
+        raise ValueError(f"head dim {hd} is not supported; choose 64 or 128")
+    return KernelSpec(variant, hd, hd, causal, dtype)
