@@ -1,0 +1,282 @@
+"""Search spaces as data: one TOML file per variant (``mha.toml`` …), loaded into frozen dataclasses.
+
+A file declares each kernel parameter's domain (categorical ``choices`` or an ``int`` range), optional
+narrowing by head dim (``by_head_dim``), conditions (``when``: the parameter is only searched when
+earlier parameters take given values; otherwise ``default`` is used), per-architecture and per-dtype
+restrictions (``[arch.sm75]``, ``[dtype.bf16]``) and seeds from FA2/FA3's shipped choices.
+
+``suggest(trial, space, profile, spec)`` draws a ``KernelParams`` with Optuna's define-by-run API. The
+domain of each name depends only on (space, profile, head dim, dtype), which a study fixes, so the
+distributions stay identical across the trials of one study as Optuna requires.
+"""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+SPACE_DIR = Path(__file__).resolve().parent
+
+# Which profile list bounds each atom parameter.
+_PROFILE_ATOMS = {"mma_atom": "mma_atoms", "g2s_atom": "g2s_copy_atoms", "s2r_atom": "s2r_copy_atoms"}
+
+
+class SpaceError(ValueError):
+    """A search-space file that does not exist or is broken, or a space empty for a profile."""
+
+
+def _kernel_param_types() -> dict[str, type]:
+    from translate.params import KernelParams
+
+    return {f.name: type(getattr(KernelParams(), f.name)) for f in fields(KernelParams)}
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    name: str
+    kind: str                                           # "categorical" or "int"
+    choices: tuple = ()
+    low: int = 0
+    high: int = 0
+    step: int = 1
+    by_head_dim: tuple[tuple[int, tuple], ...] = ()
+    when: tuple[tuple[str, tuple], ...] = ()
+    default: Any = None
+
+    def base_choices(self, head_dim: int) -> tuple:
+        for hd, values in self.by_head_dim:
+            if hd == head_dim:
+                return values
+        if self.kind == "int":
+            return tuple(range(self.low, self.high + 1, self.step))
+        return self.choices
+
+
+@dataclass(frozen=True)
+class SpaceSeed:
+    head_dim: int | None
+    params: tuple[tuple[str, Any], ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    variant: str
+    params: tuple[ParamSpec, ...]
+    arch: tuple[tuple[str, tuple[tuple[str, tuple], ...]], ...] = ()
+    dtype: tuple[tuple[str, tuple[tuple[str, tuple], ...]], ...] = ()
+    seeds: tuple[SpaceSeed, ...] = ()
+    source: str = ""
+
+    def param(self, name: str) -> ParamSpec:
+        for p in self.params:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def domain(self, name: str, profile, head_dim: int, dtype: str) -> tuple:
+        """The values ``name`` may take for this profile, head dim and dtype (ordered as declared)."""
+        spec = self.param(name)
+        values = spec.base_choices(head_dim)
+        if name in _PROFILE_ATOMS:
+            legal = set(getattr(profile, _PROFILE_ATOMS[name]))
+            values = tuple(v for v in values if v in legal)
+        for table_key, tables in ((profile.arch_family, self.arch), (dtype, self.dtype)):
+            for key, restrictions in tables:
+                if key != table_key:
+                    continue
+                for pname, allowed in restrictions:
+                    if pname == name:
+                        values = tuple(v for v in values if v in allowed)
+        if not values:
+            raise SpaceError(f"{self.source}: parameter {name!r} has no legal value on {profile.name} "
+                             f"(head dim {head_dim}, {dtype})")
+        return values
+
+    def domains(self, profile, head_dim: int, dtype: str) -> dict[str, tuple]:
+        return {p.name: self.domain(p.name, profile, head_dim, dtype) for p in self.params}
+
+    def active(self, spec: ParamSpec, values: dict[str, Any]) -> bool:
+        return all(values.get(cond) in allowed for cond, allowed in spec.when)
+
+    def project(self, params: dict[str, Any], profile, head_dim: int, dtype: str) -> tuple[dict, list[str]]:
+        """The Optuna parameters of a full KernelParams dict (active ones only), or why it is outside."""
+        from translate.params import KernelParams
+
+        full = KernelParams.from_dict(params).to_dict()
+        chosen: dict[str, Any] = {}
+        problems: list[str] = []
+        for p in self.params:
+            if not self.active(p, full):
+                if full[p.name] != p.default:
+                    problems.append(f"{p.name}={full[p.name]!r} is fixed to {p.default!r} when "
+                                    + ", ".join(f"{c} not in {list(a)}" for c, a in p.when))
+                continue
+            domain = self.domain(p.name, profile, head_dim, dtype)
+            if full[p.name] not in domain:
+                problems.append(f"{p.name}={full[p.name]!r} is outside {list(domain)}")
+            chosen[p.name] = full[p.name]
+        return chosen, problems
+
+    def seeds_for(self, head_dim: int) -> list[SpaceSeed]:
+        return [s for s in self.seeds if s.head_dim in (None, head_dim)]
+
+
+def _fail(source: str, msg: str) -> SpaceError:
+    return SpaceError(f"{source}: {msg}")
+
+
+def _parse_param(name: str, raw: dict, types: dict[str, type], source: str, earlier: list[str]) -> ParamSpec:
+    if name not in types:
+        raise _fail(source, f"unknown parameter {name!r}; KernelParams has: {', '.join(types)}")
+    if not isinstance(raw, dict):
+        raise _fail(source, f"[params.{name}] must be a table")
+    allowed_keys = {"type", "choices", "low", "high", "step", "by_head_dim", "when", "default"}
+    unknown = sorted(set(raw) - allowed_keys)
+    if unknown:
+        raise _fail(source, f"[params.{name}]: unknown key(s) {', '.join(unknown)}")
+    want = types[name]
+    kind = raw.get("type", "categorical")
+
+    def check_values(values, where: str) -> tuple:
+        if not isinstance(values, list) or not values:
+            raise _fail(source, f"[params.{name}] {where} must be a non-empty list")
+        for v in values:
+            if type(v) is not want:  # bool is not an int here, and 64 is not "64"
+                raise _fail(source, f"[params.{name}] {where}: {v!r} is not a {want.__name__}")
+        if len(set(values)) != len(values):
+            raise _fail(source, f"[params.{name}] {where} has duplicates")
+        return tuple(values)
+
+    choices: tuple = ()
+    low = high = 0
+    step = 1
+    if kind == "categorical":
+        choices = check_values(raw.get("choices"), "choices")
+    elif kind == "int":
+        if want is not int:
+            raise _fail(source, f"[params.{name}] is a {want.__name__}; type = 'int' does not apply")
+        try:
+            low, high, step = int(raw["low"]), int(raw["high"]), int(raw.get("step", 1))
+        except (KeyError, TypeError, ValueError):
+            raise _fail(source, f"[params.{name}] type = 'int' needs integer low and high") from None
+        if low > high or step < 1:
+            raise _fail(source, f"[params.{name}] needs low <= high and step >= 1")
+    else:
+        raise _fail(source, f"[params.{name}] type must be 'categorical' or 'int', got {kind!r}")
+    by_hd = []
+    for hd, values in (raw.get("by_head_dim") or {}).items():
+        if not str(hd).isdigit():
+            raise _fail(source, f"[params.{name}] by_head_dim key {hd!r} is not a head dim")
+        by_hd.append((int(hd), check_values(values, f"by_head_dim.{hd}")))
+    when = []
+    for cond, values in (raw.get("when") or {}).items():
+        if cond not in earlier:
+            raise _fail(source, f"[params.{name}] condition on {cond!r}, which is not declared before it")
+        when.append((cond, tuple(values) if isinstance(values, list) else (values,)))
+    default = raw.get("default")
+    if when:
+        if default is None:
+            raise _fail(source, f"[params.{name}] has a 'when' condition and so needs a 'default'")
+        if type(default) is not want:
+            raise _fail(source, f"[params.{name}] default {default!r} is not a {want.__name__}")
+    return ParamSpec(name, kind, choices, low, high, step, tuple(by_hd), tuple(when), default)
+
+
+def _parse_restrictions(raw: Any, section: str, names: list[str], source: str):
+    if not isinstance(raw, dict):
+        raise _fail(source, f"[{section}] must hold tables")
+    out = []
+    for key, table in raw.items():
+        if not isinstance(table, dict):
+            raise _fail(source, f"[{section}.{key}] must be a table")
+        rules = []
+        for pname, allowed in table.items():
+            if pname not in names:
+                raise _fail(source, f"[{section}.{key}] restricts unknown parameter {pname!r}")
+            rules.append((pname, tuple(allowed) if isinstance(allowed, list) else (allowed,)))
+        out.append((key, tuple(rules)))
+    return tuple(out)
+
+
+def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
+    """Validate raw TOML data and build the SearchSpace; SpaceError names the file and the fault."""
+    types = _kernel_param_types()
+    unknown = sorted(set(data) - {"variant", "params", "arch", "dtype", "seeds"})
+    if unknown:
+        raise _fail(source, f"unknown top-level key(s): {', '.join(unknown)}")
+    variant = data.get("variant")
+    if not isinstance(variant, str):
+        raise _fail(source, "missing 'variant'")
+    raw_params = data.get("params")
+    if not isinstance(raw_params, dict) or not raw_params:
+        raise _fail(source, "no [params.*] tables")
+    params: list[ParamSpec] = []
+    for name, raw in raw_params.items():
+        params.append(_parse_param(name, raw, types, source, [p.name for p in params]))
+    names = [p.name for p in params]
+    seeds = []
+    for i, raw in enumerate(data.get("seeds", [])):
+        if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict):
+            raise _fail(source, f"seeds[{i}] needs a 'params' table")
+        bad = sorted(set(raw["params"]) - set(types))
+        if bad:
+            raise _fail(source, f"seeds[{i}]: unknown parameter(s) {', '.join(bad)}")
+        seeds.append(SpaceSeed(raw.get("head_dim"), tuple(sorted(raw["params"].items())),
+                               str(raw.get("source", f"{Path(source).name} seed {i}"))))
+    return SearchSpace(variant, tuple(params), _parse_restrictions(data.get("arch", {}), "arch", names, source),
+                       _parse_restrictions(data.get("dtype", {}), "dtype", names, source), tuple(seeds), source)
+
+
+def available_spaces(directory: Path = SPACE_DIR) -> list[str]:
+    return sorted(p.stem for p in Path(directory).glob("*.toml"))
+
+
+def load_space(variant: str, directory: Path = SPACE_DIR) -> SearchSpace:
+    """Load ``<variant>.toml``; an unknown variant lists the choices."""
+    names = available_spaces(directory)
+    key = variant.strip().lower()
+    if key not in names:
+        raise SpaceError(f"unknown variant {variant!r}; choose one of: {', '.join(names)}")
+    path = Path(directory) / f"{key}.toml"
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpaceError(f"{path}: not valid TOML: {exc}") from None
+    space = parse_space(data, str(path))
+    if space.variant != key:
+        raise SpaceError(f"{path}: variant {space.variant!r} does not match the file name")
+    return space
+
+
+def suggest(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | None = None,
+            dtype: str | None = None):
+    """Draw one KernelParams from ``trial`` (define-by-run), restricted to what ``profile`` allows.
+
+    ``spec`` (a KernelSpec) gives the head dim and dtype; they may also be given directly.
+    """
+    from translate.params import KernelParams
+
+    hd = head_dim if head_dim is not None else (spec.d_qk if spec is not None else 128)
+    dt = dtype if dtype is not None else (spec.dtype if spec is not None else profile.dtypes[-1])
+    values: dict[str, Any] = {}
+    for p in space.params:
+        if not space.active(p, values):
+            values[p.name] = p.default
+            continue
+        domain = space.domain(p.name, profile, hd, dt)
+        if p.kind == "int" and p.by_head_dim == () and domain == tuple(range(p.low, p.high + 1, p.step)):
+            values[p.name] = trial.suggest_int(p.name, p.low, p.high, step=p.step)
+        else:
+            values[p.name] = trial.suggest_categorical(p.name, list(domain))
+    return KernelParams(**values)
+
+
+__all__ = ["ParamSpec", "SearchSpace", "SpaceError", "SpaceSeed", "available_spaces", "load_space",
+           "parse_space", "suggest", "SPACE_DIR"]

@@ -1,0 +1,82 @@
+"""Printing and re-parsing any program gives the same program (hypothesis-generated programs)."""
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tl import format_program, parse
+from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef
+from tl.expr import normalize
+
+# Words the statement syntax gives a meaning; a generated name avoids them (any case).
+RESERVED = {"allocate", "in", "with", "offset", "copy", "coordinate", "coordinates", "from", "to", "compute",
+            "and", "or", "not", "get", "new", "accumulate", "reshape", "for", "if", "end", "endfor", "endif",
+            "then", "range"}
+
+names = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,7}", fullmatch=True).filter(lambda n: n.lower() not in RESERVED)
+numbers = st.integers(0, 4096).map(str)
+
+
+def _expr(leaf):
+    return st.recursive(
+        leaf,
+        lambda inner: st.one_of(
+            st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "%"]), inner).map(lambda t: f"{t[0]} {t[1]} {t[2]}"),
+            inner.map(lambda e: f"( {e} )"),
+            inner.map(lambda e: f"-{e}"),
+            st.tuples(inner, inner).map(lambda t: f"min({t[0]}, {t[1]})"),
+        ),
+        max_leaves=5,
+    ).map(normalize)
+
+
+exprs = _expr(st.one_of(names, numbers))
+conditions = st.tuples(exprs, st.sampled_from(["<", "<=", ">", ">=", "==", "!="]), exprs).map(
+    lambda t: normalize(f"{t[0]} {t[1]} {t[2]}"))
+shapes = st.lists(exprs, min_size=1, max_size=3).map(tuple)
+refs = st.builds(TensorRef, names, st.booleans())
+levels = st.sampled_from(LEVELS)
+odd_levels = st.one_of(levels, st.just("the moon"), names)
+
+allocates = st.builds(Allocate, names, levels, st.one_of(st.just(()), shapes), st.none() | exprs)
+copies = st.builds(Copy, refs, odd_levels, odd_levels, st.none() | shapes,
+                   st.none() | st.lists(st.tuples(names, exprs), min_size=1, max_size=2).map(tuple))
+results = st.one_of(st.tuples(st.none(), st.none()),
+                    st.tuples(names, st.sampled_from(["get", "get new", "accumulate"])))
+computes = st.builds(
+    lambda op, args, res, with_: Compute(op, tuple(args), res[0], res[1], tuple(with_)),
+    st.one_of(st.sampled_from(["GEMM", "Softmax", "Mask", "Exp", "Multiply"]), names),
+    st.lists(st.one_of(refs, numbers.map(TensorRef)), max_size=3),
+    results,
+    st.lists(names, max_size=3),
+)
+reshapes = st.builds(Reshape, names, shapes, shapes)
+simple = st.one_of(allocates, copies, computes, reshapes)
+
+
+def blocks(children):
+    bodies = st.lists(children, max_size=4).map(tuple)
+    return st.one_of(
+        st.builds(lambda v, a, b, body: For(v, a, b, body, "end"), names, exprs, exprs, bodies),
+        st.builds(lambda v, a, b, body: For(v, a, b, body, "python"), names, exprs, exprs,
+                  st.lists(children, min_size=1, max_size=4).map(tuple)),
+        st.builds(If, conditions, bodies),
+    )
+
+
+statements = st.recursive(simple, blocks, max_leaves=12)
+programs = st.lists(statements, max_size=8).map(lambda s: Program(tuple(s)))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(programs)
+def test_print_then_parse_gives_the_same_program(program):
+    text = format_program(program)
+    result = parse(text)
+    assert result.diagnostics == (), text + "\n" + "\n".join(map(str, result.diagnostics))
+    assert result.program == program
+    assert format_program(result.program) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(exprs)
+def test_normalize_is_idempotent(expr):
+    assert normalize(expr) == expr

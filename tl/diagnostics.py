@@ -1,0 +1,45 @@
+"""Diagnostics: one error found in a TL program, with the place and a one-line hint how to fix it.
+
+``str(d)`` is the compiler-style ``PATH:LINE:COL: error[CODE]: message`` followed by ``  hint: ...``,
+the form an LLM (or a person) repairs a sketch from.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Every code the parser and checker emit, with what it means (the CLI and docs list these).
+CODES = {
+    "syntax": "the line is not a TL statement, or a block is not closed/opened properly",
+    "undefined-tensor": "a tensor is used before any Allocate/Copy/result defines it",
+    "bad-copy": "a copy between levels that do not exist, or from a level to itself",
+    "bad-level": "an Allocate in a memory level that does not exist",
+    "bad-operand": "a GEMM operand that is not in shared memory or registers",
+    "gemm-layout": "the inner dimensions of a GEMM do not agree (a missing or extra .T)",
+    "missing-reshape": "an accumulator (MMA_C) feeds a GEMM as A operand without a Reshape to MMA_A",
+    "unknown-op": "a Compute operator that the translator does not know",
+    "bad-arity": "a Compute operator with the wrong number of operands or without its result",
+    "bad-loop": "a loop or if that is not well formed (empty body, bad bounds)",
+    "internal": "the checker itself failed (a bug: please report the input)",
+}
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    path: str
+    line: int
+    col: int
+    code: str
+    message: str
+    hint: str = ""
+
+    def __str__(self) -> str:
+        head = f"{self.path}:{self.line}:{self.col}: error[{self.code}]: {self.message}"
+        return f"{head}\n  hint: {self.hint}" if self.hint else head
+
+
+class TLSyntaxError(ValueError):
+    """Raised by ``parse_program`` when the text has syntax errors; carries all of them."""
+
+    def __init__(self, diagnostics):
+        self.diagnostics = tuple(diagnostics)
+        super().__init__("\n".join(str(d) for d in self.diagnostics) or "syntax error")

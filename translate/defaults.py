@@ -1,0 +1,57 @@
+"""The default candidate of a GPU profile for a kernel spec: FlashAttention's own choices (CUTE.md §2.3).
+
+Seeds are tried in order of preference; the first that ``validate`` accepts for the profile wins, so a
+profile with less shared memory (sm75: 64 KB, L40S: 99 KB) falls through to smaller tiles.
+"""
+from __future__ import annotations
+
+from hardware_profiles import Profile
+from translate.params import KernelParams, validate
+from tuner.problem import KernelSpec, Problem, heads_for
+
+
+def _seeds(profile: Profile, spec: KernelSpec) -> list[tuple[int, int, int]]:
+    """(block_m, block_n, warps) in order of preference."""
+    d = max(spec.d_qk, spec.d_v)
+    if profile.sm < 80:
+        # 64 KB per SM is also the block limit: tiles at exactly 64 KB leave no room for a second
+        # block or any static shared memory, and the m16n8k8 atom needs twice the MMA registers.
+        if d > 128:
+            return [(64, 32, 4), (64, 16, 4)]
+        if d > 64:
+            return [(64, 64, 4), (64, 32, 4)]
+        return [(128, 64, 4), (64, 64, 4)]
+    if d > 128:  # MLA 192/128: FA2 hd192 is 128x64x8
+        return [(128, 64, 8), (64, 64, 4), (64, 32, 4)]
+    if d > 64:   # hd128: A100/H100 128x64x4; sm86/89 128x32x4 (non-causal) or 64x64x4 (causal)
+        if profile.sm in (86, 89):
+            return [(64, 64, 4) if spec.causal else (128, 32, 4), (64, 64, 4), (64, 32, 4)]
+        return [(128, 64, 4), (64, 64, 4), (64, 32, 4)]
+    return [(128, 128, 4), (128, 64, 4), (64, 64, 4)]   # hd64 (and below)
+
+
+def probe_problem(spec: KernelSpec, seqlen: int = 1024) -> Problem:
+    """A grid-shaped problem of this spec, for checks that need one (validate looks at dims and dtype)."""
+    hq, hkv, _, _ = heads_for(spec.variant, spec.d_qk if spec.variant != "mla" else 128)
+    return Problem(spec.variant, 1, hq, hkv, seqlen, seqlen, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
+
+
+def default_params(profile: Profile, spec: KernelSpec) -> KernelParams:
+    """FA2's parameters for this head dim on this architecture, shrunk until they fit the profile."""
+    if profile.has_cp_async and "SM80_16x8x16" in profile.mma_atoms:
+        atoms = dict(mma_atom="SM80_16x8x16", g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", s2r_atom="SM75_U32x4_LDSM_N")
+    else:  # sm75: m16n8k8 mma, no cp.async (plain 128-bit loads), ldmatrix is there
+        atoms = dict(mma_atom="SM75_16x8x8", g2s_atom="UniversalCopy128",
+                     s2r_atom="SM75_U32x4_LDSM_N" if "SM75_U32x4_LDSM_N" in profile.s2r_copy_atoms
+                     else profile.s2r_copy_atoms[0])
+    swizzle = 3 if spec.d_qk % 64 == 0 and spec.d_v % 64 == 0 else 2
+    probe = probe_problem(spec)
+    tried = []
+    for block_m, block_n, warps in _seeds(profile, spec):
+        params = KernelParams(block_m=block_m, block_n=block_n, num_warps=warps, kv_stages=1, swizzle=swizzle,
+                              q_in_regs=False, **atoms)
+        errors = validate(params, profile, probe)
+        if not errors:
+            return params
+        tried.append(f"{params.key()}: {'; '.join(errors)}")
+    raise ValueError(f"no default candidate fits {profile.name} for {spec.label()}:\n  " + "\n  ".join(tried))

@@ -1,0 +1,218 @@
+// Device helpers for kernels generated from TL programs (translate/emitters.py).
+// One job each: GEMM loops with ldmatrix pipelined one k-block ahead, accumulator layout views,
+// the online softmax with exp2 and a folded scale, masking, predicated tile copies.
+// Structure follows FlashAttention-2 (csrc/flash_attn/src/{utils,softmax,mask}.h); written anew.
+#ifndef ATTN_TL_CUH
+#define ATTN_TL_CUH
+
+#include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/numeric_conversion.h>
+
+namespace attn_tl {
+using namespace cute;
+
+// ---- accumulator layouts --------------------------------------------------------------------------
+// mma.m16n8 C fragment: 4 values per atom, (c0,c1) on row r, (c2,c3) on row r+8.
+// (4, MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)): rows x cols view for row reductions.
+template <typename Layout>
+__forceinline__ __device__ auto rowcol_layout(Layout acc) {
+  static_assert(decltype(size<0>(acc))::value == 4);
+  static_assert(decltype(rank(acc))::value == 3);
+  auto l = logical_divide(acc, Shape<_2>{});
+  return make_layout(make_layout(get<0, 1>(l), get<1>(l)), make_layout(get<0, 0>(l), get<2>(l)));
+}
+
+// TL "Reshape S from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new)": for k16 atoms two
+// neighbouring C fragments are one A fragment, (4, M, N) -> ((4, 2), M, N/2); k8 atoms: unchanged.
+template <typename TiledMma, typename Layout>
+__forceinline__ __device__ auto acc_to_a_layout(Layout acc) {
+  using X = Underscore;
+  static_assert(decltype(size<0>(acc))::value == 4);
+  constexpr int kMmaK = decltype(get<2>(typename TiledMma::Shape_MNK{}))::value;
+  static_assert(kMmaK == 8 || kMmaK == 16);
+  if constexpr (kMmaK == 8) {
+    return acc;
+  } else {
+    auto l = logical_divide(acc, Shape<X, X, _2>{});
+    return make_layout(make_layout(get<0>(l), get<2, 0>(l)), get<1>(l), get<2, 1>(l));
+  }
+}
+
+// fp32 accumulator -> 16-bit operand, packed conversions (F2FP).
+template <typename To, typename Engine, typename Layout>
+__forceinline__ __device__ auto convert_type(Tensor<Engine, Layout> const& src) {
+  using From = typename Engine::value_type;
+  constexpr int kN = decltype(size(src))::value;
+  Tensor dst = make_tensor<To>(src.layout());
+  cutlass::NumericArrayConverter<To, From, kN> convert;
+  *reinterpret_cast<cutlass::Array<To, kN>*>(dst.data()) =
+      convert(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
+  return dst;
+}
+
+// ---- GEMMs ----------------------------------------------------------------------------------------
+// acc += A * B with both operands from shared memory; the ldmatrix of k-block k+1 is issued before
+// the MMAs of k-block k so shared-memory latency hides behind tensor-core work.
+template <bool kAInRegs, typename TiledMma, typename TAcc, typename TA, typename TB, typename TsA,
+          typename TsB, typename CopyA, typename CopyB, typename ThrCopyA, typename ThrCopyB>
+__forceinline__ __device__ void gemm_ss(TiledMma const& mma, TAcc& acc, TA& rA, TB& rB, TsA const& sA,
+                                        TsB const& sB, CopyA const& copy_a, CopyB const& copy_b,
+                                        ThrCopyA const& thr_a, ThrCopyB const& thr_b) {
+  Tensor rA_view = thr_a.retile_D(rA);
+  Tensor rB_view = thr_b.retile_D(rB);
+  if constexpr (!kAInRegs) { cute::copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{})); }
+  cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k < size<2>(rA) - 1) {
+      if constexpr (!kAInRegs) { cute::copy(copy_a, sA(_, _, k + 1), rA_view(_, _, k + 1)); }
+      cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1));
+    }
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// acc += A * B with A already in registers (P after the C->A reshape), B from shared memory.
+template <typename TiledMma, typename TAcc, typename TA, typename TB, typename TsB, typename CopyB,
+          typename ThrCopyB>
+__forceinline__ __device__ void gemm_rs(TiledMma const& mma, TAcc& acc, TA const& rA, TB& rB, TsB const& sB,
+                                        CopyB const& copy_b, ThrCopyB const& thr_b) {
+  Tensor rB_view = thr_b.retile_D(rB);
+  cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    if (k < size<2>(rA) - 1) { cute::copy(copy_b, sB(_, _, k + 1), rB_view(_, _, k + 1)); }
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
+// Load a whole operand fragment from shared memory (Q kept in registers).
+template <typename TR, typename TS, typename Copy, typename ThrCopy>
+__forceinline__ __device__ void load_fragment(TR& r, TS const& s, Copy const& copy, ThrCopy const& thr) {
+  Tensor r_view = thr.retile_D(r);
+  cute::copy(copy, s, r_view);
+}
+
+// ---- softmax --------------------------------------------------------------------------------------
+__forceinline__ __device__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <typename T>
+__forceinline__ __device__ T quad_max(T x) {  // the 4 threads of a quad share a row
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+}
+
+template <typename T>
+__forceinline__ __device__ T quad_sum(T x) {
+  x += __shfl_xor_sync(0xffffffff, x, 2);
+  return x + __shfl_xor_sync(0xffffffff, x, 1);
+}
+
+// Online softmax of one score tile: new running max, rescale of the running sum and of the output
+// accumulator by exp2((m_old - m_new) * scale_log2), P = exp2(S * scale_log2 - m_new * scale_log2)
+// (one FFMA + MUFU.EX2 per element). Row sums stay thread-local; normalize_rows reduces them.
+// A row with no visible key keeps max -inf; it is treated as max 0 so that P = 0, never NaN.
+template <typename TS, typename TO, typename TMax, typename TSum>
+__forceinline__ __device__ void online_softmax(TS& acc_s, TO& acc_o, TMax& row_max, TSum& row_sum,
+                                               float scale_log2) {
+  Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+  Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
+  static_assert(decltype(size<0>(s))::value == decltype(size<0>(o))::value);
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const float m_old = row_max(mi);
+    float m = m_old;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+    m = quad_max(m);
+    row_max(mi) = m;
+    const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+    const float rescale = fast_exp2(m_old * scale_log2 - m_scaled);
+    row_sum(mi) *= rescale;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= rescale; }
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      s(mi, ni) = fast_exp2(s(mi, ni) * scale_log2 - m_scaled);
+      sum += s(mi, ni);
+    }
+    row_sum(mi) += sum;
+  }
+}
+
+// TL "Compute Divide O, Ssum": reduce the thread-local row sums over the quad, divide; a row that saw
+// no key (sum 0) gets output 0, as FlashAttention defines it.
+template <typename TO, typename TSum>
+__forceinline__ __device__ void normalize_rows(TO& acc_o, TSum& row_sum) {
+  Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(o); ++mi) {
+    const float sum = quad_sum(row_sum(mi));
+    row_sum(mi) = sum;
+    const float inv = (sum == 0.f || sum != sum) ? 0.f : 1.f / sum;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= inv; }
+  }
+}
+
+// Elementwise ops of TL "Compute Multiply/Add/Subtract/Divide X, y".
+template <typename TR, typename TA, typename F>
+__forceinline__ __device__ void elementwise(TR& r, TA const& a, F f) {
+  CUTE_UNROLL
+  for (int j = 0; j < size(r); ++j) { r(j) = f(a(j)); }
+}
+
+// ---- masking --------------------------------------------------------------------------------------
+// -inf where the key column is past seqlen_k or, causal, past the bottom-right aligned diagonal:
+// query row r sees key c iff c <= r + seqlen_k - seqlen_q.
+template <bool kCausal, typename TS, typename TC>
+__forceinline__ __device__ void apply_mask(TS& acc_s, TC const& coord, int row0, int col0, int seqlen_k,
+                                           int causal_offset) {
+  CUTE_UNROLL
+  for (int j = 0; j < size(acc_s); ++j) {
+    const int r = row0 + get<0>(coord(j));
+    const int c = col0 + get<1>(coord(j));
+    if (c >= seqlen_k || (kCausal && c > r + causal_offset)) { acc_s(j) = -INFINITY; }
+  }
+}
+
+// ---- tile copies ----------------------------------------------------------------------------------
+// Rows past max_rows are zero-filled in the destination (ragged last tiles: finite zeros, so that
+// masked columns of P multiply zeros of V, never stale shared memory).
+template <typename TiledCopy, typename TSrc, typename TDst, typename TCoord>
+__forceinline__ __device__ void copy_rows_zfill(TiledCopy const& tc, TSrc const& src, TDst&& dst,
+                                                TCoord const& coord, int max_rows) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coord(0, m, 0)) < max_rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src); ++k) { cute::copy(tc, src(_, m, k), dst(_, m, k)); }
+    } else {
+      cute::clear(dst(_, m, _));
+    }
+  }
+}
+
+// Rows past max_rows are not written (ragged last query tile).
+template <typename TiledCopy, typename TSrc, typename TDst, typename TCoord>
+__forceinline__ __device__ void store_rows(TiledCopy const& tc, TSrc const& src, TDst&& dst,
+                                           TCoord const& coord, int max_rows) {
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(src); ++m) {
+    if (get<0>(coord(0, m, 0)) < max_rows) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(src); ++k) { cute::copy(tc, src(_, m, k), dst(_, m, k)); }
+    }
+  }
+}
+
+}  // namespace attn_tl
+
+#endif  // ATTN_TL_CUH

@@ -1,0 +1,67 @@
+"""What the translator hands out: a generated kernel (source + launch facts) and its error type."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from translate.params import KernelParams
+from tuner.problem import KernelSpec
+
+# Bump when the kernel's argument list or launch geometry changes; the runtime checks it.
+ABI_VERSION = 1
+
+# The kernel's arguments, in order (runtime.py packs them; see the emitted signature).
+KERNEL_ARGS = (
+    ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"),
+    ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("group", "i32"),
+    ("q_batch_stride", "i64"), ("q_row_stride", "i64"), ("q_head_stride", "i64"),
+    ("k_batch_stride", "i64"), ("k_row_stride", "i64"), ("k_head_stride", "i64"),
+    ("v_batch_stride", "i64"), ("v_row_stride", "i64"), ("v_head_stride", "i64"),
+    ("o_batch_stride", "i64"), ("o_row_stride", "i64"), ("o_head_stride", "i64"),
+)
+
+
+class TranslationError(ValueError):
+    """A TL program the translator cannot turn into a kernel; names the TL line."""
+
+    def __init__(self, message: str, line: int = 0):
+        self.line = line
+        self.message = message
+        super().__init__(f"TL line {line}: {message}" if line else message)
+
+
+@dataclass(frozen=True)
+class GeneratedKernel:
+    """One kernel: ``preamble`` (#includes, identical for every config) + ``body`` (a namespace
+    holding the ``extern "C"`` kernel ``name``), so that many bodies can share one translation unit.
+
+    Launch: grid (ceil(seqlen_q / block_m), heads_q, batch), ``num_threads`` threads,
+    ``smem_bytes`` dynamic shared memory; arguments as in ``KERNEL_ARGS``.
+    """
+
+    name: str
+    preamble: str
+    body: str
+    num_threads: int
+    smem_bytes: int
+    block_m: int
+    block_n: int
+    spec: KernelSpec
+    params: KernelParams
+
+    @property
+    def source(self) -> str:
+        return self.preamble + "\n" + self.body
+
+    def meta(self) -> dict:
+        """JSON-able sidecar that runtime.load_kernel needs to launch the cubin."""
+        return {
+            "abi": ABI_VERSION,
+            "name": self.name,
+            "num_threads": self.num_threads,
+            "smem_bytes": self.smem_bytes,
+            "block_m": self.block_m,
+            "block_n": self.block_n,
+            "spec": asdict(self.spec),
+            "params": self.params.to_dict(),
+            "args": [list(a) for a in KERNEL_ARGS],
+        }

@@ -1,0 +1,393 @@
+"""`tune bench`: our kernel against torch SDPA's flash, cuDNN and efficient backends on the paper grid.
+
+Protocol (DESIGN.md): 16k tokens per shape (batch = 16384 / seqlen), hidden 2048; every backend measured
+in this process on the same input tensors; median of many timed runs after warm-up, rotating several input
+sets so no run finds its operands in L2; TFLOPS = Problem.flops / time. Our kernel is verified first: an
+unverified kernel is reported FAILED and never timed.
+
+Our kernel takes (b, s, h, d); SDPA takes (b, h, s, d): SDPA gets transposed views of the same storage.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import json
+import math
+import platform
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from tuner.problem import Problem, grid_problems
+
+BASELINES = ("flash", "cudnn", "efficient")
+DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+# Our output against the first baseline that ran, on the benchmark inputs themselves: a kernel that
+# passed verification on small shapes but breaks at grid size (index overflow, grid limits) is caught.
+CROSS_CHECK_REL_ERR = 2e-2
+
+
+def tflops(problem: Problem, ms: float) -> float:
+    return problem.flops / (ms * 1e-3) / 1e12
+
+
+def bench_problems(variant: str, head_dim: Optional[int], dtype: str, causal: Optional[bool],
+                   seqlens: Sequence[int] = DEFAULT_SEQLENS) -> list[Problem]:
+    """The paper grid: MHA 32 heads at d64 / 16 at d128, GQA 16q/2kv and MQA 16q/1kv at d128, MLA 16 heads
+    192/128; causal and not unless one is asked for."""
+    # heads_for ignores the head dim for mla (always 192/128)
+    return grid_problems(variant, 128 if head_dim is None else head_dim, dtype, causal, seqlens=tuple(seqlens))
+
+
+def parse_seqlens(text: Optional[str]) -> tuple[int, ...]:
+    if text is None:
+        return DEFAULT_SEQLENS
+    try:
+        values = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise ValueError(f"--seqlens must be a comma list of integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise ValueError(f"--seqlens needs positive integers, got {text!r}")
+    return values
+
+
+# -- inputs and timing (torch imported lazily: the module loads on CPU-only machines) ----------------
+
+
+def _torch_dtype(dtype: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+def make_inputs(problem: Problem, sets: int = 3, seed: int = 0) -> list[tuple]:
+    """``sets`` independent (q, k, v) triples in our (b, s, h, d) layout, on the current CUDA device."""
+    import torch
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    dt = _torch_dtype(problem.dtype)
+    p = problem
+
+    def randn(*shape):
+        return torch.randn(*shape, device="cuda", dtype=dt, generator=gen)
+
+    return [(randn(p.batch, p.seqlen_q, p.heads_q, p.d_qk), randn(p.batch, p.seqlen_k, p.heads_kv, p.d_qk),
+             randn(p.batch, p.seqlen_k, p.heads_kv, p.d_v)) for _ in range(max(1, sets))]
+
+
+def time_ms(fn: Callable[[], object], warmup: int = 10, reps: int = 50) -> float:
+    """Median milliseconds of ``fn`` on the current stream: triton's do_bench when installed (it also
+    flushes L2), else CUDA events around each call."""
+    try:
+        from triton.testing import do_bench
+    except ImportError:
+        do_bench = None
+    if do_bench is not None:
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _rotating(call: Callable, inputs: Sequence[tuple]) -> Callable[[], object]:
+    cycle = itertools.cycle(inputs)
+    return lambda: call(*next(cycle))
+
+
+def measure_problem(kernel, problem: Problem, rotate: int = 3, inputs: Optional[Sequence[tuple]] = None) -> float:
+    """Median ms of ``kernel(q, k, v)`` on this problem, rotating ``rotate`` input sets."""
+    inputs = inputs if inputs is not None else make_inputs(problem, rotate)
+    return time_ms(_rotating(kernel, inputs))
+
+
+def _sdpa_call(problem: Problem):
+    import torch.nn.functional as F
+
+    gqa = problem.heads_q != problem.heads_kv
+
+    def call(q, k, v):
+        kwargs = {"enable_gqa": True} if gqa else {}
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=problem.causal, scale=problem.softmax_scale, **kwargs)
+
+    return call
+
+
+def _backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0][:200] if text else type(exc).__name__)
+
+
+def measure_baselines(problem: Problem, inputs: Optional[Sequence[tuple]] = None, *, rotate: int = 3,
+                      errors: Optional[dict] = None, outputs: Optional[dict] = None) -> dict[str, Optional[float]]:
+    """TFLOPS of torch SDPA's flash, cuDNN and efficient backends; None where a backend cannot run the
+    shape (its error goes to ``errors[name]``). ``outputs[name]`` receives each backend's output on the
+    first input set, for cross-checks."""
+    import torch
+    from torch.nn.attention import sdpa_kernel
+
+    inputs = inputs if inputs is not None else make_inputs(problem, rotate)
+    call = _sdpa_call(problem)
+    result: dict[str, Optional[float]] = {}
+    for name in BASELINES:
+        try:
+            with sdpa_kernel(_backend(name)):
+                out = call(*inputs[0])
+                torch.cuda.synchronize()
+                if outputs is not None:
+                    outputs[name] = out.transpose(1, 2)
+                result[name] = tflops(problem, time_ms(_rotating(call, inputs)))
+        except Exception as exc:  # noqa: BLE001 - "cannot run this shape" comes in many exception types
+            result[name] = None
+            if errors is not None:
+                errors[name] = _first_line(exc)
+    return result
+
+
+def _rel_err(out, ref) -> float:
+    diff = (out.float() - ref.float()).norm().item()
+    base = ref.float().norm().item()
+    return diff / base if base else math.inf
+
+
+def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, verify_reason: str = "",
+               rotate: int = 3, with_baselines: bool = True, on_row: Optional[Callable[[dict], None]] = None
+               ) -> list[dict]:
+    """One dict per problem: TFLOPS of ours (None unless ``verified`` and the run checks out), of each
+    baseline, and the ratios. ``kernel`` may be None (baselines only)."""
+    import torch
+
+    rows = []
+    for problem in problems:
+        row = problem_row(problem)
+        inputs = make_inputs(problem, rotate)
+        errors: dict[str, str] = {}
+        outputs: dict = {}
+        baselines = measure_baselines(problem, inputs, errors=errors, outputs=outputs) if with_baselines else {}
+        row.update({name: _round(baselines.get(name)) for name in BASELINES})
+        row.update({f"{name}_err": msg for name, msg in errors.items()})
+        row["ours"] = None
+        if kernel is None:
+            row["status"] = "no kernel"
+        elif not verified:
+            row["status"] = "FAILED"
+            row["reason"] = verify_reason or "verification failed"
+        else:
+            try:
+                out = kernel(*inputs[0])
+                torch.cuda.synchronize()
+                ref = next((outputs[n] for n in BASELINES if n in outputs), None)
+                if ref is not None:
+                    row["cross_check_rel_err"] = _rel_err(out, ref)
+                bad = (not torch.isfinite(out).all().item()) or row.get("cross_check_rel_err", 0.0) > CROSS_CHECK_REL_ERR
+                if bad:
+                    row["status"] = "FAILED"
+                    row["reason"] = (f"output differs from SDPA on the benchmark inputs "
+                                     f"(rel err {row.get('cross_check_rel_err', float('nan')):.3g}) or is not finite")
+                else:
+                    ms = measure_problem(kernel, problem, inputs=inputs)
+                    row.update(ours=_round(tflops(problem, ms)), ours_ms=round(ms, 4), status="ok")
+            except Exception as exc:  # noqa: BLE001 - a launch failure is a result for this row
+                row["status"] = "error"
+                row["reason"] = _first_line(exc)
+        for name in BASELINES:
+            ours, base = row.get("ours"), row.get(name)
+            row[f"ours/{name}"] = round(ours / base, 3) if ours and base else None
+        del inputs, outputs
+        torch.cuda.empty_cache()
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def problem_row(problem: Problem) -> dict:
+    return {"variant": problem.variant, "batch": problem.batch, "heads_q": problem.heads_q,
+            "heads_kv": problem.heads_kv, "seqlen": problem.seqlen_q, "d_qk": problem.d_qk, "d_v": problem.d_v,
+            "causal": problem.causal, "dtype": problem.dtype, "flops": problem.flops}
+
+
+def _round(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(x, 1)
+
+
+# -- the command --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Built:
+    spec: object
+    params: object
+    kernel: object          # GeneratedKernel
+    compiled: object        # CompileResult
+
+
+def _results_table(rows: Sequence[dict], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("seqlen", "causal", "batch", "heads", "ours TF", "flash", "cudnn", "efficient",
+                "ours/flash", "ours/cudnn", "ours/eff", "status"):
+        table.add_column(col, justify="right" if col not in ("status", "causal") else "left")
+
+    def fmt(x):
+        return "–" if x is None else f"{x:g}"
+
+    for r in rows:
+        status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/red] {r.get('reason', '')}"
+        table.add_row(str(r["seqlen"]), "yes" if r["causal"] else "no", str(r["batch"]),
+                      f"{r['heads_q']}/{r['heads_kv']}", fmt(r.get("ours")), fmt(r.get("flash")),
+                      fmt(r.get("cudnn")), fmt(r.get("efficient")), fmt(r.get("ours/flash")),
+                      fmt(r.get("ours/cudnn")), fmt(r.get("ours/efficient")), status)
+    return table
+
+
+def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Path], head_dim: Optional[int],
+              dtype: Optional[str], causal: Optional[bool], seqlens: Optional[str], out_json: Optional[Path],
+              console: Optional[Console] = None, cache_dir: Optional[Path] = None) -> int:
+    """0 measured (some rows may be FAILED: see the table); 1 sketch/params/compile failed; 2 bad input,
+    no GPU, or a GPU the profile's cubins cannot run on."""
+    from tuner.build_cmd import UsageError, resolve_target
+
+    console = console or Console()
+    err = Console(stderr=True)
+
+    def usage(msg: str) -> int:
+        err.print(f"tune bench: error: {msg}", markup=False, highlight=False)
+        return 2
+
+    causals = [False, True] if causal is None else [causal]
+    try:
+        seqlen_list = parse_seqlens(seqlens)
+        targets = [resolve_target(gpu, variant, head_dim, dtype, c) for c in causals]
+    except (UsageError, ValueError) as exc:
+        return usage(str(exc))
+    profile = targets[0][0]
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return usage("no CUDA GPU is visible: `tune bench` times kernels on a GPU "
+                     "(use `tune build` to translate and compile without one)")
+    major, minor = torch.cuda.get_device_capability()
+    device_name = torch.cuda.get_device_name()
+    if (major, minor) != tuple(profile.compute_capability) and not (profile.sm == 80 and major == 8):
+        return usage(f"the {profile.name} profile builds {profile.nvcc_arch} cubins, which cannot run (or be "
+                     f"timed meaningfully) on this {device_name} (compute capability {major}.{minor})")
+    if not any(n.lower() in device_name.lower() for n in profile.device_names):
+        err.print(f"warning: this is a {device_name}, not one of the {profile.name} profile's devices "
+                  f"({', '.join(profile.device_names)}); the numbers are for this device", markup=False)
+
+    built, code = _build_kernels(targets, variant, params, sketch, profile, err, cache_dir)
+    if built is None:
+        return code
+
+    from tuner.runtime import load_kernel
+    from tuner.verify import verify
+
+    all_rows: list[dict] = []
+    kernels_info = {}
+    for b in built:
+        label = b.spec.label()
+        problems = bench_problems(variant, head_dim, b.spec.dtype, b.spec.causal, seqlen_list)
+        kernel, verified, reason, report = None, False, "", None
+        try:
+            kernel = load_kernel(b.compiled.cubin, b.kernel.meta())
+            report = verify(kernel, b.spec)
+            verified, reason = bool(report.passed), (report.reason or "")
+        except Exception as exc:  # noqa: BLE001 - a kernel that cannot load or run is a FAILED row, not a crash
+            reason = f"{type(exc).__name__}: {_first_line(exc)}"
+        kernels_info[label] = {"name": b.kernel.name, "params": b.params.to_dict(),
+                               "resources": b.compiled.resources(), "verified": verified, "reason": reason,
+                               "verification": report.to_dict() if report is not None else None}
+        if not verified:
+            err.print(f"{b.kernel.name}: verification FAILED ({reason}); it is not timed", markup=False)
+        console.print(f"[bold]{label}[/bold]: {b.kernel.name} {b.params.key()} "
+                      f"({b.compiled.registers} regs, {b.compiled.spill_stores} B spills)")
+        all_rows += bench_rows(kernel, problems,
+                               verified=verified, verify_reason=reason,
+                               on_row=lambda r: console.print(
+                                   f"  s={r['seqlen']:>5} causal={r['causal']!s:5} ours={r.get('ours')} "
+                                   f"flash={r.get('flash')} cudnn={r.get('cudnn')} eff={r.get('efficient')} "
+                                   f"{r['status']}", markup=False, highlight=False))
+    console.print(_results_table(all_rows, f"{variant} on {device_name} ({profile.name}), TFLOPS"))
+
+    if out_json is not None:
+        record = {
+            "tool": "tune bench", "command": " ".join(sys.argv), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "device": device_name, "capability": f"{major}.{minor}", "gpu_profile": profile.name,
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "python": platform.python_version(), "nvcc": built[0].compiled.nvcc_version,
+            "variant": variant, "kernels": kernels_info, "rows": all_rows,
+        }
+        try:
+            Path(out_json).parent.mkdir(parents=True, exist_ok=True)
+            Path(out_json).write_text(json.dumps(record, indent=1, default=str))
+        except OSError as exc:
+            return usage(f"cannot write {out_json}: {exc.strerror or exc}")
+        console.print(f"wrote {out_json}", markup=False, highlight=False)
+    return 0
+
+
+def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir):
+    """Translate and compile one kernel per (spec) in one batched nvcc call. (built, exit code)."""
+    import translate
+    from translate import nvcc
+    from translate.defaults import default_params, probe_problem
+    from translate.params import validate
+    from tuner.build_cmd import UsageError, load_checked_program, parse_params_arg
+
+    pending = []
+    for prof, spec in targets:
+        try:
+            program, _, label, diagnostics = load_checked_program(variant, spec.causal, sketch)
+            kp = parse_params_arg(params, default_params(prof, spec))
+        except UsageError as exc:
+            err.print(f"tune bench: error: {exc}", markup=False, highlight=False)
+            return None, 2
+        except ValueError as exc:
+            err.print(f"tune bench: error: {exc}", markup=False, highlight=False)
+            return None, 1
+        if diagnostics or program is None:
+            for d in diagnostics:
+                err.print(str(d), markup=False, highlight=False)
+            return None, 1
+        reasons = validate(kp, prof, probe_problem(spec))
+        if reasons:
+            err.print(f"parameters {kp.key()} are not legal for {spec.label()}: " + "; ".join(reasons), markup=False)
+            return None, 1
+        try:
+            pending.append((spec, kp, translate.generate(program, kp, prof, spec)))
+        except translate.TranslationError as exc:
+            err.print(f"translation failed for {spec.label()}: {exc}", markup=False, highlight=False)
+            return None, 1
+    compiled = nvcc.compile_kernels([k for _, _, k in pending], profile.nvcc_arch,
+                                    cache_dir=cache_dir or nvcc.default_cache_dir())
+    for (spec, _, k), res in zip(pending, compiled):
+        if not res.ok:
+            err.print(res.log[-3000:], markup=False, highlight=False)
+            err.print(f"nvcc: {res.error_kind} for {k.name}", markup=False)
+            return None, 2 if res.error_kind == "nvcc-missing" else 1
+    return [_Built(spec, kp, k, res) for (spec, kp, k), res in zip(pending, compiled)], 0

@@ -1,0 +1,184 @@
+"""`tune build`: TL sketch + parameters + GPU profile -> DIR/<kernel>.cu, .cubin and .json. No GPU needed."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+from hardware_profiles import Profile, ProfileError, load_profile
+from translate.params import KernelParams, validate
+from tuner.problem import KernelSpec, spec_for
+
+
+class UsageError(ValueError):
+    """Bad command-line input (exit 2)."""
+
+
+def default_dtype(profile: Profile) -> str:
+    """bf16 where the tensor cores have it, else fp16 (Turing)."""
+    return "bf16" if "bf16" in profile.dtypes else "fp16"
+
+
+def parse_params_arg(text: Optional[str], base: KernelParams) -> KernelParams:
+    """``--params``: a JSON object, or a file holding one; fields not given keep the base's values."""
+    if text is None:
+        return base
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        source, raw = "--params", stripped
+    else:
+        path = Path(text)
+        if not path.is_file():
+            raise UsageError(f"--params {text!r} is neither a JSON object nor a file")
+        try:
+            source, raw = str(path), path.read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read --params file {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{source}: not valid JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("params"), dict):
+        data = data["params"]  # accept a build/bench/export JSON as is
+    if not isinstance(data, dict):
+        raise UsageError(f"{source}: kernel parameters must be a JSON object, got {type(data).__name__}")
+    try:
+        return KernelParams.from_dict({**base.to_dict(), **data})
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{source}: {exc}") from None
+
+
+def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optional[str],
+                   causal: bool) -> tuple[Profile, KernelSpec]:
+    """Profile and kernel spec from the command line; UsageError naming the choices when one is wrong."""
+    try:
+        profile = load_profile(gpu)
+    except ProfileError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        spec = spec_for(variant, head_dim, dtype or default_dtype(profile), causal)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return profile, spec
+
+
+def load_checked_program(variant: str, causal: bool, sketch: Optional[Path]):
+    """(program, source text, path label, diagnostics). The built-in reference sketch when no file."""
+    import tl
+
+    if sketch is None:
+        text, label = tl.load_sketch(variant, causal), f"<reference {variant} {'causal' if causal else 'noncausal'}>"
+    else:
+        try:
+            text, label = Path(sketch).read_text(), str(sketch)
+        except OSError as exc:
+            raise UsageError(f"cannot read sketch {sketch}: {exc.strerror or exc}") from None
+    program, diagnostics = tl.check_source(text, label)
+    return program, text, label, list(diagnostics)
+
+
+def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[str], head_dim: Optional[int],
+              dtype: Optional[str], causal: bool, out: Path, console: Optional[Console] = None,
+              cache_dir: Optional[Path] = None) -> int:
+    """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input or missing toolchain."""
+    import translate
+    from translate import nvcc
+    from translate.defaults import default_params, probe_problem
+
+    console = console or Console()
+    err = Console(stderr=True)
+    try:
+        profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal)
+        program, _, label, diagnostics = load_checked_program(variant, causal, sketch)
+        if diagnostics or program is None:
+            for d in diagnostics:
+                err.print(str(d), markup=False, highlight=False)
+            err.print(f"{label}: {len(diagnostics)} problem(s); nothing built", markup=False)
+            return 1
+        base = default_params(profile, spec)
+        kernel_params = parse_params_arg(params, base)
+    except UsageError as exc:
+        err.print(f"tune build: error: {exc}", markup=False, highlight=False)
+        return 2
+    except ValueError as exc:  # no default candidate fits the profile
+        err.print(f"tune build: error: {exc}", markup=False, highlight=False)
+        return 1
+
+    reasons = validate(kernel_params, profile, probe_problem(spec))
+    if reasons:
+        err.print(f"parameters {kernel_params.key()} are not legal on {profile.name} for {spec.label()}:",
+                  markup=False)
+        for r in reasons:
+            err.print(f"  - {r}", markup=False, highlight=False)
+        return 1
+    try:
+        kernel = translate.generate(program, kernel_params, profile, spec)
+    except translate.TranslationError as exc:
+        err.print(f"translation failed: {exc}", markup=False, highlight=False)
+        return 1
+
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{kernel.name}.cu").write_text(kernel.source)
+    except OSError as exc:
+        err.print(f"tune build: error: cannot write to {out}: {exc.strerror or exc}", markup=False)
+        return 2
+    result = nvcc.compile_kernels([kernel], profile.nvcc_arch, cache_dir=cache_dir or nvcc.default_cache_dir(),
+                                  batch_size=1, jobs=1)[0]
+    if not result.ok:
+        (out / f"{kernel.name}.log").write_text(result.log)
+        err.print(result.log[-4000:], markup=False, highlight=False)
+        err.print(f"nvcc: {result.error_kind} for {kernel.name} ({profile.nvcc_arch}); "
+                  f"log in {out / (kernel.name + '.log')}", markup=False)
+        return 2 if result.error_kind == "nvcc-missing" else 1
+
+    cubin_path = out / f"{kernel.name}.cubin"
+    cubin_path.write_bytes(result.cubin)
+    try:
+        sass = nvcc.sass_summary(cubin_path, kernel.name)
+    except (RuntimeError, ValueError, OSError) as exc:
+        sass = {"error": str(exc)}
+    if sass is None:
+        sass = {"error": "cuobjdump not available"}
+    record = build_record(kernel, result, profile, spec, kernel_params, sass)
+    (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
+    console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
+                  f"{result.registers} regs, {result.spill_stores} B spill stores, "
+                  f"{kernel.smem_bytes} B dynamic smem, {kernel.num_threads} threads, "
+                  f"{'cached' if result.cached else f'{result.compile_seconds:.1f} s'}"
+                  f"; HMMA {sass.get('HMMA', '?')}")
+    console.print(f"  {out / kernel.name}.{{cu,cubin,json}}", markup=False, highlight=False)
+    return 0
+
+
+def build_record(kernel, result, profile: Profile, spec: KernelSpec, params: KernelParams, sass: dict) -> dict:
+    """The JSON sidecar: what runtime.load_kernel and the reports need besides the cubin."""
+    from translate import nvcc
+
+    try:
+        meta = kernel.meta()
+    except Exception:  # noqa: BLE001 - a sidecar without meta is still useful
+        meta = {}
+    return {
+        "name": kernel.name,
+        "gpu": profile.name,
+        "arch": profile.nvcc_arch,
+        "spec": dataclasses.asdict(spec),
+        "params": params.to_dict(),
+        "num_threads": kernel.num_threads,
+        "smem_bytes": kernel.smem_bytes,
+        "block_m": kernel.block_m,
+        "block_n": kernel.block_n,
+        "resources": result.resources(),
+        "compile_seconds": round(result.compile_seconds, 3),
+        "cached": result.cached,
+        "cache_key": result.key,
+        "nvcc_version": result.nvcc_version,
+        "cutlass_version": nvcc.cutlass_version(),
+        "sass": sass,
+        "meta": meta,
+    }

@@ -1,0 +1,40 @@
+"""The options of one campaign, as the CLI gives them (frozen; checked by ``resolve``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
+
+
+@dataclass(frozen=True)
+class CampaignOptions:
+    gpu: str
+    variant: str
+    trials: int = 60                      # finished trials (seeds included) the study should hold
+    timeout: Optional[float] = None       # wall-clock budget of this run, seconds
+    head_dim: Optional[int] = None
+    dtype: Optional[str] = None
+    causal: bool = True
+    study_dir: Path = Path("studies")
+    storage: Optional[str] = None         # Optuna storage URL; default a journal file in study_dir
+    ray_address: Optional[str] = None     # join this cluster; default start a local one
+    llm_base_url: Optional[str] = None
+    llm_model: Optional[str] = None
+    llm_api_key: Optional[str] = None
+    dry_run: bool = False
+    resume: bool = False
+    sampler: str = "tpe"
+    backend: Optional[str] = None         # "gpu" (default) or "replay:FILE"
+    seed: Optional[int] = None
+    # Not on the CLI yet (defaults fit a real GPU; tests shorten them).
+    trial_timeout: float = 300.0          # verify + benchmark of one trial, seconds, then forced cancel
+    compile_timeout: float = 900.0        # one compile batch, seconds
+    compile_batch: int = 8                # configs per nvcc translation unit (CUTE.md §1.6)
+    seqlens: Optional[tuple[int, ...]] = None   # benchmark shapes; default the paper grid
+    infra_retries: int = 2                # re-enqueues of one parameter set after infrastructure failures
+    live: bool = True                     # rich live view
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "study_dir", Path(self.study_dir))

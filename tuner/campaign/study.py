@@ -1,0 +1,130 @@
+"""The Optuna study of a campaign: name, storage, sampler, resume, and how results are told.
+
+Infeasible candidates (invalid, compile error, wrong result, crash, timeout) are told PRUNED with a
+positive constraint (``trial.set_constraint``; Optuna 5 deprecates ``constraints_func`` and TPE reads
+the trial's constraints directly), so TPE ranks them below every feasible trial and learns to avoid
+the region. The constraint is also kept in ``user_attrs["constraint"]`` with the reason in
+``user_attrs["infeasible_reason"]``. FAIL is only for infrastructure failures (TPE ignores FAIL); their
+parameters go back into the queue.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import optuna
+from optuna.storages import JournalStorage, RDBStorage
+from optuna.storages.journal import JournalFileBackend
+from optuna.trial import FrozenTrial, TrialState
+
+from .options import SAMPLERS
+
+INFEASIBLE = "infeasible"      # the constraint key
+SEEDS_ATTR = "seeds_enqueued"
+
+
+class StudyError(RuntimeError):
+    """The study cannot be opened as asked (exists without --resume, missing on --resume, bad URL)."""
+
+
+def study_name(gpu: str, spec, dry_run: bool = False) -> str:
+    c = "causal" if spec.causal else "noncausal"
+    d = f"d{spec.d_qk}" if spec.d_qk == spec.d_v else f"d{spec.d_qk}x{spec.d_v}"
+    return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}" + ("-dryrun" if dry_run else "")
+
+
+def make_storage(url: str | None, study_dir: Path, name: str):
+    if url is None:
+        study_dir.mkdir(parents=True, exist_ok=True)
+        return JournalStorage(JournalFileBackend(str(study_dir / f"{name}.journal")))
+    if url.endswith(".journal") or url.startswith("journal:"):
+        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+    try:
+        return RDBStorage(url, heartbeat_interval=None)
+    except Exception as exc:  # SQLAlchemy raises many kinds; all mean "cannot use this URL"
+        raise StudyError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}") from None
+
+
+def make_sampler(kind: str, seed: int | None):
+    if kind == "tpe":
+        # multivariate + group: the atoms and tile sizes interact, and conditional params form groups.
+        return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=10,
+                                          warn_independent_sampling=False)
+    if kind == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if kind == "qmc":
+        return optuna.samplers.QMCSampler(seed=seed, warn_independent_sampling=False)
+    if kind == "gp":
+        return optuna.samplers.GPSampler(seed=seed)
+    if kind == "cmaes":
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+    raise StudyError(f"unknown sampler {kind!r}; choose one of: {', '.join(SAMPLERS)}")
+
+
+def open_study(storage, name: str, sampler, resume: bool, where: str) -> optuna.Study:
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    if name in existing and not resume:
+        n = existing[name].n_trials
+        raise StudyError(f"study {name!r} already exists in {where} ({n} trials); pass --resume to continue "
+                         "it, or choose a fresh --study-dir")
+    if name not in existing and resume:
+        raise StudyError(f"--resume: no study {name!r} in {where}; run without --resume to start it")
+    return optuna.create_study(storage=storage, study_name=name, sampler=sampler, direction="maximize",
+                               load_if_exists=resume)
+
+
+def fail_stale_running(study: optuna.Study) -> list[int]:
+    """Trials left RUNNING by a killed driver: mark them FAIL and queue their parameters again."""
+    redone = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        study._storage.set_trial_user_attr(t._trial_id, "stale", True)
+        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        if t.params:
+            study.enqueue_trial(t.params, user_attrs={"source": f"redo of stale trial {t.number}",
+                                                      "redo_of": t.number})
+        redone.append(t.number)
+    return redone
+
+
+def tell_infeasible(study: optuna.Study, trial: optuna.Trial, reason: str, **attrs) -> None:
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    trial.set_user_attr("infeasible_reason", reason)
+    trial.set_user_attr("constraint", [1.0])
+    trial.set_constraint(INFEASIBLE, 1.0)
+    study.tell(trial, state=TrialState.PRUNED)
+
+
+def tell_feasible(study: optuna.Study, trial: optuna.Trial, value: float | None, **attrs) -> None:
+    """A working candidate: COMPLETE with ``value``, or PRUNED-but-feasible when nothing was measured
+    (dry run), so TPE still learns where the compilable region lies."""
+    for k, v in attrs.items():
+        trial.set_user_attr(k, v)
+    trial.set_user_attr("constraint", [0.0])
+    trial.set_constraint(INFEASIBLE, 0.0)
+    if value is None:
+        study.tell(trial, state=TrialState.PRUNED)
+    else:
+        study.tell(trial, value)
+
+
+def tell_infra_failure(study: optuna.Study, trial: optuna.Trial, params: dict, reason: str, retries_left: bool) -> None:
+    trial.set_user_attr("infra_failure", reason)
+    study.tell(trial, state=TrialState.FAIL)
+    if retries_left:
+        retries = int(trial.user_attrs.get("infra_retries", 0)) + 1
+        study.enqueue_trial(params, user_attrs={"source": f"retry of trial {trial.number} after: {reason}",
+                                                "infra_retries": retries})
+
+
+def is_infeasible(t: FrozenTrial) -> bool:
+    return any(v > 0 for v in t.constraints.values())
+
+
+def finished(study: optuna.Study) -> list[FrozenTrial]:
+    return study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+
+
+def geomean(values) -> float:
+    values = [v for v in values if v > 0]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else 0.0

@@ -1,0 +1,75 @@
+"""The Ray tasks of a campaign: compile batches on CPUs, verify + benchmark on GPUs of one type.
+
+GPU tasks declare ``num_gpus=1`` in the decorator, which gives each task a fresh worker process (Ray
+reuses workers only for tasks that do not declare GPUs there), so a kernel that kills its CUDA context
+takes only its own trial down. ``max_retries=0``: a crashed trial is a result, not something to repeat.
+"""
+from __future__ import annotations
+
+import ray
+
+from .backends import BackendSpec, baselines, measure, replay_fault
+
+
+@ray.remote(num_cpus=1, max_retries=1)
+def compile_batch(items: list, program, spec, profile_name: str, cache_dir: str, timeout: float,
+                  fake_replay: str | None) -> list[dict]:
+    """Translate and compile one batch of candidates into cubins; one result dict per item, in order.
+
+    ``items`` are ``(trial_number, params_dict)``. With ``fake_replay`` (replay backend without real
+    compiles) nothing is compiled: the replay file decides which candidates "fail to compile".
+    """
+    if fake_replay is not None:
+        return [_fake_compile(number, params, fake_replay) for number, params in items]
+    return _real_compile(items, program, spec, profile_name, cache_dir, timeout)
+
+
+def _fake_compile(number: int, params: dict, replay_path: str) -> dict:
+    from translate.params import KernelParams
+
+    key = KernelParams.from_dict(params).key()
+    if replay_fault(replay_path, params) == "compile":
+        return {"trial": number, "ok": False, "error": "compile error (recorded): ptxas fatal: "
+                "Entry function uses too much shared data", "error_kind": "compile"}
+    return {"trial": number, "ok": True, "kernel_name": f"replay_{key}", "cubin": f"REPLAY:{key}".encode(),
+            "meta": {"replay": True, "key": key}, "source": f"// replay backend: {key} was not compiled\n",
+            "registers": None, "spill_stores": None}
+
+
+def _real_compile(items, program, spec, profile_name, cache_dir, timeout) -> list[dict]:
+    from hardware_profiles import load_profile
+    from translate import generate
+    from translate.nvcc import compile_kernels
+    from translate.params import KernelParams
+
+    profile = load_profile(profile_name)
+    results: list[dict | None] = [None] * len(items)
+    generated = []
+    for i, (number, params) in enumerate(items):
+        try:
+            generated.append((i, generate(program, KernelParams.from_dict(params), profile, spec)))
+        except Exception as exc:  # a parameter set the translator refuses cannot work
+            results[i] = {"trial": number, "ok": False, "error": f"translate: {exc}", "error_kind": "translate"}
+    if generated:
+        compiled = compile_kernels([k for _, k in generated], profile.nvcc_arch, cache_dir=cache_dir,
+                                   timeout=timeout, jobs=1, batch_size=len(generated))
+        for (i, kernel), cr in zip(generated, compiled):
+            number = items[i][0]
+            if not cr.ok:
+                results[i] = {"trial": number, "ok": False, "error": f"compile: {cr.error_kind}: {cr.log[-1500:]}",
+                              "error_kind": cr.error_kind}
+                continue
+            results[i] = {"trial": number, "ok": True, "kernel_name": kernel.name, "cubin": cr.cubin,
+                          "meta": kernel.meta(), "source": kernel.source, "registers": cr.registers,
+                          "spill_stores": cr.spill_stores}
+    return results  # type: ignore[return-value]
+
+
+@ray.remote(num_gpus=1, max_retries=0)
+def gpu_trial(backend: BackendSpec, payload: dict) -> dict:
+    return measure(backend, payload)
+
+
+@ray.remote(num_gpus=1, max_retries=1)
+def gpu_baselines(backend: BackendSpec, problems: list) -> dict:
+    return baselines(backend, problems)

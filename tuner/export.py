@@ -1,0 +1,248 @@
+"""`tune export`: the stored best kernels of one GPU as production configs.
+
+One JSON per (variant, head dims, dtype, causal, device), named the way vLLM names its tuned configs::
+
+    variant=mha,head_dim=128,dtype=bf16,causal=1,device_name=NVIDIA_H100_80GB_HBM3.json
+    variant=mla,head_dim=192_128,dtype=bf16,causal=1,device_name=NVIDIA_H100_80GB_HBM3.json
+
+``head_dim`` is one number when q/k and v share it, else ``<d_qk>_<d_v>``. ``device_name`` is
+``torch.cuda.get_device_name()`` of the GPU the kernels were measured on, with every character outside
+``[A-Za-z0-9._-]`` (spaces included) turned into ``_``.
+
+Content: a ``_metadata`` block (format, tool version, nvcc, CUTLASS, driver, GPU name, sm, the spec,
+exported_at) and, beside it, one entry per shape bucket (``"s4096"``, see tuner.buckets) with params,
+kernel name and sha256, the cubin / source / TL file names, the runtime meta, TFLOPS, baselines and
+ratios, and the verification summary. The files ``<sha256>.cubin``, ``<sha256>.cu`` and
+``<sha256>.tl`` lie beside the JSON (content-addressed: a kernel shared by two buckets is one file).
+Nothing unverified is ever exported: one such record refuses the whole export.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tuner.buckets import bucket_seqlen
+from tuner.store import CorruptRecordError, KernelRecord, KernelStore, verification_passed
+
+EXPORT_FORMAT = 1
+METADATA_KEY = "_metadata"
+
+
+def device_file_token(device_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", device_name.strip())
+
+
+def head_dim_token(d_qk: int, d_v: int) -> str:
+    return str(d_qk) if d_qk == d_v else f"{d_qk}_{d_v}"
+
+
+def config_file_name(variant: str, d_qk: int, d_v: int, dtype: str, causal: bool, device_name: str) -> str:
+    return (f"variant={variant},head_dim={head_dim_token(d_qk, d_v)},dtype={dtype},"
+            f"causal={int(bool(causal))},device_name={device_file_token(device_name)}.json")
+
+
+def verification_summary(verification: dict) -> dict:
+    """``passed`` plus the report's scalar facts (errors, tolerances) and how many checks it ran."""
+    out = {"passed": verification_passed(verification)}
+    for key, value in verification.items():
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            if isinstance(value, float) and not math.isfinite(value):
+                value = None
+            out[key] = value
+        elif isinstance(value, list):
+            out[f"{key}_count"] = len(value)
+    return out
+
+
+def _ratio(ours: float, base) -> float | None:
+    if isinstance(base, (int, float)) and not isinstance(base, bool) and math.isfinite(base) and base > 0:
+        return round(ours / base, 4)
+    return None
+
+
+def bucket_entry(rec: KernelRecord) -> dict:
+    sha = rec.kernel_sha256
+    return {
+        "seqlen_k": bucket_seqlen(rec.bucket),
+        "params": rec.params,
+        "kernel_name": rec.kernel_name,
+        "kernel_sha256": sha,
+        "cubin": f"{sha}.cubin",
+        "source": f"{sha}.cu",
+        "program": f"{sha}.tl",
+        "meta": rec.kernel_meta,
+        "tflops": rec.tflops,
+        "baselines": {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
+                      for k, v in rec.baselines.items()},
+        "ratios": {k: _ratio(rec.tflops, v) for k, v in rec.baselines.items()},
+        "problem": rec.problem,
+        "verification": verification_summary(rec.verification),
+        "study": rec.study,
+        "trial": rec.trial,
+        "provenance": rec.provenance,
+    }
+
+
+def build_configs(records: list[KernelRecord], profile, exported_at: str | None = None) -> dict[str, dict]:
+    """File name -> JSON document for verified records. ValueError if any record is unverified."""
+    import tuner
+
+    bad = [r for r in records if not verification_passed(r.verification)]
+    if bad:
+        names = ", ".join(f"{r.kernel_name} ({r.variant} {r.dtype} d{r.d_qk}x{r.d_v} {r.bucket})" for r in bad)
+        raise ValueError(f"refusing to export kernels that did not pass verification: {names}")
+    exported_at = exported_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
+    groups: dict[str, list[KernelRecord]] = {}
+    for r in records:
+        groups.setdefault(config_file_name(r.variant, r.d_qk, r.d_v, r.dtype, r.causal, r.device_name), []).append(r)
+    docs = {}
+    for name, recs in sorted(groups.items()):
+        recs = sorted(recs, key=lambda r: bucket_seqlen(r.bucket))
+        # The newest record's tools describe the file; each bucket keeps its own provenance too.
+        newest = max(recs, key=lambda r: str(r.provenance.get("date", "")))
+        prov = newest.provenance
+        first = recs[0]
+        meta = {
+            "format": EXPORT_FORMAT,
+            "tool": "attn-autotuner",
+            "tool_version": prov.get("tool_version"),
+            "exported_by": tuner.__version__,
+            "nvcc": prov.get("nvcc"),
+            "cutlass": prov.get("cutlass"),
+            "driver": prov.get("driver"),
+            "cuda_driver_api": prov.get("cuda_driver_api"),
+            "torch": prov.get("torch"),
+            "cudnn": prov.get("cudnn"),
+            "gpu_name": prov.get("gpu_name") or first.device_name,
+            "device_name": first.device_name,
+            "gpu": profile.name,
+            "device_names": sorted({first.device_name, *profile.device_names}),
+            "sm": profile.sm,
+            "arch": first.arch,
+            "variant": first.variant,
+            "d_qk": first.d_qk,
+            "d_v": first.d_v,
+            "dtype": first.dtype,
+            "causal": first.causal,
+            "exported_at": exported_at,
+        }
+        doc = {METADATA_KEY: meta}
+        for r in recs:
+            doc[r.bucket] = bucket_entry(r)
+        docs[name] = doc
+    return docs
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def find_stores(study_dir: Path) -> list[KernelStore]:
+    """The store of a study dir: ``study_dir/kernels``, or those of its studies one level down."""
+    study_dir = Path(study_dir)
+    if (study_dir / "kernels").is_dir():
+        return [KernelStore(study_dir)]
+    if not study_dir.is_dir():
+        return []
+    return [KernelStore(p) for p in sorted(study_dir.iterdir()) if (p / "kernels").is_dir()]
+
+
+def collect_records(study_dir: Path, arch: str, gpu: str, variant: str | None) -> list[KernelRecord]:
+    """The best record per key across the stores found under ``study_dir``."""
+    best: dict[tuple, KernelRecord] = {}
+    for store in find_stores(study_dir):
+        for r in store.records(arch=arch, gpu=gpu, variant=variant):
+            if r.key not in best or r.tflops > best[r.key].tflops:
+                best[r.key] = r
+    return list(best.values())
+
+
+def export_records(records: list[KernelRecord], profile, out_dir: Path) -> list[Path]:
+    """Write the configs and the kernel files; returns the JSON paths."""
+    docs = build_configs(records, profile)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_sha = {r.kernel_sha256: r for r in records}
+    # Kernel files first: a JSON never points at a file that is not there yet.
+    for sha, r in by_sha.items():
+        _atomic_write(out_dir / f"{sha}.cubin", bytes(r.cubin))
+        _atomic_write(out_dir / f"{sha}.cu", r.source.encode())
+        _atomic_write(out_dir / f"{sha}.tl", r.tl_program.encode())
+    paths = []
+    for name, doc in docs.items():
+        path = out_dir / name
+        _atomic_write(path, (json.dumps(doc, indent=2, allow_nan=False) + "\n").encode())
+        paths.append(path)
+    return paths
+
+
+def run_export(gpu: str, variant: str | None, study_dir: Path, out_dir: Path) -> int:
+    """CLI entry: 0 exported, 1 nothing to export or a refused kernel, 2 usage or I/O error."""
+    from hardware_profiles import ProfileError, load_profile
+    from tuner.problem import VARIANTS
+
+    def err(msg: str) -> None:
+        print(f"tune export: error: {msg}", file=sys.stderr)
+
+    try:
+        profile = load_profile(gpu)
+    except ProfileError as exc:
+        err(str(exc))
+        return 2
+    if variant is not None and variant not in VARIANTS:
+        err(f"unknown variant {variant!r}; choose one of: {', '.join(VARIANTS)}")
+        return 2
+    try:
+        records = collect_records(Path(study_dir), profile.arch_family, profile.name, variant)
+    except CorruptRecordError as exc:
+        err(f"corrupt kernel store: {exc}")
+        return 2
+    except OSError as exc:
+        err(f"cannot read the kernel store under {study_dir}: {exc}")
+        return 2
+    if not records:
+        what = f"{variant} kernels" if variant else "kernels"
+        hint = ""
+        others = collect_records_any_gpu(Path(study_dir), profile.arch_family, variant)
+        if others:
+            hint = (f" ({profile.arch_family} kernels measured on {', '.join(sorted(others))} exist: "
+                    f"export them with --gpu {sorted(others)[0]})")
+        err(f"no stored {what} for {profile.name} under {Path(study_dir)}; run a campaign first: "
+            f"tune --gpu {profile.name} --variant {variant or 'mha'}{hint}")
+        return 1
+    try:
+        paths = export_records(records, profile, out_dir)
+    except ValueError as exc:
+        err(str(exc))
+        return 1
+    except OSError as exc:
+        err(f"cannot write to {out_dir}: {exc}")
+        return 2
+    for p in paths:
+        print(f"wrote {p}")
+    print(f"exported {len(records)} kernel(s) in {len(paths)} config file(s) to {out_dir}")
+    return 0
+
+
+def collect_records_any_gpu(study_dir: Path, arch: str, variant: str | None) -> set[str]:
+    """GPU profile names with stored records of ``arch`` (for the hint when --gpu has none)."""
+    names = set()
+    try:
+        for store in find_stores(study_dir):
+            names |= {r.gpu for r in store.records(arch=arch, variant=variant)}
+    except (CorruptRecordError, OSError):
+        pass
+    return names

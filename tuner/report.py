@@ -1,0 +1,337 @@
+"""What the user sees of a campaign: the live view while it runs, the final table, the report with plots.
+
+Inputs are plain dicts so that the campaign driver, a replayed study and the tests build them alike:
+
+* a trial: ``number`` (int), ``state`` (``complete``, ``infeasible``, ``failed``, ``running``; Optuna's
+  ``COMPLETE``/``PRUNED``/``FAIL``/``RUNNING`` are read the same), ``tflops`` (or ``value``; None unless
+  complete), optional ``reason``, ``params``, ``source``;
+* a benchmark row: ``seqlen`` (or ``seqlen_k``), optional ``causal`` and ``label``, and TFLOPS for
+  ``ours`` (or ``tflops``), ``flash``, ``cudnn``, ``efficient`` (None where a backend cannot run).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"))
+_STATE_ALIASES = {"complete": "complete", "pruned": "infeasible", "infeasible": "infeasible", "fail": "failed",
+                  "failed": "failed", "running": "running", "waiting": "running"}
+
+
+def _num(value) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def trial_state(trial: dict) -> str:
+    state = str(trial.get("state", "complete")).split(".")[-1].lower()
+    return _STATE_ALIASES.get(state, state)
+
+
+def trial_tflops(trial: dict) -> float | None:
+    return _num(trial.get("tflops", trial.get("value")))
+
+
+def best_so_far(trials: list[dict]) -> list[tuple[int, float]]:
+    """(trial number, best TFLOPS among complete trials up to it), for trials after the first success."""
+    out, best = [], None
+    for t in sorted(trials, key=lambda t: t.get("number", 0)):
+        tf = trial_tflops(t) if trial_state(t) == "complete" else None
+        if tf is not None and (best is None or tf > best):
+            best = tf
+        if best is not None:
+            out.append((int(t.get("number", 0)), best))
+    return out
+
+
+def _row_ours(row: dict) -> float | None:
+    return _num(row.get("ours", row.get("tflops")))
+
+
+def _row_seqlen(row: dict) -> int:
+    return int(row.get("seqlen", row.get("seqlen_k", 0)))
+
+
+def _row_label(row: dict) -> str:
+    if row.get("label"):
+        return str(row["label"])
+    causal = row.get("causal")
+    prefix = "" if causal is None else ("causal " if causal else "non-causal ")
+    return f"{prefix}s{_row_seqlen(row)}"
+
+
+def _ratio(ours, base) -> float | None:
+    ours, base = _num(ours), _num(base)
+    return ours / base if ours is not None and base else None
+
+
+def _fmt(x: float | None, spec: str = ".1f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+# ---- plots -------------------------------------------------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on build machines or Ray nodes
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_best_so_far(trials: list[dict], path: Path, baselines: dict | None = None) -> Path | None:
+    curve = best_so_far(trials)
+    if not curve:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    done = [(t.get("number", 0), trial_tflops(t)) for t in trials
+            if trial_state(t) == "complete" and trial_tflops(t) is not None]
+    ax.scatter([d[0] for d in done], [d[1] for d in done], s=10, alpha=0.4, label="trial")
+    ax.step([c[0] for c in curve], [c[1] for c in curve], where="post", linewidth=2, label="best so far")
+    for key, name in BASELINES:
+        value = _num((baselines or {}).get(key))
+        if value is not None:
+            ax.axhline(value, linestyle="--", linewidth=1, label=f"{name} {value:.0f}", color=f"C{2 + BASELINES.index((key, name))}")
+    ax.set_xlabel("trial")
+    ax.set_ylabel("TFLOPS")
+    ax.set_title("Best TFLOPS so far")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_tflops_vs_seqlen(rows: list[dict], path: Path, title: str = "") -> Path | None:
+    if not rows:
+        return None
+    plt = _pyplot()
+    groups = sorted({row.get("causal") for row in rows}, key=lambda c: (c is None, c))
+    fig, axes = plt.subplots(1, len(groups), figsize=(6 * len(groups), 4), squeeze=False)
+    for ax, causal in zip(axes[0], groups):
+        part = sorted((r for r in rows if r.get("causal") == causal), key=_row_seqlen)
+        xs = [_row_seqlen(r) for r in part]
+        series = [("ours", "ours", _row_ours)] + [(k, n, (lambda r, k=k: _num(r.get(k)))) for k, n in BASELINES]
+        for i, (key, name, get) in enumerate(series):
+            pts = [(x, get(r)) for x, r in zip(xs, part) if get(r) is not None]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
+                        linewidth=2.5 if key == "ours" else 1.2, label=name, color=f"C{i}")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("seqlen")
+        ax.set_ylabel("TFLOPS")
+        ax.set_title(" ".join(filter(None, [title, {True: "causal", False: "non-causal"}.get(causal, "")])))
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# ---- report ------------------------------------------------------------------------------------------
+
+def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
+
+
+def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict] | None = None) -> Path:
+    """Write ``report.md`` and its PNG plots into ``study_dir``; returns the report's path.
+
+    ``best`` is the stored KernelRecord of the campaign (or None when nothing passed).
+    """
+    study_dir = Path(study_dir)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    bench_rows = list(bench_rows or [])
+    counts = {s: sum(1 for t in trials if trial_state(t) == s) for s in ("complete", "infeasible", "failed", "running")}
+    lines = [f"# Campaign report: {study_dir.name}", ""]
+    lines.append(f"Trials: {len(trials)} — complete {counts['complete']}, infeasible {counts['infeasible']}, "
+                 f"failed {counts['failed']}" + (f", running {counts['running']}" if counts["running"] else "") + ".")
+    lines.append("")
+
+    lines += ["## Best kernel", ""]
+    if best is None:
+        lines += ["No verified kernel: nothing was stored.", ""]
+    else:
+        lines += [f"- kernel: `{best.kernel_name}` (sha256 `{best.kernel_sha256[:16]}…`)",
+                  f"- GPU: {best.device_name} ({best.gpu}, {best.arch}); {best.variant} {best.dtype} "
+                  f"d{best.d_qk}x{best.d_v} {'causal' if best.causal else 'non-causal'}, bucket {best.bucket}",
+                  f"- **{best.tflops:.1f} TFLOPS** (study {best.study!r}, trial {best.trial})"]
+        for key, name in BASELINES:
+            base = _num(best.baselines.get(key))
+            if base is not None:
+                lines.append(f"- {name}: {base:.1f} TFLOPS — ours ×{best.tflops / base:.2f}")
+        lines.append(f"- verification: {'passed' if best.verification.get('passed') is True else 'NOT PASSED'}")
+        lines.append("- params: `" + ", ".join(f"{k}={v}" for k, v in sorted(best.params.items())) + "`")
+        prov = best.provenance
+        lines.append("- built with: " + ", ".join(f"{k} {prov.get(k)}" for k in ("tool_version", "nvcc", "cutlass",
+                                                                                  "torch", "driver") if prov.get(k)))
+        lines.append("")
+
+    baselines = best.baselines if best is not None else None
+    if plot_best_so_far(trials, study_dir / "best_so_far.png", baselines):
+        lines += ["## Search", "", "![best TFLOPS so far against trials](best_so_far.png)", ""]
+    complete = sorted((t for t in trials if trial_state(t) == "complete" and trial_tflops(t) is not None),
+                      key=lambda t: -trial_tflops(t))[:10]
+    if complete:
+        lines += ["Top trials:", ""]
+        lines += _md_table(["trial", "TFLOPS", "source", "params"],
+                           [[str(t.get("number", "")), f"{trial_tflops(t):.1f}", str(t.get("source", "")),
+                             ", ".join(f"{k}={v}" for k, v in sorted((t.get("params") or {}).items()))]
+                            for t in complete])
+        lines.append("")
+    reasons: dict[str, int] = {}
+    for t in trials:
+        if trial_state(t) == "infeasible":
+            why = str(t.get("reason") or "unknown").splitlines()[0][:100]
+            reasons[why] = reasons.get(why, 0) + 1
+    if reasons:
+        lines += ["Infeasible candidates by reason:", ""]
+        lines += _md_table(["reason", "trials"], [[r, str(n)] for r, n in sorted(reasons.items(), key=lambda x: -x[1])])
+        lines.append("")
+
+    if bench_rows:
+        title = f"{best.variant} d{best.d_qk}x{best.d_v} {best.dtype}" if best is not None else ""
+        plot_tflops_vs_seqlen(bench_rows, study_dir / "tflops_vs_seqlen.png", title)
+        lines += ["## Against the libraries", "", "![TFLOPS against seqlen](tflops_vs_seqlen.png)", ""]
+        header = ["shape", "ours"] + [f"{n}" for _, n in BASELINES] + [f"ours/{n}" for _, n in BASELINES]
+        rows = []
+        for r in sorted(bench_rows, key=lambda r: (str(r.get("causal")), _row_seqlen(r))):
+            ours = _row_ours(r)
+            rows.append([_row_label(r), _fmt(ours)] + [_fmt(_num(r.get(k))) for k, _ in BASELINES]
+                        + [_fmt(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
+        lines += _md_table(header, rows)
+        lines.append("")
+    path = study_dir / "report.md"
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def final_table(best_rows: list[dict], title: str = "Best kernel against torch SDPA backends") -> Table:
+    """Ours against torch's flash and cuDNN backends (and efficient where measured), with ratios."""
+    with_eff = any(_num(r.get("efficient")) is not None for r in best_rows)
+    table = Table(title=title)
+    table.add_column("shape")
+    table.add_column("ours TFLOPS", justify="right")
+    cols = [("flash", "torch flash"), ("cudnn", "cuDNN")] + ([("efficient", "efficient")] if with_eff else [])
+    for _, name in cols:
+        table.add_column(name, justify="right")
+        table.add_column(f"ours/{name}", justify="right")
+    for r in best_rows:
+        ours = _row_ours(r)
+        cells = [_row_label(r), _fmt(ours)]
+        for key, _ in cols:
+            ratio = _ratio(ours, r.get(key))
+            style = "" if ratio is None else ("green" if ratio >= 1 else "red")
+            cells += [_fmt(_num(r.get(key))), f"[{style}]{_fmt(ratio, '.2f')}×[/{style}]" if style else "–"]
+        table.add_row(*cells)
+    return table
+
+
+# ---- live view ---------------------------------------------------------------------------------------
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = max(0, int(seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:d}:{s:02d}"
+
+
+class LiveView:
+    """The campaign's status line: a rich Live panel on a terminal, plain log lines otherwise.
+
+    ``remaining`` is seconds (a number, from --timeout) or any text (e.g. ``"12 trials"``). In plain
+    mode a line is printed when a count or the best changes, and at most every ``plain_interval``
+    seconds otherwise, so a log file stays readable overnight.
+    """
+
+    def __init__(self, title: str = "tune", console: Console | None = None, plain: bool | None = None,
+                 plain_interval: float = 60.0):
+        self.title = title
+        self.console = console or Console()
+        self.plain = (not self.console.is_terminal) if plain is None else plain
+        self.plain_interval = plain_interval
+        self._live = None
+        self._last_key = None
+        self._last_print = 0.0
+        self.state: dict = {}
+
+    def __enter__(self) -> "LiveView":
+        if not self.plain:
+            from rich.live import Live
+
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+            self._live.__exit__(*exc)
+            self._live = None
+        elif self.state:
+            self.console.print(self.line(), highlight=False, soft_wrap=True)
+
+    def update(self, done: int, infeasible: int, failed: int, best_tflops: float | None,
+               best_baseline_name: str | None, best_baseline_tflops: float | None, elapsed: float,
+               remaining) -> None:
+        self.state = dict(done=done, infeasible=infeasible, failed=failed, best_tflops=_num(best_tflops),
+                          baseline=best_baseline_name, baseline_tflops=_num(best_baseline_tflops),
+                          elapsed=elapsed, remaining=remaining)
+        if self._live is not None:
+            self._live.update(self._render())
+            return
+        if self.plain:
+            key = (done, infeasible, failed, self.state["best_tflops"])
+            now = time.monotonic()
+            if key != self._last_key or now - self._last_print >= self.plain_interval:
+                self.console.print(self.line(), highlight=False, soft_wrap=True)
+                self._last_key, self._last_print = key, now
+
+    def _best_text(self) -> str:
+        s = self.state
+        if s.get("best_tflops") is None:
+            return "best –"
+        text = f"best {s['best_tflops']:.1f} TFLOPS"
+        if s.get("baseline") and s.get("baseline_tflops"):
+            ratio = s["best_tflops"] / s["baseline_tflops"]
+            verb = "beats" if ratio >= 1 else "vs"
+            text += f" ({verb} {s['baseline']} {s['baseline_tflops']:.1f}, ×{ratio:.2f})"
+        return text
+
+    def _remaining_text(self) -> str:
+        r = self.state.get("remaining")
+        return _duration(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else ("–" if r is None else str(r))
+
+    def line(self) -> str:
+        s = self.state
+        return (f"[{self.title}] trials {s.get('done', 0)} done, {s.get('infeasible', 0)} infeasible, "
+                f"{s.get('failed', 0)} failed | {self._best_text()} | elapsed {_duration(s.get('elapsed'))}, "
+                f"remaining {self._remaining_text()}")
+
+    def _render(self):
+        from rich.panel import Panel
+
+        s = self.state
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="bold")
+        grid.add_column()
+        grid.add_row("trials", f"[green]{s.get('done', 0)} done[/green]  [yellow]{s.get('infeasible', 0)} infeasible"
+                               f"[/yellow]  [red]{s.get('failed', 0)} failed[/red]")
+        grid.add_row("best", self._best_text())
+        grid.add_row("time", f"elapsed {_duration(s.get('elapsed'))}, remaining {self._remaining_text()}")
+        return Panel(grid, title=self.title, expand=False)
