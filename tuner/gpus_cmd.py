@@ -8,7 +8,8 @@ from hardware_profiles import ProfileError, load_all_profiles
 
 
 def show_gpus(console: Console | None = None) -> int:
-    console = console or Console()
+    # Wide enough for the atom columns even when stdout is not a terminal.
+    console = console or Console(width=200)
     try:
         profiles = load_all_profiles()
     except ProfileError as exc:
@@ -17,7 +18,7 @@ def show_gpus(console: Console | None = None) -> int:
     table = Table(title="Hardware profiles")
     for col in ("GPU", "name", "arch", "SMs", "smem/SM", "smem/block", "regs/SM", "fp16 TF", "bf16 TF",
                 "BW GB/s", "fp8", "MMA atoms", "copy atoms (g→s | s→r)"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col not in ("name", "copy atoms (g→s | s→r)"))
     for p in profiles:
         table.add_row(
             p.name, p.display_name, f"{p.nvcc_arch} ({p.compute_capability[0]}.{p.compute_capability[1]})",
