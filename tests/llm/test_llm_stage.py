@@ -11,7 +11,7 @@ import pytest
 import tl
 from hardware_profiles import load_profile
 from translate.params import validate
-from tuner.llm import (LLMClient, LLMConfig, ResponseCache, Seed, generate_program, profile_seeds,
+from tuner.llm import (LLMClient, describe_seeds, LLMConfig, ResponseCache, Seed, generate_program, profile_seeds,
                        propose_params, representative_problem)
 from tuner.llm.prompts import extract_json, extract_tl
 from tuner.problem import spec_for
@@ -230,7 +230,7 @@ def test_structured_proposals_are_validated_and_deduplicated(caplog):
 
 def test_json_mode_fallback_with_retry(caplog):
     good = {"candidates": [candidate(mma_atom="SM90_64x64x16_WGMMA"),  # not on this profile: dropped
-                           candidate(block_m=64, rationale="small tiles for the causal tail")]}
+                           dict(candidate(block_m=64, rationale="small tiles for the causal tail"), smem_kb=48)]}
     script = [Reply("Sure! Here are some good parameters: block_m=128, block_n=64."),
               Reply("```json\n" + json.dumps(good) + "\n```", expect=("could not be used",))]
     with StubOpenAI(script=script, reject_json_schema=True) as stub, caplog.at_level(logging.INFO, "tuner.llm"):
@@ -240,7 +240,8 @@ def test_json_mode_fallback_with_retry(caplog):
     assert seeds[0] == Seed(seeds[0].params, "llm", "small tiles for the causal tail")
     assert seeds[0].params.block_m == 64
     assert [s.source for s in seeds] == ["llm", "profile", "profile"]
-    assert "structured output not supported" in caplog.text and "mma_atom" in caplog.text
+    assert describe_seeds(seeds) == "3 seeds: 1 from the LLM, 2 profile-derived"
+    assert "structured output not supported" in caplog.text and "SM90_64x64x16_WGMMA is not available" in caplog.text
 
 
 def test_plain_text_fallback_when_json_mode_is_rejected_too():

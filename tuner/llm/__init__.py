@@ -4,9 +4,9 @@ built-in reference program and profile-derived seeds.
 """
 from .cache import ResponseCache, cache_key
 from .client import (BadAnswer, LLMClient, LLMConfig, LLMError, LLMUnavailable, ResponseFormatUnsupported)
-from .seeds import Seed, profile_seeds, propose_params, representative_problem
+from .seeds import Seed, describe_seeds, profile_seeds, propose_params, representative_problem
 from .sketch import SketchOutcome, generate_program
 
 __all__ = ["BadAnswer", "LLMClient", "LLMConfig", "LLMError", "LLMUnavailable", "ResponseCache",
-           "ResponseFormatUnsupported", "Seed", "SketchOutcome", "cache_key", "generate_program",
+           "ResponseFormatUnsupported", "Seed", "SketchOutcome", "cache_key", "describe_seeds", "generate_program",
            "profile_seeds", "propose_params", "representative_problem"]

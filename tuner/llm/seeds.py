@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Literal, Optional
+from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -64,11 +64,15 @@ class _Candidate(BaseModel):
 
 @lru_cache(maxsize=None)
 def proposal_model(mma: tuple[str, ...], g2s: tuple[str, ...], s2r: tuple[str, ...]) -> type[BaseModel]:
-    """``KernelParamProposal``: {candidates: [...]}, the atoms restricted to the profile's (an enum in the
-    JSON schema, so servers with guided decoding cannot emit an atom the GPU lacks)."""
-    candidate = create_model(
-        "KernelParamCandidate", __base__=_Candidate,
-        mma_atom=(Literal[mma], ...), g2s_atom=(Literal[g2s], ...), s2r_atom=(Literal[s2r], ...))
+    """``KernelParamProposal``: {candidates: [...]}, the atoms listed as the profile's (an ``enum`` in the
+    JSON schema, so servers with guided decoding cannot emit an atom the GPU lacks). The enum is schema
+    only, never a pydantic check: ``validate`` rejects a foreign atom with a message naming the legal ones.
+    Always a list, never ``const``, which some guided-decoding backends do not support."""
+    def atom(legal: tuple[str, ...]):
+        return (str, Field(json_schema_extra={"enum": list(legal)}))
+
+    candidate = create_model("KernelParamCandidate", __base__=_Candidate,
+                             mma_atom=atom(mma), g2s_atom=atom(g2s), s2r_atom=atom(s2r))
     return create_model("KernelParamProposal", __config__=ConfigDict(extra="forbid"),
                         candidates=(list[candidate], ...))
 
@@ -217,6 +221,8 @@ def _accept(raw: list[Any], profile: Profile, problem: Problem, n: int) -> list[
     candidate_model = _model_for(profile).model_fields["candidates"].annotation.__args__[0]
     seeds: list[Seed] = []
     for index, item in enumerate(raw, 1):
+        if isinstance(item, dict):  # JSON-mode answers often add keys of their own (smem_kb, ...): ignore them
+            item = {k: v for k, v in item.items() if k in candidate_model.model_fields}
         try:
             candidate = candidate_model.model_validate(item)
         except ValidationError as exc:
@@ -237,3 +243,10 @@ def _accept(raw: list[Any], profile: Profile, problem: Problem, n: int) -> list[
         if len(seeds) >= n:
             break
     return seeds
+
+
+def describe_seeds(seeds: list[Seed]) -> str:
+    """One line for the campaign's output, e.g. ``8 seeds: 3 from the LLM, 5 profile-derived``."""
+    llm = sum(1 for s in seeds if s.source == "llm")
+    parts = ([f"{llm} from the LLM"] if llm else []) + ([f"{len(seeds) - llm} profile-derived"] if len(seeds) > llm else [])
+    return f"{len(seeds)} seed{'s' if len(seeds) != 1 else ''}: " + (", ".join(parts) or "none")

@@ -7,7 +7,7 @@ otherwise the built-in reference program of the variant, with a message saying w
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import tl
