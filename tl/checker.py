@@ -214,7 +214,9 @@ class _Checker:
         if s.dst not in LEVELS:
             return
         base = ref.base
-        shape = s.shape or (source.shape if source else None)
+        # A copy out of global moves a tile whose shape only the copy itself can give; between
+        # shared and registers the tile keeps its shape.
+        shape = s.shape or (source.shape if source and s.src != "global" else None)
         if s.dst == "global":
             target = self.env.get(base)
             if target is not None and target.level == "global":
@@ -290,9 +292,9 @@ class _Checker:
     def gemm(self, s: Compute, entries: list[Optional[_Tensor]]) -> None:
         (a_ref, b_ref), (a, b) = s.args, entries
         for ref, entry in ((a_ref, a), (b_ref, b)):
-            if entry is not None and entry.level not in ("shared", "register"):
+            if entry is not None and entry.level == "global":
                 self.error(s.line, ref.col or s.col, "bad-operand",
-                           f"GEMM operand {ref.name!r} is in {entry.level or 'an unknown level'} memory",
+                           f"GEMM operand {ref.name!r} is in global memory; a GEMM reads shared memory or registers",
                            f"copy it to shared first: `Copy {ref.base} from global to shared`, then use {ref.base}_shared")
         if a is not None and a.layout == "C":
             after = f"after line {a.last_write} (its last write) and " if a.last_write else ""

@@ -459,7 +459,7 @@ def _parse(text: str, path: str) -> ParseResult:
         header = stack.pop()
         if header.python and not header.body:
             error(header.line, header.col, f"python-style '{header.kind}' has no indented body",
-                  f"indent the body under line {header.line}, or close the block with 'end'")
+                  f"indent its body deeper than line {header.line} (python style), or drop the trailing ':' and close the block with 'end'")
         body().append(_close(header))
 
     for lineno, raw in enumerate(re.split(r"\r\n|\r|\n", text), start=1):

@@ -181,3 +181,17 @@ def test_check_never_raises_on_odd_programs():
 
     odd = Program((Reshape("S", (), ()), Compute("GEMM", (TensorRef("1"), TensorRef("S", True)), "S", "get")))
     assert all(d.code != "internal" for d in check(odd))
+
+
+def test_copy_from_global_without_tile_shape_has_unknown_shape():
+    # Q is (seq_len, D) in global, but the copied tile is not: no shape guess, no false gemm-layout.
+    text = ("Allocate Q in global (seq_len, D)\nAllocate K in global (kv_len, D)\nAllocate S in register (BM, BN)\n"
+            "Copy Q from global to shared\nCopy K from global to shared\nCompute GEMM Q_shared, K_shared.T and get S\n")
+    assert errors(text)[0] == []
+
+
+def test_tile_shape_follows_a_copy_from_shared_to_registers():
+    text = ("Allocate Q in global (seq_len, D)\nAllocate K in global (kv_len, D)\n"
+            "Copy Q (BM, D) from global to shared\nCopy K (BN, D) from global to shared\n"
+            "Copy K_shared from shared to register\nCompute GEMM Q_shared, K_register and get S\n")
+    assert errors(text)[0] == [("gemm-layout", 6)]
