@@ -7,7 +7,7 @@
 A call picks the exported config of the current device whose head dims, dtype and causality match and
 whose variant can serve the head layout, then the kernel of the bucket nearest to seqlen_k (log2
 distance), loaded lazily through ``tuner.runtime.load_kernel`` and cached. Anything else (no matching
-config, CPU tensors, a cubin that will not load) runs torch's ``scaled_dot_product_attention``, with
+config, CPU tensors, a cubin that will not load, a layout the kernel refuses) runs torch's ``scaled_dot_product_attention``, with
 the same (b, s, h, d) layout and FlashAttention's bottom-right causal alignment. ``last_path`` says
 which ran (``"kernel"`` or ``"sdpa"``), ``last_reason`` why, and ``stats`` counts both.
 
@@ -27,11 +27,12 @@ from typing import Callable
 from tuner.buckets import bucket_seqlen, is_bucket_name, nearest_bucket
 from tuner.export import METADATA_KEY, device_file_token
 
-# Which head layouts a kernel of each variant serves. gqa and mqa kernels map KV head = query head //
-# group with the group taken from the tensors at run time, so they serve any group (mha is group 1);
-# an mha kernel may assume one KV head per query head, so it serves group 1 only.
+# Which head layouts a kernel of each variant serves. Every generated kernel takes the group (query
+# heads per KV head) as a launch argument and maps KV head = query head // group (translate.KERNEL_ARGS),
+# and verification covers GQA/MQA mapping, so any kernel serves any whole group; the config whose
+# variant matches the call's layout is still preferred (it was tuned for that head count).
 _SERVES = {
-    "mha": lambda hq, hkv: hq == hkv,
+    "mha": lambda hq, hkv: hq % hkv == 0,
     "gqa": lambda hq, hkv: hq % hkv == 0,
     "mqa": lambda hq, hkv: hq % hkv == 0,
     "mla": lambda hq, hkv: hq % hkv == 0,
@@ -267,8 +268,13 @@ class ExportedAttention:
             except Exception as exc:  # noqa: BLE001
                 choice = Choice(None, None, f"kernel {choice.kernel.kernel_name} cannot be loaded: {exc}")
             else:
-                self._note("kernel", choice.reason, choice.kernel.bucket)
-                return kern(q, k, v)
+                try:
+                    out = kern(q, k, v)
+                except ValueError as exc:  # the runtime refused the layout (strides, alignment) before launch
+                    choice = Choice(None, None, f"kernel {choice.kernel.kernel_name} refused the inputs: {exc}")
+                else:
+                    self._note("kernel", choice.reason, choice.kernel.bucket)
+                    return out
         self._note("sdpa", choice.reason, None)
         return sdpa_attention(q, k, v, causal=causal)
 

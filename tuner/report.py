@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"))
@@ -93,7 +94,7 @@ def plot_best_so_far(trials: list[dict], path: Path, baselines: dict | None = No
     fig, ax = plt.subplots(figsize=(7, 4))
     done = [(t.get("number", 0), trial_tflops(t)) for t in trials
             if trial_state(t) == "complete" and trial_tflops(t) is not None]
-    ax.scatter([d[0] for d in done], [d[1] for d in done], s=10, alpha=0.4, label="trial")
+    ax.scatter([d[0] for d in done], [d[1] for d in done], s=10, alpha=0.5, color="gray", label="trial")
     ax.step([c[0] for c in curve], [c[1] for c in curve], where="post", linewidth=2, label="best so far")
     for key, name in BASELINES:
         value = _num((baselines or {}).get(key))
@@ -126,6 +127,7 @@ def plot_tflops_vs_seqlen(rows: list[dict], path: Path, title: str = "") -> Path
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                         linewidth=2.5 if key == "ours" else 1.2, label=name, color=f"C{i}")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(xs)), [str(x) for x in sorted(set(xs))])
         ax.set_xlabel("seqlen")
         ax.set_ylabel("TFLOPS")
         ax.set_title(" ".join(filter(None, [title, {True: "causal", False: "non-causal"}.get(causal, "")])))
@@ -231,7 +233,7 @@ def final_table(best_rows: list[dict], title: str = "Best kernel against torch S
         table.add_column(f"ours/{name}", justify="right")
     for r in best_rows:
         ours = _row_ours(r)
-        cells = [_row_label(r), _fmt(ours)]
+        cells = [escape(_row_label(r)), _fmt(ours)]
         for key, _ in cols:
             ratio = _ratio(ours, r.get(key))
             style = "" if ratio is None else ("green" if ratio >= 1 else "red")
@@ -284,7 +286,7 @@ class LiveView:
             self._live.__exit__(*exc)
             self._live = None
         elif self.state:
-            self.console.print(self.line(), highlight=False, soft_wrap=True)
+            self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
 
     def update(self, done: int, infeasible: int, failed: int, best_tflops: float | None,
                best_baseline_name: str | None, best_baseline_tflops: float | None, elapsed: float,
@@ -299,7 +301,7 @@ class LiveView:
             key = (done, infeasible, failed, self.state["best_tflops"])
             now = time.monotonic()
             if key != self._last_key or now - self._last_print >= self.plain_interval:
-                self.console.print(self.line(), highlight=False, soft_wrap=True)
+                self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
                 self._last_key, self._last_print = key, now
 
     def _best_text(self) -> str:
@@ -334,4 +336,4 @@ class LiveView:
                                f"[/yellow]  [red]{s.get('failed', 0)} failed[/red]")
         grid.add_row("best", self._best_text())
         grid.add_row("time", f"elapsed {_duration(s.get('elapsed'))}, remaining {self._remaining_text()}")
-        return Panel(grid, title=self.title, expand=False)
+        return Panel(grid, title=escape(self.title), expand=False)

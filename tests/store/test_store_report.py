@@ -1,0 +1,89 @@
+import io
+
+from rich.console import Console
+from store_fakes import make_record
+
+from tuner.report import LiveView, best_so_far, final_table, write_report
+
+TRIALS = [
+    {"number": 0, "state": "COMPLETE", "tflops": 210.0, "source": "llm", "params": {"block_m": 64}},
+    {"number": 1, "state": "PRUNED", "tflops": None, "reason": "smem 240 KB over the 227 KB limit"},
+    {"number": 2, "state": "complete", "value": 305.5, "source": "tpe", "params": {"block_m": 128}},
+    {"number": 3, "state": "FAIL", "reason": "ray worker died"},
+    {"number": 4, "state": "complete", "tflops": 250.0},
+    {"number": 5, "state": "TrialState.PRUNED", "reason": "smem 240 KB over the 227 KB limit"},
+]
+ROWS = [{"seqlen": s, "causal": c, "ours": 300.0 + s / 1000, "flash": 290.0, "cudnn": 500.0 if s > 512 else None,
+         "efficient": 150.0} for s in (512, 1024, 4096, 16384) for c in (False, True)]
+
+
+def test_best_so_far_is_a_running_maximum_of_complete_trials():
+    assert best_so_far(TRIALS) == [(0, 210.0), (1, 210.0), (2, 305.5), (3, 305.5), (4, 305.5), (5, 305.5)]
+    assert best_so_far([{"number": 0, "state": "FAIL"}]) == []
+
+
+def test_report_writes_markdown_and_png_plots(tmp_path):
+    best = make_record(tflops=305.5)
+    path = write_report(tmp_path / "study", TRIALS, best, ROWS)
+    text = path.read_text()
+    assert path.name == "report.md"
+    for png in ("best_so_far.png", "tflops_vs_seqlen.png"):
+        data = (tmp_path / "study" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+        assert f"]({png})" in text
+    assert "complete 3, infeasible 2, failed 1" in text
+    assert "**305.5 TFLOPS**" in text and "ours ×0.93" in text and "ours ×0.52" in text   # vs 330 and 590
+    assert "| smem 240 KB over the 227 KB limit | 2 |" in text
+    assert "| causal s16384 | 316.4 | 290.0 | 500.0 | 150.0 | 1.09 | 0.63 | 2.11 |" in text
+    assert "| non-causal s512 | 300.5 | 290.0 | – |" in text
+
+
+def test_report_without_a_kernel_or_benchmarks(tmp_path):
+    path = write_report(tmp_path, [{"number": 0, "state": "PRUNED", "reason": "compile error"}], None, [])
+    text = path.read_text()
+    assert "No verified kernel" in text and "compile error" in text
+    assert not (tmp_path / "best_so_far.png").exists() and not (tmp_path / "tflops_vs_seqlen.png").exists()
+
+
+def _render(renderable) -> str:
+    console = Console(file=io.StringIO(), width=200, force_terminal=False, color_system=None)
+    console.print(renderable)
+    return console.file.getvalue()
+
+
+def test_final_table_shows_ratios_against_flash_and_cudnn():
+    rows = [{"label": "mha d128 causal s16384", "ours": 400.0, "flash": 320.0, "cudnn": 600.0},
+            {"label": "mla causal s4096", "ours": 350.0, "flash": None, "cudnn": 560.0, "efficient": 140.0}]
+    text = _render(final_table(rows))
+    assert "torch flash" in text and "cuDNN" in text and "efficient" in text
+    line = next(l for l in text.splitlines() if "mha d128" in l)
+    assert "1.25×" in line and "0.67×" in line
+    mla = next(l for l in text.splitlines() if "mla" in l)
+    assert "2.50×" in mla and "–" in mla
+
+
+def test_live_view_prints_plain_lines_when_not_a_terminal():
+    buf = io.StringIO()
+    console = Console(file=buf, width=300, force_terminal=False)
+    with LiveView("h100 mha", console=console) as view:
+        assert view.plain
+        view.update(3, 1, 0, 250.0, "flash", 240.0, 65.0, 3600.0)
+        view.update(3, 1, 0, 250.0, "flash", 240.0, 70.0, 3590.0)     # nothing new: no line
+        view.update(4, 1, 1, 331.0, "flash", 320.0, 4000.0, "17 trials")
+    lines = buf.getvalue().splitlines()
+    assert lines[0] == ("[h100 mha] trials 3 done, 1 infeasible, 0 failed | best 250.0 TFLOPS (beats flash 240.0, "
+                        "×1.04) | elapsed 1:05, remaining 1:00:00")
+    assert "4 done, 1 infeasible, 1 failed" in lines[1] and "remaining 17 trials" in lines[1]
+    assert "elapsed 1:06:40" in lines[1]
+    assert len(lines) == 3 and lines[2] == lines[1]                    # the final state on exit
+    assert "\x1b[" not in buf.getvalue()
+
+
+def test_live_view_before_any_success_and_on_a_terminal():
+    buf = io.StringIO()
+    console = Console(file=buf, width=120, force_terminal=True)
+    with LiveView("t4 mla", console=console) as view:
+        assert not view.plain
+        view.update(0, 2, 0, None, None, None, 5.0, None)
+    out = buf.getvalue()
+    assert "2 infeasible" in out and "best –" in out
