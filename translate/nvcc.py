@@ -354,24 +354,34 @@ def _make_unit(kernels: Sequence[KernelSource]) -> _Unit:
     return _Unit("\n".join(lines) + "\n", tuple(spans))
 
 
+_DIAG_HEAD = re.compile(r"^(\S.*?)\((\d+)\): (catastrophic error|error|warning|remark)", re.MULTILINE)
+
+
 def _blamed(log: str, unit: _Unit, tu_name: str) -> Optional[set[int]]:
     """Indices of the kernels whose bodies the error messages point at; None when some error points
-    elsewhere (preamble, a header with no trace back into a body) so no one can be blamed safely."""
-    refs = [int(n) for n in re.findall(rf"{re.escape(tu_name)}\((\d+)\)", log)]
-    refs += [int(n) for n in re.findall(rf"at line (\d+) of \"?[^\s\"]*{re.escape(tu_name)}", log)]
-    if not refs:
-        return None
+    elsewhere (preamble, a header with no trace back into a body) so no one can be blamed safely.
+
+    An EDG diagnostic is a head line ``file(line): error: ...`` plus indented context, where template
+    errors name the instantiation site (``at line N of file``). Warnings are not blame."""
+    heads = list(_DIAG_HEAD.finditer(log))
     blamed: set[int] = set()
-    for line in refs:
-        owners = [i for i, (a, b) in enumerate(unit.spans) if a <= line <= b]
+    errors = 0
+    for i, head in enumerate(heads):
+        if "error" not in head.group(3):
+            continue
+        errors += 1
+        block = log[head.start():heads[i + 1].start() if i + 1 < len(heads) else len(log)]
+        lines = [int(head.group(2))] if Path(head.group(1)).name == tu_name else []
+        lines += [int(n) for n in re.findall(rf"at line (\d+) of \"?[^\s\"]*{re.escape(tu_name)}", block)]
+        owners = {j for line in lines for j, (a, b) in enumerate(unit.spans) if a <= line <= b}
         if not owners:
             return None
-        blamed.update(owners)
-    return blamed
+        blamed |= owners
+    return blamed if errors else None
 
 
 class _Cache:
-    """Content-addressed store: entries/<key>.json (log, resources, outcome) + blobs/<sha256>.cubin, so
+    """Content-addressed store: entries/<key>.json (log, resources, outcome) + blobs/<sha256>.bin, so
     the kernels of one batch share one blob. Writes are atomic (several workers may share the dir)."""
 
     def __init__(self, root: Path):

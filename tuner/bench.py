@@ -65,16 +65,16 @@ def _torch_dtype(dtype: str):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 
 
-def make_inputs(problem: Problem, sets: int = 3, seed: int = 0) -> list[tuple]:
+def make_inputs(problem: Problem, sets: int = 3, seed: int = 0, device: str = "cuda") -> list[tuple]:
     """``sets`` independent (q, k, v) triples in our (b, s, h, d) layout, on the current CUDA device."""
     import torch
 
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     dt = _torch_dtype(problem.dtype)
     p = problem
 
     def randn(*shape):
-        return torch.randn(*shape, device="cuda", dtype=dt, generator=gen)
+        return torch.randn(*shape, device=device, dtype=dt, generator=gen)
 
     return [(randn(p.batch, p.seqlen_q, p.heads_q, p.d_qk), randn(p.batch, p.seqlen_k, p.heads_kv, p.d_qk),
              randn(p.batch, p.seqlen_k, p.heads_kv, p.d_v)) for _ in range(max(1, sets))]
@@ -188,6 +188,7 @@ def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, ve
         outputs: dict = {}
         baselines = measure_baselines(problem, inputs, errors=errors, outputs=outputs) if with_baselines else {}
         row.update({name: _round(baselines.get(name)) for name in BASELINES})
+        raw = dict(baselines)
         row.update({f"{name}_err": msg for name, msg in errors.items()})
         row["ours"] = None
         if kernel is None:
@@ -198,7 +199,7 @@ def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, ve
         else:
             try:
                 out = kernel(*inputs[0])
-                torch.cuda.synchronize()
+                _sync()
                 ref = next((outputs[n] for n in BASELINES if n in outputs), None)
                 if ref is not None:
                     row["cross_check_rel_err"] = _rel_err(out, ref)
@@ -209,19 +210,28 @@ def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, ve
                                      f"(rel err {row.get('cross_check_rel_err', float('nan')):.3g}) or is not finite")
                 else:
                     ms = measure_problem(kernel, problem, inputs=inputs)
-                    row.update(ours=_round(tflops(problem, ms)), ours_ms=round(ms, 4), status="ok")
+                    raw["ours"] = tflops(problem, ms)
+                    row.update(ours=_round(raw["ours"]), ours_ms=round(ms, 5), status="ok")
             except Exception as exc:  # noqa: BLE001 - a launch failure is a result for this row
                 row["status"] = "error"
                 row["reason"] = _first_line(exc)
         for name in BASELINES:
-            ours, base = row.get("ours"), row.get(name)
-            row[f"ours/{name}"] = round(ours / base, 3) if ours and base else None
+            ours, base = raw.get("ours"), raw.get(name)
+            row[f"ours/{name}"] = round(ours / base, 3) if ours is not None and base else None
         del inputs, outputs
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         rows.append(row)
         if on_row is not None:
             on_row(row)
     return rows
+
+
+def _sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def problem_row(problem: Problem) -> dict:
@@ -231,7 +241,7 @@ def problem_row(problem: Problem) -> dict:
 
 
 def _round(x: Optional[float]) -> Optional[float]:
-    return None if x is None else round(x, 1)
+    return None if x is None else round(x, 2)
 
 
 # -- the command --------------------------------------------------------------------------------------
@@ -271,7 +281,7 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
     from tuner.build_cmd import UsageError, resolve_target
 
     console = console or Console()
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
 
     def usage(msg: str) -> int:
         err.print(f"tune bench: error: {msg}", markup=False, highlight=False)

@@ -89,7 +89,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     from translate.defaults import default_params, probe_problem
 
     console = console or Console()
-    err = Console(stderr=True)
+    err = Console(stderr=True, soft_wrap=True)
     try:
         profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal)
         program, _, label, diagnostics = load_checked_program(variant, causal, sketch)

@@ -242,6 +242,10 @@ def test_blame_falls_back_to_one_by_one_when_errors_point_outside_bodies():
     chain = f'include/cute/x.hpp(12): error: y\n  detected during instantiation of "f" at line {body_line} of batch.cu'
     assert nvcc._blamed(chain, unit, "batch.cu") == {2}
     assert nvcc._blamed("batch.cu(1): error: in the preamble", unit, "batch.cu") is None
+    # warnings blame no one, wherever they are
+    warn = f"batch.cu(1): warning #177-D: unused\nbatch.cu({unit.spans[0][0]}): warning #177-D: unused\n"
+    assert nvcc._blamed(warn + f"/tmp/x/batch.cu({body_line}): error: y\n", unit, "batch.cu") == {2}
+    assert nvcc._blamed(warn, unit, "batch.cu") is None
     assert nvcc._blamed("ptxas fatal: something", unit, "batch.cu") is None
 
 

@@ -1,0 +1,221 @@
+"""`tune build` and the profile default candidates (translate/defaults.py)."""
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import translate
+from hardware_profiles import available_profiles, load_profile
+from translate.defaults import default_params, probe_problem
+from translate.params import KernelParams, smem_bytes, validate
+from tuner.build_cmd import UsageError, default_dtype, parse_params_arg
+from tuner.cli import app
+from tuner.problem import spec_for
+
+HAVE_NVCC = shutil.which("nvcc") is not None
+needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not on PATH")
+HAVE_TRANSLATOR = hasattr(translate, "generate")
+
+
+def invoke(*args, env=None):
+    return CliRunner().invoke(app, list(args), env=env)
+
+
+# -- defaults -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpu,variant,hd,expect", [
+    ("h100", "mha", 128, (128, 64, 4)),
+    ("h100", "mha", 64, (128, 128, 4)),
+    ("a100", "gqa", 128, (128, 64, 4)),
+    ("h100", "mla", None, (128, 64, 8)),
+])
+def test_default_params_follow_fa2_on_sm80_class(gpu, variant, hd, expect):
+    p = default_params(load_profile(gpu), spec_for(variant, hd, "bf16", True))
+    assert (p.block_m, p.block_n, p.num_warps) == expect
+    assert (p.mma_atom, p.g2s_atom, p.s2r_atom) == ("SM80_16x8x16", "SM80_CP_ASYNC_CACHEGLOBAL", "SM75_U32x4_LDSM_N")
+    assert p.swizzle == 3 and p.kv_stages == 1 and not p.q_in_regs
+
+
+def test_default_params_on_turing_use_sm75_atoms_and_fit_under_64kb():
+    t4 = load_profile("t4")
+    for variant, hd in (("mha", 64), ("mha", 128), ("mqa", 128), ("mla", None)):
+        spec = spec_for(variant, hd, "fp16", False)
+        p = default_params(t4, spec)
+        assert p.mma_atom == "SM75_16x8x8" and p.g2s_atom == "UniversalCopy128"
+        assert smem_bytes(p, probe_problem(spec)) < 64 * 1024
+
+
+def test_every_profile_has_a_legal_default_for_every_variant():
+    for gpu in available_profiles():
+        profile = load_profile(gpu)
+        dtype = default_dtype(profile)
+        for variant, hd in (("mha", 64), ("mha", 128), ("gqa", 128), ("mqa", 64), ("mla", None)):
+            for causal in (False, True):
+                spec = spec_for(variant, hd, dtype, causal)
+                assert validate(default_params(profile, spec), profile, probe_problem(spec)) == [], (gpu, spec)
+
+
+def test_default_dtype_is_bf16_where_supported():
+    assert default_dtype(load_profile("h100")) == "bf16"
+    assert default_dtype(load_profile("t4")) == "fp16"
+
+
+# -- --params -----------------------------------------------------------------------------------------
+
+
+def test_params_from_json_string_file_and_sidecar(tmp_path):
+    base = KernelParams(block_m=64, block_n=32)
+    assert parse_params_arg(None, base) == base
+    merged = parse_params_arg('{"block_n": 128, "num_warps": 8}', base)
+    assert (merged.block_m, merged.block_n, merged.num_warps) == (64, 128, 8)
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps({"name": "k", "params": {"block_m": 128}}))
+    assert parse_params_arg(str(f), base).block_m == 128
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"block_mm": 64}', "unknown kernel parameter"),
+    ("{not json", "not valid JSON"),
+    ("[1, 2]", "neither a JSON object nor a file"),
+    ("/no/such/file.json", "neither a JSON object nor a file"),
+])
+def test_bad_params_are_usage_errors(text, message):
+    with pytest.raises(UsageError, match=message):
+        parse_params_arg(text, KernelParams())
+
+
+# -- the command: input errors ------------------------------------------------------------------------
+
+
+def test_unknown_gpu_exits_2_listing_the_choices(tmp_path):
+    result = invoke("build", "--gpu", "nope", "--variant", "mha", "-o", str(tmp_path))
+    assert result.exit_code == 2
+    assert "unknown GPU 'nope'" in result.stderr and "h100" in result.stderr and "t4" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_unknown_variant_exits_2(tmp_path):
+    result = invoke("build", "--gpu", "h100", "--variant", "xqa", "-o", str(tmp_path))
+    assert result.exit_code == 2 and "unknown variant" in result.stderr
+
+
+def test_broken_sketch_exits_1_with_diagnostics(tmp_path):
+    sketch = tmp_path / "bad.tl"
+    sketch.write_text("Allocate Q in global (seq_len, HeadDim)\nCompute GEMM Q_shared, K_shared.T and get S\n")
+    result = invoke("build", "--gpu", "h100", "--variant", "mha", "--sketch", str(sketch), "-o", str(tmp_path / "o"))
+    assert result.exit_code == 1
+    assert "bad.tl:" in result.stderr and "error[" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_illegal_params_exit_1_with_the_reason(tmp_path):
+    result = invoke("build", "--gpu", "t4", "--variant", "mha", "--params", '{"block_m": 256, "block_n": 128}',
+                    "-o", str(tmp_path))
+    assert result.exit_code == 1
+    assert "exceeds the 64 KB per-block limit" in result.stderr
+
+
+def test_missing_sketch_file_exits_2(tmp_path):
+    result = invoke("build", "--gpu", "h100", "--variant", "mha", "--sketch", str(tmp_path / "none.tl"),
+                    "-o", str(tmp_path))
+    assert result.exit_code == 2 and "cannot read sketch" in result.stderr
+
+
+# -- the command: outputs, with a stand-in translator (fast) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class StandInKernel:
+    name: str
+    preamble: str
+    body: str
+    num_threads: int = 128
+    smem_bytes: int = 0
+    block_m: int = 128
+    block_n: int = 64
+    params: object = None
+    spec: object = None
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def source(self) -> str:
+        return self.preamble + self.body
+
+    def meta(self) -> dict:
+        return {"name": self.name, "num_threads": self.num_threads, "smem_bytes": self.smem_bytes}
+
+
+@needs_nvcc
+def test_build_writes_cu_cubin_and_resources_json(monkeypatch, tmp_path):
+    seen = {}
+
+    def generate(program, params, profile, spec):
+        seen.update(program=program, params=params, profile=profile.name, spec=spec)
+        body = ('extern "C" __global__ void standin_kernel(float* x) {\n'
+                '  __shared__ float s[32]; s[threadIdx.x % 32] = x[threadIdx.x]; __syncthreads();\n'
+                '  x[threadIdx.x] = s[(threadIdx.x + 1) % 32];\n}\n')
+        return StandInKernel("standin_kernel", "#include <cstdint>\n", body, params=params, spec=spec)
+
+    monkeypatch.setattr(translate, "generate", generate, raising=False)
+    monkeypatch.setattr(translate, "TranslationError", type("TranslationError", (Exception,), {}), raising=False)
+    out = tmp_path / "out"
+    result = invoke("build", "--gpu", "a100", "--variant", "gqa", "--head-dim", "64", "--no-causal",
+                    "--params", '{"block_n": 64}', "-o", str(out), env={"TUNER_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.exit_code == 0, result.output
+    assert seen["program"] is not None and seen["profile"] == "a100"
+    assert seen["params"].block_n == 64 and seen["params"].block_m == 128  # merged onto the default
+    assert (seen["spec"].variant, seen["spec"].d_qk, seen["spec"].causal, seen["spec"].dtype) == ("gqa", 64, False, "bf16")
+    assert (out / "standin_kernel.cu").read_text().startswith("#include <cstdint>")
+    assert (out / "standin_kernel.cubin").stat().st_size > 0
+    record = json.loads((out / "standin_kernel.json").read_text())
+    assert record["arch"] == "sm_80" and record["params"]["block_n"] == 64
+    assert record["resources"]["registers"] > 0 and record["resources"]["smem_static"] == 128
+    assert record["spec"]["variant"] == "gqa" and record["nvcc_version"].startswith("V")
+    assert record["meta"]["name"] == "standin_kernel"
+
+
+@needs_nvcc
+def test_build_compile_error_exits_1_and_keeps_the_log(monkeypatch, tmp_path):
+    monkeypatch.setattr(translate, "generate", lambda *a: StandInKernel(
+        "broken_kernel", "", 'extern "C" __global__ void broken_kernel() { nope(); }\n'), raising=False)
+    monkeypatch.setattr(translate, "TranslationError", type("TranslationError", (Exception,), {}), raising=False)
+    result = invoke("build", "--gpu", "h100", "--variant", "mha", "-o", str(tmp_path),
+                    env={"TUNER_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.exit_code == 1
+    assert "compile-error" in result.stderr and "nope" in (tmp_path / "broken_kernel.log").read_text()
+
+
+# -- the command: the real translator and nvcc (slow) -------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("kernel-cache")
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.skipif(not HAVE_TRANSLATOR, reason="translate.generate not available yet")
+@pytest.mark.parametrize("gpu,arch,atom", [("h100", "sm_90a", "HMMA"), ("t4", "sm_75", "HMMA")])
+def test_build_reference_sketch_for_real(gpu, arch, atom, tmp_path, build_cache):
+    result = invoke("build", "--gpu", gpu, "--variant", "mha", "-o", str(tmp_path),
+                    env={"TUNER_CACHE_DIR": str(build_cache)})
+    assert result.exit_code == 0, result.output
+    jsons = list(tmp_path.glob("*.json"))
+    assert len(jsons) == 1
+    name = jsons[0].stem
+    assert (tmp_path / f"{name}.cu").is_file() and (tmp_path / f"{name}.cubin").stat().st_size > 0
+    record = json.loads(jsons[0].read_text())
+    assert record["arch"] == arch and record["resources"]["registers"] > 0
+    if "error" not in record["sass"]:
+        assert record["sass"][atom] > 0
+        if arch != "sm_75":
+            assert record["sass"]["LDGSTS"] > 0  # cp.async on sm80+
+        else:
+            assert record["sass"]["LDGSTS"] == 0  # Turing has no cp.async
