@@ -24,7 +24,6 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 FAULTS = ("oob", "hang", "wrong", "compile")
 

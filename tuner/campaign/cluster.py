@@ -35,7 +35,8 @@ def connect(address: str | None, quiet: bool = True) -> None:
         if address:
             ray.init(address=address, log_to_driver=not quiet, logging_level="WARNING")
         else:
-            ray.init(include_dashboard=False, log_to_driver=not quiet, logging_level="WARNING")
+            # "local": always a fresh cluster, never one that happens to run on this machine
+            ray.init(address="local", include_dashboard=False, log_to_driver=not quiet, logging_level="WARNING")
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot {'join the Ray cluster at ' + address if address else 'start a local Ray cluster'}: {exc}") from None
 

@@ -10,6 +10,7 @@ parameters go back into the queue.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import optuna
@@ -48,8 +49,9 @@ def make_storage(url: str | None, study_dir: Path, name: str):
 def make_sampler(kind: str, seed: int | None):
     if kind == "tpe":
         # multivariate + group: the atoms and tile sizes interact, and conditional params form groups.
-        return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=10,
-                                          warn_independent_sampling=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=10)
     if kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if kind == "qmc":
@@ -61,14 +63,18 @@ def make_sampler(kind: str, seed: int | None):
     raise StudyError(f"unknown sampler {kind!r}; choose one of: {', '.join(SAMPLERS)}")
 
 
-def open_study(storage, name: str, sampler, resume: bool, where: str) -> optuna.Study:
-    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
-    if name in existing and not resume:
-        n = existing[name].n_trials
-        raise StudyError(f"study {name!r} already exists in {where} ({n} trials); pass --resume to continue "
-                         "it, or choose a fresh --study-dir")
-    if name not in existing and resume:
+def check_study_state(storage, name: str, resume: bool, where: str) -> None:
+    """Refuse to overwrite a study by accident, and to resume one that is not there."""
+    names = {s.study_name for s in optuna.get_all_study_summaries(storage, include_best_trial=False)}
+    if name in names and not resume:
+        raise StudyError(f"study {name!r} already exists in {where}; pass --resume to continue it, "
+                         "or choose a fresh --study-dir")
+    if name not in names and resume:
         raise StudyError(f"--resume: no study {name!r} in {where}; run without --resume to start it")
+
+
+def open_study(storage, name: str, sampler, resume: bool, where: str) -> optuna.Study:
+    check_study_state(storage, name, resume, where)
     return optuna.create_study(storage=storage, study_name=name, sampler=sampler, direction="maximize",
                                load_if_exists=resume)
 
@@ -78,7 +84,7 @@ def fail_stale_running(study: optuna.Study) -> list[int]:
     redone = []
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         study._storage.set_trial_user_attr(t._trial_id, "stale", True)
-        study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        study.tell(t.number, state=TrialState.FAIL)
         if t.params:
             study.enqueue_trial(t.params, user_attrs={"source": f"redo of stale trial {t.number}",
                                                       "redo_of": t.number})

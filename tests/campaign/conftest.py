@@ -1,0 +1,84 @@
+"""One real local Ray cluster for the campaign tests: 2 CPUs and 2 fake H100 GPUs (label and resource),
+started once per session (~5 s); other drivers (the kill -9 subprocess) and a second node join it by
+address."""
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+GRID = FIXTURES / "h100_mha_d128_bf16_causal.jsonl.gz"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, num_gpus=2, labels={"ray.io/accelerator-type": "H100"}, include_dashboard=False,
+             log_to_driver=False, logging_level="ERROR", object_store_memory=200 * 1024 * 1024)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+def campaign_seed_keys(gpu="h100", variant="mha", dtype="bf16", head_dim=None):
+    """Keys of the seeds a campaign without an LLM endpoint enqueues first, in order."""
+    from hardware_profiles import load_profile
+    from search_spaces import load_space
+    from tuner.llm import LLMConfig, propose_params
+    from tuner.problem import spec_for
+
+    profile, space = load_profile(gpu), load_space(variant)
+    spec = spec_for(variant, head_dim, dtype, True)
+    seeds = propose_params(LLMConfig.from_options(None, None, None), profile, spec, "", 8, None)
+    keys = []
+    for s in seeds:
+        _, problems = space.project(s.params.to_dict(), profile, spec.d_qk, dtype)
+        if not problems and s.params.key() not in keys:
+            keys.append(s.params.key())
+    return keys, {s.params.key(): s.params for s in seeds}
+
+
+def write_replay(path: Path, faults: dict) -> Path:
+    """The recorded grid with ``faults`` (key -> fault) planted over the recorded entries."""
+    from translate.params import KernelParams
+
+    rows = [json.loads(line) for line in gzip.open(GRID, "rt")]
+    out = []
+    for r in rows:
+        if "params" in r and KernelParams.from_dict(r["params"]).key() in faults:
+            continue
+        out.append(r)
+    for key, (params, fault) in faults.items():
+        out.append({"params": params.to_dict(), "fault": fault})
+    path.write_text("\n".join(json.dumps(r) for r in out) + "\n")
+    return path
+
+
+def start_node(address: str, accel: str, gpus: int = 1) -> subprocess.Popen:
+    """A second Ray node on loopback with a fake accelerator; stop it with stop_node (only this node)."""
+    env = dict(os.environ, RAY_AUTH_MODE="disabled")
+    return subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", f"--address={address}",
+                             "--num-cpus=1", f"--num-gpus={gpus}", f"--labels=ray.io/accelerator-type={accel}",
+                             "--block", "--disable-usage-stats"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+def wait_for_node(accel: str, timeout: float = 60) -> str:
+    import ray
+
+    end = time.time() + timeout
+    while time.time() < end:
+        for n in ray.nodes():
+            if n["Alive"] and (n.get("Labels") or {}).get("ray.io/accelerator-type") == accel:
+                return n["NodeID"]
+        time.sleep(0.5)
+    raise TimeoutError(f"no {accel} node joined")

@@ -1,0 +1,90 @@
+"""Search spaces as data: loading, validation of broken files, profile restrictions, suggest()."""
+import warnings
+
+import optuna
+import pytest
+
+from hardware_profiles import load_profile
+from search_spaces import SpaceError, available_spaces, load_space, parse_space, suggest
+from translate.params import KernelParams
+from tuner.problem import spec_for
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def test_every_variant_has_a_space_and_unknown_ones_list_the_choices():
+    assert available_spaces() == ["gqa", "mha", "mla", "mqa"]
+    for v in available_spaces():
+        assert load_space(v).variant == v
+    with pytest.raises(SpaceError, match="choose one of: gqa, mha, mla, mqa"):
+        load_space("flash")
+
+
+def test_sm75_gets_turing_atoms_only_and_bf16_never_gets_the_k8_atom():
+    space = load_space("mha")
+    t4 = space.domains(load_profile("t4"), 128, "fp16")
+    assert t4["mma_atom"] == ("SM75_16x8x8",) and t4["g2s_atom"] == ("UniversalCopy128",)
+    h100 = space.domains(load_profile("h100"), 128, "bf16")
+    assert h100["mma_atom"] == ("SM80_16x8x16",)
+    assert "SM75_16x8x8" in space.domains(load_profile("h100"), 128, "fp16")["mma_atom"]
+    assert 256 in space.domains(load_profile("h100"), 64, "bf16")["block_n"]      # head-dim specific
+    assert 256 not in space.domains(load_profile("h100"), 128, "bf16")["block_n"]
+    assert load_space("mla").domains(load_profile("h100"), 192, "bf16")["block_m"] == (64, 128)
+
+
+def _study(seed=0):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = optuna.samplers.TPESampler(multivariate=True, group=True, seed=seed, n_startup_trials=5)
+    return optuna.create_study(direction="maximize", sampler=sampler)
+
+
+@pytest.mark.parametrize("gpu,variant,dtype", [("h100", "mha", "bf16"), ("t4", "gqa", "fp16"), ("a100", "mla", "bf16")])
+def test_suggest_stays_in_the_profile_and_keeps_distributions_fixed(gpu, variant, dtype):
+    profile, space = load_profile(gpu), load_space(variant)
+    spec = spec_for(variant, None, dtype, True)
+    study = _study()
+    dists = {}
+    for i in range(30):
+        trial = study.ask()
+        p = suggest(trial, space, profile, spec)
+        assert p.mma_atom in profile.mma_atoms and p.g2s_atom in profile.g2s_copy_atoms
+        if p.g2s_atom == "UniversalCopy128":
+            assert p.kv_stages == 1 and "kv_stages" not in trial.params      # conditional: not searched
+        if p.s2r_atom == "UniversalCopy":
+            assert p.swizzle == 3 and "swizzle" not in trial.params
+        for name, d in trial.distributions.items():
+            assert dists.setdefault(name, d) == d
+        study.tell(trial, float(p.block_m * p.block_n % 97))
+
+
+def test_project_maps_seeds_into_the_space_or_says_why_not():
+    space, h100 = load_space("mha"), load_profile("h100")
+    chosen, problems = space.project(KernelParams(block_m=128, block_n=64).to_dict(), h100, 128, "bf16")
+    assert problems == [] and chosen["block_n"] == 64 and "kv_stages" in chosen
+    _, problems = space.project(KernelParams(block_n=72).to_dict(), h100, 128, "bf16")
+    assert any("block_n=72" in p for p in problems)
+    _, problems = space.project(KernelParams(g2s_atom="UniversalCopy128", kv_stages=2).to_dict(), h100, 128, "bf16")
+    assert any("kv_stages=2 is fixed to 1" in p for p in problems)
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"variant": "mha", "params": {"block_q": {"choices": [64]}}}, "unknown parameter 'block_q'"),
+    ({"variant": "mha", "params": {"block_m": {"choices": ["64"]}}}, "'64' is not a int"),
+    ({"variant": "mha", "params": {"block_m": {"choices": []}}}, "non-empty list"),
+    ({"variant": "mha", "params": {"kv_stages": {"type": "int", "low": 1, "high": 2, "when": {"g2s_atom": ["X"]},
+                                                 "default": 1}}}, "not declared before it"),
+    ({"variant": "mha", "params": {"swizzle": {"choices": [3], "when": {}, "default": 3}},
+      "arch": {"sm75": {"tile": [1]}}}, "unknown parameter 'tile'"),
+    ({"variant": "mha", "params": {"num_warps": {"type": "float", "choices": [4]}}}, "type must be"),
+    ({"params": {"num_warps": {"choices": [4]}}}, "missing 'variant'"),
+])
+def test_broken_space_files_name_the_fault(data, message):
+    with pytest.raises(SpaceError, match=message):
+        parse_space(data, "broken.toml")
+
+
+def test_a_space_with_nothing_legal_for_a_profile_is_an_error():
+    space = parse_space({"variant": "mha", "params": {"g2s_atom": {"choices": ["SM80_CP_ASYNC_CACHEGLOBAL"]}}})
+    with pytest.raises(SpaceError, match="no legal value on t4"):
+        space.domains(load_profile("t4"), 128, "fp16")

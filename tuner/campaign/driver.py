@@ -1,0 +1,473 @@
+"""The campaign driver: one process owns the study and drives Ray tasks with Optuna's ask/tell.
+
+Pipeline per candidate: ask → suggest → validate (invalid: infeasible, no compile) → compile batch
+(Ray CPU task) → verify + benchmark (Ray GPU task pinned to the accelerator type, with a timeout and a
+forced cancel) → tell. Compiles run ahead of the GPUs so they overlap benchmarks; up to one GPU task
+per GPU of the requested type is in flight.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import optuna
+from rich.console import Console
+
+from hardware_profiles import ProfileError, load_profile
+from search_spaces import SpaceError, load_space, suggest
+from translate.params import KernelParams, validate
+from tuner.problem import grid_problems, spec_for
+
+from . import study as st
+from .backends import BackendError, BackendSpec, parse_backend
+from .cluster import ClusterError, GpuPool, connect, cpu_count, gpu_pool
+from .options import CampaignOptions
+
+DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass
+class Candidate:
+    trial: optuna.Trial
+    params: KernelParams
+    compiled: dict | None = None
+    started: float = 0.0
+
+
+@dataclass
+class Tally:
+    done: int = 0
+    infeasible: int = 0
+    failed: int = 0
+    best: float = 0.0
+    best_trial: int | None = None
+    told: int = 0
+
+
+@dataclass
+class Campaign:
+    """Everything fixed for one run, resolved from the options."""
+
+    options: CampaignOptions
+    profile: Any
+    spec: Any
+    space: Any
+    problems: list
+    backend: BackendSpec
+    name: str
+    kernels_dir: Path
+    console: Console
+    fake_compile: bool
+    program: Any = None
+    program_text: str = ""
+    pool: GpuPool | None = None
+    baselines: dict = field(default_factory=dict)
+    device_name: str = ""
+    llm_seeds: list = field(default_factory=list)
+
+
+def resolve(options: CampaignOptions, console: Console) -> Campaign:
+    """Check every option that can be checked without a cluster; ValueError-family on bad input."""
+    profile = load_profile(options.gpu)
+    space = load_space(options.variant)
+    dtype = options.dtype or ("bf16" if "bf16" in profile.dtypes else "fp16")
+    if dtype not in profile.dtypes:
+        raise ValueError(f"{profile.name} does not support {dtype}; choose one of: {', '.join(profile.dtypes)}")
+    spec = spec_for(space.variant, options.head_dim, dtype, options.causal)
+    if options.sampler not in st.SAMPLERS:
+        raise ValueError(f"unknown sampler {options.sampler!r}; choose one of: {', '.join(st.SAMPLERS)}")
+    if options.trials < 1:
+        raise ValueError("--trials must be at least 1")
+    backend = parse_backend(options.backend)
+    seqlens = tuple(options.seqlens or DEFAULT_SEQLENS)
+    problems = grid_problems(space.variant, spec.d_qk, dtype, options.causal, seqlens=seqlens)
+    space.domains(profile, spec.d_qk, dtype)  # an empty domain is an error now, not at trial 1
+    name = st.study_name(profile.name, spec, options.dry_run)
+    kernels_dir = options.study_dir / name / "compiled"
+    return Campaign(options, profile, spec, space, problems, backend, name, kernels_dir, console,
+                    fake_compile=backend.kind == "replay" and not options.dry_run)
+
+
+def run_campaign(options: CampaignOptions) -> int:
+    """Run (or resume) a campaign; returns the exit code (0 ok, 1 nothing verified, 2 usage/setup)."""
+    console = Console(highlight=False)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        camp = resolve(options, console)
+    except (ProfileError, SpaceError, BackendError, ValueError) as exc:
+        return _error(exc)
+    where = options.storage or str(options.study_dir / f"{camp.name}.journal")
+    try:
+        storage = st.make_storage(options.storage, options.study_dir, camp.name)
+        st.check_study_state(storage, camp.name, options.resume, where)
+        connect(options.ray_address)
+        if not options.dry_run:
+            camp.pool = gpu_pool(camp.profile.ray_accelerator_type)
+        _llm_stage(camp)
+        study = st.open_study(storage, camp.name, st.make_sampler(options.sampler, options.seed),
+                              options.resume, where)
+    except (st.StudyError, ClusterError, BackendError) as exc:
+        return _error(exc)
+    except _llm_errors() as exc:
+        return _error(f"LLM stage: {exc}")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    console.print(f"study [bold]{camp.name}[/] in {where}; backend {camp.backend.label}"
+                  + (f"; {camp.pool.gpus} {camp.pool.accelerator_type} GPU(s)" if camp.pool else "; dry run (no GPU)"))
+    if options.resume:
+        redone = st.fail_stale_running(study)
+        if redone:
+            console.print(f"resume: trial(s) {', '.join(map(str, redone))} were left running; marked FAIL and queued again")
+    _enqueue_seeds(camp, study)
+    if camp.pool is not None:
+        _measure_baselines(camp, study)
+    tally = _loop(camp, study)
+    from .finish import finish
+
+    return finish(camp, study, tally)
+
+
+def _error(message) -> int:
+    """Usage and setup errors: one line on stderr, never a traceback; exit code 2."""
+    Console(stderr=True, highlight=False, soft_wrap=True).print(f"tune: error: {message}", markup=False)
+    return 2
+
+
+def _llm_errors() -> tuple[type[BaseException], ...]:
+    try:
+        from tuner.llm import LLMError
+
+        return (LLMError,)
+    except ImportError:
+        return (RuntimeError,)
+
+
+def _llm_stage(camp: Campaign) -> None:
+    """The TL program and the seeds: from the LLM endpoint, or the built-in sketch and profile seeds."""
+    opts = camp.options
+    try:
+        from tuner.llm import LLMConfig, ResponseCache, generate_program, propose_params
+    except ImportError as exc:
+        if not camp.fake_compile:
+            raise BackendError(f"the LLM/sketch stage (tuner.llm) is not available: {exc}") from None
+        camp.console.print("sketch stage unavailable: replay backend runs without a TL program; "
+                           "using the search space's seeds")
+        return
+    config = LLMConfig.from_options(opts.llm_base_url, opts.llm_model, opts.llm_api_key)
+    cache = ResponseCache(opts.study_dir / camp.name)
+    outcome = generate_program(config, camp.profile, camp.spec, cache)
+    camp.program, camp.program_text = outcome.program, outcome.program_text
+    camp.llm_seeds = propose_params(config, camp.profile, camp.spec, outcome.program_text, 8, cache)
+    camp.console.print(f"sketch: {getattr(outcome, 'message', '') or outcome.source}")
+    sources = sorted({s.source for s in camp.llm_seeds})
+    camp.console.print(f"seeds: {len(camp.llm_seeds)} from {', '.join(sources) or 'nowhere'}"
+                       + ("" if config.configured else " (no LLM endpoint configured: profile-derived seeds)"))
+
+
+def _enqueue_seeds(camp: Campaign, study: optuna.Study) -> None:
+    """LLM (or profile) seeds first, then the search space's FA2/FA3 seeds; once per study."""
+    if study.user_attrs.get(st.SEEDS_ATTR):
+        return
+    hd, dt = camp.spec.d_qk, camp.spec.dtype
+    offered = [(s.params.to_dict(), s.source, getattr(s, "rationale", "")) for s in camp.llm_seeds]
+    for seed in camp.space.seeds_for(hd):
+        full = KernelParams(**dict(seed.params)).to_dict()
+        offered.append((full, f"search space: {seed.source}", ""))
+    seen: set[str] = set()
+    count = 0
+    for params, source, rationale in offered:
+        key = KernelParams.from_dict(params).key()
+        if key in seen:
+            continue
+        chosen, problems = camp.space.project(params, camp.profile, hd, dt)
+        if problems:
+            camp.console.print(f"seed {key} ({source}) skipped: {'; '.join(problems)}")
+            continue
+        seen.add(key)
+        attrs = {"source": source}
+        if rationale:
+            attrs["rationale"] = rationale
+        study.enqueue_trial(chosen, user_attrs=attrs)
+        count += 1
+    study.set_user_attr(st.SEEDS_ATTR, True)
+    if camp.program_text:
+        study.set_user_attr("tl_program", camp.program_text)
+    camp.console.print(f"enqueued {count} seed(s)")
+
+
+def _measure_baselines(camp: Campaign, study: optuna.Study) -> None:
+    import ray
+
+    from .tasks import gpu_baselines
+
+    cached = study.user_attrs.get("baselines")
+    if cached:
+        camp.baselines, camp.device_name = cached["baselines"], cached["device_name"]
+        return
+    ref = gpu_baselines.options(**camp.pool.task_options()).remote(camp.backend, camp.problems)
+    try:
+        result = ray.get(ref, timeout=camp.options.trial_timeout)
+    except Exception as exc:  # baselines are context, not the campaign's goal
+        camp.console.print(f"[yellow]baselines could not be measured: {type(exc).__name__}: {exc}[/]")
+        return
+    camp.baselines, camp.device_name = result["baselines"], result["device_name"]
+    study.set_user_attr("baselines", {"baselines": camp.baselines, "device_name": camp.device_name})
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loop
+
+
+def _loop(camp: Campaign, study: optuna.Study) -> Tally:
+    import ray
+
+    from .live import live_view
+    from .tasks import compile_batch, gpu_trial
+
+    opts = camp.options
+    tally = Tally()
+    for t in st.finished(study):
+        _count(tally, t.state, t.value if t.state == optuna.trial.TrialState.COMPLETE else None,
+               st.is_infeasible(t), t.number)
+    tally.told = 0
+    start = time.monotonic()
+    deadline = start + opts.timeout if opts.timeout else None
+    n_gpus = camp.pool.gpus if camp.pool else 0
+    compile_slots = max(1, min(cpu_count(), 4))
+    max_inflight = 2 * n_gpus + opts.compile_batch * compile_slots
+    buffer: list[Candidate] = []
+    compiling: dict[Any, tuple[list[Candidate], float]] = {}
+    ready: deque[Candidate] = deque()
+    measuring: dict[Any, Candidate] = {}
+    inflight = 0
+    stop_reason = None
+    camp.kernels_dir.mkdir(parents=True, exist_ok=True)
+
+    def finished_count() -> int:
+        return tally.done + tally.infeasible
+
+    with live_view(camp, tally, start, deadline) as live:
+        try:
+            while True:
+                now = time.monotonic()
+                if stop_reason is None and deadline is not None and now >= deadline:
+                    stop_reason = "the --timeout budget ran out"
+                # 1. ask
+                while (stop_reason is None and finished_count() + inflight < opts.trials
+                       and inflight < max_inflight):
+                    trial = study.ask()
+                    params = suggest(trial, camp.space, camp.profile, camp.spec)
+                    trial.set_user_attr("params_key", params.key())
+                    trial.set_user_attr("kernel_params", params.to_dict())
+                    errors = sorted({e for p in camp.problems for e in validate(params, camp.profile, p)})
+                    if errors:
+                        st.tell_infeasible(study, trial, "invalid: " + "; ".join(errors), stage="validate")
+                        _count(tally, "infeasible", None, True, trial.number)
+                        continue
+                    buffer.append(Candidate(trial, params))
+                    inflight += 1
+                # 2. compile what is buffered: full batches, or anything when the CPUs are idle
+                while buffer and (len(buffer) >= opts.compile_batch or len(compiling) < compile_slots):
+                    batch, buffer = buffer[:opts.compile_batch], buffer[opts.compile_batch:]
+                    items = [(c.trial.number, c.params.to_dict()) for c in batch]
+                    ref = compile_batch.remote(items, camp.program, camp.spec, camp.profile.name,
+                                               str(camp.kernels_dir.parent / "nvcc-cache"), opts.compile_timeout,
+                                               camp.backend.path if camp.fake_compile else None)
+                    compiling[ref] = (batch, time.monotonic())
+                # 3. launch GPU trials while GPUs are free
+                while ready and len(measuring) < n_gpus and stop_reason is None:
+                    cand = ready.popleft()
+                    payload = {"trial": cand.trial.number, "params": cand.params.to_dict(), "profile": camp.profile.name,
+                               "spec": camp.spec, "problems": camp.problems, "cubin": cand.compiled["cubin"],
+                               "meta": cand.compiled["meta"]}
+                    ref = gpu_trial.options(**camp.pool.task_options()).remote(camp.backend, payload)
+                    cand.started = time.monotonic()
+                    measuring[ref] = cand
+                if stop_reason is not None or (inflight == 0 and finished_count() >= opts.trials):
+                    break
+                if inflight == 0 and not compiling and not measuring:
+                    break
+                # 4. wait for anything
+                refs = list(compiling) + list(measuring)
+                done, _ = ray.wait(refs, num_returns=1, timeout=0.5) if refs else ([], [])
+                if done:  # collect everything that is ready without waiting again
+                    done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                for ref in done:
+                    if ref in compiling:
+                        batch, _ = compiling.pop(ref)
+                        for cand, outcome in _compile_outcomes(camp, ref, batch):
+                            if outcome == "ready":
+                                ready.append(cand)
+                                continue
+                            inflight -= 1
+                            _tell_compile(camp, study, tally, cand, outcome)
+                    else:
+                        cand = measuring.pop(ref)
+                        inflight -= 1
+                        _tell_measurement(camp, study, tally, cand, ref)
+                # 5. timeouts: hung trials are cancelled by force; they cannot block the campaign
+                now = time.monotonic()
+                for ref, cand in list(measuring.items()):
+                    if now - cand.started > opts.trial_timeout:
+                        ray.cancel(ref, force=True)
+                        measuring.pop(ref)
+                        inflight -= 1
+                        st.tell_infeasible(study, cand.trial, f"timeout: no result after {opts.trial_timeout:g} s "
+                                           "(task cancelled by force)", stage="measure")
+                        _count(tally, "infeasible", None, True, cand.trial.number)
+                for ref, (batch, submitted) in list(compiling.items()):
+                    if now - submitted > opts.compile_timeout * 1.5:
+                        ray.cancel(ref, force=True)
+                        compiling.pop(ref)
+                        for cand in batch:
+                            inflight -= 1
+                            st.tell_infeasible(study, cand.trial, f"compile timeout after {opts.compile_timeout:g} s",
+                                               stage="compile")
+                            _count(tally, "infeasible", None, True, cand.trial.number)
+                live.refresh()
+        except KeyboardInterrupt:  # Ctrl-C: the unfinished trials go back in the queue
+            stop_reason = "interrupted"
+        # Out of budget (or interrupted): what is still in flight goes back into the queue.
+        if stop_reason is not None:
+            leftovers = buffer + list(ready) + [c for b, _ in compiling.values() for c in b] + list(measuring.values())
+            for ref in list(compiling) + list(measuring):
+                ray.cancel(ref, force=True)
+            for cand in leftovers:
+                st.tell_infra_failure(study, cand.trial, cand.trial.params, f"not finished: {stop_reason}", True)
+                tally.failed += 1
+            camp.console.print(f"stopped: {stop_reason}; {len(leftovers)} unfinished trial(s) queued for --resume")
+        live.refresh(force=True)
+    return tally
+
+
+def _count(tally: Tally, state, value, infeasible: bool, number: int) -> None:
+    from optuna.trial import TrialState
+
+    if state == TrialState.FAIL or state == "fail":
+        tally.failed += 1
+        return
+    tally.told += 1
+    if infeasible:
+        tally.infeasible += 1
+        return
+    tally.done += 1
+    if value is not None and value > tally.best:
+        tally.best, tally.best_trial = value, number
+
+
+def _compile_outcomes(camp: Campaign, ref, batch: list[Candidate]):
+    """(candidate, "ready" | reason-of-failure | ("infra", msg)) per candidate of a finished batch."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    try:
+        results = ray.get(ref)
+    except RayTaskError as exc:
+        msg = str(exc).strip().splitlines()[-1][:500]
+        return [(c, f"compile task error: {msg}") for c in batch]
+    except ray.exceptions.RayError as exc:
+        return [(c, ("infra", f"compile task lost: {type(exc).__name__}")) for c in batch]
+    out = []
+    for cand, res in zip(batch, results):
+        cand.trial.set_user_attr("kernel_name", res.get("kernel_name"))
+        if not res["ok"]:
+            out.append((cand, res["error"]))
+            continue
+        cand.compiled = res
+        _save_kernel(camp, cand, res)
+        for attr in ("registers", "spill_stores"):
+            if res.get(attr) is not None:
+                cand.trial.set_user_attr(attr, res[attr])
+        out.append((cand, "ready" if camp.pool is not None else "dry-run-ok"))
+    return out
+
+
+def _save_kernel(camp: Campaign, cand: Candidate, res: dict) -> None:
+    """Keep every compiled kernel on disk: the store takes the best one from here after the loop."""
+    stem = camp.kernels_dir / res["kernel_name"]
+    stem.with_suffix(".cubin").write_bytes(res["cubin"])
+    stem.with_suffix(".cu").write_text(res.get("source") or "")
+    stem.with_suffix(".meta.json").write_text(json.dumps(res.get("meta") or {}, indent=1, default=str))
+
+
+def _tell_compile(camp: Campaign, study, tally: Tally, cand: Candidate, outcome) -> None:
+    if outcome == "dry-run-ok":
+        st.tell_feasible(study, cand.trial, None, dry_run=True, stage="compile")
+        _count(tally, "pruned", None, False, cand.trial.number)
+    elif isinstance(outcome, tuple):
+        _infra(camp, study, tally, cand, outcome[1])
+    else:
+        st.tell_infeasible(study, cand.trial, outcome, stage="compile")
+        _count(tally, "infeasible", None, True, cand.trial.number)
+
+
+def _infra(camp: Campaign, study, tally: Tally, cand: Candidate, reason: str) -> None:
+    retries = int(cand.trial.user_attrs.get("infra_retries", 0))
+    st.tell_infra_failure(study, cand.trial, cand.trial.params, reason, retries < camp.options.infra_retries)
+    tally.failed += 1
+    camp.console.print(f"[yellow]trial {cand.trial.number}: infrastructure failure ({reason}); "
+                       f"{'queued again' if retries < camp.options.infra_retries else 'not retried again'}[/]")
+
+
+_INFRA_ERRORS = ("NodeDiedError", "ObjectLostError", "OwnerDiedError", "RaySystemError", "OutOfDiskError",
+                 "LocalRayletDiedError", "ObjectStoreFullError", "OutOfMemoryError", "ObjectFetchTimedOutError",
+                 "ReferenceCountingAssertionError", "ObjectReconstructionFailedError")
+
+
+def _tell_measurement(camp: Campaign, study, tally: Tally, cand: Candidate, ref) -> None:
+    import ray
+    from ray.exceptions import RayTaskError, TaskCancelledError, WorkerCrashedError
+
+    trial = cand.trial
+    try:
+        result = ray.get(ref)
+    except WorkerCrashedError:
+        # A dead worker on a live node is what a kernel that corrupts its CUDA context looks like; a
+        # dead node is the infrastructure's fault.
+        lost = _lost_nodes(camp)
+        if lost:
+            _infra(camp, study, tally, cand, f"GPU node(s) {', '.join(n[:12] for n in lost)} lost")
+            return
+        st.tell_infeasible(study, trial, "crash: the trial's worker process died (out-of-bounds access or "
+                           "illegal address killed the CUDA context)", stage="measure")
+        _count(tally, "infeasible", None, True, trial.number)
+        return
+    except TaskCancelledError:
+        st.tell_infeasible(study, trial, "cancelled", stage="measure")
+        _count(tally, "infeasible", None, True, trial.number)
+        return
+    except RayTaskError as exc:
+        msg = str(exc).strip().splitlines()[-1][:500]
+        st.tell_infeasible(study, trial, f"error in trial: {msg}", stage="measure")
+        _count(tally, "infeasible", None, True, trial.number)
+        return
+    except ray.exceptions.RayError as exc:
+        if type(exc).__name__ in _INFRA_ERRORS:
+            _infra(camp, study, tally, cand, f"{type(exc).__name__}: {str(exc)[:200]}")
+        else:
+            st.tell_infeasible(study, trial, f"{type(exc).__name__}: {str(exc)[:300]}", stage="measure")
+            _count(tally, "infeasible", None, True, trial.number)
+        return
+    where = {k: result.get(k) for k in ("node_id", "hostname", "pid", "gpu_ids", "device_name")}
+    for k, v in where.items():
+        trial.set_user_attr(k, v)
+    if result.get("replay_unknown"):
+        trial.set_user_attr("replay_unknown", True)
+    if not result["verified"]:
+        st.tell_infeasible(study, trial, result["reason"], stage="verify", verification=result.get("verification"))
+        _count(tally, "infeasible", None, True, trial.number)
+        return
+    value = round(st.geomean(result["tflops"].values()), 3)
+    st.tell_feasible(study, trial, value, tflops=result["tflops"], verification=result.get("verification"),
+                     backend=camp.backend.kind)
+    _count(tally, "complete", value, False, trial.number)
+
+
+def _lost_nodes(camp: Campaign) -> list[str]:
+    from .cluster import alive_nodes
+
+    alive = {n["NodeID"] for n in alive_nodes()}
+    return [n for n in camp.pool.node_ids if n not in alive]

@@ -1,0 +1,120 @@
+"""After the loop: store the best verified kernel per shape bucket, write the report, print the table."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from optuna.trial import TrialState
+
+from . import study as st
+
+
+def trial_rows(study) -> list[dict]:
+    """The study's trials as tuner.report's plain dicts."""
+    rows = []
+    for t in study.get_trials(deepcopy=False):
+        if t.state == TrialState.COMPLETE:
+            state = "complete"
+        elif t.state == TrialState.PRUNED:
+            state = "infeasible" if st.is_infeasible(t) else "complete"   # dry run: compiled, unmeasured
+        elif t.state == TrialState.FAIL:
+            state = "failed"
+        else:
+            state = "running"
+        rows.append({"number": t.number, "state": state, "tflops": t.value if t.state == TrialState.COMPLETE else None,
+                     "reason": t.user_attrs.get("infeasible_reason") or t.user_attrs.get("infra_failure"),
+                     "params": t.user_attrs.get("kernel_params", t.params), "source": t.user_attrs.get("source", "search")})
+    return rows
+
+
+def best_per_bucket(study, problems) -> dict[str, tuple]:
+    """Bucket -> (trial, problem, tflops): the fastest verified trial at each benchmark shape's bucket."""
+    from tuner.buckets import bucket_for
+
+    best: dict[str, tuple] = {}
+    verified = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if (t.user_attrs.get("verification") or {}).get("passed") is True]
+    for problem in problems:
+        bucket = bucket_for(problem.seqlen_k)
+        for t in verified:
+            tf = (t.user_attrs.get("tflops") or {}).get(str(problem.seqlen_k))
+            if tf is not None and (bucket not in best or tf > best[bucket][2]):
+                best[bucket] = (t, problem, float(tf))
+    return best
+
+
+def finish(camp, study, tally) -> int:
+    console = camp.console
+    opts = camp.options
+    if opts.dry_run:
+        trials = trial_rows(study)
+        ok = sum(1 for r in trials if r["state"] == "complete")
+        console.print(f"dry run: {ok} candidate(s) compiled, {tally.infeasible} infeasible; nothing measured or stored")
+        return 0 if ok else 1
+    best = best_per_bucket(study, camp.problems)
+    stored = _store(camp, study, best)
+    rows = _bench_rows(camp, best)
+    from tuner.report import final_table, write_report
+
+    report_dir = opts.study_dir / camp.name
+    top = max(stored, key=lambda r: r.tflops) if stored else None
+    path = write_report(report_dir, trial_rows(study), top, rows)
+    if rows:
+        console.print(final_table(rows))
+    console.print(f"report: {path}")
+    if not best:
+        console.print("[red]no candidate passed verification: nothing stored[/]")
+        return 1
+    console.print(f"stored {len(stored)} new best kernel(s) under {opts.study_dir / 'kernels'} "
+                  f"({len(best) - len(stored)} bucket(s) kept an earlier, faster kernel)")
+    return 0
+
+
+def _store(camp, study, best: dict) -> list:
+    from tuner.provenance import collect
+    from tuner.store import KernelRecord, KernelStore
+
+    store = KernelStore(camp.options.study_dir)
+    device = camp.device_name or camp.profile.display_name
+    provenance = collect(camp.profile, device_name=device)
+    provenance["backend"] = camp.backend.kind if camp.backend.kind == "gpu" else f"replay ({Path(camp.backend.path).name})"
+    tl_program = camp.program_text or study.user_attrs.get("tl_program", "")
+    stored = []
+    for bucket, (t, problem, tflops) in sorted(best.items()):
+        name = t.user_attrs["kernel_name"]
+        stem = camp.kernels_dir / name
+        record = KernelRecord(
+            arch=camp.profile.arch_family, gpu=camp.profile.name, device_name=t.user_attrs.get("device_name") or device,
+            variant=camp.spec.variant, dtype=camp.spec.dtype, d_qk=camp.spec.d_qk, d_v=camp.spec.d_v,
+            causal=camp.spec.causal, bucket=bucket, params=t.user_attrs["kernel_params"], kernel_name=name,
+            kernel_meta=json.loads(stem.with_suffix(".meta.json").read_text()),
+            source=stem.with_suffix(".cu").read_text(), cubin=stem.with_suffix(".cubin").read_bytes(),
+            tl_program=tl_program, verification=t.user_attrs["verification"], tflops=tflops,
+            baselines=dict(camp.baselines.get(str(problem.seqlen_k), {})), problem=_problem_dict(problem),
+            provenance=provenance, study=camp.name, trial=t.number)
+        if store.offer(record):
+            stored.append(record)
+    return stored
+
+
+def _problem_dict(problem) -> dict:
+    from dataclasses import asdict
+
+    return asdict(problem)
+
+
+def _bench_rows(camp, best: dict) -> list[dict]:
+    """Per benchmark shape: our best kernel of its bucket against the libraries, same run."""
+    from tuner.buckets import bucket_for
+
+    rows = []
+    for problem in camp.problems:
+        entry = best.get(bucket_for(problem.seqlen_k))
+        if entry is None:
+            continue
+        t = entry[0]
+        base = camp.baselines.get(str(problem.seqlen_k), {})
+        rows.append({"seqlen": problem.seqlen_k, "causal": problem.causal, "ours": (t.user_attrs.get("tflops") or {}).get(str(problem.seqlen_k)),
+                     "flash": base.get("flash"), "cudnn": base.get("cudnn"), "efficient": base.get("efficient"),
+                     "trial": t.number})
+    return rows
