@@ -126,7 +126,7 @@ def emit_copy_g2s(op: Op, ctx: EmitContext) -> list[str]:
     else:
         index = "n_block"
         limit = "seqlen_k - n_block * kBlockN"
-        lines = [f"{{  // TL tile {tile_cpp} in iteration order = KV block n_tiles - 1 - ({tile_cpp})",
+        lines = [f"{{  // tile {tile_cpp} in iteration order = KV block n_tiles - 1 - ({tile_cpp})",
                  f"{INDENT}const int n_block = n_tiles - 1 - ({tile_cpp});"]
     lines += [
         f"{INDENT}Tensor dst = {gmem_copy}.get_thread_slice(tidx).partition_D(",
@@ -141,7 +141,6 @@ def emit_copy_g2s(op: Op, ctx: EmitContext) -> list[str]:
 
 
 def emit_load_q_regs(op: Op, ctx: EmitContext) -> list[str]:
-    ctx.q_in_regs = True
     return ["attn_tl::load_fragment(tSrQ, tSsQ, s2r_q, s2r_thr_q);  // Q stays in registers for every KV tile"]
 
 
@@ -276,11 +275,11 @@ def emit_store_o(op: Op, ctx: EmitContext) -> list[str]:
         f"{INDENT}auto r2s_thr = r2s.get_thread_slice(tidx);",
         f"{INDENT}cute::copy(r2s, r2s_thr.retile_S(rO), r2s_thr.partition_D(sO));",
         f"{INDENT}__syncthreads();  // the tile is read back by other threads",
-        f"{INDENT}Tensor tOsO = g2s_thr_v.partition_S(sO);",
-        f"{INDENT}Tensor tOgO = g2s_thr_v.partition_D(g{g}(_, _, m_block));",
+        f"{INDENT}Tensor tOsO = s2g_thr_o.partition_S(sO);",
+        f"{INDENT}Tensor tOgO = s2g_thr_o.partition_D(g{g}(_, _, m_block));",
         f"{INDENT}Tensor tOrO = make_tensor<Element>(shape(tOgO));",
         f"{INDENT}cute::copy(s2g_o, tOsO, tOrO);",
-        f"{INDENT}Tensor tOcO = g2s_thr_v.partition_D(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{{}}));",
+        f"{INDENT}Tensor tOcO = s2g_thr_o.partition_D(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{{}}));",
         f"{INDENT}attn_tl::store_rows(s2g_o, tOrO, tOgO, tOcO, seqlen_q - m_block * kBlockM);",
         "}",
     ]
@@ -290,10 +289,10 @@ def emit_early_exit(op: Op, ctx: EmitContext) -> list[str]:
     g = op.data["global"]
     return [
         "if (n_tiles <= 0) {  // causal: no key is visible to any row of this query tile -> O rows are 0",
-        f"{INDENT}Tensor tOgO = g2s_thr_v.partition_D(g{g}(_, _, m_block));",
+        f"{INDENT}Tensor tOgO = s2g_thr_o.partition_D(g{g}(_, _, m_block));",
         f"{INDENT}Tensor tOrO = make_tensor<Element>(shape(tOgO));",
         f"{INDENT}clear(tOrO);",
-        f"{INDENT}Tensor tOcO = g2s_thr_v.partition_D(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{{}}));",
+        f"{INDENT}Tensor tOcO = s2g_thr_o.partition_D(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{{}}));",
         f"{INDENT}attn_tl::store_rows(s2g_o, tOrO, tOgO, tOcO, seqlen_q - m_block * kBlockM);",
         f"{INDENT}return;",
         "}",
@@ -358,7 +357,11 @@ def _emit_loop(loop: Loop, ctx: EmitContext) -> list[str]:
             "// diagonal, the ragged end of K) come first, in a separate copy of the body; the rest skip it.",
             "{",
             f"{INDENT}int {v} = {start};",
-            f"{INDENT}const int n_masked = kCausal ? cute::ceil_div(kBlockM, kBlockN) + 1 "
+            "  // masked tiles: causal, the diagonal spans ceil(BM/BN) tiles, one more when it is not tile-aligned;",
+            "  // non-causal, only a ragged last K tile",
+            f"{INDENT}const bool tile_aligned = seqlen_k % kBlockN == 0 && (seqlen_k - seqlen_q) % kBlockN == 0 "
+            "&& kBlockM % kBlockN == 0;",
+            f"{INDENT}const int n_masked = kCausal ? (kBlockM + kBlockN - 1) / kBlockN + (tile_aligned ? 0 : 1) "
             f": (seqlen_k % kBlockN != 0 ? 1 : 0);",
             f"{INDENT}#pragma unroll 1",
             f"{INDENT}for (; {v} < min({start} + n_masked, {stop}); ++{v}) {{  // masked iterations",
@@ -444,9 +447,9 @@ def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
         f"constexpr int kHeadDimQK = {spec.d_qk};",
         f"constexpr int kHeadDimV = {spec.d_v};",
         f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
-        f"constexpr float kLog2e = {math.log2(math.e)!r}f;",
+        f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
         f"constexpr float kScaleLog2 = {scale * math.log2(math.e)!r}f;  // log2(e) / sqrt(d_qk), folded into exp2",
-        f"constexpr float kSoftmaxScale = {scale!r}f;",
+        f"[[maybe_unused]] constexpr float kSoftmaxScale = {scale!r}f;",
         "",
         f"using TiledMma = TiledMMA<MMA_Atom<{mma}>, Layout<Shape<Int<kNWarps>, _1, _1>>,",
         "                          Tile<Int<16 * kNWarps>, _16, _16>>;  // warps along M, 16 rows each",
@@ -469,7 +472,7 @@ def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
         "constexpr int kTileVElems = int(cosize(SmemLayoutV{}));",
         f"constexpr int kStagesK = {stages_k};",
         f"constexpr int kStagesV = {stages_v};",
-        "constexpr int kSmemBytes = (kSmemQElems + kStagesK * kTileKElems + kStagesV * kTileVElems) * int(sizeof(Element));",
+        "[[maybe_unused]] constexpr int kSmemBytes = (kSmemQElems + kStagesK * kTileKElems + kStagesV * kTileVElems) * int(sizeof(Element));",
     ]
 
 
@@ -483,8 +486,8 @@ def kernel_setup() -> list[str]:
         "const int bidb = blockIdx.z;",
         "const int bidh_kv = bidh / group;  // GQA/MQA: KV head = query head // group",
         "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right: row r sees key c iff c <= r + offset",
-        "int n_tiles = cute::ceil_div(seqlen_k, kBlockN);  // TL N: KV tiles this query tile visits",
-        "if (kCausal) { n_tiles = min(n_tiles, cute::ceil_div((m_block + 1) * kBlockM + causal_offset, kBlockN)); }",
+        "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
+        "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * kBlockM + causal_offset + kBlockN - 1) / kBlockN); }",
         "",
         "// shared-memory plan: Q (reused for O) | K ring | V ring",
         "Element* smem_q = reinterpret_cast<Element*>(attn_smem);",
@@ -504,6 +507,7 @@ def kernel_setup() -> list[str]:
         "GmemCopyV g2s_v;",
         "auto g2s_thr_v = g2s_v.get_thread_slice(tidx);",
         "GmemCopyO s2g_o;",
+        "auto s2g_thr_o = s2g_o.get_thread_slice(tidx);",
         "",
         "Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});",
         "Tensor tSsQ = s2r_thr_q.partition_S(sQ);",

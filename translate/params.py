@@ -50,9 +50,9 @@ def _short(atom: str) -> str:
 
 
 def smem_bytes(params: KernelParams, problem: Problem) -> int:
-    """Dynamic shared memory of the FA2-style design: Q tile + stages x (K tile + V tile)."""
+    """Dynamic shared memory of the FA2-style design: Q tile (reused for O) + stages x (K tile + V tile)."""
     elem = 2
-    q = params.block_m * problem.d_qk * elem
+    q = params.block_m * max(problem.d_qk, problem.d_v) * elem
     kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v) * elem
     return q + kv
 
@@ -87,10 +87,28 @@ def validate(params: KernelParams, profile: Profile, problem: Problem) -> list[s
     for d in {problem.d_qk, problem.d_v}:
         if d % 32:
             errors.append(f"head dim {d} must be a multiple of 32 (shared-memory tile atoms are 32 or 64 wide)")
-    # Global->shared copies move 8 halves per thread, kBlockKSmem/8 threads per row.
-    row_threads = (64 if problem.d_qk % 64 == 0 else 32) // 8
-    if params.num_threads % row_threads:
-        errors.append(f"{params.num_threads} threads do not tile rows of {row_threads} copy threads")
+    # Global->shared copies move 8 halves per thread, kBlockKSmem/8 threads per row: one copy step covers
+    # num_threads / row_threads rows, which must divide the Q (BM) and K/V (BN) tiles.
+    for d in sorted({problem.d_qk, problem.d_v}):
+        row_threads = (64 if d % 64 == 0 else 32) // 8
+        if params.num_threads % row_threads:
+            errors.append(f"{params.num_threads} threads do not tile rows of {row_threads} copy threads")
+            continue
+        rows = params.num_threads // row_threads
+        for name, tile in (("block_m", params.block_m), ("block_n", params.block_n)):
+            if tile > 0 and tile % rows:
+                errors.append(f"{name} {tile} must be a multiple of {rows}: {params.num_threads} threads copy "
+                              f"{rows} rows of a {d}-wide tile per step")
+        if d % 64 and params.swizzle > 2:
+            errors.append(f"swizzle {params.swizzle} needs 64-element rows; head dim {d} uses 32-wide atoms "
+                          "(swizzle <= 2)")
+    # Accumulators S (BM x BN) and O (BM x d_v) are fp32 registers spread over the threads; past 256 per
+    # thread the kernel spills heavily (FA2's largest, 128x64 at d128 on 4 warps, holds 192).
+    acc_regs = params.block_m * (params.block_n + problem.d_v) // max(1, params.num_threads)
+    if acc_regs > 256:
+        errors.append(f"accumulators need {acc_regs} fp32 registers per thread (S {params.block_m}x"
+                      f"{params.block_n} + O {params.block_m}x{problem.d_v} over {params.num_threads} threads); "
+                      "more than 256 cannot fit the 255-register limit")
     smem = smem_bytes(params, problem)
     if smem > profile.smem_per_block_bytes:
         errors.append(f"shared memory {smem // 1024} KB (Q {params.block_m}x{problem.d_qk} + "
@@ -98,6 +116,6 @@ def validate(params: KernelParams, profile: Profile, problem: Problem) -> list[s
                       f"exceeds the {profile.smem_per_block_kb} KB per-block limit of {profile.name}")
     if params.num_threads * 1 > profile.max_threads_per_sm:
         errors.append(f"{params.num_threads} threads exceed {profile.max_threads_per_sm} per SM")
-    if params.mma_atom == "SM75_16x8x8" and profile.sm >= 80 and problem.dtype == "bf16":
+    if params.mma_atom == "SM75_16x8x8" and problem.dtype == "bf16":
         errors.append("SM75_16x8x8 has no bf16 variant; use SM80_16x8x16 for bf16")
     return errors

@@ -30,6 +30,7 @@ SIM_LOOP_STOP = 1000        # symbolic loop bounds evaluate as "far away" during
 @dataclass
 class _Slot:
     group: int | None = None        # cp.async group of the latest write still in flight
+    writer: int = 0                 # TL line of that write
     local: bool = False             # written (complete for the writer) but not yet behind a barrier
     read_since_barrier: bool = False
 
@@ -102,7 +103,7 @@ class _Sim:
                 if wait_n is None or n < wait_n:
                     wait_n = n
                     self.reasons.setdefault(key, []).append(
-                        f"{slot_key[0]}[slot {slot_key[1]}] is filled by cp.async group {s.group}; "
+                        f"wait for {slot_key[0]}[slot {slot_key[1]}] (cp.async of TL {s.writer}); "
                         f"{n} later group(s) may stay in flight")
         if wait_n is not None:
             self._wait(wait_n)
@@ -129,6 +130,7 @@ class _Sim:
         for buf, tile, slot_key in write_slots:
             s = self.st.slot(slot_key)
             self.st.last_tile[buf] = tile
+            s.writer = op.line
             if op.async_copy:
                 s.group, s.local = self.st.committed, False
             else:
@@ -160,7 +162,9 @@ def schedule(nodes: list, stages: dict[str, int], symbols: dict[str, int]) -> No
                     op.reasons.append(r)
         if not changed:
             break
-    for op in ops:
+    for op in ops:   # keep the reasons that explain the final wait count
+        op.reasons = [r for r in op.reasons if not r.startswith("wait for") or
+                      (op.wait is not None and f"; {op.wait} later" in r)]
         for buf in op.reads:
             op.read_tiles[buf] = _fit_tile(sim.read_points.get((id(op), buf), []), op)
 

@@ -25,6 +25,18 @@ def _fail_usage(message: str) -> "typer.Exit":
     return typer.Exit(2)
 
 
+def _parse_seqlens(text: Optional[str]):
+    if not text:
+        return None
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise _fail_usage(f"--seqlens must be a comma list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise _fail_usage(f"--seqlens must list positive integers, got {text!r}")
+    return values
+
+
 @app.callback()
 def campaign(
     ctx: typer.Context,
@@ -43,9 +55,12 @@ def campaign(
     llm_api_key: Optional[str] = typer.Option(None, "--llm-api-key", envvar="OPENAI_API_KEY", help="API key (never stored)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Compile and validate every candidate; no GPU needed."),
     resume: bool = typer.Option(False, "--resume", help="Continue the study in the study dir."),
-    sampler: str = typer.Option("tpe", "--sampler", help="tpe, random, cmaes-free grid: tpe|random|qmc."),
+    sampler: str = typer.Option("tpe", "--sampler", help="Sampler: tpe (default), random, qmc, gp, cmaes."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Benchmark backend: gpu (default) or replay:FILE."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
+    trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a GPU trial is cancelled."),
+    compile_batch: int = typer.Option(8, "--compile-batch", min=1, help="Kernel configs per nvcc translation unit."),
+    seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list of benchmark seqlens (default: the paper grid)."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -58,7 +73,8 @@ def campaign(
         gpu=gpu, variant=variant, trials=trials, timeout=timeout, head_dim=head_dim, dtype=dtype,
         causal=causal, study_dir=study_dir, storage=storage, ray_address=ray_address,
         llm_base_url=llm_base_url, llm_model=llm_model, llm_api_key=llm_api_key, dry_run=dry_run,
-        resume=resume, sampler=sampler, backend=backend, seed=seed,
+        resume=resume, sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout,
+        compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens),
     )
     raise typer.Exit(run_campaign(options))
 

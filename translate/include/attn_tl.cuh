@@ -62,6 +62,14 @@ __forceinline__ __device__ void gemm_ss(TiledMma const& mma, TAcc& acc, TA& rA, 
                                         ThrCopyA const& thr_a, ThrCopyB const& thr_b) {
   Tensor rA_view = thr_a.retile_D(rA);
   Tensor rB_view = thr_b.retile_D(rB);
+  if constexpr (decltype(size<2>(sB))::value != decltype(size<2>(rA))::value) {
+    // k8 atoms (SM75): one ldmatrix k-block feeds two MMA k-blocks; load whole operands, then multiply.
+    if constexpr (!kAInRegs) { cute::copy(copy_a, sA, rA_view); }
+    cute::copy(copy_b, sB, rB_view);
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(rA); ++k) { cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc); }
+    return;
+  }
   if constexpr (!kAInRegs) { cute::copy(copy_a, sA(_, _, _0{}), rA_view(_, _, _0{})); }
   cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
   CUTE_UNROLL
@@ -80,6 +88,12 @@ template <typename TiledMma, typename TAcc, typename TA, typename TB, typename T
 __forceinline__ __device__ void gemm_rs(TiledMma const& mma, TAcc& acc, TA const& rA, TB& rB, TsB const& sB,
                                         CopyB const& copy_b, ThrCopyB const& thr_b) {
   Tensor rB_view = thr_b.retile_D(rB);
+  if constexpr (decltype(size<2>(sB))::value != decltype(size<2>(rA))::value) {  // k8 atoms: see gemm_ss
+    cute::copy(copy_b, sB, rB_view);
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(rA); ++k) { cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc); }
+    return;
+  }
   cute::copy(copy_b, sB(_, _, _0{}), rB_view(_, _, _0{}));
   CUTE_UNROLL
   for (int k = 0; k < size<2>(rA); ++k) {
