@@ -13,11 +13,14 @@ copy committing one group as the emitted code does) and tracks, per shared buffe
 Ring buffers (kv_stages > 1): a buffer written inside a loop has ``stages`` slots; the slot of a
 write is its TL tile coordinate mod stages, a read uses the slot of the latest write. The tile a read
 sees is fitted as ``a*i + b`` over the simulated iterations, so the emitter can index the ring.
-Requirements found in any iteration hold for all (a loop body is emitted once), and the simulation is
-repeated with them until nothing new appears.
+Requirements found in any iteration hold for all (a loop body is emitted once): they take effect at
+once, and the simulation is repeated with them until nothing new appears.
+An if-body's waits and barriers are not relied upon after the if (it may be skipped: the last KV
+iteration skips the prefetch); its copies commit groups on both paths (empty ones when skipped).
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 from translate.ir import Cond, Loop, Op, expr_eval, iter_ops
@@ -50,8 +53,7 @@ class _Sim:
         self.stages = stages
         self.symbols = symbols
         self.st = _State()
-        self.need_wait: dict[int, int] = {}
-        self.need_barrier: dict[int, bool] = {}
+        self.changed = False            # a wait or barrier was added during this run
         self.reasons: dict[int, list[str]] = {}
         self.read_points: dict[tuple[int, str], list[tuple[tuple, int]]] = {}
 
@@ -69,6 +71,14 @@ class _Sim:
             s.local = False
             s.read_since_barrier = False
 
+    def _merge_skipped(self, skipped: _State) -> None:
+        for key, old in skipped.slots.items():
+            s = self.st.slot(key)
+            if old.group is not None and (s.group is None or s.group < old.group):
+                s.group, s.writer = old.group, old.writer   # still in flight on the skipped path
+            s.local = s.local or old.local
+            s.read_since_barrier = s.read_since_barrier or old.read_since_barrier
+
     def run(self, nodes, env: dict[str, int], loop_vars: tuple) -> None:
         for node in nodes:
             if isinstance(node, Op):
@@ -78,7 +88,13 @@ class _Sim:
                 for it in range(SIM_ITERATIONS):
                     self.run(node.body, {**env, node.var: start + it}, loop_vars + (node.var,))
             elif isinstance(node, Cond):
-                self.run(node.body, env, loop_vars)   # taken: its copies commit groups either way
+                # Both paths: the body's copies commit groups either way (empty ones when not taken),
+                # but its waits and barriers only happen when it is taken, so after the if a slot is
+                # as unsynchronised as the worse of the two paths (the last KV iteration skips the
+                # prefetch, and with it the barrier inside that a later reader must not rely on).
+                skipped = copy.deepcopy(self.st)
+                self.run(node.body, env, loop_vars)
+                self._merge_skipped(skipped)
 
     def op(self, op: Op, env: dict, loop_vars: tuple) -> None:
         key = id(op)
@@ -100,7 +116,7 @@ class _Sim:
             s = self.st.slot(slot_key)
             if s.group is not None:
                 n = self.st.committed - s.group - 1
-                if wait_n is None or n < wait_n:
+                if wait_n is None or n <= wait_n:
                     wait_n = n
                     self.reasons.setdefault(key, []).append(
                         f"wait for {slot_key[0]}[slot {slot_key[1]}] (cp.async of TL {s.writer}); "
@@ -108,7 +124,8 @@ class _Sim:
         if wait_n is not None:
             self._wait(wait_n)
             if forced_wait is None or wait_n < forced_wait:
-                self.need_wait[key] = wait_n
+                # the body is emitted once: a requirement holds from now on, also in later iterations
+                op.wait, self.changed = wait_n, True
         barrier = forced_barrier
         for slot_key in touched:
             if self.st.slot(slot_key).local:
@@ -123,7 +140,7 @@ class _Sim:
         if barrier:
             self._barrier()
             if not forced_barrier:
-                self.need_barrier[key] = True
+                op.barrier, self.changed = True, True
         # The op itself.
         for slot_key in touched:
             self.st.slot(slot_key).read_since_barrier = True
@@ -150,17 +167,11 @@ def schedule(nodes: list, stages: dict[str, int], symbols: dict[str, int]) -> No
     for _ in range(8):
         sim = _Sim(stages, symbols)
         sim.run(nodes, {}, ())
-        changed = False
         for op in ops:
-            k = id(op)
-            if k in sim.need_wait and (op.wait is None or sim.need_wait[k] < op.wait):
-                op.wait, changed = sim.need_wait[k], True
-            if sim.need_barrier.get(k) and not op.barrier:
-                op.barrier, changed = True, True
-            for r in sim.reasons.get(k, []):
+            for r in sim.reasons.get(id(op), []):
                 if r not in op.reasons:
                     op.reasons.append(r)
-        if not changed:
+        if not sim.changed:
             break
     for op in ops:   # keep the reasons that explain the final wait count
         op.reasons = [r for r in op.reasons if not r.startswith("wait for") or

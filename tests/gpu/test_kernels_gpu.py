@@ -108,13 +108,14 @@ def test_planted_wrong_kernel_is_rejected(built):
         assert not report.passed and report.reason
 
 
-def test_sm75_kernel_cross_checked_through_ptx_jit():
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
+def test_sm75_kernel_cross_checked_through_ptx_jit(causal):
     from tuner.runtime import load_kernel
     from tuner.verify import verify
 
     t4 = load_profile("t4")
-    spec = KernelSpec("mha", 128, 128, True, "fp16")
-    gen = translate.generate(tl.parse_program(tl.sketch_path("mha", True).read_text()), default_params(t4, spec),
+    spec = KernelSpec("mha", 128, 128, causal, "fp16")
+    gen = translate.generate(tl.parse_program(tl.sketch_path("mha", causal).read_text()), default_params(t4, spec),
                              t4, spec)
     assert "SM75_16x8x8" in gen.body
     cache = os.environ.get("KERNEL_CACHE_DIR")

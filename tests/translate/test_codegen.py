@@ -98,6 +98,23 @@ def test_dependency_pass_waits_for_k_before_the_score_gemm():
     assert "cute::cp_async_wait<1>();" in gemm2
 
 
+@pytest.mark.parametrize("gpu,dtype,g2s", [("t4", "fp16", None), ("h100", "bf16", "UniversalCopy128")])
+def test_synchronous_copies_get_a_barrier_the_skipped_prefetch_cannot_provide(gpu, dtype, g2s):
+    # Plain 128-bit loads (sm75) have no cp.async wait; the only barrier between the V copy and the
+    # PV GEMM used to be the one inside `if i < N - 1` -- absent on the last KV tile, where warps then
+    # read V (and later overwrite Q with O) while others still wrote/read it.
+    spec = spec_of("mha", True, dtype)
+    profile = load_profile(gpu)
+    params = default_params(profile, spec)
+    if g2s:
+        params = KernelParams(**{**params.__dict__, "g2s_atom": g2s})
+    k = gen(sketch("mha", True), spec, gpu, params)
+    for copy in (0, 1):   # masked and unmasked copies of the loop body
+        gemm2 = block_of(k.body, "Compute GEMM S, V_shared and accumulate O_register", copy=copy)
+        assert "__syncthreads();" in gemm2.split("gemm_rs")[0], gemm2
+        assert "V_shared[slot 0] was written by other threads" in gemm2
+
+
 def test_two_stage_ring_needs_no_barrier_before_the_prefetch():
     k = gen(sketch("mha", False), spec_of("mha", False), params=KernelParams(kv_stages=2))
     prefetch = block_of(k.body, "Copy K (BN, HeadDim) in coordinate [L = i+1]")

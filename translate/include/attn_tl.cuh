@@ -16,8 +16,9 @@ using namespace cute;
 // ---- accumulator layouts --------------------------------------------------------------------------
 // mma.m16n8 C fragment: 4 values per atom, (c0,c1) on row r, (c2,c3) on row r+8.
 // (4, MMA_M, MMA_N) -> ((2, MMA_M), (2, MMA_N)): rows x cols view for row reductions.
+// Layout helpers are host-callable too: tests/translate/fragment_emulation.cpp checks them on the CPU.
 template <typename Layout>
-__forceinline__ __device__ auto rowcol_layout(Layout acc) {
+CUTE_HOST_DEVICE auto rowcol_layout(Layout acc) {
   static_assert(decltype(size<0>(acc))::value == 4);
   static_assert(decltype(rank(acc))::value == 3);
   auto l = logical_divide(acc, Shape<_2>{});
@@ -27,7 +28,7 @@ __forceinline__ __device__ auto rowcol_layout(Layout acc) {
 // TL "Reshape S from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new)": for k16 atoms two
 // neighbouring C fragments are one A fragment, (4, M, N) -> ((4, 2), M, N/2); k8 atoms: unchanged.
 template <typename TiledMma, typename Layout>
-__forceinline__ __device__ auto acc_to_a_layout(Layout acc) {
+CUTE_HOST_DEVICE auto acc_to_a_layout(Layout acc) {
   using X = Underscore;
   static_assert(decltype(size<0>(acc))::value == 4);
   constexpr int kMmaK = decltype(get<2>(typename TiledMma::Shape_MNK{}))::value;
