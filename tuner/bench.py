@@ -65,8 +65,26 @@ def _torch_dtype(dtype: str):
     return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 
 
+@dataclass(frozen=True)
+class Timing:
+    """How one measurement is taken: do_bench's warm-up and repetition budgets (milliseconds of GPU time)
+    and the number of input sets rotated. The defaults are `tune bench`'s; a campaign trial, which only
+    ranks candidates against baselines timed the same way, uses shorter budgets."""
+
+    warmup_ms: float = 25.0
+    rep_ms: float = 100.0
+    rotate: int = 3
+
+    def __post_init__(self) -> None:
+        if not (self.warmup_ms >= 0 and self.rep_ms > 0 and self.rotate >= 1):
+            raise ValueError(f"timing needs warmup_ms >= 0, rep_ms > 0 and rotate >= 1, got {self}")
+
+
+DEFAULT_TIMING = Timing()
+
+
 def make_inputs(problem: Problem, sets: int = 3, seed: int = 0, device: str = "cuda") -> list[tuple]:
-    """``sets`` independent (q, k, v) triples in our (b, s, h, d) layout, on the current CUDA device."""
+    """``sets`` independent (q, k, v) triples in our (b, s, h, d) layout, on ``device``."""
     import torch
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -80,15 +98,16 @@ def make_inputs(problem: Problem, sets: int = 3, seed: int = 0, device: str = "c
              randn(p.batch, p.seqlen_k, p.heads_kv, p.d_v)) for _ in range(max(1, sets))]
 
 
-def time_ms(fn: Callable[[], object], warmup: int = 10, reps: int = 50) -> float:
+def time_ms(fn: Callable[[], object], warmup: int = 10, reps: int = 50, *, timing: Optional[Timing] = None) -> float:
     """Median milliseconds of ``fn`` on the current stream: triton's do_bench when installed (it also
-    flushes L2), else CUDA events around each call."""
+    flushes L2; ``timing`` gives its budgets), else CUDA events around ``warmup`` + ``reps`` calls."""
+    timing = timing or DEFAULT_TIMING
     try:
         from triton.testing import do_bench
     except ImportError:
         do_bench = None
     if do_bench is not None:
-        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+        return float(do_bench(fn, warmup=timing.warmup_ms, rep=timing.rep_ms, return_mode="median"))
     import torch
 
     for _ in range(warmup):
@@ -110,10 +129,13 @@ def _rotating(call: Callable, inputs: Sequence[tuple]) -> Callable[[], object]:
     return lambda: call(*next(cycle))
 
 
-def measure_problem(kernel, problem: Problem, rotate: int = 3, inputs: Optional[Sequence[tuple]] = None) -> float:
-    """Median ms of ``kernel(q, k, v)`` on this problem, rotating ``rotate`` input sets."""
-    inputs = inputs if inputs is not None else make_inputs(problem, rotate)
-    return time_ms(_rotating(kernel, inputs))
+def measure_problem(kernel, problem: Problem, rotate: int = 3, inputs: Optional[Sequence[tuple]] = None, *,
+                    timing: Optional[Timing] = None, device: str = "cuda") -> float:
+    """Median ms of ``kernel(q, k, v)`` on this problem, rotating ``rotate`` input sets (``timing.rotate``
+    when a timing is given)."""
+    if inputs is None:
+        inputs = make_inputs(problem, timing.rotate if timing is not None else rotate, device=device)
+    return time_ms(_rotating(kernel, inputs), timing=timing)
 
 
 def _sdpa_call(problem: Problem):
@@ -142,24 +164,25 @@ def _first_line(exc: BaseException) -> str:
 
 
 def measure_baselines(problem: Problem, inputs: Optional[Sequence[tuple]] = None, *, rotate: int = 3,
-                      errors: Optional[dict] = None, outputs: Optional[dict] = None) -> dict[str, Optional[float]]:
+                      errors: Optional[dict] = None, outputs: Optional[dict] = None,
+                      timing: Optional[Timing] = None, device: str = "cuda") -> dict[str, Optional[float]]:
     """TFLOPS of torch SDPA's flash, cuDNN and efficient backends; None where a backend cannot run the
     shape (its error goes to ``errors[name]``). ``outputs[name]`` receives each backend's output on the
     first input set, for cross-checks."""
-    import torch
     from torch.nn.attention import sdpa_kernel
 
-    inputs = inputs if inputs is not None else make_inputs(problem, rotate)
+    if inputs is None:
+        inputs = make_inputs(problem, timing.rotate if timing is not None else rotate, device=device)
     call = _sdpa_call(problem)
     result: dict[str, Optional[float]] = {}
     for name in BASELINES:
         try:
             with sdpa_kernel(_backend(name)):
                 out = call(*inputs[0])
-                torch.cuda.synchronize()
+                _sync()
                 if outputs is not None:
                     outputs[name] = out.transpose(1, 2)
-                result[name] = tflops(problem, time_ms(_rotating(call, inputs)))
+                result[name] = tflops(problem, time_ms(_rotating(call, inputs), timing=timing))
         except Exception as exc:  # noqa: BLE001 - "cannot run this shape" comes in many exception types
             result[name] = None
             if errors is not None:

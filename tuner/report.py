@@ -77,9 +77,23 @@ def _fmt(x: float | None, spec: str = ".1f") -> str:
 
 # ---- plots -------------------------------------------------------------------------------------------
 
-def _pyplot():
-    import matplotlib
+class PlotsUnavailable(RuntimeError):
+    """matplotlib is not installed: the report is written without its plots."""
 
+
+def plots_available() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pyplot():
+    try:
+        import matplotlib
+    except ImportError as exc:  # GPU images often lack it; the report says so instead of failing
+        raise PlotsUnavailable("matplotlib is not installed (pip install matplotlib for the plots)") from exc
     matplotlib.use("Agg")  # no display on build machines or Ray nodes
     import matplotlib.pyplot as plt
 
@@ -141,6 +155,15 @@ def plot_tflops_vs_seqlen(rows: list[dict], path: Path, title: str = "") -> Path
 
 # ---- report ------------------------------------------------------------------------------------------
 
+def _curve_steps(curve: list[tuple[int, float]]) -> list[tuple[int, float]]:
+    """The points where the best-so-far curve rises."""
+    out: list[tuple[int, float]] = []
+    for n, v in curve:
+        if not out or v > out[-1][1]:
+            out.append((n, v))
+    return out
+
+
 def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
@@ -181,8 +204,12 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
         lines.append("")
 
     baselines = best.baselines if best is not None else None
-    if plot_best_so_far(trials, study_dir / "best_so_far.png", baselines):
+    no_plots = None if plots_available() else "plots skipped: matplotlib is not installed here"
+    if no_plots is None and plot_best_so_far(trials, study_dir / "best_so_far.png", baselines):
         lines += ["## Search", "", "![best TFLOPS so far against trials](best_so_far.png)", ""]
+    elif no_plots is not None and best_so_far(trials):
+        lines += ["## Search", "", f"({no_plots}.) Best TFLOPS so far: "
+                  + ", ".join(f"trial {n}: {v:.1f}" for n, v in _curve_steps(best_so_far(trials))), ""]
     complete = sorted((t for t in trials if trial_state(t) == "complete" and trial_tflops(t) is not None),
                       key=lambda t: -trial_tflops(t))[:10]
     if complete:
@@ -204,8 +231,11 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
 
     if bench_rows:
         title = f"{best.variant} d{best.d_qk}x{best.d_v} {best.dtype}" if best is not None else ""
-        plot_tflops_vs_seqlen(bench_rows, study_dir / "tflops_vs_seqlen.png", title)
-        lines += ["## Against the libraries", "", "![TFLOPS against seqlen](tflops_vs_seqlen.png)", ""]
+        lines += ["## Against the libraries", ""]
+        if no_plots is None and plot_tflops_vs_seqlen(bench_rows, study_dir / "tflops_vs_seqlen.png", title):
+            lines += ["![TFLOPS against seqlen](tflops_vs_seqlen.png)", ""]
+        elif no_plots is not None:
+            lines += [f"({no_plots}.)", ""]
         header = ["shape", "ours"] + [f"{n}" for _, n in BASELINES] + [f"ours/{n}" for _, n in BASELINES]
         rows = []
         for r in sorted(bench_rows, key=lambda r: (str(r.get("causal")), _row_seqlen(r))):

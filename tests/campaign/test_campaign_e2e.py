@@ -127,7 +127,7 @@ def test_resume_keeps_completed_trials_and_does_not_enqueue_seeds_again(faulty_r
 
 def test_timeout_stops_the_campaign_and_queues_unfinished_trials(ray_cluster, tmp_path):
     started = time.monotonic()
-    assert run_campaign(options(tmp_path, trials=200, timeout=4.0)) == 0
+    assert run_campaign(options(tmp_path, trials=200, timeout=8.0)) == 0
     assert time.monotonic() - started < 40
     study = load(tmp_path)
     cut = [t for t in study.trials if t.state == TrialState.FAIL]

@@ -117,9 +117,24 @@ def measure(backend: BackendSpec, payload: dict) -> dict:
     if backend.kind == "replay":
         result = _replay_measure(backend.path, payload)
     else:
+        started = _process_age()
         result = _gpu_measure(payload)
+        if started is not None:   # the fresh worker's own start (Python, Ray) before this task ran
+            result.setdefault("seconds", {})["process"] = round(started, 3)
     result.update(where)
     return result
+
+
+def _process_age() -> float | None:
+    """Seconds since this process was created (psutil ships with Ray), or None."""
+    try:
+        import psutil
+    except ImportError:
+        return None
+    try:
+        return time.time() - psutil.Process().create_time()
+    except Exception:  # noqa: BLE001 - only a statistic
+        return None
 
 
 def _replay_measure(path: str, payload: dict) -> dict:
@@ -155,41 +170,117 @@ def _replay_measure(path: str, payload: dict) -> dict:
             "replay_unknown": entry is None}
 
 
-def _gpu_measure(payload: dict) -> dict:
+# Where the real backend allocates its tensors. Only the CPU tests change it (with torch.cuda stubs in
+# their Ray workers, tests/campaign/gpu_fakes.py), so that this very code runs without a GPU.
+TRIAL_DEVICE = "cuda"
+# A kernel that passed the small verification shapes must also agree with torch SDPA on the benchmark
+# inputs themselves (index overflow and grid limits show only at size): the bound of `tune bench`.
+BENCH_CROSS_CHECK_REL_ERR = 2e-2
+
+
+def _device_name(device: str) -> str:
+    """The GPU's name as torch reports it (Ray gives the task one GPU: it is device 0)."""
     import torch
 
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else device
+
+
+def _failure(device_name: str, reason: str, verification: dict | None = None) -> dict:
+    return {"verified": False, "reason": reason, "tflops": {}, "device_name": device_name,
+            "verification": verification or {"passed": False, "reason": reason}}
+
+
+def _gpu_measure(payload: dict, device: str | None = None) -> dict:
+    """Load the cubin, verify it (tuner.verify), cross-check it against SDPA at each benchmark shape,
+    then time it (tuner.bench). Any failure of the candidate is a result with a reason, never a raise."""
+    import time as _time
+
+    t_imports = _time.perf_counter()
     from tuner import bench, runtime, verify
 
-    device = torch.cuda.get_device_name()
+    device = device or TRIAL_DEVICE
+    name = _device_name(device)          # initialises CUDA: part of the "imports" stage
+    timing = bench.Timing(**payload.get("timing", {}))
+    t0 = _time.perf_counter()
+    seconds: dict[str, float] = {"imports": round(t0 - t_imports, 3)}
     try:
         kernel = runtime.load_kernel(payload["cubin"], payload["meta"])
-        report = verify.verify(kernel, payload["spec"])
-    except Exception as exc:  # a kernel that cannot load or launch is this candidate's fault
-        reason = f"load/launch failed: {type(exc).__name__}: {exc}"
-        return {"verified": False, "reason": reason, "tflops": {}, "device_name": device,
-                "verification": {"passed": False, "reason": reason}}
+    except Exception as exc:  # a kernel that cannot load is this candidate's fault
+        return _failure(name, f"load failed: {type(exc).__name__}: {_first_line(exc)}")
+    t1 = _time.perf_counter()
+    try:
+        report = verify.verify(kernel, payload["spec"], device=device)
+    except Exception as exc:  # verify catches kernel faults per shape; anything else still ends this trial only
+        return _failure(name, f"verification could not run: {type(exc).__name__}: {_first_line(exc)}")
+    t2 = _time.perf_counter()
+    seconds.update(load=round(t1 - t0, 3), verify=round(t2 - t1, 3))
+    verification = report.to_dict()
     if not report.passed:
-        return {"verified": False, "reason": f"verification failed: {report.reason}", "tflops": {},
-                "device_name": device, "verification": report.to_dict()}
-    tflops = {}
+        return _failure(name, f"verification failed: {report.reason}", verification)
+    tflops: dict[str, float] = {}
+    cross: dict[str, float] = {}
     for problem in payload["problems"]:
-        ms = bench.measure_problem(kernel, problem)
-        tflops[str(problem.seqlen_k)] = round(problem.flops / (ms * 1e-3) / 1e12, 2)
-    return {"verified": True, "reason": None, "tflops": tflops, "device_name": device,
-            "verification": report.to_dict()}
+        key = str(problem.seqlen_k)
+        try:
+            inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
+            rel = _bench_cross_check(kernel, problem, inputs[0])
+            cross[key] = rel
+            if not rel <= BENCH_CROSS_CHECK_REL_ERR:   # also catches NaN
+                verification.update(passed=False, bench_cross_check=cross)
+                return _failure(name, f"wrong result at the benchmark shape {problem.label()}: relative error "
+                                      f"{rel:.3g} against torch SDPA > {BENCH_CROSS_CHECK_REL_ERR}", verification)
+            ms = bench.measure_problem(kernel, problem, inputs=inputs, timing=timing, device=device)
+        except Exception as exc:  # a launch failure or fault at benchmark size
+            verification.update(passed=False, bench_cross_check=cross)
+            return _failure(name, f"benchmark of {problem.label()} failed: {type(exc).__name__}: "
+                                  f"{_first_line(exc)}", verification)
+        tflops[key] = round(bench.tflops(problem, ms), 2)
+        del inputs
+    seconds["bench"] = round(_time.perf_counter() - t2, 3)
+    verification["bench_cross_check"] = cross
+    return {"verified": True, "reason": None, "tflops": tflops, "device_name": name,
+            "verification": verification, "seconds": seconds}
 
 
-def baselines(backend: BackendSpec, problems: list) -> dict:
-    """Library baselines per seqlen, measured once per campaign on the requested GPU type."""
+def _bench_cross_check(kernel, problem, qkv) -> float:
+    """Relative error of ``kernel`` against torch SDPA (whichever backend torch picks) on ``qkv``."""
+    import torch
+
+    from tuner import bench
+
+    out = kernel(*qkv)
+    ref = bench._sdpa_call(problem)(*qkv).transpose(1, 2)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    out, ref = out.float(), ref.float()
+    if not bool(torch.isfinite(out).all()):
+        return float("nan")
+    base = float(ref.norm())
+    return float((out - ref).norm()) / base if base else float("inf")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else ""
+
+
+def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, device: str | None = None) -> dict:
+    """Library baselines per seqlen, measured once per campaign on the requested GPU type, with the
+    trials' timing (``bench.Timing`` fields)."""
     where = _where()
     if backend.kind == "replay":
         data = load_replay(backend.path)
         recorded = data.meta.get("baselines", {})
         rows = {str(p.seqlen_k): recorded.get(str(p.seqlen_k), {}) for p in problems}
         return {"device_name": data.meta.get("device_name", "replay"), "baselines": rows, **where}
-    import torch
-
     from tuner import bench
 
-    rows = {str(p.seqlen_k): bench.measure_baselines(p) for p in problems}
-    return {"device_name": torch.cuda.get_device_name(), "baselines": rows, **where}
+    device = device or TRIAL_DEVICE
+    timing_ = bench.Timing(**(timing or {}))
+    rows, errors = {}, {}
+    for p in problems:
+        errs: dict = {}
+        rows[str(p.seqlen_k)] = bench.measure_baselines(p, timing=timing_, device=device, errors=errs)
+        if errs:
+            errors[str(p.seqlen_k)] = errs
+    return {"device_name": _device_name(device), "baselines": rows, "errors": errors, **where}

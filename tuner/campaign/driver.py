@@ -46,6 +46,9 @@ class Tally:
     best: float = 0.0
     best_trial: int | None = None
     told: int = 0
+    elapsed: float = 0.0       # seconds of this run's loop
+    gpu_busy: float = 0.0      # seconds GPU trials of this run were in flight, summed over GPUs
+    measured: int = 0          # GPU trials of this run that returned (any outcome)
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Campaign:
     baselines: dict = field(default_factory=dict)
     device_name: str = ""
     llm_seeds: list = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)   # --timeout counts from here: the whole run
 
 
 def resolve(options: CampaignOptions, console: Console) -> Campaign:
@@ -207,13 +211,16 @@ def _measure_baselines(camp: Campaign, study: optuna.Study) -> None:
     if cached:
         camp.baselines, camp.device_name = cached["baselines"], cached["device_name"]
         return
-    ref = gpu_baselines.options(**camp.pool.task_options()).remote(camp.backend, camp.problems)
+    ref = gpu_baselines.options(**camp.pool.task_options()).remote(camp.backend, camp.problems, camp.options.timing())
     try:
         result = ray.get(ref, timeout=camp.options.trial_timeout)
     except Exception as exc:  # baselines are context, not the campaign's goal
         camp.console.print(f"[yellow]baselines could not be measured: {type(exc).__name__}: {exc}[/]")
         return
     camp.baselines, camp.device_name = result["baselines"], result["device_name"]
+    for seqlen, errs in (result.get("errors") or {}).items():
+        for lib, msg in errs.items():
+            camp.console.print(f"baseline {lib} at seqlen {seqlen} cannot run: {msg}", markup=False)
     study.set_user_attr("baselines", {"baselines": camp.baselines, "device_name": camp.device_name})
 
 
@@ -234,10 +241,13 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                st.is_infeasible(t), t.number)
     tally.told = 0
     start = time.monotonic()
-    deadline = start + opts.timeout if opts.timeout else None
+    # The budget is the run's, not the loop's: Ray start, the sketch stage and the baselines count too, so
+    # `--timeout T` ends the search T seconds after the command started (then the finish: store, report).
+    deadline = camp.started + opts.timeout if opts.timeout else None
     n_gpus = camp.pool.gpus if camp.pool else 0
-    compile_slots = max(1, min(cpu_count(), 4))
+    compile_slots = max(1, min(cpu_count(), 8))
     max_inflight = 2 * n_gpus + opts.compile_batch * compile_slots
+    batches_sent = 0
     buffer: list[Candidate] = []
     compiling: dict[Any, tuple[list[Candidate], float]] = {}
     ready: deque[Candidate] = deque()
@@ -271,7 +281,9 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                     inflight += 1
                 # 2. compile what is buffered: full batches, or anything when the CPUs are idle
                 while buffer and (len(buffer) >= opts.compile_batch or len(compiling) < compile_slots):
-                    batch, buffer = buffer[:opts.compile_batch], buffer[opts.compile_batch:]
+                    size = _batch_size(opts.compile_batch, batches_sent, n_gpus)
+                    batch, buffer = buffer[:size], buffer[size:]
+                    batches_sent += 1
                     items = [(c.trial.number, c.params.to_dict()) for c in batch]
                     ref = compile_batch.remote(items, camp.program, camp.spec, camp.profile.name,
                                                str(camp.kernels_dir.parent / "nvcc-cache"), opts.compile_timeout,
@@ -282,7 +294,7 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                     cand = ready.popleft()
                     payload = {"trial": cand.trial.number, "params": cand.params.to_dict(), "profile": camp.profile.name,
                                "spec": camp.spec, "problems": camp.problems, "cubin": cand.compiled["cubin"],
-                               "meta": cand.compiled["meta"]}
+                               "meta": cand.compiled["meta"], "timing": opts.timing()}
                     ref = gpu_trial.options(**camp.pool.task_options()).remote(camp.backend, payload)
                     cand.started = time.monotonic()
                     measuring[ref] = cand
@@ -307,6 +319,8 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                     else:
                         cand = measuring.pop(ref)
                         inflight -= 1
+                        tally.gpu_busy += time.monotonic() - cand.started
+                        tally.measured += 1
                         _tell_measurement(camp, study, tally, cand, ref)
                 # 5. timeouts: hung trials are cancelled by force; they cannot block the campaign
                 now = time.monotonic()
@@ -315,6 +329,8 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                         ray.cancel(ref, force=True)
                         measuring.pop(ref)
                         inflight -= 1
+                        tally.gpu_busy += now - cand.started
+                        tally.measured += 1
                         st.tell_infeasible(study, cand.trial, f"timeout: no result after {opts.trial_timeout:g} s "
                                            "(task cancelled by force)", stage="measure")
                         _count(tally, "infeasible", None, True, cand.trial.number)
@@ -339,8 +355,19 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                 st.tell_infra_failure(study, cand.trial, cand.trial.params, f"not finished: {stop_reason}", True)
                 tally.failed += 1
             camp.console.print(f"stopped: {stop_reason}; {len(leftovers)} unfinished trial(s) queued for --resume")
+        now = time.monotonic()
+        tally.gpu_busy += sum(now - c.started for c in measuring.values())
+        tally.elapsed = now - start
         live.refresh(force=True)
     return tally
+
+
+def _batch_size(full: int, sent: int, n_gpus: int) -> int:
+    """Compile batches ramp up 1, 2, 4, ... to ``full`` while the GPUs wait for their first kernels: a
+    one-config unit builds in a third of an eight-config one's time (CUTE.md §1.6), so trials start sooner."""
+    if n_gpus == 0:
+        return full
+    return max(1, min(full, 2 ** sent))
 
 
 def _count(tally: Tally, state, value, infeasible: bool, number: int) -> None:
@@ -451,6 +478,9 @@ def _tell_measurement(camp: Campaign, study, tally: Tally, cand: Candidate, ref)
             st.tell_infeasible(study, trial, f"{type(exc).__name__}: {str(exc)[:300]}", stage="measure")
             _count(tally, "infeasible", None, True, trial.number)
         return
+    trial.set_user_attr("measure_seconds", round(time.monotonic() - cand.started, 2))
+    if result.get("seconds"):
+        trial.set_user_attr("stage_seconds", result["seconds"])
     where = {k: result.get(k) for k in ("node_id", "hostname", "pid", "gpu_ids", "device_name")}
     for k, v in where.items():
         trial.set_user_attr(k, v)

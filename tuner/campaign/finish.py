@@ -50,6 +50,7 @@ def finish(camp, study, tally) -> int:
         trials = trial_rows(study)
         ok = sum(1 for r in trials if r["state"] == "complete")
         console.print(f"dry run: {ok} candidate(s) compiled, {tally.infeasible} infeasible; nothing measured or stored")
+        write_summary(camp, study, tally, [], None, opts.study_dir / camp.name / SUMMARY_FILE)
         return 0 if ok else 1
     best = best_per_bucket(study, camp.problems)
     stored = _store(camp, study, best)
@@ -57,11 +58,12 @@ def finish(camp, study, tally) -> int:
     from tuner.report import final_table, write_report
 
     report_dir = opts.study_dir / camp.name
-    top = max(stored, key=lambda r: r.tflops) if stored else None
+    top = _top_record(camp, stored, best)
     path = write_report(report_dir, trial_rows(study), top, rows)
+    summary = write_summary(camp, study, tally, rows, top, report_dir / SUMMARY_FILE)
     if rows:
         console.print(final_table(rows))
-    console.print(f"report: {path}")
+    console.print(f"report: {path}; summary: {summary}")
     if not best:
         console.print("[red]no candidate passed verification: nothing stored[/]")
         return 1
@@ -70,9 +72,67 @@ def finish(camp, study, tally) -> int:
     return 0
 
 
+SUMMARY_FILE = "summary.json"
+
+
+def _top_record(camp, stored: list, best: dict):
+    """The fastest kernel of this spec: one stored now, else the stored one that this run did not beat."""
+    if stored:
+        return max(stored, key=lambda r: r.tflops)
+    if not best:
+        return None
+    from tuner.store import KernelStore, StoreError
+
+    spec = camp.spec
+    try:
+        kept = KernelStore(camp.options.study_dir).best(camp.profile.arch_family, spec.variant, spec.dtype,
+                                                         spec.d_qk, spec.d_v, spec.causal)
+    except (StoreError, OSError):
+        return None
+    return max(kept.values(), key=lambda r: r.tflops) if kept else None
+
+
+def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path:
+    """The run in numbers, for scripts and BENCHMARKS.md: counts, time, trials per GPU-hour, GPU
+    occupancy, and ours against the libraries per benchmark shape."""
+    n_gpus = camp.pool.gpus if camp.pool else 0
+    finished_now = tally.told                      # feasible + infeasible trials finished in this run
+    gpu_hours = tally.elapsed * n_gpus / 3600
+    stage_totals: dict[str, float] = {}
+    for t in study.get_trials(deepcopy=False):
+        for stage, sec in (t.user_attrs.get("stage_seconds") or {}).items():
+            stage_totals[stage] = round(stage_totals.get(stage, 0.0) + float(sec), 2)
+    ratios = []
+    for r in rows:
+        ratio = {k: (round(r["ours"] / r[k], 3) if r.get("ours") and r.get(k) else None)
+                 for k in ("flash", "cudnn", "efficient")}
+        ratios.append({**r, "ratios": ratio})
+    data = {
+        "study": camp.name, "gpu": camp.profile.name, "device_name": camp.device_name or None,
+        "backend": camp.backend.label, "gpus": n_gpus,
+        "trials": {"done": tally.done, "infeasible": tally.infeasible, "failed": tally.failed,
+                   "finished_this_run": finished_now, "measured_this_run": tally.measured,
+                   "in_study": len(study.trials)},
+        "elapsed_s": round(tally.elapsed, 1),
+        "gpu_held_s": round(tally.gpu_busy, 1),
+        "gpu_held_fraction": round(tally.gpu_busy / (tally.elapsed * n_gpus), 3) if n_gpus and tally.elapsed else None,
+        "trials_per_gpu_hour": round(finished_now / gpu_hours, 1) if gpu_hours > 0 else None,
+        "stage_seconds": stage_totals,
+        "timing": camp.options.timing(),
+        "best": None if top is None else {"kernel_name": top.kernel_name, "trial": top.trial, "bucket": top.bucket,
+                                          "tflops": top.tflops, "params": top.params,
+                                          "kernel_sha256": top.kernel_sha256},
+        "best_tflops_geomean": tally.best or None, "best_trial": tally.best_trial,
+        "rows": ratios,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    return path
+
+
 def _store(camp, study, best: dict) -> list:
     from tuner.provenance import collect
-    from tuner.store import KernelRecord, KernelStore
+    from tuner.store import KernelRecord, KernelStore, StoreError
 
     store = KernelStore(camp.options.study_dir)
     device = camp.device_name or camp.profile.display_name
@@ -92,8 +152,11 @@ def _store(camp, study, best: dict) -> list:
             tl_program=tl_program, verification=t.user_attrs["verification"], tflops=tflops,
             baselines=dict(camp.baselines.get(str(problem.seqlen_k), {})), problem=_problem_dict(problem),
             provenance=provenance, study=camp.name, trial=t.number)
-        if store.offer(record):
-            stored.append(record)
+        try:
+            if store.offer(record):
+                stored.append(record)
+        except StoreError as exc:  # one unusable record must not lose the others or the report
+            camp.console.print(f"[red]bucket {bucket}: not stored: {exc}[/]")
     return stored
 
 

@@ -71,5 +71,5 @@ def gpu_trial(backend: BackendSpec, payload: dict) -> dict:
 
 
 @ray.remote(num_gpus=1, max_retries=1)
-def gpu_baselines(backend: BackendSpec, problems: list) -> dict:
-    return baselines(backend, problems)
+def gpu_baselines(backend: BackendSpec, problems: list, timing: dict | None = None) -> dict:
+    return baselines(backend, problems, timing)

@@ -1,0 +1,177 @@
+"""The two Python steps of scripts/device_campaign.sh.
+
+    python3 scripts/device_report.py check EXPORT_DIR OUT_JSON [--fake-gpu]
+        load the export with tuner.loader.load_exported and compare attention(q, k, v, causal=True) with
+        torch SDPA on fresh random inputs; exit 0 when every call ran the exported kernel and matched.
+    python3 scripts/device_report.py summary STUDY_SUMMARY_JSON CHECK_JSON STEPS_JSON [GPU_UTIL_CSV]
+        print the run's summary table (trials, wall time, trials per GPU-hour, best against flash/cuDNN).
+
+--fake-gpu (local rehearsal only): CPU tensors pose as the campaign's GPU and the kernels are the CPU
+stand-ins of tests/campaign/gpu_fakes.py, so the dispatch to the exported kernel still runs.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# (batch, seqlen, heads): the benchmark buckets' shapes, a ragged one and a short one with fewer heads
+CHECK_SHAPES = ((2, 1024, 16), (1, 4096, 16), (1, 3000, 16), (4, 777, 8))
+FAKE_SHAPES = ((2, 128, 4), (1, 300, 4))
+REL_ERR_BOUND = 2e-2
+
+
+def _rel(a, b) -> float:
+    a, b = a.float(), b.float()
+    return float((a - b).norm() / b.norm())
+
+
+def check(export_dir: str, out_json: str, fake_gpu: bool = False) -> int:
+    import torch
+
+    from tuner.loader import ExportedAttention, load_exported, read_configs, sdpa_attention
+
+    result = {"export_dir": export_dir, "calls": [], "ok": False}
+    try:
+        if fake_gpu:
+            sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+            from tests.campaign import gpu_fakes
+
+            class OnFakeGpu(ExportedAttention):
+                def _device_name_of(self, tensor):
+                    return gpu_fakes.DEVICE_NAME
+
+            attention = OnFakeGpu(read_configs(Path(export_dir)), kernel_loader=gpu_fakes.fake_load_kernel)
+            device, shapes = "cpu", FAKE_SHAPES
+        else:
+            attention = load_exported(export_dir)
+            device, shapes = "cuda", CHECK_SHAPES
+        result["configs"] = [c.path.name for c in attention.configs]
+        for b, s, h in shapes:
+            g = torch.Generator(device=device).manual_seed(b * 100003 + s)
+            q, k, v = (torch.randn(b, s, h, 128, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
+            out = attention(q, k, v, causal=True)
+            path, reason, bucket = attention.last_path, attention.last_reason, attention.last_bucket
+            sdpa = sdpa_attention(q, k, v, causal=True)
+            ref = sdpa_attention(q.float(), k.float(), v.float(), causal=True)
+            row = {"shape": f"b{b} s{s} h{h} d128 causal bf16", "path": path, "reason": reason, "bucket": bucket,
+                   "finite": bool(torch.isfinite(out).all()),
+                   "max_abs_err_vs_fp32": float((out.float() - ref).abs().max()),
+                   "rel_err_vs_fp32": _rel(out, ref),
+                   "sdpa_bf16_max_abs_err_vs_fp32": float((sdpa.float() - ref).abs().max()),
+                   "sdpa_bf16_rel_err_vs_fp32": _rel(sdpa, ref),
+                   "max_abs_diff_vs_sdpa_bf16": float((out.float() - sdpa.float()).abs().max()),
+                   "rel_diff_vs_sdpa_bf16": _rel(out, sdpa)}
+            # Within the error torch's own bf16 SDPA makes (x2, + one bf16 ulp at |x| ~ 1), and 2% relative.
+            row["ok"] = (path == "kernel" and row["finite"] and row["rel_err_vs_fp32"] < REL_ERR_BOUND
+                         and row["max_abs_err_vs_fp32"] <= 2 * row["sdpa_bf16_max_abs_err_vs_fp32"] + 2 ** -7)
+            result["calls"].append(row)
+            print(f"check {row['shape']}: path={path} ({reason}) rel_err={row['rel_err_vs_fp32']:.2e} "
+                  f"max_abs={row['max_abs_err_vs_fp32']:.2e} (sdpa bf16 {row['sdpa_bf16_max_abs_err_vs_fp32']:.2e}) "
+                  f"{'OK' if row['ok'] else 'FAIL'}", flush=True)
+        result["stats"] = dict(attention.stats)
+        result["ok"] = bool(result["calls"]) and all(r["ok"] for r in result["calls"])
+    except Exception as exc:  # noqa: BLE001 - the summary must still say what happened
+        result["error"] = f"{type(exc).__name__}: {exc}"
+        print(f"check error: {result['error']}", flush=True)
+    Path(out_json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if result["ok"] else 1
+
+
+def _load(path: str | None) -> dict:
+    try:
+        return json.loads(Path(path).read_text()) if path else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _util(csv_path: str | None) -> dict:
+    """Mean and busy share of nvidia-smi's utilization.gpu samples (one a second)."""
+    if not csv_path:
+        return {}
+    try:
+        vals = [int(x.split(",")[0]) for x in Path(csv_path).read_text().splitlines() if x.strip()[:1].isdigit()]
+    except (OSError, ValueError):
+        return {}
+    if not vals:
+        return {}
+    return {"samples": len(vals), "mean_pct": round(sum(vals) / len(vals), 1),
+            "busy_share": round(sum(1 for v in vals if v > 0) / len(vals), 3)}
+
+
+def _num(x) -> float | None:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def _f(x, spec=".1f") -> str:
+    return "–" if x is None else format(x, spec)
+
+
+def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str | None = None) -> int:
+    s, c, steps = _load(summary_json), _load(check_json), _load(steps_json)
+    util = _util(util_csv)
+    t = s.get("trials", {})
+    lines = ["", "=" * 100,
+             f"DEVICE CAMPAIGN SUMMARY  gpu={steps.get('gpu')} device={s.get('device_name')!r} "
+             f"backend={s.get('backend')} mode={steps.get('mode')}"]
+    if not s:
+        lines.append(f"no campaign summary ({summary_json} missing): see campaign.log; campaign exit code "
+                     f"{steps.get('campaign_rc')}")
+    else:
+        camp_s = _num(steps.get("campaign_s"))
+        fin = t.get("finished_this_run") or 0
+        per_cmd = round(fin / (camp_s * max(1, s.get("gpus") or 1) / 3600), 1) if camp_s else None
+        lines += [
+            f"trials this run: {fin} finished = {t.get('done')} done + {t.get('infeasible')} infeasible; "
+            f"{t.get('failed')} failed (infrastructure / cut by the budget); {t.get('measured_this_run')} reached the GPU",
+            f"wall: campaign loop {_f(s.get('elapsed_s'))} s, campaign command {camp_s} s (exit {steps.get('campaign_rc')}), "
+            f"whole script {steps.get('total_s')} s",
+            f"trials per GPU-hour: {_f(s.get('trials_per_gpu_hour'))} over the loop, {_f(per_cmd)} over the command",
+            f"GPU held by trial tasks: {_f((s.get('gpu_held_fraction') or 0) * 100)}% of the loop; stage seconds "
+            f"{s.get('stage_seconds')}"
+            + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
+               f"{util['samples']} samples" if util else ""),
+            f"trial timing: {s.get('timing')}"]
+        best = s.get("best")
+        if best:
+            lines.append(f"best kernel: {best['kernel_name']} (trial {best['trial']}, {best['tflops']} TFLOPS at "
+                         f"{best['bucket']}) params {best['params']}")
+        lines.append(f"{'seqlen':>7} {'ours TF':>9} {'flash TF':>9} {'ours/flash':>11} {'cuDNN TF':>9} "
+                     f"{'ours/cuDNN':>11} {'eff TF':>8} {'trial':>6}")
+        for r in s.get("rows", []):
+            ra = r.get("ratios", {})
+            lines.append(f"{r['seqlen']:>7} {_f(r.get('ours')):>9} {_f(r.get('flash')):>9} {_f(ra.get('flash'), '.3f'):>11} "
+                         f"{_f(r.get('cudnn')):>9} {_f(ra.get('cudnn'), '.3f'):>11} {_f(r.get('efficient')):>8} "
+                         f"{r.get('trial'):>6}")
+        if not s.get("rows"):
+            lines.append("(no verified kernel: no rows)")
+    if c:
+        calls = c.get("calls", [])
+        worst = max((r["rel_err_vs_fp32"] for r in calls), default=None)
+        worst_abs = max((r["max_abs_err_vs_fp32"] for r in calls), default=None)
+        lines.append(f"exported loader check: {'PASS' if c.get('ok') else 'FAIL'}; paths "
+                     f"{[r['path'] for r in calls]}; worst rel err vs fp32 {_f(worst, '.2e')}, worst max abs "
+                     f"{_f(worst_abs, '.2e')} (torch bf16 SDPA: "
+                     f"{_f(max((r['sdpa_bf16_max_abs_err_vs_fp32'] for r in calls), default=None), '.2e')})"
+                     + (f"; error {c['error']}" if c.get("error") else ""))
+    else:
+        lines.append(f"exported loader check: not run (export exit {steps.get('export_rc')})")
+    lines.append(f"steps: {steps}")
+    lines.append("=" * 100)
+    print("\n".join(lines), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if args[:1] == ["check"] and len(args) >= 3:
+        sys.exit(check(args[1], args[2], fake_gpu="--fake-gpu" in args[3:]))
+    if args[:1] == ["summary"] and len(args) >= 4:
+        sys.exit(summary(*args[1:5]))
+    print(__doc__, file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,176 @@
+"""The real GPU backend without a GPU: tuner.campaign.backends._gpu_measure / baselines run the real
+tuner.verify and tuner.bench code with stand-ins only where a GPU is needed (tests/campaign/gpu_fakes.py):
+first in this process, then a whole campaign on its own Ray cluster through store, export and loader."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from hardware_profiles import load_profile
+from tuner.campaign import backends
+from tuner.problem import Problem, spec_for
+
+from . import gpu_fakes
+from .conftest import REPO
+
+SPEC = spec_for("mha", 128, "bf16", True)
+
+
+def _problem(seqlen: int, batch: int = 1, heads: int = 2) -> Problem:
+    return Problem("mha", batch, heads, heads, seqlen, seqlen, 128, 128, True, "bf16")
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch.cuda stubs and a fake timer in this process; tensors on the CPU."""
+    from tuner import bench
+
+    gpu_fakes.patch_torch_cuda(monkeypatch.setattr)
+    monkeypatch.setattr(bench, "time_ms", gpu_fakes.fake_time_ms)
+    monkeypatch.setattr(backends, "TRIAL_DEVICE", "cpu")
+    monkeypatch.setattr(gpu_fakes, "LOADED", [])
+    monkeypatch.setattr(gpu_fakes, "LAST_TIMINGS", [])
+
+
+@pytest.fixture(scope="module")
+def generated():
+    """A real translated kernel (its meta is what the campaign ships to the GPU task); no nvcc."""
+    import translate
+    from translate.defaults import default_params
+    from tuner.build_cmd import load_checked_program
+
+    program, _, _, diagnostics = load_checked_program("mha", True, None)
+    assert program is not None and not diagnostics
+    return translate.generate(program, default_params(load_profile("h100"), SPEC), load_profile("h100"), SPEC)
+
+
+def _payload(generated, problems, cubin=None) -> dict:
+    return {"trial": 0, "params": generated.params.to_dict(), "profile": "h100", "spec": SPEC, "problems": problems,
+            "cubin": cubin if cubin is not None else b"\x7fELF" + generated.name.encode(), "meta": generated.meta(),
+            "timing": {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2}}
+
+
+def _use_loader(monkeypatch, **kw):
+    from tuner import runtime
+
+    def load(binary, meta):
+        kernel = gpu_fakes.fake_load_kernel(binary, meta, **kw)
+        gpu_fakes.LOADED.append(kernel)
+        return kernel
+
+    monkeypatch.setattr(runtime, "load_kernel", load)
+
+
+def test_a_correct_kernel_is_verified_cross_checked_and_timed(fake_gpu, generated, monkeypatch):
+    from tuner import bench, verify
+
+    _use_loader(monkeypatch)
+    problems = [_problem(256, batch=2), _problem(512)]
+    result = backends._gpu_measure(_payload(generated, problems))
+    assert result["verified"] is True and result["reason"] is None, result["reason"]
+    assert result["device_name"] == gpu_fakes.DEVICE_NAME
+    ver = result["verification"]
+    assert ver["passed"] is True and len(ver["checks"]) == len(verify.CHECK_SHAPES)
+    assert set(ver["bench_cross_check"]) == {"256", "512"} and max(ver["bench_cross_check"].values()) < 1e-2
+    (kernel,) = gpu_fakes.LOADED
+    for p in problems:   # TFLOPS = the problem's FLOPs over the (fake) median time of the kernel's calls
+        assert result["tflops"][str(p.seqlen_k)] == pytest.approx(bench.tflops(p, _kernel_ms(kernel)), abs=0.01)
+    # the payload's timing reached do_bench's place
+    assert gpu_fakes.LAST_TIMINGS and all(t == bench.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
+    assert set(result["seconds"]) == {"imports", "load", "verify", "bench"}
+    json.dumps(result["verification"], allow_nan=False)   # what the store will write
+
+
+def _kernel_ms(kernel) -> float:
+    import hashlib
+
+    h = int.from_bytes(hashlib.sha256(kernel.name.encode()).digest()[:4], "big")
+    return 1.0 + (h % 1000) / 1000
+
+
+def test_a_wrong_kernel_fails_verification_with_the_shape_and_is_not_timed(fake_gpu, generated, monkeypatch):
+    _use_loader(monkeypatch, error=0.05)
+    result = backends._gpu_measure(_payload(generated, [_problem(256)]))
+    assert result["verified"] is False and result["tflops"] == {}
+    assert result["reason"].startswith("verification failed: 9 of 9 shapes failed; first: mha b1 hq3 hkv3 sq1 sk1")
+    assert "max error" in result["reason"] and result["verification"]["passed"] is False
+    assert gpu_fakes.LAST_TIMINGS == []
+
+
+def test_a_kernel_wrong_only_at_benchmark_size_is_caught_by_the_cross_check(fake_gpu, generated, monkeypatch):
+    _use_loader(monkeypatch, wrong_beyond=1100)      # all 9 verification shapes have seqlen_k <= 1031
+    result = backends._gpu_measure(_payload(generated, [_problem(256), _problem(1280)]))
+    assert result["verified"] is False and result["verification"]["passed"] is False
+    assert "wrong result at the benchmark shape mha b1 hq2 hkv2 sq1280 sk1280" in result["reason"]
+    assert "against torch SDPA > 0.02" in result["reason"]
+    assert result["verification"]["bench_cross_check"]["256"] < 1e-2
+
+
+def test_a_cubin_without_the_kernel_or_a_wrong_abi_is_a_load_failure(fake_gpu, generated, monkeypatch):
+    _use_loader(monkeypatch)
+    result = backends._gpu_measure(_payload(generated, [_problem(256)], cubin=b"\x7fELF other kernels"))
+    assert result["verified"] is False and result["reason"].startswith("load failed: KernelLoadError: cannot load")
+    payload = _payload(generated, [_problem(256)])
+    payload["meta"] = dict(payload["meta"], abi=99)
+    assert "ABI 99" in backends._gpu_measure(payload)["reason"]
+
+
+def test_baselines_are_measured_per_seqlen_with_the_campaign_timing(fake_gpu, monkeypatch):
+    from tuner import bench
+
+    monkeypatch.setattr(backends, "_where", lambda: {"node_id": "n", "hostname": "h", "pid": 1, "gpu_ids": ["0"]})
+    out = backends.baselines(backends.BackendSpec("gpu"), [_problem(256), _problem(512)],
+                             {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2})
+    assert out["device_name"] == gpu_fakes.DEVICE_NAME and set(out["baselines"]) == {"256", "512"}
+    for seqlen, row in out["baselines"].items():
+        assert set(row) == set(bench.BASELINES)
+        flash = row["flash"]    # the CPU runs SDPA's flash backend; cuDNN and efficient cannot: None + reason
+        assert flash == pytest.approx(bench.tflops(_problem(int(seqlen)), gpu_fakes.BASELINE_MS))
+        assert row["cudnn"] is None and "cudnn" in out["errors"][seqlen]
+    assert all(t == bench.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
+
+
+@pytest.mark.slow
+def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_path):
+    """The whole path of `tune --gpu h100 --variant mha` on the GPU backend, a fake GPU in every Ray worker."""
+    from tuner.export import run_export
+    from tuner.loader import ExportedAttention, read_configs, sdpa_attention
+    from tuner.store import KernelStore
+
+    studies = tmp_path / "studies"
+    proc = subprocess.run([sys.executable, "-m", "tests.campaign.fake_gpu_campaign", str(studies), "3"], cwd=REPO,
+                          capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((studies / "h100-mha-bf16-d128-causal" / "summary.json").read_text())
+    assert summary["trials"]["done"] == 3 and summary["trials"]["finished_this_run"] == 3
+    assert summary["device_name"] == gpu_fakes.DEVICE_NAME and summary["trials_per_gpu_hour"] > 0
+    assert summary["timing"] == {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2}
+    assert [r["seqlen"] for r in summary["rows"]] == [128, 256]
+    assert {"imports", "load", "verify", "bench"} <= set(summary["stage_seconds"])
+    for row in summary["rows"]:
+        assert row["ours"] > 0 and row["flash"] > 0 and row["ratios"]["flash"] == pytest.approx(
+            row["ours"] / row["flash"], abs=1e-3)
+    (record,) = KernelStore(studies).records(gpu="h100", variant="mha")
+    assert record.verification["passed"] is True and record.device_name == gpu_fakes.DEVICE_NAME
+    assert record.provenance["backend"] == "gpu" and record.baselines["flash"] > 0
+    assert record.kernel_name.encode() in record.cubin and record.kernel_meta["name"] == record.kernel_name
+
+    out = tmp_path / "exported"
+    assert run_export(gpu="h100", variant="mha", study_dir=studies, out_dir=out) == 0
+    assert (out / "variant=mha,head_dim=128,dtype=bf16,causal=1,device_name=NVIDIA_H100_80GB_HBM3.json").is_file()
+
+    class OnFakeH100(ExportedAttention):
+        def _device_name_of(self, tensor):
+            return gpu_fakes.DEVICE_NAME
+
+    attention = OnFakeH100(read_configs(out), kernel_loader=gpu_fakes.fake_load_kernel)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 300, 4, 128, generator=g).to(torch.bfloat16) for _ in range(3))
+    got = attention(q, k, v, causal=True)
+    assert attention.last_path == "kernel", attention.last_reason
+    torch.testing.assert_close(got, sdpa_attention(q, k, v, causal=True))
