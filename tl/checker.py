@@ -251,7 +251,7 @@ class _Checker:
                            "e.g. `Compute GEMM A, B and get S`" if spec.kind == "gemm" else f"write `Compute {spec.name}` with {want} operand(s)")
             if spec.needs_result and s.result is None:
                 self.error(s.line, s.col, "bad-arity", f"{spec.name} has no result",
-                           f"end it with `and get S` or `and accumulate O_register`")
+                           "end it with `and get S` or `and accumulate O_register`")
             if s.with_ and not spec.takes_with:
                 self.error(s.line, s.col, "bad-arity", f"{spec.name} takes no `with` clause",
                            "only Softmax keeps running state: `Compute Softmax S with Smax and Ssum`")

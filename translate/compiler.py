@@ -10,7 +10,8 @@ Three passes:
 """
 from __future__ import annotations
 
-from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, walk
+from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, walk
+from tl.printer import format_statement
 from translate import emitters as em
 from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
 from translate.kernel import GeneratedKernel, TranslationError
@@ -42,29 +43,11 @@ def _representative_problem(spec: KernelSpec) -> Problem:
 
 def stmt_text(st) -> str:
     """One-line rendering of a TL statement for the comments of the emitted code."""
-    def ref(t: TensorRef) -> str:
-        return t.name + (".T" if t.transposed else "")
-    if isinstance(st, Allocate):
-        off = f" with offset {st.offset}" if st.offset else ""
-        return f"Allocate {st.name} in {st.level} ({', '.join(st.shape)}){off}"
-    if isinstance(st, Copy):
-        shape = f" ({', '.join(st.shape)})" if st.shape else ""
-        coord = (" in coordinate [" + ", ".join(f"{a} = {e}" for a, e in st.coordinate) + "]") if st.coordinate else ""
-        return f"Copy {ref(st.tensor)}{shape}{coord} from {st.src} to {st.dst}"
-    if isinstance(st, Compute):
-        s = f"Compute {st.op} " + ", ".join(ref(a) for a in st.args)
-        if st.mode:
-            s += f" and {st.mode} {st.result}"
-        if st.with_:
-            s += " with " + " and ".join(st.with_)
-        return s
-    if isinstance(st, Reshape):
-        return f"Reshape {st.name} from ({', '.join(st.src_layout)}) to ({', '.join(st.dst_layout)})"
     if isinstance(st, For):
         return f"for {st.var} = {st.start}:{st.stop}"
     if isinstance(st, If):
         return f"if {st.condition}"
-    return type(st).__name__
+    return format_statement(st)
 
 
 class _Compiler:

@@ -14,7 +14,7 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 ABI_VERSION = 1
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
