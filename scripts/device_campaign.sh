@@ -8,7 +8,8 @@
 #   FAKE_GPU=1 bash scripts/device_campaign.sh       # here: GPU backend on a fake H100 (tests/campaign/gpu_fakes.py)
 #
 # Knobs (environment): OUT, BUDGET (seconds for the whole script, default 555), TRIALS (50), SEQLENS
-# (1024,4096,16384), COMPILE_BATCH (4), TRIAL_TIMEOUT (30), SEED (0).
+# (1024,4096,16384), COMPILE_BATCH (4), TRIAL_TIMEOUT (30), SEED (0), GPU_OVERLAP (2: trial processes per
+# GPU at once, the next one starting up while one is timed; 1 = one at a time).
 # What comes back under $OUT (8 files at most, no folders): campaign.log, check.log, summary.txt,
 # summary.json, check.json, report.md, study.tgz (journal, report, stored kernels, export, GPU samples,
 # Ray worker error logs).
@@ -26,6 +27,7 @@ if [ "$DRY" = 1 ] || [ "$FAKE_GPU" = 1 ]; then TRIALS=${TRIALS:-6}; else TRIALS=
 if [ "$FAKE_GPU" = 1 ]; then SEQLENS=${SEQLENS:-128,256}; else SEQLENS=${SEQLENS:-1024,4096,16384}; fi
 COMPILE_BATCH=${COMPILE_BATCH:-4}
 TRIAL_TIMEOUT=${TRIAL_TIMEOUT:-30}
+GPU_OVERLAP=${GPU_OVERLAP:-2}
 SEED=${SEED:-0}
 STEPS=$WORK/steps.json
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -99,7 +101,7 @@ say "campaign: command limit ${CMD_LIMIT}s, search budget --timeout ${LOOP_LIMIT
 C0=$(date +%s)
 timeout -k 15 "$CMD_LIMIT" python3 -m tuner --gpu "$GPU" --variant mha --trials "$TRIALS" --timeout "$LOOP_LIMIT" \
   --head-dim 128 --dtype bf16 --causal --seqlens "$SEQLENS" --compile-batch "$COMPILE_BATCH" \
-  --trial-timeout "$TRIAL_TIMEOUT" --seed "$SEED" --study-dir "$WORK/studies" "${EXTRA[@]}" \
+  --trial-timeout "$TRIAL_TIMEOUT" --gpu-overlap "$GPU_OVERLAP" --seed "$SEED" --study-dir "$WORK/studies" "${EXTRA[@]}" \
   > "$OUT/campaign.log" 2>&1
 STEP[campaign_rc]=$?
 STEP[campaign_s]=$(( $(date +%s) - C0 ))

@@ -132,7 +132,7 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
             f"wall: campaign loop {_f(s.get('elapsed_s'))} s, campaign command {camp_s} s (exit {steps.get('campaign_rc')}), "
             f"whole script {steps.get('total_s')} s",
             f"trials per GPU-hour: {_f(s.get('trials_per_gpu_hour'))} over the loop, {_f(per_cmd)} over the command",
-            f"GPU held by trial tasks: {_f((s.get('gpu_held_fraction') or 0) * 100)}% of the loop; stage seconds "
+            f"GPU locked for verify+benchmark: {_f((s.get('gpu_held_fraction') or 0) * 100)}% of the loop; stage seconds "
             f"{s.get('stage_seconds')}"
             + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
                f"{util['samples']} samples" if util else ""),

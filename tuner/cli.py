@@ -59,6 +59,9 @@ def campaign(
     backend: Optional[str] = typer.Option(None, "--backend", help="Benchmark backend: gpu (default) or replay:FILE."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
     trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a GPU trial is cancelled."),
+    gpu_overlap: int = typer.Option(2, "--gpu-overlap", min=1, max=8,
+                                    help="Trial processes per GPU at once: the next starts up while one is timed "
+                                         "(timed sections never overlap); 1: one at a time."),
     compile_batch: int = typer.Option(8, "--compile-batch", min=1, help="Kernel configs per nvcc translation unit."),
     seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list of benchmark seqlens (default: the paper grid)."),
 ) -> None:
@@ -74,7 +77,7 @@ def campaign(
         causal=causal, study_dir=study_dir, storage=storage, ray_address=ray_address,
         llm_base_url=llm_base_url, llm_model=llm_model, llm_api_key=llm_api_key, dry_run=dry_run,
         resume=resume, sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout,
-        compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens),
+        gpu_overlap=gpu_overlap, compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens),
     )
     raise typer.Exit(run_campaign(options))
 

@@ -82,7 +82,8 @@ def test_a_correct_kernel_is_verified_cross_checked_and_timed(fake_gpu, generate
         assert result["tflops"][str(p.seqlen_k)] == pytest.approx(bench.tflops(p, _kernel_ms(kernel)), abs=0.01)
     # the payload's timing reached do_bench's place
     assert gpu_fakes.LAST_TIMINGS and all(t == bench.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
-    assert set(result["seconds"]) == {"imports", "load", "verify", "bench"}
+    assert set(result["seconds"]) == {"imports", "load", "lock_wait", "verify", "bench"}
+    assert result["gpu_lock"]["released_at"] >= result["gpu_lock"]["acquired_at"] > 0
     json.dumps(result["verification"], allow_nan=False)   # what the store will write
 
 
@@ -151,7 +152,19 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     assert summary["device_name"] == gpu_fakes.DEVICE_NAME and summary["trials_per_gpu_hour"] > 0
     assert summary["timing"] == {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2}
     assert [r["seqlen"] for r in summary["rows"]] == [128, 256]
-    assert {"imports", "load", "verify", "bench"} <= set(summary["stage_seconds"])
+    assert {"imports", "load", "lock_wait", "verify", "bench"} <= set(summary["stage_seconds"])
+    assert summary["gpu_overlap"] == 2      # the default: two trial processes on the one fake GPU at once
+    import optuna
+
+    from tuner.campaign.study import make_storage
+
+    from .test_gpu_overlap import _assert_disjoint, _locked_intervals
+
+    name = "h100-mha-bf16-d128-causal"
+    study = optuna.load_study(study_name=name, storage=make_storage(None, studies, name))
+    spans = _locked_intervals(study)
+    assert sum(map(len, spans.values())) == 3
+    _assert_disjoint(spans)                 # the real verify + bench of two trials never overlapped
     for row in summary["rows"]:
         assert row["ours"] > 0 and row["flash"] > 0 and row["ratios"]["flash"] == pytest.approx(
             row["ours"] / row["flash"], abs=1e-3)

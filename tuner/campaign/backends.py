@@ -11,6 +11,8 @@ every other line is ``{"params": {...}, "tflops": {"<seqlen>": TFLOPS, ...}}`` o
   ``hang``    the trial never returns (the driver's timeout and forced cancel end it);
   ``wrong``   verification fails with a reason;
   ``compile`` the (fake) compile fails (handled by the compile step).
+``_meta.measure_seconds`` (optional) paces the replay: each trial then holds its GPU's lock that long, as a
+real trial's verify + benchmark would (the overlap tests need timed sections that take time).
 Entries are keyed by ``KernelParams.key()``. A configuration the file does not hold is valued by the
 deterministic model of perfmodel.py and marked ``replay_unknown`` on its trial.
 """
@@ -24,6 +26,9 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Optional
+
+from .gpulock import LockHold, gpu_lock
 
 FAULTS = ("oob", "hang", "wrong", "compile")
 
@@ -111,17 +116,29 @@ def _where() -> dict:
             "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
 
 
-def measure(backend: BackendSpec, payload: dict) -> dict:
-    """One trial's verify + benchmark; returns the TrialMeasurement dict (see module doc)."""
+OnAcquired = Optional[Callable[[LockHold], None]]
+
+
+def measure(backend: BackendSpec, payload: dict, on_acquired: OnAcquired = None) -> dict:
+    """One trial's verify + benchmark; returns the TrialMeasurement dict (see module doc). The timed part
+    runs under the GPU's lock (gpulock.py); ``on_acquired`` is told when the lock is taken."""
     where = _where()
     if backend.kind == "replay":
-        result = _replay_measure(backend.path, payload)
+        with gpu_lock(on_acquired=on_acquired) as hold:   # a planted hang hangs holding it, as a real one would
+            result = _replay_measure(backend.path, payload)
+        _add_lock(result, hold)
     else:
         started = _process_age()
-        result = _gpu_measure(payload)
+        result = _gpu_measure(payload, on_acquired=on_acquired)
         if started is not None:   # the fresh worker's own start (Python, Ray) before this task ran
             result.setdefault("seconds", {})["process"] = round(started, 3)
     result.update(where)
+    return result
+
+
+def _add_lock(result: dict, hold: LockHold) -> dict:
+    result.setdefault("seconds", {})["lock_wait"] = round(hold.waited_s, 3)
+    result["gpu_lock"] = hold.to_dict()
     return result
 
 
@@ -154,6 +171,7 @@ def _replay_measure(path: str, payload: dict) -> dict:
     if fault == "hang":
         while True:
             time.sleep(3600)
+    time.sleep(float(data.meta.get("measure_seconds") or 0))
     device = data.meta.get("device_name", "replay")
     if fault == "wrong":
         reason = ("wrong result: max |out - ref| 0.41 exceeds the bound 0.0156 (2x the low-precision "
@@ -190,13 +208,16 @@ def _failure(device_name: str, reason: str, verification: dict | None = None) ->
             "verification": verification or {"passed": False, "reason": reason}}
 
 
-def _gpu_measure(payload: dict, device: str | None = None) -> dict:
+def _gpu_measure(payload: dict, device: str | None = None, on_acquired: OnAcquired = None) -> dict:
     """Load the cubin, verify it (tuner.verify), cross-check it against SDPA at each benchmark shape,
-    then time it (tuner.bench). Any failure of the candidate is a result with a reason, never a raise."""
+    then time it (tuner.bench). Any failure of the candidate is a result with a reason, never a raise.
+
+    Imports, CUDA context and kernel load run freely (they overlap another trial's timed work on this
+    GPU); verification and benchmarking hold the GPU's lock (gpulock.py)."""
     import time as _time
 
     t_imports = _time.perf_counter()
-    from tuner import bench, runtime, verify
+    from tuner import bench, runtime, verify  # noqa: F401 - verify's import cost belongs to "imports"
 
     device = device or TRIAL_DEVICE
     name = _device_name(device)          # initialises CUDA: part of the "imports" stage
@@ -207,13 +228,26 @@ def _gpu_measure(payload: dict, device: str | None = None) -> dict:
         kernel = runtime.load_kernel(payload["cubin"], payload["meta"])
     except Exception as exc:  # a kernel that cannot load is this candidate's fault
         return _failure(name, f"load failed: {type(exc).__name__}: {_first_line(exc)}")
+    seconds["load"] = round(_time.perf_counter() - t0, 3)
+    with gpu_lock(on_acquired=on_acquired) as hold:
+        result = _verify_and_bench(kernel, payload, device, name, timing, seconds)
+    result["seconds"] = seconds
+    return _add_lock(result, hold)
+
+
+def _verify_and_bench(kernel, payload: dict, device: str, name: str, timing, seconds: dict) -> dict:
+    """The timed part of a trial (under the GPU lock); adds its stages to ``seconds``."""
+    import time as _time
+
+    from tuner import bench, verify
+
     t1 = _time.perf_counter()
     try:
         report = verify.verify(kernel, payload["spec"], device=device)
     except Exception as exc:  # verify catches kernel faults per shape; anything else still ends this trial only
         return _failure(name, f"verification could not run: {type(exc).__name__}: {_first_line(exc)}")
     t2 = _time.perf_counter()
-    seconds.update(load=round(t1 - t0, 3), verify=round(t2 - t1, 3))
+    seconds["verify"] = round(t2 - t1, 3)
     verification = report.to_dict()
     if not report.passed:
         return _failure(name, f"verification failed: {report.reason}", verification)
@@ -268,11 +302,17 @@ def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, 
     """Library baselines per seqlen, measured once per campaign on the requested GPU type, with the
     trials' timing (``bench.Timing`` fields)."""
     where = _where()
+    with gpu_lock() as hold:   # library timings are as clean as the trials' they are compared with
+        result = _baselines(backend, problems, timing, device)
+    return {**_add_lock(result, hold), **where}
+
+
+def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device: str | None) -> dict:
     if backend.kind == "replay":
         data = load_replay(backend.path)
         recorded = data.meta.get("baselines", {})
         rows = {str(p.seqlen_k): recorded.get(str(p.seqlen_k), {}) for p in problems}
-        return {"device_name": data.meta.get("device_name", "replay"), "baselines": rows, **where}
+        return {"device_name": data.meta.get("device_name", "replay"), "baselines": rows}
     from tuner import bench
 
     device = device or TRIAL_DEVICE
@@ -283,4 +323,4 @@ def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, 
         rows[str(p.seqlen_k)] = bench.measure_baselines(p, timing=timing_, device=device, errors=errs)
         if errs:
             errors[str(p.seqlen_k)] = errs
-    return {"device_name": _device_name(device), "baselines": rows, "errors": errors, **where}
+    return {"device_name": _device_name(device), "baselines": rows, "errors": errors}

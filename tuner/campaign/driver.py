@@ -2,8 +2,17 @@
 
 Pipeline per candidate: ask → suggest → validate (invalid: infeasible, no compile) → compile batch
 (Ray CPU task) → verify + benchmark (Ray GPU task pinned to the accelerator type, with a timeout and a
-forced cancel) → tell. Compiles run ahead of the GPUs so they overlap benchmarks; up to one GPU task
-per GPU of the requested type is in flight.
+forced cancel) → tell. Compiles run ahead of the GPUs so they overlap benchmarks; up to K GPU tasks
+per GPU of the requested type are in flight (``--gpu-overlap K``, each asking for 1/K of a GPU): the next
+trials' processes start up while one is timed, and the per-GPU lock (gpulock.py) lets one trial at a time
+verify and benchmark.
+
+Trial timeout with K > 1: a trial may wait for the GPU lock while another trial on its GPU is timed, so its
+``--trial-timeout`` clock starts when it takes the lock (it tells a small LockBoard actor; the driver
+polls it each turn, ~0.5 s late at most). Until then a looser bound of K x the timeout from submission
+applies: start-up plus the K-1 other trials' timed sections, each cut at one timeout. A hung trial holds
+the lock until its forced cancel kills its process, which frees the lock (flock). With K = 1 the clock
+starts at submission, as it always did.
 """
 from __future__ import annotations
 
@@ -28,6 +37,7 @@ from .cluster import ClusterError, GpuPool, connect, cpu_count, gpu_pool
 from .options import CampaignOptions
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+MAX_GPU_OVERLAP = 8   # more waiting processes only hold CUDA contexts; 2 already hides a whole start-up
 
 
 @dataclass
@@ -36,6 +46,7 @@ class Candidate:
     params: KernelParams
     compiled: dict | None = None
     started: float = 0.0
+    locked: float | None = None    # when the driver learnt that the trial took its GPU's lock
 
 
 @dataclass
@@ -47,7 +58,7 @@ class Tally:
     best_trial: int | None = None
     told: int = 0
     elapsed: float = 0.0       # seconds of this run's loop
-    gpu_busy: float = 0.0      # seconds GPU trials of this run were in flight, summed over GPUs
+    gpu_busy: float = 0.0      # seconds GPU trials of this run held their GPU's lock, summed over GPUs
     measured: int = 0          # GPU trials of this run that returned (any outcome)
 
 
@@ -86,6 +97,10 @@ def resolve(options: CampaignOptions, console: Console) -> Campaign:
         raise ValueError(f"unknown sampler {options.sampler!r}; choose one of: {', '.join(st.SAMPLERS)}")
     if options.trials < 1:
         raise ValueError("--trials must be at least 1")
+    if not isinstance(options.gpu_overlap, int) or not 1 <= options.gpu_overlap <= MAX_GPU_OVERLAP:
+        raise ValueError(f"--gpu-overlap must be an integer from 1 to {MAX_GPU_OVERLAP}, got {options.gpu_overlap!r}")
+    if options.trial_timeout <= 0:
+        raise ValueError(f"--trial-timeout must be positive, got {options.trial_timeout:g}")
     backend = parse_backend(options.backend)
     seqlens = tuple(options.seqlens or DEFAULT_SEQLENS)
     problems = grid_problems(space.variant, spec.d_qk, dtype, options.causal, seqlens=seqlens)
@@ -232,7 +247,7 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
     import ray
 
     from .live import live_view
-    from .tasks import compile_batch, gpu_trial
+    from .tasks import LockBoard, compile_batch, gpu_trial
 
     opts = camp.options
     tally = Tally()
@@ -245,8 +260,11 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
     # `--timeout T` ends the search T seconds after the command started (then the finish: store, report).
     deadline = camp.started + opts.timeout if opts.timeout else None
     n_gpus = camp.pool.gpus if camp.pool else 0
+    overlap = opts.gpu_overlap
+    gpu_slots = n_gpus * overlap
+    board = LockBoard.remote() if camp.pool is not None and overlap > 1 else None
     compile_slots = max(1, min(cpu_count(), 8))
-    max_inflight = 2 * n_gpus + opts.compile_batch * compile_slots
+    max_inflight = gpu_slots + n_gpus + opts.compile_batch * compile_slots
     batches_sent = 0
     buffer: list[Candidate] = []
     compiling: dict[Any, tuple[list[Candidate], float]] = {}
@@ -290,12 +308,13 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                                                camp.backend.path if camp.fake_compile else None)
                     compiling[ref] = (batch, time.monotonic())
                 # 3. launch GPU trials while GPUs are free
-                while ready and len(measuring) < n_gpus and stop_reason is None:
+                while ready and len(measuring) < gpu_slots and stop_reason is None:
                     cand = ready.popleft()
                     payload = {"trial": cand.trial.number, "params": cand.params.to_dict(), "profile": camp.profile.name,
                                "spec": camp.spec, "problems": camp.problems, "cubin": cand.compiled["cubin"],
                                "meta": cand.compiled["meta"], "timing": opts.timing()}
-                    ref = gpu_trial.options(**camp.pool.task_options()).remote(camp.backend, payload)
+                    ref = gpu_trial.options(num_gpus=1 / overlap, **camp.pool.task_options()).remote(
+                        camp.backend, payload, board)
                     cand.started = time.monotonic()
                     measuring[ref] = cand
                 if stop_reason is not None or (inflight == 0 and finished_count() >= opts.trials):
@@ -319,19 +338,23 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                     else:
                         cand = measuring.pop(ref)
                         inflight -= 1
-                        tally.gpu_busy += time.monotonic() - cand.started
                         tally.measured += 1
-                        _tell_measurement(camp, study, tally, cand, ref)
+                        result = _tell_measurement(camp, study, tally, cand, ref)
+                        tally.gpu_busy += _held_seconds(result, cand, time.monotonic())
                 # 5. timeouts: hung trials are cancelled by force; they cannot block the campaign
+                _note_locks(board, measuring)
                 now = time.monotonic()
                 for ref, cand in list(measuring.items()):
-                    if now - cand.started > opts.trial_timeout:
+                    limit, clock = _trial_limit(cand, opts.trial_timeout, overlap)
+                    if now - clock > limit:
                         ray.cancel(ref, force=True)
                         measuring.pop(ref)
                         inflight -= 1
-                        tally.gpu_busy += now - cand.started
+                        tally.gpu_busy += _held_seconds(None, cand, now)
                         tally.measured += 1
-                        st.tell_infeasible(study, cand.trial, f"timeout: no result after {opts.trial_timeout:g} s "
+                        what = ("no result" if clock != cand.started or overlap == 1
+                                else "GPU lock not taken, or no result,")
+                        st.tell_infeasible(study, cand.trial, f"timeout: {what} after {limit:g} s "
                                            "(task cancelled by force)", stage="measure")
                         _count(tally, "infeasible", None, True, cand.trial.number)
                 for ref, (batch, submitted) in list(compiling.items()):
@@ -356,10 +379,43 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                 tally.failed += 1
             camp.console.print(f"stopped: {stop_reason}; {len(leftovers)} unfinished trial(s) queued for --resume")
         now = time.monotonic()
-        tally.gpu_busy += sum(now - c.started for c in measuring.values())
+        tally.gpu_busy += sum(_held_seconds(None, c, now) for c in measuring.values())
         tally.elapsed = now - start
         live.refresh(force=True)
     return tally
+
+
+def _trial_limit(cand: Candidate, timeout: float, overlap: int) -> tuple[float, float]:
+    """(seconds allowed, clock start) of a GPU trial in flight (the module doc says why)."""
+    if overlap == 1:
+        return timeout, cand.started
+    if cand.locked is not None:
+        return timeout, cand.locked
+    return timeout * overlap, cand.started
+
+
+def _note_locks(board, measuring: dict) -> None:
+    """Start the timeout clock of the trials that took their GPU's lock since the last turn."""
+    if board is None or not measuring:
+        return
+    import ray
+
+    try:
+        taken = set(ray.get(board.take.remote(), timeout=10))
+    except Exception:  # noqa: BLE001 - without news the looser bound of _trial_limit still ends a hang
+        return
+    now = time.monotonic()
+    for cand in measuring.values():
+        if cand.trial.number in taken and cand.locked is None:
+            cand.locked = now
+
+
+def _held_seconds(result: dict | None, cand: Candidate, now: float) -> float:
+    """How long a finished trial held its GPU's lock: its own record, else since the driver learnt of it."""
+    lock = (result or {}).get("gpu_lock") or {}
+    if lock.get("released_at") and lock.get("acquired_at"):
+        return max(0.0, float(lock["released_at"]) - float(lock["acquired_at"]))
+    return now - cand.locked if cand.locked is not None else 0.0
 
 
 def _batch_size(full: int, sent: int, n_gpus: int) -> int:
@@ -444,7 +500,8 @@ _INFRA_ERRORS = ("NodeDiedError", "ObjectLostError", "OwnerDiedError", "RaySyste
                  "ReferenceCountingAssertionError", "ObjectReconstructionFailedError")
 
 
-def _tell_measurement(camp: Campaign, study, tally: Tally, cand: Candidate, ref) -> None:
+def _tell_measurement(camp: Campaign, study, tally: Tally, cand: Candidate, ref) -> dict | None:
+    """Tell the study what the GPU task returned; returns its result (None when it returned none)."""
     import ray
     from ray.exceptions import RayTaskError, TaskCancelledError, WorkerCrashedError
 
@@ -486,14 +543,17 @@ def _tell_measurement(camp: Campaign, study, tally: Tally, cand: Candidate, ref)
         trial.set_user_attr(k, v)
     if result.get("replay_unknown"):
         trial.set_user_attr("replay_unknown", True)
+    if result.get("gpu_lock"):   # when this trial held its GPU (time.time() of its host): timed sections never overlap
+        trial.set_user_attr("gpu_lock", result["gpu_lock"])
     if not result["verified"]:
         st.tell_infeasible(study, trial, result["reason"], stage="verify", verification=result.get("verification"))
         _count(tally, "infeasible", None, True, trial.number)
-        return
+        return result
     value = round(st.geomean(result["tflops"].values()), 3)
     st.tell_feasible(study, trial, value, tflops=result["tflops"], verification=result.get("verification"),
                      backend=camp.backend.kind)
     _count(tally, "complete", value, False, trial.number)
+    return result
 
 
 def _lost_nodes(camp: Campaign) -> list[str]:

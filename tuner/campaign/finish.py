@@ -109,12 +109,12 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
         ratios.append({**r, "ratios": ratio})
     data = {
         "study": camp.name, "gpu": camp.profile.name, "device_name": camp.device_name or None,
-        "backend": camp.backend.label, "gpus": n_gpus,
+        "backend": camp.backend.label, "gpus": n_gpus, "gpu_overlap": camp.options.gpu_overlap,
         "trials": {"done": tally.done, "infeasible": tally.infeasible, "failed": tally.failed,
                    "finished_this_run": finished_now, "measured_this_run": tally.measured,
                    "in_study": len(study.trials)},
         "elapsed_s": round(tally.elapsed, 1),
-        "gpu_held_s": round(tally.gpu_busy, 1),
+        "gpu_held_s": round(tally.gpu_busy, 1),       # under the GPU lock: verify + benchmark
         "gpu_held_fraction": round(tally.gpu_busy / (tally.elapsed * n_gpus), 3) if n_gpus and tally.elapsed else None,
         "trials_per_gpu_hour": round(finished_now / gpu_hours, 1) if gpu_hours > 0 else None,
         "stage_seconds": stage_totals,

@@ -1,8 +1,10 @@
 """The Ray tasks of a campaign: compile batches on CPUs, verify + benchmark on GPUs of one type.
 
-GPU tasks declare ``num_gpus=1`` in the decorator, which gives each task a fresh worker process (Ray
-reuses workers only for tasks that do not declare GPUs there), so a kernel that kills its CUDA context
-takes only its own trial down. ``max_retries=0``: a crashed trial is a result, not something to repeat.
+GPU tasks declare ``num_gpus=1`` and ``max_calls=1`` in the decorator, which gives each task a fresh
+worker process, so a kernel that kills its CUDA context takes only its own trial down. The driver asks
+for ``num_gpus=1/K`` per trial (``--gpu-overlap K``): up to K trial processes share a GPU, the next one
+starting up while the previous one is timed; the GPU lock (gpulock.py) keeps their timed sections apart.
+``max_retries=0``: a crashed trial is a result, not something to repeat.
 """
 from __future__ import annotations
 
@@ -65,11 +67,29 @@ def _real_compile(items, program, spec, profile_name, cache_dir, timeout) -> lis
     return results  # type: ignore[return-value]
 
 
-@ray.remote(num_gpus=1, max_retries=0)
-def gpu_trial(backend: BackendSpec, payload: dict) -> dict:
-    return measure(backend, payload)
+@ray.remote(num_gpus=1, max_calls=1, max_retries=0)
+def gpu_trial(backend: BackendSpec, payload: dict, board=None) -> dict:
+    def report(hold) -> None:   # fire and forget: the driver starts this trial's timeout clock now
+        board.acquired.remote(payload["trial"])
+
+    return measure(backend, payload, on_acquired=report if board is not None else None)
 
 
-@ray.remote(num_gpus=1, max_retries=1)
+@ray.remote(num_cpus=0)
+class LockBoard:
+    """Which trials have taken their GPU's lock since the driver last asked (one per campaign)."""
+
+    def __init__(self) -> None:
+        self._new: list[int] = []
+
+    def acquired(self, trial: int) -> None:
+        self._new.append(trial)
+
+    def take(self) -> list[int]:
+        new, self._new = self._new, []
+        return new
+
+
+@ray.remote(num_gpus=1, max_calls=1, max_retries=1)
 def gpu_baselines(backend: BackendSpec, problems: list, timing: dict | None = None) -> dict:
     return baselines(backend, problems, timing)
