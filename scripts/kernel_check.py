@@ -28,23 +28,14 @@ from translate import nvcc  # noqa: E402
 from translate.defaults import default_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
 from tuner.problem import KernelSpec, grid_problems  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from sketch_edits import moved_prefetch  # noqa: E402  (the edit the schedule tests use)
 
 SKETCHES = Path(__file__).resolve().parents[1] / "tl" / "sketches"
 
 
 def sketch_text(variant: str, causal: bool) -> str:
     return (SKETCHES / f"{variant}_{'causal' if causal else 'noncausal'}.tl").read_text()
-
-
-def moved_prefetch(text: str) -> str:
-    """The same program with the prefetch of K(i+1) moved after the second GEMM (end of the loop body)."""
-    lines = text.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("if i < N - 1"))
-    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "end")
-    block = lines[start:end + 1]
-    rest = lines[:start] + lines[end + 1:]
-    gemm2 = next(i for i, ln in enumerate(rest) if "accumulate O_register" in ln)
-    return "\n".join(rest[:gemm2 + 1] + block + rest[gemm2 + 1:]) + "\n"
 
 
 def P(bm, bn, w, st=1, q_regs=False, s2r="SM75_U32x4_LDSM_N", g2s="SM80_CP_ASYNC_CACHEGLOBAL", sw=3):

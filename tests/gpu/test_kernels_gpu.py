@@ -15,6 +15,7 @@ from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import default_params  # noqa: E402
 from tuner.problem import KernelSpec  # noqa: E402
+from sketch_edits import moved_prefetch  # noqa: E402
 
 KINDS = [KernelSpec(v, d, 128 if v == "mla" else d, c, dt)
          for v, d, dts in (("mha", 128, ("bf16", "fp16")), ("mha", 64, ("bf16", "fp16")), ("gqa", 128, ("bf16",)),
@@ -35,15 +36,6 @@ def _profile():
     return load_profile("h100")
 
 
-def _moved_prefetch(text: str) -> str:
-    lines = text.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("if i < N - 1"))
-    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "end")
-    block, rest = lines[start:end + 1], lines[:start] + lines[end + 1:]
-    at = next(i for i, ln in enumerate(rest) if "accumulate O_register" in ln)
-    return "\n".join(rest[:at + 1] + block + rest[at + 1:]) + "\n"
-
-
 @pytest.fixture(scope="module")
 def built():
     profile = _profile()
@@ -52,7 +44,7 @@ def built():
         text = tl.sketch_path(spec.variant, spec.causal).read_text()
         gens[("kind", spec)] = translate.generate(tl.parse_program(text), default_params(profile, spec), profile, spec)
     spec = KernelSpec("mha", 128, 128, False, "bf16")
-    moved = _moved_prefetch(tl.sketch_path("mha", False).read_text())
+    moved = moved_prefetch(tl.sketch_path("mha", False).read_text())
     gens[("moved", spec)] = translate.generate(tl.parse_program(moved), default_params(profile, spec), profile, spec)
     keys = list(gens)
     cache = os.environ.get("KERNEL_CACHE_DIR")

@@ -12,6 +12,7 @@ from translate import TranslationError
 from translate.defaults import default_params
 from translate.params import KernelParams, validate
 from tuner.problem import KernelSpec, Problem
+from sketch_edits import moved_prefetch
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")
 ARCHS = {"sm75": ("t4", "fp16"), "sm80": ("a100", "bf16"), "sm90": ("h100", "bf16")}
@@ -28,16 +29,6 @@ def spec_of(variant: str, causal: bool, dtype: str = "bf16") -> KernelSpec:
 def gen(text: str, spec: KernelSpec, gpu: str = "h100", params: KernelParams | None = None):
     profile = load_profile(gpu)
     return translate.generate(tl.parse_program(text), params or default_params(profile, spec), profile, spec)
-
-
-def moved_prefetch(text: str) -> str:
-    """Move the `if i < N - 1 ... end` prefetch block after the second GEMM."""
-    lines = text.splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("if i < N - 1"))
-    end = next(i for i in range(start, len(lines)) if lines[i].strip() == "end")
-    block, rest = lines[start:end + 1], lines[:start] + lines[end + 1:]
-    at = next(i for i, ln in enumerate(rest) if "accumulate O_register" in ln)
-    return "\n".join(rest[:at + 1] + block + rest[at + 1:]) + "\n"
 
 
 def block_of(code: str, tl_marker: str, copy: int = 0) -> str:
