@@ -114,15 +114,8 @@ def plot_best_so_far(trials: list[dict], path: Path, baselines: dict | None = No
         value = _num((baselines or {}).get(key))
         if value is not None:
             ax.axhline(value, linestyle="--", linewidth=1, label=f"{name} {value:.0f}", color=f"C{2 + BASELINES.index((key, name))}")
-    ax.set_xlabel("trial")
-    ax.set_ylabel("TFLOPS")
-    ax.set_title("Best TFLOPS so far")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    _label(ax, "trial", "Best TFLOPS so far")
+    return _save(plt, fig, path)
 
 
 def plot_tflops_vs_seqlen(rows: list[dict], path: Path, title: str = "") -> Path | None:
@@ -142,11 +135,19 @@ def plot_tflops_vs_seqlen(rows: list[dict], path: Path, title: str = "") -> Path
                         linewidth=2.5 if key == "ours" else 1.2, label=name, color=f"C{i}")
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(set(xs)), [str(x) for x in sorted(set(xs))])
-        ax.set_xlabel("seqlen")
-        ax.set_ylabel("TFLOPS")
-        ax.set_title(" ".join(filter(None, [title, {True: "causal", False: "non-causal"}.get(causal, "")])))
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        _label(ax, "seqlen", " ".join(filter(None, [title, {True: "causal", False: "non-causal"}.get(causal, "")])))
+    return _save(plt, fig, path)
+
+
+def _label(ax, xlabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("TFLOPS")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(plt, fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
