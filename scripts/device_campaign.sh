@@ -7,9 +7,10 @@
 #   DRY=1 bash scripts/device_campaign.sh            # here: --dry-run, real nvcc, no GPU (TRIALS default 6)
 #   FAKE_GPU=1 bash scripts/device_campaign.sh       # here: GPU backend on a fake H100 (tests/campaign/gpu_fakes.py)
 #
-# Knobs (environment): OUT, BUDGET (seconds for the whole script, default 555), TRIALS (50), SEQLENS
-# (1024,4096,16384), COMPILE_BATCH (4), TRIAL_TIMEOUT (30), SEED (0), GPU_OVERLAP (2: trial processes per
-# GPU at once, the next one starting up while one is timed; 1 = one at a time).
+# Knobs (environment): OUT, BUDGET (seconds for the whole script, default 555), TRIALS (100: about half
+# are parameter sets validate rejects before compiling), SEQLENS (unset: the campaign's default grid,
+# 512..16384), COMPILE_BATCH (4), TRIAL_TIMEOUT (30), SEED (0), GPU_OVERLAP (unset: the campaign's default;
+# trial processes per GPU at once, the next ones starting up while one is timed; 1 = one at a time).
 # What comes back under $OUT (8 files at most, no folders): campaign.log, check.log, summary.txt,
 # summary.json, check.json, report.md, study.tgz (journal, report, stored kernels, export, GPU samples,
 # Ray worker error logs).
@@ -23,11 +24,11 @@ WORK=$(mktemp -d /tmp/devcamp.XXXXXX)          # studies and export live here; o
 BUDGET=${BUDGET:-555}
 DRY=${DRY:-0}
 FAKE_GPU=${FAKE_GPU:-0}
-if [ "$DRY" = 1 ] || [ "$FAKE_GPU" = 1 ]; then TRIALS=${TRIALS:-6}; else TRIALS=${TRIALS:-50}; fi
-if [ "$FAKE_GPU" = 1 ]; then SEQLENS=${SEQLENS:-128,256}; else SEQLENS=${SEQLENS:-1024,4096,16384}; fi
+if [ "$DRY" = 1 ] || [ "$FAKE_GPU" = 1 ]; then TRIALS=${TRIALS:-6}; else TRIALS=${TRIALS:-100}; fi
+if [ "$FAKE_GPU" = 1 ]; then SEQLENS=${SEQLENS:-128,256}; else SEQLENS=${SEQLENS:-}; fi
 COMPILE_BATCH=${COMPILE_BATCH:-4}
 TRIAL_TIMEOUT=${TRIAL_TIMEOUT:-30}
-GPU_OVERLAP=${GPU_OVERLAP:-2}
+GPU_OVERLAP=${GPU_OVERLAP:-}
 SEED=${SEED:-0}
 STEPS=$WORK/steps.json
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -68,7 +69,7 @@ if [ "$DRY" != 1 ] && [ "$FAKE_GPU" != 1 ]; then
 fi
 STEP[gpu]=$GPU
 STEP[mode]=$([ "$DRY" = 1 ] && echo dry-run || ([ "$FAKE_GPU" = 1 ] && echo fake-gpu || echo gpu))
-say "GPU '$NAME' -> --gpu $GPU; mode ${STEP[mode]}; $TRIALS trials; seqlens $SEQLENS; $(nproc) CPUs"
+say "GPU '$NAME' -> --gpu $GPU; mode ${STEP[mode]}; $TRIALS trials; seqlens ${SEQLENS:-default}; overlap ${GPU_OVERLAP:-default}; $(nproc) CPUs"
 
 # 3. The campaign. Reserve ~70 s after it (export, loader check, tars). --timeout counts from the
 #    command's start (Ray start and baselines included) and ends the search; ~40 s are left for the finish
@@ -76,6 +77,8 @@ say "GPU '$NAME' -> --gpu $GPU; mode ${STEP[mode]}; $TRIALS trials; seqlens $SEQ
 EXTRA=()
 RAY_PID=""
 if [ "$DRY" = 1 ]; then EXTRA+=(--dry-run); fi
+[ -n "$SEQLENS" ] && EXTRA+=(--seqlens "$SEQLENS")
+[ -n "$GPU_OVERLAP" ] && EXTRA+=(--gpu-overlap "$GPU_OVERLAP")
 if [ "$FAKE_GPU" = 1 ]; then
   # A Ray head with one fake H100; every worker of the campaign's job installs the CPU stand-ins.
   PORT=$((20000 + RANDOM % 20000))
@@ -94,14 +97,14 @@ STEP[campaign_limit_s]=$CMD_LIMIT
 STEP[loop_timeout_s]=$LOOP_LIMIT
 UTIL_PID=""
 if [ "$DRY" != 1 ] && [ "$FAKE_GPU" != 1 ]; then
-  nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$WORK/gpu_util.csv" 2>/dev/null &
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$WORK/gpu_util.csv" 2>/dev/null &
   UTIL_PID=$!
 fi
 say "campaign: command limit ${CMD_LIMIT}s, search budget --timeout ${LOOP_LIMIT}s"
 C0=$(date +%s)
 timeout -k 15 "$CMD_LIMIT" python3 -m tuner --gpu "$GPU" --variant mha --trials "$TRIALS" --timeout "$LOOP_LIMIT" \
-  --head-dim 128 --dtype bf16 --causal --seqlens "$SEQLENS" --compile-batch "$COMPILE_BATCH" \
-  --trial-timeout "$TRIAL_TIMEOUT" --gpu-overlap "$GPU_OVERLAP" --seed "$SEED" --study-dir "$WORK/studies" "${EXTRA[@]}" \
+  --head-dim 128 --dtype bf16 --causal --compile-batch "$COMPILE_BATCH" \
+  --trial-timeout "$TRIAL_TIMEOUT" --seed "$SEED" --study-dir "$WORK/studies" "${EXTRA[@]}" \
   > "$OUT/campaign.log" 2>&1
 STEP[campaign_rc]=$?
 STEP[campaign_s]=$(( $(date +%s) - C0 ))

@@ -87,14 +87,38 @@ def _load(path: str | None) -> dict:
         return {}
 
 
-def _util(csv_path: str | None) -> dict:
-    """Mean and busy share of nvidia-smi's utilization.gpu samples (one a second)."""
+def _util_samples(csv_path: str | None) -> list[tuple[float | None, int]]:
+    """(host time or None, utilization.gpu %) per nvidia-smi sample (one a second). Rows are
+    ``timestamp, utilization, memory`` (``YYYY/MM/DD HH:MM:SS.mmm`` in the host's local time, as Python's
+    ``time.time()`` of the same host sees it) or, from older runs, ``utilization, memory``."""
+    import datetime as dt
+
     if not csv_path:
-        return {}
+        return []
+    out = []
     try:
-        vals = [int(x.split(",")[0]) for x in Path(csv_path).read_text().splitlines() if x.strip()[:1].isdigit()]
-    except (OSError, ValueError):
-        return {}
+        lines = Path(csv_path).read_text().splitlines()
+    except OSError:
+        return []
+    for line in lines:
+        cells = [c.strip() for c in line.split(",")]
+        try:
+            if len(cells) >= 3:
+                when = dt.datetime.strptime(cells[0], "%Y/%m/%d %H:%M:%S.%f").timestamp()
+                out.append((when, int(cells[1])))
+            elif cells and cells[0].isdigit():
+                out.append((None, int(cells[0])))
+        except ValueError:
+            continue
+    return out
+
+
+def _util(csv_path: str | None, window: tuple[float, float] | None = None) -> dict:
+    """Mean and busy share of the utilization samples, all of them or those inside ``window``."""
+    samples = _util_samples(csv_path)
+    if window is not None:
+        samples = [(t, v) for t, v in samples if t is not None and window[0] <= t <= window[1]]
+    vals = [v for _, v in samples]
     if not vals:
         return {}
     return {"samples": len(vals), "mean_pct": round(sum(vals) / len(vals), 1),
@@ -110,6 +134,18 @@ def _num(x) -> float | None:
 
 def _f(x, spec=".1f") -> str:
     return "–" if x is None else format(x, spec)
+
+
+def _steady_line(steady: dict | None, util_csv: str | None) -> str:
+    if not steady:
+        return "steady state: no trial held a GPU"
+    window = (steady["from"], steady["to"]) if steady.get("from") and steady.get("to") else None
+    util = _util(util_csv, window) if window else {}
+    return (f"steady state (first lock to last release, {steady['window_s']} s, {steady['trials']} trials): GPU locked "
+            f"{_f((steady.get('held_fraction') or 0) * 100)}%, {_f(steady.get('measured_per_gpu_hour'))} measured "
+            f"trials per GPU-hour"
+            + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
+               f"{util['samples']} samples" if util else "; no timestamped utilization samples in the window"))
 
 
 def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str | None = None) -> int:
@@ -132,10 +168,12 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
             f"wall: campaign loop {_f(s.get('elapsed_s'))} s, campaign command {camp_s} s (exit {steps.get('campaign_rc')}), "
             f"whole script {steps.get('total_s')} s",
             f"trials per GPU-hour: {_f(s.get('trials_per_gpu_hour'))} over the loop, {_f(per_cmd)} over the command",
-            f"GPU locked for verify+benchmark: {_f((s.get('gpu_held_fraction') or 0) * 100)}% of the loop; stage seconds "
-            f"{s.get('stage_seconds')}"
+            f"GPU locked for verify+benchmark: {_f((s.get('gpu_held_fraction') or 0) * 100)}% of the loop"
             + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
-               f"{util['samples']} samples" if util else ""),
+               f"{util['samples']} samples (whole script)" if util else ""),
+            _steady_line(s.get("steady_state"), util_csv),
+            f"measured trials per GPU-hour: {_f(s.get('measured_per_gpu_hour'))} over the loop; "
+            f"stage seconds (sums) {s.get('stage_seconds')}",
             f"trial timing: {s.get('timing')}"]
         best = s.get("best")
         if best:

@@ -59,7 +59,7 @@ def campaign(
     backend: Optional[str] = typer.Option(None, "--backend", help="Benchmark backend: gpu (default) or replay:FILE."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
     trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a GPU trial is cancelled."),
-    gpu_overlap: int = typer.Option(2, "--gpu-overlap", min=1, max=8,
+    gpu_overlap: int = typer.Option(4, "--gpu-overlap", min=1, max=8,
                                     help="Trial processes per GPU at once: the next starts up while one is timed "
                                          "(timed sections never overlap); 1: one at a time."),
     compile_batch: int = typer.Option(8, "--compile-batch", min=1, help="Kernel configs per nvcc translation unit."),

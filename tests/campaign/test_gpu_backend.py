@@ -82,9 +82,54 @@ def test_a_correct_kernel_is_verified_cross_checked_and_timed(fake_gpu, generate
         assert result["tflops"][str(p.seqlen_k)] == pytest.approx(bench.tflops(p, _kernel_ms(kernel)), abs=0.01)
     # the payload's timing reached do_bench's place
     assert gpu_fakes.LAST_TIMINGS and all(t == bench.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
-    assert set(result["seconds"]) == {"imports", "load", "lock_wait", "verify", "bench"}
+    assert set(result["seconds"]) == {"imports", "load", "warmup", "lock_wait", "verify", "bench"}
     assert result["gpu_lock"]["released_at"] >= result["gpu_lock"]["acquired_at"] > 0
     json.dumps(result["verification"], allow_nan=False)   # what the store will write
+
+
+def test_warm_up_runs_before_the_gpu_lock_and_its_first_uses_leave_the_locked_section(
+        fake_gpu, generated, monkeypatch, tmp_path):
+    """The first-use costs (cuBLAS, lazily loaded torch kernels, triton's import) are paid while another
+    trial may be timed, so they must not hold the lock; and they are paid once: the warm-up really ran the
+    reference and SDPA paths the locked section then uses."""
+    import fcntl
+    import os
+
+    from tuner import bench, verify
+    from tuner.campaign import gpulock
+
+    monkeypatch.setenv(gpulock.LOCK_DIR_ENV, str(tmp_path))
+    _use_loader(monkeypatch)
+    events: list[str] = []
+
+    def lock_is_free() -> bool:
+        fd = os.open(tmp_path / (gpulock.gpu_key() + ".lock"), os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    real_reference, real_sdpa = verify.reference, bench._sdpa_call
+
+    def reference(q, *a, **kw):
+        events.append(f"reference s{q.shape[1]} lock {'free' if lock_is_free() else 'held'}")
+        return real_reference(q, *a, **kw)
+
+    def sdpa_call(problem):
+        events.append(f"sdpa s{problem.seqlen_k} lock {'free' if lock_is_free() else 'held'}")
+        return real_sdpa(problem)
+
+    monkeypatch.setattr(verify, "reference", reference)
+    monkeypatch.setattr(bench, "_sdpa_call", sdpa_call)
+    result = backends._gpu_measure(_payload(generated, [_problem(256)]))
+    assert result["verified"] is True, result["reason"]
+    assert events[:3] == ["reference s16 lock free", "reference s16 lock free", "sdpa s16 lock free"]
+    later = events[3:]
+    assert later and all(e.endswith("lock held") for e in later)   # verification + cross-check: under the lock
 
 
 def _kernel_ms(kernel) -> float:
@@ -152,8 +197,11 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     assert summary["device_name"] == gpu_fakes.DEVICE_NAME and summary["trials_per_gpu_hour"] > 0
     assert summary["timing"] == {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2}
     assert [r["seqlen"] for r in summary["rows"]] == [128, 256]
-    assert {"imports", "load", "lock_wait", "verify", "bench"} <= set(summary["stage_seconds"])
-    assert summary["gpu_overlap"] == 2      # the default: two trial processes on the one fake GPU at once
+    assert {"imports", "load", "warmup", "lock_wait", "verify", "bench"} <= set(summary["stage_seconds"])
+    assert summary["gpu_overlap"] == 4      # the default: four trial processes on the one fake GPU at once
+    steady = summary["steady_state"]        # occupancy from the first lock to the last release
+    assert steady["gpus"] == 1 and steady["trials"] == 3 and 0 < steady["held_s"] <= steady["window_s"] + 1e-6
+    assert steady["from"] < steady["to"] and 0 < steady["held_fraction"] <= 1
     import optuna
 
     from tuner.campaign.study import make_storage

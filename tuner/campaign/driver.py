@@ -37,7 +37,7 @@ from .cluster import ClusterError, GpuPool, connect, cpu_count, gpu_pool
 from .options import CampaignOptions
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-MAX_GPU_OVERLAP = 8   # more waiting processes only hold CUDA contexts; 2 already hides a whole start-up
+MAX_GPU_OVERLAP = 8   # more waiting processes only hold CUDA contexts and CPUs
 
 
 @dataclass
@@ -60,6 +60,7 @@ class Tally:
     elapsed: float = 0.0       # seconds of this run's loop
     gpu_busy: float = 0.0      # seconds GPU trials of this run held their GPU's lock, summed over GPUs
     measured: int = 0          # GPU trials of this run that returned (any outcome)
+    lock_spans: list = field(default_factory=list)   # (gpu, acquired_at, released_at) of this run's trials
 
 
 @dataclass
@@ -263,7 +264,10 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
     overlap = opts.gpu_overlap
     gpu_slots = n_gpus * overlap
     board = LockBoard.remote() if camp.pool is not None and overlap > 1 else None
-    compile_slots = max(1, min(cpu_count(), 8))
+    # Compile batches in flight: the CPUs that the GPU trials' processes (one CPU each) leave free, so the
+    # ready queue keeps up with the GPUs (a batch of 8 takes ~75 CPU-seconds).
+    cpus = cpu_count()
+    compile_slots = max(min(2, cpus), min(16, cpus - gpu_slots))
     max_inflight = gpu_slots + n_gpus + opts.compile_batch * compile_slots
     batches_sent = 0
     buffer: list[Candidate] = []
@@ -341,6 +345,7 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                         tally.measured += 1
                         result = _tell_measurement(camp, study, tally, cand, ref)
                         tally.gpu_busy += _held_seconds(result, cand, time.monotonic())
+                        _note_span(tally, result)
                 # 5. timeouts: hung trials are cancelled by force; they cannot block the campaign
                 _note_locks(board, measuring)
                 now = time.monotonic()
@@ -416,6 +421,14 @@ def _held_seconds(result: dict | None, cand: Candidate, now: float) -> float:
     if lock.get("released_at") and lock.get("acquired_at"):
         return max(0.0, float(lock["released_at"]) - float(lock["acquired_at"]))
     return now - cand.locked if cand.locked is not None else 0.0
+
+
+def _note_span(tally: Tally, result: dict | None) -> None:
+    """Keep when a returned trial held its GPU (host clock): the summary's steady-state occupancy."""
+    lock = (result or {}).get("gpu_lock") or {}
+    if lock.get("acquired_at") and lock.get("released_at"):
+        gpu = f"{(result or {}).get('node_id') or ''}/{lock.get('key')}"
+        tally.lock_spans.append((gpu, float(lock["acquired_at"]), float(lock["released_at"])))
 
 
 def _batch_size(full: int, sent: int, n_gpus: int) -> int:

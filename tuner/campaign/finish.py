@@ -117,6 +117,8 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
         "gpu_held_s": round(tally.gpu_busy, 1),       # under the GPU lock: verify + benchmark
         "gpu_held_fraction": round(tally.gpu_busy / (tally.elapsed * n_gpus), 3) if n_gpus and tally.elapsed else None,
         "trials_per_gpu_hour": round(finished_now / gpu_hours, 1) if gpu_hours > 0 else None,
+        "measured_per_gpu_hour": round(tally.measured / gpu_hours, 1) if gpu_hours > 0 else None,
+        "steady_state": steady_state(tally.lock_spans),
         "stage_seconds": stage_totals,
         "timing": camp.options.timing(),
         "best": None if top is None else {"kernel_name": top.kernel_name, "trial": top.trial, "bucket": top.bucket,
@@ -128,6 +130,25 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     return path
+
+
+def steady_state(spans: list) -> dict | None:
+    """GPU occupancy once the pipeline is full: per GPU, the share of the window from its first trial's
+    lock to its last trial's release during which some trial held the lock (verify + benchmark). The
+    loop-wide share also counts the start (Ray, sketch, baselines, the first compile) and the drain."""
+    by_gpu: dict[str, list[tuple[float, float]]] = {}
+    for gpu, acquired, released in spans:
+        by_gpu.setdefault(gpu, []).append((acquired, released))
+    if not by_gpu:
+        return None
+    window = held = 0.0
+    for intervals in by_gpu.values():
+        window += max(r for _, r in intervals) - min(a for a, _ in intervals)
+        held += sum(r - a for a, r in intervals)
+    return {"gpus": len(by_gpu), "trials": len(spans), "window_s": round(window, 1), "held_s": round(held, 1),
+            "held_fraction": round(held / window, 3) if window > 0 else None,
+            "measured_per_gpu_hour": round(len(spans) / (window / 3600), 1) if window > 0 else None,
+            "from": min(a for _, a, _ in spans), "to": max(r for _, _, r in spans)}   # host clock (time.time())
 
 
 def _store(camp, study, best: dict) -> list:

@@ -30,8 +30,9 @@ class CampaignOptions:
     seed: Optional[int] = None
     # Not on the CLI yet (defaults fit a real GPU; tests shorten them).
     trial_timeout: float = 300.0          # verify + benchmark of one trial, seconds, then forced cancel
-    gpu_overlap: int = 2                  # trial processes per GPU at once (the next one starts up while one
-                                          # is timed; the GPU lock keeps timed sections apart); 1: one at a time
+    gpu_overlap: int = 4                  # trial processes per GPU at once (the next ones start up while one
+                                          # is timed; the GPU lock keeps timed sections apart); 1: one at a time.
+                                          # 4: a fresh process needs ~5x its timed section to start (H100, run 8)
     compile_timeout: float = 900.0        # one compile batch, seconds
     compile_batch: int = 8                # configs per nvcc translation unit (CUTE.md §1.6)
     seqlens: Optional[tuple[int, ...]] = None   # benchmark shapes; default the paper grid
