@@ -88,7 +88,8 @@ if [ "$FAKE_GPU" = 1 ]; then
   RAY_PID=$!
   sleep 12
   EXTRA+=(--ray-address "127.0.0.1:$PORT")
-  export RAY_JOB_CONFIG_JSON_ENV_VAR='{"runtime_env": {"worker_process_setup_hook": "tests.campaign.gpu_fakes.install"}}'
+  # (the trial processes are forked outside Ray: they get the stand-ins through TUNER_TRIAL_SETUP_HOOK)
+  export RAY_JOB_CONFIG_JSON_ENV_VAR='{"runtime_env": {"worker_process_setup_hook": "tests.campaign.gpu_fakes.install", "env_vars": {"TUNER_TRIAL_SETUP_HOOK": "tests.campaign.gpu_fakes.install"}}}'
   export FAKE_GPU_REAL_NVCC=1
 fi
 CMD_LIMIT=$(( $(left) - 70 ))

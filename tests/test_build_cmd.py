@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner

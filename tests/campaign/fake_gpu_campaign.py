@@ -1,5 +1,6 @@
 """A whole campaign with the real GPU backend on a CPU-only machine: its own local Ray cluster (one fake
-H100), every Ray worker running tests/campaign/gpu_fakes.install first (Ray's worker_process_setup_hook).
+H100), every Ray worker and every trial process running tests/campaign/gpu_fakes.install first (Ray's
+worker_process_setup_hook; trialproc's TUNER_TRIAL_SETUP_HOOK).
 
     python -m tests.campaign.fake_gpu_campaign STUDY_DIR TRIALS
 
@@ -17,12 +18,14 @@ def main(study_dir: str, trials: int) -> int:
     import ray
 
     from tuner.campaign import CampaignOptions, run_campaign
+    from tuner.campaign.trialproc import SETUP_HOOK_ENV
 
     ray.init(address="local", num_cpus=2, num_gpus=1, labels={"ray.io/accelerator-type": "H100"},
              include_dashboard=False, log_to_driver=False, logging_level="ERROR",
              object_store_memory=200 * 1024 * 1024,
              runtime_env={"worker_process_setup_hook": "tests.campaign.gpu_fakes.install",
-                          "env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}})
+                          "env_vars": {"PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")])),
+                                       SETUP_HOOK_ENV: "tests.campaign.gpu_fakes.install"}})
     try:
         return run_campaign(CampaignOptions(gpu="h100", variant="mha", trials=trials, study_dir=Path(study_dir),
                                             seqlens=(128, 256), compile_batch=2, trial_timeout=120.0, seed=1,

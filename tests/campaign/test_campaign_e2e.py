@@ -60,7 +60,7 @@ def test_planted_faults_are_infeasible_with_reasons_and_the_campaign_completes(f
     assert faulty_run["rc"] == 0
     study = load(faulty_run["root"] / "studies")
     by_key = {t.user_attrs.get("params_key"): t for t in study.trials}
-    expect = {"oob": "crash: the trial's worker process died", "hang": "timeout: no result after 8 s",
+    expect = {"oob": "crash: the trial's process died of SIGSEGV", "hang": "timeout: no result after 8 s",
               "wrong": "wrong result", "compile": "compile error"}
     for key, fault in faulty_run["faults"].items():
         t = by_key[key]

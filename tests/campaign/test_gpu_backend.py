@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -169,7 +168,6 @@ def test_a_cubin_without_the_kernel_or_a_wrong_abi_is_a_load_failure(fake_gpu, g
 def test_baselines_are_measured_per_seqlen_with_the_campaign_timing(fake_gpu, monkeypatch):
     from tuner import bench
 
-    monkeypatch.setattr(backends, "_where", lambda: {"node_id": "n", "hostname": "h", "pid": 1, "gpu_ids": ["0"]})
     out = backends.baselines(backends.BackendSpec("gpu"), [_problem(256), _problem(512)],
                              {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2})
     assert out["device_name"] == gpu_fakes.DEVICE_NAME and set(out["baselines"]) == {"256", "512"}

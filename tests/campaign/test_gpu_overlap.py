@@ -66,8 +66,8 @@ def _assert_disjoint(by_gpu) -> None:
 
 
 def test_lock_excludes_a_second_holder_and_a_killed_holder_frees_it(tmp_path):
-    """flock: another process waits while one holds the lock; SIGKILL of the holder (what a forced Ray
-    cancel does) releases it, and the waiter's wait is recorded."""
+    """flock: another process waits while one holds the lock; SIGKILL of the holder (what the worker does
+    to a hung trial) releases it, and the waiter's wait is recorded."""
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time; from tuner.campaign.gpulock import gpu_lock\n"
         f"with gpu_lock('gpu-t', {str(tmp_path)!r}):\n    print('held', flush=True); time.sleep(600)")],
@@ -133,7 +133,7 @@ def test_a_hung_trial_is_cancelled_and_frees_its_gpu_for_the_trial_waiting_on_it
     assert rc == 0 and time.monotonic() - started < 120
     hung = next(t for t in study.trials if t.user_attrs.get("params_key") == keys[0])
     assert hung.state == TrialState.PRUNED
-    assert "timeout: no result after 6 s (task cancelled by force)" in hung.user_attrs["infeasible_reason"]
+    assert "timeout: no result after 6 s (process killed)" in hung.user_attrs["infeasible_reason"]
     others = [t for t in study.trials if t.number != hung.number and t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(others) == 5
     # Only the hang timed out: a trial waiting behind it on its GPU was not blamed for its wait.

@@ -1,14 +1,15 @@
 """What runs inside a GPU trial: the real GPU backend, or the replay backend that serves recorded results.
 
-Both run inside the same Ray GPU task (tasks.py), so scheduling, pinning, timeouts and cancellation are
-exercised for real whichever serves the numbers (Kernel Tuner's trick: a results log replayed in CI).
+Both run in the same fresh trial process of a Ray GPU worker (workers.py, trialproc.py), so scheduling,
+pinning, timeouts and kills are exercised for real whichever serves the numbers (Kernel Tuner's trick: a
+results log replayed in CI).
 
 Replay file: JSON Lines (optionally gzip, ``.gz``). The first line may be ``{"_meta": {...}}`` with
 ``device_name``, ``gpu``, ``baselines`` (``{"<seqlen>": {"flash": ., "cudnn": ., "efficient": .}}``);
 every other line is ``{"params": {...}, "tflops": {"<seqlen>": TFLOPS, ...}}`` or ``{"params": {...},
 "fault": F}`` with F one of:
-  ``oob``     the worker process dies of SIGSEGV, as a kernel writing out of bounds kills its CUDA context;
-  ``hang``    the trial never returns (the driver's timeout and forced cancel end it);
+  ``oob``     the trial process dies of SIGSEGV, as a kernel writing out of bounds kills its CUDA context;
+  ``hang``    the trial never returns (its GPU worker's timeout kills it);
   ``wrong``   verification fails with a reason;
   ``compile`` the (fake) compile fails (handled by the compile step).
 ``_meta.measure_seconds`` (optional) paces the replay: each trial then holds its GPU's lock that long, as a
@@ -22,7 +23,6 @@ import gzip
 import json
 import os
 import signal
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,21 +108,22 @@ def replay_fault(path: str, params: dict) -> str | None:
     return None if entry is None else entry.get("fault")
 
 
-def _where() -> dict:
-    import ray
-
-    ctx = ray.get_runtime_context()
-    return {"node_id": ctx.get_node_id(), "hostname": socket.gethostname(), "pid": os.getpid(),
-            "gpu_ids": [str(g) for g in ray.get_gpu_ids()]}
-
-
 OnAcquired = Optional[Callable[[LockHold], None]]
+
+
+# The jobs a GPU worker runs in a fresh trial process (trialproc.py): module-level, in a module the fork
+# server preloads, so that the child finds them without importing anything; no Ray in the child.
+def trial_job(backend: BackendSpec, payload: dict, on_locked: OnAcquired = None) -> dict:
+    return measure(backend, payload, on_acquired=on_locked)
+
+
+def baselines_job(backend: BackendSpec, problems: list, timing: dict | None, on_locked: OnAcquired = None) -> dict:
+    return baselines(backend, problems, timing, on_acquired=on_locked)
 
 
 def measure(backend: BackendSpec, payload: dict, on_acquired: OnAcquired = None) -> dict:
     """One trial's verify + benchmark; returns the TrialMeasurement dict (see module doc). The timed part
     runs under the GPU's lock (gpulock.py); ``on_acquired`` is told when the lock is taken."""
-    where = _where()
     if backend.kind == "replay":
         with gpu_lock(on_acquired=on_acquired) as hold:   # a planted hang hangs holding it, as a real one would
             result = _replay_measure(backend.path, payload)
@@ -130,9 +131,9 @@ def measure(backend: BackendSpec, payload: dict, on_acquired: OnAcquired = None)
     else:
         started = _process_age()
         result = _gpu_measure(payload, on_acquired=on_acquired)
-        if started is not None:   # the fresh worker's own start (Python, Ray) before this task ran
+        if started is not None:   # the fresh process's own start (a fork of the warm server) before this ran
             result.setdefault("seconds", {})["process"] = round(started, 3)
-    result.update(where)
+    result["pid"] = os.getpid()
     return result
 
 
@@ -329,13 +330,14 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300] if text else ""
 
 
-def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, device: str | None = None) -> dict:
+def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, device: str | None = None,
+              on_acquired: OnAcquired = None) -> dict:
     """Library baselines per seqlen, measured once per campaign on the requested GPU type, with the
     trials' timing (``bench.Timing`` fields)."""
-    where = _where()
-    with gpu_lock() as hold:   # library timings are as clean as the trials' they are compared with
+    # library timings are as clean as the trials' they are compared with
+    with gpu_lock(on_acquired=on_acquired) as hold:
         result = _baselines(backend, problems, timing, device)
-    return {**_add_lock(result, hold), **where}
+    return _add_lock(result, hold)
 
 
 def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device: str | None) -> dict:

@@ -1,18 +1,15 @@
 """The campaign driver: one process owns the study and drives Ray tasks with Optuna's ask/tell.
 
 Pipeline per candidate: ask → suggest → validate (invalid: infeasible, no compile) → compile batch
-(Ray CPU task) → verify + benchmark (Ray GPU task pinned to the accelerator type, with a timeout and a
-forced cancel) → tell. Compiles run ahead of the GPUs so they overlap benchmarks; up to K GPU tasks
-per GPU of the requested type are in flight (``--gpu-overlap K``, each asking for 1/K of a GPU): the next
-trials' processes start up while one is timed, and the per-GPU lock (gpulock.py) lets one trial at a time
-verify and benchmark.
+(Ray CPU task) → verify + benchmark (a fresh process of the GPU worker of one GPU of the requested type,
+workers.py) → tell. Compiles run ahead of the GPUs so they overlap benchmarks; up to K trials per GPU are
+in flight (``--gpu-overlap K``): the next ones start while one is timed, and the per-GPU lock (gpulock.py)
+lets one trial at a time verify and benchmark.
 
-Trial timeout with K > 1: a trial may wait for the GPU lock while another trial on its GPU is timed, so its
-``--trial-timeout`` clock starts when it takes the lock (it tells a small LockBoard actor; the driver
-polls it each turn, ~0.5 s late at most). Until then a looser bound of K x the timeout from submission
-applies: start-up plus the K-1 other trials' timed sections, each cut at one timeout. A hung trial holds
-the lock until its forced cancel kills its process, which frees the lock (flock). With K = 1 the clock
-starts at submission, as it always did.
+Trial limits are the worker's (trialproc.py): ``--trial-timeout`` from the moment a trial takes its GPU's
+lock, and K x that from its start until it does (start-up plus the other trials' timed sections); a trial
+past either is killed, which frees the lock (flock). The driver only keeps a backstop: a call that
+outlives every limit by WORKER_GRACE_S means a stuck worker, which is replaced.
 """
 from __future__ import annotations
 
@@ -38,6 +35,7 @@ from .options import CampaignOptions
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 MAX_GPU_OVERLAP = 8   # more waiting processes only hold CUDA contexts and CPUs
+WORKER_GRACE_S = 120.0   # beyond a trial's own limits: a worker's start-up (its fork server's imports)
 
 
 @dataclass
@@ -46,7 +44,8 @@ class Candidate:
     params: KernelParams
     compiled: dict | None = None
     started: float = 0.0
-    locked: float | None = None    # when the driver learnt that the trial took its GPU's lock
+    slot: int = -1                 # its GPU worker (index in the pool) and that worker's handle
+    worker: Any = None
 
 
 @dataclass
@@ -80,6 +79,7 @@ class Campaign:
     program: Any = None
     program_text: str = ""
     pool: GpuPool | None = None
+    workers: Any = None            # workers.WorkerPool, when there are GPUs
     baselines: dict = field(default_factory=dict)
     device_name: str = ""
     llm_seeds: list = field(default_factory=list)
@@ -143,8 +143,16 @@ def run_campaign(options: CampaignOptions) -> int:
             console.print(f"resume: trial(s) {', '.join(map(str, redone))} were left running; marked FAIL and queued again")
     _enqueue_seeds(camp, study)
     if camp.pool is not None:
-        _measure_baselines(camp, study)
-    tally = _loop(camp, study)
+        from .workers import WorkerPool
+
+        camp.workers = WorkerPool(camp.pool, camp.backend, options.gpu_overlap)
+    try:
+        if camp.workers is not None:
+            _measure_baselines(camp, study)
+        tally = _loop(camp, study)
+    finally:
+        if camp.workers is not None:   # its trial processes die with it: no GPU stays locked
+            camp.workers.shutdown()
     from .finish import finish
 
     return finish(camp, study, tally)
@@ -219,20 +227,20 @@ def _enqueue_seeds(camp: Campaign, study: optuna.Study) -> None:
 
 
 def _measure_baselines(camp: Campaign, study: optuna.Study) -> None:
-    import ray
-
-    from .tasks import gpu_baselines
-
     cached = study.user_attrs.get("baselines")
     if cached:
         camp.baselines, camp.device_name = cached["baselines"], cached["device_name"]
         return
-    ref = gpu_baselines.options(**camp.pool.task_options()).remote(camp.backend, camp.problems, camp.options.timing())
+    timeout = camp.options.trial_timeout
     try:
-        result = ray.get(ref, timeout=camp.options.trial_timeout)
+        report = camp.workers.baselines(camp.problems, camp.options.timing(), timeout, 3 * timeout + WORKER_GRACE_S)
     except Exception as exc:  # baselines are context, not the campaign's goal
         camp.console.print(f"[yellow]baselines could not be measured: {type(exc).__name__}: {exc}[/]")
         return
+    if report["outcome"] != "result":
+        camp.console.print(f"[yellow]baselines could not be measured: {report['outcome']}: {report['message']}[/]")
+        return
+    result = report["value"]
     camp.baselines, camp.device_name = result["baselines"], result["device_name"]
     for seqlen, errs in (result.get("errors") or {}).items():
         for lib, msg in errs.items():
@@ -248,7 +256,7 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
     import ray
 
     from .live import live_view
-    from .tasks import LockBoard, compile_batch, gpu_trial
+    from .tasks import compile_batch
 
     opts = camp.options
     tally = Tally()
@@ -263,7 +271,7 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
     n_gpus = camp.pool.gpus if camp.pool else 0
     overlap = opts.gpu_overlap
     gpu_slots = n_gpus * overlap
-    board = LockBoard.remote() if camp.pool is not None and overlap > 1 else None
+    workers = camp.workers
     # Compile batches in flight: the CPUs that the GPU trials' processes (one CPU each) leave free, so the
     # ready queue keeps up with the GPUs (a batch of 8 takes ~75 CPU-seconds).
     cpus = cpu_count()
@@ -311,15 +319,17 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                                                str(camp.kernels_dir.parent / "nvcc-cache"), opts.compile_timeout,
                                                camp.backend.path if camp.fake_compile else None)
                     compiling[ref] = (batch, time.monotonic())
-                # 3. launch GPU trials while GPUs are free
-                while ready and len(measuring) < gpu_slots and stop_reason is None:
+                # 3. launch GPU trials while GPU workers have room
+                while ready and stop_reason is None:
+                    slot = workers.free_slot()
+                    if slot is None:
+                        break
                     cand = ready.popleft()
                     payload = {"trial": cand.trial.number, "params": cand.params.to_dict(), "profile": camp.profile.name,
                                "spec": camp.spec, "problems": camp.problems, "cubin": cand.compiled["cubin"],
                                "meta": cand.compiled["meta"], "timing": opts.timing()}
-                    ref = gpu_trial.options(num_gpus=1 / overlap, **camp.pool.task_options()).remote(
-                        camp.backend, payload, board)
-                    cand.started = time.monotonic()
+                    ref, cand.worker = workers.submit(slot, payload, opts.trial_timeout, opts.trial_timeout * overlap)
+                    cand.slot, cand.started = slot, time.monotonic()
                     measuring[ref] = cand
                 if stop_reason is not None or (inflight == 0 and finished_count() >= opts.trials):
                     break
@@ -341,27 +351,20 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                             _tell_compile(camp, study, tally, cand, outcome)
                     else:
                         cand = measuring.pop(ref)
+                        workers.release(cand.slot)
                         inflight -= 1
                         tally.measured += 1
-                        result = _tell_measurement(camp, study, tally, cand, ref)
-                        tally.gpu_busy += _held_seconds(result, cand, time.monotonic())
-                        _note_span(tally, result)
-                # 5. timeouts: hung trials are cancelled by force; they cannot block the campaign
-                _note_locks(board, measuring)
+                        report = _tell_measurement(camp, study, tally, cand, ref)
+                        tally.gpu_busy += _held_seconds(report)
+                        _note_span(tally, report)
+                # 5. a worker whose call outlived every limit of its trials is stuck: replace it (its trials
+                #    in flight come back as infrastructure failures and are queued again)
                 now = time.monotonic()
                 for ref, cand in list(measuring.items()):
-                    limit, clock = _trial_limit(cand, opts.trial_timeout, overlap)
-                    if now - clock > limit:
-                        ray.cancel(ref, force=True)
-                        measuring.pop(ref)
-                        inflight -= 1
-                        tally.gpu_busy += _held_seconds(None, cand, now)
-                        tally.measured += 1
-                        what = ("no result" if clock != cand.started or overlap == 1
-                                else "GPU lock not taken, or no result,")
-                        st.tell_infeasible(study, cand.trial, f"timeout: {what} after {limit:g} s "
-                                           "(task cancelled by force)", stage="measure")
-                        _count(tally, "infeasible", None, True, cand.trial.number)
+                    if now - cand.started > opts.trial_timeout * (overlap + 1) + WORKER_GRACE_S:
+                        if workers.replace(cand.slot, cand.worker):
+                            camp.console.print(f"[yellow]GPU worker {cand.slot} did not answer for trial "
+                                               f"{cand.trial.number}; replaced[/]")
                 for ref, (batch, submitted) in list(compiling.items()):
                     if now - submitted > opts.compile_timeout * 1.5:
                         ray.cancel(ref, force=True)
@@ -377,57 +380,34 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
         # Out of budget (or interrupted): what is still in flight goes back into the queue.
         if stop_reason is not None:
             leftovers = buffer + list(ready) + [c for b, _ in compiling.values() for c in b] + list(measuring.values())
-            for ref in list(compiling) + list(measuring):
+            for ref in compiling:
                 ray.cancel(ref, force=True)
+            if workers is not None and measuring:   # kills the trials in flight with their workers
+                workers.shutdown()
             for cand in leftovers:
                 st.tell_infra_failure(study, cand.trial, cand.trial.params, f"not finished: {stop_reason}", True)
                 tally.failed += 1
             camp.console.print(f"stopped: {stop_reason}; {len(leftovers)} unfinished trial(s) queued for --resume")
-        now = time.monotonic()
-        tally.gpu_busy += sum(_held_seconds(None, c, now) for c in measuring.values())
-        tally.elapsed = now - start
+        tally.elapsed = time.monotonic() - start
         live.refresh(force=True)
     return tally
 
 
-def _trial_limit(cand: Candidate, timeout: float, overlap: int) -> tuple[float, float]:
-    """(seconds allowed, clock start) of a GPU trial in flight (the module doc says why)."""
-    if overlap == 1:
-        return timeout, cand.started
-    if cand.locked is not None:
-        return timeout, cand.locked
-    return timeout * overlap, cand.started
-
-
-def _note_locks(board, measuring: dict) -> None:
-    """Start the timeout clock of the trials that took their GPU's lock since the last turn."""
-    if board is None or not measuring:
-        return
-    import ray
-
-    try:
-        taken = set(ray.get(board.take.remote(), timeout=10))
-    except Exception:  # noqa: BLE001 - without news the looser bound of _trial_limit still ends a hang
-        return
-    now = time.monotonic()
-    for cand in measuring.values():
-        if cand.trial.number in taken and cand.locked is None:
-            cand.locked = now
-
-
-def _held_seconds(result: dict | None, cand: Candidate, now: float) -> float:
-    """How long a finished trial held its GPU's lock: its own record, else since the driver learnt of it."""
-    lock = (result or {}).get("gpu_lock") or {}
-    if lock.get("released_at") and lock.get("acquired_at"):
+def _held_seconds(report: dict | None) -> float:
+    """How long a finished trial held its GPU's lock: its own record, else (killed) as its worker saw it."""
+    report = report or {}
+    lock = (report.get("value") or {}).get("gpu_lock") if isinstance(report.get("value"), dict) else None
+    if lock and lock.get("released_at") and lock.get("acquired_at"):
         return max(0.0, float(lock["released_at"]) - float(lock["acquired_at"]))
-    return now - cand.locked if cand.locked is not None else 0.0
+    return float(report.get("held_s") or 0.0)
 
 
-def _note_span(tally: Tally, result: dict | None) -> None:
+def _note_span(tally: Tally, report: dict | None) -> None:
     """Keep when a returned trial held its GPU (host clock): the summary's steady-state occupancy."""
-    lock = (result or {}).get("gpu_lock") or {}
+    value = (report or {}).get("value")
+    lock = (value.get("gpu_lock") if isinstance(value, dict) else None) or {}
     if lock.get("acquired_at") and lock.get("released_at"):
-        gpu = f"{(result or {}).get('node_id') or ''}/{lock.get('key')}"
+        gpu = f"{(report or {}).get('node_id') or ''}/{lock.get('key')}"
         tally.lock_spans.append((gpu, float(lock["acquired_at"]), float(lock["released_at"])))
 
 
@@ -508,52 +488,46 @@ def _infra(camp: Campaign, study, tally: Tally, cand: Candidate, reason: str) ->
                        f"{'queued again' if retries < camp.options.infra_retries else 'not retried again'}[/]")
 
 
-_INFRA_ERRORS = ("NodeDiedError", "ObjectLostError", "OwnerDiedError", "RaySystemError", "OutOfDiskError",
-                 "LocalRayletDiedError", "ObjectStoreFullError", "OutOfMemoryError", "ObjectFetchTimedOutError",
-                 "ReferenceCountingAssertionError", "ObjectReconstructionFailedError")
-
-
 def _tell_measurement(camp: Campaign, study, tally: Tally, cand: Candidate, ref) -> dict | None:
-    """Tell the study what the GPU task returned; returns its result (None when it returned none)."""
+    """Tell the study what the GPU worker reported for this trial; returns the report (None when the
+    worker itself failed)."""
     import ray
-    from ray.exceptions import RayTaskError, TaskCancelledError, WorkerCrashedError
+    from ray.exceptions import RayActorError, RayTaskError
 
     trial = cand.trial
     try:
-        result = ray.get(ref)
-    except WorkerCrashedError:
-        # A dead worker on a live node is what a kernel that corrupts its CUDA context looks like; a
-        # dead node is the infrastructure's fault.
+        report = ray.get(ref)
+    except RayActorError as exc:
+        # The worker died (its node lost, or killed as stuck): the trial did nothing wrong; queue it again.
+        camp.workers.replace(cand.slot, cand.worker)
         lost = _lost_nodes(camp)
-        if lost:
-            _infra(camp, study, tally, cand, f"GPU node(s) {', '.join(n[:12] for n in lost)} lost")
-            return
-        st.tell_infeasible(study, trial, "crash: the trial's worker process died (out-of-bounds access or "
-                           "illegal address killed the CUDA context)", stage="measure")
-        _count(tally, "infeasible", None, True, trial.number)
-        return
-    except TaskCancelledError:
-        st.tell_infeasible(study, trial, "cancelled", stage="measure")
-        _count(tally, "infeasible", None, True, trial.number)
-        return
-    except RayTaskError as exc:
-        msg = str(exc).strip().splitlines()[-1][:500]
-        st.tell_infeasible(study, trial, f"error in trial: {msg}", stage="measure")
-        _count(tally, "infeasible", None, True, trial.number)
-        return
+        why = f"GPU node(s) {', '.join(n[:12] for n in lost)} lost" if lost else f"GPU worker lost: {type(exc).__name__}"
+        _infra(camp, study, tally, cand, why)
+        return None
+    except RayTaskError as exc:   # the worker's own code raised: not the candidate's fault either
+        msg = str(exc).strip().splitlines()[-1][:300]
+        _infra(camp, study, tally, cand, f"GPU worker error: {msg}")
+        return None
     except ray.exceptions.RayError as exc:
-        if type(exc).__name__ in _INFRA_ERRORS:
-            _infra(camp, study, tally, cand, f"{type(exc).__name__}: {str(exc)[:200]}")
-        else:
-            st.tell_infeasible(study, trial, f"{type(exc).__name__}: {str(exc)[:300]}", stage="measure")
-            _count(tally, "infeasible", None, True, trial.number)
-        return
+        _infra(camp, study, tally, cand, f"{type(exc).__name__}: {str(exc)[:200]}")
+        return None
+    where = {k: report.get(k) for k in ("node_id", "hostname", "pid", "gpu_ids")}
+    for k, v in where.items():
+        trial.set_user_attr(k, v)
+    outcome = report["outcome"]
+    if outcome != "result":
+        reason = {"crash": f"crash: {report['message']} (an out-of-bounds access or illegal address kills the "
+                           f"CUDA context)",
+                  "timeout": report["message"],
+                  "error": f"error in trial: {report['message']}"}.get(outcome, f"{outcome}: {report['message']}")
+        st.tell_infeasible(study, trial, reason, stage="measure")
+        _count(tally, "infeasible", None, True, trial.number)
+        return report
+    result = report["value"]
     trial.set_user_attr("measure_seconds", round(time.monotonic() - cand.started, 2))
     if result.get("seconds"):
         trial.set_user_attr("stage_seconds", result["seconds"])
-    where = {k: result.get(k) for k in ("node_id", "hostname", "pid", "gpu_ids", "device_name")}
-    for k, v in where.items():
-        trial.set_user_attr(k, v)
+    trial.set_user_attr("device_name", result.get("device_name"))
     if result.get("replay_unknown"):
         trial.set_user_attr("replay_unknown", True)
     if result.get("gpu_lock"):   # when this trial held its GPU (time.time() of its host): timed sections never overlap
@@ -561,12 +535,12 @@ def _tell_measurement(camp: Campaign, study, tally: Tally, cand: Candidate, ref)
     if not result["verified"]:
         st.tell_infeasible(study, trial, result["reason"], stage="verify", verification=result.get("verification"))
         _count(tally, "infeasible", None, True, trial.number)
-        return result
+        return report
     value = round(st.geomean(result["tflops"].values()), 3)
     st.tell_feasible(study, trial, value, tflops=result["tflops"], verification=result.get("verification"),
                      backend=camp.backend.kind)
     _count(tally, "complete", value, False, trial.number)
-    return result
+    return report
 
 
 def _lost_nodes(camp: Campaign) -> list[str]:

@@ -1,12 +1,12 @@
 """One timed section per GPU at a time: an exclusive ``fcntl.flock`` per GPU, shared by every trial process
 on the node.
 
-With ``--gpu-overlap K`` up to K trial processes share one GPU (Ray gives each ``num_gpus=1/K``), so the
-next trial imports torch, creates its CUDA context and loads its kernel while the previous one is timed.
-Verification and benchmarking run under this lock, so no two trials' timed sections ever overlap.
+With ``--gpu-overlap K`` up to K trial processes share one GPU (workers.py), so the next trials create
+their CUDA contexts, load their kernels and warm up while one is timed. Verification and benchmarking run
+under this lock, so no two trials' timed sections ever overlap; library baselines take it too.
 
-Why flock: the kernel drops the lock when the holder's process dies, however it dies (a forced Ray cancel
-of a hung trial, SIGSEGV of a kernel that corrupts its context, SIGKILL), so a dead trial can never leave
+Why flock: the kernel drops the lock when the holder's process dies, however it dies (the kill of a hung
+trial, SIGSEGV of a kernel that corrupts its context, SIGKILL), so a dead trial can never leave
 its GPU locked. The lock belongs to the open file description: a child forked while it is held (none is)
 would keep it; ``os.open`` here does not pass the descriptor across ``exec`` (Python fds are close-on-exec).
 """
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
 LOCK_DIR_ENV = "TUNER_GPU_LOCK_DIR"
+GPU_KEY_ENV = "TUNER_GPU_KEY"       # set by the GPU worker (workers.py) for its trial processes, which run outside Ray
 DEFAULT_LOCK_DIR = "/tmp/tuner-gpu-locks"   # node-local: every worker of the node sees the same files
 
 
@@ -39,7 +40,10 @@ class LockHold:
 def gpu_key() -> str:
     """This process's GPU, as Ray assigned it: Ray's GPU id is the index (or UUID) the raylet found in
     its CUDA_VISIBLE_DEVICES, one per physical GPU of the host, and it is the same id for every fractional
-    task on that GPU. Outside Ray: CUDA_VISIBLE_DEVICES, else device 0."""
+    task on that GPU. A trial process forked for a GPU worker gets its worker's key in TUNER_GPU_KEY.
+    Otherwise: CUDA_VISIBLE_DEVICES, else device 0."""
+    if os.environ.get(GPU_KEY_ENV):
+        return os.environ[GPU_KEY_ENV]
     ids: list[str] = []
     try:
         import ray

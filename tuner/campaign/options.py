@@ -37,10 +37,10 @@ class CampaignOptions:
     compile_batch: int = 8                # configs per nvcc translation unit (CUTE.md §1.6)
     seqlens: Optional[tuple[int, ...]] = None   # benchmark shapes; default the paper grid
     infra_retries: int = 2                # re-enqueues of one parameter set after infrastructure failures
-    # Trial timing (tuner.bench.Timing): shorter than `tune bench`'s 25/100 ms, since a trial only ranks
-    # candidates against baselines timed the same way; a 16k causal call still gets >= 10 timed runs.
-    bench_warmup_ms: float = 10.0
-    bench_rep_ms: float = 50.0
+    # Trial timing (tuner.bench.Timing): `tune bench`'s 25/100 ms. Shorter windows cost little GPU time
+    # once trial start-up is cheap (workers.py), but rank candidates by noisier numbers.
+    bench_warmup_ms: float = 25.0
+    bench_rep_ms: float = 100.0
     bench_rotate: int = 3
     live: bool = True                     # rich live view
 

@@ -1,16 +1,12 @@
-"""The Ray tasks of a campaign: compile batches on CPUs, verify + benchmark on GPUs of one type.
+"""The campaign's CPU work as Ray tasks: compile batches, spread over the cluster's CPUs.
 
-GPU tasks declare ``num_gpus=1`` and ``max_calls=1`` in the decorator, which gives each task a fresh
-worker process, so a kernel that kills its CUDA context takes only its own trial down. The driver asks
-for ``num_gpus=1/K`` per trial (``--gpu-overlap K``): up to K trial processes share a GPU, the next one
-starting up while the previous one is timed; the GPU lock (gpulock.py) keeps their timed sections apart.
-``max_retries=0``: a crashed trial is a result, not something to repeat.
+The GPU side (verify + benchmark, one fresh process per trial) is the GPU workers' job: workers.py.
 """
 from __future__ import annotations
 
 import ray
 
-from .backends import BackendSpec, baselines, measure, replay_fault
+from .backends import replay_fault
 
 
 @ray.remote(num_cpus=1, max_retries=1)
@@ -65,31 +61,3 @@ def _real_compile(items, program, spec, profile_name, cache_dir, timeout) -> lis
                           "meta": kernel.meta(), "source": kernel.source, "registers": cr.registers,
                           "spill_stores": cr.spill_stores}
     return results  # type: ignore[return-value]
-
-
-@ray.remote(num_gpus=1, max_calls=1, max_retries=0)
-def gpu_trial(backend: BackendSpec, payload: dict, board=None) -> dict:
-    def report(hold) -> None:   # fire and forget: the driver starts this trial's timeout clock now
-        board.acquired.remote(payload["trial"])
-
-    return measure(backend, payload, on_acquired=report if board is not None else None)
-
-
-@ray.remote(num_cpus=0)
-class LockBoard:
-    """Which trials have taken their GPU's lock since the driver last asked (one per campaign)."""
-
-    def __init__(self) -> None:
-        self._new: list[int] = []
-
-    def acquired(self, trial: int) -> None:
-        self._new.append(trial)
-
-    def take(self) -> list[int]:
-        new, self._new = self._new, []
-        return new
-
-
-@ray.remote(num_gpus=1, max_calls=1, max_retries=1)
-def gpu_baselines(backend: BackendSpec, problems: list, timing: dict | None = None) -> dict:
-    return baselines(backend, problems, timing)
