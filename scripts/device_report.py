@@ -136,16 +136,23 @@ def _f(x, spec=".1f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def _window_line(label: str, occ: dict | None, util_csv: str | None) -> str:
+    if not occ:
+        return f"{label}: none"
+    window = (occ["from"], occ["to"]) if occ.get("from") and occ.get("to") else None
+    util = _util(util_csv, window) if window else {}
+    return (f"{label} ({occ['window_s']} s, {occ['trials']} trials): GPU locked {_f((occ.get('held_fraction') or 0) * 100)}%, "
+            f"{_f(occ.get('measured_per_gpu_hour'))} measured trials per GPU-hour"
+            + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
+               f"{util['samples']} samples" if util else "; no timestamped utilization samples in the window"))
+
+
 def _steady_line(steady: dict | None, util_csv: str | None) -> str:
     if not steady:
         return "steady state: no trial held a GPU"
-    window = (steady["from"], steady["to"]) if steady.get("from") and steady.get("to") else None
-    util = _util(util_csv, window) if window else {}
-    return (f"steady state (first lock to last release, {steady['window_s']} s, {steady['trials']} trials): GPU locked "
-            f"{_f((steady.get('held_fraction') or 0) * 100)}%, {_f(steady.get('measured_per_gpu_hour'))} measured "
-            f"trials per GPU-hour"
-            + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
-               f"{util['samples']} samples" if util else "; no timestamped utilization samples in the window"))
+    return "\n".join([_window_line("first lock to last release", steady, util_csv),
+                      _window_line("pipeline full (from the first trial that waited for the lock)",
+                                   steady.get("saturated"), util_csv)])
 
 
 def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str | None = None) -> int:

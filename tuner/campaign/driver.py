@@ -59,7 +59,7 @@ class Tally:
     elapsed: float = 0.0       # seconds of this run's loop
     gpu_busy: float = 0.0      # seconds GPU trials of this run held their GPU's lock, summed over GPUs
     measured: int = 0          # GPU trials of this run that returned (any outcome)
-    lock_spans: list = field(default_factory=list)   # (gpu, acquired_at, released_at) of this run's trials
+    lock_spans: list = field(default_factory=list)   # (gpu, acquired_at, released_at, waited_s), this run
 
 
 @dataclass
@@ -80,6 +80,7 @@ class Campaign:
     program_text: str = ""
     pool: GpuPool | None = None
     workers: Any = None            # workers.WorkerPool, when there are GPUs
+    baselines_ref: Any = None      # the library baselines' call while it is in flight
     baselines: dict = field(default_factory=dict)
     device_name: str = ""
     llm_seeds: list = field(default_factory=list)
@@ -147,9 +148,10 @@ def run_campaign(options: CampaignOptions) -> int:
 
         camp.workers = WorkerPool(camp.pool, camp.backend, options.gpu_overlap)
     try:
-        if camp.workers is not None:
-            _measure_baselines(camp, study)
+        camp.baselines_ref = _start_baselines(camp, study) if camp.workers is not None else None
         tally = _loop(camp, study)
+        if camp.baselines_ref is not None:   # still measuring: the final table needs them
+            _finish_baselines(camp, study, camp.baselines_ref, wait_s=3 * options.trial_timeout + WORKER_GRACE_S)
     finally:
         if camp.workers is not None:   # its trial processes die with it: no GPU stays locked
             camp.workers.shutdown()
@@ -226,15 +228,23 @@ def _enqueue_seeds(camp: Campaign, study: optuna.Study) -> None:
     camp.console.print(f"enqueued {count} seed(s)")
 
 
-def _measure_baselines(camp: Campaign, study: optuna.Study) -> None:
+def _start_baselines(camp: Campaign, study: optuna.Study):
+    """The library baselines, measured once per study by a GPU worker while the first kernels compile:
+    returns the call in flight, or None when the study has them already."""
     cached = study.user_attrs.get("baselines")
     if cached:
         camp.baselines, camp.device_name = cached["baselines"], cached["device_name"]
-        return
-    timeout = camp.options.trial_timeout
+        return None
+    return camp.workers.submit_baselines(camp.problems, camp.options.timing(), camp.options.trial_timeout)
+
+
+def _finish_baselines(camp: Campaign, study: optuna.Study, ref, wait_s: float = 0.0) -> None:
+    """Take the baselines' result; they are context, not the campaign's goal: a failure is a warning."""
+    import ray
+
     try:
-        report = camp.workers.baselines(camp.problems, camp.options.timing(), timeout, 3 * timeout + WORKER_GRACE_S)
-    except Exception as exc:  # baselines are context, not the campaign's goal
+        report = ray.get(ref, timeout=wait_s or None)
+    except Exception as exc:  # noqa: BLE001 - worker lost, or not done within wait_s
         camp.console.print(f"[yellow]baselines could not be measured: {type(exc).__name__}: {exc}[/]")
         return
     if report["outcome"] != "result":
@@ -253,6 +263,8 @@ def _measure_baselines(camp: Campaign, study: optuna.Study) -> None:
 
 
 def _loop(camp: Campaign, study: optuna.Study) -> Tally:
+    """The ask → compile → measure → tell pipeline until the trials or the budget are spent; the library
+    baselines' call (``camp.baselines_ref``) is taken when it lands."""
     import ray
 
     from .live import live_view
@@ -336,12 +348,16 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                 if inflight == 0 and not compiling and not measuring:
                     break
                 # 4. wait for anything
-                refs = list(compiling) + list(measuring)
+                pending = [camp.baselines_ref] if camp.baselines_ref is not None else []
+                refs = list(compiling) + list(measuring) + pending
                 done, _ = ray.wait(refs, num_returns=1, timeout=0.5) if refs else ([], [])
                 if done:  # collect everything that is ready without waiting again
                     done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                 for ref in done:
-                    if ref in compiling:
+                    if pending and ref == pending[0]:
+                        _finish_baselines(camp, study, ref)
+                        camp.baselines_ref = None
+                    elif ref in compiling:
                         batch, _ = compiling.pop(ref)
                         for cand, outcome in _compile_outcomes(camp, ref, batch):
                             if outcome == "ready":
@@ -408,7 +424,8 @@ def _note_span(tally: Tally, report: dict | None) -> None:
     lock = (value.get("gpu_lock") if isinstance(value, dict) else None) or {}
     if lock.get("acquired_at") and lock.get("released_at"):
         gpu = f"{(report or {}).get('node_id') or ''}/{lock.get('key')}"
-        tally.lock_spans.append((gpu, float(lock["acquired_at"]), float(lock["released_at"])))
+        tally.lock_spans.append((gpu, float(lock["acquired_at"]), float(lock["released_at"]),
+                                 float(lock.get("waited_s") or 0.0)))
 
 
 def _batch_size(full: int, sent: int, n_gpus: int) -> int:

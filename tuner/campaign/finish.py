@@ -132,23 +132,46 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
     return path
 
 
+# A trial that waited this long for its GPU's lock found the pipeline full: another trial was ready.
+SATURATED_WAIT_S = 0.05
+
+
 def steady_state(spans: list) -> dict | None:
-    """GPU occupancy once the pipeline is full: per GPU, the share of the window from its first trial's
-    lock to its last trial's release during which some trial held the lock (verify + benchmark). The
-    loop-wide share also counts the start (Ray, sketch, baselines, the first compile) and the drain."""
-    by_gpu: dict[str, list[tuple[float, float]]] = {}
-    for gpu, acquired, released in spans:
-        by_gpu.setdefault(gpu, []).append((acquired, released))
+    """GPU occupancy from this run's lock spans ``(gpu, acquired_at, released_at, waited_s)`` (host clock):
+
+    * the window from each GPU's first lock to its last release, and the share of it some trial held the
+      lock (verify + benchmark); the loop-wide share also counts the start (Ray, sketch, baselines, the
+      first compile) and the drain;
+    * ``saturated``: the same from the first trial on that GPU that had to wait for the lock, i.e. once
+      compiles and trial start-ups ran ahead of the GPU. Idle time there is a bubble in the pipeline."""
+    by_gpu: dict[str, list[tuple[float, float, float]]] = {}
+    for gpu, acquired, released, *waited in spans:
+        by_gpu.setdefault(gpu, []).append((acquired, released, float(waited[0]) if waited else 0.0))
     if not by_gpu:
         return None
-    window = held = 0.0
+    out = _occupancy(list(by_gpu.values()))
+    saturated = []
     for intervals in by_gpu.values():
-        window += max(r for _, r in intervals) - min(a for a, _ in intervals)
-        held += sum(r - a for a, r in intervals)
-    return {"gpus": len(by_gpu), "trials": len(spans), "window_s": round(window, 1), "held_s": round(held, 1),
+        intervals.sort()
+        first = next((i for i, (_, _, w) in enumerate(intervals) if w >= SATURATED_WAIT_S), None)
+        if first is not None:
+            saturated.append(intervals[first:])
+    out["saturated"] = _occupancy(saturated) if saturated else None
+    return out
+
+
+def _occupancy(per_gpu: list[list[tuple]]) -> dict:
+    window = held = 0.0
+    trials = 0
+    for intervals in per_gpu:
+        window += max(r for _, r, _ in intervals) - min(a for a, _, _ in intervals)
+        held += sum(r - a for a, r, _ in intervals)
+        trials += len(intervals)
+    return {"gpus": len(per_gpu), "trials": trials, "window_s": round(window, 1), "held_s": round(held, 1),
             "held_fraction": round(held / window, 3) if window > 0 else None,
-            "measured_per_gpu_hour": round(len(spans) / (window / 3600), 1) if window > 0 else None,
-            "from": min(a for _, a, _ in spans), "to": max(r for _, _, r in spans)}   # host clock (time.time())
+            "measured_per_gpu_hour": round(trials / (window / 3600), 1) if window > 0 else None,
+            "from": min(a for iv in per_gpu for a, _, _ in iv),        # host clock (time.time())
+            "to": max(r for iv in per_gpu for _, r, _ in iv)}
 
 
 def _store(camp, study, best: dict) -> list:

@@ -108,9 +108,9 @@ class WorkerPool:
         self.handles[slot] = self._start()
         return True
 
-    def baselines(self, problems: list, timing: dict | None, timeout_s: float, wait_s: float) -> dict:
-        ref = self.handles[0].run_baselines.remote(self.backend, problems, timing, timeout_s)
-        return ray.get(ref, timeout=wait_s)
+    def submit_baselines(self, problems: list, timing: dict | None, timeout_s: float):
+        """The library baselines on the first GPU, in a fresh process like a trial (under the GPU lock)."""
+        return self.handles[0].run_baselines.remote(self.backend, problems, timing, timeout_s)
 
     def shutdown(self) -> None:
         for handle in self.handles:
