@@ -27,6 +27,8 @@ def test_every_job_runs_in_a_new_process_and_returns_its_value(runner):
     pids = {o.value["pid"] for o in outs}
     assert len(pids) == 3 and os.getpid() not in pids and {o.pid for o in outs} == pids
     assert all(o.locked_after_s is not None and o.seconds < 10 for o in outs)
+    # the child knows when it was started (the trials' "process" stage): after the parent's clock before
+    assert all(0 <= o.value["age"] < o.seconds + 0.5 for o in outs)
 
 
 def test_a_process_killed_by_a_signal_is_a_crash_named_by_the_signal(runner):

@@ -6,8 +6,10 @@ from pathlib import Path
 
 
 def ok(x, on_locked):
+    from tuner.campaign.trialproc import started_at
+
     on_locked()
-    return {"pid": os.getpid(), "x": x, "hooked": os.environ.get("TRIAL_JOBS_HOOKED")}
+    return {"pid": os.getpid(), "x": x, "hooked": os.environ.get("TRIAL_JOBS_HOOKED"), "age": time.time() - started_at()}
 
 
 def lock_later(delay, work, on_locked):

@@ -131,7 +131,7 @@ def measure(backend: BackendSpec, payload: dict, on_acquired: OnAcquired = None)
     else:
         started = _process_age()
         result = _gpu_measure(payload, on_acquired=on_acquired)
-        if started is not None:   # the fresh process's own start (a fork of the warm server) before this ran
+        if started is not None:   # from the worker's fork of this process to here
             result.setdefault("seconds", {})["process"] = round(started, 3)
     result["pid"] = os.getpid()
     return result
@@ -144,15 +144,12 @@ def _add_lock(result: dict, hold: LockHold) -> dict:
 
 
 def _process_age() -> float | None:
-    """Seconds since this process was created (psutil ships with Ray), or None."""
-    try:
-        import psutil
-    except ImportError:
-        return None
-    try:
-        return time.time() - psutil.Process().create_time()
-    except Exception:  # noqa: BLE001 - only a statistic
-        return None
+    """Seconds from the start of this trial process (its fork, as the worker timed it) to now; None
+    outside a trial process."""
+    from .trialproc import started_at
+
+    start = started_at()
+    return None if start is None else max(0.0, time.time() - start)
 
 
 def _replay_measure(path: str, payload: dict) -> dict:

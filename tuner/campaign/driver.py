@@ -150,8 +150,16 @@ def run_campaign(options: CampaignOptions) -> int:
     try:
         camp.baselines_ref = _start_baselines(camp, study) if camp.workers is not None else None
         tally = _loop(camp, study)
-        if camp.baselines_ref is not None:   # still measuring: the final table needs them
-            _finish_baselines(camp, study, camp.baselines_ref, wait_s=3 * options.trial_timeout + WORKER_GRACE_S)
+        if camp.workers is not None:   # the final table and the store need them: wait, or try once more
+            wait_s = (options.gpu_overlap + 3) * options.trial_timeout + WORKER_GRACE_S
+            if camp.baselines_ref is not None:
+                _finish_baselines(camp, study, camp.baselines_ref, wait_s=wait_s)
+            if not camp.baselines and camp.workers.handles:   # (no workers left after an interrupted loop)
+                camp.console.print("measuring the baselines again, now that the GPU is free")
+                ref = _start_baselines(camp, study)
+                if ref is not None:
+                    _finish_baselines(camp, study, ref, wait_s=wait_s)
+            camp.baselines_ref = None
     finally:
         if camp.workers is not None:   # its trial processes die with it: no GPU stays locked
             camp.workers.shutdown()

@@ -30,6 +30,7 @@ from typing import Any, Callable
 # "package.module:function" or "package.module.function", called in each child before its job.
 SETUP_HOOK_ENV = "TUNER_TRIAL_SETUP_HOOK"
 POLL_S = 0.2
+_STARTED_AT: float | None = None     # in a trial process: time.time() when its worker started it
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,11 @@ class FreshProcesses:
     def run(self, job: Callable, args: tuple, *, timeout_s: float, wait_s: float) -> ProcessOutcome:
         """Run ``job(*args, on_locked=callback)`` in a fresh process; never raises for the job's faults."""
         parent, child = self._ctx.Pipe(duplex=False)
-        proc = self._ctx.Process(target=_child_main, args=(child, job, args, self.setup_hook), daemon=False)
         with self._lock:       # forkserver start-up is not meant to race between threads
             started = time.monotonic()
+            # time.time() goes along: the child's own record of when it was started (started_at)
+            proc = self._ctx.Process(target=_child_main, args=(child, job, args, self.setup_hook, time.time()),
+                                     daemon=False)
             proc.start()
         child.close()
         locked: float | None = None
@@ -168,7 +171,14 @@ def _run_hook(spec: str | None) -> None:
     getattr(importlib.import_module(module), func)()
 
 
-def _child_main(conn, job: Callable, args: tuple, setup_hook: str | None) -> None:
+def started_at() -> float | None:
+    """In a trial process: when its worker started it (host clock); else None."""
+    return _STARTED_AT
+
+
+def _child_main(conn, job: Callable, args: tuple, setup_hook: str | None, spawned: float | None = None) -> None:
+    global _STARTED_AT
+    _STARTED_AT = spawned
     _die_with_parent()
 
     def on_locked(*_):

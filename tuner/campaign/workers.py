@@ -54,10 +54,11 @@ class GpuWorker:
 
         return self._report(self._runner.run(trial_job, (backend, payload), timeout_s=timeout_s, wait_s=wait_s))
 
-    def run_baselines(self, backend: BackendSpec, problems: list, timing: dict | None, timeout_s: float) -> dict:
+    def run_baselines(self, backend: BackendSpec, problems: list, timing: dict | None, timeout_s: float,
+                      wait_s: float) -> dict:
         from .backends import baselines_job
 
-        out = self._runner.run(baselines_job, (backend, problems, timing), timeout_s=timeout_s, wait_s=timeout_s * 2)
+        out = self._runner.run(baselines_job, (backend, problems, timing), timeout_s=timeout_s, wait_s=wait_s)
         return self._report(out)
 
     def _report(self, out) -> dict:
@@ -109,8 +110,11 @@ class WorkerPool:
         return True
 
     def submit_baselines(self, problems: list, timing: dict | None, timeout_s: float):
-        """The library baselines on the first GPU, in a fresh process like a trial (under the GPU lock)."""
-        return self.handles[0].run_baselines.remote(self.backend, problems, timing, timeout_s)
+        """The library baselines on the first GPU, in a fresh process like a trial (under the GPU lock).
+        They may queue for the lock behind every trial in flight there (flock is not first-come first-
+        served), each bounded by its own timeout: hence the longer wait."""
+        wait_s = timeout_s * (self.overlap + 2)
+        return self.handles[0].run_baselines.remote(self.backend, problems, timing, timeout_s, wait_s)
 
     def shutdown(self) -> None:
         for handle in self.handles:
