@@ -106,6 +106,26 @@ def test_best_kernels_are_stored_per_bucket_and_exported(faulty_run, tmp_path):
             assert entry["params"] == by_bucket[bucket].params
 
 
+def test_a_replay_grid_is_recorded_from_the_campaign_journal(faulty_run, tmp_path):
+    """scripts/grid_from_studies.py: the verified trials of a journal become a replay grid that the
+    replay backend loads, one entry per parameter set, and a campaign can replay."""
+    from tuner.campaign.backends import load_replay
+
+    journal = faulty_run["root"] / "studies" / f"{STUDY}.journal"
+    out = tmp_path / "grid.jsonl.gz"
+    proc = subprocess.run([sys.executable, "scripts/grid_from_studies.py", str(out), str(journal)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    grid = load_replay(out)
+    verified = [t for t in load(faulty_run["root"] / "studies").trials if t.state == TrialState.COMPLETE]
+    assert set(grid.entries) == {t.user_attrs["params_key"] for t in verified}
+    for t in verified:   # the recorded grid was itself a replay: the numbers come back unchanged
+        assert grid.entries[t.user_attrs["params_key"]]["tflops"] == t.user_attrs["tflops"]
+    assert grid.meta["device_name"] == "NVIDIA H100 80GB HBM3" and grid.meta["baselines"]["1024"]["flash"] > 0
+    bad = subprocess.run([sys.executable, "scripts/grid_from_studies.py"], cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "grid_from_studies.py OUT.jsonl.gz" in bad.stderr
+
+
 def test_existing_study_without_resume_is_refused(faulty_run, capsys):
     rc = run_campaign(options(faulty_run["root"] / "studies", backend=f"replay:{faulty_run['replay']}"))
     assert rc == 2
