@@ -58,7 +58,7 @@ def campaign(
     sampler: str = typer.Option("tpe", "--sampler", help="Sampler: tpe (default), random, qmc, gp, cmaes."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Benchmark backend: gpu (default) or replay:FILE."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
-    trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds before a GPU trial is cancelled."),
+    trial_timeout: float = typer.Option(300.0, "--trial-timeout", help="Seconds a GPU trial may verify and benchmark (from taking its GPU's lock) before it is killed."),
     gpu_overlap: int = typer.Option(4, "--gpu-overlap", min=1, max=8,
                                     help="Trial processes per GPU at once: the next starts up while one is timed "
                                          "(timed sections never overlap); 1: one at a time."),

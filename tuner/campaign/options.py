@@ -29,7 +29,8 @@ class CampaignOptions:
     backend: Optional[str] = None         # "gpu" (default) or "replay:FILE"
     seed: Optional[int] = None
     # Not on the CLI yet (defaults fit a real GPU; tests shorten them).
-    trial_timeout: float = 300.0          # verify + benchmark of one trial, seconds, then forced cancel
+    trial_timeout: float = 300.0          # verify + benchmark of one trial, seconds from taking the GPU lock;
+                                          # then its process is killed (workers.py)
     gpu_overlap: int = 4                  # trial processes per GPU at once (the next ones start up while one
                                           # is timed; the GPU lock keeps timed sections apart); 1: one at a time.
                                           # 4: a fresh process needs ~5x its timed section to start (H100, run 8)
