@@ -417,20 +417,25 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
     return tally
 
 
+def _lock_record(report: dict | None) -> dict | None:
+    """The GPU lock span a trial reported (acquired and released), or None (killed, or never locked)."""
+    value = (report or {}).get("value")
+    lock = value.get("gpu_lock") if isinstance(value, dict) else None
+    return lock if lock and lock.get("acquired_at") and lock.get("released_at") else None
+
+
 def _held_seconds(report: dict | None) -> float:
     """How long a finished trial held its GPU's lock: its own record, else (killed) as its worker saw it."""
-    report = report or {}
-    lock = (report.get("value") or {}).get("gpu_lock") if isinstance(report.get("value"), dict) else None
-    if lock and lock.get("released_at") and lock.get("acquired_at"):
+    lock = _lock_record(report)
+    if lock is not None:
         return max(0.0, float(lock["released_at"]) - float(lock["acquired_at"]))
-    return float(report.get("held_s") or 0.0)
+    return float((report or {}).get("held_s") or 0.0)
 
 
 def _note_span(tally: Tally, report: dict | None) -> None:
     """Keep when a returned trial held its GPU (host clock): the summary's steady-state occupancy."""
-    value = (report or {}).get("value")
-    lock = (value.get("gpu_lock") if isinstance(value, dict) else None) or {}
-    if lock.get("acquired_at") and lock.get("released_at"):
+    lock = _lock_record(report)
+    if lock is not None:
         gpu = f"{(report or {}).get('node_id') or ''}/{lock.get('key')}"
         tally.lock_spans.append((gpu, float(lock["acquired_at"]), float(lock["released_at"]),
                                  float(lock.get("waited_s") or 0.0)))
