@@ -17,7 +17,7 @@ from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
 from translate.kernel import GeneratedKernel, TranslationError
 from translate.params import KernelParams, validate
 from translate.schedule import schedule
-from tuner.problem import KernelSpec, Problem
+from translate.problem import KernelSpec, Problem
 
 PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
             "#include <cute/tensor.hpp>\n"

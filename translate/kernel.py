@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from translate.params import KernelParams
-from tuner.problem import KernelSpec
+from translate.problem import KernelSpec
 
 # Bump when the kernel's argument list or launch geometry changes; the runtime checks it.
 ABI_VERSION = 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 
 from hardware_profiles import Profile
-from tuner.problem import Problem
+from translate.problem import Problem
 
 
 @dataclass(frozen=True)
