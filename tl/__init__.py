@@ -7,25 +7,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tl.checker import check, check_source
+from tl.checker import CheckLimits, check, check_source
 from tl.diagnostics import Diagnostic, TLSyntaxError
 from tl.parser import ParseResult, parse, parse_program
 from tl.printer import format_program
 
-__all__ = ["parse", "parse_program", "format_program", "check", "check_source", "Diagnostic",
-           "TLSyntaxError", "ParseResult", "sketch_path", "load_sketch", "VARIANTS"]
+__all__ = ["parse", "parse_program", "format_program", "check", "check_source", "CheckLimits", "Diagnostic",
+           "TLSyntaxError", "ParseResult", "sketch_path", "load_sketch", "VARIANTS", "SCHEDULES"]
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")
 _SKETCHES = Path(__file__).resolve().parent / "sketches"
 
+# The reference schedules, each a set of sketches (variant x causal): the paper's FlashAttention-2 flow,
+# and the Hopper warp-specialised flows with and without the next score GEMM issued before the softmax.
+SCHEDULES = {
+    "fa2": "{v}_{c}.tl",
+    "ws_overlap": "hopper/{v}_{c}.tl",
+    "ws_serial": "hopper/{v}_{c}_serial.tl",
+}
 
-def sketch_path(variant: str, causal: bool) -> Path:
-    """The reference TL program of a variant (mha, gqa, mqa, mla), causal or not."""
+
+def sketch_path(variant: str, causal: bool, schedule: str = "fa2") -> Path:
+    """The reference TL program of a variant (mha, gqa, mqa, mla), causal or not, for a schedule."""
     key = variant.lower()
     if key not in VARIANTS:
         raise ValueError(f"unknown attention variant {variant!r}; expected one of {', '.join(VARIANTS)}")
-    return _SKETCHES / f"{key}_{'causal' if causal else 'noncausal'}.tl"
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; expected one of {', '.join(SCHEDULES)}")
+    return _SKETCHES / SCHEDULES[schedule].format(v=key, c="causal" if causal else "noncausal")
 
 
-def load_sketch(variant: str, causal: bool) -> str:
-    return sketch_path(variant, causal).read_text(encoding="utf-8")
+def load_sketch(variant: str, causal: bool, schedule: str = "fa2") -> str:
+    return sketch_path(variant, causal, schedule).read_text(encoding="utf-8")

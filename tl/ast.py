@@ -94,24 +94,37 @@ class Compute:
 
 @dataclass(frozen=True)
 class Reshape:
-    """``Reshape NAME from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new)``."""
+    """``Reshape NAME from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new) [and get P]``.
+
+    Without ``and get`` the tensor changes layout in place (the paper's form); with it, ``result``
+    names the reshaped copy and NAME keeps its accumulator layout, so that a software-pipelined
+    sketch can compute the next score tile into NAME while the operand copy P is still being read.
+    """
 
     name: str
     src_layout: tuple[str, ...]
     dst_layout: tuple[str, ...]
+    result: Optional[str] = None
     line: int = field(default=0, compare=False)
     col: int = field(default=0, compare=False)
 
 
 @dataclass(frozen=True)
 class For:
-    """``for VAR = START:STOP ... end`` (style "end") or ``for VAR in START:STOP:`` (style "python")."""
+    """``for VAR = START:STOP [with stages S] ... end`` (style "end") or ``for VAR in START:STOP [with
+    stages S]:`` (style "python").
+
+    ``stages`` makes the loop a pipeline: the shared buffers it fills are rings of S slots, each handed
+    from the filling warpgroup to its readers and back through barriers (Hopper sketches); S is a
+    number or a symbol the search resolves (``kv_stages``).
+    """
 
     var: str
     start: str
     stop: str
     body: tuple["Statement", ...]
     style: Literal["end", "python"] = "end"
+    stages: Optional[str] = None
     line: int = field(default=0, compare=False)
     col: int = field(default=0, compare=False)
 
@@ -126,7 +139,25 @@ class If:
     col: int = field(default=0, compare=False)
 
 
-Statement = Union[Allocate, Copy, Compute, Reshape, For, If]
+@dataclass(frozen=True)
+class Warpgroup:
+    """``warpgroup ROLE ... end``: the statements run by the warpgroups of one role (Hopper sketches).
+
+    ``producer``: one warpgroup that only copies tiles from global to shared memory; ``consumer``: the
+    warpgroups that compute on them. The two bodies run concurrently; what the producer fills, the
+    consumers read, in the order the producer fills it.
+    """
+
+    role: str
+    body: tuple["Statement", ...]
+    style: Literal["end", "python"] = "end"
+    line: int = field(default=0, compare=False)
+    col: int = field(default=0, compare=False)
+
+
+ROLES = ("producer", "consumer")
+
+Statement = Union[Allocate, Copy, Compute, Reshape, For, If, Warpgroup]
 
 
 @dataclass(frozen=True)
@@ -138,5 +169,9 @@ def walk(statements):
     """Yield every statement in source order, descending into loop and if bodies."""
     for stmt in statements:
         yield stmt
-        if isinstance(stmt, (For, If)):
+        if isinstance(stmt, (For, If, Warpgroup)):
             yield from walk(stmt.body)
+
+
+def is_block(stmt) -> bool:
+    return isinstance(stmt, (For, If, Warpgroup))

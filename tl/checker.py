@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, walk
+from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, Warpgroup, walk
 from tl.diagnostics import Diagnostic
+from tl.pipelines import CheckLimits, pipeline_diagnostics, producer_fills, role_diagnostics
 
-__all__ = ["OpSpec", "KNOWN_OPS", "check", "check_source"]
+__all__ = ["OpSpec", "KNOWN_OPS", "CheckLimits", "check", "check_source"]
 
 
 @dataclass(frozen=True)
@@ -81,8 +82,8 @@ def _spell(ref: TensorRef, transposed: bool) -> str:
 
 
 class _Checker:
-    def __init__(self, program: Program, path: str):
-        self.program, self.path = program, path
+    def __init__(self, program: Program, path: str, limits: Optional[CheckLimits] = None):
+        self.program, self.path, self.limits = program, path, limits
         self.env: dict[str, _Tensor] = {}
         self.diags: list[Diagnostic] = []
         stmts = list(walk(program.statements))
@@ -99,6 +100,10 @@ class _Checker:
             if isinstance(s, Compute) and s.op_key == "gemm":
                 self.tensor_like |= {a.name for a in s.args}
         self.tensor_like |= set(self.first_def)
+        # Warp-specialised sketches: the producer and consumer blocks run concurrently, so what the
+        # producer fills is there for the consumers wherever the blocks stand in the text.
+        self.producer_fills = producer_fills(program.statements)
+        self.role: Optional[str] = None
 
     @staticmethod
     def _defined_by(s) -> list[str]:
@@ -109,6 +114,8 @@ class _Checker:
             return [base if s.dst == "global" else f"{base}_{s.dst}"]
         if isinstance(s, Compute):
             return ([s.result] if s.result else []) + list(s.with_)
+        if isinstance(s, Reshape) and s.result:
+            return [s.result]
         return []
 
     def error(self, line: int, col: int, code: str, message: str, hint: str = "") -> None:
@@ -146,6 +153,8 @@ class _Checker:
     # -- statements ---------------------------------------------------------------------------------
     def run(self) -> list[Diagnostic]:
         self.block(self.program.statements)
+        role_diagnostics(self.program.statements, self.error)
+        pipeline_diagnostics(self.program.statements, self.error, self.limits)
         return self.diags
 
     def block(self, statements) -> None:
@@ -168,6 +177,14 @@ class _Checker:
                     self.error(stmt.line, stmt.col, "bad-loop", f"the body of 'if {stmt.condition}' is empty",
                                "remove the empty if, or put its statements before its 'end'")
                 self.block(stmt.body)
+            elif isinstance(stmt, Warpgroup):
+                if stmt.role == "consumer":
+                    for name, fill in self.producer_fills.items():
+                        if name not in self.env:
+                            self.define(name, _Tensor("shared", fill.shape or None), fill.line)
+                self.role = stmt.role
+                self.block(stmt.body)
+                self.role = None
 
     def allocate(self, s: Allocate) -> None:
         level = s.level
@@ -234,6 +251,8 @@ class _Checker:
                            "use a tensor in shared memory or registers")
             return None
         entry = self.resolve(ref)
+        if entry is None and self.role == "consumer" and ref.level == "shared":
+            return None   # reported as unfilled-buffer: the producer is what should fill it
         if entry is None and (is_gemm or ref.level or ref.name in self.tensor_like):
             self.undefined(ref, line, "tensor")
         return entry
@@ -347,6 +366,9 @@ class _Checker:
         if entry is None:
             self.undefined(TensorRef(s.name, col=s.col), s.line, "the reshaped tensor")
             return
+        if s.result:   # `and get P`: a reshaped copy; the source keeps its layout
+            entry = _Tensor(entry.level, entry.shape)
+            self.define(s.result, entry, s.line)
         target = s.dst_layout[0].upper() if s.dst_layout else ""
         for layout in ("A", "B", "C"):
             if target.startswith(f"MMA_{layout}"):
@@ -356,20 +378,22 @@ class _Checker:
             entry.layout = None
 
 
-def check(program: Program, path: str = "<string>") -> list[Diagnostic]:
-    """Every error in a parsed program, in source order; never raises."""
+def check(program: Program, path: str = "<string>", limits: Optional[CheckLimits] = None) -> list[Diagnostic]:
+    """Every error in a parsed program, in source order; never raises. ``limits`` (the GPU's shared
+    memory and the symbols' values) enables the checks that need them (``pipeline-smem``)."""
     try:
-        diags = _Checker(program, path).run()
+        diags = _Checker(program, path, limits).run()
     except Exception as exc:  # a checker bug must not become a traceback for the user
         return [Diagnostic(path, 1, 1, "internal", f"checker failure: {exc!r}", "please report this input")]
     return sorted(diags, key=lambda d: (d.line, d.col))
 
 
 # Errors that concern one line alone; they stay true when other lines had syntax errors.
-_LOCAL_CODES = frozenset({"bad-copy", "bad-level", "unknown-op", "bad-arity"})
+_LOCAL_CODES = frozenset({"bad-copy", "bad-level", "unknown-op", "bad-arity", "bad-pipeline"})
 
 
-def check_source(text: str, path: str = "<string>") -> tuple[Optional[Program], list[Diagnostic]]:
+def check_source(text: str, path: str = "<string>",
+                 limits: Optional[CheckLimits] = None) -> tuple[Optional[Program], list[Diagnostic]]:
     """Parse and check: (program, diagnostics), every error in line order. With syntax errors the
     program is None; the lines that did parse are still checked for errors local to one line
     (a bad copy level, an unknown operator...), but not for undefined tensors or layouts, which
@@ -382,4 +406,4 @@ def check_source(text: str, path: str = "<string>") -> tuple[Optional[Program], 
         if result.recovered is not None:
             extra = [d for d in check(result.recovered, path) if d.code in _LOCAL_CODES]
         return None, sorted([*result.diagnostics, *extra], key=lambda d: (d.line, d.col))
-    return result.program, check(result.program, path)
+    return result.program, check(result.program, path, limits)

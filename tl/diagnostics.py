@@ -19,6 +19,12 @@ CODES = {
     "unknown-op": "a Compute operator that the translator does not know",
     "bad-arity": "a Compute operator with the wrong number of operands or without its result",
     "bad-loop": "a loop or if that is not well formed (empty body, bad bounds)",
+    "bad-role": "a warpgroup block that is not well formed, or a statement in the wrong role "
+                "(the producer only loads, consumers never load, nothing but global allocations outside the blocks)",
+    "unfilled-buffer": "a consumer warpgroup reads a shared buffer that no producer Copy fills (it would wait forever)",
+    "bad-pipeline": "a `with stages` loop that fills no shared buffer, or a stage count below one",
+    "pipeline-balance": "the consumers read a pipelined buffer a different number of times than the producer fills it",
+    "pipeline-smem": "the stages of a pipeline (and the tiles loaded once) need more shared memory than a block has",
     "internal": "the checker itself failed (a bug: please report the input)",
 }
 

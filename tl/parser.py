@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef
+from tl.ast import LEVELS, ROLES, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, Warpgroup
 from tl.diagnostics import Diagnostic, TLSyntaxError
 from tl.expr import ExprError, join_tokens, parse_expr
 
@@ -89,7 +89,7 @@ def _tokenize(text: str) -> list[Token]:
 class _Header:
     """A block opener (``for``/``if``) waiting for its body."""
 
-    kind: str  # "for" or "if"
+    kind: str  # "for", "if" or "warpgroup"
     python: bool  # python style: body is the indented lines, no ``end``
     line: int
     col: int
@@ -98,6 +98,8 @@ class _Header:
     start: str = ""
     stop: str = ""
     condition: str = ""
+    stages: Optional[str] = None
+    role: str = ""
     body: list = field(default_factory=list)
 
 
@@ -337,18 +339,23 @@ def _with_line(ref: TensorRef, line: int) -> TensorRef:
 
 
 def _parse_reshape(cur: _Cursor, line: int, col: int) -> Reshape:
-    hint = "Reshape S from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new)"
+    hint = "Reshape S from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new) [and get P]"
     name = cur.name("the tensor to reshape", hint)
     cur.expect_kw("from", hint=hint)
     src = _shape(cur, "source layout")
     cur.expect_kw("to", hint=hint)
     dst = _shape(cur, "target layout")
+    result = None
+    if cur.peek() is not None and cur.peek().kw("and"):
+        cur.take("and")
+        cur.expect_kw("get", hint=hint)
+        result = cur.name("the name of the reshaped tensor", hint).text
     cur.done(hint)
-    return Reshape(name.text, src, dst, line=line, col=col)
+    return Reshape(name.text, src, dst, result, line=line, col=col)
 
 
 def _parse_for(cur: _Cursor, line: int, col: int, indent: int) -> _Header:
-    hint = "for i = 0:N ... end, or python style: for i in 0:N: with an indented body"
+    hint = "for i = 0:N [with stages S] ... end, or python style: for i in 0:N: with an indented body"
     var = cur.name("the loop variable", hint)
     sep = cur.peek()
     if sep is None or not (sep.text == "=" or sep.kw("in")):
@@ -358,6 +365,16 @@ def _parse_for(cur: _Cursor, line: int, col: int, indent: int) -> _Header:
     python = bool(rest) and rest[-1].text == ":"
     if python:
         rest = rest[:-1]
+    stages = None
+    at = next((k for k, t in enumerate(rest) if t.kw("with")), None)
+    if at is not None:
+        clause = rest[at + 1:]
+        if not clause or not clause[0].kw("stages"):
+            raise _LineError(rest[at].col, "a loop's 'with' clause is 'with stages S'", hint)
+        if len(clause) != 2 or clause[1].kind not in ("num", "name"):
+            raise _LineError(clause[0].col, "'with stages' takes one number or symbol, e.g. 'with stages 2'", hint)
+        stages = clause[1].text
+        rest = rest[:at]
     if rest and rest[0].kw("range"):  # for i in range(a, b): is python, read it as a:b
         inner = _bracketed(_Cursor(rest[1:], cur.eol - 1), "(", ")", "range")
         parts = _split_top(inner, ",")
@@ -371,7 +388,19 @@ def _parse_for(cur: _Cursor, line: int, col: int, indent: int) -> _Header:
                              "a loop range is START:STOP" + (" (no step)" if len(parts) > 2 else ""), hint)
     start = _expr(parts[0], rest[0].col if rest else cur.eol, "loop start")
     stop = _expr(parts[1], rest[0].col if rest else cur.eol, "loop stop")
-    return _Header("for", python, line, col, indent, var=var.text, start=start, stop=stop)
+    return _Header("for", python, line, col, indent, var=var.text, start=start, stop=stop, stages=stages)
+
+
+def _parse_warpgroup(cur: _Cursor, line: int, col: int, indent: int) -> _Header:
+    hint = "warpgroup producer ... end  or  warpgroup consumer ... end"
+    rest = cur.rest()
+    python = bool(rest) and rest[-1].text == ":"
+    if python:
+        rest = rest[:-1]
+    if len(rest) != 1 or rest[0].kind != "name":
+        raise _LineError(rest[0].col if rest else cur.eol, "a warpgroup block names one role", hint)
+    role = rest[0].text.lower() if rest[0].text.lower() in ROLES else rest[0].text
+    return _Header("warpgroup", python, line, col, indent, role=role)
 
 
 def _parse_if(cur: _Cursor, line: int, col: int, indent: int) -> _Header:
@@ -400,13 +429,15 @@ def _parse_line(tokens: list[Token], line: int, indent: int, line_len: int):
         return _parse_for(cur, line, col, indent)
     if key == "if":
         return _parse_if(cur, line, col, indent)
+    if key == "warpgroup":
+        return _parse_warpgroup(cur, line, col, indent)
     if key in ("end", "endfor", "endif"):
-        if key == "end" and cur.peek() is not None and cur.peek().kw("for", "if"):
+        if key == "end" and cur.peek() is not None and cur.peek().kw("for", "if", "warpgroup"):
             cur.take("for")
         cur.done("'end' stands alone on its line")
         return _End(col)
     raise _LineError(col, f"unknown statement {head.text!r}",
-                     "statements start with Allocate, Copy, Compute, Reshape, for, if or end")
+                     "statements start with Allocate, Copy, Compute, Reshape, for, if, warpgroup or end")
 
 
 # ---- block structure ------------------------------------------------------------------------------
@@ -426,9 +457,12 @@ def _indent_of(raw: str) -> int:
 
 def _close(header: _Header):
     body = tuple(header.body)
+    style = "python" if header.python else "end"
     if header.kind == "for":
-        return For(header.var, header.start, header.stop, body, "python" if header.python else "end",
+        return For(header.var, header.start, header.stop, body, style, header.stages,
                    line=header.line, col=header.col)
+    if header.kind == "warpgroup":
+        return Warpgroup(header.role, body, style, line=header.line, col=header.col)
     return If(header.condition, body, line=header.line, col=header.col)
 
 

@@ -5,7 +5,7 @@ Keywords are written as in ../shared/TL.md (``Allocate``, ``Copy``, ``Compute``,
 """
 from __future__ import annotations
 
-from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef
+from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, Warpgroup
 
 INDENT = "    "
 
@@ -44,7 +44,8 @@ def format_statement(stmt) -> str:
             text += " with " + " and ".join(stmt.with_)
         return text
     if isinstance(stmt, Reshape):
-        return f"Reshape {stmt.name} from {_tuple(stmt.src_layout)} to {_tuple(stmt.dst_layout)}"
+        text = f"Reshape {stmt.name} from {_tuple(stmt.src_layout)} to {_tuple(stmt.dst_layout)}"
+        return text + (f" and get {stmt.result}" if stmt.result else "")
     raise TypeError(f"not a simple TL statement: {stmt!r}")
 
 
@@ -52,11 +53,20 @@ def _lines(statements, depth: int):
     pad = INDENT * depth
     for stmt in statements:
         if isinstance(stmt, For):
+            stages = f" with stages {stmt.stages}" if stmt.stages is not None else ""
             if stmt.style == "python":
-                yield f"{pad}for {stmt.var} in {stmt.start}:{stmt.stop}:"
+                yield f"{pad}for {stmt.var} in {stmt.start}:{stmt.stop}{stages}:"
                 yield from _lines(stmt.body, depth + 1)
             else:
-                yield f"{pad}for {stmt.var} = {stmt.start}:{stmt.stop}"
+                yield f"{pad}for {stmt.var} = {stmt.start}:{stmt.stop}{stages}"
+                yield from _lines(stmt.body, depth + 1)
+                yield f"{pad}end"
+        elif isinstance(stmt, Warpgroup):
+            if stmt.style == "python":
+                yield f"{pad}warpgroup {stmt.role}:"
+                yield from _lines(stmt.body, depth + 1)
+            else:
+                yield f"{pad}warpgroup {stmt.role}"
                 yield from _lines(stmt.body, depth + 1)
                 yield f"{pad}end"
         elif isinstance(stmt, If):

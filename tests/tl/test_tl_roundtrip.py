@@ -3,13 +3,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tl import format_program, parse
-from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef
+from tl.ast import LEVELS, ROLES, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, Warpgroup
 from tl.expr import normalize
 
 # Words the statement syntax gives a meaning; a generated name avoids them (any case).
 RESERVED = {"allocate", "in", "with", "offset", "copy", "coordinate", "coordinates", "from", "to", "compute",
             "and", "or", "not", "get", "new", "accumulate", "reshape", "for", "if", "end", "endfor", "endif",
-            "then", "range"}
+            "then", "range", "warpgroup", "stages"}
 
 _POOL = ["S", "P", "Q_shared", "K_shared", "V_register", "O_register", "Smax", "Ssum", "BM", "BN", "HeadDim",
          "seq_len", "kv_len", "i", "x", "T", "t", "_", "a1", "MMA_C", "MMA_N_new", "Get", "TO_", "in_", "End2"]
@@ -53,17 +53,21 @@ computes = st.builds(
     results,
     st.lists(names, max_size=3),
 )
-reshapes = st.builds(Reshape, names, shapes, shapes)
+reshapes = st.builds(Reshape, names, shapes, shapes, st.none() | names)
+stage_counts = st.none() | st.one_of(names, st.integers(1, 4).map(str))
 simple = st.one_of(allocates, copies, computes, reshapes)
 
 
 def blocks(children):
     bodies = st.lists(children, max_size=4).map(tuple)
     return st.one_of(
-        st.builds(lambda v, a, b, body: For(v, a, b, body, "end"), names, exprs, exprs, bodies),
-        st.builds(lambda v, a, b, body: For(v, a, b, body, "python"), names, exprs, exprs,
-                  st.lists(children, min_size=1, max_size=4).map(tuple)),
+        st.builds(lambda v, a, b, body, s: For(v, a, b, body, "end", s), names, exprs, exprs, bodies, stage_counts),
+        st.builds(lambda v, a, b, body, s: For(v, a, b, body, "python", s), names, exprs, exprs,
+                  st.lists(children, min_size=1, max_size=4).map(tuple), stage_counts),
         st.builds(If, conditions, bodies),
+        st.builds(lambda r, body: Warpgroup(r, body, "end"), st.sampled_from(ROLES), bodies),
+        st.builds(lambda r, body: Warpgroup(r, body, "python"), st.sampled_from(ROLES),
+                  st.lists(children, min_size=1, max_size=4).map(tuple)),
     )
 
 
