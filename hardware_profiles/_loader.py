@@ -14,11 +14,12 @@ PROFILE_DIR = Path(__file__).resolve().parent
 
 # Every atom the translator knows, with the first compute capability that has it.
 ATOM_CATALOGUE: dict[str, dict[str, tuple[int, int]]] = {
-    "mma_atoms": {"SM75_16x8x8": (7, 5), "SM80_16x8x16": (8, 0)},
+    "mma_atoms": {"SM75_16x8x8": (7, 5), "SM80_16x8x16": (8, 0), "SM90_GMMA": (9, 0)},
     "g2s_copy_atoms": {
         "UniversalCopy128": (7, 0),
         "SM80_CP_ASYNC_CACHEGLOBAL": (8, 0),
         "SM80_CP_ASYNC_CACHEALWAYS": (8, 0),
+        "SM90_TMA": (9, 0),
     },
     "s2r_copy_atoms": {
         "SM75_U32x4_LDSM_N": (7, 5),

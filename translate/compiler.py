@@ -11,6 +11,7 @@ Three passes:
 from __future__ import annotations
 
 from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, walk
+from tl.pipelines import has_roles
 from tl.printer import format_statement
 from translate import emitters as em
 from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
@@ -29,10 +30,18 @@ KNOWN_OPS = ("GEMM", "Softmax", "Mask", "Multiply", "Divide", "Add", "Subtract")
 
 
 def generate(program: Program, params: KernelParams, profile, spec: KernelSpec) -> GeneratedKernel:
-    """Translate ``program`` for ``spec`` with ``params`` on ``profile``; TranslationError if it cannot."""
-    problems = validate(params, profile, _representative_problem(spec))
+    """Translate ``program`` for ``spec`` with ``params`` on ``profile``; TranslationError if it cannot.
+
+    A sketch with warpgroup roles becomes a warp-specialised Hopper kernel (translate/sm90); a paper-style
+    sketch becomes the FA2-style kernel, with wgmma GEMMs when ``mma_atom`` is SM90_GMMA.
+    """
+    warp_specialized = has_roles(program.statements)
+    problems = validate(params, profile, _representative_problem(spec), warp_specialized=warp_specialized)
     if problems:
         raise TranslationError("parameters rejected: " + "; ".join(problems))
+    if warp_specialized:
+        from translate.sm90 import generate_warp_specialized
+        return generate_warp_specialized(program, params, profile, spec)
     return _Compiler(program, params, profile, spec).run()
 
 

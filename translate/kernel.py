@@ -1,7 +1,7 @@
 """What the translator hands out: a generated kernel (source + launch facts) and its error type."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from translate.params import KernelParams
 from translate.problem import KernelSpec
@@ -47,6 +47,11 @@ class GeneratedKernel:
     block_n: int
     spec: KernelSpec
     params: KernelParams
+    # Arguments after KERNEL_ARGS: (name, kind) with kind "tensormap:<q|k|v|o>" for a TMA descriptor that
+    # the host encodes per call (runtime.py) from ``tensor_maps``: per tensor, the box rows and which head
+    # dim ("d_qk" or "d_v") its columns are.
+    extra_args: tuple = ()
+    tensor_maps: dict = field(default_factory=dict)
 
     @property
     def source(self) -> str:
@@ -63,5 +68,6 @@ class GeneratedKernel:
             "block_n": self.block_n,
             "spec": asdict(self.spec),
             "params": self.params.to_dict(),
-            "args": [list(a) for a in KERNEL_ARGS],
+            "args": [list(a) for a in KERNEL_ARGS + tuple(self.extra_args)],
+            "tensor_maps": dict(self.tensor_maps),
         }

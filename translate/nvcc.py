@@ -592,7 +592,7 @@ def compile_ptx(kernel: KernelSource, arch: str = "compute_75", *, cache_dir: Op
 
 # -- SASS inspection ----------------------------------------------------------------------------------
 
-SASS_OPCODES = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "MUFU.EX2")
+SASS_OPCODES = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "MUFU.EX2", "UTMALDG", "UTMASTG", "USETMAXREG")
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
 _FUNCTION = re.compile(r"^\s*Function : (\S+)")
 
@@ -626,7 +626,7 @@ def sass_summary(cubin_path: Path, function: Optional[str] = None, *, timeout: f
             opcode = m.group(1)
             counts["instructions"] += 1
             base = opcode.split(".")[0]
-            if base in ("HMMA", "HGMMA", "LDSM", "LDGSTS"):
+            if base in ("HMMA", "HGMMA", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "USETMAXREG"):
                 counts[base] += 1
             if opcode.startswith("MUFU.EX2"):
                 counts["MUFU.EX2"] += 1

@@ -20,6 +20,10 @@ class KernelParams:
     s2r_atom: str = "SM75_U32x4_LDSM_N"
     swizzle: int = 3                # B of Swizzle<B,3,3> on the shared-memory tiles; 0 = none
     q_in_regs: bool = False
+    # Hopper (mma_atom SM90_GMMA): block_m = 64 x consumer warpgroups and num_warps = block_m / 16.
+    pv_operand: str = "rs"          # P·V GEMM: P from registers (rs) or through shared memory (ss)
+    pingpong: bool = False          # two consumer warpgroups take turns issuing GEMMs (warp-specialised)
+    producer_regs: int = 24         # setmaxnreg of the producer warpgroup; the consumers get the rest
 
     @property
     def num_threads(self) -> int:
@@ -36,17 +40,24 @@ class KernelParams:
             raise ValueError(f"unknown kernel parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         return cls(**data)
 
+    @property
+    def is_gmma(self) -> bool:
+        return self.mma_atom == "SM90_GMMA"
+
     def key(self) -> str:
         """A short stable name, used in kernel symbols and file names."""
-        return (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.kv_stages}"
-                f"_{self.mma_atom.split('_')[0].lower()}_{_short(self.g2s_atom)}_{_short(self.s2r_atom)}"
-                f"_sw{self.swizzle}_q{'r' if self.q_in_regs else 's'}")
+        key = (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.kv_stages}"
+               f"_{self.mma_atom.split('_')[0].lower()}_{_short(self.g2s_atom)}_{_short(self.s2r_atom)}"
+               f"_sw{self.swizzle}_q{'r' if self.q_in_regs else 's'}")
+        if (self.pv_operand, self.pingpong, self.producer_regs) != ("rs", False, 24):
+            key += f"_pv{self.pv_operand}{'_pp' if self.pingpong else ''}_pr{self.producer_regs}"
+        return key
 
 
 def _short(atom: str) -> str:
     return {"SM80_CP_ASYNC_CACHEGLOBAL": "cpag", "SM80_CP_ASYNC_CACHEALWAYS": "cpaa",
             "UniversalCopy128": "u128", "SM75_U32x4_LDSM_N": "ldsm4", "SM75_U32x2_LDSM_N": "ldsm2",
-            "UniversalCopy": "univ"}.get(atom, atom.lower())
+            "UniversalCopy": "univ", "SM90_TMA": "tma"}.get(atom, atom.lower())
 
 
 def smem_bytes(params: KernelParams, problem: Problem) -> int:
@@ -57,14 +68,23 @@ def smem_bytes(params: KernelParams, problem: Problem) -> int:
     return q + kv
 
 
-def validate(params: KernelParams, profile: Profile, problem: Problem) -> list[str]:
+def validate(params: KernelParams, profile: Profile, problem: Problem,
+             warp_specialized: bool | None = None) -> list[str]:
     """Every reason this candidate cannot work on this GPU for this problem; empty when legal.
 
     Pure and cheap: runs before any compile, so an illegal combination costs nothing.
+    ``warp_specialized`` says whether the sketch has warpgroup roles (None: not known, judged as not).
     """
+    if params.is_gmma or warp_specialized:
+        from translate.params_sm90 import validate_sm90
+        return validate_sm90(params, profile, problem, bool(warp_specialized))
     errors: list[str] = []
+    if (params.pv_operand, params.pingpong, params.producer_regs) != ("rs", False, 24):
+        errors.append("pv_operand, pingpong and producer_regs apply to Hopper kernels (mma_atom SM90_GMMA) only")
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores (supports {', '.join(profile.dtypes)})")
+    if params.g2s_atom == "SM90_TMA":
+        errors.append("TMA loads (g2s_atom SM90_TMA) go with the Hopper schedule (mma_atom SM90_GMMA)")
     for field_name, legal in (("mma_atom", profile.mma_atoms), ("g2s_atom", profile.g2s_copy_atoms),
                               ("s2r_atom", profile.s2r_copy_atoms)):
         value = getattr(params, field_name)

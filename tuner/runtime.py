@@ -75,11 +75,30 @@ def load_kernel(binary: bytes | str | Path, meta: dict) -> "AttentionKernel":
     return AttentionKernel(meta=dict(meta), _module=module, _function=function)
 
 
+def _driver():
+    try:
+        from cuda.bindings import driver
+    except ImportError:   # pragma: no cover - older cuda-python layout
+        try:
+            from cuda import cuda as driver
+        except ImportError as exc:
+            raise KernelLoadError("Hopper kernels with TMA descriptors need cuda-python on the GPU machine "
+                                  "(pip install cuda-python)") from exc
+    return driver
+
+
 @dataclass
 class AttentionKernel:
     meta: dict
     _module: Any
     _function: Any
+    _maps: Any = None      # TensorMapCache, for kernels that take TMA descriptors
+
+    @property
+    def tensor_map_args(self) -> list[tuple[str, str]]:
+        """(argument, tensor) of the TMA descriptors the kernel takes after the pointer/stride arguments."""
+        return [(name, kind.split(":", 1)[1]) for name, kind in self.meta.get("args", [])
+                if kind.startswith("tensormap:")]
 
     @property
     def name(self) -> str:
@@ -118,13 +137,54 @@ class AttentionKernel:
             args += [np.int64(t.stride(0)), np.int64(t.stride(1)), np.int64(t.stride(2))]
         cupy = _cupy()
         stream = torch.cuda.current_stream(q.device)
+        threads = (int(self.meta["num_threads"]), 1, 1)
         try:
             with cupy.cuda.Device(q.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
-                self._function(grid, (int(self.meta["num_threads"]), 1, 1), tuple(args),
-                               shared_mem=int(self.meta["smem_bytes"]))
+                if self.tensor_map_args:
+                    self._launch_with_maps(grid, threads, args, {"q": q, "k": k, "v": v, "o": out},
+                                           stream.cuda_stream)
+                else:
+                    self._function(grid, threads, tuple(args), shared_mem=int(self.meta["smem_bytes"]))
+        except (KernelLaunchError, ValueError):
+            raise
         except Exception as exc:
             raise KernelLaunchError(f"launch of {self.name} failed: {exc}") from exc
         return out
+
+    def _launch_with_maps(self, grid, threads, args, tensors: dict, stream_handle: int) -> None:
+        """cuLaunchKernel with a parameter array: the scalars, then each TMA descriptor (128 bytes) by value."""
+        import ctypes
+
+        from tuner.tma import TensorMapCache, TensorMapError, tensor_map_spec
+
+        driver = _driver()
+        if self._maps is None:
+            self._maps = TensorMapCache()
+        boxes = self.meta.get("tensor_maps", {})
+        holders = []
+        for value in args:
+            ctype = {"uint64": ctypes.c_uint64, "int32": ctypes.c_int32, "int64": ctypes.c_int64}[value.dtype.name]
+            holders.append(ctype(int(value)))
+        pointers = [ctypes.addressof(h) for h in holders]
+        maps = []
+        for _, tensor in self.tensor_map_args:
+            t = tensors[tensor]
+            try:
+                spec = tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(), int(boxes[tensor]["rows"]))
+            except TensorMapError as exc:
+                raise ValueError(f"{tensor}: {exc}") from None
+            tmap = self._maps.get(spec, self.meta["spec"]["dtype"])
+            maps.append(tmap)
+            pointers.append(int(tmap.getPtr()))
+        params = (ctypes.c_void_p * len(pointers))(*pointers)
+        raw = self._function
+        handle = getattr(raw, "ptr", None) or raw.kernel.ptr   # CuPy RawKernel -> its Function's CUfunction
+        function = driver.CUfunction(init_value=int(handle))
+        err, = driver.cuLaunchKernel(function, grid[0], grid[1], grid[2], threads[0], threads[1], threads[2],
+                                     int(self.meta["smem_bytes"]), driver.CUstream(init_value=int(stream_handle)),
+                                     ctypes.addressof(params), 0)
+        if int(err) != 0:
+            raise KernelLaunchError(f"launch of {self.name} failed: {err}")
 
 
 def _check_layout(name: str, t) -> None:

@@ -1,0 +1,181 @@
+// Device helpers for Hopper (sm_90a) kernels generated from TL programs (translate/sm90/).
+// One job each: wgmma GEMM issue, the wgmma accumulator's row/column and operand views, the online
+// softmax split in two (statistics now, the output's rescale when the output is next touched),
+// mbarrier pipelines between a TMA producer and the consumer warpgroups, TMA tile loads and stores.
+// Structure learnt from FlashAttention-3 (hopper/) and CUTLASS's Hopper examples; written anew.
+#ifndef ATTN_SM90_CUH
+#define ATTN_SM90_CUH
+
+#include <cuda.h>
+#include <cute/tensor.hpp>
+#include <cute/arch/copy_sm90_tma.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "attn_tl.cuh"
+
+namespace attn_sm90 {
+using namespace cute;
+
+// ---- accumulator layouts --------------------------------------------------------------------------
+// A wgmma accumulator fragment is ((2, 2, N/8), MMA_M, MMA_N): per 8-column group a thread holds two
+// neighbouring columns of two rows (r and r + 8). Rows x cols view, for the row reductions:
+// ((2, MMA_M), (2, N/8, MMA_N)). A quad (4 lanes) shares a row, as with mma.sync.
+// Host-callable: tests/translate check the layouts on the CPU.
+template <typename Layout>
+CUTE_HOST_DEVICE auto rowcol_layout(Layout acc) {
+  static_assert(decltype(rank(acc))::value == 3);
+  static_assert(decltype(rank(get<0>(acc)))::value == 3);
+  return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                     make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+// TL "Reshape S ... to (MMA_A, ...)": the 16-bit A operand of an RS wgmma (64 x 16 per k-block) holds,
+// per thread, the values of two neighbouring 8-column groups of the accumulator:
+// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
+template <typename Layout>
+CUTE_HOST_DEVICE auto acc_to_a_layout(Layout acc) {
+  using X = Underscore;
+  auto l = logical_divide(get<0>(acc), Shape<X, X, _2>{});   // ((2, 2, (2, N/16)))
+  return make_layout(make_layout(get<0>(l), get<1>(l), get<2, 0>(l)), get<1>(acc),
+                     coalesce(make_layout(get<2, 1>(l), get<2>(acc))));
+}
+
+// ---- GEMM -----------------------------------------------------------------------------------------
+// Issue one wgmma batch: acc (+)= A * B over every k-block, committed as one group. Asynchronous: the
+// caller waits (warpgroup_wait<N>) before it touches acc, or overwrites A when A is in registers.
+// Everything between arrive and commit is inlined (a call there serialises the wgmma: ptxas C7510).
+template <bool kZeroInit, typename TiledMma, typename TA, typename TB, typename TC>
+__forceinline__ __device__ void gemm_issue(TiledMma& mma, TA const& tA, TB const& tB, TC& tC) {
+  // A is either GMMA descriptors of shared memory (SS) or 16-bit registers (RS)
+  constexpr bool kARegs = !cute::is_same_v<typename TA::iterator, GMMA::DescriptorIterator>;
+  if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
+  warpgroup_fence_operand(tC);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) { mma.accumulate_ = GMMA::ScaleOut::Zero; }
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tA); ++k) {
+    cute::gemm(mma, tA(_, _, k), tB(_, _, k), tC);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(tC);
+  if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
+}
+
+// ---- softmax --------------------------------------------------------------------------------------
+// Online softmax of one score tile, first half: new running row max, P = exp2(S * scale_log2 -
+// max * scale_log2) in place (one FFMA + MUFU.EX2 each), row sums rescaled and extended (thread-local:
+// the quad reduction waits for the epilogue), and the factor exp2((m_old - m_new) * scale_log2) that the
+// output accumulator must be multiplied by before its next GEMM (rescale_rows). A row with no visible
+// key keeps max -inf and is treated as max 0, so that P = 0, never NaN.
+template <typename TS, typename TMax, typename TSum, typename TScale>
+__forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row_sum, TScale& rescale,
+                                             float scale_log2) {
+  Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+  static_assert(decltype(size<0>(s))::value == decltype(size(row_max))::value);
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const float m_old = row_max(mi);
+    float m = m_old;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+    m = attn_tl::quad_max(m);
+    row_max(mi) = m;
+    const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+    const float factor = attn_tl::fast_exp2(m_old * scale_log2 - m_scaled);
+    rescale(mi) = factor;
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      s(mi, ni) = attn_tl::fast_exp2(s(mi, ni) * scale_log2 - m_scaled);
+      sum += s(mi, ni);
+    }
+    row_sum(mi) = row_sum(mi) * factor + sum;
+  }
+}
+
+// Second half: the output accumulator's rows times their factors.
+template <typename TO, typename TScale>
+__forceinline__ __device__ void rescale_rows(TO& acc_o, TScale const& rescale) {
+  Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(o); ++mi) {
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= rescale(mi); }
+  }
+}
+
+// TL "Compute Divide O, Ssum": quad-reduce the thread-local sums, divide; a row that saw no key (sum 0)
+// is 0, as FlashAttention defines it.
+template <typename TO, typename TSum>
+__forceinline__ __device__ void normalize_rows(TO& acc_o, TSum& row_sum) {
+  Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(o); ++mi) {
+    const float sum = attn_tl::quad_sum(row_sum(mi));
+    row_sum(mi) = sum;
+    const float inv = (sum == 0.f || sum != sum) ? 0.f : 1.f / sum;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= inv; }
+  }
+}
+
+// fp32 accumulator -> 16-bit A operand in registers (RS P·V GEMM), into a fragment of A layout.
+template <typename TP, typename TS>
+__forceinline__ __device__ void convert_into(TP& p, TS const& acc_s) {
+  using To = typename TP::value_type;
+  constexpr int kN = decltype(size(acc_s))::value;
+  static_assert(kN == decltype(size(p))::value);
+  cutlass::NumericArrayConverter<To, float, kN> convert;
+  *reinterpret_cast<cutlass::Array<To, kN>*>(p.data()) =
+      convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(acc_s.data()));
+}
+
+// ---- pipelines: mbarriers -------------------------------------------------------------------------
+// full[s]: the producer's TMA for stage s landed (one arrive with the byte count, then the bytes);
+// empty[s]: every consumer thread is done reading stage s. A fresh mbarrier counts as having completed
+// the phase before phase 0, so the producer's first pass through the ring waits with parity 1.
+using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+using EmptyBarrier = cutlass::arch::ClusterBarrier;
+
+__forceinline__ __device__ void wait_barrier(uint64_t* bar, int phase) {
+  EmptyBarrier::wait(bar, uint32_t(phase));
+}
+
+// A consumer warpgroup hands a stage back once its wgmma reading it completed (after warpgroup_wait):
+// one thread per warpgroup arrives (FA3 measured all-thread arrivals as slower).
+__forceinline__ __device__ void release_stage(uint64_t* bar, int consumer_tidx) {
+  if (consumer_tidx % 128 == 0) { EmptyBarrier::arrive(bar); }
+}
+
+// ---- TMA ------------------------------------------------------------------------------------------
+// A (rows, D) tile of a (batch, seqlen, heads, D) tensor into a K-major, 128-byte-swizzled shared tile:
+// D/64 boxes of 64 columns x rows, one per 64-column chunk, each landing as rows x 128 bytes (the
+// layout of GMMA::Layout_K_SW128_Atom tiled over the tile). Rows past the tensor's end read as zeros.
+template <int kChunks, int kRows, typename Element>
+__forceinline__ __device__ void tma_load_tile(CUtensorMap const* desc, uint64_t* bar, Element* smem, int row0,
+                                              int head, int batch) {
+  CUTE_UNROLL
+  for (int c = 0; c < kChunks; ++c) {
+    SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL), smem + c * kRows * 64,
+                           c * 64, row0, head, batch);
+  }
+}
+
+// The reverse for a (rows, D) tile of O; rows past the tensor's end are not written.
+template <int kChunks, int kTileRows, typename Element>
+__forceinline__ __device__ void tma_store_rows(CUtensorMap const* desc, Element const* smem, int row0, int head,
+                                               int batch) {
+  CUTE_UNROLL
+  for (int c = 0; c < kChunks; ++c) {
+    SM90_TMA_STORE_4D::copy(desc, smem + c * kTileRows * 64, c * 64, row0, head, batch);
+  }
+  tma_store_arrive();
+}
+
+}  // namespace attn_sm90
+
+#endif  // ATTN_SM90_CUH

@@ -1,0 +1,113 @@
+"""Validation of Hopper (wgmma) kernel parameters: pure, with every reason a candidate cannot work.
+
+Two schedules: warp-specialised (the sketch has warpgroup roles: a TMA producer warpgroup and 1-3
+consumer warpgroups) and the plain one (every warpgroup loads and computes). In both, each consumer
+warpgroup owns 64 query rows (block_m = 64 x warpgroups) and holds, per thread, its share of the
+fp32 score tile S (64 x block_n over 128 threads), of the output O (64 x d_v) and, for the RS P·V GEMM,
+the 16-bit operand copy P.
+"""
+from __future__ import annotations
+
+from hardware_profiles import Profile
+from translate.problem import Problem
+
+GMMA_BLOCK_M = (64, 128, 192)
+PRODUCER_REGS = (24, 32, 40, 56)
+MAX_WGMMA_N = 256
+# Registers a consumer thread needs besides the tiles (addresses, descriptors, loop state, softmax
+# statistics): FA4's feasibility model (sm90_config_search.py) keeps 24 of 240 with two consumer
+# warpgroups and 32 of 160 with three; its largest feasible hdim-128 tile, 128 x 192 RS, needs 208 of 216.
+REGISTER_OVERHEAD = {1: 24, 2: 24, 3: 32}
+SETMAXNREG_CAP = 240        # FA3's largest consumer allocation with two consumer warpgroups
+PLAIN_THREAD_REGS = 255     # no register reallocation: the compiler's per-thread limit
+
+
+def consumer_warpgroups(block_m: int) -> int:
+    return block_m // 64
+
+
+def consumer_registers(params) -> int:
+    """setmaxnreg of the consumers: the 64K registers of the SM minus the producer's, shared out."""
+    wgs = consumer_warpgroups(params.block_m)
+    if wgs <= 1:
+        return PLAIN_THREAD_REGS
+    return min(SETMAXNREG_CAP, ((65536 // 128 - params.producer_regs) // wgs) // 8 * 8)
+
+
+def tile_registers(params, problem: Problem) -> int:
+    """32-bit registers per consumer thread for S, O and (RS) P (FA4's model: fp32 accumulators of the
+    warpgroup's 64 rows over 128 threads, P half of S), plus the overhead."""
+    s = params.block_n // 2
+    o = problem.d_v // 2
+    p = params.block_n // 4 if params.pv_operand == "rs" else 0
+    return s + o + p + REGISTER_OVERHEAD.get(consumer_warpgroups(params.block_m), 32)
+
+
+def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
+    q = params.block_m * max(problem.d_qk, problem.d_v)
+    kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v)
+    p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
+    barriers = (1 + 4 * params.kv_stages) * 8 if (warp_specialized or params.g2s_atom == "SM90_TMA") else 0
+    return (q + kv + p) * 2 + barriers
+
+
+def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: bool) -> list[str]:
+    errors: list[str] = []
+    if not params.is_gmma:
+        return ["a warp-specialised sketch needs wgmma: mma_atom SM90_GMMA (on an sm90 GPU)"]
+    if profile.sm < 90 or "SM90_GMMA" not in profile.mma_atoms:
+        return [f"wgmma (mma_atom SM90_GMMA) needs an sm_90a GPU; {profile.name} is sm{profile.sm}"]
+    if problem.dtype not in profile.dtypes:
+        errors.append(f"{profile.name} has no {problem.dtype} tensor cores")
+    if params.block_m not in GMMA_BLOCK_M:
+        errors.append(f"block_m {params.block_m} must be 64 x consumer warpgroups (64, 128 or 192): a warpgroup's "
+                      "wgmma covers 64 rows")
+    elif params.num_warps != params.block_m // 16:
+        errors.append(f"num_warps {params.num_warps} must be block_m / 16 = {params.block_m // 16} "
+                      "(four warps per 64-row warpgroup)")
+    if params.block_n % 16 or not 16 <= params.block_n <= MAX_WGMMA_N:
+        errors.append(f"block_n {params.block_n} must be a multiple of 16 in 16..{MAX_WGMMA_N} (wgmma N; the P·V "
+                      "GEMM steps over it in k-blocks of 16)")
+    for d in sorted({problem.d_qk, problem.d_v}):
+        if d % 64:
+            errors.append(f"head dim {d} must be a multiple of 64 (128-byte swizzled tiles, 64-column TMA boxes)")
+    if not 1 <= params.kv_stages <= 4:
+        errors.append(f"kv_stages must be 1..4, got {params.kv_stages}")
+    if params.q_in_regs:
+        errors.append("q_in_regs does not apply: the wgmma QK^T GEMM reads Q from shared memory (FA3: register "
+                      "bandwidth is the bottleneck)")
+    if (params.s2r_atom, params.swizzle) != ("SM75_U32x4_LDSM_N", 3):
+        errors.append("s2r_atom and swizzle do not apply to wgmma kernels (GMMA descriptors read 128-byte swizzled "
+                      "shared memory directly): keep SM75_U32x4_LDSM_N and 3")
+    if params.pv_operand not in ("rs", "ss"):
+        errors.append(f"pv_operand must be rs or ss, got {params.pv_operand!r}")
+    if warp_specialized:
+        if params.g2s_atom != "SM90_TMA":
+            errors.append(f"the warp-specialised producer loads with TMA (g2s_atom SM90_TMA), not {params.g2s_atom}")
+        if params.producer_regs not in PRODUCER_REGS:
+            errors.append(f"producer_regs must be one of {PRODUCER_REGS}, got {params.producer_regs}")
+        if params.pingpong and params.block_m != 128:
+            errors.append("ping-pong alternates exactly two consumer warpgroups: block_m 128")
+        budget = consumer_registers(params)
+        where = f"the consumers' {budget} (setmaxnreg after the producer keeps {params.producer_regs})"
+    else:
+        if params.g2s_atom not in ("SM80_CP_ASYNC_CACHEGLOBAL", "SM80_CP_ASYNC_CACHEALWAYS", "SM90_TMA"):
+            errors.append(f"g2s_atom {params.g2s_atom}: every warpgroup loads with cp.async or TMA here")
+        if params.pingpong or params.producer_regs != 24:
+            errors.append("pingpong and producer_regs apply to warp-specialised sketches (warpgroup roles) only")
+        budget = PLAIN_THREAD_REGS
+        where = f"the {budget} a thread can hold"
+    if params.block_m in GMMA_BLOCK_M and params.block_n % 16 == 0:
+        need = tile_registers(params, problem)
+        if need > budget:
+            errors.append(f"a consumer thread needs about {need} registers (S 64x{params.block_n}, O 64x{problem.d_v}"
+                          f"{', P' if params.pv_operand == 'rs' else ''} over 128 threads + "
+                          f"{REGISTER_OVERHEAD.get(consumer_warpgroups(params.block_m), 32)}) "
+                          f"but has {where}")
+    smem = smem_bytes(params, problem, warp_specialized)
+    if smem > profile.smem_per_block_bytes:
+        errors.append(f"shared memory {smem // 1024} KB (Q {params.block_m}x{max(problem.d_qk, problem.d_v)} + "
+                      f"{params.kv_stages} stage(s) of K/V {params.block_n}x({problem.d_qk}+{problem.d_v})"
+                      f"{' + P' if params.pv_operand == 'ss' else ''}) exceeds the {profile.smem_per_block_kb} KB "
+                      f"per-block limit of {profile.name}")
+    return errors

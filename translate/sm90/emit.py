@@ -1,0 +1,424 @@
+"""Emitters of the warp-specialised Hopper kernel: one per op kind, plus the per-config types, the
+shared-memory plan, the role split and the kernel signature.
+
+Every emitted block starts with the TL line it came from; the synchronisation the dependency pass
+placed (waits, stage releases, the deferred rescale) is printed before the op with its reason.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from translate.kernel import TranslationError
+from translate.params_sm90 import consumer_registers
+from translate.sm90.ir import Cond, Loop, Op
+from translate.ir import expr_to_cpp
+
+INDENT = "  "
+
+# Named barrier ids (0 is __syncthreads): the epilogue of each consumer warpgroup, and the ping-pong
+# turn of each consumer warpgroup.
+EPILOGUE_BARRIER = 1
+PINGPONG_BARRIER = 5
+
+
+@dataclass
+class Ctx:
+    spec: object
+    params: object
+    lowered: object
+    stage_holders: dict                      # GEMM op -> True: it holds a pipeline stage until released
+    buffer_role: dict                        # TL shared buffer -> q, k, v
+    loop_vars: list = field(default_factory=list)
+    gemm_names: dict = field(default_factory=dict)
+
+    def gemm_id(self, op: Op) -> str:
+        if op not in self.gemm_names:
+            self.gemm_names[op] = f"g{op.line}_{len(self.gemm_names)}"
+        return self.gemm_names[op]
+
+    def expr(self, text: str, line: int) -> str:
+        syms = {"N": "n_tiles", "BM": "kBlockM", "BN": "kBlockN", "block_idx": "m_block"}
+        for v in self.loop_vars:
+            syms[v] = v
+        return expr_to_cpp(text, syms, line)
+
+
+def _indent(lines: list[str], level: int = 1) -> list[str]:
+    return [(INDENT * level + ln) if ln else ln for ln in lines]
+
+
+def comment(node) -> str:
+    line = getattr(node.stmt, "line", 0)
+    return f"// TL {line}: {node.tl_text}" if line else f"// {node.tl_text}"
+
+
+# ---- producer -----------------------------------------------------------------------------------------
+
+def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
+    role = op.data["role"]
+    if role == "q":
+        return ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);",
+                "attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, m_block * kBlockM, "
+                "bidh, bidb);"]
+    tile = ctx.expr(op.data["tile"], op.line)
+    x = role   # k or v
+    dim = "kHeadDimQK" if x == "k" else "kHeadDimV"
+    return [
+        "{",
+        f"{INDENT}const int slot = {x}_write % kStages;",
+        f"{INDENT}attn_sm90::wait_barrier(&{x}_empty[slot], ((({x}_write / kStages) & 1) ^ 1));"
+        "  // the consumers handed the stage back",
+        f"{INDENT}++{x}_write;",
+        f"{INDENT}attn_sm90::FullBarrier::arrive_and_expect_tx(&{x}_full[slot], kTile{x.upper()}Bytes);",
+        f"{INDENT}const int n_block = n_tiles - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
+        f"{INDENT}attn_sm90::tma_load_tile<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
+        f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, bidh_kv, bidb);",
+        "}",
+    ]
+
+
+# ---- consumer -----------------------------------------------------------------------------------------
+
+def emit_alloc_acc(op: Op, ctx: Ctx) -> list[str]:
+    name, mma = op.data["name"], op.data["mma"]
+    cols = "kBlockN" if mma == "qk" else "kHeadDimV"
+    lines = [f"Tensor acc_{name} = partition_fragment_C(tiled_mma_{mma}, Shape<Int<kBlockM>, Int<{cols}>>{{}});"]
+    if op.data["clear"]:
+        lines.append(f"clear(acc_{name});")
+    if mma == "qk":
+        lines.append(f"int tile_{name} = 0;  // the K tile (iteration order) the latest GEMM into {name} read")
+    return lines
+
+
+def emit_gemm(op: Op, ctx: Ctx) -> list[str]:
+    g = ctx.gemm_id(op)
+    mma, zero = op.data["mma"], "true" if op.data["zero_init"] else "false"
+    lines = ["{"]
+    if mma == "qk":
+        x, res = "k", op.data["result"]
+        lines += [
+            f"{INDENT}{g}_slot = k_read % kStages;",
+            f"{INDENT}attn_sm90::wait_barrier(&k_full[{g}_slot], (k_read / kStages) & 1);  // the K tile landed",
+            f"{INDENT}tile_{res} = k_read++;",
+            f"{INDENT}attn_sm90::wait_barrier(q_full, 0);  // the Q tile landed (returns at once after the first time)",
+            f"{INDENT}attn_sm90::gemm_issue<{zero}>(tiled_mma_qk, tSrQ, tSrK(_, _, _, {g}_slot), acc_{res});",
+        ]
+    else:
+        x = "v"
+        a = "tOsP" if ctx.params.pv_operand == "ss" else f"rP_{op.data['a']}"
+        lines += [
+            f"{INDENT}{g}_slot = v_read % kStages;",
+            f"{INDENT}attn_sm90::wait_barrier(&v_full[{g}_slot], (v_read / kStages) & 1);  // the V tile landed",
+            f"{INDENT}++v_read;",
+            f"{INDENT}attn_sm90::gemm_issue<{zero}>(tiled_mma_pv, {a}, tOrV(_, _, _, {g}_slot), acc_{op.data['result']});",
+        ]
+    lines.append(f"{INDENT}{g}_pending = true;  // stage {x}[{g}_slot] is read until this batch completes")
+    lines.append("}")
+    return lines
+
+
+def emit_mask(op: Op, ctx: Ctx) -> list[str]:
+    t = op.data["target"]
+    causal = "kCausal" if op.data["causal"] else "false"
+    return [f"if (tile_{t} < n_masked) {{  // the diagonal / ragged tiles come first",
+            f"{INDENT}attn_tl::apply_mask<{causal}>(acc_{t}, tScS, m_block * kBlockM, "
+            f"(n_tiles - 1 - tile_{t}) * kBlockN, seqlen_k, causal_offset);",
+            "}"]
+
+
+def emit_softmax(op: Op, ctx: Ctx) -> list[str]:
+    t = op.data["target"]
+    return [f"attn_sm90::softmax_tile(acc_{t}, {op.data['max']}, {op.data['sum']}, rescale_o, kScaleLog2);"
+            f"  // O's rescale is deferred to its next use"]
+
+
+def emit_reshape(op: Op, ctx: Ctx) -> list[str]:
+    src, dst = op.data["src"], op.data["dst"]
+    if ctx.params.pv_operand == "ss":
+        return [
+            "{  // P through shared memory (SS P·V GEMM): 16-bit copy, visible to the tensor cores' async proxy",
+            f"{INDENT}Tensor rP = attn_tl::convert_type<Element>(acc_{src});",
+            f"{INDENT}cute::copy(r2s_p, r2s_thr_p.retile_S(rP), r2s_thr_p.partition_D(sP));",
+            f"{INDENT}cutlass::arch::fence_view_async_shared();",
+            f"{INDENT}cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);  // this warpgroup's rows",
+            "}",
+        ]
+    return [f"attn_sm90::convert_into(rP_{dst}, acc_{src});  // accumulator -> 16-bit A operand (RS P·V GEMM)"]
+
+
+def emit_normalize(op: Op, ctx: Ctx) -> list[str]:
+    return [f"attn_sm90::normalize_rows(acc_{op.data['target']}, {op.data['divisor']});"]
+
+
+def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
+    acc = op.data["src"]
+    return [
+        "{  // registers -> shared (this warpgroup's rows of Q's tile) -> TMA store (rows past seqlen_q are clipped)",
+        f"{INDENT}Tensor rO = attn_tl::convert_type<Element>(acc_{acc});",
+        f"{INDENT}Tensor sO = make_tensor(make_smem_ptr(smem_q), SmemLayoutO{{}});",
+        f"{INDENT}auto r2s_o = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{{}}, tiled_mma_pv);",
+        f"{INDENT}auto r2s_thr_o = r2s_o.get_thread_slice(mma_tidx);",
+        f"{INDENT}cute::copy(r2s_o, r2s_thr_o.retile_S(rO), r2s_thr_o.partition_D(sO));",
+        f"{INDENT}cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
+        f"{INDENT}cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
+        f"{INDENT}if (mma_tidx % 128 == 0) {{",
+        f"{INDENT * 2}attn_sm90::tma_store_rows<kHeadDimV / 64, kBlockM>(&tma_o, smem_q + wg * 64 * 64, "
+        "m_block * kBlockM + wg * 64, bidh, bidb);",
+        f"{INDENT * 2}tma_store_wait<0>();  // shared memory stays valid until the store has read it",
+        f"{INDENT}}}",
+        "}",
+    ]
+
+
+def emit_drain(op: Op, ctx: Ctx) -> list[str]:
+    return ["// consumer done: every GEMM finished and every stage handed back"]
+
+
+EMITTERS = {
+    "tma_copy": emit_tma_copy,
+    "alloc_acc": emit_alloc_acc,
+    "gemm": emit_gemm,
+    "mask": emit_mask,
+    "softmax": emit_softmax,
+    "reshape": emit_reshape,
+    "normalize": emit_normalize,
+    "store_o": emit_store_o,
+    "drain": emit_drain,
+}
+
+
+def sync_lines(op: Op, ctx: Ctx) -> list[str]:
+    out = []
+    if op.wait is not None:
+        out += [f"// dependency pass: {r}" for r in op.reasons]
+        out.append(f"warpgroup_wait<{op.wait}>();")
+        out += [f"warpgroup_fence_operand(acc_{a});" for a in sorted(ctx.lowered.score_accs | {ctx.lowered.pv_acc})]
+    for g in op.releases:
+        gid = ctx.gemm_id(g)
+        buf = "k" if g.data["mma"] == "qk" else "v"
+        out.append(f"if ({gid}_pending) {{ attn_sm90::release_stage(&{buf}_empty[{gid}_slot], mma_tidx); "
+                   f"{gid}_pending = false; }}  // stage back to the producer (TL {g.line})")
+    for acc in op.rescale:
+        out.append(f"attn_sm90::rescale_rows(acc_{acc}, rescale_o);  // the softmax's deferred factor")
+    return out
+
+
+# ---- blocks ---------------------------------------------------------------------------------------------
+
+def emit_nodes(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
+    out: list[str] = []
+    k = 0
+    while k < len(nodes):
+        node = nodes[k]
+        if isinstance(node, Op) and node.kind == "gemm" and pingpong:
+            # a run of GEMM issues is one turn on the tensor cores: the other warpgroup's softmax runs meanwhile
+            run = [node]
+            while k + len(run) < len(nodes) and isinstance(nodes[k + len(run)], Op) \
+                    and nodes[k + len(run)].kind == "gemm" and nodes[k + len(run)].wait is None \
+                    and not nodes[k + len(run)].rescale and not nodes[k + len(run)].releases:
+                run.append(nodes[k + len(run)])
+            out.append(comment(node))
+            out += sync_lines(node, ctx)
+            out.append(f"cutlass::arch::NamedBarrier::sync(2 * 128, {PINGPONG_BARRIER} + wg);  // ping-pong: our turn "
+                       "to issue GEMMs")
+            for i, g in enumerate(run):
+                if i:
+                    out.append(comment(g))
+                out += EMITTERS["gemm"](g, ctx)
+            out.append(f"cutlass::arch::NamedBarrier::arrive(2 * 128, {PINGPONG_BARRIER} + 1 - wg);  // the other "
+                       "warpgroup's turn")
+            k += len(run)
+            continue
+        if isinstance(node, Op):
+            out.append(comment(node))
+            out += sync_lines(node, ctx)
+            out += EMITTERS[node.kind](node, ctx)
+        elif isinstance(node, Loop):
+            start, stop = ctx.expr(node.start, node.stmt.line), ctx.expr(node.stop, node.stmt.line)
+            out += [comment(node), "#pragma unroll 1", f"for (int {node.var} = {start}; {node.var} < {stop}; ++{node.var}) {{"]
+            ctx.loop_vars.append(node.var)
+            out += _indent(emit_nodes(node.body, ctx, pingpong))
+            ctx.loop_vars.pop()
+            out.append("}")
+        elif isinstance(node, Cond):
+            out += [comment(node), f"if ({ctx.expr(node.condition, node.stmt.line)}) {{"]
+            out += _indent(emit_nodes(node.body, ctx, pingpong))
+            out.append("}")
+        k += 1
+    return out
+
+
+# ---- per-config types and the kernel frame ---------------------------------------------------------------
+
+def _k_major_atom(width: int) -> str:
+    """The GMMA shared-memory atom for 16-bit rows of ``width`` elements: the widest swizzle that divides it."""
+    for elems, name in ((64, "SW128"), (32, "SW64"), (16, "SW32")):
+        if width % elems == 0:
+            return f"GMMA::Layout_K_{name}_Atom<Element>"
+    raise TranslationError(f"a {width}-element row is not a multiple of 16 (GMMA shared-memory layouts)")
+
+
+def kernel_types(spec, params, stages: int) -> list[str]:
+    elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
+    wgs = params.block_m // 64
+    scale = 1.0 / math.sqrt(spec.d_qk)
+    pv = ("GMMA::rs_op_selector" if params.pv_operand == "rs" else "GMMA::ss_op_selector")
+    lines = [
+        f"using Element = {elem};",
+        f"constexpr int kBlockM = {params.block_m};",
+        f"constexpr int kBlockN = {params.block_n};",
+        f"constexpr int kHeadDimQK = {spec.d_qk};",
+        f"constexpr int kHeadDimV = {spec.d_v};",
+        f"constexpr int kConsumerWGs = {wgs};  // one warpgroup per 64 query rows",
+        f"constexpr int kStages = {stages};",
+        "constexpr int kNThreads = 128 * (kConsumerWGs + 1);  // warpgroup 0 produces",
+        "constexpr int kConsumerThreads = 128 * kConsumerWGs;",
+        f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
+        f"constexpr float kScaleLog2 = {scale * math.log2(math.e)!r}f;  // log2(e) / sqrt(d_qk), folded into exp2",
+        f"constexpr int kProducerRegs = {params.producer_regs};",
+        f"constexpr int kConsumerRegs = {consumer_registers(params)};",
+        "",
+        "using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
+        "Shape<_64, Int<kBlockN>, Int<kHeadDimQK>>>(), Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));",
+        f"using TiledMmaPV = decltype(make_tiled_mma({pv}<Element, Element, float, "
+        "Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>(), "
+        "Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));",
+        "// K-major, 128-byte swizzled tiles: the image a TMA box of 64 columns x rows writes, chunk after chunk",
+        "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
+        "using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));",
+        "// V as stored (BN, HeadDimV) read as (HeadDimV, BN): the same bytes, MN-major for the P·V GEMM",
+        "using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, "
+        "Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));",
+        "using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockM>, Int<kHeadDimV>>{}));",
+        f"using SmemLayoutP = decltype(tile_to_shape({_k_major_atom(params.block_n)}{{}}, "
+        "Shape<Int<kBlockM>, Int<kBlockN>>{}));",
+        "constexpr int kTileQElems = kBlockM * cute::max(kHeadDimQK, kHeadDimV);  // Q, then O in the epilogue",
+        "constexpr int kTileKElems = kBlockN * kHeadDimQK;",
+        "constexpr int kTileVElems = kBlockN * kHeadDimV;",
+        f"constexpr int kTilePElems = {'kBlockM * kBlockN' if params.pv_operand == 'ss' else '0'};",
+        "constexpr int kTileQBytes = kBlockM * kHeadDimQK * int(sizeof(Element));",
+        "constexpr int kTileKBytes = kTileKElems * int(sizeof(Element));",
+        "constexpr int kTileVBytes = kTileVElems * int(sizeof(Element));",
+        "constexpr int kBarrierOffset = (kTileQElems + kStages * (kTileKElems + kTileVElems) + kTilePElems) "
+        "* int(sizeof(Element));",
+        "constexpr int kSmemBytes = kBarrierOffset + (1 + 4 * kStages) * 8;",
+    ]
+    return lines
+
+
+def kernel_signature(name: str) -> list[str]:
+    args = ["const Element* __restrict__ q_ptr", "const Element* __restrict__ k_ptr",
+            "const Element* __restrict__ v_ptr", "Element* __restrict__ o_ptr",
+            "const int seqlen_q", "const int seqlen_k", "const int group"]
+    for r in "qkvo":
+        args += [f"const int64_t {r}_batch_stride", f"const int64_t {r}_row_stride", f"const int64_t {r}_head_stride"]
+    args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
+    lines = [f'extern "C" __global__ void __launch_bounds__(kNThreads, 1) {name}(']
+    for i, a in enumerate(args):
+        lines.append(f"    {a}{',' if i < len(args) - 1 else ') {'}")
+    return lines
+
+
+def kernel_setup() -> list[str]:
+    return [
+        "extern __shared__ __align__(1024) char attn_smem[];",
+        "const int tidx = threadIdx.x;",
+        "// causal: the heaviest query tiles (most keys) are scheduled first",
+        "const int m_block = kCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);",
+        "const int bidh = blockIdx.y;",
+        "const int bidb = blockIdx.z;",
+        "const int bidh_kv = bidh / group;  // GQA/MQA: KV head = query head // group",
+        "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right: row r sees key c iff c <= r + offset",
+        "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
+        "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * kBlockM + causal_offset + kBlockN - 1) / kBlockN); }",
+        "if (n_tiles <= 0) {  // causal: no key is visible to any row of this query tile -> O rows are 0",
+        "  const int row_chunks = kHeadDimV / 8;",
+        "  for (int idx = tidx; idx < kBlockM * row_chunks; idx += kNThreads) {",
+        "    const int row = m_block * kBlockM + idx / row_chunks;",
+        "    if (row < seqlen_q) {",
+        "      *reinterpret_cast<cute::uint128_t*>(o_ptr + bidb * o_batch_stride + row * o_row_stride + "
+        "bidh * o_head_stride + (idx % row_chunks) * 8) = cute::uint128_t(0, 0);",
+        "    }",
+        "  }",
+        "  return;",
+        "}",
+        "",
+        "// shared-memory plan: Q (O in the epilogue) | K stages | V stages | P (SS only) | mbarriers",
+        "Element* smem_q = reinterpret_cast<Element*>(attn_smem);",
+        "Element* smem_k = smem_q + kTileQElems;",
+        "Element* smem_v = smem_k + kStages * kTileKElems;",
+        "[[maybe_unused]] Element* smem_p = smem_v + kStages * kTileVElems;",
+        "uint64_t* q_full = reinterpret_cast<uint64_t*>(attn_smem + kBarrierOffset);",
+        "uint64_t* k_full = q_full + 1;",
+        "uint64_t* k_empty = k_full + kStages;",
+        "uint64_t* v_full = k_empty + kStages;",
+        "uint64_t* v_empty = v_full + kStages;",
+        "if (tidx == 0) {",
+        "  attn_sm90::FullBarrier::init(q_full, 1);",
+        "  for (int s = 0; s < kStages; ++s) {",
+        "    attn_sm90::FullBarrier::init(&k_full[s], 1);",
+        "    attn_sm90::FullBarrier::init(&v_full[s], 1);",
+        "    attn_sm90::EmptyBarrier::init(&k_empty[s], kConsumerWGs);  // one thread per consumer warpgroup hands back",
+        "    attn_sm90::EmptyBarrier::init(&v_empty[s], kConsumerWGs);",
+        "  }",
+        "  cutlass::arch::fence_barrier_init();",
+        "}",
+        "__syncthreads();",
+    ]
+
+
+def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
+    lines = [
+        "const int mma_tidx = tidx - 128;",
+        "const int wg = mma_tidx / 128;  // consumer warpgroup: query rows [64 wg, 64 wg + 64) of the tile",
+        "TiledMmaQK tiled_mma_qk;",
+        "TiledMmaPV tiled_mma_pv;",
+        "auto thr_qk = tiled_mma_qk.get_thread_slice(mma_tidx);",
+        "auto thr_pv = tiled_mma_pv.get_thread_slice(mma_tidx);",
+        "Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});",
+        "Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});",
+        "Tensor sVt = make_tensor(make_smem_ptr(smem_v), SmemLayoutVt{});",
+        "Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // GMMA descriptors, not registers",
+        "Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)",
+        "Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, N, K, stage)",
+        "Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));  // (row, col)",
+        "const bool tile_aligned = seqlen_k % kBlockN == 0 && (seqlen_k - seqlen_q) % kBlockN == 0 "
+        "&& kBlockM % kBlockN == 0;",
+        "// tiles that need the mask come first: causal, the diagonal spans ceil(BM/BN) tiles (one more when it",
+        "// is not tile-aligned); non-causal, only a ragged last K tile",
+        "const int n_masked = kCausal ? (kBlockM + kBlockN - 1) / kBlockN + (tile_aligned ? 0 : 1) "
+        ": (seqlen_k % kBlockN != 0 ? 1 : 0);",
+        "int k_read = 0, v_read = 0;  // tiles taken from each ring so far",
+    ]
+    score = sorted(lowered.score_accs)[0]
+    lines.append(f"Tensor rescale_o = make_tensor<float>(Shape<Int<decltype(size<0>(attn_sm90::rowcol_layout("
+                 f"decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{{}}))"
+                 "::layout_type{})))::value>>{});")
+    stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
+    for mx, sm in stats:
+        lines += [f"Tensor {mx} = make_tensor_like(rescale_o);", f"fill({mx}, -INFINITY);",
+                  f"Tensor {sm} = make_tensor_like(rescale_o);", f"fill({sm}, 0.f);"]
+    del score
+    if params.pv_operand == "ss":
+        lines += ["Tensor sP = make_tensor(make_smem_ptr(smem_p), SmemLayoutP{});",
+                  "Tensor tOsP = thr_pv.partition_fragment_A(sP);   // P as a GMMA descriptor",
+                  "auto r2s_p = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, tiled_mma_qk);",
+                  "auto r2s_thr_p = r2s_p.get_thread_slice(mma_tidx);"]
+    else:
+        for p in sorted(lowered.p_tensors):
+            lines.append(f"Tensor rP_{p} = make_tensor<Element>(attn_sm90::acc_to_a_layout("
+                         "decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}))"
+                         "::layout_type{}));")
+    for g in sorted(holders, key=lambda o: o.line):
+        gid = ctx.gemm_id(g)
+        lines.append(f"int {gid}_slot = 0; bool {gid}_pending = false;  // TL {g.line}: the stage its batch reads")
+    return lines
+
+
+def _all_ops(nodes):
+    from translate.sm90.ir import iter_ops
+    return iter_ops(nodes)

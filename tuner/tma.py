@@ -1,0 +1,95 @@
+"""TMA descriptors for Hopper kernels, encoded on the host per call and passed by value.
+
+``tensor_map_spec`` is pure (CPU-tested): for a (batch, seqlen, heads, dim) tensor it gives the 4-D map
+(dim, seqlen, heads, batch) — innermost first, strides in bytes, a box of 64 columns x ``rows`` with the
+128-byte swizzle that matches the kernels' GMMA shared-memory layout (translate/sm90). ``encode`` turns a
+spec into a ``CUtensorMap`` with cuda-python's ``cuTensorMapEncodeTiled``; ``TensorMapCache`` keeps the
+last few so that re-launching on the same tensors costs a dictionary lookup.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+BOX_COLUMNS = 64            # 64 16-bit columns = 128 bytes: the SWIZZLE_128B span
+MAX_BOX_ROWS = 256
+
+
+class TensorMapError(ValueError):
+    """A tensor the TMA unit cannot address as the kernel needs (alignment, strides, sizes)."""
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    dims: tuple[int, int, int, int]          # (dim, seqlen, heads, batch)
+    strides_bytes: tuple[int, int, int]      # of seqlen, heads, batch
+    box: tuple[int, int, int, int]           # (64, rows, 1, 1)
+    element_bytes: int
+    address: int
+
+
+def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int) -> TensorMapSpec:
+    """The map of a (batch, seqlen, heads, dim) tensor with element ``strides`` (dim contiguous)."""
+    b, s, h, d = (int(x) for x in shape)
+    sb, ss, sh, sd = (int(x) for x in strides)
+    problems = []
+    if sd != 1:
+        problems.append(f"the head dim must be contiguous (stride 1), got {sd}")
+    if d % BOX_COLUMNS:
+        problems.append(f"head dim {d} is not a multiple of {BOX_COLUMNS} (one 128-byte swizzled box per 64 columns)")
+    if not 1 <= rows <= MAX_BOX_ROWS:
+        problems.append(f"box rows {rows} must be in 1..{MAX_BOX_ROWS}")
+    if address % 16:
+        problems.append("the data pointer must be 16-byte aligned")
+    strides_bytes = (ss * element_bytes, sh * element_bytes, sb * element_bytes)
+    for name, value in zip(("seqlen", "heads", "batch"), strides_bytes):
+        if value % 16 or value <= 0 or value >= 1 << 40:
+            problems.append(f"the {name} stride ({value} bytes) must be a positive multiple of 16 below 2^40")
+    if problems:
+        raise TensorMapError("; ".join(problems))
+    return TensorMapSpec((d, s, h, b), strides_bytes, (BOX_COLUMNS, rows, 1, 1), element_bytes, int(address))
+
+
+def encode(spec: TensorMapSpec, dtype: str):
+    """A ``CUtensorMap`` for ``spec`` (cuda-python's driver bindings; the GPU machine has them)."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:   # pragma: no cover
+        from cuda import cuda as driver
+    kind = {"bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            "fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[dtype]
+    return _encode(driver, spec, kind)
+
+
+def _encode(driver, spec: TensorMapSpec, data_type):
+    u32, u64 = driver.cuuint32_t, driver.cuuint64_t
+    err, tmap = driver.cuTensorMapEncodeTiled(
+        data_type, 4, spec.address, [u64(x) for x in spec.dims], [u64(x) for x in spec.strides_bytes],
+        [u32(x) for x in spec.box], [u32(1)] * 4,
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
+    if int(err) != 0:
+        raise TensorMapError(f"cuTensorMapEncodeTiled failed ({err}) for {spec}")
+    return tmap
+
+
+class TensorMapCache:
+    """The last ``size`` encoded maps, keyed by everything that goes into them."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._maps: OrderedDict = OrderedDict()
+
+    def get(self, spec: TensorMapSpec, dtype: str):
+        key = (spec, dtype)
+        found = self._maps.get(key)
+        if found is not None:
+            self._maps.move_to_end(key)
+            return found
+        tmap = encode(spec, dtype)
+        self._maps[key] = tmap
+        if len(self._maps) > self.size:
+            self._maps.popitem(last=False)
+        return tmap
