@@ -29,9 +29,9 @@ from translate.problem import KernelSpec, grid_problems  # noqa: E402
 HOPPER = dict(mma_atom="SM90_GMMA", g2s_atom="SM90_TMA")
 
 
-def P(bm, bn, stages=2, pv="rs", pingpong=False, regs=24, **extra):
+def P(bm, bn, stages=2, pv="rs", pingpong=False, regs=24, persistent=False, **extra):
     return KernelParams(block_m=bm, block_n=bn, num_warps=bm // 16, kv_stages=stages, pv_operand=pv,
-                        pingpong=pingpong, producer_regs=regs, **{**HOPPER, **extra})
+                        pingpong=pingpong, producer_regs=regs, persistent=persistent, **{**HOPPER, **extra})
 
 
 def S(variant, causal, dtype="bf16", hd=128):
@@ -41,6 +41,88 @@ def S(variant, causal, dtype="bf16", hd=128):
 
 # (tag, spec, schedule, params)
 SETS = {
+    "fifth": [
+        ("mha128c", S("mha", True), "ws_overlap", P(128, 128)),
+        ("mha128c_per", S("mha", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_pp_per", S("mha", True), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128n", S("mha", False), "ws_overlap", P(128, 128)),
+        ("mha128n_per", S("mha", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128n_pp_per", S("mha", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128n_176pp_per", S("mha", False), "ws_overlap", P(128, 176, pingpong=True, persistent=True)),
+        ("mha64n_per", S("mha", False, hd=64), "ws_overlap", P(192, 128, regs=32, persistent=True)),
+        ("mha64n_192_per", S("mha", False, hd=64), "ws_overlap", P(192, 192, pv="ss", regs=32, persistent=True)),
+        ("mha64c_192_per", S("mha", True, hd=64), "ws_overlap", P(192, 128, regs=32, persistent=True)),
+        ("mha64c_pp_per", S("mha", True, hd=64), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("gqa128c_per", S("gqa", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("gqa128n_pp_per", S("gqa", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mqa128c_per", S("mqa", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mqa128n_per", S("mqa", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mlac_per", S("mla", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mlan_per", S("mla", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_fp16_per", S("mha", True, "fp16"), "ws_overlap", P(128, 128, persistent=True)),
+    ],
+    "fourth": [
+        ("mha128c", S("mha", True), "ws_overlap", P(128, 128)),
+        ("mha128c_pp", S("mha", True), "ws_overlap", P(128, 128, pingpong=True)),
+        ("mha128n_per", S("mha", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128n_pp_per", S("mha", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128n_176pp_per", S("mha", False), "ws_overlap", P(128, 176, pingpong=True, persistent=True)),
+        ("mha64n_per", S("mha", False, hd=64), "ws_overlap", P(192, 128, regs=32, persistent=True)),
+        ("mha64c_192", S("mha", True, hd=64), "ws_overlap", P(192, 128, regs=32)),
+        ("mha64c", S("mha", True, hd=64), "ws_overlap", P(128, 128)),
+        ("gqa128c", S("gqa", True), "ws_overlap", P(128, 128)),
+        ("gqa128n_pp_per", S("gqa", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mqa128c", S("mqa", True), "ws_overlap", P(128, 128)),
+        ("mqa128n_per", S("mqa", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mlac", S("mla", True), "ws_overlap", P(128, 128)),
+        ("mlan_per", S("mla", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_fp16", S("mha", True, "fp16"), "ws_overlap", P(128, 128)),
+    ],
+    "third": [
+        ("mha128c_per", S("mha", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_pp_per", S("mha", True), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128c", S("mha", True), "ws_overlap", P(128, 128)),
+        ("mha128n_per", S("mha", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128n_pp_per", S("mha", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128n_176_per", S("mha", False), "ws_overlap", P(128, 176, persistent=True)),
+        ("mha128n_176pp_per", S("mha", False), "ws_overlap", P(128, 176, pingpong=True, persistent=True)),
+        ("mha64n_per", S("mha", False, hd=64), "ws_overlap", P(192, 128, regs=32, persistent=True)),
+        ("mha64n_192pp_per", S("mha", False, hd=64), "ws_overlap", P(128, 192, pingpong=True, persistent=True)),
+        ("mha64n_128_per", S("mha", False, hd=64), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha64c_per", S("mha", True, hd=64), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha64c_192_per", S("mha", True, hd=64), "ws_overlap", P(192, 128, regs=32, persistent=True)),
+        ("mha64c_pp_per", S("mha", True, hd=64), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("gqa128c_per", S("gqa", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("gqa128n_per", S("gqa", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("gqa128n_pp_per", S("gqa", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mqa128c_per", S("mqa", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mqa128n_per", S("mqa", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mlac_per", S("mla", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mlan_per", S("mla", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_fp16_per", S("mha", True, "fp16"), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_serial_per", S("mha", True), "ws_serial", P(128, 128, persistent=True)),
+    ],
+    "second": [
+        ("mha128c", S("mha", True), "ws_overlap", P(128, 128)),
+        ("mha128c_per", S("mha", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_pp_per", S("mha", True), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128n", S("mha", False), "ws_overlap", P(128, 128)),
+        ("mha128n_per", S("mha", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128n_pp_per", S("mha", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128n_176_per", S("mha", False), "ws_overlap", P(128, 176, persistent=True)),
+        ("mha128n_176pp_per", S("mha", False), "ws_overlap", P(128, 176, pingpong=True, persistent=True)),
+        ("mha64n_per", S("mha", False, hd=64), "ws_overlap", P(192, 128, regs=32, persistent=True)),
+        ("mha64n_128pp_per", S("mha", False, hd=64), "ws_overlap", P(128, 192, pingpong=True, persistent=True)),
+        ("mha64c_per", S("mha", True, hd=64), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha64c_192_per", S("mha", True, hd=64), "ws_overlap", P(192, 128, regs=32, persistent=True)),
+        ("gqa128c_per", S("gqa", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("gqa128n_per", S("gqa", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mqa128c_per", S("mqa", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mqa128n_per", S("mqa", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mlac_per", S("mla", True), "ws_overlap", P(128, 128, persistent=True)),
+        ("mlan_per", S("mla", False), "ws_overlap", P(128, 128, persistent=True)),
+        ("mha128c_fp16_per", S("mha", True, "fp16"), "ws_overlap", P(128, 128, persistent=True)),
+    ],
     "first": [
         ("mha128c", S("mha", True), "ws_overlap", P(128, 128)),
         ("mha128c_serial", S("mha", True), "ws_serial", P(128, 128)),
@@ -159,7 +241,7 @@ def run(kernels_dir: Path, out: Path, seqlens: tuple[int, ...], only: set[str], 
             state["since"] = time.monotonic()
             row["tag"] = tag
             if fa4 is not None and row.get("status") == "ok":
-                row["fa4"] = _time_fa4(fa4, problems[[p.seqlen_q for p in problems].index(row["seqlen_q"])])
+                row["fa4"] = _time_fa4(fa4, problems[[p.seqlen_q for p in problems].index(row["seqlen"])])
             rows.append(row)
             rows_path.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows},
                                             indent=1, default=str))
@@ -168,7 +250,7 @@ def run(kernels_dir: Path, out: Path, seqlens: tuple[int, ...], only: set[str], 
     for r in rows:
         o, fl, cu, f4 = (r.get(k) for k in ("ours", "flash", "cudnn", "fa4"))
         fmt = lambda x: "-" if x is None else f"{x:.1f}"  # noqa: E731
-        print(f"{r['tag']:16} {r['seqlen_q']:>6} {fmt(o):>7} {fmt(fl):>7} {fmt(cu):>7} {fmt(f4):>7} "
+        print(f"{r['tag']:16} {r['seqlen']:>6} {fmt(o):>7} {fmt(fl):>7} {fmt(cu):>7} {fmt(f4):>7} "
               f"{(o / cu if o and cu else 0):8.2f} {(o / f4 if o and f4 else 0):6.2f}  {r.get('status')}")
     return 1 if failures else 0
 
@@ -189,6 +271,30 @@ def _time_fa4(fa4, problem):
         return None
 
 
+def profile(kernels_dir: Path, tag: str, seqlen: int, fa4: bool) -> int:
+    """Run one kernel (or FA4 on its shape) a few times on one grid problem: the target of an ncu run."""
+    import torch
+
+    from tuner import bench
+    from tuner.runtime import load_kernel
+
+    record = json.loads((kernels_dir / f"{tag}.json").read_text())
+    spec = KernelSpec(**record["meta"]["spec"])
+    head_dim = 128 if spec.variant == "mla" else spec.d_qk
+    (problem,) = grid_problems(spec.variant, head_dim, spec.dtype, spec.causal, seqlens=(seqlen,))
+    q, k, v = bench.make_inputs(problem, 1)[0]
+    if fa4:
+        fn = _fa4()
+        call = lambda: fn(q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale)  # noqa: E731
+    else:
+        kernel = load_kernel(kernels_dir / f"{tag}.cubin", record["meta"])
+        call = lambda: kernel(q, k, v)  # noqa: E731
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -201,7 +307,14 @@ def main() -> int:
     r.add_argument("--out", type=Path, required=True)
     r.add_argument("--seqlens", default="1024,4096,16384")
     r.add_argument("--only", default="")
+    pr = sub.add_parser("profile")
+    pr.add_argument("--kernels", type=Path, required=True)
+    pr.add_argument("--tag", required=True)
+    pr.add_argument("--seqlen", type=int, default=4096)
+    pr.add_argument("--fa4", action="store_true")
     args = ap.parse_args()
+    if args.cmd == "profile":
+        return profile(args.kernels, args.tag, args.seqlen, args.fa4)
     if args.cmd == "build":
         return build(args.set, args.out, args.jobs)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -52,6 +52,7 @@ class GeneratedKernel:
     # dim ("d_qk" or "d_v") its columns are.
     extra_args: tuple = ()
     tensor_maps: dict = field(default_factory=dict)
+    grid: str = "blocks"    # blocks: (query blocks, heads, batch); tiles: one CTA per tile; persistent: one per SM
 
     @property
     def source(self) -> str:
@@ -70,4 +71,5 @@ class GeneratedKernel:
             "params": self.params.to_dict(),
             "args": [list(a) for a in KERNEL_ARGS + tuple(self.extra_args)],
             "tensor_maps": dict(self.tensor_maps),
+            "grid": self.grid,
         }

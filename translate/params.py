@@ -24,6 +24,7 @@ class KernelParams:
     pv_operand: str = "rs"          # P·V GEMM: P from registers (rs) or through shared memory (ss)
     pingpong: bool = False          # two consumer warpgroups take turns issuing GEMMs (warp-specialised)
     producer_regs: int = 24         # setmaxnreg of the producer warpgroup; the consumers get the rest
+    persistent: bool = False        # warp-specialised: one CTA per SM walks the tiles (else one per tile)
 
     @property
     def num_threads(self) -> int:
@@ -49,8 +50,9 @@ class KernelParams:
         key = (f"m{self.block_m}n{self.block_n}w{self.num_warps}s{self.kv_stages}"
                f"_{self.mma_atom.split('_')[0].lower()}_{_short(self.g2s_atom)}_{_short(self.s2r_atom)}"
                f"_sw{self.swizzle}_q{'r' if self.q_in_regs else 's'}")
-        if (self.pv_operand, self.pingpong, self.producer_regs) != ("rs", False, 24):
-            key += f"_pv{self.pv_operand}{'_pp' if self.pingpong else ''}_pr{self.producer_regs}"
+        if (self.pv_operand, self.pingpong, self.producer_regs, self.persistent) != ("rs", False, 24, False):
+            key += (f"_pv{self.pv_operand}{'_pp' if self.pingpong else ''}_pr{self.producer_regs}"
+                    f"{'_per' if self.persistent else ''}")
         return key
 
 
@@ -79,8 +81,9 @@ def validate(params: KernelParams, profile: Profile, problem: Problem,
         from translate.params_sm90 import validate_sm90
         return validate_sm90(params, profile, problem, bool(warp_specialized))
     errors: list[str] = []
-    if (params.pv_operand, params.pingpong, params.producer_regs) != ("rs", False, 24):
-        errors.append("pv_operand, pingpong and producer_regs apply to Hopper kernels (mma_atom SM90_GMMA) only")
+    if (params.pv_operand, params.pingpong, params.producer_regs, params.persistent) != ("rs", False, 24, False):
+        errors.append("pv_operand, pingpong, producer_regs and persistent apply to Hopper kernels "
+                      "(mma_atom SM90_GMMA) only")
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores (supports {', '.join(profile.dtypes)})")
     if params.g2s_atom == "SM90_TMA":

@@ -47,7 +47,7 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
     q = params.block_m * max(problem.d_qk, problem.d_v)
     kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
-    barriers = (1 + 4 * params.kv_stages) * 8 if (warp_specialized or params.g2s_atom == "SM90_TMA") else 0
+    barriers = (2 + 4 * params.kv_stages) * 8 + 16 if (warp_specialized or params.g2s_atom == "SM90_TMA") else 0
     return (q + kv + p) * 2 + barriers
 
 
@@ -93,8 +93,9 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
     else:
         if params.g2s_atom not in ("SM80_CP_ASYNC_CACHEGLOBAL", "SM80_CP_ASYNC_CACHEALWAYS", "SM90_TMA"):
             errors.append(f"g2s_atom {params.g2s_atom}: every warpgroup loads with cp.async or TMA here")
-        if params.pingpong or params.producer_regs != 24:
-            errors.append("pingpong and producer_regs apply to warp-specialised sketches (warpgroup roles) only")
+        if params.pingpong or params.producer_regs != 24 or params.persistent:
+            errors.append("pingpong, producer_regs and persistent apply to warp-specialised sketches "
+                          "(warpgroup roles) only")
         budget = PLAIN_THREAD_REGS
         where = f"the {budget} a thread can hold"
     if params.block_m in GMMA_BLOCK_M and params.block_n % 16 == 0:

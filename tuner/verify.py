@@ -24,9 +24,11 @@ REL_ERR_BOUND = 1e-2
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 # (batch, seqlen_q, seqlen_k): tiny, ragged (not multiples of any tile), sq < sk and sq > sk (causal
-# bottom-right; with sq > sk the first rows see no key), several batches.
+# bottom-right; with sq > sk the first rows see no key), several batches, and more query tiles than an
+# H100 has SMs (a persistent kernel's CTAs then take several tiles each: 4 x 2500 rows are 160+ tiles
+# of 128 or 192 rows at every head count below).
 CHECK_SHAPES = ((1, 1, 1), (2, 1, 130), (1, 77, 77), (2, 128, 128), (1, 255, 257), (2, 300, 100),
-                (1, 100, 300), (1, 513, 1031), (2, 1024, 1024))
+                (1, 100, 300), (1, 513, 1031), (2, 1024, 1024), (4, 2500, 2500))
 CHECK_HEADS = {"mha": (3, 3), "gqa": (8, 2), "mqa": (4, 1), "mla": (2, 2)}
 
 

@@ -65,6 +65,13 @@ __forceinline__ __device__ void gemm_issue(TiledMma& mma, TA const& tA, TB const
   if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
 }
 
+// ptxas schedules within a basic block and moves a wgmma wait above independent arithmetic (seen in
+// the SASS: the softmax ended up after the wait for the P·V GEMM it was meant to overlap). A branch that
+// is never taken ends the block, so the work emitted before the wait stays before it.
+__forceinline__ __device__ void ordering_point(bool never) {
+  if (never) { __trap(); }
+}
+
 // ---- softmax --------------------------------------------------------------------------------------
 // Online softmax of one score tile, first half: new running row max, P = exp2(S * scale_log2 -
 // max * scale_log2) in place (one FFMA + MUFU.EX2 each), row sums rescaled and extended (thread-local:
@@ -149,6 +156,46 @@ __forceinline__ __device__ void wait_barrier(uint64_t* bar, int phase) {
 // one thread per warpgroup arrives (FA3 measured all-thread arrivals as slower).
 __forceinline__ __device__ void release_stage(uint64_t* bar, int consumer_tidx) {
   if (consumer_tidx % 128 == 0) { EmptyBarrier::arrive(bar); }
+}
+
+// ---- tile order -----------------------------------------------------------------------------------
+// A tile is (query block, head, batch). Non-causal: the query blocks of one head follow each other, so
+// the CTAs running at once read the same K and V (ncu: half the L2 traffic of heads-first). Causal:
+// the longest query blocks (most keys) first, so that the grid ends with short tiles, heads in sections
+// whose K and V fit about 32 MB of L2 (FA3's scheduler).
+struct TileCoord {
+  int m_block, bidh, bidb;
+};
+
+__forceinline__ __device__ int l2_section_heads(int seqlen_k, int head_dims, int group, int heads_total) {
+  const long long kv_bytes = static_cast<long long>(seqlen_k) * head_dims * 2;
+  const long long budget = 32LL << 20;
+  int heads = kv_bytes >= budget ? 1 : 1 << (31 - __clz(static_cast<int>(budget / kv_bytes)));
+  heads *= group;   // the query heads of one KV head share its K and V
+  return max(1, min(heads, heads_total));
+}
+
+__forceinline__ __device__ TileCoord decode_tile(int tile, int m_blocks, int heads, int section_heads,
+                                                 int heads_total, bool longest_first) {
+  TileCoord c;
+  if (!longest_first) {
+    const int hb = tile / m_blocks;
+    c.m_block = tile - hb * m_blocks;
+    c.bidb = hb / heads;
+    c.bidh = hb - c.bidb * heads;
+    return c;
+  }
+  const int per_section = section_heads * m_blocks;
+  const int section = tile / per_section;
+  const int r = tile - section * per_section;
+  const int full_sections = heads_total / section_heads;
+  const int width = section < full_sections ? section_heads : heads_total - full_sections * section_heads;
+  const int block = r / width;
+  const int hb = section * section_heads + (r - block * width);
+  c.m_block = longest_first ? m_blocks - 1 - block : block;
+  c.bidb = hb / heads;
+  c.bidh = hb - c.bidb * heads;
+  return c;
 }
 
 // ---- TMA ------------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ class Ctx:
     lowered: object
     stage_holders: dict                      # GEMM op -> True: it holds a pipeline stage until released
     buffer_role: dict                        # TL shared buffer -> q, k, v
+    separate_o: bool = False                 # O has its own shared tile (else it reuses Q's)
     loop_vars: list = field(default_factory=list)
     gemm_names: dict = field(default_factory=dict)
 
@@ -36,6 +37,10 @@ class Ctx:
         if op not in self.gemm_names:
             self.gemm_names[op] = f"g{op.line}_{len(self.gemm_names)}"
         return self.gemm_names[op]
+
+    def reg_name(self, tensor: str) -> str:
+        """The C++ register tensor of a lowered tensor: accumulators acc_X, operand copies rP_X."""
+        return f"rP_{tensor}" if tensor in self.lowered.p_tensors else f"acc_{tensor}"
 
     def expr(self, text: str, line: int) -> str:
         syms = {"N": "n_tiles", "BM": "kBlockM", "BN": "kBlockN", "block_idx": "m_block"}
@@ -58,7 +63,7 @@ def comment(node) -> str:
 def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     role = op.data["role"]
     if role == "q":
-        return ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);",
+        return ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
                 "attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, m_block * kBlockM, "
                 "bidh, bidb);"]
     tile = ctx.expr(op.data["tile"], op.line)
@@ -100,8 +105,7 @@ def emit_gemm(op: Op, ctx: Ctx) -> list[str]:
         lines += [
             f"{INDENT}{g}_slot = k_read % kStages;",
             f"{INDENT}attn_sm90::wait_barrier(&k_full[{g}_slot], (k_read / kStages) & 1);  // the K tile landed",
-            f"{INDENT}tile_{res} = k_read++;",
-            f"{INDENT}attn_sm90::wait_barrier(q_full, 0);  // the Q tile landed (returns at once after the first time)",
+            f"{INDENT}tile_{res} = k_read++ - k_tile0;  // numbered within this tile",
             f"{INDENT}attn_sm90::gemm_issue<{zero}>(tiled_mma_qk, tSrQ, tSrK(_, _, _, {g}_slot), acc_{res});",
         ]
     else:
@@ -153,22 +157,33 @@ def emit_normalize(op: Op, ctx: Ctx) -> list[str]:
 
 def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
     acc = op.data["src"]
-    return [
-        "{  // registers -> shared (this warpgroup's rows of Q's tile) -> TMA store (rows past seqlen_q are clipped)",
-        f"{INDENT}Tensor rO = attn_tl::convert_type<Element>(acc_{acc});",
-        f"{INDENT}Tensor sO = make_tensor(make_smem_ptr(smem_q), SmemLayoutO{{}});",
-        f"{INDENT}auto r2s_o = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{{}}, tiled_mma_pv);",
-        f"{INDENT}auto r2s_thr_o = r2s_o.get_thread_slice(mma_tidx);",
-        f"{INDENT}cute::copy(r2s_o, r2s_thr_o.retile_S(rO), r2s_thr_o.partition_D(sO));",
-        f"{INDENT}cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
-        f"{INDENT}cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
-        f"{INDENT}if (mma_tidx % 128 == 0) {{",
-        f"{INDENT * 2}attn_sm90::tma_store_rows<kHeadDimV / 64, kBlockM>(&tma_o, smem_q + wg * 64 * 64, "
+    release_q = ["if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
+                 "  // Q's buffer to the producer (next tile)"]
+    lines = ["{  // registers -> shared (stmatrix) -> TMA store of this warpgroup's rows (rows past seqlen_q are clipped)"]
+    if ctx.separate_o:
+        if not op.data.get("q_released"):
+            lines += _indent(release_q)
+        lines += _indent([
+            "if (mma_tidx % 128 == 0) { tma_store_wait<0>(); }  // the previous tile's store has read O's tile",
+            f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);"])
+    lines += _indent([
+        f"Tensor rO = attn_tl::convert_type<Element>(acc_{acc});",
+        "Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});",
+        "auto r2s_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);",
+        "auto r2s_thr_o = r2s_o.get_thread_slice(mma_tidx);",
+        "cute::copy(r2s_o, r2s_thr_o.retile_S(rO), r2s_thr_o.partition_D(sO));",
+        "cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
+        f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
+        "if (mma_tidx % 128 == 0) {",
+        f"{INDENT}attn_sm90::tma_store_rows<kHeadDimV / 64, kBlockM>(&tma_o, smem_o + wg * 64 * 64, "
         "m_block * kBlockM + wg * 64, bidh, bidb);",
-        f"{INDENT * 2}tma_store_wait<0>();  // shared memory stays valid until the store has read it",
-        f"{INDENT}}}",
-        "}",
-    ]
+    ])
+    if not ctx.separate_o:   # O sits in Q's tile: Q goes back only once the store has read it
+        lines += _indent([f"{INDENT}tma_store_wait<0>();", "}"] + release_q)
+    else:                    # the read is waited for before the next tile's epilogue writes O's tile again
+        lines += _indent(["}"])
+    lines.append("}")
+    return lines
 
 
 def emit_drain(op: Op, ctx: Ctx) -> list[str]:
@@ -192,8 +207,11 @@ def sync_lines(op: Op, ctx: Ctx) -> list[str]:
     out = []
     if op.wait is not None:
         out += [f"// dependency pass: {r}" for r in op.reasons]
+        out += [f"warpgroup_fence_operand({ctx.reg_name(t)});" for t in op.data.get("fence_before", ())]
+        if op.data.get("fence_before"):   # work on registers precedes this wait: keep it there
+            out.append("attn_sm90::ordering_point(never);")
         out.append(f"warpgroup_wait<{op.wait}>();")
-        out += [f"warpgroup_fence_operand(acc_{a});" for a in sorted(ctx.lowered.score_accs | {ctx.lowered.pv_acc})]
+        out += [f"warpgroup_fence_operand({ctx.reg_name(t)});" for t in op.data.get("fence_after", ())]
     for g in op.releases:
         gid = ctx.gemm_id(g)
         buf = "k" if g.data["mma"] == "qk" else "v"
@@ -201,6 +219,9 @@ def sync_lines(op: Op, ctx: Ctx) -> list[str]:
                    f"{gid}_pending = false; }}  // stage back to the producer (TL {g.line})")
     for acc in op.rescale:
         out.append(f"attn_sm90::rescale_rows(acc_{acc}, rescale_o);  // the softmax's deferred factor")
+    if op.data.get("release_q"):
+        out.append("if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
+                   "  // no GEMM reads Q any more in this tile: the producer may load the next tile's")
     return out
 
 
@@ -220,8 +241,9 @@ def emit_nodes(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
                 run.append(nodes[k + len(run)])
             out.append(comment(node))
             out += sync_lines(node, ctx)
-            out.append(f"cutlass::arch::NamedBarrier::sync(2 * 128, {PINGPONG_BARRIER} + wg);  // ping-pong: our turn "
-                       "to issue GEMMs")
+            out.append(f"if (wg == 1 || !pp_first) {{ cutlass::arch::NamedBarrier::sync(2 * 128, {PINGPONG_BARRIER} + wg); }}"
+                       "  // ping-pong: our turn to issue GEMMs (warpgroup 0 opens each tile)")
+            out.append("pp_first = false;")
             for i, g in enumerate(run):
                 if i:
                     out.append(comment(g))
@@ -259,7 +281,7 @@ def _k_major_atom(width: int) -> str:
     raise TranslationError(f"a {width}-element row is not a multiple of 16 (GMMA shared-memory layouts)")
 
 
-def kernel_types(spec, params, stages: int) -> list[str]:
+def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
     wgs = params.block_m // 64
     scale = 1.0 / math.sqrt(spec.d_qk)
@@ -296,16 +318,17 @@ def kernel_types(spec, params, stages: int) -> list[str]:
         "Shape<Int<kBlockM>, Int<kHeadDimV>>{}));",
         f"using SmemLayoutP = decltype(tile_to_shape({_k_major_atom(params.block_n)}{{}}, "
         "Shape<Int<kBlockM>, Int<kBlockN>>{}));",
-        "constexpr int kTileQElems = kBlockM * cute::max(kHeadDimQK, kHeadDimV);  // Q, then O in the epilogue",
+        "constexpr int kTileQElems = kBlockM * cute::max(kHeadDimQK, kHeadDimV);",
         "constexpr int kTileKElems = kBlockN * kHeadDimQK;",
         "constexpr int kTileVElems = kBlockN * kHeadDimV;",
         f"constexpr int kTilePElems = {'kBlockM * kBlockN' if params.pv_operand == 'ss' else '0'};",
         "constexpr int kTileQBytes = kBlockM * kHeadDimQK * int(sizeof(Element));",
         "constexpr int kTileKBytes = kTileKElems * int(sizeof(Element));",
         "constexpr int kTileVBytes = kTileVElems * int(sizeof(Element));",
-        "constexpr int kBarrierOffset = (kTileQElems + kStages * (kTileKElems + kTileVElems) + kTilePElems) "
-        "* int(sizeof(Element));",
-        "constexpr int kSmemBytes = kBarrierOffset + (1 + 4 * kStages) * 8;",
+        f"constexpr int kTileOElems = {'kBlockM * kHeadDimV' if separate_o else '0'};"
+        f"  // {'its own tile: Q goes back to the producer before the epilogue' if separate_o else 'O reuses Q'}",
+        "constexpr int kBarrierOffset = (kTileQElems + kStages * (kTileKElems + kTileVElems) + kTilePElems + "
+        "kTileOElems) * int(sizeof(Element));",
     ]
     return lines
 
@@ -316,6 +339,7 @@ def kernel_signature(name: str) -> list[str]:
             "const int seqlen_q", "const int seqlen_k", "const int group"]
     for r in "qkvo":
         args += [f"const int64_t {r}_batch_stride", f"const int64_t {r}_row_stride", f"const int64_t {r}_head_stride"]
+    args += ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
     args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
     lines = [f'extern "C" __global__ void __launch_bounds__(kNThreads, 1) {name}(']
     for i, a in enumerate(args):
@@ -324,41 +348,31 @@ def kernel_signature(name: str) -> list[str]:
 
 
 def kernel_setup() -> list[str]:
+    """What every thread does once: the tile count, the shared-memory plan and the mbarriers."""
     return [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
-        "// causal: the heaviest query tiles (most keys) are scheduled first",
-        "const int m_block = kCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);",
-        "const int bidh = blockIdx.y;",
-        "const int bidb = blockIdx.z;",
-        "const int bidh_kv = bidh / group;  // GQA/MQA: KV head = query head // group",
+        "const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;",
+        "const int num_tiles = m_blocks * heads_q * batch;  // (query block, head, batch); gridDim.x CTAs walk them",
+        "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, group, heads_q * batch);",
         "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right: row r sees key c iff c <= r + offset",
-        "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
-        "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * kBlockM + causal_offset + kBlockN - 1) / kBlockN); }",
-        "if (n_tiles <= 0) {  // causal: no key is visible to any row of this query tile -> O rows are 0",
-        "  const int row_chunks = kHeadDimV / 8;",
-        "  for (int idx = tidx; idx < kBlockM * row_chunks; idx += kNThreads) {",
-        "    const int row = m_block * kBlockM + idx / row_chunks;",
-        "    if (row < seqlen_q) {",
-        "      *reinterpret_cast<cute::uint128_t*>(o_ptr + bidb * o_batch_stride + row * o_row_stride + "
-        "bidh * o_head_stride + (idx % row_chunks) * 8) = cute::uint128_t(0, 0);",
-        "    }",
-        "  }",
-        "  return;",
-        "}",
         "",
-        "// shared-memory plan: Q (O in the epilogue) | K stages | V stages | P (SS only) | mbarriers",
+        "// shared-memory plan: Q | K stages | V stages | P (SS only) | O (when it fits) | mbarriers",
         "Element* smem_q = reinterpret_cast<Element*>(attn_smem);",
         "Element* smem_k = smem_q + kTileQElems;",
         "Element* smem_v = smem_k + kStages * kTileKElems;",
         "[[maybe_unused]] Element* smem_p = smem_v + kStages * kTileVElems;",
-        "uint64_t* q_full = reinterpret_cast<uint64_t*>(attn_smem + kBarrierOffset);",
-        "uint64_t* k_full = q_full + 1;",
+        "[[maybe_unused]] Element* smem_o = kTileOElems ? smem_p + kTilePElems : smem_q;",
+        "uint64_t* q_full = reinterpret_cast<uint64_t*>(attn_smem + kBarrierOffset);  // Q and its tile number",
+        "uint64_t* q_empty = q_full + 1;",
+        "uint64_t* k_full = q_empty + 1;",
         "uint64_t* k_empty = k_full + kStages;",
         "uint64_t* v_full = k_empty + kStages;",
         "uint64_t* v_empty = v_full + kStages;",
+        "int* tile_slot = reinterpret_cast<int*>(v_empty + kStages);  // the tile the producer hands out next",
         "if (tidx == 0) {",
         "  attn_sm90::FullBarrier::init(q_full, 1);",
+        "  attn_sm90::EmptyBarrier::init(q_empty, kConsumerWGs);",
         "  for (int s = 0; s < kStages; ++s) {",
         "    attn_sm90::FullBarrier::init(&k_full[s], 1);",
         "    attn_sm90::FullBarrier::init(&v_full[s], 1);",
@@ -368,6 +382,37 @@ def kernel_setup() -> list[str]:
         "  cutlass::arch::fence_barrier_init();",
         "}",
         "__syncthreads();",
+    ]
+
+
+def tile_setup() -> list[str]:
+    """The start of one tile, the same in both roles: its coordinates and the KV tiles it visits."""
+    return [
+        "const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_q, section_heads, "
+        "heads_q * batch, kCausal);",
+        "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;",
+        "const int bidh_kv = bidh / group;  // GQA/MQA: KV head = query head // group",
+        "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
+        "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * kBlockM + causal_offset + kBlockN - 1) / kBlockN); }",
+    ]
+
+
+def zero_tile() -> list[str]:
+    """Causal with seqlen_q > seqlen_k: a query tile that sees no key writes zeros (consumer threads)."""
+    return [
+        "if (n_tiles <= 0) {  // no key is visible to any row of this query tile -> O rows are 0",
+        "  const int row_chunks = kHeadDimV / 8;",
+        "  for (int idx = mma_tidx; idx < kBlockM * row_chunks; idx += kConsumerThreads) {",
+        "    const int row = m_block * kBlockM + idx / row_chunks;",
+        "    if (row < seqlen_q) {",
+        "      *reinterpret_cast<cute::uint128_t*>(o_ptr + bidb * o_batch_stride + row * o_row_stride + "
+        "bidh * o_head_stride + (idx % row_chunks) * 8) = cute::uint128_t(0, 0);",
+        "    }",
+        "  }",
+        "  if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }  // the slot goes back",
+        "  ++q_iter;",
+        "  continue;",
+        "}",
     ]
 
 
@@ -392,7 +437,8 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
         "// is not tile-aligned); non-causal, only a ragged last K tile",
         "const int n_masked = kCausal ? (kBlockM + kBlockN - 1) / kBlockN + (tile_aligned ? 0 : 1) "
         ": (seqlen_k % kBlockN != 0 ? 1 : 0);",
-        "int k_read = 0, v_read = 0;  // tiles taken from each ring so far",
+        "int k_read = 0, v_read = 0;  // tiles taken from each ring so far (across this CTA's tiles)",
+        "const bool never = seqlen_k < 0;  // false, unknown to the compiler: see attn_sm90::ordering_point",
     ]
     score = sorted(lowered.score_accs)[0]
     lines.append(f"Tensor rescale_o = make_tensor<float>(Shape<Int<decltype(size<0>(attn_sm90::rowcol_layout("
@@ -400,8 +446,7 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
                  "::layout_type{})))::value>>{});")
     stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
     for mx, sm in stats:
-        lines += [f"Tensor {mx} = make_tensor_like(rescale_o);", f"fill({mx}, -INFINITY);",
-                  f"Tensor {sm} = make_tensor_like(rescale_o);", f"fill({sm}, 0.f);"]
+        lines += [f"Tensor {mx} = make_tensor_like(rescale_o);", f"Tensor {sm} = make_tensor_like(rescale_o);"]
     del score
     if params.pv_operand == "ss":
         lines += ["Tensor sP = make_tensor(make_smem_ptr(smem_p), SmemLayoutP{});",
@@ -416,6 +461,17 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     for g in sorted(holders, key=lambda o: o.line):
         gid = ctx.gemm_id(g)
         lines.append(f"int {gid}_slot = 0; bool {gid}_pending = false;  // TL {g.line}: the stage its batch reads")
+    return lines
+
+
+def consumer_tile_init(lowered, pingpong: bool) -> list[str]:
+    """Per tile: fresh softmax statistics (the accumulators are cleared by their Allocate statements),
+    the ring position where this tile's K tiles start, the ping-pong opening."""
+    stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
+    lines = [ln for mx, sm in stats for ln in (f"fill({mx}, -INFINITY);", f"fill({sm}, 0.f);")]
+    lines.append("const int k_tile0 = k_read;  // this tile's first K tile in the ring's count")
+    if pingpong:
+        lines.append("bool pp_first = true;  // warpgroup 0 issues this tile's first GEMMs without waiting")
     return lines
 
 

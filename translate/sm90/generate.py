@@ -8,6 +8,9 @@ the accumulator layout, and an epilogue through shared memory and a TMA store.
 """
 from __future__ import annotations
 
+import hashlib
+
+from tl import format_program
 from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError
 from translate.sm90 import emit as em
@@ -21,8 +24,10 @@ PREAMBLE = ("// Generated from a TL program by translate (github: this repositor
             "#include \"attn_tl.cuh\"\n"
             "#include \"attn_sm90.cuh\"\n")
 
-# The arguments after the sm80 ones (translate/kernel.py KERNEL_ARGS): the TMA descriptors, by value.
-TMA_ARGS = (("tma_q", "tensormap:q"), ("tma_k", "tensormap:k"), ("tma_v", "tensormap:v"), ("tma_o", "tensormap:o"))
+# The arguments after the sm80 ones (translate/kernel.py KERNEL_ARGS): the tile grid's extents, then the
+# TMA descriptors, by value.
+EXTRA_ARGS = (("heads_q", "i32"), ("batch", "i32"), ("tile_counter", "ptr"), ("tma_q", "tensormap:q"),
+              ("tma_k", "tensormap:k"), ("tma_v", "tensormap:v"), ("tma_o", "tensormap:o"))
 
 
 def generate_warp_specialized(program: Program, params, profile, spec) -> GeneratedKernel:
@@ -31,39 +36,71 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         raise TranslationError(f"block_m {params.block_m} must be 64, 128 or 192 (64 rows per consumer warpgroup)")
     consumer = lowered.consumer + [Op("drain", None, "end of the consumer warpgroups")]
     pipelined = {b for b, r in WsLowering_buffer_roles(lowered).items() if r in ("k", "v")}
-    holders = schedule_consumer(consumer, lowered.pv_acc, pipelined)
+    separate_o = smem_bytes_ws(params, spec, lowered.stages, True) <= profile.smem_per_block_bytes
+    fenced = set(lowered.score_accs) | (set(lowered.p_tensors) if params.pv_operand == "rs" else set())
+    holders = schedule_consumer(consumer, lowered.pv_acc, pipelined, q_buffers=_q_buffers(lowered),
+                                early_q_release=separate_o, tensors=fenced)
     pingpong = bool(params.pingpong)
     if pingpong and params.block_m != 128:
         raise TranslationError("ping-pong takes turns between exactly two consumer warpgroups (block_m 128)")
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
-                 buffer_role=WsLowering_buffer_roles(lowered))
-    name = f"attn_{spec.label()}_{params.key()}"
+                 buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o)
+    # the sketch is part of the kernel: two schedules with the same parameters are two kernels
+    sketch_hash = hashlib.sha256(format_program(program).encode()).hexdigest()[:8]
+    name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash}"
 
     producer_lines = em.emit_nodes(lowered.producer, ctx, pingpong=False)
-    consumer_lines = em.consumer_setup(params, lowered, holders, ctx)
-    if pingpong:
-        consumer_lines.append(f"if (wg == 1) {{ cutlass::arch::NamedBarrier::arrive(2 * 128, {em.PINGPONG_BARRIER}); }}"
-                              "  // ping-pong: warpgroup 0 issues first")
+    consumer_once = em.consumer_setup(params, lowered, holders, ctx)
+    per_tile = em.consumer_tile_init(lowered, pingpong)
     body = em.emit_nodes(consumer, ctx, pingpong)
     if pingpong:   # warpgroup 0 takes the turn warpgroup 1 gives after its last GEMMs: the barrier ends balanced
-        at = next(k for k, ln in enumerate(body) if "registers -> shared" in ln) if \
-            any("registers -> shared" in ln for ln in body) else len(body)
+        at = next((k for k, ln in enumerate(body) if "registers -> shared" in ln), len(body))
         body[at:at] = [f"if (wg == 0) {{ cutlass::arch::NamedBarrier::sync(2 * 128, {em.PINGPONG_BARRIER}); }}"
                        "  // ping-pong: the last turn"]
-    consumer_lines += body
 
     wgs = params.block_m // 64
     use_setmaxnreg = wgs > 1     # 256 threads already get 255 registers each
+    I = em.INDENT
+    # The producer hands out the tiles: the first is blockIdx.x; a persistent CTA takes the next from a
+    # global counter (dynamic: a CTA that finished early takes more), published to the consumers in
+    # shared memory with the tile's Q (q_full). A number >= num_tiles tells them to stop.
+    next_tile = ("atomicAdd(tile_counter, 1) + int(gridDim.x);  // the next free tile" if params.persistent
+                 else "num_tiles;  // one tile per CTA")
+    producer = [
+        "int tile = blockIdx.x;",
+        "for (;;) {",
+        f"{I}attn_sm90::wait_barrier(q_empty, (q_iter & 1) ^ 1);  // the consumers are done with the last Q",
+        f"{I}*tile_slot = tile;",
+        f"{I}if (tile >= num_tiles) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more: tell them",
+        *em._indent(em.tile_setup(), 1),
+        f"{I}if (n_tiles <= 0) {{ attn_sm90::FullBarrier::arrive(q_full); }} else {{",
+        *em._indent(producer_lines, 2),
+        f"{I}}}",
+        f"{I}++q_iter;",
+        f"{I}tile = {next_tile}",
+        "}",
+    ]
+    if params.persistent:   # the last CTA to finish with the counter resets it for the next launch
+        producer += ["if (atomicAdd(tile_counter + 1, 1) == int(gridDim.x) - 1) { tile_counter[0] = 0; "
+                     "tile_counter[1] = 0; }"]
+    consumer_loop = [
+        "for (;;) {",
+        f"{I}attn_sm90::wait_barrier(q_full, q_iter & 1);  // this tile's number (and its Q) arrived",
+        f"{I}const int tile = *tile_slot;",
+        f"{I}if (tile >= num_tiles) {{ break; }}",
+        *em._indent(em.tile_setup() + em.zero_tile() + per_tile + body + ["++q_iter;"]),
+        "}",
+    ]
     kernel = [
         "if (tidx < 128) {  // producer warpgroup",
-        *( [f"{em.INDENT}cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();"] if use_setmaxnreg else []),
-        f"{em.INDENT}if (tidx == 0) {{  // one thread issues every TMA load",
-        f"{em.INDENT * 2}int k_write = 0, v_write = 0;  // tiles put into each ring so far",
-        *em._indent(producer_lines, 2),
-        f"{em.INDENT}}}",
+        *([f"{I}cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();"] if use_setmaxnreg else []),
+        f"{I}if (tidx == 0) {{  // one thread issues every TMA load",
+        f"{I * 2}int k_write = 0, v_write = 0, q_iter = 0;  // tiles put into each ring so far; tiles handed out",
+        *em._indent(producer, 2),
+        f"{I}}}",
         "} else {  // consumer warpgroups",
-        *( [f"{em.INDENT}cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();"] if use_setmaxnreg else []),
-        *em._indent(consumer_lines),
+        *([f"{I}cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();"] if use_setmaxnreg else []),
+        *em._indent(consumer_once + ["int q_iter = 0;  // tiles taken"] + consumer_loop),
         "}",
     ]
     header = [f"// kernel {name}", f"// spec: {spec}", f"// params: {params}",
@@ -72,27 +109,33 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
               "// TL program:"]
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
     body_lines = header + [f"namespace {name}_ns {{", "using namespace cute;", ""]
-    body_lines += em.kernel_types(spec, params, lowered.stages) + [""]
+    body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
     body_lines += em.kernel_signature(name)
     body_lines += em._indent(em.kernel_setup() + [""] + kernel)
     body_lines += ["}", "", f"}}  // namespace {name}_ns", ""]
-    smem = smem_bytes_ws(params, spec, lowered.stages)
+    smem = smem_bytes_ws(params, spec, lowered.stages, separate_o)
     return GeneratedKernel(name=name, preamble=PREAMBLE, body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
-                           block_n=params.block_n, spec=spec, params=params, extra_args=TMA_ARGS,
-                           tensor_maps=tensor_map_boxes(params, spec))
+                           block_n=params.block_n, spec=spec, params=params, extra_args=EXTRA_ARGS,
+                           tensor_maps=tensor_map_boxes(params, spec),
+                           grid="persistent" if params.persistent else "tiles")
+
+
+def _q_buffers(lowered) -> set:
+    return {f"{n}_shared" for n, r in lowered.roles.items() if r == "q"}
 
 
 def WsLowering_buffer_roles(lowered) -> dict:
     return {f"{n}_shared": r for n, r in lowered.roles.items() if r != "o"}
 
 
-def smem_bytes_ws(params, spec, stages: int) -> int:
-    """Q (reused for O) + stages x (K + V) + P (SS only) + the mbarriers, as the kernel lays them out."""
+def smem_bytes_ws(params, spec, stages: int, separate_o: bool) -> int:
+    """Q + stages x (K + V) + P (SS only) + O (its own tile, else in Q's) + the mbarriers, as laid out."""
     q = params.block_m * max(spec.d_qk, spec.d_v)
     kv = stages * params.block_n * (spec.d_qk + spec.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
-    return (q + kv + p) * 2 + (1 + 4 * stages) * 8
+    o = params.block_m * spec.d_v if separate_o else 0
+    return (q + kv + p + o) * 2 + (2 + 4 * stages) * 8 + 16   # + the tile number
 
 
 def tensor_map_boxes(params, spec) -> dict:
