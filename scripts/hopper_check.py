@@ -41,6 +41,25 @@ def S(variant, causal, dtype="bf16", hd=128):
 
 # (tag, spec, schedule, params)
 SETS = {
+    "sixth": [
+        ("plain_mha128c", S("mha", True), "fa2", P(128, 128, stages=1, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")),
+        ("plain_mha128n_s2", S("mha", False), "fa2", P(128, 128, stages=2, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")),
+        ("plain_mha128n_ss", S("mha", False), "fa2", P(128, 128, stages=1, pv="ss",
+                                                          g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")),
+        ("plain_mha64c", S("mha", True, hd=64), "fa2", P(128, 128, stages=2, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")),
+        ("plain_gqa128c", S("gqa", True, "fp16"), "fa2", P(128, 128, stages=1, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")),
+        ("plain_mqa128n", S("mqa", False), "fa2", P(64, 128, stages=2, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")),
+        ("plain_mlac", S("mla", True), "fa2", P(128, 96, stages=2, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")),
+        ("mha64c_192pp_per", S("mha", True, hd=64), "ws_overlap", P(192, 128, regs=32, pingpong=True,
+                                                                     persistent=True)),
+        ("mha64c_192pp", S("mha", True, hd=64), "ws_overlap", P(192, 128, regs=32, pingpong=True)),
+        ("mha64n_192pp_per", S("mha", False, hd=64), "ws_overlap", P(192, 128, regs=32, pingpong=True,
+                                                                      persistent=True)),
+        ("mha64c_per_s3", S("mha", True, hd=64), "ws_overlap", P(128, 128, stages=3, pingpong=True, persistent=True)),
+        ("mha128n_pp_per", S("mha", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mqa128n_pp_per", S("mqa", False), "ws_overlap", P(128, 128, pingpong=True, persistent=True)),
+        ("mha128c_serial_per", S("mha", True), "ws_serial", P(128, 128, persistent=True)),
+    ],
     "fifth": [
         ("mha128c", S("mha", True), "ws_overlap", P(128, 128)),
         ("mha128c_per", S("mha", True), "ws_overlap", P(128, 128, persistent=True)),

@@ -333,9 +333,13 @@ class _Compiler:
         stages = {b: (self.params.kv_stages if b in in_loop and b != self.q_buffer else 1)
                   for b in self.buffer_role}
         schedule(nodes, stages, dict(self.num_env))
+        gmma = self.params.is_gmma
+        if gmma:
+            from translate.sm90 import plain
         ctx = em.EmitContext(spec=self.spec, params=self.params, roles=self.roles, buffers=self.buffer_role,
                              stages=stages, cpp_symbols=self.cpp_symbols, has_mask_stmt=self.has_mask,
-                             score_gemm=next(o for o in _ops(nodes) if o.kind == "gemm_ss"))
+                             score_gemm=next(o for o in _ops(nodes) if o.kind == "gemm_ss"),
+                             overrides=plain.EMITTERS if gmma else {})
         statements = em.emit_nodes(nodes, ctx)
         name = f"attn_{self.spec.label()}_{self.params.key()}"
         sk, sv = stages[self.k_buffer], stages[self.v_buffer]
@@ -344,14 +348,22 @@ class _Compiler:
                   f"// target: {self.profile.name} ({self.profile.nvcc_arch})", "// TL program:"]
         header += [f"//   {i + 1:2d}  {ln}" for i, ln in enumerate(_program_lines(self.program.statements))]
         body_lines = header + [f"namespace {name}_ns {{", "using namespace cute;", ""]
-        body_lines += em.kernel_types(self.spec, self.params, sk, sv) + [""]
+        types = plain.kernel_types(self.spec, self.params, sk, sv) if gmma else \
+            em.kernel_types(self.spec, self.params, sk, sv)
+        setup = plain.kernel_setup(self.params) if gmma else em.kernel_setup()
+        body_lines += types + [""]
         body_lines += em.kernel_signature(name)
-        body_lines += em._indent(em.kernel_setup() + [""] + statements)
+        body_lines += em._indent(setup + [""] + statements)
         body_lines += ["}", "", f"}}  // namespace {name}_ns", ""]
         d_qk, d_v, p = self.spec.d_qk, self.spec.d_v, self.params
-        smem = (max(p.block_m * d_qk, p.block_m * d_v) + sk * p.block_n * d_qk + sv * p.block_n * d_v) * 2
-        return GeneratedKernel(name=name, preamble=PREAMBLE, body="\n".join(body_lines),
-                               num_threads=p.num_threads, smem_bytes=smem, block_m=p.block_m, block_n=p.block_n,
+        if gmma:
+            smem = plain.smem_bytes(p, self.spec, sk, sv)
+            threads, preamble = 128 * (p.block_m // 64), plain.PREAMBLE
+        else:
+            smem = (max(p.block_m * d_qk, p.block_m * d_v) + sk * p.block_n * d_qk + sv * p.block_n * d_v) * 2
+            threads, preamble = p.num_threads, PREAMBLE
+        return GeneratedKernel(name=name, preamble=preamble, body="\n".join(body_lines),
+                               num_threads=threads, smem_bytes=smem, block_m=p.block_m, block_n=p.block_n,
                                spec=self.spec, params=p)
 
 

@@ -34,6 +34,7 @@ class EmitContext:
     names: dict = field(default_factory=dict)     # TL register tensor -> C++ variable
     layouts: dict = field(default_factory=dict)   # TL register tensor -> "C" | "A" | "stat" | "scalar"
     prescaled: set = field(default_factory=set)   # score tensors already multiplied by the softmax scale
+    overrides: dict = field(default_factory=dict)  # op kind -> emitter, for another MMA family (sm90/plain.py)
 
     def expr(self, text: str, line: int) -> str:
         syms = dict(self.cpp_symbols)
@@ -64,13 +65,17 @@ def comment(op_or_node) -> str:
     return f"// TL {line}: {op_or_node.tl_text}" if line else f"// {op_or_node.tl_text}"
 
 
-def sync_lines(op: Op) -> list[str]:
+def sync_lines(op: Op, async_proxy_reads: bool = False) -> list[str]:
+    """The waits and barriers the dependency pass placed. With wgmma (``async_proxy_reads``) the tensor
+    cores read shared memory through the async proxy: the cp.async data is fenced into it before the barrier."""
     out = []
     if op.wait is not None or op.barrier:
         for r in op.reasons:
             out.append(f"// dependency pass: {r}")
     if op.wait is not None:
         out.append(f"cute::cp_async_wait<{op.wait}>();")
+        if async_proxy_reads:
+            out.append("cutlass::arch::fence_view_async_shared();  // cp.async writes -> wgmma reads (async proxy)")
     if op.barrier:
         out.append("__syncthreads();")
     return out
@@ -329,8 +334,8 @@ def emit_nodes(nodes, ctx: EmitContext) -> list[str]:
     for node in nodes:
         if isinstance(node, Op):
             out.append(comment(node))
-            out += sync_lines(node)
-            out += EMITTERS[node.kind](node, ctx)
+            out += sync_lines(node, async_proxy_reads=bool(ctx.overrides))
+            out += (ctx.overrides.get(node.kind) or EMITTERS[node.kind])(node, ctx)
         elif isinstance(node, Loop):
             out += _emit_loop(node, ctx)
         elif isinstance(node, Cond):

@@ -47,7 +47,7 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
     q = params.block_m * max(problem.d_qk, problem.d_v)
     kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
-    barriers = (2 + 4 * params.kv_stages) * 8 + 16 if (warp_specialized or params.g2s_atom == "SM90_TMA") else 0
+    barriers = (2 + 4 * params.kv_stages) * 8 + 16 if warp_specialized else 0
     return (q + kv + p) * 2 + barriers
 
 
@@ -86,13 +86,14 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
             errors.append(f"the warp-specialised producer loads with TMA (g2s_atom SM90_TMA), not {params.g2s_atom}")
         if params.producer_regs not in PRODUCER_REGS:
             errors.append(f"producer_regs must be one of {PRODUCER_REGS}, got {params.producer_regs}")
-        if params.pingpong and params.block_m != 128:
-            errors.append("ping-pong alternates exactly two consumer warpgroups: block_m 128")
+        if params.pingpong and params.block_m < 128:
+            errors.append("ping-pong takes turns between two or three consumer warpgroups: block_m 128 or 192")
         budget = consumer_registers(params)
         where = f"the consumers' {budget} (setmaxnreg after the producer keeps {params.producer_regs})"
     else:
-        if params.g2s_atom not in ("SM80_CP_ASYNC_CACHEGLOBAL", "SM80_CP_ASYNC_CACHEALWAYS", "SM90_TMA"):
-            errors.append(f"g2s_atom {params.g2s_atom}: every warpgroup loads with cp.async or TMA here")
+        if params.g2s_atom not in ("SM80_CP_ASYNC_CACHEGLOBAL", "SM80_CP_ASYNC_CACHEALWAYS"):
+            errors.append(f"g2s_atom {params.g2s_atom}: without warpgroup roles every warpgroup loads with cp.async "
+                          "(TMA loads come with the warp-specialised producer)")
         if params.pingpong or params.producer_regs != 24 or params.persistent:
             errors.append("pingpong, producer_regs and persistent apply to warp-specialised sketches "
                           "(warpgroup roles) only")

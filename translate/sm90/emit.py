@@ -16,8 +16,8 @@ from translate.ir import expr_to_cpp
 
 INDENT = "  "
 
-# Named barrier ids (0 is __syncthreads): the epilogue of each consumer warpgroup, and the ping-pong
-# turn of each consumer warpgroup.
+# Named barrier ids (CUTLASS adds 8; 0 is __syncthreads): the epilogue of each consumer warpgroup, and
+# the ping-pong turn of each consumer warpgroup (2 or 3 take turns in a ring).
 EPILOGUE_BARRIER = 1
 PINGPONG_BARRIER = 5
 
@@ -241,15 +241,15 @@ def emit_nodes(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
                 run.append(nodes[k + len(run)])
             out.append(comment(node))
             out += sync_lines(node, ctx)
-            out.append(f"if (wg == 1 || !pp_first) {{ cutlass::arch::NamedBarrier::sync(2 * 128, {PINGPONG_BARRIER} + wg); }}"
+            out.append(f"if (wg != 0 || !pp_first) {{ cutlass::arch::NamedBarrier::sync(2 * 128, {PINGPONG_BARRIER} + wg); }}"
                        "  // ping-pong: our turn to issue GEMMs (warpgroup 0 opens each tile)")
             out.append("pp_first = false;")
             for i, g in enumerate(run):
                 if i:
                     out.append(comment(g))
                 out += EMITTERS["gemm"](g, ctx)
-            out.append(f"cutlass::arch::NamedBarrier::arrive(2 * 128, {PINGPONG_BARRIER} + 1 - wg);  // the other "
-                       "warpgroup's turn")
+            out.append(f"cutlass::arch::NamedBarrier::arrive(2 * 128, {PINGPONG_BARRIER} + (wg + 1) % kConsumerWGs);"
+                       "  // the next warpgroup's turn")
             k += len(run)
             continue
         if isinstance(node, Op):

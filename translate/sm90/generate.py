@@ -41,8 +41,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     holders = schedule_consumer(consumer, lowered.pv_acc, pipelined, q_buffers=_q_buffers(lowered),
                                 early_q_release=separate_o, tensors=fenced)
     pingpong = bool(params.pingpong)
-    if pingpong and params.block_m != 128:
-        raise TranslationError("ping-pong takes turns between exactly two consumer warpgroups (block_m 128)")
+    if pingpong and params.block_m < 128:
+        raise TranslationError("ping-pong takes turns between two or three consumer warpgroups (block_m 128 or 192)")
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
                  buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o)
     # the sketch is part of the kernel: two schedules with the same parameters are two kernels
@@ -53,7 +53,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     consumer_once = em.consumer_setup(params, lowered, holders, ctx)
     per_tile = em.consumer_tile_init(lowered, pingpong)
     body = em.emit_nodes(consumer, ctx, pingpong)
-    if pingpong:   # warpgroup 0 takes the turn warpgroup 1 gives after its last GEMMs: the barrier ends balanced
+    if pingpong:   # warpgroup 0 takes the turn the last warpgroup gives after its last GEMMs: the barrier ends balanced
         at = next((k for k, ln in enumerate(body) if "registers -> shared" in ln), len(body))
         body[at:at] = [f"if (wg == 0) {{ cutlass::arch::NamedBarrier::sync(2 * 128, {em.PINGPONG_BARRIER}); }}"
                        "  // ping-pong: the last turn"]
