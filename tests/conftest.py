@@ -1,2 +1,32 @@
 # pytest puts this folder on sys.path (no __init__.py here), so tests in subfolders can import the
 # shared helpers beside this file, e.g. `from sketch_edits import moved_prefetch`.
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture
+def fa4_stand_in(tmp_path, monkeypatch):
+    """``flash_attn.cute`` importable: the CPU stand-in of tests/fa4_stand_in.py, from a temporary folder
+    on sys.path. Yields the module (its knobs: RETURN_LSE, WRONG, CALLS)."""
+    package = tmp_path / "fa4site" / "flash_attn"
+    (package / "cute").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    shutil.copy(Path(__file__).parent / "fa4_stand_in.py", package / "cute" / "__init__.py")
+    for name in ("flash_attn", "flash_attn.cute"):   # a real FA2/FA4 imported earlier must not answer
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    monkeypatch.syspath_prepend(str(package.parent))
+    import flash_attn.cute as module
+
+    yield module
+    for name in ("flash_attn.cute", "flash_attn"):
+        sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def fa4_missing(monkeypatch):
+    """``flash_attn.cute`` not importable, whatever this machine has installed."""
+    monkeypatch.setitem(sys.modules, "flash_attn", None)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)

@@ -83,13 +83,13 @@ def _reference(q, k, v, causal):
 
 @pytest.fixture
 def cpu_measurements(monkeypatch):
-    """make_inputs on CPU, baselines = 100/200/None TFLOPS with the reference as their output, ours 1 ms."""
+    """make_inputs on CPU, baselines = 100/200/None/400 TFLOPS with the reference as their output, ours 1 ms."""
     monkeypatch.setattr(bench, "make_inputs", lambda p, sets=3, seed=0: _make_cpu(p, sets))
 
     def baselines(problem, inputs, *, rotate=3, errors=None, outputs=None):
         outputs["flash"] = _reference(*inputs[0], problem.causal)
         errors["efficient"] = "No available kernel."
-        return {"flash": 100.0, "cudnn": 200.0, "efficient": None}
+        return {"flash": 100.0, "cudnn": 200.0, "efficient": None, "fa4": 400.0}
 
     timed = []
     monkeypatch.setattr(bench, "measure_baselines", baselines)
@@ -112,6 +112,7 @@ def test_verified_kernel_is_timed_and_ratios_computed(cpu_measurements):
     ours = bench.tflops(SMALL, 1e-3)
     assert ours > 1 and row["ours"] == round(ours, 2) and row["ours_ms"] == 1e-3
     assert row["ours/flash"] == round(ours / 100.0, 3) and row["ours/cudnn"] == round(ours / 200.0, 3)
+    assert row["fa4"] == 400.0 and row["ours/fa4"] == round(ours / 400.0, 3)
     assert row["efficient"] is None and row["ours/efficient"] is None and "No available" in row["efficient_err"]
     assert row["cross_check_rel_err"] < 1e-6
     assert (row["batch"], row["heads_q"], row["heads_kv"], row["seqlen"]) == (2, 4, 2, 64)

@@ -1,14 +1,16 @@
-"""`tune bench`: our kernel against torch SDPA's flash, cuDNN and efficient backends on the paper grid.
+"""`tune bench`: our kernel against torch SDPA's flash, cuDNN and efficient backends, and FlashAttention-4
+where installed (tuner/fa4.py), on the paper grid.
 
 Protocol (DESIGN.md): 16k tokens per shape (batch = 16384 / seqlen), hidden 2048; every backend measured
 in this process on the same input tensors; median of many timed runs after warm-up, rotating several input
 sets so no run finds its operands in L2; TFLOPS = Problem.flops / time. Our kernel is verified first: an
 unverified kernel is reported FAILED and never timed.
 
-Our kernel takes (b, s, h, d); SDPA takes (b, h, s, d): SDPA gets transposed views of the same storage.
+Our kernel and FA4 take (b, s, h, d); SDPA takes (b, h, s, d): SDPA gets transposed views of the same storage.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import itertools
 import json
@@ -23,9 +25,12 @@ from typing import Callable, Optional, Sequence
 from rich.console import Console
 from rich.table import Table
 
+from tuner import fa4
 from tuner.problem import Problem, grid_problems
 
-BASELINES = ("flash", "cudnn", "efficient")
+SDPA_BASELINES = ("flash", "cudnn", "efficient")
+# In this order: our output is cross-checked against the first that ran, so an SDPA backend when one can.
+BASELINES = SDPA_BASELINES + ("fa4",)
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # Our output against the first baseline that ran, on the benchmark inputs themselves: a kernel that
 # passed verification on small shapes but breaks at grid size (index overflow, grid limits) is caught.
@@ -163,25 +168,45 @@ def _first_line(exc: BaseException) -> str:
     return (text.splitlines()[0][:200] if text else type(exc).__name__)
 
 
+def _baseline(name: str, problem: Problem):
+    """(context to run it in, ``call(q, k, v)`` to time, its output -> (b, s, h, d)). FA4 raises
+    fa4.Fa4Unavailable here when it is not importable."""
+    if name == "fa4":
+        return contextlib.nullcontext(), fa4.attention_call(problem), (lambda out: out)
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel(_backend(name)), _sdpa_call(problem), (lambda out: out.transpose(1, 2))
+
+
 def measure_baselines(problem: Problem, inputs: Optional[Sequence[tuple]] = None, *, rotate: int = 3,
                       errors: Optional[dict] = None, outputs: Optional[dict] = None,
                       timing: Optional[Timing] = None, device: str = "cuda") -> dict[str, Optional[float]]:
-    """TFLOPS of torch SDPA's flash, cuDNN and efficient backends; None where a backend cannot run the
-    shape (its error goes to ``errors[name]``). ``outputs[name]`` receives each backend's output on the
-    first input set, for cross-checks."""
-    from torch.nn.attention import sdpa_kernel
+    """TFLOPS of torch SDPA's flash, cuDNN and efficient backends and of FA4; None where a backend cannot
+    run the shape or is not installed (the reason goes to ``errors[name]``). ``outputs[name]`` receives
+    each backend's output on the first input set, in (b, s, h, d), for cross-checks.
 
+    Each backend's first call is untimed: it pays first-use costs (FA4 JIT-compiles per shape, 1-4 s).
+    FA4's output must agree with the first SDPA backend that ran, as ours must (CROSS_CHECK_REL_ERR): a
+    library called wrongly would otherwise be a fast, meaningless bar."""
     if inputs is None:
         inputs = make_inputs(problem, timing.rotate if timing is not None else rotate, device=device)
-    call = _sdpa_call(problem)
     result: dict[str, Optional[float]] = {}
+    ref = None   # (name, output) of the first SDPA backend that ran
     for name in BASELINES:
         try:
-            with sdpa_kernel(_backend(name)):
-                out = call(*inputs[0])
+            context, call, to_ours = _baseline(name, problem)
+            with context:
+                out = to_ours(call(*inputs[0]))
                 _sync()
+                if name == "fa4" and ref is not None:
+                    rel = _rel_err(out, ref[1])
+                    if not rel <= CROSS_CHECK_REL_ERR:   # also NaN
+                        raise ValueError(f"output differs from torch SDPA {ref[0]} on the benchmark inputs "
+                                         f"(rel err {rel:.3g} > {CROSS_CHECK_REL_ERR})")
+                if ref is None and name in SDPA_BASELINES:
+                    ref = (name, out)
                 if outputs is not None:
-                    outputs[name] = out.transpose(1, 2)
+                    outputs[name] = out
                 result[name] = tflops(problem, time_ms(_rotating(call, inputs), timing=timing))
         except Exception as exc:  # noqa: BLE001 - "cannot run this shape" comes in many exception types
             result[name] = None
@@ -223,14 +248,17 @@ def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, ve
             try:
                 out = kernel(*inputs[0])
                 _sync()
-                ref = next((outputs[n] for n in BASELINES if n in outputs), None)
+                ref = next((n for n in BASELINES if n in outputs), None)
                 if ref is not None:
-                    row["cross_check_rel_err"] = _rel_err(out, ref)
+                    row["cross_check_rel_err"] = _rel_err(out, outputs[ref])
+                    row["cross_check_against"] = ref
                 bad = (not torch.isfinite(out).all().item()) or row.get("cross_check_rel_err", 0.0) > CROSS_CHECK_REL_ERR
                 if bad:
+                    against = "FA4" if ref == "fa4" else f"SDPA {ref}"
                     row["status"] = "FAILED"
-                    row["reason"] = (f"output differs from SDPA on the benchmark inputs "
-                                     f"(rel err {row.get('cross_check_rel_err', float('nan')):.3g}) or is not finite")
+                    row["reason"] = ("output is not finite" if ref is None else
+                                     f"output differs from {against} on the benchmark inputs "
+                                     f"(rel err {row['cross_check_rel_err']:.3g}) or is not finite")
                 else:
                     ms = measure_problem(kernel, problem, inputs=inputs)
                     raw["ours"] = tflops(problem, ms)
@@ -280,19 +308,22 @@ class _Built:
 
 def _results_table(rows: Sequence[dict], title: str) -> Table:
     table = Table(title=title)
-    for col in ("seqlen", "causal", "batch", "heads", "ours TF", "flash", "cudnn", "efficient",
-                "ours/flash", "ours/cudnn", "ours/eff", "status"):
+    for col in ("seqlen", "causal", "batch", "heads", "ours TF", "flash", "cudnn", "efficient", "fa4",
+                "ours/flash", "ours/cudnn", "ours/eff", "ours/fa4", "status"):
         table.add_column(col, justify="right" if col not in ("status", "causal") else "left")
 
     def fmt(x):
         return "–" if x is None else f"{x:g}"
 
+    def base(r, name):
+        return fa4.NOT_INSTALLED if fa4.is_not_installed(r.get(f"{name}_err")) else fmt(r.get(name))
+
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/red] {r.get('reason', '')}"
         table.add_row(str(r["seqlen"]), "yes" if r["causal"] else "no", str(r["batch"]),
-                      f"{r['heads_q']}/{r['heads_kv']}", fmt(r.get("ours")), fmt(r.get("flash")),
-                      fmt(r.get("cudnn")), fmt(r.get("efficient")), fmt(r.get("ours/flash")),
-                      fmt(r.get("ours/cudnn")), fmt(r.get("ours/efficient")), status)
+                      f"{r['heads_q']}/{r['heads_kv']}", fmt(r.get("ours")),
+                      *(base(r, name) for name in BASELINES),
+                      *(fmt(r.get(f"ours/{name}")) for name in BASELINES), status)
     return table
 
 
@@ -363,7 +394,7 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
                                on_row=lambda r: console.print(
                                    f"  s={r['seqlen']:>5} causal={r['causal']!s:5} ours={r.get('ours')} "
                                    f"flash={r.get('flash')} cudnn={r.get('cudnn')} eff={r.get('efficient')} "
-                                   f"{r['status']}", markup=False, highlight=False))
+                                   f"fa4={r.get('fa4')} {r['status']}", markup=False, highlight=False))
     console.print(_results_table(all_rows, f"{variant} on {device_name} ({profile.name}), TFLOPS"))
 
     if out_json is not None:
@@ -372,7 +403,7 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
             "device": device_name, "capability": f"{major}.{minor}", "gpu_profile": profile.name,
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            "python": platform.python_version(), "nvcc": built[0].compiled.nvcc_version,
+            "python": platform.python_version(), "nvcc": built[0].compiled.nvcc_version, "fa4": fa4.status(),
             "variant": variant, "kernels": kernels_info, "rows": all_rows,
         }
         try:

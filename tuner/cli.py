@@ -128,7 +128,8 @@ def bench(
     seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list (default 512..16384)."),
     out_json: Optional[Path] = typer.Option(None, "--json", help="Write results here."),
 ) -> None:
-    """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends."""
+    """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
+    FlashAttention-4 (flash_attn.cute) where installed."""
     from tuner.bench import run_bench
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,

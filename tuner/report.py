@@ -6,7 +6,8 @@ Inputs are plain dicts so that the campaign driver, a replayed study and the tes
   ``COMPLETE``/``PRUNED``/``FAIL``/``RUNNING`` are read the same), ``tflops`` (or ``value``; None unless
   complete), optional ``reason``, ``params``, ``source``;
 * a benchmark row: ``seqlen`` (or ``seqlen_k``), optional ``causal`` and ``label``, and TFLOPS for
-  ``ours`` (or ``tflops``), ``flash``, ``cudnn``, ``efficient`` (None where a backend cannot run).
+  ``ours`` (or ``tflops``), ``flash``, ``cudnn``, ``efficient``, ``fa4`` (None where a backend cannot run
+  or is not installed; ``<library>_err`` then says why).
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"))
+from tuner.fa4 import NOT_INSTALLED, is_not_installed
+
+BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"), ("fa4", "FA4"))
 _STATE_ALIASES = {"complete": "complete", "pruned": "infeasible", "infeasible": "infeasible", "fail": "failed",
                   "failed": "failed", "running": "running", "waiting": "running"}
 
@@ -73,6 +76,26 @@ def _ratio(ours, base) -> float | None:
 
 def _fmt(x: float | None, spec: str = ".1f") -> str:
     return "–" if x is None else format(x, spec)
+
+
+def _base_cell(row: dict, key: str) -> str:
+    """A library's TFLOPS, or "not installed" where that is why it has none, else "–"."""
+    value = _num(row.get(key))
+    if value is None and is_not_installed(row.get(f"{key}_err")):
+        return NOT_INSTALLED
+    return _fmt(value)
+
+
+def _missing_baselines(rows: list[dict]) -> list[str]:
+    """One line per library and reason: why it has no number at which shapes."""
+    names = dict(BASELINES)
+    by_reason: dict[tuple[str, str], list[str]] = {}
+    for r in sorted(rows, key=lambda r: (str(r.get("causal")), _row_seqlen(r))):
+        for key, _ in BASELINES:
+            why = r.get(f"{key}_err")
+            if why and _num(r.get(key)) is None:
+                by_reason.setdefault((key, str(why).splitlines()[0]), []).append(_row_label(r))
+    return [f"- {names[key]} ({', '.join(labels)}): {why}" for (key, why), labels in by_reason.items()]
 
 
 # ---- plots -------------------------------------------------------------------------------------------
@@ -241,10 +264,13 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
         rows = []
         for r in sorted(bench_rows, key=lambda r: (str(r.get("causal")), _row_seqlen(r))):
             ours = _row_ours(r)
-            rows.append([_row_label(r), _fmt(ours)] + [_fmt(_num(r.get(k))) for k, _ in BASELINES]
+            rows.append([_row_label(r), _fmt(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
                         + [_fmt(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
         lines += _md_table(header, rows)
         lines.append("")
+        missing = _missing_baselines(bench_rows)
+        if missing:
+            lines += ["Libraries without a number:", ""] + missing + [""]
     path = study_dir / "report.md"
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
@@ -252,13 +278,15 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
     return path
 
 
-def final_table(best_rows: list[dict], title: str = "Best kernel against torch SDPA backends") -> Table:
-    """Ours against torch's flash and cuDNN backends (and efficient where measured), with ratios."""
+def final_table(best_rows: list[dict], title: str = "Best kernel against torch SDPA backends and FA4") -> Table:
+    """Ours against torch's flash and cuDNN backends (and efficient where measured) and FA4 (measured, or
+    "not installed"), with ratios."""
     with_eff = any(_num(r.get("efficient")) is not None for r in best_rows)
     table = Table(title=title)
     table.add_column("shape")
     table.add_column("ours TFLOPS", justify="right")
-    cols = [("flash", "torch flash"), ("cudnn", "cuDNN")] + ([("efficient", "efficient")] if with_eff else [])
+    cols = ([("flash", "torch flash"), ("cudnn", "cuDNN")] + ([("efficient", "efficient")] if with_eff else [])
+            + [("fa4", "FA4")])
     for _, name in cols:
         table.add_column(name, justify="right")
         table.add_column(f"ours/{name}", justify="right")
@@ -268,7 +296,7 @@ def final_table(best_rows: list[dict], title: str = "Best kernel against torch S
         for key, _ in cols:
             ratio = _ratio(ours, r.get(key))
             style = "" if ratio is None else ("green" if ratio >= 1 else "red")
-            cells += [_fmt(_num(r.get(key))), f"[{style}]{_fmt(ratio, '.2f')}×[/{style}]" if style else "–"]
+            cells += [_base_cell(r, key), f"[{style}]{_fmt(ratio, '.2f')}×[/{style}]" if style else "–"]
         table.add_row(*cells)
     return table
 

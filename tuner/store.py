@@ -77,7 +77,7 @@ class KernelRecord:
     tl_program: str
     verification: dict        # must hold "passed": True
     tflops: float
-    baselines: dict           # {"flash": x, "cudnn": y, "efficient": z}, None where a backend cannot run
+    baselines: dict           # {"flash": x, "cudnn": y, "efficient": z, "fa4": w}, None where a backend cannot run
     problem: dict             # the shape the TFLOPS were measured on
     provenance: dict          # tuner.provenance.collect()
     study: str = ""

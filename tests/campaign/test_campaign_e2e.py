@@ -95,7 +95,16 @@ def test_best_kernels_are_stored_per_bucket_and_exported(faulty_run, tmp_path):
         assert r.tflops == best.user_attrs["tflops"][seqlen] and r.trial == best.number
         assert r.verification["passed"] is True and r.provenance["backend"].startswith("replay")
         assert r.baselines["flash"] > 0 and r.device_name == "NVIDIA H100 80GB HBM3"
-    assert (study_dir / STUDY / "report.md").is_file()
+        assert r.baselines["fa4"] is None        # the replay grid holds no FA4 numbers: none, never a 0
+    # ... and the report and the summary say why, as the study keeps it for a resumed run
+    assert study.user_attrs["baselines"]["errors"]["512"] == {"fa4": "not recorded in the replay file"}
+    report = (study_dir / STUDY / "report.md").read_text()
+    assert "- FA4 (causal s512, causal s1024, causal s2048, causal s4096, causal s8192, causal s16384): " \
+           "not recorded in the replay file" in report
+    summary = json.loads((study_dir / STUDY / "summary.json").read_text())
+    for row in summary["rows"]:
+        assert row["fa4"] is None and row["fa4_err"] == "not recorded in the replay file"
+        assert row["ratios"]["fa4"] is None and row["ratios"]["flash"] > 0
     assert run_export(gpu="h100", variant="mha", study_dir=study_dir, out_dir=tmp_path / "out") == 0
     doc = json.loads((tmp_path / "out" / "variant=mha,head_dim=128,dtype=bf16,causal=1,"
                                         "device_name=NVIDIA_H100_80GB_HBM3.json").read_text())

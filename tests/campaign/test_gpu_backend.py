@@ -166,18 +166,39 @@ def test_a_cubin_without_the_kernel_or_a_wrong_abi_is_a_load_failure(fake_gpu, g
     assert "ABI 99" in backends._gpu_measure(payload)["reason"]
 
 
-def test_baselines_are_measured_per_seqlen_with_the_campaign_timing(fake_gpu, monkeypatch):
+def test_baselines_are_measured_per_seqlen_with_the_campaign_timing(fake_gpu, fa4_missing):
     from tuner import bench
 
     out = backends.baselines(backends.BackendSpec("gpu"), [_problem(256), _problem(512)],
                              {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2})
     assert out["device_name"] == gpu_fakes.DEVICE_NAME and set(out["baselines"]) == {"256", "512"}
     for seqlen, row in out["baselines"].items():
-        assert set(row) == set(bench.BASELINES)
+        assert set(row) == {"flash", "cudnn", "efficient", "fa4"} == set(bench.BASELINES)
         flash = row["flash"]    # the CPU runs SDPA's flash backend; cuDNN and efficient cannot: None + reason
         assert flash == pytest.approx(bench.tflops(_problem(int(seqlen)), gpu_fakes.BASELINE_MS))
         assert row["cudnn"] is None and "cudnn" in out["errors"][seqlen]
+        assert row["fa4"] is None and out["errors"][seqlen]["fa4"].startswith("not installed: flash_attn.cute")
     assert all(t == bench.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
+
+
+def test_fa4_is_a_campaign_baseline_where_it_is_installed(fake_gpu, fa4_stand_in):
+    from tuner import bench
+
+    out = backends.baselines(backends.BackendSpec("gpu"), [_problem(256)], {"warmup_ms": 5.0, "rep_ms": 20.0,
+                                                                           "rotate": 2})
+    row = out["baselines"]["256"]
+    assert row["fa4"] == pytest.approx(bench.tflops(_problem(256), gpu_fakes.BASELINE_MS)) == row["flash"]
+    assert "fa4" not in out["errors"]["256"]
+    assert fa4_stand_in.CALLS[0]["causal"] is True and fa4_stand_in.CALLS[0]["q"] == (1, 256, 2, 128)
+
+
+def test_replayed_baselines_say_which_libraries_the_file_did_not_record():
+    from .conftest import GRID
+
+    out = backends.baselines(backends.BackendSpec("replay", str(GRID)), [_problem(512), _problem(1024)])
+    for seqlen in ("512", "1024"):
+        assert out["baselines"][seqlen]["flash"] > 0 and out["baselines"][seqlen]["fa4"] is None
+        assert out["errors"][seqlen] == {"fa4": "not recorded in the replay file"}
 
 
 @pytest.mark.slow

@@ -34,8 +34,22 @@ def test_report_writes_markdown_and_png_plots(tmp_path):
     assert "complete 3, infeasible 2, failed 1" in text
     assert "**305.5 TFLOPS**" in text and "ours ×0.93" in text and "ours ×0.52" in text   # vs 330 and 590
     assert "| smem 240 KB over the 227 KB limit | 2 |" in text
-    assert "| causal s16384 | 316.4 | 290.0 | 500.0 | 150.0 | 1.09 | 0.63 | 2.11 |" in text
+    assert "| causal s16384 | 316.4 | 290.0 | 500.0 | 150.0 | – | 1.09 | 0.63 | 2.11 | – |" in text
     assert "| non-causal s512 | 300.5 | 290.0 | – |" in text
+    assert "without a number" not in text     # no row says why a library has none
+
+
+def test_report_shows_fa4_measured_or_not_installed_with_the_reason(tmp_path):
+    why = "not installed: flash_attn.cute is not importable (ModuleNotFoundError: No module named 'flash_attn')"
+    rows = [dict(ROWS[0], fa4=600.0), dict(ROWS[1], fa4=None, fa4_err=why),
+            dict(ROWS[3], fa4=None, fa4_err=why), dict(ROWS[5], fa4=None, fa4_err="head_dim 96 is not supported")]
+    text = write_report(tmp_path, TRIALS, make_record(tflops=305.5), rows).read_text()
+    assert "| torch flash | cuDNN | efficient | FA4 | ours/torch flash |" in text and "| ours/FA4 |" in text
+    assert "| non-causal s512 | 300.5 | 290.0 | – | 150.0 | 600.0 | 1.04 | – | 2.00 | 0.50 |" in text
+    assert "| causal s512 | 300.5 | 290.0 | – | 150.0 | not installed | 1.04 | – | 2.00 | – |" in text
+    assert "| causal s4096 | 304.1 | 290.0 | 500.0 | 150.0 | – | 1.05 | 0.61 | 2.03 | – |" in text
+    assert f"- FA4 (causal s512, causal s1024): {why}" in text
+    assert "- FA4 (causal s4096): head_dim 96 is not supported" in text
 
 
 def test_report_without_a_kernel_or_benchmarks(tmp_path):
@@ -60,6 +74,23 @@ def test_final_table_shows_ratios_against_flash_and_cudnn():
     assert "1.25×" in line and "0.67×" in line
     mla = next(l for l in text.splitlines() if "mla" in l)
     assert "2.50×" in mla and "–" in mla
+
+
+def test_the_report_has_a_column_for_every_measured_baseline():
+    from tuner import bench
+    from tuner.report import BASELINES
+
+    assert [key for key, _ in BASELINES] == list(bench.BASELINES)
+
+
+def test_final_table_has_an_fa4_column_measured_or_not_installed():
+    rows = [{"label": "s4096", "ours": 400.0, "flash": 320.0, "cudnn": 600.0, "fa4": 640.0},
+            {"label": "s8192", "ours": 400.0, "flash": 320.0, "cudnn": 600.0, "fa4": None,
+             "fa4_err": "not installed: flash_attn.cute is not importable"}]
+    text = _render(final_table(rows))
+    assert "FA4" in text and "ours/FA4" in text
+    assert "640.0" in next(l for l in text.splitlines() if "s4096" in l) and "0.62×" in text
+    assert "not installed" in next(l for l in text.splitlines() if "s8192" in l)
 
 
 def test_live_view_prints_plain_lines_when_not_a_terminal():

@@ -17,5 +17,5 @@ def test_report_without_matplotlib_skips_plots_and_says_so(tmp_path, monkeypatch
     assert not list((tmp_path / "study").glob("*.png"))
     assert "plots skipped: matplotlib is not installed" in text
     assert "trial 0: 210.0, trial 2: 305.5" in text               # the best-so-far curve as text
-    assert "| causal s16384 | 316.4 | 290.0 | 500.0 | 150.0 | 1.09 | 0.63 | 2.11 |" in text
+    assert "| causal s16384 | 316.4 | 290.0 | 500.0 | 150.0 | – | 1.09 | 0.63 | 2.11 | – |" in text
     assert "**305.5 TFLOPS**" in text

@@ -5,7 +5,8 @@ pinning, timeouts and kills are exercised for real whichever serves the numbers 
 results log replayed in CI).
 
 Replay file: JSON Lines (optionally gzip, ``.gz``). The first line may be ``{"_meta": {...}}`` with
-``device_name``, ``gpu``, ``baselines`` (``{"<seqlen>": {"flash": ., "cudnn": ., "efficient": .}}``);
+``device_name``, ``gpu``, ``baselines`` (``{"<seqlen>": {"flash": ., "cudnn": ., "efficient": ., "fa4": .}}``;
+a library a row lacks is reported as not recorded);
 every other line is ``{"params": {...}, "tflops": {"<seqlen>": TFLOPS, ...}}`` or ``{"params": {...},
 "fault": F}`` with F one of:
   ``oob``     the trial process dies of SIGSEGV, as a kernel writing out of bounds kills its CUDA context;
@@ -338,12 +339,19 @@ def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, 
 
 
 def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device: str | None) -> dict:
+    from tuner import bench
+
     if backend.kind == "replay":
         data = load_replay(backend.path)
-        recorded = data.meta.get("baselines", {})
-        rows = {str(p.seqlen_k): recorded.get(str(p.seqlen_k), {}) for p in problems}
-        return {"device_name": data.meta.get("device_name", "replay"), "baselines": rows}
-    from tuner import bench
+        recorded = data.meta.get("baselines") or {}
+        rows = {str(p.seqlen_k): dict(recorded.get(str(p.seqlen_k)) or {}) for p in problems}
+        errors = {}
+        for seqlen, row in rows.items():   # e.g. a grid recorded before FA4 was a baseline: no number, a reason
+            missing = {name: "not recorded in the replay file" for name in bench.BASELINES if name not in row}
+            row.update(dict.fromkeys(missing))
+            if missing:
+                errors[seqlen] = missing
+        return {"device_name": data.meta.get("device_name", "replay"), "baselines": rows, "errors": errors}
 
     device = device or TRIAL_DEVICE
     timing_ = bench.Timing(**(timing or {}))

@@ -81,7 +81,8 @@ class Campaign:
     pool: GpuPool | None = None
     workers: Any = None            # workers.WorkerPool, when there are GPUs
     baselines_ref: Any = None      # the library baselines' call while it is in flight
-    baselines: dict = field(default_factory=dict)
+    baselines: dict = field(default_factory=dict)          # {"<seqlen>": {library: TFLOPS or None}}
+    baseline_errors: dict = field(default_factory=dict)    # {"<seqlen>": {library: why it has no number}}
     device_name: str = ""
     llm_seeds: list = field(default_factory=list)
     started: float = field(default_factory=time.monotonic)   # --timeout counts from here: the whole run
@@ -242,6 +243,7 @@ def _start_baselines(camp: Campaign, study: optuna.Study):
     cached = study.user_attrs.get("baselines")
     if cached:
         camp.baselines, camp.device_name = cached["baselines"], cached["device_name"]
+        camp.baseline_errors = cached.get("errors") or {}   # (studies from before the errors were kept: none)
         return None
     return camp.workers.submit_baselines(camp.problems, camp.options.timing(), camp.options.trial_timeout)
 
@@ -260,10 +262,15 @@ def _finish_baselines(camp: Campaign, study: optuna.Study, ref, wait_s: float = 
         return
     result = report["value"]
     camp.baselines, camp.device_name = result["baselines"], result["device_name"]
-    for seqlen, errs in (result.get("errors") or {}).items():
+    camp.baseline_errors = result.get("errors") or {}
+    by_reason: dict[tuple, list] = {}     # one line per library and reason (FA4 not installed: not one per seqlen)
+    for seqlen, errs in camp.baseline_errors.items():
         for lib, msg in errs.items():
-            camp.console.print(f"baseline {lib} at seqlen {seqlen} cannot run: {msg}", markup=False)
-    study.set_user_attr("baselines", {"baselines": camp.baselines, "device_name": camp.device_name})
+            by_reason.setdefault((lib, msg), []).append(seqlen)
+    for (lib, msg), seqlens in by_reason.items():
+        camp.console.print(f"baseline {lib} at seqlen {', '.join(seqlens)} cannot run: {msg}", markup=False)
+    study.set_user_attr("baselines", {"baselines": camp.baselines, "device_name": camp.device_name,
+                                      "errors": camp.baseline_errors})
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -95,6 +95,8 @@ def _top_record(camp, stored: list, best: dict):
 def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path:
     """The run in numbers, for scripts and BENCHMARKS.md: counts, time, trials per GPU-hour, GPU
     occupancy, and ours against the libraries per benchmark shape."""
+    from tuner.bench import BASELINES
+
     n_gpus = camp.pool.gpus if camp.pool else 0
     finished_now = tally.told                      # feasible + infeasible trials finished in this run
     gpu_hours = tally.elapsed * n_gpus / 3600
@@ -104,8 +106,7 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
             stage_totals[stage] = round(stage_totals.get(stage, 0.0) + float(sec), 2)
     ratios = []
     for r in rows:
-        ratio = {k: (round(r["ours"] / r[k], 3) if r.get("ours") and r.get(k) else None)
-                 for k in ("flash", "cudnn", "efficient")}
+        ratio = {k: (round(r["ours"] / r[k], 3) if r.get("ours") and r.get(k) else None) for k in BASELINES}
         ratios.append({**r, "ratios": ratio})
     data = {
         "study": camp.name, "gpu": camp.profile.name, "device_name": camp.device_name or None,
@@ -211,7 +212,9 @@ def _problem_dict(problem) -> dict:
 
 
 def _bench_rows(camp, best: dict) -> list[dict]:
-    """Per benchmark shape: our best kernel of its bucket against the libraries, same run."""
+    """Per benchmark shape: our best kernel of its bucket against the libraries, same run; ``<library>_err``
+    says why a library has no number (FA4 not installed, a shape it cannot run)."""
+    from tuner.bench import BASELINES
     from tuner.buckets import bucket_for
 
     rows = []
@@ -220,8 +223,11 @@ def _bench_rows(camp, best: dict) -> list[dict]:
         if entry is None:
             continue
         t = entry[0]
-        base = camp.baselines.get(str(problem.seqlen_k), {})
-        rows.append({"seqlen": problem.seqlen_k, "causal": problem.causal, "ours": (t.user_attrs.get("tflops") or {}).get(str(problem.seqlen_k)),
-                     "flash": base.get("flash"), "cudnn": base.get("cudnn"), "efficient": base.get("efficient"),
+        key = str(problem.seqlen_k)
+        base = camp.baselines.get(key, {})
+        errors = camp.baseline_errors.get(key, {})
+        rows.append({"seqlen": problem.seqlen_k, "causal": problem.causal, "ours": (t.user_attrs.get("tflops") or {}).get(key),
+                     **{name: base.get(name) for name in BASELINES},
+                     **{f"{name}_err": errors[name] for name in BASELINES if errors.get(name)},
                      "trial": t.number})
     return rows

@@ -1,0 +1,32 @@
+"""A stand-in for flash-attn-4's ``flash_attn.cute`` (the ``fa4_stand_in`` fixture of tests/conftest.py
+installs it as ``flash_attn/cute/__init__.py`` in a temporary folder on sys.path): FA4's signature and
+(b, s, h, d) layout, attention computed with torch on the CPU. Knobs a test may set on the module:
+``RETURN_LSE`` (return (out, lse) as some FA4 versions do), ``WRONG`` (a wrong output); every call is
+recorded in ``CALLS``. Head dims FA4 has no kernel for raise, as FA4 does."""
+import math
+
+import torch
+
+SUPPORTED_HEAD_DIMS = (64, 96, 128, 192)
+CALLS: list = []
+RETURN_LSE = False
+WRONG = False
+
+
+def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
+    CALLS.append({"q": tuple(q.shape), "k": tuple(k.shape), "v": tuple(v.shape), "causal": causal,
+                  "softmax_scale": softmax_scale})
+    if q.shape[-1] not in SUPPORTED_HEAD_DIMS:
+        raise NotImplementedError(f"head_dim {q.shape[-1]} is not supported")
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scale = softmax_scale if softmax_scale is not None else 1 / math.sqrt(q.shape[-1])
+    s = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    if causal:   # aligned bottom-right, as FlashAttention does
+        sq, sk = s.shape[-2:]
+        s = s.masked_fill(~torch.ones(sq, sk, dtype=torch.bool).tril(sk - sq), float("-inf"))
+    out = torch.einsum("bhqk,bkhd->bqhd", s.softmax(-1), v.float())
+    if WRONG:
+        out = out + 0.5
+    out = out.to(q.dtype)
+    return (out, torch.logsumexp(s, dim=-1)) if RETURN_LSE else out

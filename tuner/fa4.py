@@ -1,0 +1,63 @@
+"""FlashAttention-4 (the flash-attn-4 wheel's ``flash_attn.cute``) as a library baseline, when installed.
+
+``flash_attn_func(q, k, v, causal=..., softmax_scale=...)`` takes our (b, s, h, d) layout as it is, GQA/MQA
+as fewer KV heads, and MLA's q/k 192 / v 128 on Hopper; depending on its version it returns the output
+or (output, lse). Its first call per shape JIT-compiles the kernel (CuTe DSL, 1-4 s): whoever times it
+makes one untimed call first (tuner.bench.measure_baselines does).
+
+Where ``flash_attn.cute`` cannot be imported the baseline has no number and a reason that starts with
+NOT_INSTALLED, never a crash and never a 0. On the GPU machine, ../shared/tools/fa4-bundle packs it.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+MODULE = "flash_attn.cute"
+DISTRIBUTION = "flash-attn-4"
+NOT_INSTALLED = "not installed"
+
+
+class Fa4Unavailable(RuntimeError):
+    """``flash_attn.cute`` is not importable here; the message starts with NOT_INSTALLED."""
+
+
+def is_not_installed(reason) -> bool:
+    """Whether a baseline's error reason says that its library is not installed."""
+    return isinstance(reason, str) and reason.startswith(NOT_INSTALLED)
+
+
+def _flash_attn_func():
+    try:
+        from flash_attn.cute import flash_attn_func
+    except Exception as exc:  # noqa: BLE001 - missing, or a broken install that fails at import (DSL, CUDA libs)
+        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise Fa4Unavailable(f"{NOT_INSTALLED}: {MODULE} is not importable ({type(exc).__name__}: {text})") from None
+    return flash_attn_func
+
+
+def status() -> dict:
+    """``{"installed": True, "version": V}`` (V None when no package metadata says it), or
+    ``{"installed": False, "reason": R}``: what `tune bench --json` records."""
+    try:
+        _flash_attn_func()
+    except Fa4Unavailable as exc:
+        return {"installed": False, "reason": str(exc)}
+    from importlib import metadata
+
+    try:
+        version = metadata.version(DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        version = None
+    return {"installed": True, "version": version}
+
+
+def attention_call(problem) -> Callable:
+    """``call(q, k, v) -> out`` in (b, s, h, d) for ``problem`` (a tuner.problem.Problem); raises
+    Fa4Unavailable when FA4 is not importable."""
+    func = _flash_attn_func()
+
+    def call(q, k, v):
+        out = func(q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    return call
