@@ -201,7 +201,7 @@ def build_cache(tmp_path_factory):
 @pytest.mark.slow
 @needs_nvcc
 @pytest.mark.skipif(not HAVE_TRANSLATOR, reason="translate.generate not available yet")
-@pytest.mark.parametrize("gpu,arch,atom", [("h100", "sm_90a", "HMMA"), ("t4", "sm_75", "HMMA")])
+@pytest.mark.parametrize("gpu,arch,atom", [("h100", "sm_90a", "HGMMA"), ("t4", "sm_75", "HMMA")])
 def test_build_reference_sketch_for_real(gpu, arch, atom, tmp_path, build_cache):
     result = invoke("build", "--gpu", gpu, "--variant", "mha", "-o", str(tmp_path),
                     env={"TUNER_CACHE_DIR": str(build_cache)})
@@ -214,7 +214,9 @@ def test_build_reference_sketch_for_real(gpu, arch, atom, tmp_path, build_cache)
     assert record["arch"] == arch and record["resources"]["registers"] > 0
     if "error" not in record["sass"]:
         assert record["sass"][atom] > 0
-        if arch != "sm_75":
+        if arch == "sm_90a":
+            assert record["sass"]["UTMALDG"] > 0  # the default on sm90 is the warp-specialised TMA kernel
+        elif arch != "sm_75":
             assert record["sass"]["LDGSTS"] > 0  # cp.async on sm80+
         else:
             assert record["sass"]["LDGSTS"] == 0  # Turing has no cp.async

@@ -1,4 +1,5 @@
 """Hardware profiles: the six GPUs load, facts match the design card, broken files are clear errors."""
+import re
 import shutil
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def _copy_profiles(tmp_path: Path) -> Path:
     [
         (lambda s: s.replace("sm_count = 132", "sm_count = -1"), "sm_count' must be positive"),
         (lambda s: s.replace("sm_count = 132", 'sm_count = "many"'), "sm_count' must be int"),
-        (lambda s: s.replace('mma_atoms = ["SM80_16x8x16", "SM75_16x8x8"]', 'mma_atoms = ["SM99_FANCY"]'),
+        (lambda s: re.sub(r"^mma_atoms = .*$", 'mma_atoms = ["SM99_FANCY"]', s, count=1, flags=re.M),
          "unknown atom 'SM99_FANCY'"),
         (lambda s: s.replace("memory_gb = 80\n", ""), "missing field(s): memory_gb"),
         (lambda s: s + "\nwarp_size = 32\n", "unknown field(s): warp_size"),

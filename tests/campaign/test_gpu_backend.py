@@ -142,6 +142,7 @@ def test_a_wrong_kernel_fails_verification_with_the_shape_and_is_not_timed(fake_
     _use_loader(monkeypatch, error=0.05)
     result = backends._gpu_measure(_payload(generated, [_problem(256)]))
     assert result["verified"] is False and result["tflops"] == {}
+    from tuner import verify
     n = len(verify.CHECK_SHAPES)
     assert result["reason"].startswith(f"verification failed: {n} of {n} shapes failed; first: mha b1 hq3 hkv3 sq1 sk1")
     assert "max error" in result["reason"] and result["verification"]["passed"] is False
@@ -149,10 +150,10 @@ def test_a_wrong_kernel_fails_verification_with_the_shape_and_is_not_timed(fake_
 
 
 def test_a_kernel_wrong_only_at_benchmark_size_is_caught_by_the_cross_check(fake_gpu, generated, monkeypatch):
-    _use_loader(monkeypatch, wrong_beyond=1100)      # all 9 verification shapes have seqlen_k <= 1031
-    result = backends._gpu_measure(_payload(generated, [_problem(256), _problem(1280)]))
+    _use_loader(monkeypatch, wrong_beyond=2600)      # every verification shape has seqlen_k <= 2500
+    result = backends._gpu_measure(_payload(generated, [_problem(256), _problem(2688)]))
     assert result["verified"] is False and result["verification"]["passed"] is False
-    assert "wrong result at the benchmark shape mha b1 hq2 hkv2 sq1280 sk1280" in result["reason"]
+    assert "wrong result at the benchmark shape mha b1 hq2 hkv2 sq2688 sk2688" in result["reason"]
     assert "against torch SDPA > 0.02" in result["reason"]
     assert result["verification"]["bench_cross_check"]["256"] < 1e-2
 
