@@ -2,6 +2,11 @@
 
 Seeds are tried in order of preference; the first that ``validate`` accepts for the profile wins, so a
 profile with less shared memory (sm75: 64 KB, L40S: 99 KB) falls through to smaller tiles.
+
+On Hopper (sm90) the default schedule is the warp-specialised one (``ws_overlap`` sketches) with
+FA4's tiles per head dim (``_tile_size_fwd_sm90``: d64 192x128, d128 128x128, d192/128 128x128; RS P,
+two stages); persistent, because the H100 runs of 2026-11-22 (BENCHMARKS.md) measured it ahead of one
+CTA per tile at 1k-4k for both causal (with its dynamic tile counter) and non-causal shapes.
 """
 from __future__ import annotations
 
@@ -30,14 +35,58 @@ def _seeds(profile: Profile, spec: KernelSpec) -> list[tuple[int, int, int]]:
     return [(128, 128, 4), (128, 64, 4), (64, 64, 4)]   # hd64 (and below)
 
 
+HOPPER_SCHEDULE = "ws_overlap"
+
+
+def default_schedule(profile: Profile) -> str:
+    """The reference sketch set a profile builds by default: Hopper's own schedule on sm90."""
+    return HOPPER_SCHEDULE if "SM90_GMMA" in profile.mma_atoms else "fa2"
+
+
+def _hopper_seeds(spec: KernelSpec) -> list[dict]:
+    """(block_m, block_n, producer registers) in order of preference: FA4's, then FA3's and smaller."""
+    d = max(spec.d_qk, spec.d_v)
+    if d <= 64:
+        return [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128),
+                dict(block_m=128, block_n=64)]
+    if d <= 128:
+        return [dict(block_m=128, block_n=128), dict(block_m=128, block_n=176 if not spec.causal else 128),
+                dict(block_m=128, block_n=64)]
+    return [dict(block_m=128, block_n=128), dict(block_m=128, block_n=112), dict(block_m=128, block_n=96),
+            dict(block_m=64, block_n=64)]
+
+
+def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = True) -> KernelParams:
+    """FA4's Hopper choice for the head dim, shrunk until it fits; the plain wgmma schedule loads with
+    cp.async and takes no producer settings."""
+    probe = probe_problem(spec)
+    tried = []
+    for seed in _hopper_seeds(spec):
+        base = dict(num_warps=seed["block_m"] // 16, kv_stages=2, mma_atom="SM90_GMMA", pv_operand="rs")
+        if warp_specialized:
+            base.update(g2s_atom="SM90_TMA", persistent=True, producer_regs=seed.get("producer_regs", 24))
+        else:
+            base.update(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")
+        params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base)
+        errors = validate(params, profile, probe, warp_specialized=warp_specialized)
+        if not errors:
+            return params
+        tried.append(f"{params.key()}: {'; '.join(errors)}")
+    raise ValueError(f"no Hopper candidate fits {profile.name} for {spec.label()}:\n  " + "\n  ".join(tried))
+
+
 def probe_problem(spec: KernelSpec, seqlen: int = 1024) -> Problem:
     """A grid-shaped problem of this spec, for checks that need one (validate looks at dims and dtype)."""
     hq, hkv, _, _ = heads_for(spec.variant, spec.d_qk if spec.variant != "mla" else 128)
     return Problem(spec.variant, 1, hq, hkv, seqlen, seqlen, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
 
 
-def default_params(profile: Profile, spec: KernelSpec) -> KernelParams:
-    """FA2's parameters for this head dim on this architecture, shrunk until they fit the profile."""
+def default_params(profile: Profile, spec: KernelSpec, schedule: str = "fa2") -> KernelParams:
+    """The default candidate of ``schedule`` (a ``tl.SCHEDULES`` key): on sm90 Hopper's (warp-specialised
+    for the ws_* sketches, plain wgmma for fa2 sketches when ``schedule`` says hopper), otherwise FA2's
+    parameters for this head dim on this architecture, shrunk until they fit the profile."""
+    if schedule.startswith("ws_"):
+        return hopper_params(profile, spec, warp_specialized=True)
     if profile.has_cp_async and "SM80_16x8x16" in profile.mma_atoms:
         atoms = dict(mma_atom="SM80_16x8x16", g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", s2r_atom="SM75_U32x4_LDSM_N")
     else:  # sm75: m16n8k8 mma, no cp.async (plain 128-bit loads), ldmatrix is there

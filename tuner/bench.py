@@ -329,10 +329,11 @@ def _results_table(rows: Sequence[dict], title: str) -> Table:
 
 def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Path], head_dim: Optional[int],
               dtype: Optional[str], causal: Optional[bool], seqlens: Optional[str], out_json: Optional[Path],
-              console: Optional[Console] = None, cache_dir: Optional[Path] = None) -> int:
+              console: Optional[Console] = None, cache_dir: Optional[Path] = None,
+              schedule: Optional[str] = None) -> int:
     """0 measured (some rows may be FAILED: see the table); 1 sketch/params/compile failed; 2 bad input,
     no GPU, or a GPU the profile's cubins cannot run on."""
-    from tuner.build_cmd import UsageError, resolve_target
+    from tuner.build_cmd import UsageError, resolve_schedule, resolve_target
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
@@ -345,6 +346,7 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
     try:
         seqlen_list = parse_seqlens(seqlens)
         targets = [resolve_target(gpu, variant, head_dim, dtype, c) for c in causals]
+        schedule = resolve_schedule(schedule, targets[0][0])
     except (UsageError, ValueError) as exc:
         return usage(str(exc))
     profile = targets[0][0]
@@ -363,7 +365,7 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
         err.print(f"warning: this is a {device_name}, not one of the {profile.name} profile's devices "
                   f"({', '.join(profile.device_names)}); the numbers are for this device", markup=False)
 
-    built, code = _build_kernels(targets, variant, params, sketch, profile, err, cache_dir)
+    built, code = _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule)
     if built is None:
         return code
 
@@ -415,19 +417,21 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
     return 0
 
 
-def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir):
+def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule: str = "fa2"):
     """Translate and compile one kernel per (spec) in one batched nvcc call. (built, exit code)."""
     import translate
     from translate import nvcc
     from translate.defaults import default_params, probe_problem
     from translate.params import validate
+    from tl.pipelines import has_roles
     from tuner.build_cmd import UsageError, load_checked_program, parse_params_arg
 
     pending = []
     for prof, spec in targets:
         try:
-            program, _, label, diagnostics = load_checked_program(variant, spec.causal, sketch)
-            kp = parse_params_arg(params, default_params(prof, spec))
+            program, _, label, diagnostics = load_checked_program(variant, spec.causal, sketch, schedule)
+            warp_specialized = program is not None and has_roles(program.statements)
+            kp = parse_params_arg(params, default_params(prof, spec, "ws_overlap" if warp_specialized else "fa2"))
         except UsageError as exc:
             err.print(f"tune bench: error: {exc}", markup=False, highlight=False)
             return None, 2
@@ -438,7 +442,7 @@ def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir):
             for d in diagnostics:
                 err.print(str(d), markup=False, highlight=False)
             return None, 1
-        reasons = validate(kp, prof, probe_problem(spec))
+        reasons = validate(kp, prof, probe_problem(spec), warp_specialized=warp_specialized)
         if reasons:
             err.print(f"parameters {kp.key()} are not legal for {spec.label()}: " + "; ".join(reasons), markup=False)
             return None, 1

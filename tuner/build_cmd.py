@@ -9,6 +9,7 @@ from typing import Optional
 from rich.console import Console
 
 from hardware_profiles import Profile, ProfileError, load_profile
+from tl.pipelines import has_roles
 from translate.params import KernelParams, validate
 from tuner.problem import KernelSpec, spec_for
 
@@ -65,12 +66,26 @@ def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optio
     return profile, spec
 
 
-def load_checked_program(variant: str, causal: bool, sketch: Optional[Path]):
-    """(program, source text, path label, diagnostics). The built-in reference sketch when no file."""
+def resolve_schedule(schedule: Optional[str], profile: Profile) -> str:
+    """``--schedule``: a reference sketch set (tl.SCHEDULES); default: the profile's (Hopper's own on sm90)."""
+    import tl
+    from translate.defaults import default_schedule
+
+    if schedule is None:
+        return default_schedule(profile)
+    if schedule not in tl.SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}; choose one of: {', '.join(tl.SCHEDULES)}")
+    return schedule
+
+
+def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], schedule: str = "fa2"):
+    """(program, source text, path label, diagnostics). The built-in reference sketch of ``schedule`` when
+    no file is given."""
     import tl
 
     if sketch is None:
-        text, label = tl.load_sketch(variant, causal), f"<reference {variant} {'causal' if causal else 'noncausal'}>"
+        text = tl.load_sketch(variant, causal, schedule)
+        label = f"<reference {schedule} {variant} {'causal' if causal else 'noncausal'}>"
     else:
         try:
             text, label = Path(sketch).read_text(), str(sketch)
@@ -82,7 +97,7 @@ def load_checked_program(variant: str, causal: bool, sketch: Optional[Path]):
 
 def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[str], head_dim: Optional[int],
               dtype: Optional[str], causal: bool, out: Path, console: Optional[Console] = None,
-              cache_dir: Optional[Path] = None) -> int:
+              cache_dir: Optional[Path] = None, schedule: Optional[str] = None) -> int:
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input or missing toolchain."""
     import translate
     from translate import nvcc
@@ -92,13 +107,15 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     err = Console(stderr=True, soft_wrap=True)
     try:
         profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal)
-        program, _, label, diagnostics = load_checked_program(variant, causal, sketch)
+        schedule = resolve_schedule(schedule, profile)
+        program, _, label, diagnostics = load_checked_program(variant, causal, sketch, schedule)
         if diagnostics or program is None:
             for d in diagnostics:
                 err.print(str(d), markup=False, highlight=False)
             err.print(f"{label}: {len(diagnostics)} problem(s); nothing built", markup=False)
             return 1
-        base = default_params(profile, spec)
+        warp_specialized = has_roles(program.statements)
+        base = default_params(profile, spec, "ws_overlap" if warp_specialized else "fa2")
         kernel_params = parse_params_arg(params, base)
     except UsageError as exc:
         err.print(f"tune build: error: {exc}", markup=False, highlight=False)
@@ -107,7 +124,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         err.print(f"tune build: error: {exc}", markup=False, highlight=False)
         return 1
 
-    reasons = validate(kernel_params, profile, probe_problem(spec))
+    reasons = validate(kernel_params, profile, probe_problem(spec), warp_specialized=warp_specialized)
     if reasons:
         err.print(f"parameters {kernel_params.key()} are not legal on {profile.name} for {spec.label()}:",
                   markup=False)
@@ -146,11 +163,12 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         sass = {"error": "cuobjdump not available"}
     record = build_record(kernel, result, profile, spec, kernel_params, sass)
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
+    tensor_ops = (f"HGMMA {sass.get('HGMMA', '?')}, UTMALDG {sass.get('UTMALDG', '?')}" if kernel_params.is_gmma
+                  else f"HMMA {sass.get('HMMA', '?')}")
     console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
                   f"{result.registers} regs, {result.spill_stores} B spill stores, "
                   f"{kernel.smem_bytes} B dynamic smem, {kernel.num_threads} threads, "
-                  f"{'cached' if result.cached else f'{result.compile_seconds:.1f} s'}"
-                  f"; HMMA {sass.get('HMMA', '?')}")
+                  f"{'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; {tensor_ops}")
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}}", markup=False, highlight=False)
     return 0
 

@@ -20,6 +20,10 @@ app = typer.Typer(
 )
 
 
+SCHEDULE_HELP = ("Reference sketch set when no --sketch: fa2 (the paper's flow; wgmma with mma_atom SM90_GMMA), "
+                 "ws_overlap or ws_serial (Hopper warp-specialised). Default: ws_overlap on sm90, fa2 elsewhere.")
+
+
 def _fail_usage(message: str) -> "typer.Exit":
     typer.echo(f"tune: error: {message}", err=True)
     return typer.Exit(2)
@@ -108,12 +112,13 @@ def build(
     dtype: Optional[str] = typer.Option(None, "--dtype"),
     causal: bool = typer.Option(True, "--causal/--no-causal"),
     out: Path = typer.Option(..., "-o", "--out", help="Output directory for .cu, .cubin and resources JSON."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.build_cmd import run_build
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
-                               dtype=dtype, causal=causal, out=out))
+                               dtype=dtype, causal=causal, out=out, schedule=schedule))
 
 
 @app.command()
@@ -127,13 +132,14 @@ def bench(
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="Default: both."),
     seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list (default 512..16384)."),
     out_json: Optional[Path] = typer.Option(None, "--json", help="Write results here."),
+    schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
 ) -> None:
     """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
     FlashAttention-4 (flash_attn.cute) where installed."""
     from tuner.bench import run_bench
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,
-                               dtype=dtype, causal=causal, seqlens=seqlens, out_json=out_json))
+                               dtype=dtype, causal=causal, seqlens=seqlens, out_json=out_json, schedule=schedule))
 
 
 @app.command("export")
