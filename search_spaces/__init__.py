@@ -5,6 +5,13 @@ narrowing by head dim (``by_head_dim``), conditions (``when``: the parameter is 
 earlier parameters take given values; otherwise ``default`` is used), per-architecture and per-dtype
 restrictions (``[arch.sm75]``, ``[dtype.bf16]``) and seeds from FA2/FA3's shipped choices.
 
+Two additions carry the structure of the Hopper kernels: a parameter may set another KernelParams field
+than its own name (``target``: ``hopper_block_m`` sets ``block_m`` from 64 x warpgroups, with its own
+Optuna distribution), and ``[derived.FIELD]`` computes a field from the others (``num_warps = block_m // 16``
+when the MMA is wgmma) instead of searching it. The pseudo-field ``schedule`` chooses the reference
+sketch set (tl.SCHEDULES): the sketch is a dimension of the search; the warp-specialised schedules are
+offered only on profiles with wgmma.
+
 ``suggest(trial, space, profile, spec)`` draws a ``KernelParams`` with Optuna's define-by-run API. The
 domain of each name depends only on (space, profile, head dim, dtype), which a study fixes, so the
 distributions stay identical across the trials of one study as Optuna requires.
@@ -31,10 +38,21 @@ class SpaceError(ValueError):
     """A search-space file that does not exist or is broken, or a space empty for a profile."""
 
 
+SCHEDULE = "schedule"          # the pseudo-field: which reference sketch set a candidate is built from
+DEFAULT_SCHEDULE = "fa2"
+
+
 def _kernel_param_types() -> dict[str, type]:
     from translate.params import KernelParams
 
-    return {f.name: type(getattr(KernelParams(), f.name)) for f in fields(KernelParams)}
+    types = {f.name: type(getattr(KernelParams(), f.name)) for f in fields(KernelParams)}
+    types[SCHEDULE] = str
+    return types
+
+
+def _schedule_legal(profile, schedule: str) -> bool:
+    """Warp-specialised sketches need wgmma and TMA: Hopper profiles only."""
+    return not schedule.startswith("ws_") or "SM90_GMMA" in profile.mma_atoms
 
 
 @dataclass(frozen=True)
@@ -48,6 +66,11 @@ class ParamSpec:
     by_head_dim: tuple[tuple[int, tuple], ...] = ()
     when: tuple[tuple[str, tuple], ...] = ()
     default: Any = None
+    target: str = ""                                    # the KernelParams field it sets ("" = its name)
+
+    @property
+    def field(self) -> str:
+        return self.target or self.name
 
     def base_choices(self, head_dim: int) -> tuple:
         for hd, values in self.by_head_dim:
@@ -66,6 +89,15 @@ class SpaceSeed:
 
 
 @dataclass(frozen=True)
+class DerivedSpec:
+    """``[derived.FIELD] expr = "block_m // 16", when = {...}``: the field is computed, not searched."""
+
+    field: str
+    expr: str
+    when: tuple[tuple[str, tuple], ...] = ()
+
+
+@dataclass(frozen=True)
 class SearchSpace:
     variant: str
     params: tuple[ParamSpec, ...]
@@ -73,6 +105,7 @@ class SearchSpace:
     dtype: tuple[tuple[str, tuple[tuple[str, tuple], ...]], ...] = ()
     seeds: tuple[SpaceSeed, ...] = ()
     source: str = ""
+    derived: tuple[DerivedSpec, ...] = ()
 
     def param(self, name: str) -> ParamSpec:
         for p in self.params:
@@ -84,9 +117,11 @@ class SearchSpace:
         """The values ``name`` may take for this profile, head dim and dtype (ordered as declared)."""
         spec = self.param(name)
         values = spec.base_choices(head_dim)
-        if name in _PROFILE_ATOMS:
-            legal = set(getattr(profile, _PROFILE_ATOMS[name]))
+        if spec.field in _PROFILE_ATOMS:
+            legal = set(getattr(profile, _PROFILE_ATOMS[spec.field]))
             values = tuple(v for v in values if v in legal)
+        if spec.field == SCHEDULE:
+            values = tuple(v for v in values if _schedule_legal(profile, v))
         for table_key, tables in ((profile.arch_family, self.arch), (dtype, self.dtype)):
             for key, restrictions in tables:
                 if key != table_key:
@@ -102,26 +137,48 @@ class SearchSpace:
     def domains(self, profile, head_dim: int, dtype: str) -> dict[str, tuple]:
         return {p.name: self.domain(p.name, profile, head_dim, dtype) for p in self.params}
 
-    def active(self, spec: ParamSpec, values: dict[str, Any]) -> bool:
+    @staticmethod
+    def active(spec, values: dict[str, Any]) -> bool:
+        """Whether ``spec`` (a ParamSpec or DerivedSpec) applies, given the fields chosen so far."""
         return all(values.get(cond) in allowed for cond, allowed in spec.when)
 
+    def derive(self, values: dict[str, Any]) -> dict[str, Any]:
+        """The derived fields whose condition holds, computed from ``values`` (in place, and returned)."""
+        from tl.expr import evaluate
+
+        for d in self.derived:
+            if self.active(d, values):
+                values[d.field] = int(evaluate(d.expr, {k: v for k, v in values.items() if isinstance(v, int)}))
+        return values
+
     def project(self, params: dict[str, Any], profile, head_dim: int, dtype: str) -> tuple[dict, list[str]]:
-        """The Optuna parameters of a full KernelParams dict (active ones only), or why it is outside."""
+        """The Optuna parameters of a full KernelParams dict (with an optional ``schedule``; active
+        parameters only), or why it is outside the space."""
         from translate.params import KernelParams
 
-        full = KernelParams.from_dict(params).to_dict()
+        schedule = params.get(SCHEDULE, DEFAULT_SCHEDULE)
+        full = KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).to_dict()
+        full[SCHEDULE] = schedule
         chosen: dict[str, Any] = {}
         problems: list[str] = []
+        active_fields = {p.field for p in self.params if self.active(p, full)}
+        active_fields |= {d.field for d in self.derived if self.active(d, full)}
+        defaulted: set[str] = set()   # as in suggest: the first inactive parameter of a field sets it
         for p in self.params:
             if not self.active(p, full):
-                if full[p.name] != p.default:
-                    problems.append(f"{p.name}={full[p.name]!r} is fixed to {p.default!r} when "
+                if p.field not in active_fields and p.field not in defaulted and full[p.field] != p.default:
+                    problems.append(f"{p.field}={full[p.field]!r} is fixed to {p.default!r} when "
                                     + ", ".join(f"{c} not in {list(a)}" for c, a in p.when))
+                defaulted.add(p.field)
                 continue
             domain = self.domain(p.name, profile, head_dim, dtype)
-            if full[p.name] not in domain:
-                problems.append(f"{p.name}={full[p.name]!r} is outside {list(domain)}")
-            chosen[p.name] = full[p.name]
+            if full[p.field] not in domain:
+                problems.append(f"{p.field}={full[p.field]!r} is outside {list(domain)}")
+            chosen[p.name] = full[p.field]
+        expected = self.derive(dict(full))
+        for d in self.derived:
+            if self.active(d, full) and full[d.field] != expected[d.field]:
+                problems.append(f"{d.field}={full[d.field]!r} is derived: {d.expr} = {expected[d.field]!r}")
         return chosen, problems
 
     def seeds_for(self, head_dim: int) -> list[SpaceSeed]:
@@ -133,15 +190,17 @@ def _fail(source: str, msg: str) -> SpaceError:
 
 
 def _parse_param(name: str, raw: dict, types: dict[str, type], source: str, earlier: list[str]) -> ParamSpec:
-    if name not in types:
-        raise _fail(source, f"unknown parameter {name!r}; KernelParams has: {', '.join(types)}")
     if not isinstance(raw, dict):
         raise _fail(source, f"[params.{name}] must be a table")
-    allowed_keys = {"type", "choices", "low", "high", "step", "by_head_dim", "when", "default"}
+    target = raw.get("target", "")
+    field_name = target or name
+    if field_name not in types:
+        raise _fail(source, f"unknown parameter {field_name!r}; KernelParams has: {', '.join(types)}")
+    allowed_keys = {"type", "choices", "low", "high", "step", "by_head_dim", "when", "default", "target"}
     unknown = sorted(set(raw) - allowed_keys)
     if unknown:
         raise _fail(source, f"[params.{name}]: unknown key(s) {', '.join(unknown)}")
-    want = types[name]
+    want = types[field_name]
     kind = raw.get("type", "categorical")
 
     def check_values(values, where: str) -> tuple:
@@ -186,7 +245,7 @@ def _parse_param(name: str, raw: dict, types: dict[str, type], source: str, earl
             raise _fail(source, f"[params.{name}] has a 'when' condition and so needs a 'default'")
         if type(default) is not want:
             raise _fail(source, f"[params.{name}] default {default!r} is not a {want.__name__}")
-    return ParamSpec(name, kind, choices, low, high, step, tuple(by_hd), tuple(when), default)
+    return ParamSpec(name, kind, choices, low, high, step, tuple(by_hd), tuple(when), default, target)
 
 
 def _parse_restrictions(raw: Any, section: str, names: list[str], source: str):
@@ -208,7 +267,7 @@ def _parse_restrictions(raw: Any, section: str, names: list[str], source: str):
 def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
     """Validate raw TOML data and build the SearchSpace; SpaceError names the file and the fault."""
     types = _kernel_param_types()
-    unknown = sorted(set(data) - {"variant", "params", "arch", "dtype", "seeds"})
+    unknown = sorted(set(data) - {"variant", "params", "arch", "dtype", "seeds", "derived"})
     if unknown:
         raise _fail(source, f"unknown top-level key(s): {', '.join(unknown)}")
     variant = data.get("variant")
@@ -219,8 +278,17 @@ def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
         raise _fail(source, "no [params.*] tables")
     params: list[ParamSpec] = []
     for name, raw in raw_params.items():
-        params.append(_parse_param(name, raw, types, source, [p.name for p in params]))
+        params.append(_parse_param(name, raw, types, source, [p.field for p in params]))
     names = [p.name for p in params]
+    derived = []
+    for field_name, raw in (data.get("derived") or {}).items():
+        if field_name not in types or not isinstance(raw, dict) or not isinstance(raw.get("expr"), str):
+            raise _fail(source, f"[derived.{field_name}] needs a KernelParams field and an 'expr' string")
+        when = tuple((c, tuple(v) if isinstance(v, list) else (v,)) for c, v in (raw.get("when") or {}).items())
+        for cond, _ in when:
+            if cond not in {p.field for p in params}:
+                raise _fail(source, f"[derived.{field_name}] condition on {cond!r}, which no parameter sets")
+        derived.append(DerivedSpec(field_name, raw["expr"], when))
     seeds = []
     for i, raw in enumerate(data.get("seeds", [])):
         if not isinstance(raw, dict) or not isinstance(raw.get("params"), dict):
@@ -231,7 +299,8 @@ def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
         seeds.append(SpaceSeed(raw.get("head_dim"), tuple(sorted(raw["params"].items())),
                                str(raw.get("source", f"{Path(source).name} seed {i}"))))
     return SearchSpace(variant, tuple(params), _parse_restrictions(data.get("arch", {}), "arch", names, source),
-                       _parse_restrictions(data.get("dtype", {}), "dtype", names, source), tuple(seeds), source)
+                       _parse_restrictions(data.get("dtype", {}), "dtype", names, source), tuple(seeds), source,
+                       tuple(derived))
 
 
 def available_spaces(directory: Path = SPACE_DIR) -> list[str]:
@@ -255,9 +324,9 @@ def load_space(variant: str, directory: Path = SPACE_DIR) -> SearchSpace:
     return space
 
 
-def suggest(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | None = None,
-            dtype: str | None = None):
-    """Draw one KernelParams from ``trial`` (define-by-run), restricted to what ``profile`` allows.
+def suggest_candidate(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | None = None,
+                      dtype: str | None = None):
+    """Draw (schedule, KernelParams) from ``trial`` (define-by-run), restricted to what ``profile`` allows.
 
     ``spec`` (a KernelSpec) gives the head dim and dtype; they may also be given directly.
     """
@@ -268,15 +337,23 @@ def suggest(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | No
     values: dict[str, Any] = {}
     for p in space.params:
         if not space.active(p, values):
-            values[p.name] = p.default
+            values.setdefault(p.field, p.default)   # a parameter with the same field may have set it
             continue
         domain = space.domain(p.name, profile, hd, dt)
         if p.kind == "int" and p.by_head_dim == () and domain == tuple(range(p.low, p.high + 1, p.step)):
-            values[p.name] = trial.suggest_int(p.name, p.low, p.high, step=p.step)
+            values[p.field] = trial.suggest_int(p.name, p.low, p.high, step=p.step)
         else:
-            values[p.name] = trial.suggest_categorical(p.name, list(domain))
-    return KernelParams(**values)
+            values[p.field] = trial.suggest_categorical(p.name, list(domain))
+    space.derive(values)
+    schedule = values.pop(SCHEDULE, DEFAULT_SCHEDULE) or DEFAULT_SCHEDULE
+    return schedule, KernelParams(**{k: v for k, v in values.items() if v is not None})
 
 
-__all__ = ["ParamSpec", "SearchSpace", "SpaceError", "SpaceSeed", "available_spaces", "load_space",
-           "parse_space", "suggest", "SPACE_DIR"]
+def suggest(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | None = None,
+            dtype: str | None = None):
+    """Draw one KernelParams from ``trial`` (the schedule, when the space has one, is in trial.params)."""
+    return suggest_candidate(trial, space, profile, spec, head_dim=head_dim, dtype=dtype)[1]
+
+
+__all__ = ["ParamSpec", "DerivedSpec", "SearchSpace", "SpaceError", "SpaceSeed", "available_spaces", "load_space",
+           "parse_space", "suggest", "suggest_candidate", "SPACE_DIR", "SCHEDULE", "DEFAULT_SCHEDULE"]

@@ -25,7 +25,9 @@ def test_sm75_gets_turing_atoms_only_and_bf16_never_gets_the_k8_atom():
     t4 = space.domains(load_profile("t4"), 128, "fp16")
     assert t4["mma_atom"] == ("SM75_16x8x8",) and t4["g2s_atom"] == ("UniversalCopy128",)
     h100 = space.domains(load_profile("h100"), 128, "bf16")
-    assert h100["mma_atom"] == ("SM80_16x8x16",)
+    assert h100["mma_atom"] == ("SM90_GMMA", "SM80_16x8x16")
+    assert h100["schedule"] == ("ws_overlap", "ws_serial", "fa2")
+    assert space.domains(load_profile("a100"), 128, "bf16")["schedule"] == ("fa2",)   # no wgmma: the paper's flow
     assert "SM75_16x8x8" in space.domains(load_profile("h100"), 128, "fp16")["mma_atom"]
     assert 256 in space.domains(load_profile("h100"), 64, "bf16")["block_n"]      # head-dim specific
     assert 256 not in space.domains(load_profile("h100"), 128, "bf16")["block_n"]
@@ -88,3 +90,51 @@ def test_a_space_with_nothing_legal_for_a_profile_is_an_error():
     space = parse_space({"variant": "mha", "params": {"g2s_atom": {"choices": ["SM80_CP_ASYNC_CACHEGLOBAL"]}}})
     with pytest.raises(SpaceError, match="no legal value on t4"):
         space.domains(load_profile("t4"), 128, "fp16")
+
+
+def test_hopper_space_draws_schedules_with_their_own_parameters():
+    """On the H100 the sketch is a dimension: warp-specialised candidates get wgmma, TMA and a derived warp
+    count; the paper's flow gets wgmma or the sm80-class atoms; distributions stay fixed per name."""
+    from search_spaces import suggest_candidate
+
+    profile, space = load_profile("h100"), load_space("mha")
+    spec = spec_for("mha", 128, "bf16", True)
+    study = _study(seed=3)
+    seen = set()
+    for _ in range(60):
+        trial = study.ask()
+        schedule, p = suggest_candidate(trial, space, profile, spec)
+        seen.add(schedule)
+        if schedule.startswith("ws_"):
+            assert (p.mma_atom, p.g2s_atom) == ("SM90_GMMA", "SM90_TMA") and "mma_atom" not in trial.params
+            assert p.block_m in (64, 128, 192) and p.num_warps == p.block_m // 16 and p.kv_stages in (2, 3)
+        else:
+            assert not (p.pingpong or p.persistent) and "pingpong" not in trial.params
+            if p.is_gmma:
+                assert p.num_warps == p.block_m // 16 and p.g2s_atom.startswith("SM80_CP_ASYNC")
+        study.tell(trial, float(p.block_n))
+    assert seen == {"ws_overlap", "ws_serial", "fa2"}
+
+
+def test_project_checks_derived_fields_and_the_schedule():
+    space, h100 = load_space("mha"), load_profile("h100")
+    ws = dict(KernelParams(block_m=128, block_n=128, num_warps=8, kv_stages=2, mma_atom="SM90_GMMA",
+                           g2s_atom="SM90_TMA").to_dict(), schedule="ws_overlap")
+    chosen, problems = space.project(ws, h100, 128, "bf16")
+    assert problems == [] and chosen["schedule"] == "ws_overlap" and chosen["hopper_block_m"] == 128
+    _, problems = space.project(dict(ws, num_warps=4), h100, 128, "bf16")
+    assert any("num_warps=4 is derived: block_m / 16 = 8" in p for p in problems)
+    _, problems = space.project(ws, load_profile("a100"), 128, "bf16")
+    assert any("schedule='ws_overlap' is outside ['fa2']" in p for p in problems)
+
+
+@pytest.mark.parametrize("data,message", [
+    ({"variant": "mha", "params": {"hopper_block_m": {"target": "block_q", "choices": [64]}}}, "unknown parameter 'block_q'"),
+    ({"variant": "mha", "params": {"block_m": {"choices": [64]}}, "derived": {"num_warps": {"when": {}}}},
+     "needs a KernelParams field and an 'expr'"),
+    ({"variant": "mha", "params": {"block_m": {"choices": [64]}},
+      "derived": {"num_warps": {"expr": "block_m / 16", "when": {"mma_atom": ["X"]}}}}, "which no parameter sets"),
+])
+def test_broken_targets_and_derived_fields_name_the_fault(data, message):
+    with pytest.raises(SpaceError, match=message):
+        parse_space(data, "broken.toml")

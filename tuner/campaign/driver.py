@@ -24,7 +24,7 @@ import optuna
 from rich.console import Console
 
 from hardware_profiles import ProfileError, load_profile
-from search_spaces import SpaceError, load_space, suggest
+from search_spaces import DEFAULT_SCHEDULE, SCHEDULE, SpaceError, load_space, suggest_candidate
 from translate.params import KernelParams, validate
 from tuner.problem import grid_problems, spec_for
 
@@ -42,6 +42,7 @@ WORKER_GRACE_S = 120.0   # beyond a trial's own limits: a worker's start-up (its
 class Candidate:
     trial: optuna.Trial
     params: KernelParams
+    schedule: str = DEFAULT_SCHEDULE
     compiled: dict | None = None
     started: float = 0.0
     slot: int = -1                 # its GPU worker (index in the pool) and that worker's handle
@@ -78,6 +79,8 @@ class Campaign:
     fake_compile: bool
     program: Any = None
     program_text: str = ""
+    programs: dict = field(default_factory=dict)        # schedule -> TL program (the search's sketch dimension)
+    program_texts: dict = field(default_factory=dict)   # schedule -> its source text
     pool: GpuPool | None = None
     workers: Any = None            # workers.WorkerPool, when there are GPUs
     baselines_ref: Any = None      # the library baselines' call while it is in flight
@@ -199,11 +202,32 @@ def _llm_stage(camp: Campaign) -> None:
     cache = ResponseCache(opts.study_dir / camp.name)
     outcome = generate_program(config, camp.profile, camp.spec, cache)
     camp.program, camp.program_text = outcome.program, outcome.program_text
+    _schedule_programs(camp, outcome)
     camp.llm_seeds = propose_params(config, camp.profile, camp.spec, outcome.program_text, 8, cache)
     camp.console.print(f"sketch: {getattr(outcome, 'message', '') or outcome.source}")
     sources = sorted({s.source for s in camp.llm_seeds})
     camp.console.print(f"seeds: {len(camp.llm_seeds)} from {', '.join(sources) or 'nowhere'}"
                        + ("" if config.configured else " (no LLM endpoint configured: profile-derived seeds)"))
+
+
+def _schedule_programs(camp: Campaign, outcome) -> None:
+    """One TL program per schedule the space offers on this profile (the sketch is a search dimension):
+    the reference sketches, with the LLM's program in place of the reference of its own kind."""
+    import tl
+    from tl.pipelines import has_roles
+
+    try:
+        schedules = camp.space.domain(SCHEDULE, camp.profile, camp.spec.d_qk, camp.spec.dtype)
+    except KeyError:   # a space without the dimension: the paper's flow
+        schedules = (DEFAULT_SCHEDULE,)
+    for schedule in schedules:
+        text = tl.load_sketch(camp.spec.variant, camp.spec.causal, schedule)
+        camp.programs[schedule], camp.program_texts[schedule] = tl.parse_program(text), text
+    if outcome.source == "llm":
+        kind = "ws_overlap" if has_roles(outcome.program.statements) else DEFAULT_SCHEDULE
+        if kind in camp.programs:
+            camp.programs[kind], camp.program_texts[kind] = outcome.program, outcome.program_text
+            camp.console.print(f"the LLM's program stands for schedule {kind}")
 
 
 def _enqueue_seeds(camp: Campaign, study: optuna.Study) -> None:
@@ -213,12 +237,15 @@ def _enqueue_seeds(camp: Campaign, study: optuna.Study) -> None:
     hd, dt = camp.spec.d_qk, camp.spec.dtype
     offered = [(s.params.to_dict(), s.source, getattr(s, "rationale", "")) for s in camp.llm_seeds]
     for seed in camp.space.seeds_for(hd):
-        full = KernelParams(**dict(seed.params)).to_dict()
+        raw = dict(seed.params)
+        schedule = raw.pop(SCHEDULE, DEFAULT_SCHEDULE)
+        full = {**KernelParams(**raw).to_dict(), SCHEDULE: schedule}
         offered.append((full, f"search space: {seed.source}", ""))
     seen: set[str] = set()
     count = 0
     for params, source, rationale in offered:
-        key = KernelParams.from_dict(params).key()
+        schedule = params.get(SCHEDULE, DEFAULT_SCHEDULE)
+        key = f"{schedule}:{KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).key()}"
         if key in seen:
             continue
         chosen, problems = camp.space.project(params, camp.profile, hd, dt)
@@ -234,6 +261,8 @@ def _enqueue_seeds(camp: Campaign, study: optuna.Study) -> None:
     study.set_user_attr(st.SEEDS_ATTR, True)
     if camp.program_text:
         study.set_user_attr("tl_program", camp.program_text)
+    if camp.program_texts:
+        study.set_user_attr("tl_programs", camp.program_texts)
     camp.console.print(f"enqueued {count} seed(s)")
 
 
@@ -326,23 +355,26 @@ def _loop(camp: Campaign, study: optuna.Study) -> Tally:
                 while (stop_reason is None and finished_count() + inflight < opts.trials
                        and inflight < max_inflight):
                     trial = study.ask()
-                    params = suggest(trial, camp.space, camp.profile, camp.spec)
+                    schedule, params = suggest_candidate(trial, camp.space, camp.profile, camp.spec)
                     trial.set_user_attr("params_key", params.key())
                     trial.set_user_attr("kernel_params", params.to_dict())
-                    errors = sorted({e for p in camp.problems for e in validate(params, camp.profile, p)})
+                    trial.set_user_attr(SCHEDULE, schedule)
+                    ws = schedule.startswith("ws_")
+                    errors = sorted({e for p in camp.problems for e in validate(params, camp.profile, p,
+                                                                                 warp_specialized=ws)})
                     if errors:
                         st.tell_infeasible(study, trial, "invalid: " + "; ".join(errors), stage="validate")
                         _count(tally, "infeasible", None, True, trial.number)
                         continue
-                    buffer.append(Candidate(trial, params))
+                    buffer.append(Candidate(trial, params, schedule))
                     inflight += 1
                 # 2. compile what is buffered: full batches, or anything when the CPUs are idle
                 while buffer and (len(buffer) >= opts.compile_batch or len(compiling) < compile_slots):
                     size = _batch_size(opts.compile_batch, batches_sent, n_gpus)
                     batch, buffer = buffer[:size], buffer[size:]
                     batches_sent += 1
-                    items = [(c.trial.number, c.params.to_dict()) for c in batch]
-                    ref = compile_batch.remote(items, camp.program, camp.spec, camp.profile.name,
+                    items = [(c.trial.number, c.params.to_dict(), c.schedule) for c in batch]
+                    ref = compile_batch.remote(items, camp.programs, camp.spec, camp.profile.name,
                                                str(camp.kernels_dir.parent / "nvcc-cache"), opts.compile_timeout,
                                                camp.backend.path if camp.fake_compile else None)
                     compiling[ref] = (batch, time.monotonic())

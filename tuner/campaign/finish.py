@@ -183,9 +183,11 @@ def _store(camp, study, best: dict) -> list:
     device = camp.device_name or camp.profile.display_name
     provenance = collect(camp.profile, device_name=device)
     provenance["backend"] = camp.backend.kind if camp.backend.kind == "gpu" else f"replay ({Path(camp.backend.path).name})"
-    tl_program = camp.program_text or study.user_attrs.get("tl_program", "")
+    default_program = camp.program_text or study.user_attrs.get("tl_program", "")
+    programs = camp.program_texts or study.user_attrs.get("tl_programs", {})
     stored = []
     for bucket, (t, problem, tflops) in sorted(best.items()):
+        tl_program = programs.get(t.user_attrs.get("schedule", ""), default_program)   # the trial's own sketch
         name = t.user_attrs["kernel_name"]
         stem = camp.kernels_dir / name
         record = KernelRecord(

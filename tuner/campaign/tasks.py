@@ -10,16 +10,17 @@ from .backends import replay_fault
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def compile_batch(items: list, program, spec, profile_name: str, cache_dir: str, timeout: float,
+def compile_batch(items: list, programs: dict, spec, profile_name: str, cache_dir: str, timeout: float,
                   fake_replay: str | None) -> list[dict]:
     """Translate and compile one batch of candidates into cubins; one result dict per item, in order.
 
-    ``items`` are ``(trial_number, params_dict)``. With ``fake_replay`` (replay backend without real
-    compiles) nothing is compiled: the replay file decides which candidates "fail to compile".
+    ``items`` are ``(trial_number, params_dict, schedule)``; ``programs`` maps each schedule (tl.SCHEDULES
+    key) to its TL program. With ``fake_replay`` (replay backend without real compiles) nothing is
+    compiled: the replay file decides which candidates "fail to compile".
     """
     if fake_replay is not None:
-        return [_fake_compile(number, params, fake_replay) for number, params in items]
-    return _real_compile(items, program, spec, profile_name, cache_dir, timeout)
+        return [_fake_compile(number, params, fake_replay) for number, params, _ in items]
+    return _real_compile(items, programs, spec, profile_name, cache_dir, timeout)
 
 
 def _fake_compile(number: int, params: dict, replay_path: str) -> dict:
@@ -34,7 +35,7 @@ def _fake_compile(number: int, params: dict, replay_path: str) -> dict:
             "registers": None, "spill_stores": None}
 
 
-def _real_compile(items, program, spec, profile_name, cache_dir, timeout) -> list[dict]:
+def _real_compile(items, programs, spec, profile_name, cache_dir, timeout) -> list[dict]:
     from hardware_profiles import load_profile
     from translate import generate
     from translate.nvcc import compile_kernels
@@ -43,9 +44,11 @@ def _real_compile(items, program, spec, profile_name, cache_dir, timeout) -> lis
     profile = load_profile(profile_name)
     results: list[dict | None] = [None] * len(items)
     generated = []
-    for i, (number, params) in enumerate(items):
+    for i, (number, params, schedule) in enumerate(items):
         try:
-            generated.append((i, generate(program, KernelParams.from_dict(params), profile, spec)))
+            if schedule not in programs:
+                raise ValueError(f"no TL program for schedule {schedule!r} (have: {', '.join(programs)})")
+            generated.append((i, generate(programs[schedule], KernelParams.from_dict(params), profile, spec)))
         except Exception as exc:  # a parameter set the translator refuses cannot work
             results[i] = {"trial": number, "ok": False, "error": f"translate: {exc}", "error_kind": "translate"}
     if generated:
