@@ -125,6 +125,76 @@ def test_repair_loop_fixes_missing_reshape_then_gemm_layout():
     assert "missing-reshape" not in last
 
 
+# -- (b2) Hopper: the warp-specialised constructs ---------------------------------------------------------------
+
+HOPPER_GOOD = tl.load_sketch("mha", True, "ws_overlap")
+# A Hopper-specific mistake: the consumer loop starts at 0 after the peeled first tile, so it reads one
+# K tile more than the producer loads (the kernel would wait forever).
+HOPPER_UNBALANCED = HOPPER_GOOD.replace("    for i = 1:N", "    for i = 0:N")
+HOPPER_SKETCH = """```tl
+warpgroup producer
+    Copy Q from global to shared
+    for j = 0:N with stages kv_stages
+        Copy K from global to shared
+        Copy V from global to shared
+    end
+end
+warpgroup consumer
+    Compute GEMM Q_shared, K_shared.T and get S
+    Compute Mask S
+    Compute Softmax S with Smax and Ssum
+    Reshape S from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new) and get P
+    for i = 1:N
+        Compute GEMM Q_shared, K_shared.T and get S
+        Compute GEMM P, V_shared and accumulate O_register
+        Compute Mask S
+        Compute Softmax S with Smax and Ssum
+        Reshape S from (MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new) and get P
+    end
+    Compute GEMM P, V_shared and accumulate O_register
+    Copy O_register from register to global
+end
+```
+The next score GEMM is issued before the P·V GEMM of the current tile.
+"""
+
+
+def test_hopper_prompt_teaches_the_new_constructs_and_a_hopper_sketch_is_used():
+    script = [Reply(HOPPER_SKETCH), Reply(answer(HOPPER_GOOD), expect=("Step 2 of 2", "with stages kv_stages"))]
+    with StubOpenAI(script=script) as stub:
+        outcome = generate_program(config_for(stub.base_url), H100, SPEC)
+    assert stub.failures == []
+    assert outcome.source == "llm" and outcome.program_text == HOPPER_GOOD and outcome.rounds == 0
+    system, sketch_request = (m["content"] for m in stub.chat_requests[0].body["messages"])
+    for needle in ("warpgroup producer", "warpgroup consumer", "with stages kv_stages", "and get P", "wgmma", "TMA"):
+        assert needle in system, needle
+    assert "score GEMM of the\nnext K tile before the P·V GEMM" in sketch_request   # it asks for a schedule choice
+
+
+def test_repair_loop_fixes_a_hopper_pipeline_that_would_deadlock():
+    script = [
+        Reply(HOPPER_SKETCH),
+        Reply(answer(HOPPER_UNBALANCED)),
+        Reply(answer(HOPPER_GOOD, "The loop must start at 1 after the peeled tile:"),
+              expect=("error[pipeline-balance]", "the producer fills K_shared once but the consumers read it twice")),
+    ]
+    with StubOpenAI(script=script) as stub:
+        outcome = generate_program(config_for(stub.base_url), H100, SPEC)
+    assert stub.failures == []
+    assert outcome.source == "llm" and outcome.rounds == 1 and outcome.program_text == HOPPER_GOOD
+    codes = [[line.split("error[")[1].split("]")[0] for line in round_] for round_ in outcome.diagnostics_history]
+    assert codes == [["pipeline-balance"], []]
+
+
+def test_a_pipeline_too_deep_for_the_gpu_is_a_repairable_diagnostic():
+    deep = HOPPER_GOOD.replace("with stages kv_stages", "with stages 5")
+    script = [Reply(HOPPER_SKETCH), Reply(answer(deep)),
+              Reply(answer(HOPPER_GOOD), expect=("error[pipeline-smem]", "227 KB"))]
+    with StubOpenAI(script=script) as stub:
+        outcome = generate_program(config_for(stub.base_url), H100, SPEC)
+    assert stub.failures == [] and outcome.source == "llm" and outcome.rounds == 1
+
+
 # -- (c) repair rounds exhausted -------------------------------------------------------------------------
 
 def test_repair_rounds_exhausted_falls_back_to_builtin(caplog):
@@ -134,7 +204,8 @@ def test_repair_rounds_exhausted_falls_back_to_builtin(caplog):
         outcome = generate_program(config_for(stub.base_url, max_repair_rounds=2), H100, SPEC)
     assert stub.failures == [] and len(stub.chat_requests) == 4
     assert outcome.source == "builtin" and outcome.rounds == 2
-    assert outcome.program_text == tl.load_sketch("mha", True) and outcome.program is not None
+    # on a Hopper profile the fallback is its own schedule's reference sketch
+    assert outcome.program_text == tl.load_sketch("mha", True, "ws_overlap") and outcome.program is not None
     assert "after 2 repair round(s)" in outcome.message and "built-in mha causal" in outcome.message
     assert "contains no TL program" in outcome.diagnostics_history[-1][0]
     assert outcome.message in caplog.text

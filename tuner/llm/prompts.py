@@ -51,7 +51,10 @@ def _dims(spec: KernelSpec) -> dict:
 
 
 def _tl_context(profile: Profile, spec: KernelSpec) -> dict:
-    return {"profile": profile, "spec": spec, "dims": _dims(spec), "kernel_description": kernel_description(spec)}
+    # Hopper profiles are asked for their own schedule: warp-specialised, wgmma, TMA (the default sketch set)
+    hopper = "SM90_GMMA" in profile.mma_atoms
+    return {"profile": profile, "spec": spec, "dims": _dims(spec), "kernel_description": kernel_description(spec),
+            "hopper": hopper}
 
 
 def sketch_messages(profile: Profile, spec: KernelSpec) -> list[dict]:

@@ -48,10 +48,10 @@ class SketchOutcome:
                 "sketch_text": self.sketch_text, "program_text": self.program_text}
 
 
-def builtin_outcome(spec: KernelSpec, message: str, *, rounds: int = 0,
-                    history: tuple = (), sketch_text: str = "", checker: Optional[Checker] = None) -> SketchOutcome:
-    text = tl.load_sketch(spec.variant, spec.causal)
-    path = str(tl.sketch_path(spec.variant, spec.causal))
+def builtin_outcome(spec: KernelSpec, message: str, *, rounds: int = 0, history: tuple = (),
+                    sketch_text: str = "", checker: Optional[Checker] = None, schedule: str = "fa2") -> SketchOutcome:
+    text = tl.load_sketch(spec.variant, spec.causal, schedule)
+    path = str(tl.sketch_path(spec.variant, spec.causal, schedule))
     program, diagnostics = (checker or tl.check_source)(text, path)
     if program is None or diagnostics:  # the reference program is ours: failing it is a bug, not a fallback
         raise RuntimeError(f"the built-in program {path} does not check: " + "; ".join(map(str, diagnostics)))
@@ -65,10 +65,15 @@ def generate_program(config: LLMConfig, profile: Profile, spec: KernelSpec,
 
     Never raises for endpoint or model trouble: the reason ends up in ``SketchOutcome.message``.
     """
-    check = checker or tl.check_source
-    reference = f"the built-in {spec.variant} {'causal' if spec.causal else 'non-causal'} reference program"
+    from translate.defaults import default_schedule
+
+    schedule = default_schedule(profile)
+    check = checker or _checker_for(profile, spec)
+    reference = (f"the built-in {spec.variant} {'causal' if spec.causal else 'non-causal'} reference program"
+                 + (f" ({schedule})" if schedule != "fa2" else ""))
     if not config.configured:
-        outcome = builtin_outcome(spec, f"{config.not_configured_reason}; using {reference}", checker=check)
+        outcome = builtin_outcome(spec, f"{config.not_configured_reason}; using {reference}", checker=check,
+                                  schedule=schedule)
         log.info(outcome.message)
         return outcome
 
@@ -109,9 +114,24 @@ def generate_program(config: LLMConfig, profile: Profile, spec: KernelSpec,
     except LLMError as exc:
         message = f"{exc}; using {reference}"
     outcome = builtin_outcome(spec, message, rounds=rounds, history=tuple(history), sketch_text=sketch_text,
-                              checker=check)
+                              checker=check, schedule=schedule)
     log.warning(outcome.message)
     return outcome
+
+
+def _checker_for(profile: Profile, spec: KernelSpec) -> Checker:
+    """tl.check_source with the GPU's limits: a pipeline whose stages (at the profile's default tiles)
+    overflow shared memory is a diagnostic the LLM can repair, not a kernel that fails to launch."""
+    from translate.defaults import default_params, default_schedule
+
+    try:
+        params = default_params(profile, spec, default_schedule(profile))
+    except ValueError:
+        return tl.check_source
+    symbols = {"BM": params.block_m, "BN": params.block_n, "HeadDim": spec.d_qk, "HeadDimQK": spec.d_qk,
+               "HeadDimV": spec.d_v, "kv_stages": params.kv_stages}
+    limits = tl.CheckLimits(profile.smem_per_block_bytes, symbols)
+    return lambda text, path: tl.check_source(text, path, limits)
 
 
 def _check(check: Checker, text: str) -> tuple[Any, list]:
