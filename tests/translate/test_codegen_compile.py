@@ -1,5 +1,6 @@
-"""Real nvcc builds of translated sketches (slow: two compiles, ~15-40 s each): the cubin exists and its
-SASS holds tensor-core MMAs (HMMA) and, on sm80+, cp.async (LDGSTS) and ldmatrix (LDSM)."""
+"""Real nvcc builds of translated sketches (slow: ~15-40 s per compile): the cubin exists and its SASS holds
+the instructions the schedule stands for: tensor-core MMAs (HMMA) with cp.async (LDGSTS) and ldmatrix (LDSM)
+on sm80+; on Hopper wgmma (HGMMA), TMA (UTMALDG/UTMASTG) and setmaxnreg (USETMAXREG)."""
 import tempfile
 from pathlib import Path
 
@@ -53,3 +54,42 @@ def test_sm75_build_uses_turing_mma_without_cp_async():
         pytest.skip("cuobjdump not installed")
     counts = sass.get("counts", sass)
     assert counts.get("HMMA", 0) > 0 and counts.get("LDGSTS", 0) == 0, sass
+
+
+def _build_hopper(spec: KernelSpec, schedule: str):
+    from translate.defaults import hopper_params
+
+    try:
+        nvcc.find_nvcc()
+        nvcc.cutlass_include_dir()
+    except nvcc.ToolNotFound as exc:
+        pytest.skip(str(exc))
+    profile = load_profile("h100")
+    ws = schedule.startswith("ws_")
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, schedule))
+    gen = translate.generate(program, hopper_params(profile, spec, warp_specialized=ws), profile, spec)
+    result = nvcc.compile_kernel(gen, profile.nvcc_arch, timeout=600)
+    assert result.ok, result.log[-3000:]
+    # ptxas says when it serialises wgmma (C7510) or ignores setmaxnreg (C7508): both cost the schedule
+    assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]
+    assert result.spill_stores == 0
+    return gen, result
+
+
+def test_warp_specialised_hopper_kernel_uses_wgmma_tma_and_register_reallocation():
+    gen, result = _build_hopper(KernelSpec("mha", 128, 128, True, "bf16"), "ws_overlap")
+    counts = _sass(result, gen.name)
+    if counts is None:
+        pytest.skip("cuobjdump not installed")
+    assert counts["HGMMA"] == 32 and counts["HMMA"] == 0, counts      # 4 GEMM statements x 8 k-blocks of 16
+    assert counts["UTMALDG"] > 0 and counts["UTMASTG"] > 0 and counts["USETMAXREG"] > 0, counts
+    assert counts["LDGSTS"] == 0 and counts["LDSM"] == 0, counts
+
+
+def test_plain_hopper_kernel_uses_wgmma_with_cp_async():
+    gen, result = _build_hopper(KernelSpec("mla", 192, 128, False, "bf16"), "fa2")
+    counts = _sass(result, gen.name)
+    if counts is None:
+        pytest.skip("cuobjdump not installed")
+    assert counts["HGMMA"] > 0 and counts["LDGSTS"] > 0 and counts["HMMA"] == 0, counts
+    assert counts["UTMALDG"] == 0 and counts["USETMAXREG"] == 0, counts

@@ -1,0 +1,68 @@
+"""Hopper parameter validation: pure, before any compile, every reason stated."""
+import pytest
+
+from hardware_profiles import load_profile
+from translate.defaults import default_params, hopper_params
+from translate.params import KernelParams, validate
+from translate.params_sm90 import consumer_registers, tile_registers
+from translate.problem import KernelSpec, Problem
+
+H100, A100 = load_profile("h100"), load_profile("a100")
+
+
+def problem(d_qk=128, d_v=128, variant="mha"):
+    return Problem(variant, 1, 16, 16, 1024, 1024, d_qk, d_v, True, "bf16")
+
+
+def ws(**changes):
+    base = dict(block_m=128, block_n=128, num_warps=8, kv_stages=2, mma_atom="SM90_GMMA", g2s_atom="SM90_TMA")
+    return KernelParams(**{**base, **changes})
+
+
+@pytest.mark.parametrize("spec", [KernelSpec("mha", 64, 64, True, "bf16"), KernelSpec("mha", 128, 128, False, "fp16"),
+                                  KernelSpec("mla", 192, 128, True, "bf16"), KernelSpec("gqa", 128, 128, True, "bf16")])
+def test_the_hopper_defaults_are_legal(spec):
+    p = Problem(spec.variant, 1, 16, 16 if spec.variant != "gqa" else 2, 1024, 1024, spec.d_qk, spec.d_v,
+                spec.causal, spec.dtype)
+    assert validate(default_params(H100, spec, "ws_overlap"), H100, p, warp_specialized=True) == []
+    assert validate(hopper_params(H100, spec, warp_specialized=False), H100, p, warp_specialized=False) == []
+
+
+def test_fa3_and_fa4_published_tiles_fit_the_register_model():
+    # FA4 hdim 128: 128x128 RS (160 of 216), 128x192 RS (208); FA3: 128x176 RS; hdim 64: 192x128 RS on 3 WGs
+    for bn in (128, 176, 192):
+        assert validate(ws(block_n=bn), H100, problem(), warp_specialized=True) == [], bn
+    assert validate(ws(block_m=192, num_warps=12, producer_regs=32), H100, problem(64, 64), warp_specialized=True) == []
+    assert consumer_registers(ws()) == 240 and consumer_registers(ws(block_m=192, producer_regs=32)) == 160
+
+
+@pytest.mark.parametrize("changes,warp_specialized,fragment", [
+    (dict(block_m=256, num_warps=16), True, "block_m 256 must be 64 x consumer warpgroups"),
+    (dict(num_warps=4), True, "num_warps 4 must be block_m / 16 = 8"),
+    (dict(block_n=200), True, "block_n 200 must be a multiple of 16"),
+    (dict(block_n=256), True, "needs about 280 registers"),
+    (dict(block_m=192, num_warps=12, block_n=192), True, "but has the consumers' 160"),
+    (dict(kv_stages=4), True, "exceeds the 227 KB per-block limit"),
+    (dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL"), True, "the warp-specialised producer loads with TMA"),
+    (dict(producer_regs=48), True, "producer_regs must be one of"),
+    (dict(pingpong=True, block_m=64, num_warps=4), True, "ping-pong takes turns between two or three"),
+    (dict(q_in_regs=True), True, "q_in_regs does not apply"),
+    (dict(swizzle=2), True, "s2r_atom and swizzle do not apply"),
+    (dict(), False, "without warpgroup roles every warpgroup loads with cp.async"),
+    (dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True), False, "apply to warp-specialised sketches"),
+])
+def test_illegal_hopper_candidates_are_rejected_with_the_reason(changes, warp_specialized, fragment):
+    errors = validate(ws(**changes), H100, problem(), warp_specialized=warp_specialized)
+    assert any(fragment in e for e in errors), errors
+
+
+def test_wgmma_needs_a_hopper_gpu_and_sm80_kernels_refuse_hopper_knobs():
+    assert any("needs an sm_90a GPU" in e for e in validate(ws(), A100, problem(), warp_specialized=True))
+    sm80 = KernelParams(block_m=128, block_n=64, num_warps=4, pingpong=True)
+    assert any("apply to Hopper kernels" in e for e in validate(sm80, H100, problem()))
+    assert any("needs wgmma" in e for e in validate(KernelParams(), H100, problem(), warp_specialized=True))
+
+
+def test_register_model_counts_the_operand_copy_only_for_rs():
+    assert tile_registers(ws(), problem()) == 64 + 64 + 32 + 24
+    assert tile_registers(ws(pv_operand="ss"), problem()) == 64 + 64 + 24

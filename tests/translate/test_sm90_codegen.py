@@ -1,0 +1,144 @@
+"""Hopper kernels from TL (CPU): warp-specialised sketches translate into producer/consumer code whose
+synchronisation follows the statement order, the plain wgmma schedule comes from paper-style sketches,
+and the translator refuses what it cannot build with a reason."""
+import re
+
+import pytest
+
+import tl
+import translate
+from hardware_profiles import load_profile
+from translate.defaults import default_params, hopper_params
+from translate.params import KernelParams
+from translate.problem import KernelSpec
+
+H100 = load_profile("h100")
+SPECS = [KernelSpec(v, 192 if v == "mla" else d, 128 if v == "mla" else d, c, "bf16")
+         for v, d in (("mha", 128), ("mha", 64), ("gqa", 128), ("mqa", 128), ("mla", 192)) for c in (False, True)]
+
+
+def ws(spec, schedule="ws_overlap", **changes):
+    params = default_params(H100, spec, "ws_overlap")
+    params = KernelParams.from_dict({**params.to_dict(), **changes})
+    return translate.generate(tl.parse_program(tl.load_sketch(spec.variant, spec.causal, schedule)), params, H100, spec)
+
+
+def consumer_loop(source: str) -> str:
+    """The text of the consumer's KV loop (``for (int i = 1; ...`` or ``for (int i = 0; ...``)."""
+    start = source.index("// TL", source.index("consumer warpgroups"))
+    loop = re.search(r"for \(int i = \d; i < n_tiles; \+\+i\) \{", source[start:])
+    body, depth = [], 0
+    for line in source[start + loop.start():].splitlines():
+        depth += line.count("{") - line.count("}")
+        body.append(line)
+        if depth == 0:
+            break
+    return "\n".join(body)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.label())
+@pytest.mark.parametrize("schedule", ["ws_overlap", "ws_serial"])
+def test_every_variant_translates_to_a_warp_specialised_kernel(spec, schedule):
+    kernel = ws(spec, schedule)
+    src = kernel.source
+    assert kernel.num_threads == 128 * (kernel.params.block_m // 64 + 1)
+    assert "warpgroup producer" in src and "consumer warpgroups" in src
+    assert ("warpgroup_reg_dealloc<kProducerRegs>" in src) == (kernel.params.block_m > 64)
+    assert src.count("attn_sm90::tma_load_tile") == 3     # Q once, K and V in the pipelined loop
+    assert "tma_store_rows" in src and "SM90_U32x4_STSM_N" in src
+    assert ("apply_mask<kCausal>" in src) == spec.causal  # causal sketches mask; the others only ragged tiles
+    assert kernel.meta()["grid"] == "persistent" and [a for a in kernel.meta()["args"] if a[1].startswith("tensormap")]
+
+
+def test_overlapped_and_serial_sketches_give_different_synchronisation():
+    spec = KernelSpec("mha", 128, 128, True, "bf16")
+    overlap, serial = consumer_loop(ws(spec, "ws_overlap").source), consumer_loop(ws(spec, "ws_serial").source)
+    # overlap: the next score GEMM and the P·V GEMM are in flight together; the softmax waits for the
+    # score GEMM only (wait<1>), the operand copy for both (wait<0>)
+    assert overlap.index("tiled_mma_qk") < overlap.index("tiled_mma_pv")
+    assert "warpgroup_wait<1>" in overlap and overlap.index("warpgroup_wait<1>") < overlap.index("softmax_tile")
+    assert overlap.index("softmax_tile") < overlap.index("warpgroup_wait<0>") < overlap.index("convert_into")
+    assert "warpgroup_wait<1>" not in serial
+    assert serial.index("softmax_tile") < serial.index("tiled_mma_pv")
+
+
+def test_moving_a_statement_moves_it_in_the_kernel():
+    """Issuing the P·V GEMM before the next score GEMM (instead of after) compiles into a different
+    order and a different wait: the mask then waits for both GEMMs."""
+    spec = KernelSpec("mha", 128, 128, False, "bf16")
+    text = tl.load_sketch("mha", False, "ws_overlap")
+    qk = "        Compute GEMM Q_shared, K_shared.T and get S\n        Compute GEMM P, V_shared and accumulate O_register\n"
+    assert qk in text
+    moved = text.replace(qk, "        Compute GEMM P, V_shared and accumulate O_register\n"
+                             "        Compute GEMM Q_shared, K_shared.T and get S\n")
+    params = default_params(H100, spec, "ws_overlap")
+    a = translate.generate(tl.parse_program(text), params, H100, spec)
+    b = translate.generate(tl.parse_program(moved), params, H100, spec)
+    la, lb = consumer_loop(a.source), consumer_loop(b.source)
+    assert la.index("tiled_mma_qk") < la.index("tiled_mma_pv") and lb.index("tiled_mma_pv") < lb.index("tiled_mma_qk")
+    assert "warpgroup_wait<1>" in la and "warpgroup_wait<1>" not in lb
+    assert a.name != b.name                               # the sketch is part of the kernel's name
+
+
+def test_stage_releases_follow_the_waits_that_complete_the_gemms():
+    loop = consumer_loop(ws(KernelSpec("mha", 128, 128, False, "bf16")).source)
+    wait1, wait0 = loop.index("warpgroup_wait<1>"), loop.index("warpgroup_wait<0>")
+    k_release = loop.index("release_stage(&k_empty")
+    v_release = loop.index("release_stage(&v_empty")
+    assert wait1 < k_release < wait0 < v_release          # K after its score GEMM, V after its P·V GEMM
+    # the output's rescale waits for the P·V GEMM in flight, then runs before the next GEMMs are issued
+    assert wait0 < loop.index("rescale_rows")
+
+
+def test_softmax_is_kept_between_the_waits_and_fences_skip_tensors_in_flight():
+    loop = consumer_loop(ws(KernelSpec("mha", 128, 128, False, "bf16")).source)
+    before_wait0 = loop[:loop.index("warpgroup_wait<0>")]
+    assert before_wait0.rstrip().endswith("attn_sm90::ordering_point(never);")
+    fences_before = before_wait0[before_wait0.rindex("warpgroup_wait<1>"):]
+    assert "warpgroup_fence_operand(acc_S)" in fences_before
+    assert "warpgroup_fence_operand(acc_O_register)" not in fences_before   # the P·V GEMM still writes it
+
+
+def test_pingpong_brackets_each_turn_of_gemm_issues():
+    loop = consumer_loop(ws(KernelSpec("mha", 128, 128, False, "bf16"), pingpong=True).source)
+    sync, arrive = loop.index("NamedBarrier::sync(2 * 128"), loop.index("NamedBarrier::arrive(2 * 128")
+    assert sync < loop.index("tiled_mma_qk") < loop.index("tiled_mma_pv") < arrive
+    assert loop.count("NamedBarrier::sync(2 * 128") == 1
+
+
+def test_persistent_kernels_take_tiles_from_a_counter():
+    spec = KernelSpec("mha", 128, 128, True, "bf16")
+    assert "atomicAdd(tile_counter, 1)" in ws(spec, persistent=True).source
+    one_per_tile = ws(spec, persistent=False)
+    assert "atomicAdd" not in one_per_tile.source and one_per_tile.meta()["grid"] == "tiles"
+
+
+def test_plain_wgmma_schedule_from_a_paper_sketch():
+    spec = KernelSpec("gqa", 128, 128, True, "fp16")
+    params = hopper_params(H100, spec, warp_specialized=False)
+    kernel = translate.generate(tl.parse_program(tl.load_sketch("gqa", True)), params, H100, spec)
+    src = kernel.source
+    assert kernel.num_threads == 128 * (params.block_m // 64) and "warpgroup producer" not in src
+    assert "gemm_issue" in src and "cp_async_fence" in src and "fence_view_async_shared" in src
+    body = src[src.index("extern \"C\""):]
+    assert "LDSM" not in body and "s2r_" not in body       # no ldmatrix: wgmma reads shared memory itself
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("Copy K (BN, HeadDim) in coordinate [L = j]", "Copy K (BN, HeadDim) in coordinate [L = N-1-j]"),
+     "must load tiles 0..N-1 in order"),
+    (("for j = 0:N with stages kv_stages", "for j = 0:N with stages depth"), "unknown stage count"),
+    (("    Compute Mask S\n", ""), "needs `Compute Mask S`"),
+])
+def test_translation_errors_name_the_problem(edit, message):
+    spec = KernelSpec("mha", 128, 128, True, "bf16")
+    text = tl.load_sketch("mha", True, "ws_overlap").replace(*edit)
+    with pytest.raises(translate.TranslationError, match=re.escape(message)):
+        translate.generate(tl.parse_program(text), default_params(H100, spec, "ws_overlap"), H100, spec)
+
+
+def test_a_warp_specialised_sketch_refuses_sm80_parameters():
+    spec = KernelSpec("mha", 128, 128, True, "bf16")
+    with pytest.raises(translate.TranslationError, match="needs wgmma"):
+        translate.generate(tl.parse_program(tl.load_sketch("mha", True, "ws_overlap")), default_params(H100, spec),
+                           H100, spec)
