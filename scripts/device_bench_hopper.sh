@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/out/bench-hopper}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 COLUMNS=200 TUNER_CACHE_DIR=$PWD/.kcache
 GPU=h100
-# name | variant | head dim | causal flag | params (empty: the Hopper default)
+PLAIN='{"mma_atom":"SM90_GMMA","g2s_atom":"SM80_CP_ASYNC_CACHEGLOBAL","block_m":128,"block_n":128,"num_warps":8,"kv_stages":2,"pv_operand":"rs","persistent":false,"producer_regs":24,"pingpong":false}'
+# name | variant | head dim | causal flag | params (empty: the Hopper default) | schedule (empty: the default)
 CASES=(
   "mha128c|mha|128|--causal|"
   "mha128n|mha|128|--no-causal|"
@@ -22,14 +23,24 @@ CASES=(
   "mqa128n|mqa|128|--no-causal|"
   "mlac|mla|192|--causal|"
   "mlan|mla|192|--no-causal|"
+  # alternatives where the default trailed cuDNN in the runs of 2026-11-22 (d64 causal, d128 non-causal at 2k)
+  "mha64c_128|mha|64|--causal|{\"block_m\":128,\"num_warps\":8,\"producer_regs\":24}"
+  "mha64c_128pp|mha|64|--causal|{\"block_m\":128,\"num_warps\":8,\"producer_regs\":24,\"pingpong\":true}"
+  "mha128n_176|mha|128|--no-causal|{\"block_n\":176}"
+  "gqa128n_pp|gqa|128|--no-causal|{\"pingpong\":true}"
+  # the non-warp-specialised step (issue 8, deliver 1): every warpgroup loads with cp.async and computes with wgmma
+  "plain_mha128c|mha|128|--causal|$PLAIN|fa2"
+  "plain_mha128n|mha|128|--no-causal|$PLAIN|fa2"
+  "plain_mlac|mla|192|--causal|$PLAIN|fa2"
 )
 if [ -n "${ONLY:-}" ]; then
   keep=(); for c in "${CASES[@]}"; do [[ " $ONLY " == *" ${c%%|*} "* ]] && keep+=("$c"); done; CASES=("${keep[@]}")
 fi
 args() {  # the tune arguments of a case
-  IFS='|' read -r name variant hd causal params <<<"$1"
+  IFS='|' read -r name variant hd causal params schedule <<<"$1"
   A=(--gpu $GPU --variant $variant $causal --dtype bf16); [ "$variant" != mla ] && A+=(--head-dim "$hd")
   [ -n "$params" ] && A+=(--params "$params")
+  [ -n "$schedule" ] && A+=(--schedule "$schedule")
 }
 if [ -n "${PREBUILD:-}" ]; then   # here, on the CPU: fill .kcache so the device compiles nothing
   for c in "${CASES[@]}"; do args "$c"; python3 -m tuner build "${A[@]}" -o /tmp/prebuild || exit 1; done
