@@ -13,7 +13,8 @@ from tl.parser import ParseResult, parse, parse_program
 from tl.printer import format_program
 
 __all__ = ["parse", "parse_program", "format_program", "check", "check_source", "CheckLimits", "Diagnostic",
-           "TLSyntaxError", "ParseResult", "sketch_path", "load_sketch", "VARIANTS", "SCHEDULES"]
+           "TLSyntaxError", "ParseResult", "sketch_path", "load_sketch", "VARIANTS", "SCHEDULES", "SCHEDULE_BASE",
+           "schedule_base", "schedule_variants"]
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")
 _SKETCHES = Path(__file__).resolve().parent / "sketches"
@@ -22,9 +23,22 @@ _SKETCHES = Path(__file__).resolve().parent / "sketches"
 # and the Hopper warp-specialised flows with and without the next score GEMM issued before the softmax.
 SCHEDULES = {
     "fa2": "{v}_{c}.tl",
+    "fa2_late_prefetch": "late_prefetch/{v}_{c}.tl",
     "ws_overlap": "hopper/{v}_{c}.tl",
     "ws_serial": "hopper/{v}_{c}_serial.tl",
 }
+# A schedule variant belongs to a reference schedule (what the search space's conditions and the translator's
+# choice of emitters see): the same flow with its statements in another order.
+SCHEDULE_BASE = {"fa2_late_prefetch": "fa2"}
+
+
+def schedule_base(schedule: str) -> str:
+    return SCHEDULE_BASE.get(schedule, schedule)
+
+
+def schedule_variants(base: str) -> tuple[str, ...]:
+    """The built-in sketch sets of a reference schedule: itself first, then its variants."""
+    return (base,) + tuple(name for name, b in SCHEDULE_BASE.items() if b == base)
 
 
 def sketch_path(variant: str, causal: bool, schedule: str = "fa2") -> Path:

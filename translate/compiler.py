@@ -15,7 +15,7 @@ from tl.pipelines import has_roles
 from tl.printer import format_statement
 from translate import emitters as em
 from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
-from translate.kernel import GeneratedKernel, TranslationError
+from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.params import KernelParams, validate
 from translate.schedule import schedule
 from translate.problem import KernelSpec, Problem
@@ -341,7 +341,7 @@ class _Compiler:
                              score_gemm=next(o for o in _ops(nodes) if o.kind == "gemm_ss"),
                              overrides=plain.EMITTERS if gmma else {})
         statements = em.emit_nodes(nodes, ctx)
-        name = f"attn_{self.spec.label()}_{self.params.key()}"
+        name = f"attn_{self.spec.label()}_{self.params.key()}_t{sketch_hash(self.program)}"
         sk, sv = stages[self.k_buffer], stages[self.v_buffer]
         header = [f"// kernel {name}",
                   f"// spec: {self.spec}", f"// params: {self.params}",

@@ -73,3 +73,13 @@ class GeneratedKernel:
             "tensor_maps": dict(self.tensor_maps),
             "grid": self.grid,
         }
+
+
+def sketch_hash(program) -> str:
+    """Eight hex digits of the program's canonical text: the sketch is part of the kernel, so two schedules
+    with the same parameters are two kernels (and two symbols in one translation unit)."""
+    import hashlib
+
+    from tl import format_program
+
+    return hashlib.sha256(format_program(program).encode()).hexdigest()[:8]

@@ -441,8 +441,8 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
         "const bool never = seqlen_k < 0;  // false, unknown to the compiler: see attn_sm90::ordering_point",
     ]
     score = sorted(lowered.score_accs)[0]
-    lines.append(f"Tensor rescale_o = make_tensor<float>(Shape<Int<decltype(size<0>(attn_sm90::rowcol_layout("
-                 f"decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{{}}))"
+    lines.append("Tensor rescale_o = make_tensor<float>(Shape<Int<decltype(size<0>(attn_sm90::rowcol_layout("
+                 "decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}))"
                  "::layout_type{})))::value>>{});")
     stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
     for mx, sm in stats:

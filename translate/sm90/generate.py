@@ -8,11 +8,9 @@ the accumulator layout, and an epilogue through shared memory and a TMA store.
 """
 from __future__ import annotations
 
-import hashlib
 
-from tl import format_program
 from tl.ast import Program
-from translate.kernel import GeneratedKernel, TranslationError
+from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.sm90 import emit as em
 from translate.sm90.ir import Op
 from translate.sm90.lower import WsLowering, stmt_text
@@ -46,8 +44,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
                  buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o)
     # the sketch is part of the kernel: two schedules with the same parameters are two kernels
-    sketch_hash = hashlib.sha256(format_program(program).encode()).hexdigest()[:8]
-    name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash}"
+    name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash(program)}"
 
     producer_lines = em.emit_nodes(lowered.producer, ctx, pingpong=False)
     consumer_once = em.consumer_setup(params, lowered, holders, ctx)
