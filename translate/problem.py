@@ -97,9 +97,16 @@ def heads_for(variant: str, head_dim: int, hidden: int = 2048) -> tuple[int, int
 
 
 def grid_problems(variant: str, head_dim: int, dtype: str, causal: bool | None = None,
-                  total_tokens: int = 16384, seqlens=(512, 1024, 2048, 4096, 8192, 16384)) -> list[Problem]:
-    """The paper grid: 16k tokens (batch = 16384 / seqlen), hidden 2048, seqlen 512..16k."""
+                  total_tokens: int = 16384, seqlens=(512, 1024, 2048, 4096, 8192, 16384), *,
+                  heads: tuple[int, int] | None = None) -> list[Problem]:
+    """The paper grid: 16k tokens (batch = 16384 / seqlen), hidden 2048, seqlen 512..16k.
+
+    ``heads`` (heads_q, heads_kv) replaces the grid's heads with a model's (a ``--model`` preset); the
+    head dims still come from heads_for, and Problem checks the heads fit the variant.
+    """
     hq, hkv, dqk, dv = heads_for(variant, head_dim)
+    if heads is not None:
+        hq, hkv = heads
     out = []
     for c in ([False, True] if causal is None else [causal]):
         for s in seqlens:

@@ -1,0 +1,150 @@
+"""The (variant, head dim, dtype, causal) combinations one campaign tunes, expanded from the CLI's values.
+
+Pure and CPU-only: ``--variant mha,gqa --head-dim 64,128 --causal both`` or ``--model llama3-8b`` become
+a list of ``Combination``; bad values are a ``ComboError`` naming the value and the choices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tuner.models import ModelError, get_model
+from tuner.problem import DTYPES, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems, spec_for
+
+HEAD_DIMS = (64, 128)  # the non-MLA kernels' head dims (spec_for)
+CAUSAL_WORDS = {"both": (True, False),
+                "true": (True,), "causal": (True,), "yes": (True,), "1": (True,),
+                "false": (False,), "noncausal": (False,), "no": (False,), "0": (False,)}
+
+
+class ComboError(ValueError):
+    """CLI values that name no valid combination."""
+
+
+@dataclass(frozen=True)
+class Combination:
+    variant: str                          # mha gqa mqa mla
+    head_dim: int | None                  # d_qk as the user gives it; None for mla (always 192/128)
+    dtype: str                            # fp16 / bf16
+    causal: bool
+    heads: tuple[int, int] | None = None  # (heads_q, heads_kv) of a model preset; None = the paper grid's heads
+    model: str | None = None
+
+    def label(self) -> str:
+        dims = f"d{MLA_D_QK}/{MLA_D_V}" if self.variant == "mla" else f"d{self.head_dim}"
+        text = f"{self.variant} {dims} {self.dtype} {'causal' if self.causal else 'noncausal'}"
+        extra = [x for x in (self.model, self.heads and f"{self.heads[0]}q/{self.heads[1]}kv") if x]
+        return f"{text} ({', '.join(extra)})" if extra else text
+
+    def spec(self) -> KernelSpec:
+        return spec_for(self.variant, self.head_dim, self.dtype, self.causal)
+
+    def problems(self, **grid) -> list[Problem]:
+        """The benchmark grid of this combination (``grid``: total_tokens, seqlens)."""
+        return grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads, **grid)
+
+
+def _items(option: str, value: str) -> list[str]:
+    """A comma list, lowercased, duplicates dropped, order kept."""
+    items = list(dict.fromkeys(x.strip().lower() for x in value.split(",") if x.strip()))
+    if not items:
+        raise ComboError(f"--{option} is empty")
+    return items
+
+
+def _variants(value: str) -> list[str]:
+    items = _items("variant", value)
+    if "all" in items:  # `all,mha` still means all four
+        return list(VARIANTS)
+    bad = [x for x in items if x not in VARIANTS]
+    if bad:
+        raise ComboError(f"unknown variant {', '.join(map(repr, bad))}; choose from: {', '.join(VARIANTS)} "
+                         "(a comma list) or all")
+    return items
+
+
+def _head_dims(value: str | int | None, variants: list[str]) -> list[int | None]:
+    """Head dims for the non-MLA variants; mla ignores them, being always 192/128."""
+    if value is None:
+        return [128]
+    if isinstance(value, bool):  # bool is an int in Python
+        raise ComboError(f"--head-dim must be 64 or 128, got {value!r}")
+    if isinstance(value, int):
+        dims = [value]
+    else:
+        try:
+            dims = list(dict.fromkeys(int(x) for x in _items("head-dim", value)))  # "128,0128" is one
+        except ValueError:
+            raise ComboError(f"--head-dim must be a comma list of 64 and/or 128, got {value!r}") from None
+    if variants == ["mla"]:
+        # As spec_for: an explicit head dim on an mla-only run must be its own (192).
+        bad = [d for d in dims if d != MLA_D_QK]
+        if bad:
+            raise ComboError(f"mla has head dims q/k {MLA_D_QK}, v {MLA_D_V}; --head-dim {bad[0]} does not apply")
+        return [None]
+    bad = [d for d in dims if d not in HEAD_DIMS]
+    if bad:
+        raise ComboError(f"head dim {bad[0]} is not supported; choose 64 or 128 "
+                         f"(mla is always {MLA_D_QK}/{MLA_D_V} and needs no --head-dim)")
+    return dims
+
+
+def _dtypes(value: str | None, profile) -> list[str]:
+    if value is None:
+        return ["bf16" if "bf16" in profile.dtypes else "fp16"]
+    items = _items("dtype", value)
+    for d in items:
+        if d not in DTYPES:
+            raise ComboError(f"unknown dtype {d!r}; choose from: {', '.join(DTYPES)}")
+        if d not in profile.dtypes:
+            raise ComboError(f"{profile.name} does not support {d}; choose one of: {', '.join(profile.dtypes)}")
+    return items
+
+
+def _causal(value: str | bool | None) -> tuple[bool, ...]:
+    if value is None:
+        return (True,)
+    if isinstance(value, bool):
+        return (value,)
+    flags = CAUSAL_WORDS.get(str(value).strip().lower())
+    if flags is None:
+        raise ComboError(f"--causal {value!r} is not one of: {', '.join(CAUSAL_WORDS)}")
+    return flags
+
+
+def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None) -> list[Combination]:
+    try:
+        preset = get_model(name)
+    except ModelError as exc:
+        raise ComboError(str(exc)) from None
+    if dtype is not None:
+        dtypes = _dtypes(dtype, profile)
+    else:
+        dtypes = [d for d in preset.dtypes if d in profile.dtypes]
+        if not dtypes:
+            raise ComboError(f"model {preset.name} runs in {', '.join(preset.dtypes)}, which {profile.name} does not "
+                             f"support (its dtypes: {', '.join(profile.dtypes)}); give --dtype to tune it anyway")
+    flags = sorted(preset.causal, reverse=True) if causal is None else _causal(causal)  # causal first
+    head_dim = None if preset.variant == "mla" else preset.d_qk
+    heads = (preset.heads_q, preset.heads_kv)
+    return [Combination(preset.variant, head_dim, d, c, heads, preset.name) for d in dtypes for c in flags]
+
+
+def expand_combinations(profile, variant: str | None, head_dim: str | int | None, dtype: str | None,
+                        causal: str | bool | None, model: str | None) -> list[Combination]:
+    """Every combination the options name, variant-major, then head dim, dtype, causal (causal first).
+
+    ``profile`` is a hardware_profiles.Profile (its name and dtypes are used)."""
+    if model is not None:
+        if variant is not None or head_dim is not None:
+            raise ComboError("--model sets the variant and head dim; drop --variant/--head-dim")
+        return _from_model(profile, model, dtype, causal)
+    if variant is None:
+        raise ComboError(f"give --variant ({', '.join(VARIANTS)}, a comma list or all) or --model")
+    variants = _variants(variant)
+    dims = _head_dims(head_dim, variants)
+    dtypes, flags = _dtypes(dtype, profile), _causal(causal)
+    out = []
+    for v in variants:
+        for hd in ([None] if v == "mla" else dims):
+            out.extend(Combination(v, hd, d, c) for d in dtypes for c in flags)
+    return out
