@@ -11,8 +11,8 @@ import pytest
 import tl
 from hardware_profiles import load_profile
 from translate.params import validate
-from tuner.llm import (LLMClient, describe_seeds, LLMConfig, ResponseCache, Seed, generate_program, profile_seeds,
-                       propose_params, representative_problem)
+from tuner.llm import (LLMClient, describe_seeds, LLMConfig, ResponseCache, Seed, generate_program, generate_programs,
+                       profile_seeds, propose_params, representative_problem)
 from tuner.llm.prompts import extract_json, extract_tl
 from tuner.problem import spec_for
 
@@ -423,3 +423,95 @@ def test_extract_tl_from_realistic_answers():
     assert extract_json('<think>{"no": 1}</think>```json\n{"candidates": []}\n```') == {"candidates": []}
     with pytest.raises(ValueError):
         extract_json("no json at all")
+
+
+# -- (h) schedule variants: several checked programs for the search's sketch dimension -----------------------
+
+A100 = load_profile("a100")
+HOPPER_SERIAL = tl.load_sketch("mha", True, "ws_serial")
+LATE_PREFETCH = tl.load_sketch("mha", True, "fa2_late_prefetch")
+
+
+def variant_opening(request) -> str:
+    """The user message that opens a variant's conversation (after the system prompt)."""
+    return request.body["messages"][1]["content"]
+
+
+def test_variants_are_distinct_programs_and_each_request_shows_the_earlier_ones(tmp_path):
+    script = [Reply(HOPPER_SKETCH), Reply(answer(HOPPER_GOOD)),
+              Reply(HOPPER_SKETCH), Reply(answer(HOPPER_SERIAL), expect=("Step 2 of 2",))]
+    with StubOpenAI(script=script) as stub:
+        config = config_for(stub.base_url)
+        outcomes = generate_programs(config, H100, SPEC, ResponseCache(tmp_path), count=2)
+        assert stub.failures == [] and len(stub.chat_requests) == 4
+        first, second = variant_opening(stub.chat_requests[0]), variant_opening(stub.chat_requests[2])
+        resumed = generate_programs(config, H100, SPEC, ResponseCache(tmp_path), count=2)
+        assert len(stub.requests) == 4            # a resume is served from the cache: every variant kept its answers
+    assert [o.source for o in outcomes] == ["llm", "llm"]
+    assert [o.program_text for o in outcomes] == [HOPPER_GOOD, HOPPER_SERIAL]
+    assert all(o.program is not None and o.rounds == 0 for o in outcomes)
+    assert "variant 2/2" in outcomes[1].message
+    assert "variant 1 of 2" in first and "already written" not in first
+    assert "variant 2 of 2" in second and "Write a different schedule" in second
+    assert HOPPER_GOOD.strip() in second and HOPPER_SERIAL.strip() not in second
+    assert "(SS)" in second and "Copy Q_shared from shared to register" not in second   # Hopper's choices
+    assert len(ResponseCache(tmp_path)) == 4
+    assert [o.program_text for o in resumed] == [HOPPER_GOOD, HOPPER_SERIAL]
+
+
+def test_a_variant_repeating_an_earlier_one_is_dropped(caplog):
+    # the same program with a comment and another indentation: normalised, it is the first one again
+    again = "// prefetch K after the softmax\n" + GOOD.replace("    ", "  ")
+    script = [Reply(SKETCH_ANSWER), Reply(answer(GOOD)),
+              Reply(SKETCH_ANSWER), Reply(answer(again)),
+              Reply(SKETCH_ANSWER), Reply(answer(LATE_PREFETCH))]
+    with StubOpenAI(script=script) as stub, caplog.at_level(logging.INFO, "tuner.llm"):
+        outcomes = generate_programs(config_for(stub.base_url), A100, SPEC, count=3)
+    assert stub.failures == []
+    assert [o.program_text for o in outcomes] == [GOOD, LATE_PREFETCH]
+    assert "variant 2/3 dropped" in caplog.text and "earlier variant" in caplog.text
+    third = variant_opening(stub.chat_requests[4])
+    assert "variant 3 of 3" in third and "Copy Q_shared from shared to register" in third   # the sm80 choices
+    # the duplicate is not listed as a second schedule written
+    assert third.count("Copy V (BN, HeadDim) in coordinate [L = i] from global to shared") == 1
+
+
+def test_a_broken_variant_is_repaired_and_kept():
+    unfilled = "".join(line + "\n" for line in HOPPER_GOOD.splitlines() if "Copy V" not in line)
+    script = [Reply(HOPPER_SKETCH), Reply(answer(unfilled)),
+              Reply(answer(HOPPER_GOOD), expect=("error[unfilled-buffer]", "no producer Copy fills it"))]
+    with StubOpenAI(script=script) as stub:
+        (outcome,) = generate_programs(config_for(stub.base_url), H100, SPEC, count=1)
+    assert stub.failures == []
+    assert outcome.source == "llm" and outcome.rounds == 1 and outcome.program_text == HOPPER_GOOD
+    codes = [{line.split("error[")[1].split("]")[0] for line in round_} for round_ in outcome.diagnostics_history]
+    assert codes == [{"unfilled-buffer"}, set()]
+
+
+def test_an_unrepaired_or_unusable_variant_is_dropped_and_the_next_one_asked():
+    script = [Reply(SKETCH_ANSWER), Reply(answer(NO_RESHAPE)), Reply(answer(NO_RESHAPE)),   # still broken
+              Reply(""),                                                                   # empty: BadAnswer
+              Reply(SKETCH_ANSWER), Reply(answer(GOOD))]
+    with StubOpenAI(script=script) as stub:
+        outcomes = generate_programs(config_for(stub.base_url, max_repair_rounds=1), A100, SPEC, count=3)
+    assert stub.failures == [] and len(stub.chat_requests) == 6
+    assert [(o.program_text, o.rounds) for o in outcomes] == [(GOOD, 0)]
+    assert "variant 3 of 3" in variant_opening(stub.chat_requests[4])
+
+
+def test_an_endpoint_that_dies_midway_keeps_what_was_written(caplog):
+    script = [Reply(SKETCH_ANSWER), Reply(answer(GOOD)), Reply(status=503)]
+    with StubOpenAI(script=script) as stub, caplog.at_level(logging.INFO, "tuner.llm"):
+        outcomes = generate_programs(config_for(stub.base_url), A100, SPEC, count=3)
+    assert stub.failures == []                    # nothing asked after the 503
+    assert [o.program_text for o in outcomes] == [GOOD]
+    assert "variant 2/3 dropped" in caplog.text and "HTTP 503" in caplog.text
+    assert "variant 3/3" not in caplog.text       # the third variant was not even attempted
+
+
+def test_dead_or_unconfigured_endpoint_gives_no_variants():
+    config = config_for(closed_port_url(), timeout=1.0, max_retries=0)
+    client = LLMClient(config)
+    assert generate_programs(config, H100, SPEC, count=3, client=client) == []
+    assert client.requests_sent == 1              # one refused connection, not one per variant
+    assert generate_programs(LLMConfig.from_options(env={}), H100, SPEC) == []

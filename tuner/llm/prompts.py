@@ -10,7 +10,7 @@ import json
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, Sequence
 
 import jinja2
 
@@ -62,6 +62,15 @@ def sketch_messages(profile: Profile, spec: KernelSpec) -> list[dict]:
     ctx = _tl_context(profile, spec)
     return [{"role": "system", "content": render("tl_system.j2", **ctx)},
             {"role": "user", "content": render("tl_sketch.j2", **ctx)}]
+
+
+def variant_messages(profile: Profile, spec: KernelSpec, index: int, count: int,
+                     written: Sequence[str] = ()) -> list[dict]:
+    """The opening of schedule variant ``index`` (1-based) of ``count``: the same system prompt, then the
+    sketch request preceded by the schedules already ``written`` (their TL) and the choices to vary."""
+    ctx = _tl_context(profile, spec)
+    variant = render("tl_variant.j2", index=index, count=count, written=[w.strip("\n") for w in written], **ctx)
+    return [{"role": "system", "content": render("tl_system.j2", **ctx)}, {"role": "user", "content": variant}]
 
 
 def code_request(profile: Profile, spec: KernelSpec) -> dict:
