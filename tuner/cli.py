@@ -6,6 +6,7 @@ error. A traceback is never the answer to bad input.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -45,20 +46,33 @@ def _parse_seqlens(text: Optional[str]):
 def campaign(
     ctx: typer.Context,
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Hardware profile: t4, rtx8000, a100, l40s, h100, h200."),
-    variant: Optional[str] = typer.Option(None, "--variant", help="mha, gqa, mqa or mla."),
-    trials: int = typer.Option(60, "--trials", min=1, help="Trials to run (seeds included)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock budget in seconds."),
-    head_dim: Optional[int] = typer.Option(None, "--head-dim", help="64 or 128 (mla is 192/128)."),
-    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16 or bf16 (default: bf16 where supported)."),
-    causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask (bottom-right aligned)."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="mha, gqa, mqa or mla; a comma list, or all."),
+    model: Optional[str] = typer.Option(None, "--model", help="A model preset (`tune models`): its variant, heads "
+                                                               "and head dims, e.g. llama3-8b."),
+    trials: int = typer.Option(60, "--trials", min=1, help="Per combination: candidates to measure (seeds included; "
+                                                           "those that fail to compile or verify count, cache hits and "
+                                                           "sets refused before compiling do not)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock budget in seconds (the whole run)."),
+    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="64 or 128, or a comma list (mla is 192/128)."),
+    dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16 or bf16, or a comma list (default: bf16 where "
+                                                              "supported)."),
+    causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask (bottom-right aligned); "
+                                                                   "`--causal both` tunes both."),
+    causal_mode: Optional[str] = typer.Option(None, "--causal-mode", hidden=True),
     study_dir: Path = typer.Option(Path("studies"), "--study-dir", help="Where studies and best kernels live."),
     storage: Optional[str] = typer.Option(None, "--storage", help="Optuna storage URL (default: journal file in the study dir)."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Join this Ray cluster (default: start a local one)."),
     llm_base_url: Optional[str] = typer.Option(None, "--llm-base-url", envvar="OPENAI_BASE_URL", help="OpenAI-compatible endpoint."),
     llm_model: Optional[str] = typer.Option(None, "--llm-model", envvar="OPENAI_MODEL", help="Model name at the endpoint."),
     llm_api_key: Optional[str] = typer.Option(None, "--llm-api-key", envvar="OPENAI_API_KEY", help="API key (never stored)."),
+    llm_sketches: int = typer.Option(3, "--llm-sketches", min=0, max=8,
+                                     help="Schedule variants to ask of the LLM per combination (each a choice of "
+                                          "the search's sketch dimension)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Compile and validate every candidate; no GPU needed."),
-    resume: bool = typer.Option(False, "--resume", help="Continue the study in the study dir."),
+    resume: bool = typer.Option(False, "--resume", help="Continue the studies in the study dir."),
+    remeasure: bool = typer.Option(False, "--remeasure", help="Measure again what the measurement cache of the study "
+                                                               "dir holds (default: a kernel measured before on this "
+                                                               "GPU for these shapes gets its recorded value)."),
     sampler: str = typer.Option("tpe", "--sampler", help="Sampler: tpe (default), random, qmc, gp, cmaes."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Benchmark backend: gpu (default) or replay:FILE."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Sampler seed."),
@@ -71,17 +85,19 @@ def campaign(
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
-    if gpu is None or variant is None:
+    if gpu is None or (variant is None and model is None):
         typer.echo(ctx.get_help())
-        raise _fail_usage("a campaign needs --gpu and --variant (or use a sub-command: check, gpus, build, bench, export)")
+        raise _fail_usage("a campaign needs --gpu and --variant or --model (or use a sub-command: check, gpus, "
+                          "models, build, bench, export)")
     from tuner.campaign import CampaignOptions, run_campaign
 
     options = CampaignOptions(
         gpu=gpu, variant=variant, trials=trials, timeout=timeout, head_dim=head_dim, dtype=dtype,
-        causal=causal, study_dir=study_dir, storage=storage, ray_address=ray_address,
-        llm_base_url=llm_base_url, llm_model=llm_model, llm_api_key=llm_api_key, dry_run=dry_run,
-        resume=resume, sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout,
-        gpu_overlap=gpu_overlap, compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens),
+        causal=causal_mode if causal_mode is not None else causal, model=model, study_dir=study_dir,
+        storage=storage, ray_address=ray_address, llm_base_url=llm_base_url, llm_model=llm_model,
+        llm_api_key=llm_api_key, llm_sketches=llm_sketches, dry_run=dry_run, resume=resume, remeasure=remeasure,
+        sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout, gpu_overlap=gpu_overlap,
+        compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens),
     )
     raise typer.Exit(run_campaign(options))
 
@@ -100,6 +116,14 @@ def gpus() -> None:
     from tuner.gpus_cmd import show_gpus
 
     raise typer.Exit(show_gpus())
+
+
+@app.command()
+def models() -> None:
+    """List the model presets (`--model NAME`)."""
+    from tuner.models_cmd import show_models
+
+    raise typer.Exit(show_models())
 
 
 @app.command()
@@ -155,10 +179,32 @@ def export_cmd(
     raise typer.Exit(run_export(gpu=gpu, variant=variant, study_dir=study_dir, out_dir=out))
 
 
+COMMANDS = ("check", "gpus", "models", "build", "bench", "export")
+
+
+def campaign_argv(argv: list[str]) -> list[str]:
+    """A campaign's ``--causal both|true|false`` (a value) next to the ``--causal``/``--no-causal`` flags: the
+    value form becomes the hidden ``--causal-mode``. Sub-commands keep their plain flags."""
+    from tuner.campaign.combos import CAUSAL_WORDS
+
+    if any(a in COMMANDS for a in argv):
+        return argv
+    out, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--causal" and i + 1 < len(argv) and argv[i + 1].lower() in CAUSAL_WORDS:
+            out.append(f"--causal-mode={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(f"--causal-mode={a.split('=', 1)[1]}" if a.startswith("--causal=") else a)
+        i += 1
+    return out
+
+
 def main() -> None:
     # Ray's token auth is on by default; a local cluster that this tool starts has nothing to guard.
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    app()
+    app(args=campaign_argv(sys.argv[1:]))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from tuner.fa4 import NOT_INSTALLED, is_not_installed
 
 BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"), ("fa4", "FA4"))
 _STATE_ALIASES = {"complete": "complete", "pruned": "infeasible", "infeasible": "infeasible", "fail": "failed",
-                  "failed": "failed", "running": "running", "waiting": "running"}
+                  "failed": "failed", "running": "running", "waiting": "running", "cached": "cached"}
 
 
 def _num(value) -> float | None:
@@ -202,10 +202,12 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
     study_dir = Path(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     bench_rows = list(bench_rows or [])
-    counts = {s: sum(1 for t in trials if trial_state(t) == s) for s in ("complete", "infeasible", "failed", "running")}
+    counts = {s: sum(1 for t in trials if trial_state(t) == s)
+              for s in ("complete", "infeasible", "failed", "running", "cached")}
     lines = [f"# Campaign report: {study_dir.name}", ""]
     lines.append(f"Trials: {len(trials)} — complete {counts['complete']}, infeasible {counts['infeasible']}, "
-                 f"failed {counts['failed']}" + (f", running {counts['running']}" if counts["running"] else "") + ".")
+                 f"failed {counts['failed']}" + (f", running {counts['running']}" if counts["running"] else "")
+                 + (f", answered from the measurement cache {counts['cached']}" if counts["cached"] else "") + ".")
     lines.append("")
 
     lines += ["## Best kernel", ""]
@@ -275,6 +277,42 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
     tmp = path.with_suffix(".md.tmp")
     tmp.write_text("\n".join(lines) + "\n")
     tmp.replace(path)
+    return path
+
+
+def write_campaign_report(study_dir, gpu: str, sections: list[dict]) -> Path:
+    """The report of a run of several combinations: per combination its counts and a table of our best
+    kernel against the libraries per shape (from each study's summary.json); written to
+    ``<study_dir>/campaign-<gpu>.md``."""
+    study_dir = Path(study_dir)
+    lines = [f"# Campaign on {gpu}: {len(sections)} combinations", ""]
+    lines += _md_table(["combination", "study", "measured", "failed to build/verify", "rejected before compile",
+                        "cache hits", "verified kernel"],
+                       [[s["label"], s["study"], str(s["summary"]["trials"]["done"]),
+                         str(s["summary"]["trials"]["infeasible"]),
+                         str(s["summary"]["trials"].get("rejected_before_compile", 0)),
+                         str(s["summary"]["trials"].get("cache_hits", 0)), "yes" if s["ok"] else "no"]
+                        for s in sections])
+    lines.append("")
+    for s in sections:
+        lines += [f"## {s['label']}", "", f"Study `{s['study']}`: its own report is `{s['study']}/report.md`."]
+        if s.get("exhausted"):
+            lines.append(f"Stopped asking: {s['exhausted']}.")
+        lines.append("")
+        rows = s["summary"].get("rows") or []
+        if not rows:
+            lines += ["No verified kernel.", ""]
+            continue
+        header = ["shape", "ours"] + [n for _, n in BASELINES] + [f"ours/{n}" for _, n in BASELINES]
+        table = []
+        for r in sorted(rows, key=_row_seqlen):
+            ours = _row_ours(r)
+            table.append([_row_label(r), _fmt(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
+                         + [_fmt(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
+        lines += _md_table(header, table) + [""]
+    path = study_dir / f"campaign-{gpu}.md"
+    study_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
     return path
 
 
@@ -349,18 +387,23 @@ class LiveView:
 
     def update(self, done: int, infeasible: int, failed: int, best_tflops: float | None,
                best_baseline_name: str | None, best_baseline_tflops: float | None, elapsed: float,
-               remaining) -> None:
+               remaining, *, rejected: int = 0, cached: int = 0, combos: list[dict] | None = None) -> None:
+        """``rejected``: proposals refused before compiling; ``cached``: answered from the measurement cache
+        (neither counts as a trial); ``combos``: one row per combination of a multi-combination run."""
         self.state = dict(done=done, infeasible=infeasible, failed=failed, best_tflops=_num(best_tflops),
                           baseline=best_baseline_name, baseline_tflops=_num(best_baseline_tflops),
-                          elapsed=elapsed, remaining=remaining)
+                          elapsed=elapsed, remaining=remaining, rejected=rejected, cached=cached,
+                          combos=combos or [])
         if self._live is not None:
             self._live.update(self._render())
             return
         if self.plain:
-            key = (done, infeasible, failed, self.state["best_tflops"])
+            key = (done, infeasible, failed, rejected, cached, self.state["best_tflops"])
             now = time.monotonic()
             if key != self._last_key or now - self._last_print >= self.plain_interval:
                 self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
+                for row in self.state["combos"]:
+                    self.console.print("  " + _combo_text(row), markup=False, highlight=False, soft_wrap=True)
                 self._last_key, self._last_print = key, now
 
     def _best_text(self) -> str:
@@ -381,10 +424,11 @@ class LiveView:
     def line(self) -> str:
         s = self.state
         return (f"[{self.title}] trials {s.get('done', 0)} done, {s.get('infeasible', 0)} infeasible, "
-                f"{s.get('failed', 0)} failed | {self._best_text()} | elapsed {_duration(s.get('elapsed'))}, "
-                f"remaining {self._remaining_text()}")
+                f"{s.get('failed', 0)} failed{_extra_counts(s)} | {self._best_text()} | "
+                f"elapsed {_duration(s.get('elapsed'))}, remaining {self._remaining_text()}")
 
     def _render(self):
+        from rich.console import Group
         from rich.panel import Panel
 
         s = self.state
@@ -392,7 +436,29 @@ class LiveView:
         grid.add_column(style="bold")
         grid.add_column()
         grid.add_row("trials", f"[green]{s.get('done', 0)} done[/green]  [yellow]{s.get('infeasible', 0)} infeasible"
-                               f"[/yellow]  [red]{s.get('failed', 0)} failed[/red]")
+                               f"[/yellow]  [red]{s.get('failed', 0)} failed[/red]" + escape(_extra_counts(s)))
         grid.add_row("best", self._best_text())
         grid.add_row("time", f"elapsed {_duration(s.get('elapsed'))}, remaining {self._remaining_text()}")
-        return Panel(grid, title=escape(self.title), expand=False)
+        if not s.get("combos"):
+            return Panel(grid, title=escape(self.title), expand=False)
+        table = Table(box=None, padding=(0, 1))
+        for col in ("combination", "measured", "failed to build/verify", "rejected", "cached", "in flight", "best"):
+            table.add_column(col, justify="left" if col == "combination" else "right")
+        for r in s["combos"]:
+            table.add_row(escape(r["label"]) + (f" [dim]({r['state']})[/dim]" if r.get("state") else ""),
+                          f"{r['done']}/{r['trials']}", str(r["infeasible"]), str(r["rejected"]), str(r["cached"]),
+                          str(r["inflight"]), _fmt(_num(r.get("best_tflops"))))
+        return Panel(Group(grid, table), title=escape(self.title), expand=False)
+
+
+def _extra_counts(state: dict) -> str:
+    parts = [f"{state[k]} {name}" for k, name in (("rejected", "rejected before compile"), ("cached", "cached"))
+             if state.get(k)]
+    return (", " + ", ".join(parts)) if parts else ""
+
+
+def _combo_text(row: dict) -> str:
+    best = _num(row.get("best_tflops"))
+    return (f"{row['label']}: {row['done'] + row['infeasible']}/{row['trials']} trials ({row['done']} measured, "
+            f"{row['infeasible']} failed to build or verify), {row['rejected']} rejected, {row['cached']} cached, "
+            f"best {'–' if best is None else f'{best:.1f}'}" + (f" ({row['state']})" if row.get("state") else ""))

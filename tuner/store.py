@@ -24,7 +24,7 @@ import math
 import os
 import shutil
 import uuid
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from typing import Iterator
 
@@ -82,6 +82,7 @@ class KernelRecord:
     provenance: dict          # tuner.provenance.collect()
     study: str = ""
     trial: int = -1
+    sketch: str = ""          # the campaign's name of the TL sketch (tl_program) the kernel was built from
 
     @property
     def kernel_sha256(self) -> str:
@@ -305,7 +306,8 @@ def _commit(record: KernelRecord, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-_REQUIRED = [f.name for f in fields(KernelRecord) if f.name not in _BLOB_FIELDS]
+_REQUIRED = [f.name for f in fields(KernelRecord) if f.name not in _BLOB_FIELDS and f.default is MISSING]
+_OPTIONAL = [f.name for f in fields(KernelRecord) if f.name not in _BLOB_FIELDS and f.default is not MISSING]
 
 
 def _load_record(rdir: Path) -> KernelRecord:
@@ -331,7 +333,7 @@ def _load_record(rdir: Path) -> KernelRecord:
             blobs[name] = raw if name == "cubin" else raw.decode()
         except (OSError, UnicodeDecodeError) as exc:
             raise CorruptRecordError(f"{fpath}: cannot read: {exc}") from None
-    values = {k: data[k] for k in _REQUIRED}
+    values = {k: data[k] for k in _REQUIRED + [k for k in _OPTIONAL if k in data]}
     try:
         record = KernelRecord(**values, **blobs)
     except TypeError as exc:

@@ -30,21 +30,36 @@ def ray_cluster():
 
 
 def campaign_seed_keys(gpu="h100", variant="mha", dtype="bf16", head_dim=None):
-    """Keys of the seeds a campaign without an LLM endpoint enqueues first, in order."""
+    """Keys of the seeds a campaign without an LLM endpoint enqueues first, in order: the search space's
+    published choices, then the profile's stand-ins (driver._enqueue_seeds), each once and only if valid."""
     from hardware_profiles import load_profile
     from search_spaces import load_space
+    from search_spaces.feasible import feasible_space
+    from translate.params import KernelParams
     from tuner.llm import LLMConfig, propose_params
-    from tuner.problem import spec_for
+    from tuner.problem import grid_problems, spec_for
 
     profile, space = load_profile(gpu), load_space(variant)
     spec = spec_for(variant, head_dim, dtype, True)
-    seeds = propose_params(LLMConfig.from_options(None, None, None), profile, spec, "", 8, None)
-    keys = []
-    for s in seeds:
-        _, problems = space.project(s.params.to_dict(), profile, spec.d_qk, dtype)
-        if not problems and s.params.key() not in keys:
-            keys.append(s.params.key())
-    return keys, {s.params.key(): s.params for s in seeds}
+    problems = grid_problems(variant, spec.d_qk, dtype, True)
+    fs = feasible_space(space, profile, spec.d_qk, dtype, problems)
+    offered = []
+    for seed in space.seeds_for(spec.d_qk):
+        raw = dict(seed.params)
+        schedule = raw.pop("schedule", "fa2")
+        offered.append((KernelParams(**raw), schedule))
+    from translate.defaults import default_schedule
+
+    offered.sort(key=lambda o: o[1] != default_schedule(profile))
+    offered += [(s.params, "fa2") for s in propose_params(LLMConfig.from_options(None, None, None), profile, spec,
+                                                          "", 8, None)]
+    keys, by_key = [], {}
+    for params, schedule in offered:
+        _, problems_found = fs.project({**params.to_dict(), "schedule": schedule}, profile, spec.d_qk, dtype, problems)
+        if not problems_found and params.key() not in keys:
+            keys.append(params.key())
+        by_key.setdefault(params.key(), params)
+    return keys, by_key
 
 
 def write_replay(path: Path, faults: dict) -> Path:

@@ -36,7 +36,7 @@ def test_unknown_gpu_variant_and_dtype_list_the_choices(capsys):
     assert run_campaign(options("/nonexistent", gpu="b200")) == 2
     assert "unknown GPU 'b200'; choose one of: a100, h100, h200, l40s, rtx8000, t4" in capsys.readouterr().err
     assert run_campaign(options("/nonexistent", variant="mxa")) == 2
-    assert "unknown variant 'mxa'; choose one of: gqa, mha, mla, mqa" in capsys.readouterr().err
+    assert "unknown variant 'mxa'; choose from: mha, gqa, mqa, mla" in capsys.readouterr().err
     assert run_campaign(options("/nonexistent", gpu="t4", dtype="bf16")) == 2
     assert "t4 does not support bf16; choose one of: fp16" in capsys.readouterr().err
 

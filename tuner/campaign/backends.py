@@ -15,7 +15,9 @@ every other line is ``{"params": {...}, "tflops": {"<seqlen>": TFLOPS, ...}}`` o
   ``compile`` the (fake) compile fails (handled by the compile step).
 ``_meta.measure_seconds`` (optional) paces the replay: each trial then holds its GPU's lock that long, as a
 real trial's verify + benchmark would (the overlap tests need timed sections that take time).
-Entries are keyed by ``KernelParams.key()``. A configuration the file does not hold is valued by the
+Entries are keyed by ``KernelParams.key()``, and by the sketch too when a line names it (``"schedule":
+"ws_serial"``: the same parameters through two sketches are two kernels); a lookup tries the sketch's own
+entry first, then one for any sketch. A configuration the file does not hold is valued by the
 deterministic model of perfmodel.py and marked ``replay_unknown`` on its trial.
 """
 from __future__ import annotations
@@ -88,7 +90,7 @@ def load_replay(path: str | Path) -> ReplayData:
                 if not isinstance(row.get("params"), dict):
                     raise BackendError(f"{path}:{lineno}: an entry needs a 'params' object")
                 try:
-                    key = KernelParams.from_dict(row["params"]).key()
+                    key = replay_key(KernelParams.from_dict(row["params"]), row.get("schedule"))
                 except (TypeError, ValueError) as exc:
                     raise BackendError(f"{path}:{lineno}: {exc}") from None
                 fault = row.get("fault")
@@ -102,10 +104,19 @@ def load_replay(path: str | Path) -> ReplayData:
     return ReplayData(meta, entries)
 
 
-def replay_fault(path: str, params: dict) -> str | None:
+def replay_key(params, schedule: str | None = None) -> str:
+    return f"{schedule}:{params.key()}" if schedule else params.key()
+
+
+def replay_entry(data: ReplayData, params, schedule: str | None) -> dict | None:
+    """The sketch's own entry, else one recorded for any sketch."""
+    return data.entries.get(replay_key(params, schedule)) or data.entries.get(params.key())
+
+
+def replay_fault(path: str, params: dict, schedule: str | None = None) -> str | None:
     from translate.params import KernelParams
 
-    entry = load_replay(path).entries.get(KernelParams.from_dict(params).key())
+    entry = replay_entry(load_replay(path), KernelParams.from_dict(params), schedule)
     return None if entry is None else entry.get("fault")
 
 
@@ -161,7 +172,7 @@ def _replay_measure(path: str, payload: dict) -> dict:
 
     data = load_replay(path)
     params = KernelParams.from_dict(payload["params"])
-    entry = data.entries.get(params.key())
+    entry = replay_entry(data, params, payload.get("schedule"))
     fault = None if entry is None else entry.get("fault")
     if fault == "oob":
         # What an out-of-bounds write does to a real trial: the CUDA context dies with the process.

@@ -13,7 +13,9 @@ def trial_rows(study) -> list[dict]:
     """The study's trials as tuner.report's plain dicts."""
     rows = []
     for t in study.get_trials(deepcopy=False):
-        if t.state == TrialState.COMPLETE:
+        if t.user_attrs.get("cache_hit"):
+            state = "cached"
+        elif t.state == TrialState.COMPLETE:
             state = "complete"
         elif t.state == TrialState.PRUNED:
             state = "infeasible" if st.is_infeasible(t) else "complete"   # dry run: compiled, unmeasured
@@ -43,9 +45,27 @@ def best_per_bucket(study, problems) -> dict[str, tuple]:
     return best
 
 
+def finish_all(camps) -> int:
+    """Finish every combination of the run; with several, also the run's report (a table per combination).
+    Exit code 0 when every combination has a verified kernel (or, dry run, a compiled one), else 1."""
+    codes = [finish(c, c.study, c.tally) for c in camps]
+    if len(camps) > 1:
+        from tuner.report import write_campaign_report
+
+        sections = []
+        for c, code in zip(camps, codes):
+            summary = json.loads((c.options.study_dir / c.name / SUMMARY_FILE).read_text())
+            sections.append({"label": c.label, "study": c.name, "summary": summary, "ok": code == 0,
+                             "exhausted": c.exhausted})
+        path = write_campaign_report(camps[0].options.study_dir, camps[0].profile.name, sections)
+        camps[0].console.print(f"campaign report ({len(camps)} combinations): {path}")
+    return 0 if all(code == 0 for code in codes) else 1
+
+
 def finish(camp, study, tally) -> int:
     console = camp.console
     opts = camp.options
+    console.print(f"— {camp.label} ({camp.name})", markup=False)
     if opts.dry_run:
         trials = trial_rows(study)
         ok = sum(1 for r in trials if r["state"] == "complete")
@@ -111,9 +131,12 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
     data = {
         "study": camp.name, "gpu": camp.profile.name, "device_name": camp.device_name or None,
         "backend": camp.backend.label, "gpus": n_gpus, "gpu_overlap": camp.options.gpu_overlap,
+        "combination": camp.label, "sketches": [s.name for s in getattr(camp, "sketches", [])],
         "trials": {"done": tally.done, "infeasible": tally.infeasible, "failed": tally.failed,
+                   "rejected_before_compile": tally.rejected, "cache_hits": tally.cached,
                    "finished_this_run": finished_now, "measured_this_run": tally.measured,
-                   "in_study": len(study.trials)},
+                   "compiled_unmeasured_at_stop": tally.unmeasured, "in_study": len(study.trials),
+                   "converged": getattr(camp, "exhausted", None)},
         "elapsed_s": round(tally.elapsed, 1),
         "gpu_held_s": round(tally.gpu_busy, 1),       # under the GPU lock: verify + benchmark
         "gpu_held_fraction": round(tally.gpu_busy / (tally.elapsed * n_gpus), 3) if n_gpus and tally.elapsed else None,
@@ -187,9 +210,12 @@ def _store(camp, study, best: dict) -> list:
     programs = camp.program_texts or study.user_attrs.get("tl_programs", {})
     stored = []
     for bucket, (t, problem, tflops) in sorted(best.items()):
-        tl_program = programs.get(t.user_attrs.get("schedule", ""), default_program)   # the trial's own sketch
+        sketch = t.user_attrs.get("schedule", "")
+        tl_program = programs.get(sketch, default_program)   # the trial's own sketch
         name = t.user_attrs["kernel_name"]
-        stem = camp.kernels_dir / name
+        # a cache hit's kernel may have been built by another study of this study dir
+        stem = (camp.options.study_dir / t.user_attrs["kernel_stem"] if t.user_attrs.get("kernel_stem")
+                else camp.kernels_dir / name)
         record = KernelRecord(
             arch=camp.profile.arch_family, gpu=camp.profile.name, device_name=t.user_attrs.get("device_name") or device,
             variant=camp.spec.variant, dtype=camp.spec.dtype, d_qk=camp.spec.d_qk, d_v=camp.spec.d_v,
@@ -198,7 +224,7 @@ def _store(camp, study, best: dict) -> list:
             source=stem.with_suffix(".cu").read_text(), cubin=stem.with_suffix(".cubin").read_bytes(),
             tl_program=tl_program, verification=t.user_attrs["verification"], tflops=tflops,
             baselines=dict(camp.baselines.get(str(problem.seqlen_k), {})), problem=_problem_dict(problem),
-            provenance=provenance, study=camp.name, trial=t.number)
+            provenance=provenance, study=camp.name, trial=t.number, sketch=sketch)
         try:
             if store.offer(record):
                 stored.append(record)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
 
@@ -11,12 +11,17 @@ SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
 @dataclass(frozen=True)
 class CampaignOptions:
     gpu: str
-    variant: str
-    trials: int = 60                      # finished trials (seeds included) the study should hold
-    timeout: Optional[float] = None       # wall-clock budget of this run, seconds
-    head_dim: Optional[int] = None
-    dtype: Optional[str] = None
-    causal: bool = True
+    variant: Optional[str] = None         # one, a comma list, or "all" (combos.py); or a --model
+    trials: int = 60                      # per combination: measured candidates plus those that failed to
+                                          # compile or verify (seeds included; cache hits and sets refused
+                                          # before compiling do not count)
+    timeout: Optional[float] = None       # wall-clock budget of this run, seconds (all combinations)
+    head_dim: Union[int, str, None] = None   # one or a comma list
+    dtype: Optional[str] = None           # one or a comma list
+    causal: Union[bool, str] = True       # or "both"
+    model: Optional[str] = None           # a preset (tuner/models.toml): its variant, heads and head dims
+    remeasure: bool = False               # measure again what the measurement cache holds
+    llm_sketches: int = 3                 # sketch variants asked of the LLM per combination
     study_dir: Path = Path("studies")
     storage: Optional[str] = None         # Optuna storage URL; default a journal file in study_dir
     ray_address: Optional[str] = None     # join this cluster; default start a local one

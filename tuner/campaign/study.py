@@ -28,10 +28,12 @@ class StudyError(RuntimeError):
     """The study cannot be opened as asked (exists without --resume, missing on --resume, bad URL)."""
 
 
-def study_name(gpu: str, spec, dry_run: bool = False) -> str:
+def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | None = None) -> str:
+    """One study per combination; a model's heads (they change the benchmark shapes) name their own."""
     c = "causal" if spec.causal else "noncausal"
     d = f"d{spec.d_qk}" if spec.d_qk == spec.d_v else f"d{spec.d_qk}x{spec.d_v}"
-    return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}" + ("-dryrun" if dry_run else "")
+    h = f"-{heads[0]}q{heads[1]}kv" if heads else ""
+    return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}{h}" + ("-dryrun" if dry_run else "")
 
 
 def make_storage(url: str | None, study_dir: Path, name: str):

@@ -19,19 +19,19 @@ def compile_batch(items: list, programs: dict, spec, profile_name: str, cache_di
     compiled: the replay file decides which candidates "fail to compile".
     """
     if fake_replay is not None:
-        return [_fake_compile(number, params, fake_replay) for number, params, _ in items]
+        return [_fake_compile(number, params, schedule, fake_replay) for number, params, schedule in items]
     return _real_compile(items, programs, spec, profile_name, cache_dir, timeout)
 
 
-def _fake_compile(number: int, params: dict, replay_path: str) -> dict:
+def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) -> dict:
     from translate.params import KernelParams
 
     key = KernelParams.from_dict(params).key()
-    if replay_fault(replay_path, params) == "compile":
+    if replay_fault(replay_path, params, schedule) == "compile":
         return {"trial": number, "ok": False, "error": "compile error (recorded): ptxas fatal: "
                 "Entry function uses too much shared data", "error_kind": "compile"}
-    return {"trial": number, "ok": True, "kernel_name": f"replay_{key}", "cubin": f"REPLAY:{key}".encode(),
-            "meta": {"replay": True, "key": key}, "source": f"// replay backend: {key} was not compiled\n",
+    return {"trial": number, "ok": True, "kernel_name": f"replay_{schedule}_{key}", "cubin": f"REPLAY:{key}".encode(),
+            "meta": {"replay": True, "key": key}, "source": f"// replay backend: {schedule}:{key} was not compiled\n",
             "registers": None, "spill_stores": None}
 
 

@@ -1,0 +1,141 @@
+"""Issue 9 in the campaign loop, on the session's fake-GPU Ray cluster with the replay backend: --trials
+counts measured candidates only, the lookahead is bounded, the measurement cache answers what was measured
+(within a study and across the studies of a study dir) unless --remeasure, several combinations share one
+run fairly, and a model preset expands to its own shapes."""
+import gzip
+import json
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from tuner.campaign import CampaignOptions, run_campaign
+from tuner.campaign.study import make_storage
+
+from .conftest import GRID
+
+pytestmark = pytest.mark.slow
+STUDY = "h100-mha-bf16-d128-causal"
+
+
+def options(study_dir, **changes):
+    base = dict(gpu="h100", variant="mha", trials=6, study_dir=Path(study_dir), backend=f"replay:{GRID}",
+                compile_batch=2, trial_timeout=20.0, seed=3, live=False)
+    base.update(changes)
+    return CampaignOptions(**base)
+
+
+def load(study_dir, name=STUDY, storage=None):
+    return optuna.load_study(study_name=name, storage=storage or make_storage(None, Path(study_dir), name))
+
+
+def measured(study):
+    """Trials that took a GPU: measured (or failed there) in this study."""
+    return [t for t in study.trials if t.user_attrs.get("gpu_lock") or t.user_attrs.get("pid")]
+
+
+def counted(study):
+    """What --trials counts: finished, neither answered from the cache nor refused before compiling."""
+    return [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and not t.user_attrs.get("cache_hit") and t.user_attrs.get("stage") != "validate"]
+
+
+def _paced(path: Path, seconds: float) -> Path:
+    rows = [json.loads(line) for line in gzip.open(GRID, "rt")]
+    rows = [{"_meta": dict(r["_meta"], measure_seconds=seconds)} if "_meta" in r else r for r in rows]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
+def test_cache_answers_what_a_study_of_the_dir_measured_and_remeasure_measures_again(ray_cluster, tmp_path):
+    assert run_campaign(options(tmp_path, trials=6)) == 0
+    first = load(tmp_path)
+    keys_first = {t.user_attrs["measurement_key"]: t.number for t in measured(first)}
+    assert len(keys_first) == len(measured(first)) >= 6          # never the same kernel measured twice
+    # A second study in the same study dir (its own storage): the seeds were measured by the first.
+    other = str(tmp_path / "second.journal")
+    assert run_campaign(options(tmp_path, trials=6, storage=other)) == 0
+    second = load(tmp_path, storage=make_storage(other, tmp_path, STUDY))
+    hits = [t for t in second.trials if t.user_attrs.get("cache_hit")]
+    assert hits, "the second study re-proposed nothing the first had measured"
+    for t in hits:
+        assert not t.user_attrs.get("gpu_lock") and not t.user_attrs.get("pid")   # no GPU, no compile
+        assert t.user_attrs["cached_from"]["study"] == STUDY
+        assert keys_first[t.user_attrs["measurement_key"]] == t.user_attrs["cached_from"]["trial"]
+        if t.state == TrialState.COMPLETE:
+            original = first.trials[t.user_attrs["cached_from"]["trial"]]
+            assert t.value == original.value and t.user_attrs["tflops"] == original.user_attrs["tflops"]
+    assert len(counted(second)) == 6                             # hits did not use up its --trials
+    keys_second = [t.user_attrs["measurement_key"] for t in measured(second)]
+    assert not set(keys_second) & set(keys_first) and len(set(keys_second)) == len(keys_second)
+    summary = json.loads((tmp_path / STUDY / "summary.json").read_text())
+    assert summary["trials"]["cache_hits"] == len(hits)
+    # --remeasure: the same seeds measured again on the GPU
+    third = str(tmp_path / "third.journal")
+    assert run_campaign(options(tmp_path, trials=3, storage=third, remeasure=True)) == 0
+    again = load(tmp_path, storage=make_storage(third, tmp_path, STUDY))
+    assert not [t for t in again.trials if t.user_attrs.get("cache_hit")]
+    assert {t.user_attrs["measurement_key"] for t in measured(again)} & set(keys_first)
+
+
+def test_sets_refused_before_compiling_do_not_use_up_the_trials(ray_cluster, tmp_path):
+    assert run_campaign(options(tmp_path, trials=12)) == 0   # past the 11 seeds: the queue is empty
+    study = load(tmp_path)
+    study.enqueue_trial({"schedule": "no_such_sketch"})      # e.g. an old seed the space no longer holds
+    assert run_campaign(options(tmp_path, trials=14, resume=True)) == 0
+    study = load(tmp_path)
+    refused = [t for t in study.trials if t.user_attrs.get("stage") == "validate"]
+    assert len(refused) == 1 and "no_such_sketch" in refused[0].user_attrs["infeasible_reason"]
+    assert len(counted(study)) == 14
+    summary = json.loads((tmp_path / STUDY / "summary.json").read_text())
+    assert summary["trials"]["rejected_before_compile"] == 1
+
+
+def test_lookahead_is_bounded_and_a_timeout_leaves_few_compiled_unmeasured(ray_cluster, tmp_path):
+    replay = _paced(tmp_path / "paced.jsonl", 0.4)
+    assert run_campaign(options(tmp_path / "s", backend=f"replay:{replay}", trials=400, timeout=14.0,
+                                gpu_overlap=2)) == 0
+    study = load(tmp_path / "s")
+    gpu_slots = 2 * 2                                   # 2 fake GPUs x --gpu-overlap 2
+    ahead = [t.user_attrs["asked_ahead"] for t in study.trials if "asked_ahead" in t.user_attrs]
+    # the fake compile is instant: the pacing floor holds, 2 x slots waiting plus the slots on the GPUs
+    assert ahead and max(ahead) <= 3 * gpu_slots, max(ahead)
+    summary = json.loads((tmp_path / "s" / STUDY / "summary.json").read_text())
+    assert summary["trials"]["compiled_unmeasured_at_stop"] <= 2 * gpu_slots
+    assert summary["trials"]["measured_this_run"] >= 8
+    assert not [t for t in study.trials if t.state == TrialState.RUNNING]
+
+
+def test_several_combinations_share_one_run_fairly_report_once_and_resume_together(ray_cluster, tmp_path):
+    from tuner.export import run_export
+
+    opts = options(tmp_path, variant="mha,gqa", causal="both", trials=3)
+    assert run_campaign(opts) == 0
+    names = ["h100-mha-bf16-d128-causal", "h100-mha-bf16-d128-noncausal", "h100-gqa-bf16-d128-causal",
+             "h100-gqa-bf16-d128-noncausal"]
+    for name in names:
+        assert len(counted(load(tmp_path, name))) == 3, name
+    report = (tmp_path / "campaign-h100.md").read_text()
+    assert all(f"Study `{n}`" in report for n in names) and report.count("| shape | ours |") == 4
+    out = tmp_path / "exported"
+    assert run_export(gpu="h100", variant=None, study_dir=tmp_path, out_dir=out) == 0
+    configs = sorted(p.name for p in out.rglob("*.json") if "device_name" in p.name)
+    assert any("variant=mha" in c and "causal=0" in c for c in configs)
+    assert any("variant=gqa" in c and "causal=1" in c for c in configs)
+    assert run_campaign(options(tmp_path, variant="mha,gqa", causal="both", trials=4, resume=True)) == 0
+    for name in names:
+        assert len(counted(load(tmp_path, name))) == 4, name
+
+
+def test_a_model_preset_tunes_its_own_heads(ray_cluster, tmp_path):
+    assert run_campaign(options(tmp_path, variant=None, model="llama3-8b", trials=3)) == 0
+    study = load(tmp_path, "h100-gqa-bf16-d128-causal-32q8kv")
+    assert len(counted(study)) == 3
+    summary = json.loads((tmp_path / "h100-gqa-bf16-d128-causal-32q8kv" / "summary.json").read_text())
+    assert summary["combination"] == "gqa d128 bf16 causal (llama3-8b, 32q/8kv)"
+    from tuner.store import KernelStore
+
+    records = KernelStore(tmp_path).records(gpu="h100", variant="gqa")
+    assert records and all(r.problem["heads_q"] == 32 and r.problem["heads_kv"] == 8 for r in records)
+    assert all(r.sketch for r in records)

@@ -1,0 +1,81 @@
+"""The sketches a campaign searches over: the schedule dimension of its study.
+
+A campaign holds several checked TL programs: the built-in reference sketches the space offers on the
+profile (the paper's flow and its late-prefetch variant; on Hopper also the warp-specialised flows with
+and without intra-warpgroup overlap) and the variants an LLM wrote. Each has a name (the value of the
+study's ``schedule`` parameter) and the reference schedule it belongs to (what the space's conditions and
+the translator see: a program with warpgroup roles is warp-specialised). The list is fixed when the study
+starts and kept in the study, so that ``--resume`` searches the same dimension (Optuna needs identical
+distributions) with the same programs.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+ATTR = "sketches"
+LLM_PREFIX = "llm-"
+
+
+@dataclass(frozen=True)
+class Sketch:
+    name: str           # the study's schedule value: "fa2", "fa2_late_prefetch", "ws_overlap", "llm-1"
+    base: str           # its reference schedule (tl.SCHEDULES key without variants)
+    text: str           # the TL program
+    source: str         # "builtin" or "llm"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def builtin_sketches(variant: str, causal: bool, bases) -> list[Sketch]:
+    import tl
+
+    return [Sketch(name, base, tl.load_sketch(variant, causal, name), "builtin")
+            for base in bases for name in tl.schedule_variants(base)]
+
+
+def campaign_sketches(variant: str, causal: bool, bases, llm_programs=()) -> list[Sketch]:
+    """The built-in sketches of the reference schedules ``bases`` (in order), each followed by the LLM's
+    programs of its kind; an LLM program of a kind the profile does not offer is left out."""
+    from tl.pipelines import has_roles
+
+    out = builtin_sketches(variant, causal, bases)
+    seen = {_canonical(s.text) for s in out}
+    for i, outcome in enumerate(llm_programs, 1):
+        base = "ws_overlap" if has_roles(outcome.program.statements) else "fa2"
+        if base not in bases or _canonical(outcome.program_text) in seen:   # (an LLM re-writing a reference)
+            continue
+        seen.add(_canonical(outcome.program_text))
+        at = max(k for k, s in enumerate(out) if s.base == base) + 1
+        out.insert(at, Sketch(f"{LLM_PREFIX}{i}", base, outcome.program_text, "llm"))
+    return out
+
+
+def _canonical(text: str) -> str:
+    import tl
+
+    try:
+        return tl.format_program(tl.parse_program(text))
+    except Exception:  # noqa: BLE001 - compare what cannot be formatted as it is
+        return text
+
+
+def from_attr(rows) -> list[Sketch]:
+    return [Sketch(**r) for r in rows or ()]
+
+
+def to_attr(sketches: list[Sketch]) -> list[dict]:
+    return [s.to_dict() for s in sketches]
+
+
+def parsed(sketches: list[Sketch]) -> dict:
+    """name -> parsed TL program; a stored program that no longer parses is a broken study."""
+    import tl
+
+    programs = {}
+    for s in sketches:
+        try:
+            programs[s.name] = tl.parse_program(s.text)
+        except Exception as exc:  # noqa: BLE001 - name the sketch, whatever the parser raised
+            raise ValueError(f"sketch {s.name} of the study does not parse: {exc}") from None
+    return programs
