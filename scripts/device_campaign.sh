@@ -7,8 +7,9 @@
 #   DRY=1 bash scripts/device_campaign.sh            # here: --dry-run, real nvcc, no GPU (TRIALS default 6)
 #   FAKE_GPU=1 bash scripts/device_campaign.sh       # here: GPU backend on a fake H100 (tests/campaign/gpu_fakes.py)
 #
-# Knobs (environment): OUT, BUDGET (seconds for the whole script, default 555), TRIALS (100: about half
-# are parameter sets validate rejects before compiling), SEQLENS (unset: the campaign's default grid,
+# Knobs (environment): OUT, BUDGET (seconds for the whole script, default 555), TRIALS (100 measured
+# candidates), MODEL (a preset, e.g. llama3-8b: `--model` instead of MHA d128 causal bf16; the loader check
+# then runs the model's head layout), SEQLENS (unset: the campaign's default grid,
 # 512..16384), COMPILE_BATCH (4), TRIAL_TIMEOUT (30), SEED (0), GPU_OVERLAP (unset: the campaign's default;
 # trial processes per GPU at once, the next ones starting up while one is timed; 1 = one at a time).
 # What comes back under $OUT (8 files at most, no folders): campaign.log, check.log, summary.txt,
@@ -48,7 +49,8 @@ if [ "$DRY" != 1 ] && [ "$FAKE_GPU" != 1 ]; then
   if [ ! -f .gpubundle/install.sh ]; then
     say "no .gpubundle here: pass carry=[\".gpubundle\"]"; exit 3
   fi
-  timeout 150 bash .gpubundle/install.sh || { say "bundle install failed"; exit 3; }
+  if [ -d /tmp/site/optuna ]; then say "bundle already installed (warm machine)"
+  else timeout 150 bash .gpubundle/install.sh || { say "bundle install failed"; exit 3; }; fi
 fi
 export PYTHONPATH=$REPO:/tmp/site${PYTHONPATH:+:$PYTHONPATH} RAY_AUTH_MODE=disabled
 export PYTHONUNBUFFERED=1 COLUMNS=160
@@ -92,8 +94,11 @@ if [ "$FAKE_GPU" = 1 ]; then
   export RAY_JOB_CONFIG_JSON_ENV_VAR='{"runtime_env": {"worker_process_setup_hook": "tests.campaign.gpu_fakes.install", "env_vars": {"TUNER_TRIAL_SETUP_HOOK": "tests.campaign.gpu_fakes.install"}}}'
   export FAKE_GPU_REAL_NVCC=1
 fi
-CMD_LIMIT=$(( $(left) - 70 ))
-LOOP_LIMIT=$(( CMD_LIMIT - 40 ))
+RESERVE=${RESERVE:-70}       # export, loader check, tars
+CMD_LIMIT=$(( $(left) - RESERVE ))
+LOOP_LIMIT=${LOOP_TIMEOUT:-$(( CMD_LIMIT - 40 ))}
+WHAT=(--variant mha --head-dim 128 --dtype bf16 --causal)
+[ -n "${MODEL:-}" ] && WHAT=(--model "$MODEL")
 STEP[campaign_limit_s]=$CMD_LIMIT
 STEP[loop_timeout_s]=$LOOP_LIMIT
 UTIL_PID=""
@@ -103,8 +108,8 @@ if [ "$DRY" != 1 ] && [ "$FAKE_GPU" != 1 ]; then
 fi
 say "campaign: command limit ${CMD_LIMIT}s, search budget --timeout ${LOOP_LIMIT}s"
 C0=$(date +%s)
-timeout -k 15 "$CMD_LIMIT" python3 -m tuner --gpu "$GPU" --variant mha --trials "$TRIALS" --timeout "$LOOP_LIMIT" \
-  --head-dim 128 --dtype bf16 --causal --compile-batch "$COMPILE_BATCH" \
+timeout -k 15 "$CMD_LIMIT" python3 -m tuner --gpu "$GPU" "${WHAT[@]}" --trials "$TRIALS" --timeout "$LOOP_LIMIT" \
+  --compile-batch "$COMPILE_BATCH" \
   --trial-timeout "$TRIAL_TIMEOUT" --seed "$SEED" --study-dir "$WORK/studies" "${EXTRA[@]}" \
   > "$OUT/campaign.log" 2>&1
 STEP[campaign_rc]=$?
@@ -115,15 +120,16 @@ say "campaign exit ${STEP[campaign_rc]} after ${STEP[campaign_s]}s; last lines:"
 tail -n 25 "$OUT/campaign.log" | sed 's/^/  | /'
 
 # 4. Export, then the exported loader against SDPA (not for a dry run: nothing is stored).
-STUDY=$(ls -d "$WORK"/studies/*/ 2>/dev/null | grep -v '/kernels/$' | head -1)
+STUDY=$(ls -d "$WORK"/studies/*/ 2>/dev/null | grep -v -e '/kernels/$' -e '/nvcc-cache/$' | head -1)
 : > "$OUT/check.log"
 if [ "$DRY" != 1 ]; then
-  timeout 40 python3 -m tuner export --gpu "$GPU" --variant mha -o "$WORK/exported" --study-dir "$WORK/studies" \
+  timeout 40 python3 -m tuner export --gpu "$GPU" -o "$WORK/exported" --study-dir "$WORK/studies" \
     >> "$OUT/check.log" 2>&1
   STEP[export_rc]=$?
   if [ "${STEP[export_rc]}" = 0 ]; then
     CHECK_ARGS=()
     [ "$FAKE_GPU" = 1 ] && CHECK_ARGS+=(--fake-gpu)
+    [ -n "${MODEL:-}" ] && CHECK_ARGS+=(--model "$MODEL")
     CHECK_LIMIT=$(( $(left) - 20 )); [ "$CHECK_LIMIT" -lt 20 ] && CHECK_LIMIT=20
     timeout "$CHECK_LIMIT" python3 scripts/device_report.py check "$WORK/exported" "$OUT/check.json" "${CHECK_ARGS[@]}" \
       >> "$OUT/check.log" 2>&1

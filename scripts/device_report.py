@@ -28,7 +28,17 @@ def _rel(a, b) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def check(export_dir: str, out_json: str, fake_gpu: bool = False) -> int:
+def model_shapes(model: str) -> tuple[list[tuple[int, int, int, int]], int, int]:
+    """(batch, seqlen, heads_q, heads_kv) shapes of a model preset's prefill, and its head dims: the
+    benchmark buckets' seqlens, a ragged one and a short one."""
+    from tuner.models import get_model
+
+    m = get_model(model)
+    shapes = [(2, 1024), (1, 4096), (1, 3000), (4, 777), (8, 512), (1, 8192)]   # (fp32 references fit)
+    return [(b, s, m.heads_q, m.heads_kv) for b, s in shapes], m.d_qk, m.d_v
+
+
+def check(export_dir: str, out_json: str, fake_gpu: bool = False, model: str | None = None) -> int:
     import torch
 
     from tuner.loader import ExportedAttention, load_exported, read_configs, sdpa_attention
@@ -48,15 +58,23 @@ def check(export_dir: str, out_json: str, fake_gpu: bool = False) -> int:
         else:
             attention = load_exported(export_dir)
             device, shapes = "cuda", CHECK_SHAPES
+        d_qk = d_v = 128
+        shapes = [(b, s, h, h) for b, s, h in shapes]
+        if model:
+            shapes, d_qk, d_v = model_shapes(model)
+            result["model"] = model
         result["configs"] = [c.path.name for c in attention.configs]
-        for b, s, h in shapes:
+        for b, s, h, hkv in shapes:
             g = torch.Generator(device=device).manual_seed(b * 100003 + s)
-            q, k, v = (torch.randn(b, s, h, 128, device=device, dtype=torch.bfloat16, generator=g) for _ in range(3))
+            q = torch.randn(b, s, h, d_qk, device=device, dtype=torch.bfloat16, generator=g)
+            k = torch.randn(b, s, hkv, d_qk, device=device, dtype=torch.bfloat16, generator=g)
+            v = torch.randn(b, s, hkv, d_v, device=device, dtype=torch.bfloat16, generator=g)
             out = attention(q, k, v, causal=True)
             path, reason, bucket = attention.last_path, attention.last_reason, attention.last_bucket
             sdpa = sdpa_attention(q, k, v, causal=True)
             ref = sdpa_attention(q.float(), k.float(), v.float(), causal=True)
-            row = {"shape": f"b{b} s{s} h{h} d128 causal bf16", "path": path, "reason": reason, "bucket": bucket,
+            row = {"shape": f"b{b} s{s} hq{h} hkv{hkv} d{d_qk}/{d_v} causal bf16", "path": path, "reason": reason,
+                   "bucket": bucket,
                    "finite": bool(torch.isfinite(out).all()),
                    "max_abs_err_vs_fp32": float((out.float() - ref).abs().max()),
                    "rel_err_vs_fp32": _rel(out, ref),
@@ -171,7 +189,11 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
         per_cmd = round(fin / (camp_s * max(1, s.get("gpus") or 1) / 3600), 1) if camp_s else None
         lines += [
             f"trials this run: {fin} finished = {t.get('done')} done + {t.get('infeasible')} infeasible; "
-            f"{t.get('failed')} failed (infrastructure / cut by the budget); {t.get('measured_this_run')} reached the GPU",
+            f"{t.get('failed')} failed (infrastructure / cut by the budget); {t.get('measured_this_run')} reached the GPU "
+            f"({_f((s.get('measured_fraction') or 0) * 100)}% of the finished); "
+            f"{t.get('rejected_before_compile')} rejected before compile, {t.get('cache_hits')} cache hits, "
+            f"{s.get('remeasured')} re-measurements, {t.get('compiled_unmeasured_at_stop')} compiled but unmeasured at "
+            f"the stop",
             f"wall: campaign loop {_f(s.get('elapsed_s'))} s, campaign command {camp_s} s (exit {steps.get('campaign_rc')}), "
             f"whole script {steps.get('total_s')} s",
             f"trials per GPU-hour: {_f(s.get('trials_per_gpu_hour'))} over the loop, {_f(per_cmd)} over the command",
@@ -195,6 +217,11 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
                          f"{r.get('trial'):>6}")
         if not s.get("rows"):
             lines.append("(no verified kernel: no rows)")
+        for r in s.get("search_vs_seeds") or []:
+            lines.append(f"search vs seeds at {r['seqlen']:>6}: best {_f(r['best'])} (trial {r['best_trial']}, "
+                         f"{'a seed' if r['best_is_seed'] else 'found by the search'}: {r['best_schedule']} "
+                         f"{r['best_params']}) vs best seed {_f(r['best_seed'])} (trial {r['best_seed_trial']}): "
+                         f"x{_f(r['ratio'], '.3f')}")
     if c:
         calls = c.get("calls", [])
         worst = max((r["rel_err_vs_fp32"] for r in calls), default=None)
@@ -215,7 +242,8 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["check"] and len(args) >= 3:
-        sys.exit(check(args[1], args[2], fake_gpu="--fake-gpu" in args[3:]))
+        model = args[args.index("--model") + 1] if "--model" in args else None
+        sys.exit(check(args[1], args[2], fake_gpu="--fake-gpu" in args[3:], model=model))
     if args[:1] == ["summary"] and len(args) >= 4:
         sys.exit(summary(*args[1:5]))
     print(__doc__, file=sys.stderr)

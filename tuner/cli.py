@@ -21,8 +21,9 @@ app = typer.Typer(
 )
 
 
-SCHEDULE_HELP = ("Reference sketch set when no --sketch: fa2 (the paper's flow; wgmma with mma_atom SM90_GMMA), "
-                 "ws_overlap or ws_serial (Hopper warp-specialised). Default: ws_overlap on sm90, fa2 elsewhere.")
+SCHEDULE_HELP = ("Reference sketch set when no --sketch: fa2 (the paper's flow; wgmma with mma_atom SM90_GMMA) or "
+                 "fa2_late_prefetch (its K prefetch after the P·V GEMM), ws_overlap or ws_serial (Hopper "
+                 "warp-specialised). Default: ws_overlap on sm90, fa2 elsewhere.")
 
 
 def _fail_usage(message: str) -> "typer.Exit":

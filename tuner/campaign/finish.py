@@ -137,6 +137,9 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
                    "finished_this_run": finished_now, "measured_this_run": tally.measured,
                    "compiled_unmeasured_at_stop": tally.unmeasured, "in_study": len(study.trials),
                    "converged": getattr(camp, "exhausted", None)},
+        "measured_fraction": round(tally.measured / finished_now, 3) if finished_now else None,
+        "remeasured": remeasured(study),
+        "search_vs_seeds": search_vs_seeds(study, camp.problems),
         "elapsed_s": round(tally.elapsed, 1),
         "gpu_held_s": round(tally.gpu_busy, 1),       # under the GPU lock: verify + benchmark
         "gpu_held_fraction": round(tally.gpu_busy / (tally.elapsed * n_gpus), 3) if n_gpus and tally.elapsed else None,
@@ -154,6 +157,43 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1, default=str) + "\n")
     return path
+
+
+def remeasured(study) -> int:
+    """Measurements of a kernel the study had measured already (the cache should make this 0)."""
+    keys = [t.user_attrs.get("measurement_key") for t in study.get_trials(deepcopy=False)
+            if t.user_attrs.get("gpu_lock") and t.user_attrs.get("measurement_key")]
+    return len(keys) - len(set(keys))
+
+
+def _is_seed(t) -> bool:
+    source = str(t.user_attrs.get("source") or "")
+    return bool(source) and not source.startswith(("retry of", "redo of"))
+
+
+def search_vs_seeds(study, problems) -> list[dict]:
+    """Per benchmark shape: the best verified kernel against the best seed (the LLM's or the libraries'
+    published choices), so a report says where the search beat the seeds and by how much."""
+    verified = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+                if (t.user_attrs.get("verification") or {}).get("passed") is True]
+    out = []
+    for problem in problems:
+        key = str(problem.seqlen_k)
+
+        def tf(t):
+            return float((t.user_attrs.get("tflops") or {}).get(key) or 0.0)
+
+        if not verified:
+            continue
+        best = max(verified, key=tf)
+        seeds = [t for t in verified if _is_seed(t)]
+        seed = max(seeds, key=tf) if seeds else None
+        out.append({"seqlen": problem.seqlen_k, "best": tf(best), "best_trial": best.number,
+                    "best_is_seed": _is_seed(best), "best_schedule": best.user_attrs.get("schedule"),
+                    "best_params": best.user_attrs.get("params_key"),
+                    "best_seed": tf(seed) if seed else None, "best_seed_trial": seed.number if seed else None,
+                    "ratio": round(tf(best) / tf(seed), 4) if seed and tf(seed) else None})
+    return out
 
 
 # A trial that waited this long for its GPU's lock found the pipeline full: another trial was ready.
