@@ -26,12 +26,26 @@ def consumer_warpgroups(block_m: int) -> int:
     return block_m // 64
 
 
+REGISTER_FILE = 65536       # 32-bit registers per SM
+
+
+def launch_registers(threads: int) -> int:
+    """Registers per thread at launch under __launch_bounds__(threads, 1): the file shared out, in steps of 8."""
+    return min(PLAIN_THREAD_REGS, REGISTER_FILE // threads // 8 * 8)
+
+
 def consumer_registers(params) -> int:
-    """setmaxnreg of the consumers: the 64K registers of the SM minus the producer's, shared out."""
+    """setmaxnreg of the consumers. setmaxnreg only moves registers within what the CTA got at launch (384
+    threads x 168 = 64512 with two consumer warpgroups, not the whole 65536): the producer gives back down
+    to its share and the consumers split the rest. A consumer share past that pool never completes its
+    allocation, and the kernel hangs (the H100 campaign of 2026-11-23: every 2-warpgroup kernel with a
+    32-register producer and 240 for the consumers)."""
     wgs = consumer_warpgroups(params.block_m)
     if wgs <= 1:
         return PLAIN_THREAD_REGS
-    return min(SETMAXNREG_CAP, ((65536 // 128 - params.producer_regs) // wgs) // 8 * 8)
+    threads = 128 * (wgs + 1)
+    pool_per_thread = launch_registers(threads) * threads // 128
+    return min(SETMAXNREG_CAP, (pool_per_thread - params.producer_regs) // wgs // 8 * 8)
 
 
 def tile_registers(params, problem: Problem) -> int:
@@ -97,6 +111,14 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         if params.pingpong or params.producer_regs != 24 or params.persistent:
             errors.append("pingpong, producer_regs and persistent apply to warp-specialised sketches "
                           "(warpgroup roles) only")
+        # Every thread copies 8 elements a step, 8 threads to a 64-wide row chunk: a step covers threads / 8
+        # rows, which must divide the tiles (else the last step writes past the tile: the H100 campaign of
+        # 2026-11-23 saw illegal addresses and wrong results from 128x112 and 192x128 plain kernels).
+        rows = params.block_m // 64 * 128 // 8
+        for name, tile in (("block_m", params.block_m), ("block_n", params.block_n)):
+            if tile > 0 and tile % rows:
+                errors.append(f"{name} {tile} must be a multiple of {rows}: {params.block_m // 64 * 128} threads "
+                              f"copy {rows} rows a step with cp.async")
         budget = PLAIN_THREAD_REGS
         where = f"the {budget} a thread can hold"
     if params.block_m in GMMA_BLOCK_M and params.block_n % 16 == 0:

@@ -66,3 +66,43 @@ def test_wgmma_needs_a_hopper_gpu_and_sm80_kernels_refuse_hopper_knobs():
 def test_register_model_counts_the_operand_copy_only_for_rs():
     assert tile_registers(ws(), problem()) == 64 + 64 + 32 + 24
     assert tile_registers(ws(pv_operand="ss"), problem()) == 64 + 64 + 24
+
+
+@pytest.mark.parametrize("variant,hd", [("mha", 128), ("mha", 64), ("mla", None)])
+def test_setmaxnreg_never_asks_for_more_than_the_cta_got_at_launch(variant, hd):
+    """setmaxnreg moves registers within the CTA's launch allocation (threads x the __launch_bounds__ share):
+    a consumer share past it never completes and the kernel hangs, as every 2-warpgroup kernel with a
+    32-register producer did on the H100 (2026-11-23). Over every warp-specialised point of the space."""
+    import tl
+    import translate
+    from search_spaces import load_space
+    from search_spaces.feasible import feasible_space
+    from translate.params_sm90 import consumer_registers, launch_registers
+    from translate.problem import grid_problems, spec_for
+
+    profile = load_profile("h100")
+    spec = spec_for(variant, hd, "bf16", True)
+    fs = feasible_space(load_space(variant), profile, spec.d_qk, "bf16", grid_problems(variant, spec.d_qk, "bf16", True))
+    ws = [p.params for p in fs.points if fs.base_of(p.sketch).startswith("ws_") and p.params.block_m > 64]
+    assert ws
+    for params in ws:
+        wgs = params.block_m // 64
+        threads = 128 * (wgs + 1)
+        assert params.producer_regs * 128 + consumer_registers(params) * 128 * wgs <= launch_registers(threads) * threads
+    program = tl.parse_program(tl.load_sketch(variant, True, "ws_overlap"))
+    pr32 = next(p for p in ws if p.block_m == 128 and p.producer_regs == 32)
+    source = translate.generate(program, pr32, profile, spec).source
+    assert "kConsumerRegs = 232" in source and "kProducerRegs = 32" in source   # 32 x 128 + 2 x 232 x 128 <= 64512
+
+
+def test_plain_wgmma_tiles_must_fit_the_cp_async_copy_steps():
+    """Every warpgroup loads with cp.async, threads / 8 rows a step: 256 threads cannot copy a 112-row tile
+    (the H100 campaign's wrong results and illegal addresses came from such kernels)."""
+    base = dict(mma_atom="SM90_GMMA", g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", kv_stages=2)
+    profile, problem = load_profile("h100"), Problem("mha", 1, 16, 16, 1024, 1024, 128, 128, True, "bf16")
+    bad = validate(KernelParams(block_m=128, block_n=112, num_warps=8, **base), profile, problem)
+    assert any("block_n 112 must be a multiple of 32" in e for e in bad)
+    bad = validate(KernelParams(block_m=192, block_n=128, num_warps=12, **base), profile, problem)
+    assert any("block_n 128 must be a multiple of 48" in e for e in bad)
+    assert not validate(KernelParams(block_m=128, block_n=128, num_warps=8, **base), profile, problem)
+    assert not validate(KernelParams(block_m=192, block_n=144, num_warps=12, **base), profile, problem)

@@ -40,6 +40,11 @@ from .driver import WORKER_GRACE_S, Campaign, Tally
 IDLE_ASK_LIMIT = 200      # asks in a row with nothing new to measure: the study has converged
 DRAIN_S = 30.0            # after --timeout, how long the trials already on a GPU may take to finish
 EWMA = 0.3                # weight of the newest compile latency / GPU time in the pacing estimates
+# A hung kernel (a pipeline deadlock) holds its GPU until killed. Once the typical trial's hold is known,
+# a trial gets HANG_FACTOR times that, at least HANG_FLOOR_S (and never more than --trial-timeout): on the
+# H100 (2026-11-23) a trial held the GPU ~1.5 s and nine hung ones held it 30 s each, 57% of that run.
+HANG_FACTOR = 10.0
+HANG_FLOOR_S = 20.0
 
 
 @dataclass
@@ -81,12 +86,24 @@ class Pacer:
         rate = self.n_gpus / self.trial_s
         return max(floor, math.ceil(1.25 * rate * self.compile_s))
 
-    def room(self, in_compile: int, ready: int) -> int:
+    def room(self, in_compile: int, ready: int, seconds_left: float | None = None) -> int:
+        """Kernels to start compiling now; near the end of ``--timeout`` no more than the GPUs can still
+        measure after they compile (so the budget does not end with compiled kernels never measured)."""
         if self.n_gpus == 0:           # dry run: the compile slots are the only bound
             return 1 << 30
         if ready >= self.ready_cap:
             return 0
-        return self.target() - in_compile - ready
+        room = self.target() - in_compile - ready
+        if seconds_left is not None and self.compile_s is not None and self.trial_s is not None:
+            can_measure = int(self.n_gpus * (seconds_left - self.compile_s) / self.trial_s)
+            room = min(room, can_measure - in_compile - ready)
+        return room
+
+    def trial_limit(self, cap: float) -> float:
+        """The seconds a trial may hold its GPU before it is taken for hung."""
+        if self.trial_s is None:
+            return cap
+        return min(cap, max(HANG_FLOOR_S, HANG_FACTOR * self.trial_s))
 
 
 def _batch_size(full: int, sent: int, n_gpus: int) -> int:
@@ -236,7 +253,8 @@ class Loop:
                         self._stop("the --timeout budget ran out")
                     # 1. ask and compile, while a compile slot is free and the GPUs need more
                     while self.stop_reason is None and len(self.compiling) < self.compile_slots:
-                        room = self.pacer.room(self.in_compile(), len(self.ready))
+                        left = None if deadline is None else deadline - time.monotonic()
+                        room = self.pacer.room(self.in_compile(), len(self.ready), left)
                         camp = self.next_camp() if room > 0 else None
                         if camp is None:
                             break
@@ -308,8 +326,9 @@ class Loop:
                    "profile": camp.profile.name,
                    "spec": camp.spec, "problems": camp.problems, "cubin": cand.compiled["cubin"],
                    "meta": cand.compiled["meta"], "timing": self.opts.timing()}
-        ref, cand.worker = self.workers.submit(slot, payload, self.opts.trial_timeout,
-                                               self.opts.trial_timeout * self.overlap)
+        limit = self.pacer.trial_limit(self.opts.trial_timeout)
+        cand.trial.set_user_attr("trial_limit_s", round(limit, 1))
+        ref, cand.worker = self.workers.submit(slot, payload, limit, self.opts.trial_timeout * self.overlap)
         cand.slot, cand.started = slot, time.monotonic()
         self.measuring[ref] = cand
 
@@ -342,7 +361,8 @@ class Loop:
         report, result, cacheable = _tell_measurement(camp, cand, ref)
         held = _held_seconds(report)
         camp.tally.gpu_busy += held
-        self.pacer.note_trial(held)
+        if _lock_record(report) is not None:   # a trial that returned: the typical hold (not a killed one's)
+            self.pacer.note_trial(held)
         _note_span(camp.tally, report)
         if result is None:        # infrastructure: the candidate was queued again (its duplicates need not be)
             self._finish_candidate(cand)
@@ -529,9 +549,10 @@ def _tell_measurement(camp: Campaign, cand: Candidate, ref) -> tuple[dict | None
                   "error": f"error in trial: {report['message']}"}.get(outcome, f"{outcome}: {report['message']}")
         st.tell_infeasible(camp.study, trial, reason, stage="measure")
         _count(camp.tally, "infeasible", None, trial.number)
-        # A crash is this kernel's own (recorded: a re-proposal costs no GPU time); a timeout may be the
-        # machine's (another process on the GPU), so it is tried again when proposed again.
-        return report, {"verified": False, "reason": reason, "tflops": {}, "device_name": None}, outcome == "crash"
+        # A crash or a hang is this kernel's own: recorded, so that a re-proposal costs no GPU time again
+        # (--remeasure tries it anyway). A worker's own error is not.
+        return report, {"verified": False, "reason": reason, "tflops": {}, "device_name": None}, \
+            outcome in ("crash", "timeout")
     result = report["value"]
     trial.set_user_attr("measure_seconds", round(time.monotonic() - cand.started, 2))
     if result.get("seconds"):
