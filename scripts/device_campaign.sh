@@ -21,7 +21,10 @@ cd "$(dirname "$0")/.."
 REPO=$PWD
 OUT=${OUT:-$REPO/out/device}
 mkdir -p "$OUT"
-WORK=$(mktemp -d /tmp/devcamp.XXXXXX)          # studies and export live here; only tars go to $OUT
+# studies and export live here; only tars go to $OUT. KEEP=DIR keeps them (a later call on the same warm machine
+# can then run only the export and the loader check: PHASE=check)
+if [ -n "${KEEP:-}" ]; then WORK=$KEEP; mkdir -p "$WORK"; else WORK=$(mktemp -d /tmp/devcamp.XXXXXX); fi
+PHASE=${PHASE:-all}
 BUDGET=${BUDGET:-555}
 DRY=${DRY:-0}
 FAKE_GPU=${FAKE_GPU:-0}
@@ -102,23 +105,28 @@ WHAT=(--variant mha --head-dim 128 --dtype bf16 --causal)
 STEP[campaign_limit_s]=$CMD_LIMIT
 STEP[loop_timeout_s]=$LOOP_LIMIT
 UTIL_PID=""
-if [ "$DRY" != 1 ] && [ "$FAKE_GPU" != 1 ]; then
+if [ "$DRY" != 1 ] && [ "$FAKE_GPU" != 1 ] && [ "$PHASE" != check ]; then
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$WORK/gpu_util.csv" 2>/dev/null &
   UTIL_PID=$!
 fi
 say "campaign: command limit ${CMD_LIMIT}s, search budget --timeout ${LOOP_LIMIT}s"
 C0=$(date +%s)
+if [ "$PHASE" != check ]; then
 timeout -k 15 "$CMD_LIMIT" python3 -m tuner --gpu "$GPU" "${WHAT[@]}" --trials "$TRIALS" --timeout "$LOOP_LIMIT" \
   --compile-batch "$COMPILE_BATCH" \
   --trial-timeout "$TRIAL_TIMEOUT" --seed "$SEED" --study-dir "$WORK/studies" "${EXTRA[@]}" \
   > "$OUT/campaign.log" 2>&1
 STEP[campaign_rc]=$?
 STEP[campaign_s]=$(( $(date +%s) - C0 ))
+[ -n "${KEEP:-}" ] && echo "${STEP[campaign_rc]} ${STEP[campaign_s]}" > "$WORK/campaign_rc"
+else read -r STEP[campaign_rc] STEP[campaign_s] < "$WORK/campaign_rc"; cp "$WORK/campaign.log" "$OUT/" 2>/dev/null; fi
 [ -n "$UTIL_PID" ] && kill "$UTIL_PID" 2>/dev/null
 if [ -n "$RAY_PID" ]; then kill -TERM -- "-$RAY_PID" 2>/dev/null; wait "$RAY_PID" 2>/dev/null; fi
 say "campaign exit ${STEP[campaign_rc]} after ${STEP[campaign_s]}s; last lines:"
 tail -n 25 "$OUT/campaign.log" | sed 's/^/  | /'
 
+[ -n "${KEEP:-}" ] && cp "$OUT/campaign.log" "$WORK/campaign.log" 2>/dev/null
+if [ "$PHASE" = campaign ]; then say "PHASE=campaign: export and check left to PHASE=check (KEEP=$WORK)"; exit 0; fi
 # 4. Export, then the exported loader against SDPA (not for a dry run: nothing is stored).
 STUDY=$(ls -d "$WORK"/studies/*/ 2>/dev/null | grep -v -e '/kernels/$' -e '/nvcc-cache/$' | head -1)
 : > "$OUT/check.log"
@@ -155,5 +163,5 @@ save_steps
 timeout 15 python3 scripts/device_report.py summary "$STUDY/summary.json" "$OUT/check.json" "$STEPS" \
   "$WORK/gpu_util.csv" > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
-rm -rf "$WORK"
+[ -z "${KEEP:-}" ] && rm -rf "$WORK"
 [ "${STEP[campaign_rc]}" = 0 ] && { [ "$DRY" = 1 ] || [ "${STEP[check_rc]:-1}" = 0 ]; }
