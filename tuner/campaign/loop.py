@@ -45,6 +45,9 @@ EWMA = 0.3                # weight of the newest compile latency / GPU time in t
 # H100 (2026-11-23) a trial held the GPU ~1.5 s and nine hung ones held it 30 s each, 57% of that run.
 HANG_FACTOR = 10.0
 HANG_FLOOR_S = 20.0
+# The driver asks at most this long before it launches and collects again: with many cache hits TPE is asked
+# hundreds of times in a row (591 in the llama3-8b run of 2026-11-23), and GPUs must not wait on that.
+ASK_SLICE_S = 0.5
 
 
 @dataclass
@@ -109,12 +112,17 @@ class Pacer:
         return min(cap, max(HANG_FLOOR_S, HANG_FACTOR * self.trial_s))
 
 
-def _batch_size(full: int, sent: int, n_gpus: int) -> int:
-    """Compile batches ramp up 1, 2, 4, ... to ``full`` while the GPUs wait for their first kernels: a
-    one-config unit builds in a third of an eight-config one's time (CUTE.md §1.6), so trials start sooner."""
+def _batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> int:
+    """While the GPUs wait for their first kernels, the first round of compile slots gets small batches (half
+    of them one kernel, then two): a lone Hopper kernel builds in ~21 s, four in one unit in ~26 s
+    (BENCHMARKS.md), so the first trials start sooner; then ``full`` for throughput."""
     if n_gpus == 0:
         return full
-    return max(1, min(full, 2 ** sent))
+    if sent < max(1, compile_slots // 2):
+        return 1
+    if sent < max(2, compile_slots):
+        return min(full, 2)
+    return full
 
 
 class Loop:
@@ -149,11 +157,12 @@ class Loop:
             return None
         return min(open_, key=lambda c: (c.tally.finished + c.inflight, self.camps.index(c)))
 
-    def ask_batch(self, camp: Campaign, size: int) -> list[Candidate]:
-        """Up to ``size`` new candidates of ``camp``; asks that bring nothing new are told at once."""
+    def ask_batch(self, camp: Campaign, size: int, until: float = float("inf")) -> list[Candidate]:
+        """Up to ``size`` new candidates of ``camp`` (fewer when the time slice ends at ``until``); asks
+        that bring nothing new are told at once."""
         new: list[Candidate] = []
         study = camp.study
-        while len(new) < size and camp.remaining() - len(new) > 0:
+        while len(new) < size and camp.remaining() - len(new) > 0 and time.monotonic() < until:
             if camp.idle_asks >= IDLE_ASK_LIMIT:
                 camp.exhausted = (f"the last {IDLE_ASK_LIMIT} asks brought no parameter set that was not measured "
                                   "or in flight already: the search converged")
@@ -254,15 +263,20 @@ class Loop:
                     now = time.monotonic()
                     if self.stop_reason is None and deadline is not None and now >= deadline:
                         self._stop("the --timeout budget ran out")
-                    # 1. ask and compile, while a compile slot is free and the GPUs need more
-                    while self.stop_reason is None and len(self.compiling) < self.compile_slots:
+                    # 1. launch GPU trials while GPU workers have room
+                    self._launch_ready()
+                    # 2. ask and compile, while a compile slot is free and the GPUs need more (time-sliced)
+                    until = time.monotonic() + ASK_SLICE_S
+                    while (self.stop_reason is None and len(self.compiling) < self.compile_slots
+                           and time.monotonic() < until):
                         left = None if deadline is None else deadline - time.monotonic()
                         room = self.pacer.room(self.in_compile(), len(self.ready), left)
                         camp = self.next_camp() if room > 0 else None
                         if camp is None:
                             break
-                        size = min(room, _batch_size(opts.compile_batch, self.batches_sent, self.n_gpus))
-                        batch = self.ask_batch(camp, size)
+                        size = min(room, _batch_size(opts.compile_batch, self.batches_sent, self.n_gpus,
+                                                     self.compile_slots))
+                        batch = self.ask_batch(camp, size, until)
                         if not batch:
                             continue
                         self.batches_sent += 1
@@ -272,12 +286,7 @@ class Loop:
                                                    str(opts.study_dir / "nvcc-cache"), opts.compile_timeout,
                                                    camp.backend.path if camp.fake_compile else None)
                         self.compiling[ref] = (batch, time.monotonic())
-                    # 2. launch GPU trials while GPU workers have room
-                    while self.ready and self.stop_reason is None:
-                        slot = self.workers.free_slot()
-                        if slot is None:
-                            break
-                        self._launch(self.ready.popleft(), slot)
+                    self._launch_ready()
                     if self._finished():
                         break
                     # 3. wait for anything
@@ -305,6 +314,13 @@ class Loop:
             for c in self.camps:
                 c.tally.elapsed = elapsed
             live.refresh(force=True)
+
+    def _launch_ready(self) -> None:
+        while self.ready and self.stop_reason is None:
+            slot = self.workers.free_slot()
+            if slot is None:
+                break
+            self._launch(self.ready.popleft(), slot)
 
     def _stop(self, reason: str) -> None:
         import ray

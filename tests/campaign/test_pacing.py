@@ -1,0 +1,48 @@
+"""How far the compiles run ahead of the GPUs (loop.Pacer), the start-up batch sizes, and the hang limit."""
+from tuner.campaign.loop import HANG_FLOOR_S, Pacer, _batch_size
+
+
+def test_before_any_measurement_the_floor_and_the_compile_slots_are_filled():
+    p = Pacer(n_gpus=1, gpu_slots=4, compile_slots=12)
+    assert p.target() == 2 * 4 + 12
+    assert p.room(in_compile=0, ready=0) == 20 and p.room(in_compile=15, ready=3) == 2
+
+
+def test_then_littles_law_sets_the_lookahead_and_the_ready_queue_is_capped():
+    p = Pacer(n_gpus=1, gpu_slots=4, compile_slots=12)
+    p.note_compile(26.0)          # a batch of 4 Hopper kernels
+    p.note_trial(1.6)             # one trial's hold of the GPU
+    assert p.target() == 21       # 1.25 x (1 / 1.6 s) x 26 s, rounded up
+    assert p.room(in_compile=10, ready=5) == 6
+    assert p.room(in_compile=0, ready=8) == 0          # 2 x GPU slots compiled and waiting: ask nothing
+    fast = Pacer(n_gpus=1, gpu_slots=4)
+    fast.note_compile(1.0)
+    fast.note_trial(1.0)
+    assert fast.target() == 8                           # never below 2 x the GPU slots
+
+
+def test_near_the_deadline_no_more_is_compiled_than_the_gpus_can_still_measure():
+    p = Pacer(n_gpus=1, gpu_slots=4, compile_slots=12)
+    p.note_compile(20.0)
+    p.note_trial(2.0)
+    assert p.room(0, 0, seconds_left=600) == p.target()
+    assert p.room(0, 0, seconds_left=30) == 5           # (30 - 20) / 2 trials fit after compiling
+    assert p.room(2, 3, seconds_left=30) == 0
+    assert p.room(0, 0, seconds_left=10) < 0
+
+
+def test_a_trial_is_taken_for_hung_at_ten_typical_holds_with_a_floor():
+    p = Pacer(n_gpus=1, gpu_slots=4)
+    assert p.trial_limit(300.0) == 300.0                # nothing known yet: the user's --trial-timeout
+    p.note_trial(1.5)
+    assert p.trial_limit(300.0) == HANG_FLOOR_S
+    for _ in range(20):
+        p.note_trial(6.0)
+    assert 55.0 < p.trial_limit(300.0) <= 60.0
+    assert p.trial_limit(30.0) == 30.0                  # never past --trial-timeout
+
+
+def test_start_up_batches_are_small_then_full():
+    sizes = [_batch_size(8, sent, n_gpus=1, compile_slots=12) for sent in range(14)]
+    assert sizes == [1] * 6 + [2] * 6 + [8, 8]
+    assert _batch_size(8, 0, n_gpus=0, compile_slots=12) == 8   # a dry run has no GPU to wait
