@@ -162,7 +162,7 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
 def remeasured(study) -> int:
     """Measurements of a kernel the study had measured already (the cache should make this 0)."""
     keys = [t.user_attrs.get("measurement_key") for t in study.get_trials(deepcopy=False)
-            if t.user_attrs.get("gpu_lock") and t.user_attrs.get("measurement_key")]
+            if t.user_attrs.get("pid") and t.user_attrs.get("measurement_key")]   # reached a GPU, any outcome
     return len(keys) - len(set(keys))
 
 

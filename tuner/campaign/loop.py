@@ -42,7 +42,7 @@ DRAIN_S = 30.0            # after --timeout, how long the trials already on a GP
 EWMA = 0.3                # weight of the newest compile latency / GPU time in the pacing estimates
 # A hung kernel (a pipeline deadlock) holds its GPU until killed. Once the typical trial's hold is known,
 # a trial gets HANG_FACTOR times that, at least HANG_FLOOR_S (and never more than --trial-timeout): on the
-# H100 (2026-11-23) a trial held the GPU ~1.5 s and nine hung ones held it 30 s each, 57% of that run.
+# H100 (2026-11-23) a trial held the GPU ~1.5 s and eight hung ones held it 30 s each, half of that run.
 HANG_FACTOR = 10.0
 HANG_FLOOR_S = 20.0
 # The driver asks at most this long before it launches and collects again: with many cache hits TPE is asked
