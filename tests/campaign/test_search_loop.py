@@ -140,3 +140,44 @@ def test_a_model_preset_tunes_its_own_heads(ray_cluster, tmp_path):
     records = KernelStore(tmp_path).records(gpu="h100", variant="gqa")
     assert records and all(r.problem["heads_q"] == 32 and r.problem["heads_kv"] == 8 for r in records)
     assert all(r.sketch for r in records)
+
+
+def test_the_llm_sketch_variants_are_a_choice_of_the_study_and_a_resume_keeps_them(ray_cluster, tmp_path):
+    """With an endpoint, the LLM's checked schedule variant joins the built-in sketches as a value of the
+    study's `schedule` dimension, kept in the study; --resume searches the same sketches without asking."""
+    import sys
+
+    import tl
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "llm"))
+    from stub_server import Reply, StubOpenAI
+
+    lines = tl.load_sketch("mha", True, "fa2").splitlines()
+    v_copy = next(i for i, ln in enumerate(lines) if ln.strip().startswith("Copy V"))
+    gemm = next(i for i, ln in enumerate(lines) if "K_shared.T and get S" in ln)
+    moved = lines[:gemm] + [lines[v_copy]] + [ln for i, ln in enumerate(lines[gemm:], gemm) if i != v_copy]
+    variant = "\n".join(moved) + "\n"                       # V's copy issued before the score GEMM
+    assert tl.check_source(variant, "<variant>")[1] == []
+    seeds = {"candidates": [{"block_m": 128, "block_n": 64, "num_warps": 4, "kv_stages": 1,
+                             "mma_atom": "SM80_16x8x16", "g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL",
+                             "s2r_atom": "SM75_U32x4_LDSM_N", "swizzle": 3, "q_in_regs": False,
+                             "rationale": "FA2's tile"}]}
+    script = [Reply("```tl\n" + variant + "```\nV first."), Reply("```tl\n" + variant + "```"),
+              Reply(json.dumps(seeds))]
+    with StubOpenAI(script=script) as stub:
+        llm = dict(llm_base_url=stub.base_url, llm_model="stub-model", llm_api_key="sk-test", llm_sketches=1)
+        assert run_campaign(options(tmp_path, trials=3, **llm)) == 0
+        sent = len(stub.chat_requests)
+        study = load(tmp_path)
+        sketches = {s["name"]: s for s in study.user_attrs["sketches"]}
+        assert sketches["llm-1"]["source"] == "llm" and sketches["llm-1"]["base"] == "fa2"
+        assert tl.format_program(tl.parse_program(sketches["llm-1"]["text"])) == \
+            tl.format_program(tl.parse_program(variant))
+        assert "variant 1 of 1" in stub.chat_requests[0].text.lower()   # the prompt asks for a schedule variant
+        choices = {c for t in study.trials for name, d in t.distributions.items() if name.startswith("schedule")
+                   for c in d.choices}
+        assert {"ws_overlap", "ws_serial", "fa2", "fa2_late_prefetch", "llm-1"} <= choices
+        assert run_campaign(options(tmp_path, trials=5, resume=True, **llm)) == 0
+        assert len(stub.chat_requests) == sent                  # resumed: the study's sketches, the cached seeds
+        assert [s["name"] for s in load(tmp_path).user_attrs["sketches"]] == list(sketches)
+        assert stub.failures == []
