@@ -97,3 +97,24 @@ def wait_for_node(accel: str, timeout: float = 60) -> str:
                 return n["NodeID"]
         time.sleep(0.5)
     raise TimeoutError(f"no {accel} node joined")
+
+
+STUDY = "h100-mha-bf16-d128-causal"
+
+
+def replay_options(study_dir, **changes):
+    """A campaign on the session's fake-GPU cluster, replaying the recorded grid (a few trials, fast limits)."""
+    from tuner.campaign import CampaignOptions
+
+    base = dict(gpu="h100", variant="mha", trials=14, study_dir=Path(study_dir), backend=f"replay:{GRID}",
+                compile_batch=2, trial_timeout=20.0, seed=3, live=False)
+    base.update(changes)
+    return CampaignOptions(**base)
+
+
+def load_study(study_dir, name=STUDY, storage=None):
+    import optuna
+
+    from tuner.campaign.study import make_storage
+
+    return optuna.load_study(study_name=name, storage=storage or make_storage(None, Path(study_dir), name))

@@ -6,30 +6,24 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.campaign import CampaignOptions, run_campaign
-from tuner.campaign.study import make_storage
+from tuner.campaign import run_campaign
 
-from .conftest import GRID, REPO, campaign_seed_keys, start_node, wait_for_node, write_replay
+from .conftest import (GRID, REPO, STUDY, campaign_seed_keys, load_study, replay_options, start_node,
+                       wait_for_node, write_replay)
 
 pytestmark = pytest.mark.slow
-STUDY = "h100-mha-bf16-d128-causal"
 
 
 def options(study_dir, **changes):
-    base = dict(gpu="h100", variant="mha", trials=14, study_dir=Path(study_dir), backend=f"replay:{GRID}",
-                compile_batch=2, trial_timeout=20.0, seed=3, live=False)
-    base.update(changes)
-    return CampaignOptions(**base)
+    return replay_options(study_dir, **changes)
 
 
-def load(study_dir, name=STUDY, storage=None):
-    return optuna.load_study(study_name=name, storage=storage or make_storage(None, Path(study_dir), name))
+load = load_study
 
 
 def test_unknown_gpu_variant_and_dtype_list_the_choices(capsys):

@@ -127,3 +127,13 @@ def test_combination_problems_carry_the_model_heads():
     probs = combo.problems(seqlens=(2048,))
     assert [(p.variant, p.heads_q, p.heads_kv, p.d_qk, p.causal, p.dtype) for p in probs] == [
         ("gqa", 64, 8, 128, True, "bf16")]
+
+
+def test_the_campaign_reads_causal_both_beside_the_causal_flags():
+    from tuner.cli import campaign_argv
+
+    assert campaign_argv(["--gpu", "h100", "--variant", "mha,gqa", "--causal", "both"])[-1] == "--causal-mode=both"
+    assert campaign_argv(["--gpu", "h100", "--causal=false"])[-1] == "--causal-mode=false"
+    assert campaign_argv(["--gpu", "h100", "--causal", "--dtype", "bf16"]) == ["--gpu", "h100", "--causal", "--dtype",
+                                                                             "bf16"]
+    assert campaign_argv(["bench", "--gpu", "h100", "--causal"]) == ["bench", "--gpu", "h100", "--causal"]

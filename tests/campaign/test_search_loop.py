@@ -6,28 +6,22 @@ import gzip
 import json
 from pathlib import Path
 
-import optuna
 import pytest
 from optuna.trial import TrialState
 
-from tuner.campaign import CampaignOptions, run_campaign
+from tuner.campaign import run_campaign
 from tuner.campaign.study import make_storage
 
-from .conftest import GRID
+from .conftest import GRID, STUDY, load_study, replay_options
 
 pytestmark = pytest.mark.slow
-STUDY = "h100-mha-bf16-d128-causal"
 
 
 def options(study_dir, **changes):
-    base = dict(gpu="h100", variant="mha", trials=6, study_dir=Path(study_dir), backend=f"replay:{GRID}",
-                compile_batch=2, trial_timeout=20.0, seed=3, live=False)
-    base.update(changes)
-    return CampaignOptions(**base)
+    return replay_options(study_dir, **{"trials": 6, **changes})
 
 
-def load(study_dir, name=STUDY, storage=None):
-    return optuna.load_study(study_name=name, storage=storage or make_storage(None, Path(study_dir), name))
+load = load_study
 
 
 def measured(study):
