@@ -3,7 +3,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -106,19 +106,17 @@ _TYPES: dict[str, type | tuple[type, ...]] = {
 }
 
 
-def validate_profile_data(data: dict[str, Any], source: str = "<profile>") -> Profile:
-    """Check a profile's raw data field by field and build the Profile; ProfileError on any fault."""
-
-    def fail(msg: str) -> ProfileError:
-        return ProfileError(f"{source}: {msg}")
-
-    missing = [k for k in _TYPES if k not in data]
+def check_fields(data: dict[str, Any], types: dict[str, Any], fail: Callable[[str], Exception]) -> None:
+    """A data file's table has exactly the fields of ``types`` (name -> type, or a tuple of types for a
+    number), each of its type; ``fail(message)`` makes the exception to raise. Shared by the data files'
+    loaders (profiles here, tuner/models.py)."""
+    missing = [k for k in types if k not in data]
     if missing:
         raise fail(f"missing field(s): {', '.join(missing)}")
-    unknown = sorted(set(data) - set(_TYPES))
+    unknown = sorted(set(data) - set(types))
     if unknown:
         raise fail(f"unknown field(s): {', '.join(unknown)}")
-    for key, typ in _TYPES.items():
+    for key, typ in types.items():
         value = data[key]
         # bool is an int in Python: a count given as true is still wrong.
         if isinstance(value, bool) and typ is not bool:
@@ -126,6 +124,15 @@ def validate_profile_data(data: dict[str, Any], source: str = "<profile>") -> Pr
         if not isinstance(value, typ):
             want = typ.__name__ if isinstance(typ, type) else "a number"
             raise fail(f"field '{key}' must be {want}, got {type(value).__name__} {value!r}")
+
+
+def validate_profile_data(data: dict[str, Any], source: str = "<profile>") -> Profile:
+    """Check a profile's raw data field by field and build the Profile; ProfileError on any fault."""
+
+    def fail(msg: str) -> ProfileError:
+        return ProfileError(f"{source}: {msg}")
+
+    check_fields(data, _TYPES, fail)
     cc = data["compute_capability"]
     if len(cc) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in cc):
         raise fail(f"field 'compute_capability' must be [major, minor], got {cc!r}")

@@ -3,7 +3,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tuner.cli import app
-from tuner.models import ModelError, get_model, load_models, variant_of_heads
+from tuner.models import ModelError, get_model, load_models
+from tuner.problem import variant_of_heads
 from tuner.models_cmd import show_models
 from tuner.problem import Problem
 

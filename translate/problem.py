@@ -80,6 +80,13 @@ def validate_problem(p: Problem) -> list[str]:
     return errors
 
 
+def variant_of_heads(heads_q: int, heads_kv: int) -> str:
+    """The variant validate_problem accepts for this head layout (mla is never implied: its head dims say it)."""
+    if heads_q == heads_kv:
+        return "mha"
+    return "mqa" if heads_kv == 1 else "gqa"
+
+
 def heads_for(variant: str, head_dim: int, hidden: int = 2048) -> tuple[int, int, int, int]:
     """(heads_q, heads_kv, d_qk, d_v) of a variant at the paper grid's hidden size."""
     if variant == "mla":

@@ -26,6 +26,7 @@ from typing import Callable
 
 from tuner.buckets import bucket_seqlen, is_bucket_name, nearest_bucket
 from tuner.export import METADATA_KEY, device_file_token
+from tuner.problem import variant_of_heads
 
 # Which head layouts a kernel of each variant serves. Every generated kernel takes the group (query
 # heads per KV head) as a launch argument and maps KV head = query head // group (translate.KERNEL_ARGS),
@@ -81,11 +82,7 @@ class Choice:
 
 
 def infer_variant(heads_q: int, heads_kv: int, d_qk: int, d_v: int) -> str:
-    if d_qk != d_v:
-        return "mla"
-    if heads_q == heads_kv:
-        return "mha"
-    return "mqa" if heads_kv == 1 else "gqa"
+    return "mla" if d_qk != d_v else variant_of_heads(heads_q, heads_kv)
 
 
 def read_config(path: Path) -> ExportedConfig:

@@ -14,7 +14,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
-from tuner.problem import DTYPES, MLA_D_QK, MLA_D_V, VARIANTS
+from hardware_profiles import check_fields
+from tuner.problem import DTYPES, MLA_D_QK, MLA_D_V, VARIANTS, variant_of_heads
 
 MODELS_FILE = Path(__file__).resolve().parent / "models.toml"
 HEAD_DIMS = (64, 128)  # what the non-MLA kernels take (spec_for)
@@ -41,13 +42,6 @@ _TYPES: dict[str, type] = {"description": str, "variant": str, "heads_q": int, "
                            "d_qk": int, "d_v": int, "causal": list, "dtypes": list}
 
 
-def variant_of_heads(heads_q: int, heads_kv: int) -> str:
-    """The variant validate_problem accepts for these heads (mla is never implied: it is explicit)."""
-    if heads_q == heads_kv:
-        return "mha"
-    return "mqa" if heads_kv == 1 else "gqa"
-
-
 def _preset(name: str, data: Any, source: str) -> ModelPreset:
     def fail(msg: str) -> ModelError:
         return ModelError(f"{source}: model '{name}': {msg}")
@@ -56,17 +50,7 @@ def _preset(name: str, data: Any, source: str) -> ModelPreset:
         raise ModelError(f"{source}: '{name}' must be a table of preset fields, got {type(data).__name__}")
     if name != name.lower():
         raise fail("preset names must be lowercase (lookup ignores case)")
-    missing = [k for k in _TYPES if k not in data]
-    if missing:
-        raise fail(f"missing field(s): {', '.join(missing)}")
-    unknown = sorted(set(data) - set(_TYPES))
-    if unknown:
-        raise fail(f"unknown field(s): {', '.join(unknown)}")
-    for key, typ in _TYPES.items():
-        value = data[key]
-        # bool is an int in Python: `heads_q = true` is still wrong.
-        if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
-            raise fail(f"field '{key}' must be {typ.__name__}, got {type(value).__name__} {value!r}")
+    check_fields(data, _TYPES, fail)
     hq, hkv, dqk, dv, variant = data["heads_q"], data["heads_kv"], data["d_qk"], data["d_v"], data["variant"]
     for key in ("heads_q", "heads_kv", "d_qk", "d_v"):
         if data[key] < 1:
