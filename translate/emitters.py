@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from translate.ir import Cond, Loop, Op, expr_to_cpp
 from translate.kernel import TranslationError
+from translate.params import copy_row_threads
 
 INDENT = "  "
 
@@ -424,7 +425,7 @@ def _smem_atom(width: int, swizzle: int) -> str:
 
 
 def _gmem_copy(atom: str, width: int) -> str:
-    tpr = (64 if width % 64 == 0 else 32) // 8
+    tpr = copy_row_threads(width)
     return (f"decltype(make_tiled_copy(Copy_Atom<{atom}, Element>{{}}, "
             f"Layout<Shape<Int<kNThreads / {tpr}>, Int<{tpr}>>, Stride<Int<{tpr}>, _1>>{{}}, "
             "Layout<Shape<_1, _8>>{}))")

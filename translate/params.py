@@ -62,6 +62,13 @@ def _short(atom: str) -> str:
             "UniversalCopy": "univ", "SM90_TMA": "tma"}.get(atom, atom.lower())
 
 
+def copy_row_threads(width: int) -> int:
+    """Threads that copy one row of a ``width``-wide tile with 16-byte (8-element) copies: the global->shared
+    copies tile rows in 64-wide chunks (32-wide where the width is not a multiple of 64). One copy step of
+    ``threads`` threads covers threads / this many rows (emitters._gmem_copy builds exactly that layout)."""
+    return (64 if width % 64 == 0 else 32) // 8
+
+
 def smem_bytes(params: KernelParams, problem: Problem) -> int:
     """Dynamic shared memory of the FA2-style design: Q tile (reused for O) + stages x (K tile + V tile)."""
     elem = 2
@@ -113,7 +120,7 @@ def validate(params: KernelParams, profile: Profile, problem: Problem,
     # Global->shared copies move 8 halves per thread, kBlockKSmem/8 threads per row: one copy step covers
     # num_threads / row_threads rows, which must divide the Q (BM) and K/V (BN) tiles.
     for d in sorted({problem.d_qk, problem.d_v}):
-        row_threads = (64 if d % 64 == 0 else 32) // 8
+        row_threads = copy_row_threads(d)
         if params.num_threads % row_threads:
             errors.append(f"{params.num_threads} threads do not tile rows of {row_threads} copy threads")
             continue

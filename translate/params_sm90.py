@@ -9,6 +9,7 @@ the 16-bit operand copy P.
 from __future__ import annotations
 
 from hardware_profiles import Profile
+from translate.params import copy_row_threads
 from translate.problem import Problem
 
 GMMA_BLOCK_M = (64, 128, 192)
@@ -111,14 +112,15 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         if params.pingpong or params.producer_regs != 24 or params.persistent:
             errors.append("pingpong, producer_regs and persistent apply to warp-specialised sketches "
                           "(warpgroup roles) only")
-        # Every thread copies 8 elements a step, 8 threads to a 64-wide row chunk: a step covers threads / 8
-        # rows, which must divide the tiles (else the last step writes past the tile: the H100 campaign of
-        # 2026-11-23 saw illegal addresses and wrong results from 128x112 and 192x128 plain kernels).
-        rows = params.block_m // 64 * 128 // 8
-        for name, tile in (("block_m", params.block_m), ("block_n", params.block_n)):
-            if tile > 0 and tile % rows:
-                errors.append(f"{name} {tile} must be a multiple of {rows}: {params.block_m // 64 * 128} threads "
-                              f"copy {rows} rows a step with cp.async")
+        # Every warpgroup copies with cp.async: a step covers threads / copy_row_threads rows, which must
+        # divide the tiles (else the last step writes past the tile: the H100 campaign of 2026-11-23 saw
+        # illegal addresses and wrong results from 128x112 and 192x128 plain kernels).
+        threads = params.block_m // 64 * 128
+        for rows in sorted({threads // copy_row_threads(d) for d in (problem.d_qk, problem.d_v)}):
+            for name, tile in (("block_m", params.block_m), ("block_n", params.block_n)):
+                if tile > 0 and tile % rows:
+                    errors.append(f"{name} {tile} must be a multiple of {rows}: {threads} threads copy {rows} "
+                                  "rows a step with cp.async")
         budget = PLAIN_THREAD_REGS
         where = f"the {budget} a thread can hold"
     if params.block_m in GMMA_BLOCK_M and params.block_n % 16 == 0:
