@@ -22,7 +22,7 @@ from rich.console import Console
 
 from hardware_profiles import ProfileError, load_profile
 from search_spaces import SCHEDULE, SpaceError, load_space
-from search_spaces.feasible import FeasibleSpace, feasible_space
+from search_spaces.feasible import FeasibleSpace, default_sketches, feasible_space
 from translate.params import KernelParams
 
 from . import sketches as sk
@@ -162,9 +162,7 @@ def run_campaign(options: CampaignOptions) -> int:
             c.study = st.open_study(storages[c.name], c.name, st.make_sampler(options.sampler, options.seed),
                                     options.resume, where[c.name])
             _sketch_stage(c)
-    except (st.StudyError, ClusterError, BackendError) as exc:
-        return _error(exc)
-    except SpaceError as exc:
+    except (st.StudyError, ClusterError, BackendError, SpaceError) as exc:
         return _error(exc)
     except _llm_errors() as exc:
         return _error(f"LLM stage: {exc}")
@@ -228,13 +226,6 @@ def _llm_errors() -> tuple[type[BaseException], ...]:
         return (RuntimeError,)
 
 
-def _reference_bases(camp: Campaign) -> tuple[str, ...]:
-    try:
-        return camp.space.domain(SCHEDULE, camp.profile, camp.spec.d_qk, camp.spec.dtype)
-    except KeyError:   # a space without the dimension: the paper's flow
-        return ("fa2",)
-
-
 def _sketch_stage(camp: Campaign) -> None:
     """The study's sketches (kept in the study: a resumed study searches the same ones), the feasible
     space over them, and the seeds; the LLM is asked only for a new study."""
@@ -256,7 +247,8 @@ def _sketch_stage(camp: Campaign) -> None:
                                 f"no usable sketch from {config.model}: the built-in sketches only")
         elif llm is not None:
             camp.llm_message = f"{config.not_configured_reason}; the built-in sketches only"
-        camp.sketches = sk.campaign_sketches(camp.spec.variant, camp.spec.causal, _reference_bases(camp), programs)
+        bases = [name for name, _ in default_sketches(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype)]
+        camp.sketches = sk.campaign_sketches(camp.spec.variant, camp.spec.causal, bases, programs)
         camp.study.set_user_attr(sk.ATTR, sk.to_attr(camp.sketches))
         if camp.llm_message:
             camp.console.print(f"sketches: {camp.llm_message}", markup=False)
@@ -284,7 +276,8 @@ def _llm_module(camp: Campaign):
 
 
 def _enqueue_seeds(camp: Campaign) -> None:
-    """LLM (or profile) seeds first, then the search space's FA2/FA3/FA4 seeds; once per study."""
+    """The LLM's seeds first, then the search space's FA2/FA3/FA4 seeds (the profile's own schedule first),
+    then the profile's stand-ins; each once and only if valid; once per study."""
     study = camp.study
     if study.user_attrs.get(st.SEEDS_ATTR):
         return

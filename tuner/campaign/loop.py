@@ -30,7 +30,7 @@ from typing import Any
 import optuna
 
 from search_spaces import SpaceError
-from translate.params import KernelParams, validate
+from translate.params import KernelParams
 
 from . import study as st
 from .cache import from_result, measurement_key
@@ -57,6 +57,7 @@ class Candidate:
     params: KernelParams
     schedule: str
     key: str
+    kernel: Any = None             # translate.GeneratedKernel (None: the replay backend compiles nothing)
     compiled: dict | None = None
     started: float = 0.0
     slot: int = -1                 # its GPU worker (index in the pool) and that worker's handle
@@ -180,13 +181,9 @@ class Loop:
             trial.set_user_attr("params_key", params.key())
             trial.set_user_attr("kernel_params", params.to_dict())
             trial.set_user_attr("schedule", schedule)
-            ws = camp.base_of(schedule).startswith("ws_")
-            errors = sorted({e for p in camp.problems for e in validate(params, camp.profile, p, warp_specialized=ws)})
-            if errors:
-                self._reject(camp, trial, "invalid: " + "; ".join(errors))
-                continue
+            # (no validate here: the points of the feasible space are the sets validate accepts)
             try:
-                source = self._source(camp, schedule, params)
+                kernel, source = self._translate(camp, schedule, params)
             except Exception as exc:  # noqa: BLE001 - the translator refuses this candidate: it cannot work
                 st.tell_infeasible(study, trial, f"translate: {exc}", stage="compile")
                 _count(camp.tally, "infeasible", None, trial.number)
@@ -205,18 +202,19 @@ class Loop:
                 continue
             self.waiting[key] = []
             camp.idle_asks = 0
-            new.append(Candidate(camp, trial, params, schedule, key))
+            new.append(Candidate(camp, trial, params, schedule, key, kernel))
         camp.inflight += len(new)
         return new
 
-    def _source(self, camp: Campaign, schedule: str, params: KernelParams) -> str:
-        """The kernel's source (its identity in the cache). The replay backend compiles nothing: its stand-in
-        is the candidate's name, as the fake compile writes it."""
+    def _translate(self, camp: Campaign, schedule: str, params: KernelParams):
+        """(the kernel, its source: its identity in the cache); the compile task compiles this kernel. The
+        replay backend compiles nothing: no kernel, and the candidate's name as the fake compile writes it."""
         if camp.fake_compile:
-            return f"// replay backend: {schedule}:{params.key()} was not compiled\n"
+            return None, f"// replay backend: {schedule}:{params.key()} was not compiled\n"
         from translate import generate
 
-        return generate(camp.programs[schedule], params, camp.profile, camp.spec).source
+        kernel = generate(camp.programs[schedule], params, camp.profile, camp.spec)
+        return kernel, kernel.source
 
     def _reject(self, camp: Campaign, trial, reason: str) -> None:
         st.tell_infeasible(camp.study, trial, reason, stage="validate")
@@ -281,8 +279,7 @@ class Loop:
                             continue
                         self.batches_sent += 1
                         items = [(c.trial.number, c.params.to_dict(), c.schedule) for c in batch]
-                        ref = compile_batch.remote(items, {c.schedule: camp.programs[c.schedule] for c in batch},
-                                                   camp.spec, camp.profile.name,
+                        ref = compile_batch.remote(items, [c.kernel for c in batch], camp.profile.nvcc_arch,
                                                    str(opts.study_dir / "nvcc-cache"), opts.compile_timeout,
                                                    camp.backend.path if camp.fake_compile else None)
                         self.compiling[ref] = (batch, time.monotonic())

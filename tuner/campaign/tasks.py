@@ -10,17 +10,18 @@ from .backends import replay_fault
 
 
 @ray.remote(num_cpus=1, max_retries=1)
-def compile_batch(items: list, programs: dict, spec, profile_name: str, cache_dir: str, timeout: float,
+def compile_batch(items: list, kernels: list, arch: str, cache_dir: str, timeout: float,
                   fake_replay: str | None) -> list[dict]:
-    """Translate and compile one batch of candidates into cubins; one result dict per item, in order.
+    """Compile one batch of candidates into cubins (one translation unit); one result dict per item, in order.
 
-    ``items`` are ``(trial_number, params_dict, schedule)``; ``programs`` maps each schedule (tl.SCHEDULES
-    key) to its TL program. With ``fake_replay`` (replay backend without real compiles) nothing is
-    compiled: the replay file decides which candidates "fail to compile".
+    ``items`` are ``(trial_number, params_dict, schedule)`` and ``kernels`` their translated kernels (the
+    driver translates every candidate once: its source is the candidate's identity in the measurement cache).
+    With ``fake_replay`` (replay backend without real compiles) nothing is compiled: the replay file decides
+    which candidates "fail to compile".
     """
     if fake_replay is not None:
         return [_fake_compile(number, params, schedule, fake_replay) for number, params, schedule in items]
-    return _real_compile(items, programs, spec, profile_name, cache_dir, timeout)
+    return _real_compile(items, kernels, arch, cache_dir, timeout)
 
 
 def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) -> dict:
@@ -35,32 +36,17 @@ def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) ->
             "registers": None, "spill_stores": None}
 
 
-def _real_compile(items, programs, spec, profile_name, cache_dir, timeout) -> list[dict]:
-    from hardware_profiles import load_profile
-    from translate import generate
+def _real_compile(items, kernels, arch, cache_dir, timeout) -> list[dict]:
     from translate.nvcc import compile_kernels
-    from translate.params import KernelParams
 
-    profile = load_profile(profile_name)
-    results: list[dict | None] = [None] * len(items)
-    generated = []
-    for i, (number, params, schedule) in enumerate(items):
-        try:
-            if schedule not in programs:
-                raise ValueError(f"no TL program for schedule {schedule!r} (have: {', '.join(programs)})")
-            generated.append((i, generate(programs[schedule], KernelParams.from_dict(params), profile, spec)))
-        except Exception as exc:  # a parameter set the translator refuses cannot work
-            results[i] = {"trial": number, "ok": False, "error": f"translate: {exc}", "error_kind": "translate"}
-    if generated:
-        compiled = compile_kernels([k for _, k in generated], profile.nvcc_arch, cache_dir=cache_dir,
-                                   timeout=timeout, jobs=1, batch_size=len(generated))
-        for (i, kernel), cr in zip(generated, compiled):
-            number = items[i][0]
-            if not cr.ok:
-                results[i] = {"trial": number, "ok": False, "error": f"compile: {cr.error_kind}: {cr.log[-1500:]}",
-                              "error_kind": cr.error_kind}
-                continue
-            results[i] = {"trial": number, "ok": True, "kernel_name": kernel.name, "cubin": cr.cubin,
-                          "meta": kernel.meta(), "source": kernel.source, "registers": cr.registers,
-                          "spill_stores": cr.spill_stores}
-    return results  # type: ignore[return-value]
+    compiled = compile_kernels(kernels, arch, cache_dir=cache_dir, timeout=timeout, jobs=1, batch_size=len(kernels))
+    results = []
+    for (number, _, _), kernel, cr in zip(items, kernels, compiled):
+        if not cr.ok:
+            results.append({"trial": number, "ok": False, "error": f"compile: {cr.error_kind}: {cr.log[-1500:]}",
+                            "error_kind": cr.error_kind})
+            continue
+        results.append({"trial": number, "ok": True, "kernel_name": kernel.name, "cubin": cr.cubin,
+                        "meta": kernel.meta(), "source": kernel.source, "registers": cr.registers,
+                        "spill_stores": cr.spill_stores})
+    return results
