@@ -71,13 +71,16 @@ def compare(samplers=("tpe", "random"), seeds=range(5), budget: int = 200) -> di
     values = grid_values()
     out = {}
     for kind in samplers:
-        runs = [trials_to_target(kind, s, values, budget) for s in seeds]
-        hit = [r for r in runs if r is not None]
-        # A run that never gets there counts as the budget: the mean is then a lower bound.
-        out[kind] = {"runs": runs, "mean": statistics.mean(r if r is not None else budget for r in runs),
-                     "median": statistics.median(r if r is not None else budget for r in runs),
-                     "missed": len(runs) - len(hit)}
+        out[kind] = summarise([trials_to_target(kind, s, values, budget) for s in seeds], budget)
     return out
+
+
+def summarise(runs: list, budget: int) -> dict:
+    """Trials to the target over seeded runs; a run that never gets there counts as the budget (the mean is
+    then a lower bound)."""
+    counted = [r if r is not None else budget for r in runs]
+    return {"runs": runs, "mean": statistics.mean(counted), "median": statistics.median(counted),
+            "missed": sum(r is None for r in runs)}
 
 
 def main() -> None:
@@ -183,10 +186,8 @@ def compare_measured(samplers=("tpe", "random"), seeds=range(10), budget: int = 
     grid = measured_grid()
     out = {}
     for kind in samplers:
-        runs = [measured_trials_to_target(kind, s, budget, enqueue_seeds=enqueue_seeds, grid=grid) for s in seeds]
-        out[kind] = {"runs": runs, "mean": statistics.mean(r if r is not None else budget for r in runs),
-                     "median": statistics.median(r if r is not None else budget for r in runs),
-                     "missed": sum(r is None for r in runs)}
+        out[kind] = summarise([measured_trials_to_target(kind, s, budget, enqueue_seeds=enqueue_seeds, grid=grid)
+                               for s in seeds], budget)
     return out
 
 
