@@ -191,9 +191,8 @@ def _feasible(space, profile, head_dim, dtype, shapes, sketches) -> FeasibleSpac
                 walk(i + 1, {**values, p.field: value}, choices + ((p.name, value),), sketch)
         steps[choices] = Step(p.name, domain, domain, integer)
 
-    walk(0, {}, (), sketch_domain[0] if not has_schedule else "")
-    if not has_schedule:   # the legacy spaces: every point is the paper's flow
-        points = [SpacePoint(DEFAULT_SCHEDULE, p.params, p.choices) for p in points]
+    # a space without the schedule dimension: every point is the paper's flow; else the walk names the sketch
+    walk(0, {}, (), "" if has_schedule else DEFAULT_SCHEDULE)
     if not points:
         raise SpaceError(f"{space.source}: no parameter set is valid on {profile.name} for head dim {head_dim}, "
                          f"{dtype} ({enumerated} enumerated); e.g. " + "; ".join(rejections))

@@ -34,8 +34,7 @@ def best_per_bucket(study, problems) -> dict[str, tuple]:
     from tuner.buckets import bucket_for
 
     best: dict[str, tuple] = {}
-    verified = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if (t.user_attrs.get("verification") or {}).get("passed") is True]
+    verified = _verified(study)
     for problem in problems:
         bucket = bucket_for(problem.seqlen_k)
         for t in verified:
@@ -45,10 +44,15 @@ def best_per_bucket(study, problems) -> dict[str, tuple]:
     return best
 
 
+def _verified(study) -> list:
+    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if (t.user_attrs.get("verification") or {}).get("passed") is True]
+
+
 def finish_all(camps) -> int:
     """Finish every combination of the run; with several, also the run's report (a table per combination).
     Exit code 0 when every combination has a verified kernel (or, dry run, a compiled one), else 1."""
-    codes = [finish(c, c.study, c.tally) for c in camps]
+    codes = [finish(c) for c in camps]
     if len(camps) > 1:
         from tuner.report import write_campaign_report
 
@@ -62,8 +66,8 @@ def finish_all(camps) -> int:
     return 0 if all(code == 0 for code in codes) else 1
 
 
-def finish(camp, study, tally) -> int:
-    console = camp.console
+def finish(camp) -> int:
+    study, tally, console = camp.study, camp.tally, camp.console
     opts = camp.options
     console.print(f"— {camp.label} ({camp.name})", markup=False)
     if opts.dry_run:
@@ -131,12 +135,12 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
     data = {
         "study": camp.name, "gpu": camp.profile.name, "device_name": camp.device_name or None,
         "backend": camp.backend.label, "gpus": n_gpus, "gpu_overlap": camp.options.gpu_overlap,
-        "combination": camp.label, "sketches": [s.name for s in getattr(camp, "sketches", [])],
+        "combination": camp.label, "sketches": [s.name for s in camp.sketches],
         "trials": {"done": tally.done, "infeasible": tally.infeasible, "failed": tally.failed,
                    "rejected_before_compile": tally.rejected, "cache_hits": tally.cached,
                    "finished_this_run": finished_now, "measured_this_run": tally.measured,
                    "compiled_unmeasured_at_stop": tally.unmeasured, "in_study": len(study.trials),
-                   "converged": getattr(camp, "exhausted", None)},
+                   "converged": camp.exhausted},
         "measured_fraction": round(tally.measured / finished_now, 3) if finished_now else None,
         "remeasured": remeasured(study),
         "search_vs_seeds": search_vs_seeds(study, camp.problems),
@@ -174,8 +178,9 @@ def _is_seed(t) -> bool:
 def search_vs_seeds(study, problems) -> list[dict]:
     """Per benchmark shape: the best verified kernel against the best seed (the LLM's or the libraries'
     published choices), so a report says where the search beat the seeds and by how much."""
-    verified = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-                if (t.user_attrs.get("verification") or {}).get("passed") is True]
+    verified = _verified(study)
+    if not verified:
+        return []
     out = []
     for problem in problems:
         key = str(problem.seqlen_k)
@@ -183,8 +188,6 @@ def search_vs_seeds(study, problems) -> list[dict]:
         def tf(t):
             return float((t.user_attrs.get("tflops") or {}).get(key) or 0.0)
 
-        if not verified:
-            continue
         best = max(verified, key=tf)
         seeds = [t for t in verified if _is_seed(t)]
         seed = max(seeds, key=tf) if seeds else None
