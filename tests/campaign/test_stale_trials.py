@@ -1,0 +1,27 @@
+"""Resume after a killed driver: trials it left RUNNING are failed and, where they had parameters, queued again."""
+import optuna
+from optuna.trial import TrialState
+
+from tuner.campaign.study import fail_stale_running
+
+
+def test_stale_trials_are_failed_and_only_those_with_parameters_are_queued_again():
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    with_params = study.ask()
+    with_params.suggest_int("block_n", 64, 128, step=64)
+    bare = study.ask()    # killed between ask() and its first suggest: no parameters recorded
+    done = study.ask()
+    done.suggest_int("block_n", 64, 128, step=64)
+    study.tell(done, 1.0)
+
+    assert fail_stale_running(study) == [with_params.number, bare.number]
+
+    trials = study.get_trials(deepcopy=False)
+    for number in (with_params.number, bare.number):
+        assert trials[number].state == TrialState.FAIL and trials[number].user_attrs["stale"] is True
+    assert trials[done.number].state == TrialState.COMPLETE
+    redo = [t for t in trials if "redo_of" in t.user_attrs]
+    assert [(t.user_attrs["redo_of"], t.state, t.system_attrs["fixed_params"]) for t in redo] == [
+        (with_params.number, TrialState.WAITING, with_params.params)]
+    assert fail_stale_running(study) == []    # a second resume finds nothing left running
