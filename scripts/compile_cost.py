@@ -22,8 +22,9 @@ from translate.defaults import hopper_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
 from translate.problem import KernelSpec  # noqa: E402
 
-# Four distinct Hopper candidates: the default and three neighbours a search would try.
-CHANGES = [{}, {"block_n": 112}, {"pingpong": True}, {"pv_operand": "ss", "persistent": False}]
+# Four distinct Hopper candidates: the default and three neighbours a search would try. Block N 96 is one of
+# CuTe's base wgmma shapes, 112 needs the extended ones (translate/sm90/preamble.py): --neighbour-n picks.
+CHANGES = [{}, {"block_n": 96}, {"pingpong": True}, {"pv_operand": "ss", "persistent": False}]
 
 
 def main() -> int:
@@ -34,6 +35,7 @@ def main() -> int:
     ap.add_argument("--causal", action="store_true", default=True)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--neighbour-n", type=int, default=96, help="block N of the second candidate (112: extended)")
     args = ap.parse_args()
     profile = load_profile(args.gpu)
     d_qk = 192 if args.variant == "mla" else args.head_dim
@@ -43,7 +45,8 @@ def main() -> int:
     from translate.defaults import probe_problem
     from translate.params import validate
 
-    candidates = [KernelParams.from_dict({**base, **c}) for c in CHANGES]
+    changes = [{**c, "block_n": args.neighbour_n} if "block_n" in c else c for c in CHANGES]
+    candidates = [KernelParams.from_dict({**base, **c}) for c in changes]
     candidates = [p for p in candidates if not validate(p, profile, probe_problem(spec), warp_specialized=True)]
     kernels = [translate.generate(program, p, profile, spec) for p in candidates]
     alone = []
@@ -51,7 +54,8 @@ def main() -> int:
         t0 = time.monotonic()
         (r,) = nvcc.compile_kernels([k], profile.nvcc_arch, jobs=1, batch_size=1)
         alone.append(time.monotonic() - t0)
-        print(f"alone   {k.name}: {alone[-1]:.1f} s ({'ok' if r.ok else r.error_kind})", flush=True)
+        extended = "extended wgmma shapes" if "EXTENDED_MMA_SHAPES" in k.preamble else "base wgmma shapes"
+        print(f"alone   {k.name}: {alone[-1]:.1f} s ({'ok' if r.ok else r.error_kind}; {extended})", flush=True)
     t0 = time.monotonic()
     results = nvcc.compile_kernels(kernels, profile.nvcc_arch, jobs=args.jobs, batch_size=args.batch)
     wall = time.monotonic() - t0

@@ -18,6 +18,7 @@ from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.params import KernelParams, validate
 from translate.schedule import schedule
+from translate.sm90.preamble import hopper_preamble
 from translate.problem import KernelSpec, Problem
 
 PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
@@ -358,7 +359,7 @@ class _Compiler:
         d_qk, d_v, p = self.spec.d_qk, self.spec.d_v, self.params
         if gmma:
             smem = plain.smem_bytes(p, self.spec, sk, sv)
-            threads, preamble = 128 * (p.block_m // 64), plain.PREAMBLE
+            threads, preamble = 128 * (p.block_m // 64), hopper_preamble(p.block_n, d_v)
         else:
             smem = (max(p.block_m * d_qk, p.block_m * d_v) + sk * p.block_n * d_qk + sv * p.block_n * d_v) * 2
             threads, preamble = p.num_threads, PREAMBLE

@@ -335,16 +335,35 @@ def build_translation_unit(kernels: Sequence[KernelSource]) -> str:
     return _make_unit(kernels).text
 
 
+# Defines that only declare more (here: wgmma shapes); a kernel that uses none of what they add compiles to
+# the same SASS with or without them (checked on the MHA d128 Hopper default, translate/sm90/preamble.py).
+# Kernels whose preambles differ only in these share a unit, which defines them first, once.
+UNIT_WIDE_DEFINES = ("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",)
+
+
+def _unit_wide(line: str) -> bool:
+    words = line.split()
+    return len(words) >= 2 and words[0] == "#define" and words[1] in UNIT_WIDE_DEFINES
+
+
+def _shared_preamble(preamble: str) -> str:
+    """What kernels of one unit must have in common: the preamble without its unit-wide defines."""
+    return "\n".join(ln for ln in preamble.split("\n") if not _unit_wide(ln))
+
+
 def _make_unit(kernels: Sequence[KernelSource]) -> _Unit:
     if len(kernels) == 1:
         text = kernels[0].source
         return _Unit(text if text.endswith("\n") else text + "\n", ((1, text.count("\n") + 1),))
     lines = [f"// {len(kernels)} kernels in one translation unit (translate/nvcc.py batching)"]
+    for k in kernels:   # before any #include: a define read after its header's include guard is too late
+        lines += [ln for ln in k.preamble.split("\n") if _unit_wide(ln) and ln not in lines]
     seen: list[str] = []
     for k in kernels:
-        if k.preamble not in seen:
-            seen.append(k.preamble)
-            lines += k.preamble.rstrip("\n").split("\n")
+        shared = _shared_preamble(k.preamble)
+        if shared not in seen:
+            seen.append(shared)
+            lines += shared.rstrip("\n").split("\n")
     spans = []
     for k in kernels:
         lines += ["", f"// ==== kernel {k.name} ===="]
@@ -524,7 +543,8 @@ def compile_kernels(kernels: Sequence[KernelSource], arch: str, *, cache_dir: Op
             hit = cache.get(key)
             if hit is not None:
                 done[key] = hit
-    # Unique pending kernels, grouped by preamble (a unit concatenates preambles; keep them identical)
+    # Unique pending kernels, grouped by preamble (a unit concatenates preambles; keep them identical up
+    # to the unit-wide defines)
     # and with distinct symbol names inside one unit.
     pending: dict[str, KernelSource] = {}
     for k, key in zip(kernels, keys):
@@ -533,7 +553,7 @@ def compile_kernels(kernels: Sequence[KernelSource], arch: str, *, cache_dir: Op
     groups: list[list[tuple[KernelSource, str]]] = []
     by_preamble: dict[str, list[tuple[KernelSource, str]]] = {}
     for key, k in pending.items():
-        by_preamble.setdefault(k.preamble, []).append((k, key))
+        by_preamble.setdefault(_shared_preamble(k.preamble), []).append((k, key))
     size = max(1, batch_size)
     for members in by_preamble.values():
         current: list[tuple[KernelSource, str]] = []
@@ -595,13 +615,13 @@ def compile_ptx(kernel: KernelSource, arch: str = "compute_75", *, cache_dir: Op
 SASS_OPCODES = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "MUFU.EX2", "UTMALDG", "UTMASTG", "USETMAXREG")
 _SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
 _FUNCTION = re.compile(r"^\s*Function : (\S+)")
+_ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
+_OPCODE = re.compile(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
 
 
-def sass_summary(cubin_path: Path, function: Optional[str] = None, *, timeout: float = 120) -> Optional[dict]:
-    """Counts of the instructions that show the kernel uses the hardware it should: tensor-core MMAs
-    (HMMA, HGMMA), ldmatrix (LDSM), cp.async (LDGSTS) and exp2 (MUFU.EX2), plus the instruction total,
-    over the whole cubin or one function. None when cuobjdump is not installed (find_cuobjdump() says why).
-    """
+def sass_instructions(cubin_path: Path, *, timeout: float = 120) -> Optional[dict[str, list[str]]]:
+    """Each function's SASS instructions in order (predicate, opcode and operands; no addresses, no
+    encodings), so two builds can be compared. None when cuobjdump is not installed."""
     try:
         tool = find_cuobjdump()
     except CuobjdumpNotFound:
@@ -612,27 +632,39 @@ def sass_summary(cubin_path: Path, function: Optional[str] = None, *, timeout: f
                           timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"cuobjdump -sass {cubin_path} failed: {proc.stderr.strip() or proc.stdout[-500:]}")
-    counts: Counter = Counter()
-    functions: list[str] = []
-    current: Optional[str] = None
+    functions: dict[str, list[str]] = {}
+    current: Optional[list[str]] = None
     for line in proc.stdout.splitlines():
         if m := _FUNCTION.match(line):
-            current = m.group(1)
-            functions.append(current)
+            current = functions.setdefault(m.group(1), [])
+        elif current is not None and _SASS_LINE.search(line):
+            current.append(_ADDRESS.sub("", line.split(";")[0]).strip() + ";")
+    return functions
+
+
+def sass_summary(cubin_path: Path, function: Optional[str] = None, *, timeout: float = 120) -> Optional[dict]:
+    """Counts of the instructions that show the kernel uses the hardware it should: tensor-core MMAs
+    (HMMA, HGMMA), ldmatrix (LDSM), cp.async (LDGSTS) and exp2 (MUFU.EX2), plus the instruction total,
+    over the whole cubin or one function. None when cuobjdump is not installed (find_cuobjdump() says why).
+    """
+    functions = sass_instructions(cubin_path, timeout=timeout)
+    if functions is None:
+        return None
+    if function is not None and function not in functions:
+        raise ValueError(f"no function {function!r} in {cubin_path}; it holds: {', '.join(functions)}")
+    counts: Counter = Counter()
+    for name, lines in functions.items():
+        if function is not None and name != function:
             continue
-        if function is not None and current != function:
-            continue
-        if m := _SASS_LINE.search(line):
-            opcode = m.group(1)
+        for line in lines:
+            opcode = _OPCODE.match(line).group(1)
             counts["instructions"] += 1
             base = opcode.split(".")[0]
             if base in ("HMMA", "HGMMA", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "USETMAXREG"):
                 counts[base] += 1
             if opcode.startswith("MUFU.EX2"):
                 counts["MUFU.EX2"] += 1
-    if function is not None and function not in functions:
-        raise ValueError(f"no function {function!r} in {cubin_path}; it holds: {', '.join(functions)}")
     summary = {op: counts.get(op, 0) for op in SASS_OPCODES}
     summary["instructions"] = counts.get("instructions", 0)
-    summary["functions"] = functions if function is None else [function]
+    summary["functions"] = list(functions) if function is None else [function]
     return summary

@@ -93,3 +93,36 @@ def test_plain_hopper_kernel_uses_wgmma_with_cp_async():
         pytest.skip("cuobjdump not installed")
     assert counts["HGMMA"] > 0 and counts["LDGSTS"] > 0 and counts["HMMA"] == 0, counts
     assert counts["UTMALDG"] == 0 and counts["USETMAXREG"] == 0, counts
+
+
+def test_a_base_shape_kernel_builds_the_same_sass_alone_and_in_a_unit_with_extended_shapes():
+    # Kernels that need the extended wgmma shapes (N = 112) and kernels that do not (N = 128) share a
+    # batch's unit, which then declares the extended shapes for both (translate/nvcc.py UNIT_WIDE_DEFINES):
+    # that must not change the base-shape kernel (alone, it is built without them, twice as fast).
+    from translate.defaults import hopper_params
+    from translate.params import KernelParams
+
+    try:
+        nvcc.find_nvcc()
+        nvcc.cutlass_include_dir()
+        nvcc.find_cuobjdump()
+    except nvcc.ToolNotFound as exc:
+        pytest.skip(str(exc))
+    profile, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")
+    program = tl.parse_program(tl.load_sketch("mha", True, "ws_overlap"))
+    base = hopper_params(profile, spec).to_dict()
+    kernels = [translate.generate(program, KernelParams.from_dict({**base, "block_n": n}), profile, spec)
+               for n in (128, 112)]
+    assert "EXTENDED" not in kernels[0].preamble and "EXTENDED" in kernels[1].preamble
+    together = nvcc.compile_kernels(kernels, profile.nvcc_arch, batch_size=2, jobs=1, timeout=600)
+    alone = nvcc.compile_kernel(kernels[0], profile.nvcc_arch, timeout=600)
+    assert all(r.ok for r in together + [alone]) and together[0].batch_size == 2
+    with tempfile.TemporaryDirectory() as tmp:
+        unit_cubin, alone_cubin = Path(tmp) / "unit.cubin", Path(tmp) / "alone.cubin"
+        unit_cubin.write_bytes(together[0].cubin)
+        alone_cubin.write_bytes(alone.cubin)
+        in_unit = nvcc.sass_instructions(unit_cubin)
+        by_itself = nvcc.sass_instructions(alone_cubin)
+    assert in_unit[kernels[0].name] == by_itself[kernels[0].name]
+    assert any(i.startswith("HGMMA.64x112x16") for i in in_unit[kernels[1].name])
+    assert any(i.startswith("HGMMA.64x128x16") for i in by_itself[kernels[0].name])

@@ -124,6 +124,21 @@ def test_plain_wgmma_schedule_from_a_paper_sketch():
     assert "LDSM" not in body and "s2r_" not in body       # no ldmatrix: wgmma reads shared memory itself
 
 
+@pytest.mark.parametrize("block_n,extended", [(128, False), (64, False), (192, False), (112, True), (176, True)])
+def test_extended_wgmma_shapes_are_declared_only_for_a_tile_that_needs_them(block_n, extended):
+    # (the extended shapes double cicc's time: translate/sm90/preamble.py)
+    spec = KernelSpec("mha", 128, 128, True, "bf16")
+    define = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+    kernel = ws(spec, block_n=block_n)
+    assert (define in kernel.preamble) is extended and kernel.source.index("#include") > 0
+    if extended:
+        assert kernel.source.index(define) < kernel.source.index("#include")
+    plain_n = {True: 160, False: 96}[extended]   # (the cp.async copy step takes 32 rows: no 112 or 176)
+    plain = translate.generate(tl.parse_program(tl.load_sketch("mha", True)), KernelParams.from_dict(
+        {**hopper_params(H100, spec, warp_specialized=False).to_dict(), "block_n": plain_n}), H100, spec)
+    assert (define in plain.preamble) is extended
+
+
 @pytest.mark.parametrize("edit,message", [
     (("Copy K (BN, HeadDim) in coordinate [L = j]", "Copy K (BN, HeadDim) in coordinate [L = N-1-j]"),
      "must load tiles 0..N-1 in order"),

@@ -14,13 +14,9 @@ from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.sm90 import emit as em
 from translate.sm90.ir import Op
 from translate.sm90.lower import WsLowering, stmt_text
+from translate.sm90.preamble import hopper_preamble
 from translate.sm90.schedule import schedule_consumer
 
-PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
-            "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1  // wgmma N in steps of 8, not only powers of two\n"
-            "#include <cute/tensor.hpp>\n"
-            "#include \"attn_tl.cuh\"\n"
-            "#include \"attn_sm90.cuh\"\n")
 
 # The arguments after the sm80 ones (translate/kernel.py KERNEL_ARGS): the tile grid's extents, then the
 # TMA descriptors, by value.
@@ -111,7 +107,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     body_lines += em._indent(em.kernel_setup() + [""] + kernel)
     body_lines += ["}", "", f"}}  // namespace {name}_ns", ""]
     smem = smem_bytes_ws(params, spec, lowered.stages, separate_o)
-    return GeneratedKernel(name=name, preamble=PREAMBLE, body="\n".join(body_lines),
+    return GeneratedKernel(name=name, preamble=hopper_preamble(params.block_n, spec.d_v), body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
                            block_n=params.block_n, spec=spec, params=params, extra_args=EXTRA_ARGS,
                            tensor_maps=tensor_map_boxes(params, spec),

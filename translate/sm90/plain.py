@@ -16,11 +16,6 @@ from translate.ir import Op
 from translate.kernel import TranslationError
 from translate.sm90.emit import _k_major_atom
 
-PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
-            "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1  // wgmma N in steps of 8, not only powers of two\n"
-            "#include <cute/tensor.hpp>\n"
-            "#include \"attn_tl.cuh\"\n"
-            "#include \"attn_sm90.cuh\"\n")
 
 
 def _mma_of(ctx: EmitContext, name: str) -> str:
