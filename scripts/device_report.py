@@ -173,6 +173,15 @@ def _steady_line(steady: dict | None, util_csv: str | None) -> str:
                                    steady.get("saturated"), util_csv)])
 
 
+def _pipeline_line(p: dict | None) -> str:
+    if not p:
+        return "compiles: none recorded"
+    return (f"compiles: {p['kernels']} kernels ({p['nvcc_cached']} from nvcc's cache), {p['mean_batch']} per batch; "
+            f"per kernel: batch latency {p['latency_s']} s, of it waiting for a CPU {p['cpu_wait_s']} s, nvcc share "
+            f"{p['nvcc_s_per_kernel']} s; {_f(p.get('compiled_per_s'), '.3f')} kernels/s compiled over the loop, the GPUs "
+            f"take {_f(p.get('gpus_take_per_s'), '.3f')}/s")
+
+
 def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str | None = None) -> int:
     s, c, steps = _load(summary_json), _load(check_json), _load(steps_json)
     util = _util(util_csv)
@@ -201,6 +210,7 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
             + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
                f"{util['samples']} samples (whole script)" if util else ""),
             _steady_line(s.get("steady_state"), util_csv),
+            _pipeline_line(s.get("compile_pipeline")),
             f"measured trials per GPU-hour: {_f(s.get('measured_per_gpu_hour'))} over the loop; "
             f"stage seconds (sums) {s.get('stage_seconds')}",
             f"trial timing: {s.get('timing')}"]

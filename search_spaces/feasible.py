@@ -26,6 +26,9 @@ from typing import Any, Mapping
 from . import DEFAULT_SCHEDULE, SCHEDULE, SearchSpace, SpaceError
 
 
+_MISSING = object()
+
+
 @dataclass(frozen=True)
 class SpacePoint:
     """One valid candidate: the sketch it is built from, its parameters, and the choices that make it."""
@@ -91,6 +94,35 @@ class FeasibleSpace:
                 raise SpaceError(f"{step.optuna_name}={value!r} is not one of {list(step.allowed)}")
             prefix += ((step.name, value),)
         return self.point(prefix)
+
+    def optuna_params(self, point: SpacePoint) -> dict[str, Any]:
+        """The Optuna parameters (by their names in this tree) that ``suggest`` turns into ``point``: what
+        ``study.enqueue_trial`` takes to propose it."""
+        out: dict[str, Any] = {}
+        prefix: tuple = ()
+        for name, value in point.choices:
+            step = self.tree[prefix]
+            if len(step.allowed) > 1:
+                out[step.optuna_name] = value
+            prefix += ((name, value),)
+        return out
+
+    def neighbours(self, point: SpacePoint) -> list[SpacePoint]:
+        """The valid points that differ from ``point`` in exactly one choice (same parameters chosen)."""
+        mine = dict(point.choices)
+        out = []
+        for other in self.points:
+            if len(other.choices) != len(mine):
+                continue
+            differ = 0
+            for name, value in other.choices:
+                if mine.get(name, _MISSING) != value:
+                    differ += 1
+                    if differ > 1:
+                        break
+            if differ == 1:
+                out.append(other)
+        return out
 
     def project(self, params: dict, profile, head_dim: int, dtype: str, problems=()) -> tuple[dict, list[str]]:
         """The Optuna parameters (by their names in this tree) that make the full parameter dict ``params``

@@ -96,11 +96,12 @@ def main() -> None:
         best = max(values.values())
         print(f"measured grid: {len(values)} configurations ({len(fs.points)} in the space), best {best:.1f} "
               f"TFLOPS (geomean over seqlens), {sum(v >= 0.97 * best for v in values.values())} within 3%")
-        for enqueue in (False, True):
-            for kind, r in compare_measured(a.samplers.split(","), range(a.seeds), len(values), enqueue).items():
-                print(f"{'seeds enqueued' if enqueue else 'sampler alone':>14} {kind:>7}: mean {r['mean']:.1f} trials "
+        for enqueue, near in ((False, False), (True, False), (False, True)):
+            label = "seeds enqueued" if enqueue else ("neighbour on repeat" if near else "sampler alone")
+            for kind, r in compare_measured(a.samplers.split(","), range(a.seeds), len(values), enqueue, near).items():
+                print(f"{label:>19} {kind:>7}: mean {r['mean']:.1f} trials "
                       f"({100 * r['mean'] / len(values):.1f}% of the grid), median {r['median']:.1f}, "
-                      f"missed {r['missed']}/{a.seeds}; runs {r['runs']}")
+                      f"missed {r['missed']}/{a.seeds}, mean asks {r['mean_asks']:.1f}; runs {r['runs']}")
         return
     values = grid_values()
     print(f"grid: {len(values)} valid configurations, best {max(values.values()):.1f} TFLOPS (geomean over seqlens)")
@@ -152,10 +153,15 @@ def published_seeds(fs):
 
 
 def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqueue_seeds: bool = False,
-                              within: float = 0.03, grid=None) -> int | None:
+                              within: float = 0.03, grid=None, near: bool = False, asks: list | None = None) -> int | None:
     """As the campaign counts: distinct kernels measured until one is within ``within`` of the grid's best;
-    a re-proposed kernel is answered from the measurement cache and costs nothing."""
+    a re-proposed kernel is answered from the measurement cache and costs nothing. ``near``: as the campaign
+    loop does, a re-proposal enqueues a valid neighbour not asked yet (tuner/campaign/loop.py _propose_near).
+    ``asks`` gets the number of asks the run took."""
+    import random
+
     fs, values = grid or measured_grid()
+    rng = random.Random(seed)
     target = (1.0 - within) * max(values.values())
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():
@@ -165,29 +171,44 @@ def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqu
         for chosen in published_seeds(fs):
             study.enqueue_trial(chosen)
     measured: dict = {}
-    idle = 0
+    asked: set = set()
+    idle = n_asks = 0
+    result = None
     while len(measured) < budget and idle < 2000:
         trial = study.ask()
+        n_asks += 1
         point = fs.suggest(trial)
         key = (point.sketch, point.params.key())
+        asked.add(key)
         value = values[key]
         if key in measured:
             idle += 1
+            fresh = [n for n in fs.neighbours(point) if (n.sketch, n.params.key()) not in asked] if near else []
+            if fresh:
+                pick = rng.choice(fresh)
+                asked.add((pick.sketch, pick.params.key()))
+                study.enqueue_trial(fs.optuna_params(pick))
         else:
             idle = 0
             measured[key] = value
             if value >= target:
-                return len(measured)
+                result = len(measured)
+                break
         study.tell(trial, value)
-    return None
+    if asks is not None:
+        asks.append(n_asks)
+    return result
 
 
-def compare_measured(samplers=("tpe", "random"), seeds=range(10), budget: int = 380, enqueue_seeds: bool = False):
+def compare_measured(samplers=("tpe", "random"), seeds=range(10), budget: int = 380, enqueue_seeds: bool = False,
+                     near: bool = False):
     grid = measured_grid()
     out = {}
     for kind in samplers:
-        out[kind] = summarise([measured_trials_to_target(kind, s, budget, enqueue_seeds=enqueue_seeds, grid=grid)
-                               for s in seeds], budget)
+        asks: list = []
+        out[kind] = summarise([measured_trials_to_target(kind, s, budget, enqueue_seeds=enqueue_seeds, grid=grid,
+                                                         near=near, asks=asks) for s in seeds], budget)
+        out[kind]["mean_asks"] = statistics.mean(asks)
     return out
 
 

@@ -135,3 +135,20 @@ def test_a_space_with_no_valid_set_is_an_error_with_examples():
     space = parse_space({"variant": "mha", "params": {"block_m": {"choices": [64]}, "num_warps": {"choices": [8]}}})
     with pytest.raises(SpaceError, match="no parameter set is valid on a100.*must be a multiple"):
         feasible_space(space, load_profile("a100"), 128, "bf16", grid_problems("mha", 128, "bf16", True))
+
+
+def test_neighbours_differ_in_one_choice_and_enqueue_as_themselves():
+    """What the campaign proposes when the sampler repeats itself: a valid point one choice away, enqueued
+    by the names the tree gives its parameters."""
+    profile, spec, problems, fs = _setup("h100", "mha", 128, "bf16")
+    point = fs.points[len(fs.points) // 2]
+    near = fs.neighbours(point)
+    assert near and point not in near
+    mine = dict(point.choices)
+    for other in near:
+        assert sum(v != mine[k] for k, v in other.choices) == 1 and set(dict(other.choices)) == set(mine)
+    assert all(n in near for n in fs.neighbours(point))      # deterministic
+    study = optuna.create_study()
+    for other in near[:5]:
+        study.enqueue_trial(fs.optuna_params(other))
+        assert fs.suggest(study.ask()) == other

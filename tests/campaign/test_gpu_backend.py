@@ -223,6 +223,10 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     steady = summary["steady_state"]        # occupancy from the first lock to the last release
     assert steady["gpus"] == 1 and steady["trials"] == 3 and 0 < steady["held_s"] <= steady["window_s"] + 1e-6
     assert steady["from"] < steady["to"] and 0 < steady["held_fraction"] <= 1
+    pipe = summary["compile_pipeline"]     # each kernel's batch latency (the fakes compile in no time)
+    assert pipe["kernels"] >= 3 and pipe["mean_batch"] >= 1 and pipe["nvcc_cached"] == 0
+    assert pipe["gpus_take_per_s"] > 0 and pipe["compiled_per_s"] > 0
+    assert 0 <= pipe["cpu_wait_s"] <= pipe["latency_s"] and pipe["nvcc_s_per_kernel"] >= 0
     import optuna
 
     from tuner.campaign.study import make_storage

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.campaign.finish import steady_state
+from tuner.campaign.driver import Tally
+from tuner.campaign.finish import compile_pipeline, steady_state
 
 
 def test_no_spans_no_steady_state():
@@ -39,3 +40,31 @@ def test_the_idle_gap_between_two_gpus_windows_does_not_count():
     # the same GPU key on two nodes is two GPUs: a gap between their windows is not idle time of either
     one = steady_state([("a/gpu-0", 0.0, 10.0), ("b/gpu-0", 50.0, 60.0)])
     assert one["held_fraction"] == pytest.approx(1.0) and one["window_s"] == pytest.approx(20.0)
+
+
+def test_compile_pipeline_compares_compiled_kernels_per_second_with_what_the_gpus_take():
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    # one batch of two kernels: 30 s from submit to result, 20 s of it the task's, one nvcc unit of 16 s
+    for _ in range(2):
+        t = study.ask()
+        t.set_user_attr("compile", {"batch": 2, "wall_s": 30.0, "task_s": 20.0, "unit_kernels": 2,
+                                    "nvcc_cached": False, "unit_nvcc_s": 16.0})
+        study.tell(t, 1.0)
+    cached = study.ask()   # a batch of one that nvcc's cache answered
+    cached.set_user_attr("compile", {"batch": 1, "wall_s": 3.0, "task_s": 0.5, "unit_kernels": 1,
+                                     "nvcc_cached": True, "unit_nvcc_s": 0.0})
+    study.tell(cached, 1.0)
+    study.tell(study.ask(), 1.0)   # a cache hit of the measurements: no compile
+    tally = Tally()
+    tally.elapsed = 60.0
+    tally.lock_spans = [("g", 0.0, 1.5, 0.0), ("g", 2.0, 4.5, 0.0)]    # mean hold 2 s: 0.5 kernels/s per GPU
+    p = compile_pipeline(study, tally, n_gpus=2)
+    assert p["kernels"] == 3 and p["nvcc_cached"] == 1
+    assert p["mean_batch"] == pytest.approx(5 / 3, abs=0.01)
+    assert p["latency_s"] == pytest.approx(21.0) and p["cpu_wait_s"] == pytest.approx((10 + 10 + 2.5) / 3, abs=0.01)
+    assert p["nvcc_s_per_kernel"] == pytest.approx((8 + 8 + 0) / 3, abs=0.01)
+    assert p["compiled_per_s"] == pytest.approx(3 / 60, abs=1e-3) and p["gpus_take_per_s"] == pytest.approx(1.0)
+    assert compile_pipeline(optuna.create_study(), tally, 2) is None

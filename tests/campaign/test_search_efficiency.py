@@ -41,3 +41,15 @@ def test_the_published_seeds_are_points_of_the_measured_grid():
     grid = measured_grid()
     assert len(published_seeds(grid[0])) >= 2
     assert measured_trials_to_target("tpe", 0, 380, enqueue_seeds=True, grid=grid) is not None
+
+
+def test_a_neighbour_for_each_repeat_keeps_tpe_under_the_bar_with_fewer_asks():
+    """The loop's answer to a re-proposal (a valid neighbour not asked yet, enqueued): on the measured grid it
+    must not cost kernels measured (same bar) and must cut the asks that bring nothing new."""
+    from .search_efficiency import compare_measured, measured_grid
+
+    budget = len(measured_grid()[1])
+    plain = compare_measured(("tpe",), seeds=range(10), budget=budget)["tpe"]
+    near = compare_measured(("tpe",), seeds=range(10), budget=budget, near=True)["tpe"]
+    assert near["missed"] == 0 and near["mean"] <= 0.15 * budget, near
+    assert near["mean_asks"] < 0.8 * plain["mean_asks"], (near, plain)

@@ -150,6 +150,7 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
         "trials_per_gpu_hour": round(finished_now / gpu_hours, 1) if gpu_hours > 0 else None,
         "measured_per_gpu_hour": round(tally.measured / gpu_hours, 1) if gpu_hours > 0 else None,
         "steady_state": steady_state(tally.lock_spans),
+        "compile_pipeline": compile_pipeline(study, tally, n_gpus),
         "stage_seconds": stage_totals,
         "timing": camp.options.timing(),
         "best": None if top is None else {"kernel_name": top.kernel_name, "trial": top.trial, "bucket": top.bucket,
@@ -163,6 +164,25 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
     return path
 
 
+def compile_pipeline(study, tally, n_gpus: int) -> dict | None:
+    """Whether compiles kept up with the GPUs: per compiled kernel, its batch's latency (submit to result),
+    the part of it spent waiting for a CPU, its share of nvcc's time; kernels compiled per second over the
+    loop against the kernels per second the GPUs take (GPUs / their mean hold per trial)."""
+    rows = [t.user_attrs["compile"] for t in study.get_trials(deepcopy=False) if t.user_attrs.get("compile")]
+    if not rows:
+        return None
+    n = len(rows)
+    holds = [released - acquired for _, acquired, released, *_ in tally.lock_spans]
+    take_rate = n_gpus / (sum(holds) / len(holds)) if holds and n_gpus and sum(holds) > 0 else None
+    return {"kernels": n, "nvcc_cached": sum(1 for r in rows if r.get("nvcc_cached")),
+            "mean_batch": round(sum(r["batch"] for r in rows) / n, 2),
+            "latency_s": round(sum(r["wall_s"] for r in rows) / n, 2),
+            "cpu_wait_s": round(sum(max(0.0, r["wall_s"] - r["task_s"]) for r in rows) / n, 2),
+            "nvcc_s_per_kernel": round(sum(r["unit_nvcc_s"] / max(1, r["unit_kernels"]) for r in rows) / n, 2),
+            "compiled_per_s": round(n / tally.elapsed, 3) if tally.elapsed else None,
+            "gpus_take_per_s": round(take_rate, 3) if take_rate else None}
+
+
 def remeasured(study) -> int:
     """Measurements of a kernel the study had measured already (the cache should make this 0)."""
     keys = [t.user_attrs.get("measurement_key") for t in study.get_trials(deepcopy=False)
@@ -170,9 +190,13 @@ def remeasured(study) -> int:
     return len(keys) - len(set(keys))
 
 
+# Enqueued trials that are not seeds: a retry, a redo after a kill, the loop's neighbour of a re-proposal.
+NOT_SEEDS = ("retry of", "redo of", st.NEIGHBOUR_SOURCE)
+
+
 def _is_seed(t) -> bool:
     source = str(t.user_attrs.get("source") or "")
-    return bool(source) and not source.startswith(("retry of", "redo of"))
+    return bool(source) and not source.startswith(NOT_SEEDS)
 
 
 def search_vs_seeds(study, problems) -> list[dict]:

@@ -22,6 +22,7 @@ driver keeps a backstop: a call that outlives every limit by WORKER_GRACE_S mean
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -149,6 +150,10 @@ class Loop:
         self.baseline_refs: dict[Any, Campaign] = {c.baselines_ref: c for c in camps if c.baselines_ref is not None}
         self.stop_reason: str | None = None
         self.draining_since: float | None = None
+        # (sketch, params key) asked in each study, this run and before (a resumed study's too)
+        self.asked: dict[str, set] = {c.name: {(t.user_attrs.get("schedule"), t.user_attrs.get("params_key"))
+                                               for t in c.study.get_trials(deepcopy=False)} for c in camps}
+        self.rng = random.Random(self.opts.seed)
 
     # ---- asking ----------------------------------------------------------------------------------
     def next_camp(self) -> Campaign | None:
@@ -178,6 +183,7 @@ class Loop:
                 self._reject(camp, trial, f"invalid: {exc}")
                 continue
             params, schedule = point.params, point.sketch
+            self.asked[camp.name].add((schedule, params.key()))
             trial.set_user_attr("params_key", params.key())
             trial.set_user_attr("kernel_params", params.to_dict())
             trial.set_user_attr("schedule", schedule)
@@ -195,16 +201,32 @@ class Loop:
             hit = None if self.opts.remeasure else self.cache.get(key)
             if hit is not None:
                 self._tell_cached(camp, trial, hit)
+                self._propose_near(camp, trial, point)
                 continue
             if key in self.waiting:
                 self.waiting[key].append((camp, trial))
                 camp.idle_asks += 1
+                self._propose_near(camp, trial, point)
                 continue
             self.waiting[key] = []
             camp.idle_asks = 0
             new.append(Candidate(camp, trial, params, schedule, key, kernel))
         camp.inflight += len(new)
         return new
+
+    def _propose_near(self, camp: Campaign, trial, point) -> None:
+        """The sampler re-proposed a kernel measured or in flight: queue a valid neighbour (one choice away)
+        not asked yet, so the next ask brings something new near what the sampler favours. On the measured
+        H100 grid (10 seeds) this took 42% fewer asks to reach 3% of the best, at the same number of kernels
+        measured (33.8 against 35.9: BENCHMARKS.md)."""
+        asked = self.asked[camp.name]
+        fresh = [n for n in camp.feasible.neighbours(point) if (n.sketch, n.params.key()) not in asked]
+        if not fresh:
+            return
+        near = self.rng.choice(fresh)
+        asked.add((near.sketch, near.params.key()))   # one enqueue per neighbour
+        camp.study.enqueue_trial(camp.feasible.optuna_params(near),
+                                 user_attrs={"source": f"{st.NEIGHBOUR_SOURCE} {trial.number}"})
 
     def _translate(self, camp: Campaign, schedule: str, params: KernelParams):
         """(the kernel, its source: its identity in the cache); the compile task compiles this kernel. The
@@ -350,8 +372,9 @@ class Loop:
 
     def _compiled(self, ref) -> None:
         batch, submitted = self.compiling.pop(ref)
-        self.pacer.note_compile(time.monotonic() - submitted)
-        for cand, outcome in _compile_outcomes(batch, ref):
+        wall = time.monotonic() - submitted
+        self.pacer.note_compile(wall)
+        for cand, outcome in _compile_outcomes(batch, ref, wall):
             camp = cand.camp
             if outcome == "ready":
                 _save_kernel(camp, cand, cand.compiled)
@@ -488,8 +511,10 @@ def _count(tally: Tally, state, value, number: int, infeasible: bool | None = No
         tally.best, tally.best_trial = value, number
 
 
-def _compile_outcomes(batch: list[Candidate], ref):
-    """(candidate, "ready" | reason-of-failure | ("infra", msg)) per candidate of a finished batch."""
+def _compile_outcomes(batch: list[Candidate], ref, wall_s: float = 0.0):
+    """(candidate, "ready" | reason-of-failure | ("infra", msg)) per candidate of a finished batch. Each
+    trial records its batch's timing: ``compile`` = wall (driver: submit to result), task (the task's own
+    run: wall minus task is the wait for a CPU), the nvcc unit's seconds and kernels."""
     import ray
     from ray.exceptions import RayTaskError
 
@@ -503,6 +528,8 @@ def _compile_outcomes(batch: list[Candidate], ref):
     out = []
     for cand, res in zip(batch, results):
         cand.trial.set_user_attr("kernel_name", res.get("kernel_name"))
+        if res.get("timing"):
+            cand.trial.set_user_attr("compile", {"batch": len(batch), "wall_s": round(wall_s, 2), **res["timing"]})
         if not res["ok"]:
             out.append((cand, res["error"]))
             continue

@@ -22,6 +22,7 @@ from .options import SAMPLERS
 
 INFEASIBLE = "infeasible"      # the constraint key
 SEEDS_ATTR = "seeds_enqueued"
+NEIGHBOUR_SOURCE = "neighbour of re-proposed trial"   # the source of a trial the loop enqueued (loop.py)
 
 
 class StudyError(RuntimeError):

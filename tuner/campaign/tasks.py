@@ -20,7 +20,13 @@ def compile_batch(items: list, kernels: list, arch: str, cache_dir: str, timeout
     which candidates "fail to compile".
     """
     if fake_replay is not None:
-        return [_fake_compile(number, params, schedule, fake_replay) for number, params, schedule in items]
+        import time
+
+        started = time.time()
+        results = [_fake_compile(number, params, schedule, fake_replay) for number, params, schedule in items]
+        timing = {"task_s": round(time.time() - started, 2), "unit_kernels": len(items), "nvcc_cached": False,
+                  "unit_nvcc_s": 0.0}   # nothing was compiled
+        return [{**r, "timing": timing} for r in results]
     return _real_compile(items, kernels, arch, cache_dir, timeout)
 
 
@@ -37,16 +43,22 @@ def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) ->
 
 
 def _real_compile(items, kernels, arch, cache_dir, timeout) -> list[dict]:
+    import time
+
     from translate.nvcc import compile_kernels
 
+    started = time.time()   # host clock: the driver's submit-to-result time minus this task's is its queueing
     compiled = compile_kernels(kernels, arch, cache_dir=cache_dir, timeout=timeout, jobs=1, batch_size=len(kernels))
+    task_s = round(time.time() - started, 2)
     results = []
     for (number, _, _), kernel, cr in zip(items, kernels, compiled):
+        timing = {"task_s": task_s, "unit_kernels": cr.batch_size, "nvcc_cached": cr.cached,
+                  "unit_nvcc_s": round(cr.compile_seconds * cr.batch_size, 2)}
         if not cr.ok:
             results.append({"trial": number, "ok": False, "error": f"compile: {cr.error_kind}: {cr.log[-1500:]}",
-                            "error_kind": cr.error_kind})
+                            "error_kind": cr.error_kind, "timing": timing})
             continue
         results.append({"trial": number, "ok": True, "kernel_name": kernel.name, "cubin": cr.cubin,
                         "meta": kernel.meta(), "source": kernel.source, "registers": cr.registers,
-                        "spill_stores": cr.spill_stores})
+                        "spill_stores": cr.spill_stores, "timing": timing})
     return results
