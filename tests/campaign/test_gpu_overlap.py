@@ -134,7 +134,9 @@ def test_gpu_overlap_1_runs_one_trial_per_gpu(ray_cluster, tmp_path):
 @pytest.mark.slow
 def test_a_hung_trial_is_cancelled_and_frees_its_gpu_for_the_trial_waiting_on_it(ray_cluster, tmp_path):
     keys, by_key = campaign_seed_keys()
-    replay = _paced_replay(tmp_path / "paced.jsonl", 0.3, {keys[0]: (by_key[keys[0]], "hang")})
+    # 2 s per trial: while the hang holds one GPU, the other GPU's two slots stay busy long enough that a
+    # ready candidate must take the hung GPU's free slot (with 0.3 s the other GPU drained them all once, CI)
+    replay = _paced_replay(tmp_path / "paced.jsonl", 2.0, {keys[0]: (by_key[keys[0]], "hang")})
     started = time.monotonic()
     rc, study, summary = _run(tmp_path / "studies", replay, gpu_overlap=2, trials=6, trial_timeout=6.0)
     assert rc == 0 and time.monotonic() - started < 120
