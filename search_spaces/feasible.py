@@ -124,6 +124,16 @@ class FeasibleSpace:
                 out.append(other)
         return out
 
+    def unasked_neighbour(self, point: SpacePoint, asked: set, rng) -> SpacePoint | None:
+        """A random neighbour of ``point`` whose ``(sketch, params key)`` is not in ``asked`` (then added to
+        it, so it is proposed once), or None: what the campaign enqueues when the sampler repeats itself."""
+        fresh = [n for n in self.neighbours(point) if (n.sketch, n.params.key()) not in asked]
+        if not fresh:
+            return None
+        near = rng.choice(fresh)
+        asked.add((near.sketch, near.params.key()))
+        return near
+
     def project(self, params: dict, profile, head_dim: int, dtype: str, problems=()) -> tuple[dict, list[str]]:
         """The Optuna parameters (by their names in this tree) that make the full parameter dict ``params``
         (with its ``schedule``: a sketch name), or every reason it is not a valid point of the space."""

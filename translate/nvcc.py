@@ -613,10 +613,10 @@ def compile_ptx(kernel: KernelSource, arch: str = "compute_75", *, cache_dir: Op
 # -- SASS inspection ----------------------------------------------------------------------------------
 
 SASS_OPCODES = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "MUFU.EX2", "UTMALDG", "UTMASTG", "USETMAXREG")
-_SASS_LINE = re.compile(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
-_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 _ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
-_OPCODE = re.compile(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")
+_OPCODE = re.compile(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")   # after a predicate, if any
+_SASS_LINE = re.compile(_ADDRESS.pattern + r"\s+" + _OPCODE.pattern)                  # an instruction's line
+_FUNCTION = re.compile(r"^\s*Function : (\S+)")
 
 
 def sass_instructions(cubin_path: Path, *, timeout: float = 120) -> Optional[dict[str, list[str]]]:

@@ -183,10 +183,8 @@ def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqu
         value = values[key]
         if key in measured:
             idle += 1
-            fresh = [n for n in fs.neighbours(point) if (n.sketch, n.params.key()) not in asked] if near else []
-            if fresh:
-                pick = rng.choice(fresh)
-                asked.add((pick.sketch, pick.params.key()))
+            pick = fs.unasked_neighbour(point, asked, rng) if near else None
+            if pick is not None:
                 study.enqueue_trial(fs.optuna_params(pick))
         else:
             idle = 0

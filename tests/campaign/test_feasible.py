@@ -152,3 +152,10 @@ def test_neighbours_differ_in_one_choice_and_enqueue_as_themselves():
     for other in near[:5]:
         study.enqueue_trial(fs.optuna_params(other))
         assert fs.suggest(study.ask()) == other
+    # the campaign's pick when the sampler repeats itself: each unasked neighbour once, then none
+    import random
+
+    asked = {(point.sketch, point.params.key())}
+    picked = [fs.unasked_neighbour(point, asked, random.Random(0)) for _ in near]
+    assert sorted(map(id, picked)) == sorted(map(id, near))
+    assert fs.unasked_neighbour(point, asked, random.Random(0)) is None
