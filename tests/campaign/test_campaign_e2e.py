@@ -221,7 +221,8 @@ def test_kill_minus_9_then_resume_loses_no_completed_trial(ray_cluster, tmp_path
         if not params:   # killed between study.ask() and the first suggest: nothing to redo
             assert redo == []
             continue
-        assert len(redo) == 1 and redo[0].params == params
+        # killed mid-suggestion, a trial holds only its first parameters: the redo keeps those, samples the rest
+        assert len(redo) == 1 and redo[0].params.items() >= params.items()
         assert redo[0].state in (TrialState.COMPLETE, TrialState.PRUNED)
     assert any(stale.values()), "the kill should leave trials with parameters in flight"
 
