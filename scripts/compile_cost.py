@@ -23,7 +23,8 @@ from translate.params import KernelParams  # noqa: E402
 from translate.problem import KernelSpec  # noqa: E402
 
 # Four distinct Hopper candidates: the default and three neighbours a search would try. Block N 96 is one of
-# CuTe's base wgmma shapes, 112 needs the extended ones (translate/sm90/preamble.py): --neighbour-n picks.
+# CuTe's base wgmma shapes, 112 is not and the kernel declares its op (translate/sm90/wgmma_ops.py):
+# --neighbour-n picks.
 CHANGES = [{}, {"block_n": 96}, {"pingpong": True}, {"pv_operand": "ss", "persistent": False}]
 
 
@@ -35,7 +36,7 @@ def main() -> int:
     ap.add_argument("--causal", action="store_true", default=True)
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--jobs", type=int, default=1)
-    ap.add_argument("--neighbour-n", type=int, default=96, help="block N of the second candidate (112: extended)")
+    ap.add_argument("--neighbour-n", type=int, default=96, help="block N of the second candidate (112: not a base wgmma shape)")
     args = ap.parse_args()
     profile = load_profile(args.gpu)
     d_qk = 192 if args.variant == "mla" else args.head_dim
@@ -54,7 +55,7 @@ def main() -> int:
         t0 = time.monotonic()
         (r,) = nvcc.compile_kernels([k], profile.nvcc_arch, jobs=1, batch_size=1)
         alone.append(time.monotonic() - t0)
-        extended = "extended wgmma shapes" if "EXTENDED_MMA_SHAPES" in k.preamble else "base wgmma shapes"
+        extended = "declares its wgmma op" if "struct TL_MMA_" in k.body else "base wgmma shapes"
         print(f"alone   {k.name}: {alone[-1]:.1f} s ({'ok' if r.ok else r.error_kind}; {extended})", flush=True)
     t0 = time.monotonic()
     results = nvcc.compile_kernels(kernels, profile.nvcc_arch, jobs=args.jobs, batch_size=args.batch)

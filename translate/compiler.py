@@ -18,7 +18,7 @@ from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.params import KernelParams, validate
 from translate.schedule import schedule
-from translate.sm90.preamble import hopper_preamble
+from translate.sm90.preamble import HOPPER_PREAMBLE
 from translate.problem import KernelSpec, Problem
 
 PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
@@ -348,7 +348,8 @@ class _Compiler:
                   f"// spec: {self.spec}", f"// params: {self.params}",
                   f"// target: {self.profile.name} ({self.profile.nvcc_arch})", "// TL program:"]
         header += [f"//   {i + 1:2d}  {ln}" for i, ln in enumerate(_program_lines(self.program.statements))]
-        body_lines = header + [f"namespace {name}_ns {{", "using namespace cute;", ""]
+        declared = plain.wgmma_declarations(self.spec, self.params) if gmma else []
+        body_lines = header + declared + [f"namespace {name}_ns {{", "using namespace cute;", ""]
         types = plain.kernel_types(self.spec, self.params, sk, sv) if gmma else \
             em.kernel_types(self.spec, self.params, sk, sv)
         setup = plain.kernel_setup(self.params) if gmma else em.kernel_setup()
@@ -359,7 +360,7 @@ class _Compiler:
         d_qk, d_v, p = self.spec.d_qk, self.spec.d_v, self.params
         if gmma:
             smem = plain.smem_bytes(p, self.spec, sk, sv)
-            threads, preamble = 128 * (p.block_m // 64), hopper_preamble(p.block_n, d_v)
+            threads, preamble = 128 * (p.block_m // 64), HOPPER_PREAMBLE
         else:
             smem = (max(p.block_m * d_qk, p.block_m * d_v) + sk * p.block_n * d_qk + sv * p.block_n * d_v) * 2
             threads, preamble = p.num_threads, PREAMBLE

@@ -335,35 +335,16 @@ def build_translation_unit(kernels: Sequence[KernelSource]) -> str:
     return _make_unit(kernels).text
 
 
-# Defines that only declare more (here: wgmma shapes); a kernel that uses none of what they add compiles to
-# the same SASS with or without them (checked on the MHA d128 Hopper default, translate/sm90/preamble.py).
-# Kernels whose preambles differ only in these share a unit, which defines them first, once.
-UNIT_WIDE_DEFINES = ("CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED",)
-
-
-def _unit_wide(line: str) -> bool:
-    words = line.split()
-    return len(words) >= 2 and words[0] == "#define" and words[1] in UNIT_WIDE_DEFINES
-
-
-def _shared_preamble(preamble: str) -> str:
-    """What kernels of one unit must have in common: the preamble without its unit-wide defines."""
-    return "\n".join(ln for ln in preamble.split("\n") if not _unit_wide(ln))
-
-
 def _make_unit(kernels: Sequence[KernelSource]) -> _Unit:
     if len(kernels) == 1:
         text = kernels[0].source
         return _Unit(text if text.endswith("\n") else text + "\n", ((1, text.count("\n") + 1),))
     lines = [f"// {len(kernels)} kernels in one translation unit (translate/nvcc.py batching)"]
-    for k in kernels:   # before any #include: a define read after its header's include guard is too late
-        lines += [ln for ln in k.preamble.split("\n") if _unit_wide(ln) and ln not in lines]
     seen: list[str] = []
     for k in kernels:
-        shared = _shared_preamble(k.preamble)
-        if shared not in seen:
-            seen.append(shared)
-            lines += shared.rstrip("\n").split("\n")
+        if k.preamble not in seen:
+            seen.append(k.preamble)
+            lines += k.preamble.rstrip("\n").split("\n")
     spans = []
     for k in kernels:
         lines += ["", f"// ==== kernel {k.name} ===="]
@@ -543,8 +524,7 @@ def compile_kernels(kernels: Sequence[KernelSource], arch: str, *, cache_dir: Op
             hit = cache.get(key)
             if hit is not None:
                 done[key] = hit
-    # Unique pending kernels, grouped by preamble (a unit concatenates preambles; keep them identical up
-    # to the unit-wide defines)
+    # Unique pending kernels, grouped by preamble (a unit concatenates preambles; keep them identical)
     # and with distinct symbol names inside one unit.
     pending: dict[str, KernelSource] = {}
     for k, key in zip(kernels, keys):
@@ -553,7 +533,7 @@ def compile_kernels(kernels: Sequence[KernelSource], arch: str, *, cache_dir: Op
     groups: list[list[tuple[KernelSource, str]]] = []
     by_preamble: dict[str, list[tuple[KernelSource, str]]] = {}
     for key, k in pending.items():
-        by_preamble.setdefault(_shared_preamble(k.preamble), []).append((k, key))
+        by_preamble.setdefault(k.preamble, []).append((k, key))
     size = max(1, batch_size)
     for members in by_preamble.values():
         current: list[tuple[KernelSource, str]] = []

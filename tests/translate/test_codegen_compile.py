@@ -95,12 +95,16 @@ def test_plain_hopper_kernel_uses_wgmma_with_cp_async():
     assert counts["UTMALDG"] == 0 and counts["USETMAXREG"] == 0, counts
 
 
-def test_a_base_shape_kernel_builds_the_same_sass_alone_and_in_a_unit_with_extended_shapes():
-    # Kernels that need the extended wgmma shapes (N = 112) and kernels that do not (N = 128) share a
-    # batch's unit, which then declares the extended shapes for both (translate/nvcc.py UNIT_WIDE_DEFINES):
-    # that must not change the base-shape kernel (alone, it is built without them, twice as fast).
+def test_a_declared_wgmma_op_builds_the_sass_of_cutes_extended_shapes_and_shares_a_unit():
+    # A kernel of block N 176 declares its wgmma op (translate/sm90/wgmma_ops.py) instead of defining
+    # CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (twice the cicc time). Two such kernels (the second declaration
+    # skipped by its guard) and a base-shape one build in one unit, and the first builds the same SASS as
+    # it did from CuTe's extended header.
+    import dataclasses
+
     from translate.defaults import hopper_params
     from translate.params import KernelParams
+    from translate.sm90.emit import wgmma_declarations
 
     try:
         nvcc.find_nvcc()
@@ -111,18 +115,29 @@ def test_a_base_shape_kernel_builds_the_same_sass_alone_and_in_a_unit_with_exten
     profile, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")
     program = tl.parse_program(tl.load_sketch("mha", True, "ws_overlap"))
     base = hopper_params(profile, spec).to_dict()
-    kernels = [translate.generate(program, KernelParams.from_dict({**base, "block_n": n}), profile, spec)
-               for n in (128, 112)]
-    assert "EXTENDED" not in kernels[0].preamble and "EXTENDED" in kernels[1].preamble
-    together = nvcc.compile_kernels(kernels, profile.nvcc_arch, batch_size=2, jobs=1, timeout=600)
-    alone = nvcc.compile_kernel(kernels[0], profile.nvcc_arch, timeout=600)
-    assert all(r.ok for r in together + [alone]) and together[0].batch_size == 2
+    kernels = [translate.generate(program, KernelParams.from_dict({**base, **change}), profile, spec)
+               for change in ({"block_n": 176}, {"block_n": 176, "producer_regs": 40}, {"block_n": 128})]
+    assert len({k.preamble for k in kernels}) == 1
+    together = nvcc.compile_kernels(kernels, profile.nvcc_arch, batch_size=3, jobs=1, timeout=600)
+    assert all(r.ok for r in together) and together[0].batch_size == 3, together[0].log[-3000:]
+
+    declared = "\n".join(wgmma_declarations(spec, kernels[0].params))
+    op = "TL_MMA_64x176x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>{}"
+    selector = "GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDimQK>>>()"
+    assert declared in kernels[0].body and op in kernels[0].body
+    from_cute = dataclasses.replace(
+        kernels[0], preamble="#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1\n" + kernels[0].preamble,
+        body=kernels[0].body.replace(declared, "").replace(op, selector))
+    reference = nvcc.compile_kernel(from_cute, profile.nvcc_arch, timeout=600)
+    assert reference.ok, reference.log[-3000:]
     with tempfile.TemporaryDirectory() as tmp:
-        unit_cubin, alone_cubin = Path(tmp) / "unit.cubin", Path(tmp) / "alone.cubin"
+        unit_cubin, reference_cubin = Path(tmp) / "unit.cubin", Path(tmp) / "reference.cubin"
         unit_cubin.write_bytes(together[0].cubin)
-        alone_cubin.write_bytes(alone.cubin)
+        reference_cubin.write_bytes(reference.cubin)
         in_unit = nvcc.sass_instructions(unit_cubin)
-        by_itself = nvcc.sass_instructions(alone_cubin)
-    assert in_unit[kernels[0].name] == by_itself[kernels[0].name]
-    assert any(i.startswith("HGMMA.64x112x16") for i in in_unit[kernels[1].name])
-    assert any(i.startswith("HGMMA.64x128x16") for i in by_itself[kernels[0].name])
+        from_header = nvcc.sass_instructions(reference_cubin)
+    assert in_unit[kernels[0].name] == from_header[kernels[0].name]
+    assert any(i.startswith("HGMMA.64x176x16") for i in in_unit[kernels[1].name])
+    assert any(i.startswith("HGMMA.64x128x16") for i in in_unit[kernels[2].name])
+
+

@@ -218,28 +218,6 @@ def test_translation_unit_dedupes_preambles_and_keeps_every_body():
     assert unit.index("#include <cstdint>") < unit.index("plain_0")
 
 
-EXTENDED = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1  // wgmma N in steps of 8\n"
-
-
-@needs_nvcc
-def test_kernels_differing_only_in_a_unit_wide_define_share_one_unit_that_defines_it_first(monkeypatch):
-    # the extended wgmma shapes only declare more: a kernel that needs them and one that does not build together
-    runs = CountingRuns(monkeypatch)
-    needs = FakeKernel("plain_ext", EXTENDED + PREAMBLE, plain_kernel(7).body.replace("plain_7", "plain_ext").replace(
-        "cfg7", "cfg_ext").replace("{\n  if", "{\n#ifndef CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED\n#error lost\n#endif\n  if"))
-    kernels = [plain_kernel(0), needs, plain_kernel(1)]
-    unit = nvcc.build_translation_unit(kernels)
-    assert unit.count("#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED") == 1 and unit.count("#include <cstdint>") == 1
-    assert unit.index("#define CUTE_SM90_EXTENDED") < unit.index("#include")
-    results = compile_kernels(kernels, "sm_80", cache_dir=None, batch_size=8, jobs=1)
-    assert all(r.ok for r in results), [r.log[-500:] for r in results]
-    assert len(runs.calls) == 1 and {r.batch_size for r in results} == {3}
-    # any other difference in the preamble still splits the units
-    other = FakeKernel("plain_other", "#include <cstddef>\n" + PREAMBLE, plain_kernel(8).body)
-    compile_kernels([plain_kernel(2), other], "sm_80", cache_dir=None, batch_size=8, jobs=1)
-    assert len(runs.calls) == 3
-
-
 @needs_nvcc
 def test_batch_with_one_broken_config_still_builds_the_others(monkeypatch, tmp_path):
     runs = CountingRuns(monkeypatch)

@@ -125,18 +125,26 @@ def test_plain_wgmma_schedule_from_a_paper_sketch():
 
 
 @pytest.mark.parametrize("block_n,extended", [(128, False), (64, False), (192, False), (112, True), (176, True)])
-def test_extended_wgmma_shapes_are_declared_only_for_a_tile_that_needs_them(block_n, extended):
-    # (the extended shapes double cicc's time: translate/sm90/preamble.py)
+def test_a_tile_outside_cutes_base_wgmma_shapes_declares_its_own_op(block_n, extended):
+    # CuTe's extended shapes double cicc's time for every kernel (translate/sm90/wgmma_ops.py): a kernel that
+    # needs one declares that op before its namespace; all Hopper kernels keep one preamble (one batch unit)
     spec = KernelSpec("mha", 128, 128, True, "bf16")
-    define = "#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
-    kernel = ws(spec, block_n=block_n)
-    assert (define in kernel.preamble) is extended and kernel.source.index("#include") > 0
-    if extended:
-        assert kernel.source.index(define) < kernel.source.index("#include")
+    op = f"TL_MMA_64x{block_n}x16_F32BF16BF16_SS"
     plain_n = {True: 160, False: 96}[extended]   # (the cp.async copy step takes 32 rows: no 112 or 176)
     plain = translate.generate(tl.parse_program(tl.load_sketch("mha", True)), KernelParams.from_dict(
         {**hopper_params(H100, spec, warp_specialized=False).to_dict(), "block_n": plain_n}), H100, spec)
-    assert (define in plain.preamble) is extended
+    kernel = ws(spec, block_n=block_n)
+    assert kernel.preamble == plain.preamble and "EXTENDED_MMA_SHAPES" not in kernel.source + plain.source
+    for k, n in ((kernel, block_n), (plain, plain_n)):
+        name = f"TL_MMA_64x{n}x16_F32BF16BF16_SS"
+        qk = re.search(r"using TiledMmaQK = decltype\(make_tiled_mma\((.*?), Layout", k.body).group(1)
+        if extended:
+            assert qk == f"{name}<GMMA::Major::K, GMMA::Major::K>{{}}"
+            assert k.body.index(f"struct {name} {{") < k.body.index(f"namespace {k.name}_ns")
+            assert f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.bf16.bf16" in k.body
+        else:
+            assert qk.startswith("GMMA::ss_op_selector<") and "TL_MMA" not in k.body
+    assert (op in kernel.body) is extended
 
 
 @pytest.mark.parametrize("edit,message", [

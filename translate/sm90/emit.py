@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from translate.kernel import TranslationError
 from translate.params_sm90 import consumer_registers
+from translate.sm90 import wgmma_ops
 from translate.sm90.ir import Cond, Loop, Op
 from translate.ir import expr_to_cpp
 
@@ -281,11 +282,28 @@ def _k_major_atom(width: int) -> str:
     raise TranslationError(f"a {width}-element row is not a multiple of 16 (GMMA shared-memory layouts)")
 
 
+def gemms(spec, params) -> tuple[tuple[int, str], tuple[int, str]]:
+    """(N, A operand) of the kernel's two GEMMs: QK^T (N = block N, A = Q in shared memory) and P.V (N = d_v)."""
+    return (params.block_n, "ss"), (spec.d_v, params.pv_operand)
+
+
+def gemm_ops(spec, params) -> tuple[str, str]:
+    """The wgmma op expressions of QK^T (B = K, K-major) and P.V (B = V read MN-major)."""
+    (n_qk, _), (n_pv, pv_operand) = gemms(spec, params)
+    return (wgmma_ops.mma_op(spec.dtype, n_qk, "Int<kBlockN>", "Int<kHeadDimQK>", "ss"),
+            wgmma_ops.mma_op(spec.dtype, n_pv, "Int<kHeadDimV>", "Int<kBlockN>", pv_operand, b_major="MN"))
+
+
+def wgmma_declarations(spec, params) -> list[str]:
+    """What the kernel must declare before its namespace: the wgmma ops of extended N it uses."""
+    return wgmma_ops.declarations(spec.dtype, gemms(spec, params))
+
+
 def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
     wgs = params.block_m // 64
     scale = 1.0 / math.sqrt(spec.d_qk)
-    pv = ("GMMA::rs_op_selector" if params.pv_operand == "rs" else "GMMA::ss_op_selector")
+    qk_op, pv_op = gemm_ops(spec, params)
     lines = [
         f"using Element = {elem};",
         f"constexpr int kBlockM = {params.block_m};",
@@ -301,11 +319,8 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
         f"constexpr int kProducerRegs = {params.producer_regs};",
         f"constexpr int kConsumerRegs = {consumer_registers(params)};",
         "",
-        "using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
-        "Shape<_64, Int<kBlockN>, Int<kHeadDimQK>>>(), Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));",
-        f"using TiledMmaPV = decltype(make_tiled_mma({pv}<Element, Element, float, "
-        "Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>(), "
-        "Layout<Shape<Int<kConsumerWGs>, _1, _1>>{}));",
+        f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
+        f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         "// K-major, 128-byte swizzled tiles: the image a TMA box of 64 columns x rows writes, chunk after chunk",
         "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
         "Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",

@@ -14,7 +14,7 @@ from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.sm90 import emit as em
 from translate.sm90.ir import Op
 from translate.sm90.lower import WsLowering, stmt_text
-from translate.sm90.preamble import hopper_preamble
+from translate.sm90.preamble import HOPPER_PREAMBLE
 from translate.sm90.schedule import schedule_consumer
 
 
@@ -101,13 +101,13 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
               f"{lowered.stages} stage(s), P·V {params.pv_operand.upper()}" + (", ping-pong" if pingpong else ""),
               "// TL program:"]
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
-    body_lines = header + [f"namespace {name}_ns {{", "using namespace cute;", ""]
+    body_lines = header + em.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
     body_lines += em.kernel_signature(name)
     body_lines += em._indent(em.kernel_setup() + [""] + kernel)
     body_lines += ["}", "", f"}}  // namespace {name}_ns", ""]
     smem = smem_bytes_ws(params, spec, lowered.stages, separate_o)
-    return GeneratedKernel(name=name, preamble=hopper_preamble(params.block_n, spec.d_v), body="\n".join(body_lines),
+    return GeneratedKernel(name=name, preamble=HOPPER_PREAMBLE, body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
                            block_n=params.block_n, spec=spec, params=params, extra_args=EXTRA_ARGS,
                            tensor_maps=tensor_map_boxes(params, spec),

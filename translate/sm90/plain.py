@@ -14,7 +14,7 @@ import math
 from translate.emitters import INDENT, EmitContext, _gmem_copy, G2S_OPS
 from translate.ir import Op
 from translate.kernel import TranslationError
-from translate.sm90.emit import _k_major_atom
+from translate.sm90.emit import _k_major_atom, gemm_ops, wgmma_declarations  # noqa: F401 (the compiler takes it from here)
 
 
 
@@ -179,7 +179,7 @@ EMITTERS = {
 def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
     scale = 1.0 / math.sqrt(spec.d_qk)
-    pv = "GMMA::rs_op_selector" if params.pv_operand == "rs" else "GMMA::ss_op_selector"
+    qk_op, pv_op = gemm_ops(spec, params)
     return [
         f"using Element = {elem};",
         f"constexpr int kBlockM = {params.block_m};",
@@ -193,11 +193,8 @@ def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
         f"constexpr float kScaleLog2 = {scale * math.log2(math.e)!r}f;  // log2(e) / sqrt(d_qk), folded into exp2",
         f"[[maybe_unused]] constexpr float kSoftmaxScale = {scale!r}f;",
         "",
-        "using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
-        "Shape<_64, Int<kBlockN>, Int<kHeadDimQK>>>(), Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));",
-        f"using TiledMmaPV = decltype(make_tiled_mma({pv}<Element, Element, float, "
-        "Shape<_64, Int<kHeadDimV>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>(), "
-        "Layout<Shape<Int<kWarpgroups>, _1, _1>>{}));",
+        f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kWarpgroups>, _1, _1>>{{}}));",
+        f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kWarpgroups>, _1, _1>>{{}}));",
         "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
         "Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
         "using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
