@@ -46,3 +46,29 @@ def test_start_up_batches_are_small_then_full():
     sizes = [_batch_size(8, sent, n_gpus=1, compile_slots=12) for sent in range(14)]
     assert sizes == [1] * 6 + [2] * 6 + [8, 8]
     assert _batch_size(8, 0, n_gpus=0, compile_slots=12) == 8   # a dry run has no GPU to wait
+
+
+def test_a_batch_mixing_hopper_and_sm80_class_sketches_compiles_as_one_task_per_unit():
+    # nvcc would build the two preambles as two units one after the other in one task (translate/nvcc.py)
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from translate.defaults import default_params
+    from translate.problem import KernelSpec
+    from tuner.campaign.loop import Candidate, one_unit_each
+
+    h100, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")
+
+    def candidate(schedule: str, params_schedule: str, block_n: int) -> Candidate:
+        from translate.params import KernelParams
+
+        params = KernelParams.from_dict({**default_params(h100, spec, params_schedule).to_dict(), "block_n": block_n})
+        kernel = translate.generate(tl.parse_program(tl.load_sketch("mha", True, schedule)), params, h100, spec)
+        return Candidate(camp=None, trial=None, params=params, schedule=schedule, key=kernel.name, kernel=kernel)
+
+    ws_a, fa2, ws_b, ws_c = (candidate("ws_overlap", "ws_overlap", 128), candidate("fa2", "fa2", 64),
+                             candidate("ws_serial", "ws_overlap", 176), candidate("ws_overlap", "ws_overlap", 112))
+    assert fa2.kernel.preamble != ws_a.kernel.preamble
+    assert one_unit_each([ws_a, fa2, ws_b, ws_c]) == [[ws_a, ws_b, ws_c], [fa2]]   # ask order kept in each
+    replay = [Candidate(camp=None, trial=None, params=ws_a.params, schedule="fa2", key=str(i)) for i in range(3)]
+    assert one_unit_each(replay) == [replay]    # the replay backend compiles nothing: one task

@@ -116,8 +116,8 @@ class Pacer:
 
 def _batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> int:
     """While the GPUs wait for their first kernels, the first round of compile slots gets small batches (half
-    of them one kernel, then two): a lone Hopper kernel builds in ~21 s, four in one unit in ~26 s
-    (BENCHMARKS.md), so the first trials start sooner; then ``full`` for throughput."""
+    of them one kernel, then two): a lone Hopper kernel builds in ~11 s, four in one unit in ~18 s on a
+    2-core machine (BENCHMARKS.md), so the first trials start sooner; then ``full`` for throughput."""
     if n_gpus == 0:
         return full
     if sent < max(1, compile_slots // 2):
@@ -125,6 +125,16 @@ def _batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> in
     if sent < max(2, compile_slots):
         return min(full, 2)
     return full
+
+
+def one_unit_each(batch: list[Candidate]) -> list[list[Candidate]]:
+    """A batch split by preamble, in ask order. nvcc builds kernels of different preambles (a Hopper sketch
+    and the sm80-class fa2 ones) as separate units one after the other inside a task; as separate tasks they
+    build side by side on two CPUs, and a kernel's latency is its own unit's."""
+    units: dict[str, list[Candidate]] = {}
+    for cand in batch:
+        units.setdefault("" if cand.kernel is None else cand.kernel.preamble, []).append(cand)
+    return list(units.values())
 
 
 class Loop:
@@ -297,11 +307,12 @@ class Loop:
                         if not batch:
                             continue
                         self.batches_sent += 1
-                        items = [(c.trial.number, c.params.to_dict(), c.schedule) for c in batch]
-                        ref = compile_batch.remote(items, [c.kernel for c in batch], camp.profile.nvcc_arch,
-                                                   str(opts.study_dir / "nvcc-cache"), opts.compile_timeout,
-                                                   camp.backend.path if camp.fake_compile else None)
-                        self.compiling[ref] = (batch, time.monotonic())
+                        for unit in one_unit_each(batch):
+                            items = [(c.trial.number, c.params.to_dict(), c.schedule) for c in unit]
+                            ref = compile_batch.remote(items, [c.kernel for c in unit], camp.profile.nvcc_arch,
+                                                       str(opts.study_dir / "nvcc-cache"), opts.compile_timeout,
+                                                       camp.backend.path if camp.fake_compile else None)
+                            self.compiling[ref] = (unit, time.monotonic())
                     self._launch_ready()
                     if self._finished():
                         break
