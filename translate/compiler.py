@@ -15,15 +15,13 @@ from tl.pipelines import has_roles
 from tl.printer import format_statement
 from translate import emitters as em
 from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
-from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
+from translate.kernel import PREAMBLE, GeneratedKernel, TranslationError, sketch_hash
 from translate.params import KernelParams, validate
 from translate.schedule import schedule
+from translate.sm90.emit import wgmma_declarations
 from translate.sm90.preamble import HOPPER_PREAMBLE
 from translate.problem import KernelSpec, Problem
 
-PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
-            "#include <cute/tensor.hpp>\n"
-            "#include \"attn_tl.cuh\"\n")
 
 SCALE_SYMBOLS = ("scale", "softmax_scale", "sm_scale", "scale_factor", "softmax_scale_log2")
 ELEMENTWISE_OPS = ("multiply", "divide", "add", "subtract")
@@ -348,7 +346,7 @@ class _Compiler:
                   f"// spec: {self.spec}", f"// params: {self.params}",
                   f"// target: {self.profile.name} ({self.profile.nvcc_arch})", "// TL program:"]
         header += [f"//   {i + 1:2d}  {ln}" for i, ln in enumerate(_program_lines(self.program.statements))]
-        declared = plain.wgmma_declarations(self.spec, self.params) if gmma else []
+        declared = wgmma_declarations(self.spec, self.params) if gmma else []
         body_lines = header + declared + [f"namespace {name}_ns {{", "using namespace cute;", ""]
         types = plain.kernel_types(self.spec, self.params, sk, sv) if gmma else \
             em.kernel_types(self.spec, self.params, sk, sv)

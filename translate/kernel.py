@@ -29,6 +29,13 @@ class TranslationError(ValueError):
         super().__init__(f"TL line {line}: {message}" if line else message)
 
 
+# The #include block of every sm80-class kernel (translate/compiler.py); Hopper kernels add their helpers to it
+# (translate/sm90/preamble.py).
+PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
+            "#include <cute/tensor.hpp>\n"
+            "#include \"attn_tl.cuh\"\n")
+
+
 @dataclass(frozen=True)
 class GeneratedKernel:
     """One kernel: ``preamble`` (#includes, identical for every config) + ``body`` (a namespace

@@ -14,7 +14,7 @@ import math
 from translate.emitters import INDENT, EmitContext, _gmem_copy, G2S_OPS
 from translate.ir import Op
 from translate.kernel import TranslationError
-from translate.sm90.emit import _k_major_atom, gemm_ops, wgmma_declarations  # noqa: F401 (the compiler takes it from here)
+from translate.sm90.emit import _k_major_atom, gemm_ops
 
 
 

@@ -5,7 +5,6 @@ not by defining ``CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED``, which made cicc parse
 """
 from __future__ import annotations
 
-HOPPER_PREAMBLE = ("// Generated from a TL program by translate (github: this repository); do not edit.\n"
-                   "#include <cute/tensor.hpp>\n"
-                   "#include \"attn_tl.cuh\"\n"
-                   "#include \"attn_sm90.cuh\"\n")
+from translate.kernel import PREAMBLE
+
+HOPPER_PREAMBLE = PREAMBLE + "#include \"attn_sm90.cuh\"\n"

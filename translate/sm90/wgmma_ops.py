@@ -65,7 +65,8 @@ def declarations(dtype: str, gemms) -> list[str]:
 
 
 def _declare(dtype: str, n: int, operand: str) -> list[str]:
-    name, guard = op_name(dtype, n, operand), f"{op_name(dtype, n, operand)}_DECLARED"
+    name = op_name(dtype, n, operand)
+    guard = f"{name}_DECLARED"
     acc = n // 2                       # fp32 accumulators per thread: 64 x n over 128 threads
     rs = operand == "rs"
     a_args = [f"uint32_t const& a{i}" for i in range(4)] if rs else ["uint64_t const& desc_a"]
@@ -73,9 +74,8 @@ def _declare(dtype: str, n: int, operand: str) -> list[str]:
         ["GMMA::ScaleOut const scale_D = GMMA::ScaleOut::One"]
     # operand numbering: accumulators, then A (4 registers or a descriptor), B's descriptor, scale-D,
     # then the immediates (scale A, scale B, and the transpose bits the instruction takes)
-    first = acc
-    a_ops = "{" + ", ".join(f"%{first + i}" for i in range(4)) + "}" if rs else f"%{first}"
-    b_op = first + (4 if rs else 1)
+    a_ops = "{" + ", ".join(f"%{acc + i}" for i in range(4)) + "}" if rs else f"%{acc}"
+    b_op = acc + (4 if rs else 1)
     scale_d = b_op + 1
     immediates = ", ".join(f"%{scale_d + 1 + i}" for i in range(3 if rs else 4))
     accumulators = "{" + ", ".join(f"%{i}" for i in range(acc)) + "}"
