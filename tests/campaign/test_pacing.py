@@ -1,5 +1,5 @@
-"""How far the compiles run ahead of the GPUs (loop.Pacer), the start-up batch sizes, and the hang limit."""
-from tuner.campaign.loop import HANG_FLOOR_S, Pacer, _batch_size
+"""How far the compiles run ahead of the GPUs (pacing.Pacer), the start-up batch sizes, and the hang limit."""
+from tuner.campaign.pacing import HANG_FLOOR_S, Pacer, batch_size
 
 
 def test_before_any_measurement_the_floor_and_the_compile_slots_are_filled():
@@ -43,9 +43,9 @@ def test_a_trial_is_taken_for_hung_at_ten_typical_holds_with_a_floor():
 
 
 def test_start_up_batches_are_small_then_full():
-    sizes = [_batch_size(8, sent, n_gpus=1, compile_slots=12) for sent in range(14)]
+    sizes = [batch_size(8, sent, n_gpus=1, compile_slots=12) for sent in range(14)]
     assert sizes == [1] * 6 + [2] * 6 + [8, 8]
-    assert _batch_size(8, 0, n_gpus=0, compile_slots=12) == 8   # a dry run has no GPU to wait
+    assert batch_size(8, 0, n_gpus=0, compile_slots=12) == 8   # a dry run has no GPU to wait
 
 
 def test_a_batch_mixing_hopper_and_sm80_class_sketches_compiles_as_one_task_per_unit():
@@ -55,7 +55,8 @@ def test_a_batch_mixing_hopper_and_sm80_class_sketches_compiles_as_one_task_per_
     from hardware_profiles import load_profile
     from translate.defaults import default_params
     from translate.problem import KernelSpec
-    from tuner.campaign.loop import Candidate, one_unit_each
+    from tuner.campaign.loop import Candidate
+    from tuner.campaign.pacing import one_unit_each
 
     h100, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")
 

@@ -5,10 +5,10 @@ Optuna study each in the same storage, sharing the compile pool and the GPU work
 combination and the asks go to the combination that has the fewest candidates finished or in flight, so
 the GPU time (and the ``--timeout`` budget) is split fairly.
 
-Pipeline per candidate (loop.py): ask → suggest a valid point of the space (search_spaces/feasible.py)
-→ translate → the measurement cache (cache.py: measured before? then the recorded value, no compile, no
-GPU) → compile batch (Ray CPU task) → verify + benchmark (a fresh process of the GPU worker of one GPU of
-the requested type, workers.py) → tell.
+Pipeline per candidate (loop.py; its pacing in pacing.py, what it tells the study in telling.py): ask →
+suggest a valid point of the space (search_spaces/feasible.py) → translate → the measurement cache (cache.py:
+measured before? then the recorded value, no compile, no GPU) → compile batch (Ray CPU task) → verify +
+benchmark (a fresh process of the GPU worker of one GPU of the requested type, workers.py) → tell.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """The campaign loop: ask → suggest → translate → cache → compile (Ray CPU tasks) → measure (GPU workers)
 → tell, for every combination of a run at once, until each has its ``--trials`` or the budget ends.
 
-Bounded lookahead. A sampler asked far ahead of its results proposes blindly (H200 run of 2026-11-22: 603
-asks, 132 compiled and never measured). So the loop asks only when a compile slot is free and the kernels
-compiling or compiled-and-waiting are fewer than the GPUs need next: Little's law, the GPUs' measured
-rate (trials per second) times a compile batch's measured latency, with a floor of 2 x the GPU trial
-slots before either is known; the kernels compiled and waiting never exceed 2 x the GPU trial slots.
+Bounded lookahead (how many kernels compile ahead of the GPUs, and in what batches): pacing.py.
 When ``--timeout`` ends the search, the trials on the GPUs finish (up to DRAIN_S), compiles in flight are
 cancelled, and the compiled-but-unmeasured ones (at most 2 x the slots) are queued for ``--resume``.
 
@@ -21,7 +17,6 @@ driver keeps a backstop: a call that outlives every limit by WORKER_GRACE_S mean
 """
 from __future__ import annotations
 
-import math
 import random
 import time
 from collections import deque
@@ -37,15 +32,12 @@ from . import study as st
 from .cache import from_result, measurement_key
 from .cluster import cpu_count
 from .driver import WORKER_GRACE_S, Campaign, Tally
+from .pacing import Pacer, batch_size, one_unit_each
+from .telling import (compile_outcomes, count_outcome, held_seconds, lock_record, note_span, save_kernel,
+                      tell_infra, tell_measurement, trial_value)
 
 IDLE_ASK_LIMIT = 200      # asks in a row with nothing new to measure: the study has converged
 DRAIN_S = 30.0            # after --timeout, how long the trials already on a GPU may take to finish
-EWMA = 0.3                # weight of the newest compile latency / GPU time in the pacing estimates
-# A hung kernel (a pipeline deadlock) holds its GPU until killed. Once the typical trial's hold is known,
-# a trial gets HANG_FACTOR times that, at least HANG_FLOOR_S (and never more than --trial-timeout): on the
-# H100 (2026-11-23) a trial held the GPU ~1.5 s and eight hung ones held it 30 s each, half of that run.
-HANG_FACTOR = 10.0
-HANG_FLOOR_S = 20.0
 # The driver asks at most this long before it launches and collects again: with many cache hits TPE is asked
 # hundreds of times in a row (591 in the llama3-8b run of 2026-11-23), and GPUs must not wait on that.
 ASK_SLICE_S = 0.5
@@ -63,78 +55,6 @@ class Candidate:
     started: float = 0.0
     slot: int = -1                 # its GPU worker (index in the pool) and that worker's handle
     worker: Any = None
-
-
-class Pacer:
-    """How many kernels should be compiling or compiled-and-waiting (see the module doc)."""
-
-    def __init__(self, n_gpus: int, gpu_slots: int, compile_slots: int = 0):
-        self.n_gpus, self.gpu_slots, self.compile_slots = n_gpus, gpu_slots, compile_slots
-        self.compile_s: float | None = None     # one batch, submit to result
-        self.trial_s: float | None = None       # one trial's hold of its GPU
-
-    def note_compile(self, seconds: float) -> None:
-        self.compile_s = seconds if self.compile_s is None else (1 - EWMA) * self.compile_s + EWMA * seconds
-
-    def note_trial(self, seconds: float) -> None:
-        if seconds > 0:
-            self.trial_s = seconds if self.trial_s is None else (1 - EWMA) * self.trial_s + EWMA * seconds
-
-    @property
-    def ready_cap(self) -> int:
-        return 2 * self.gpu_slots
-
-    def target(self) -> int:
-        floor = 2 * self.gpu_slots
-        if self.compile_s is None or self.trial_s is None:
-            # Before the first measurements the sampler proposes its start-up points and the seeds, which
-            # no result would change: fill the compile slots too, so the GPUs do not wait on the ramp-up
-            # (the H100 run of 2026-11-23 measured 15 trials in its first 77 s with the floor alone).
-            return floor + self.compile_slots
-        rate = self.n_gpus / self.trial_s
-        return max(floor, math.ceil(1.25 * rate * self.compile_s))
-
-    def room(self, in_compile: int, ready: int, seconds_left: float | None = None) -> int:
-        """Kernels to start compiling now; near the end of ``--timeout`` no more than the GPUs can still
-        measure after they compile (so the budget does not end with compiled kernels never measured)."""
-        if self.n_gpus == 0:           # dry run: the compile slots are the only bound
-            return 1 << 30
-        if ready >= self.ready_cap:
-            return 0
-        room = self.target() - in_compile - ready
-        if seconds_left is not None and self.compile_s is not None and self.trial_s is not None:
-            can_measure = int(self.n_gpus * (seconds_left - self.compile_s) / self.trial_s)
-            room = min(room, can_measure - in_compile - ready)
-        return room
-
-    def trial_limit(self, cap: float) -> float:
-        """The seconds a trial may hold its GPU before it is taken for hung."""
-        if self.trial_s is None:
-            return cap
-        return min(cap, max(HANG_FLOOR_S, HANG_FACTOR * self.trial_s))
-
-
-def _batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> int:
-    """While the GPUs wait for their first kernels, the first round of compile slots gets small batches (half
-    of them one kernel, then two): a lone Hopper kernel builds in ~11 s, four in one unit in ~18 s on a
-    2-core machine (BENCHMARKS.md), so the first trials start sooner; then ``full`` for throughput."""
-    if n_gpus == 0:
-        return full
-    if sent < max(1, compile_slots // 2):
-        return 1
-    if sent < max(2, compile_slots):
-        return min(full, 2)
-    return full
-
-
-def one_unit_each(batch: list[Candidate]) -> list[list[Candidate]]:
-    """A batch split by preamble, in ask order. nvcc builds kernels of different preambles (a Hopper sketch
-    and the sm80-class fa2 ones) as separate units one after the other inside a task; as separate tasks they
-    build side by side on two CPUs, and a kernel's latency is its own unit's."""
-    units: dict[str, list[Candidate]] = {}
-    for cand in batch:
-        units.setdefault("" if cand.kernel is None else cand.kernel.preamble, []).append(cand)
-    return list(units.values())
 
 
 class Loop:
@@ -202,7 +122,7 @@ class Loop:
                 kernel, source = self._translate(camp, schedule, params)
             except Exception as exc:  # noqa: BLE001 - the translator refuses this candidate: it cannot work
                 st.tell_infeasible(study, trial, f"translate: {exc}", stage="compile")
-                _count(camp.tally, "infeasible", None, trial.number)
+                count_outcome(camp.tally, "infeasible", None, trial.number)
                 camp.idle_asks = 0
                 continue
             key = measurement_key(camp.profile.name, camp.backend.label, camp.spec, camp.problems,
@@ -301,7 +221,7 @@ class Loop:
                         camp = self.next_camp() if room > 0 else None
                         if camp is None:
                             break
-                        size = min(room, _batch_size(opts.compile_batch, self.batches_sent, self.n_gpus,
+                        size = min(room, batch_size(opts.compile_batch, self.batches_sent, self.n_gpus,
                                                      self.compile_slots))
                         batch = self.ask_batch(camp, size, until)
                         if not batch:
@@ -382,35 +302,35 @@ class Loop:
         batch, submitted = self.compiling.pop(ref)
         wall = time.monotonic() - submitted
         self.pacer.note_compile(wall)
-        for cand, outcome in _compile_outcomes(batch, ref, wall):
+        for cand, outcome in compile_outcomes(batch, ref, wall):
             camp = cand.camp
             if outcome == "ready":
-                _save_kernel(camp, cand, cand.compiled)
+                save_kernel(camp, cand, cand.compiled)
                 if camp.pool is None:   # dry run: compiled is as far as it goes
                     st.tell_feasible(camp.study, cand.trial, None, dry_run=True, stage="compile")
                     self._finish_candidate(cand)
-                    _count(camp.tally, "pruned", None, cand.trial.number)
+                    count_outcome(camp.tally, "pruned", None, cand.trial.number)
                 else:
                     self.ready.append(cand)
                 continue
             self._finish_candidate(cand)
             if isinstance(outcome, tuple):
-                _infra(camp, cand, outcome[1])
+                tell_infra(camp, cand, outcome[1])
             else:
                 st.tell_infeasible(camp.study, cand.trial, outcome, stage="compile")
-                _count(camp.tally, "infeasible", None, cand.trial.number)
+                count_outcome(camp.tally, "infeasible", None, cand.trial.number)
 
     def _measured(self, ref) -> None:
         cand = self.measuring.pop(ref)
         camp = cand.camp
         self.workers.release(cand.slot)
         camp.tally.measured += 1
-        report, result, cacheable = _tell_measurement(camp, cand, ref)
-        held = _held_seconds(report)
+        report, result, cacheable = tell_measurement(camp, cand, ref)
+        held = held_seconds(report)
         camp.tally.gpu_busy += held
-        if _lock_record(report) is not None:   # a trial that returned: the typical hold (not a killed one's)
+        if lock_record(report) is not None:   # a trial that returned: the typical hold (not a killed one's)
             self.pacer.note_trial(held)
-        _note_span(camp.tally, report)
+        note_span(camp.tally, report)
         if result is None:        # infrastructure: the candidate was queued again (its duplicates need not be)
             self._finish_candidate(cand)
             return
@@ -418,7 +338,7 @@ class Loop:
         waiters = self.waiting.pop(cand.key, [])
         name = cand.trial.user_attrs.get("kernel_name") or ""
         stem = str((camp.kernels_dir / name).relative_to(self.opts.study_dir))
-        entry = from_result(cand.key, result, _value(result) if result.get("verified") else None, camp.name,
+        entry = from_result(cand.key, result, trial_value(result) if result.get("verified") else None, camp.name,
                             cand.trial.number, name, stem)
         if cacheable:
             self.cache.put(entry)
@@ -455,7 +375,7 @@ class Loop:
                 for cand in batch:
                     st.tell_infeasible(cand.camp.study, cand.trial, f"compile timeout after {self.opts.compile_timeout:g} s",
                                        stage="compile")
-                    _count(cand.camp.tally, "infeasible", None, cand.trial.number)
+                    count_outcome(cand.camp.tally, "infeasible", None, cand.trial.number)
                     self._finish_candidate(cand)
 
     def _leftovers(self) -> None:
@@ -490,166 +410,7 @@ def run_loop(camps: list[Campaign]) -> None:
             elif t.user_attrs.get("stage") == "validate":
                 c.tally.rejected += 1
             else:
-                _count(c.tally, t.state, t.value if t.state == optuna.trial.TrialState.COMPLETE else None, t.number,
+                count_outcome(c.tally, t.state, t.value if t.state == optuna.trial.TrialState.COMPLETE else None, t.number,
                        st.is_infeasible(t))
         c.tally.told = 0
     Loop(camps).run()
-
-
-# ---- telling ---------------------------------------------------------------------------------------
-
-def _value(result: dict) -> float:
-    return round(st.geomean(result["tflops"].values()), 3)
-
-
-def _count(tally: Tally, state, value, number: int, infeasible: bool | None = None) -> None:
-    from optuna.trial import TrialState
-
-    if state == TrialState.FAIL or state == "fail":
-        tally.failed += 1
-        return
-    if infeasible is None:
-        infeasible = state == "infeasible"
-    tally.told += 1
-    if infeasible:
-        tally.infeasible += 1
-        return
-    tally.done += 1
-    if value is not None and value > tally.best:
-        tally.best, tally.best_trial = value, number
-
-
-def _compile_outcomes(batch: list[Candidate], ref, wall_s: float):
-    """(candidate, "ready" | reason-of-failure | ("infra", msg)) per candidate of a finished batch. Each
-    trial records its batch's timing: ``compile`` = wall (driver: submit to result), task (the task's own
-    run: wall minus task is the wait for a CPU), the nvcc unit's seconds and kernels."""
-    import ray
-    from ray.exceptions import RayTaskError
-
-    try:
-        results = ray.get(ref)
-    except RayTaskError as exc:
-        msg = str(exc).strip().splitlines()[-1][:500]
-        return [(c, f"compile task error: {msg}") for c in batch]
-    except ray.exceptions.RayError as exc:
-        return [(c, ("infra", f"compile task lost: {type(exc).__name__}")) for c in batch]
-    out = []
-    for cand, res in zip(batch, results):
-        cand.trial.set_user_attr("kernel_name", res.get("kernel_name"))
-        if res.get("timing"):
-            cand.trial.set_user_attr("compile", {"batch": len(batch), "wall_s": round(wall_s, 2), **res["timing"]})
-        if not res["ok"]:
-            out.append((cand, res["error"]))
-            continue
-        cand.compiled = res
-        for attr in ("registers", "spill_stores"):
-            if res.get(attr) is not None:
-                cand.trial.set_user_attr(attr, res[attr])
-        out.append((cand, "ready"))
-    return out
-
-
-def _save_kernel(camp: Campaign, cand: Candidate, res: dict) -> None:
-    """Keep every compiled kernel on disk: the store takes the best one from here after the loop."""
-    import json
-
-    stem = camp.kernels_dir / res["kernel_name"]
-    stem.with_suffix(".cubin").write_bytes(res["cubin"])
-    stem.with_suffix(".cu").write_text(res.get("source") or "")
-    stem.with_suffix(".meta.json").write_text(json.dumps(res.get("meta") or {}, indent=1, default=str))
-
-
-def _infra(camp: Campaign, cand: Candidate, reason: str) -> None:
-    retries = int(cand.trial.user_attrs.get("infra_retries", 0))
-    st.tell_infra_failure(camp.study, cand.trial, cand.trial.params, reason, retries < camp.options.infra_retries)
-    camp.tally.failed += 1
-    camp.console.print(f"[yellow]trial {cand.trial.number}: infrastructure failure ({reason}); "
-                       f"{'queued again' if retries < camp.options.infra_retries else 'not retried again'}[/]")
-
-
-def _tell_measurement(camp: Campaign, cand: Candidate, ref) -> tuple[dict | None, dict | None, bool]:
-    """Tell the study what the GPU worker reported for this trial; returns (report, the candidate's result:
-    verified or not, whether the cache may keep it), with result None when the worker itself failed."""
-    import ray
-    from ray.exceptions import RayActorError, RayTaskError
-
-    trial = cand.trial
-    try:
-        report = ray.get(ref)
-    except RayActorError as exc:
-        # The worker died (its node lost, or killed as stuck): the trial did nothing wrong; queue it again.
-        camp.workers.replace(cand.slot, cand.worker)
-        lost = _lost_nodes(camp)
-        why = f"GPU node(s) {', '.join(n[:12] for n in lost)} lost" if lost else f"GPU worker lost: {type(exc).__name__}"
-        _infra(camp, cand, why)
-        return None, None, False
-    except RayTaskError as exc:   # the worker's own code raised: not the candidate's fault either
-        msg = str(exc).strip().splitlines()[-1][:300]
-        _infra(camp, cand, f"GPU worker error: {msg}")
-        return None, None, False
-    except ray.exceptions.RayError as exc:
-        _infra(camp, cand, f"{type(exc).__name__}: {str(exc)[:200]}")
-        return None, None, False
-    for k in ("node_id", "hostname", "pid", "gpu_ids"):
-        trial.set_user_attr(k, report.get(k))
-    outcome = report["outcome"]
-    if outcome != "result":
-        reason = {"crash": f"crash: {report['message']} (an out-of-bounds access or illegal address kills the "
-                           f"CUDA context)",
-                  "timeout": report["message"],
-                  "error": f"error in trial: {report['message']}"}.get(outcome, f"{outcome}: {report['message']}")
-        st.tell_infeasible(camp.study, trial, reason, stage="measure")
-        _count(camp.tally, "infeasible", None, trial.number)
-        # A crash or a hang is this kernel's own: recorded, so that a re-proposal costs no GPU time again
-        # (--remeasure tries it anyway). A worker's own error is not.
-        return report, {"verified": False, "reason": reason, "tflops": {}, "device_name": None}, \
-            outcome in ("crash", "timeout")
-    result = report["value"]
-    trial.set_user_attr("measure_seconds", round(time.monotonic() - cand.started, 2))
-    if result.get("seconds"):
-        trial.set_user_attr("stage_seconds", result["seconds"])
-    trial.set_user_attr("device_name", result.get("device_name"))
-    if result.get("replay_unknown"):
-        trial.set_user_attr("replay_unknown", True)
-    if result.get("gpu_lock"):   # when this trial held its GPU (time.time() of its host): timed sections never overlap
-        trial.set_user_attr("gpu_lock", result["gpu_lock"])
-    if not result["verified"]:
-        st.tell_infeasible(camp.study, trial, result["reason"], stage="verify", verification=result.get("verification"))
-        _count(camp.tally, "infeasible", None, trial.number)
-        return report, result, True
-    value = _value(result)
-    st.tell_feasible(camp.study, trial, value, tflops=result["tflops"], verification=result.get("verification"),
-                     backend=camp.backend.kind)
-    _count(camp.tally, "complete", value, trial.number)
-    return report, result, True
-
-
-def _lost_nodes(camp: Campaign) -> list[str]:
-    from .cluster import alive_nodes
-
-    alive = {n["NodeID"] for n in alive_nodes()}
-    return [n for n in camp.pool.node_ids if n not in alive]
-
-
-def _lock_record(report: dict | None) -> dict | None:
-    """The GPU lock span a trial reported (acquired and released), or None (killed, or never locked)."""
-    value = (report or {}).get("value")
-    lock = value.get("gpu_lock") if isinstance(value, dict) else None
-    return lock if lock and lock.get("acquired_at") and lock.get("released_at") else None
-
-
-def _held_seconds(report: dict | None) -> float:
-    """How long a finished trial held its GPU's lock: its own record, else (killed) as its worker saw it."""
-    lock = _lock_record(report)
-    if lock is not None:
-        return max(0.0, float(lock["released_at"]) - float(lock["acquired_at"]))
-    return float((report or {}).get("held_s") or 0.0)
-
-
-def _note_span(tally: Tally, report: dict | None) -> None:
-    """Keep when a returned trial held its GPU (host clock): the summary's steady-state occupancy."""
-    lock = _lock_record(report)
-    if lock is not None:
-        gpu = f"{(report or {}).get('node_id') or ''}/{lock.get('key')}"
-        tally.lock_spans.append((gpu, float(lock["acquired_at"]), float(lock["released_at"]),
-                                 float(lock.get("waited_s") or 0.0)))

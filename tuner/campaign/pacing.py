@@ -1,0 +1,90 @@
+"""How far the compiles run ahead of the GPUs, and in what batches (the campaign loop's pacing).
+
+Bounded lookahead. A sampler asked far ahead of its results proposes blindly (H200 run of 2026-11-22: 603
+asks, 132 compiled and never measured). So the loop asks only when a compile slot is free and the kernels
+compiling or compiled-and-waiting are fewer than the GPUs need next: Little's law, the GPUs' measured
+rate (trials per second) times a compile batch's measured latency, with a floor of 2 x the GPU trial
+slots before either is known; the kernels compiled and waiting never exceed 2 x the GPU trial slots.
+"""
+from __future__ import annotations
+
+import math
+
+EWMA = 0.3                # weight of the newest compile latency / GPU time in the pacing estimates
+# A hung kernel (a pipeline deadlock) holds its GPU until killed. Once the typical trial's hold is known,
+# a trial gets HANG_FACTOR times that, at least HANG_FLOOR_S (and never more than --trial-timeout): on the
+# H100 (2026-11-23) a trial held the GPU ~1.5 s and eight hung ones held it 30 s each, half of that run.
+HANG_FACTOR = 10.0
+HANG_FLOOR_S = 20.0
+
+
+class Pacer:
+    """How many kernels should be compiling or compiled-and-waiting (see the module doc)."""
+
+    def __init__(self, n_gpus: int, gpu_slots: int, compile_slots: int = 0):
+        self.n_gpus, self.gpu_slots, self.compile_slots = n_gpus, gpu_slots, compile_slots
+        self.compile_s: float | None = None     # one batch, submit to result
+        self.trial_s: float | None = None       # one trial's hold of its GPU
+
+    def note_compile(self, seconds: float) -> None:
+        self.compile_s = seconds if self.compile_s is None else (1 - EWMA) * self.compile_s + EWMA * seconds
+
+    def note_trial(self, seconds: float) -> None:
+        if seconds > 0:
+            self.trial_s = seconds if self.trial_s is None else (1 - EWMA) * self.trial_s + EWMA * seconds
+
+    @property
+    def ready_cap(self) -> int:
+        return 2 * self.gpu_slots
+
+    def target(self) -> int:
+        floor = 2 * self.gpu_slots
+        if self.compile_s is None or self.trial_s is None:
+            # Before the first measurements the sampler proposes its start-up points and the seeds, which
+            # no result would change: fill the compile slots too, so the GPUs do not wait on the ramp-up
+            # (the H100 run of 2026-11-23 measured 15 trials in its first 77 s with the floor alone).
+            return floor + self.compile_slots
+        rate = self.n_gpus / self.trial_s
+        return max(floor, math.ceil(1.25 * rate * self.compile_s))
+
+    def room(self, in_compile: int, ready: int, seconds_left: float | None = None) -> int:
+        """Kernels to start compiling now; near the end of ``--timeout`` no more than the GPUs can still
+        measure after they compile (so the budget does not end with compiled kernels never measured)."""
+        if self.n_gpus == 0:           # dry run: the compile slots are the only bound
+            return 1 << 30
+        if ready >= self.ready_cap:
+            return 0
+        room = self.target() - in_compile - ready
+        if seconds_left is not None and self.compile_s is not None and self.trial_s is not None:
+            can_measure = int(self.n_gpus * (seconds_left - self.compile_s) / self.trial_s)
+            room = min(room, can_measure - in_compile - ready)
+        return room
+
+    def trial_limit(self, cap: float) -> float:
+        """The seconds a trial may hold its GPU before it is taken for hung."""
+        if self.trial_s is None:
+            return cap
+        return min(cap, max(HANG_FLOOR_S, HANG_FACTOR * self.trial_s))
+
+
+def batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> int:
+    """While the GPUs wait for their first kernels, the first round of compile slots gets small batches (half
+    of them one kernel, then two): a lone Hopper kernel builds in ~11 s, four in one unit in ~18 s on a
+    2-core machine (BENCHMARKS.md), so the first trials start sooner; then ``full`` for throughput."""
+    if n_gpus == 0:
+        return full
+    if sent < max(1, compile_slots // 2):
+        return 1
+    if sent < max(2, compile_slots):
+        return min(full, 2)
+    return full
+
+
+def one_unit_each(batch: list) -> list[list]:
+    """A batch split by preamble, in ask order. nvcc builds kernels of different preambles (a Hopper sketch
+    and the sm80-class fa2 ones) as separate units one after the other inside a task; as separate tasks they
+    build side by side on two CPUs, and a kernel's latency is its own unit's."""
+    units: dict[str, list] = {}
+    for cand in batch:
+        units.setdefault("" if cand.kernel is None else cand.kernel.preamble, []).append(cand)
+    return list(units.values())
