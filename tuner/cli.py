@@ -88,8 +88,8 @@ def campaign(
         return
     if gpu is None or (variant is None and model is None):
         typer.echo(ctx.get_help())
-        raise _fail_usage("a campaign needs --gpu and --variant or --model (or use a sub-command: check, gpus, "
-                          "models, build, bench, export)")
+        raise _fail_usage("a campaign needs --gpu and --variant or --model (or use a sub-command: "
+                          f"{', '.join(command_names())})")
     from tuner.campaign import CampaignOptions, run_campaign
 
     options = CampaignOptions(
@@ -180,7 +180,9 @@ def export_cmd(
     raise typer.Exit(run_export(gpu=gpu, variant=variant, study_dir=study_dir, out_dir=out))
 
 
-COMMANDS = ("check", "gpus", "models", "build", "bench", "export")
+def command_names() -> tuple[str, ...]:
+    """The sub-commands registered on the app (a new one joins the list by being registered)."""
+    return tuple(c.name or c.callback.__name__.replace("_", "-") for c in app.registered_commands)
 
 
 def campaign_argv(argv: list[str]) -> list[str]:
@@ -188,7 +190,8 @@ def campaign_argv(argv: list[str]) -> list[str]:
     value form becomes the hidden ``--causal-mode``. Sub-commands keep their plain flags."""
     from tuner.campaign.combos import CAUSAL_WORDS
 
-    if any(a in COMMANDS for a in argv):
+    commands = command_names()
+    if any(a in commands for a in argv):
         return argv
     out, i = [], 0
     while i < len(argv):
