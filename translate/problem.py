@@ -10,6 +10,7 @@ DTYPES = ("fp16", "bf16")
 # Head layouts of the variants at hidden 2048 (the paper grid) and DeepSeek-V3's MLA prefill.
 GQA_GROUP = 8          # 64 query heads share 8 KV heads in the anchors: group 8
 MLA_D_QK, MLA_D_V = 192, 128
+HEAD_DIMS = (64, 128)   # the head dims (d_qk == d_v) of the other variants' kernels
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,6 @@ def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> Ke
             raise ValueError(f"mla has head dims q/k {MLA_D_QK}, v {MLA_D_V}; --head-dim {head_dim} does not apply")
         return KernelSpec(variant, MLA_D_QK, MLA_D_V, causal, dtype)
     hd = 128 if head_dim is None else head_dim
-    if hd not in (64, 128):
-        raise ValueError(f"head dim {hd} is not supported; choose 64 or 128")
+    if hd not in HEAD_DIMS:
+        raise ValueError(f"head dim {hd} is not supported; choose {' or '.join(map(str, HEAD_DIMS))}")
     return KernelSpec(variant, hd, hd, causal, dtype)

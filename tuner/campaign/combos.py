@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tuner.models import ModelError, get_model
-from tuner.problem import DTYPES, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems, spec_for
+from tuner.problem import (DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems,
+                           spec_for)
 
-HEAD_DIMS = (64, 128)  # the non-MLA kernels' head dims (spec_for)
 CAUSAL_WORDS = {"both": (True, False),
                 "true": (True,), "causal": (True,), "yes": (True,), "1": (True,),
                 "false": (False,), "noncausal": (False,), "no": (False,), "0": (False,)}
