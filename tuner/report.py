@@ -86,11 +86,26 @@ def _base_cell(row: dict, key: str) -> str:
     return _fmt(value)
 
 
+def _by_shape(rows: list[dict]) -> list[dict]:
+    return sorted(rows, key=lambda r: (str(r.get("causal")), _row_seqlen(r)))
+
+
+def _against_libraries(rows: list[dict]) -> list[str]:
+    """The markdown table of our kernel against each library per shape: TFLOPS, then our ratio to each."""
+    header = ["shape", "ours"] + [n for _, n in BASELINES] + [f"ours/{n}" for _, n in BASELINES]
+    table = []
+    for r in _by_shape(rows):
+        ours = _row_ours(r)
+        table.append([_row_label(r), _fmt(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
+                     + [_fmt(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
+    return _md_table(header, table)
+
+
 def _missing_baselines(rows: list[dict]) -> list[str]:
     """One line per library and reason: why it has no number at which shapes."""
     names = dict(BASELINES)
     by_reason: dict[tuple[str, str], list[str]] = {}
-    for r in sorted(rows, key=lambda r: (str(r.get("causal")), _row_seqlen(r))):
+    for r in _by_shape(rows):
         for key, _ in BASELINES:
             why = r.get(f"{key}_err")
             if why and _num(r.get(key)) is None:
@@ -262,14 +277,7 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
             lines += ["![TFLOPS against seqlen](tflops_vs_seqlen.png)", ""]
         elif no_plots is not None:
             lines += [f"({no_plots}.)", ""]
-        header = ["shape", "ours"] + [f"{n}" for _, n in BASELINES] + [f"ours/{n}" for _, n in BASELINES]
-        rows = []
-        for r in sorted(bench_rows, key=lambda r: (str(r.get("causal")), _row_seqlen(r))):
-            ours = _row_ours(r)
-            rows.append([_row_label(r), _fmt(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
-                        + [_fmt(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
-        lines += _md_table(header, rows)
-        lines.append("")
+        lines += _against_libraries(bench_rows) + [""]
         missing = _missing_baselines(bench_rows)
         if missing:
             lines += ["Libraries without a number:", ""] + missing + [""]
@@ -303,13 +311,7 @@ def write_campaign_report(study_dir, gpu: str, sections: list[dict]) -> Path:
         if not rows:
             lines += ["No verified kernel.", ""]
             continue
-        header = ["shape", "ours"] + [n for _, n in BASELINES] + [f"ours/{n}" for _, n in BASELINES]
-        table = []
-        for r in sorted(rows, key=_row_seqlen):
-            ours = _row_ours(r)
-            table.append([_row_label(r), _fmt(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
-                         + [_fmt(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
-        lines += _md_table(header, table) + [""]
+        lines += _against_libraries(rows) + [""]
     path = study_dir / f"campaign-{gpu}.md"
     study_dir.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
