@@ -42,6 +42,14 @@ def grid_values(path: Path = FIXTURE) -> dict[str, float]:
     return {k: st.geomean(e["tflops"].values()) for k, e in data.entries.items() if "tflops" in e}
 
 
+def _quiet_study(sampler_kind: str, seed: int) -> optuna.Study:
+    """An in-memory study of the campaign's sampler, without Optuna's per-trial logs and warnings."""
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return optuna.create_study(direction="maximize", sampler=st.make_sampler(sampler_kind, seed))
+
+
 def trials_to_target(sampler_kind: str, seed: int, values: dict[str, float], budget: int,
                      within: float = 0.03) -> int | None:
     """Trials until the best value is within ``within`` of the grid's best; None if the budget ends first."""
@@ -49,10 +57,7 @@ def trials_to_target(sampler_kind: str, seed: int, values: dict[str, float], bud
     spec = spec_for("mha", 128, "bf16", True)
     problems = grid_problems("mha", 128, "bf16", True)
     target = (1.0 - within) * max(values.values())
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        study = optuna.create_study(direction="maximize", sampler=st.make_sampler(sampler_kind, seed))
+    study = _quiet_study(sampler_kind, seed)
     for n in range(1, budget + 1):
         trial = study.ask()
         params = suggest(trial, space, profile, spec)
@@ -163,10 +168,7 @@ def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqu
     fs, values = grid or measured_grid()
     rng = random.Random(seed)
     target = (1.0 - within) * max(values.values())
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        study = optuna.create_study(direction="maximize", sampler=st.make_sampler(sampler_kind, seed))
+    study = _quiet_study(sampler_kind, seed)
     if enqueue_seeds:
         for chosen in published_seeds(fs):
             study.enqueue_trial(chosen)

@@ -16,12 +16,19 @@ from tuner.problem import KernelSpec
 pytestmark = pytest.mark.slow
 
 
-def _build(gpu: str, spec: KernelSpec):
+def _need_toolchain(sass: bool = False) -> None:
+    """Skip unless nvcc and the CUTLASS headers (and, for ``sass``, cuobjdump) are installed."""
     try:
         nvcc.find_nvcc()
         nvcc.cutlass_include_dir()
+        if sass:
+            nvcc.find_cuobjdump()
     except nvcc.ToolNotFound as exc:
         pytest.skip(str(exc))
+
+
+def _build(gpu: str, spec: KernelSpec):
+    _need_toolchain()
     profile = load_profile(gpu)
     text = tl.sketch_path(spec.variant, spec.causal).read_text()
     gen = translate.generate(tl.parse_program(text), default_params(profile, spec), profile, spec)
@@ -59,11 +66,7 @@ def test_sm75_build_uses_turing_mma_without_cp_async():
 def _build_hopper(spec: KernelSpec, schedule: str):
     from translate.defaults import hopper_params
 
-    try:
-        nvcc.find_nvcc()
-        nvcc.cutlass_include_dir()
-    except nvcc.ToolNotFound as exc:
-        pytest.skip(str(exc))
+    _need_toolchain()
     profile = load_profile("h100")
     ws = schedule.startswith("ws_")
     program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, schedule))
@@ -106,12 +109,7 @@ def test_a_declared_wgmma_op_builds_the_sass_of_cutes_extended_shapes_and_shares
     from translate.params import KernelParams
     from translate.sm90.emit import wgmma_declarations
 
-    try:
-        nvcc.find_nvcc()
-        nvcc.cutlass_include_dir()
-        nvcc.find_cuobjdump()
-    except nvcc.ToolNotFound as exc:
-        pytest.skip(str(exc))
+    _need_toolchain(sass=True)
     profile, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")
     program = tl.parse_program(tl.load_sketch("mha", True, "ws_overlap"))
     base = hopper_params(profile, spec).to_dict()
