@@ -64,6 +64,11 @@ class Profile:
         return self.compute_capability[0] * 10 + self.compute_capability[1]
 
     @property
+    def default_dtype(self) -> str:
+        """bf16 where the tensor cores have it, else fp16 (Turing)."""
+        return "bf16" if "bf16" in self.dtypes else "fp16"
+
+    @property
     def arch_family(self) -> str:
         """Cubins are stored per architecture: sm75, sm80, sm89, sm90."""
         return f"sm{self.sm}"

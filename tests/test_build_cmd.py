@@ -12,7 +12,7 @@ import translate
 from hardware_profiles import available_profiles, load_profile
 from translate.defaults import default_params, probe_problem
 from translate.params import KernelParams, smem_bytes, validate
-from tuner.build_cmd import UsageError, default_dtype, parse_params_arg
+from tuner.build_cmd import UsageError, parse_params_arg
 from tuner.cli import app
 from tuner.problem import spec_for
 
@@ -53,7 +53,7 @@ def test_default_params_on_turing_use_sm75_atoms_and_fit_under_64kb():
 def test_every_profile_has_a_legal_default_for_every_variant():
     for gpu in available_profiles():
         profile = load_profile(gpu)
-        dtype = default_dtype(profile)
+        dtype = profile.default_dtype
         for variant, hd in (("mha", 64), ("mha", 128), ("gqa", 128), ("mqa", 64), ("mla", None)):
             for causal in (False, True):
                 spec = spec_for(variant, hd, dtype, causal)
@@ -61,8 +61,8 @@ def test_every_profile_has_a_legal_default_for_every_variant():
 
 
 def test_default_dtype_is_bf16_where_supported():
-    assert default_dtype(load_profile("h100")) == "bf16"
-    assert default_dtype(load_profile("t4")) == "fp16"
+    assert load_profile("h100").default_dtype == "bf16"
+    assert load_profile("t4").default_dtype == "fp16"
 
 
 # -- --params -----------------------------------------------------------------------------------------

@@ -18,11 +18,6 @@ class UsageError(ValueError):
     """Bad command-line input (exit 2)."""
 
 
-def default_dtype(profile: Profile) -> str:
-    """bf16 where the tensor cores have it, else fp16 (Turing)."""
-    return "bf16" if "bf16" in profile.dtypes else "fp16"
-
-
 def parse_params_arg(text: Optional[str], base: KernelParams) -> KernelParams:
     """``--params``: a JSON object, or a file holding one; fields not given keep the base's values."""
     if text is None:
@@ -60,7 +55,7 @@ def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optio
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
     try:
-        spec = spec_for(variant, head_dim, dtype or default_dtype(profile), causal)
+        spec = spec_for(variant, head_dim, dtype or profile.default_dtype, causal)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return profile, spec

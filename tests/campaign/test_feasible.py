@@ -19,7 +19,7 @@ ASKS = 2000
 def _spaces():
     for gpu in available_profiles():
         profile = load_profile(gpu)
-        dtype = "bf16" if "bf16" in profile.dtypes else "fp16"
+        dtype = profile.default_dtype
         for variant in VARIANTS:
             for hd in ((None,) if variant == "mla" else (64, 128)):
                 yield gpu, variant, hd, dtype

@@ -90,7 +90,7 @@ def _head_dims(value: str | int | None, variants: list[str]) -> list[int | None]
 
 def _dtypes(value: str | None, profile) -> list[str]:
     if value is None:
-        return ["bf16" if "bf16" in profile.dtypes else "fp16"]
+        return [profile.default_dtype]
     items = _items("dtype", value)
     for d in items:
         if d not in DTYPES:
