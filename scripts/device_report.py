@@ -49,11 +49,10 @@ def check(export_dir: str, out_json: str, fake_gpu: bool = False, model: str | N
             sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
             from tests.campaign import gpu_fakes
 
-            class OnFakeGpu(ExportedAttention):
-                def _device_name_of(self, tensor):
-                    return gpu_fakes.DEVICE_NAME
+            from tuner.serving import DeviceFacts
 
-            attention = OnFakeGpu(read_configs(Path(export_dir)), kernel_loader=gpu_fakes.fake_load_kernel)
+            attention = ExportedAttention(read_configs(Path(export_dir)), kernel_loader=gpu_fakes.fake_load_kernel,
+                                          devices={("cpu", None): DeviceFacts(gpu_fakes.DEVICE_NAME, (9, 0))})
             device, shapes = "cpu", FAKE_SHAPES
         else:
             attention = load_exported(export_dir)

@@ -443,7 +443,6 @@ def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
     if params.s2r_atom not in S2R_OPS:
         raise TranslationError(f"unknown shared->register copy atom {params.s2r_atom}")
     s2r_qk, s2r_v = S2R_OPS[params.s2r_atom]
-    scale = 1.0 / math.sqrt(spec.d_qk)
     return [
         f"using Element = {elem};",
         f"constexpr int kBlockM = {params.block_m};",
@@ -454,8 +453,6 @@ def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
         f"constexpr int kHeadDimV = {spec.d_v};",
         f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
         f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
-        f"constexpr float kScaleLog2 = {scale * math.log2(math.e)!r}f;  // log2(e) / sqrt(d_qk), folded into exp2",
-        f"[[maybe_unused]] constexpr float kSoftmaxScale = {scale!r}f;",
         "",
         f"using TiledMma = TiledMMA<MMA_Atom<{mma}>, Layout<Shape<Int<kNWarps>, _1, _1>>,",
         "                          Tile<Int<16 * kNWarps>, _16, _16>>;  // warps along M, 16 rows each",
@@ -486,6 +483,7 @@ def kernel_setup() -> list[str]:
     return [
         "extern __shared__ __align__(128) char attn_smem[];",
         "const int tidx = threadIdx.x;",
+        *scale_setup(),
         "// causal: the heaviest query tiles (most keys) are scheduled first",
         "const int m_block = kCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);",
         "const int bidh = blockIdx.y;",
@@ -524,13 +522,27 @@ def kernel_setup() -> list[str]:
     ]
 
 
-def kernel_signature(name: str) -> list[str]:
+def kernel_arguments() -> list[str]:
+    """The C++ parameters of KERNEL_ARGS (translate/kernel.py), in order."""
     args = ["const Element* __restrict__ q_ptr", "const Element* __restrict__ k_ptr",
             "const Element* __restrict__ v_ptr", "Element* __restrict__ o_ptr",
             "const int seqlen_q", "const int seqlen_k", "const int group"]
     for r in "qkvo":
         args += [f"const int64_t {r}_batch_stride", f"const int64_t {r}_row_stride", f"const int64_t {r}_head_stride"]
+    return args + ["const float softmax_scale_log2"]
+
+
+def kernel_signature(name: str, args: list[str] | None = None) -> list[str]:
+    args = kernel_arguments() if args is None else args
     lines = [f'extern "C" __global__ void __launch_bounds__(kNThreads, 1) {name}(']
     for i, a in enumerate(args):
         lines.append(f"    {a}{',' if i < len(args) - 1 else ') {'}")
     return lines
+
+
+def scale_setup() -> list[str]:
+    """The softmax scale is a launch argument (any positive scale: a model's own, DeepSeek's MLA scaling),
+    read once per thread; the kernel's constant-folded form cost nothing measurable over it (an FFMA takes
+    the register as readily as an immediate)."""
+    return ["const float kScaleLog2 = softmax_scale_log2;  // log2(e) * softmax scale, folded into exp2",
+            "[[maybe_unused]] const float kSoftmaxScale = softmax_scale_log2 * (1.f / kLog2e);"]

@@ -7,7 +7,7 @@ from translate.params import KernelParams
 from translate.problem import KernelSpec
 
 # Bump when the kernel's argument list or launch geometry changes; the runtime checks it.
-ABI_VERSION = 1
+ABI_VERSION = 2   # 2: the softmax scale is a launch argument (softmax_scale_log2)
 
 # The kernel's arguments, in order (runtime.py packs them; see the emitted signature).
 KERNEL_ARGS = (
@@ -17,6 +17,7 @@ KERNEL_ARGS = (
     ("k_batch_stride", "i64"), ("k_row_stride", "i64"), ("k_head_stride", "i64"),
     ("v_batch_stride", "i64"), ("v_row_stride", "i64"), ("v_head_stride", "i64"),
     ("o_batch_stride", "i64"), ("o_row_stride", "i64"), ("o_head_stride", "i64"),
+    ("softmax_scale_log2", "f32"),
 )
 
 

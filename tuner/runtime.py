@@ -1,8 +1,15 @@
-"""Load a generated kernel's cubin (or PTX) in the GPU process and launch it on torch tensors.
+"""Load a generated kernel's cubin (or PTX) and launch it on torch tensors through the CUDA driver API.
 
-CuPy loads the module (cuModuleLoad: a cubin for this GPU, or PTX that the driver JIT-compiles — how
-sm75 kernels are cross-checked on a Hopper GPU) and launches on torch's current stream. CuPy and torch
-are imported lazily, so this module imports on machines without a GPU.
+cuda-python's ``cuda.bindings.driver`` loads the module into the device's primary context (the one torch
+uses): a cubin for this GPU, or PTX that the driver JIT-compiles (how sm75 kernels are cross-checked on a
+Hopper GPU). A launch is ``cuLaunchKernel`` on torch's current stream. Imports of torch and cuda-python are
+lazy, so this module imports on machines without a GPU.
+
+Launch cost is the point of this module (a decode-sized call is all launch): everything that depends only on
+the call's shapes, strides, dtypes, device and scale is validated and packed once into a ``LaunchPlan``
+(grid, the kernel's parameter buffer, its TMA descriptors); a later call with the same key looks the plan
+up, writes the four data pointers (and the descriptors' global addresses, see tuner.tma.AddressPatch) into
+the buffer and calls the driver.
 
 Layout (FlashAttention's): q (b, sq, hq, d_qk), k (b, sk, hkv, d_qk), v (b, sk, hkv, d_v) -> out
 (b, sq, hq, d_v). Any strides work as long as the head dim is contiguous and the other strides keep
@@ -10,78 +17,59 @@ Layout (FlashAttention's): q (b, sq, hq, d_qk), k (b, sk, hkv, d_qk), v (b, sk, 
 """
 from __future__ import annotations
 
-import os
-import tempfile
-from dataclasses import dataclass
+import ctypes
+import math
+import struct
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ABI_VERSION = 1
+ABI_VERSION = 2                 # what translate emits now (translate/kernel.py)
+SUPPORTED_ABIS = (1, 2)         # 1: the softmax scale was compiled in as 1/sqrt(d_qk)
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-# The argument list of kernels whose metadata predates "args" (translate/kernel.py KERNEL_ARGS).
+# The argument list of kernels whose metadata predates "args" (translate/kernel.py KERNEL_ARGS of ABI 1).
 DEFAULT_ARGS = [("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"), ("seqlen_q", "i32"), ("seqlen_k", "i32"),
                 ("group", "i32")] + [(f"{t}_{w}_stride", "i64") for t in "qkvo" for w in ("batch", "row", "head")]
 _DEFAULT_SMEM_LIMIT = 48 * 1024
+_LOG2E = math.log2(math.e)
+_MAX_PLANS = 256               # per kernel; a model has a handful of shapes per layer kind
+_CUDA_ERROR_INVALID_CONTEXT = 201
 
 
 class KernelLoadError(RuntimeError):
-    """The module or its kernel could not be loaded (wrong architecture, missing symbol, no CuPy)."""
+    """The module or its kernel could not be loaded (wrong architecture, missing symbol, no cuda-python)."""
 
 
 class KernelLaunchError(RuntimeError):
     """The launch was refused or the kernel faulted."""
 
 
-def _cupy():
-    try:
-        import cupy
-    except ImportError as exc:   # pragma: no cover - depends on the machine
-        raise KernelLoadError("tuner.runtime needs CuPy on the GPU machine (pip install cupy-cuda13x)") from exc
-    return cupy
-
-
-def load_kernel(binary: bytes | str | Path, meta: dict) -> "AttentionKernel":
-    """Load ``binary`` (cubin or PTX bytes, or a path to one) and return a launchable kernel.
-
-    ``meta`` is ``GeneratedKernel.meta()`` (name, threads, shared memory, tile sizes, spec).
-    """
-    if meta.get("abi") != ABI_VERSION:
-        raise KernelLoadError(f"kernel ABI {meta.get('abi')!r} does not match this runtime's {ABI_VERSION}; "
-                              "rebuild the kernel")
+def check_meta(meta: dict) -> None:
+    """The metadata a kernel needs to be launched; KernelLoadError naming what is wrong."""
+    if meta.get("abi") not in SUPPORTED_ABIS:
+        raise KernelLoadError(f"kernel ABI {meta.get('abi')!r} is not one this runtime launches "
+                              f"({', '.join(map(str, SUPPORTED_ABIS))}); rebuild the kernel")
     for key in ("name", "num_threads", "smem_bytes", "block_m", "spec"):
         if key not in meta:
             raise KernelLoadError(f"kernel metadata lacks {key!r}")
-    cupy = _cupy()
-    data = Path(binary).read_bytes() if isinstance(binary, (str, Path)) else bytes(binary)
-    if not data:
-        raise KernelLoadError("empty kernel binary")
-    is_ptx = data.lstrip().startswith(b"//") or b".version" in data[:4096]
-    fd, path = tempfile.mkstemp(suffix=".ptx" if is_ptx else ".cubin")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        try:
-            module = cupy.RawModule(path=path)
-            function = module.get_function(meta["name"])
-            function.attributes   # forces the load now, so errors surface here
-        except Exception as exc:
-            raise KernelLoadError(f"cannot load {meta['name']} ({'PTX' if is_ptx else 'cubin'}): {exc}") from exc
-    finally:
-        os.unlink(path)
-    smem = int(meta["smem_bytes"])
-    if smem > _DEFAULT_SMEM_LIMIT:
-        try:
-            function.max_dynamic_shared_size_bytes = smem
-        except Exception as exc:
-            raise KernelLoadError(f"{meta['name']} needs {smem} bytes of shared memory; the GPU refused: {exc}") \
-                from exc
-    return AttentionKernel(meta=dict(meta), _module=module, _function=function)
 
 
-def _sm_count(device) -> int:
-    import torch
+def cubin_arch(data: bytes) -> tuple[int, int] | None:
+    """The SM (major, minor) a cubin's ELF header names, or None when ``data`` is not a CUDA ELF (PTX).
 
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    CUDA ELF files carry OS ABI 0x41; from ABI version 8 (nvcc 12.8+) the SM sits in bits 8-15 of
+    e_flags (sm_90a: 0x5a), before it in bits 0-7 (checked with nvcc 13.0: tests/test_runtime.py)."""
+    if len(data) < 52 or data[:4] != b"\x7fELF" or data[7] != 0x41:
+        return None
+    flags = struct.unpack_from("<I", data, 48)[0]
+    sm = (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
+    return (sm // 10, sm % 10) if sm else None
+
+
+def runs_on(cubin_sm: tuple[int, int], capability: tuple[int, int]) -> bool:
+    """SASS runs on its own major family at the same or a later minor (an sm_90a cubin only on 9.0)."""
+    return cubin_sm[0] == capability[0] and cubin_sm[1] <= capability[1]
 
 
 def _driver():
@@ -91,155 +79,408 @@ def _driver():
         try:
             from cuda import cuda as driver
         except ImportError as exc:
-            raise KernelLoadError("Hopper kernels with TMA descriptors need cuda-python on the GPU machine "
-                                  "(pip install cuda-python)") from exc
+            raise KernelLoadError("tuner.runtime needs cuda-python on the GPU machine (pip install cuda-python)") \
+                from exc
     return driver
+
+
+def _check(result, what: str):
+    """cuda-python returns (CUresult, values...): the values, or KernelLoadError naming the driver's error."""
+    err = result[0]
+    if int(err) != 0:
+        driver = _driver()
+        name = driver.cuGetErrorName(err)[1]
+        raise KernelLoadError(f"{what}: {name.decode() if isinstance(name, bytes) else err}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+_contexts: dict = {}
+
+
+def _device(device_index: int):
+    """(CUdevice, its primary context: torch's), retained once per process."""
+    found = _contexts.get(device_index)
+    if found is None:
+        driver = _driver()
+        _check(driver.cuInit(0), "cuInit")
+        dev = _check(driver.cuDeviceGet(device_index), f"cuDeviceGet({device_index})")
+        found = _contexts[device_index] = (dev, _check(driver.cuDevicePrimaryCtxRetain(dev),
+                                                       "cuDevicePrimaryCtxRetain"))
+    return found
+
+
+def primary_context(device_index: int):
+    return _device(device_index)[1]
+
+
+class _Current:
+    """The device's primary context made current for a block (pushed and popped)."""
+
+    def __init__(self, device_index: int):
+        self.ctx = primary_context(device_index)
+
+    def __enter__(self):
+        _check(_driver().cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
+
+    def __exit__(self, *exc):
+        _driver().cuCtxPopCurrent()
+
+
+def load_kernel(binary: bytes | str | Path, meta: dict, device: int | None = None) -> "AttentionKernel":
+    """Load ``binary`` (cubin or PTX bytes, or a path to one) into GPU ``device`` (default: torch's current
+    device) and return a launchable kernel. ``meta`` is ``GeneratedKernel.meta()``."""
+    check_meta(meta)
+    data = Path(binary).read_bytes() if isinstance(binary, (str, Path)) else bytes(binary)
+    if not data:
+        raise KernelLoadError("empty kernel binary")
+    import torch
+
+    index = torch.cuda.current_device() if device is None else int(device)
+    arch = cubin_arch(data)
+    capability = torch.cuda.get_device_capability(index)
+    if arch is not None and not runs_on(arch, capability):
+        raise KernelLoadError(f"{meta['name']} is a cubin for sm_{arch[0]}{arch[1]}; GPU {index} "
+                              f"({torch.cuda.get_device_name(index)}) is sm_{capability[0]}{capability[1]}")
+    driver = _driver()
+    image = ctypes.create_string_buffer(data)   # NUL-terminated: PTX needs it, a cubin ignores it
+    what = f"{meta['name']} ({'cubin' if arch else 'PTX'})"
+    with _Current(index):
+        module = _check(driver.cuModuleLoadData(ctypes.addressof(image)), f"cannot load {what}")
+        function = _check(driver.cuModuleGetFunction(module, meta["name"].encode()), f"cannot find {what}")
+        smem = int(meta["smem_bytes"])
+        if smem > _DEFAULT_SMEM_LIMIT:
+            attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+            _check(driver.cuFuncSetAttribute(function, attr, smem),
+                   f"{meta['name']} needs {smem} bytes of shared memory; the GPU refused")
+        sms = _check(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, _device(index)[0]),
+            "cuDeviceGetAttribute")
+    return AttentionKernel(meta=dict(meta), device_index=index, _module=module, _function=function, _sm_count=sms)
+
+
+def _arg_slots(args) -> tuple[dict, int]:
+    """Byte offset of each kernel argument in the parameter buffer: the four data pointers first (one
+    pack per call), then the tile counter, the scalars, and the 128-byte TMA descriptors 64-byte aligned."""
+    order = ["q", "k", "v", "o", "tile_counter"]
+    offsets, at = {}, 0
+    for name in order:
+        if any(a == name for a, _ in args):
+            offsets[name] = order.index(name) * 8
+    at = 40
+    for name, kind in args:
+        if name in offsets or kind.startswith("tensormap:"):
+            continue
+        offsets[name] = at
+        at += 8
+    at = (at + 63) // 64 * 64
+    for name, kind in args:
+        if kind.startswith("tensormap:"):
+            offsets[name] = at
+            at += 128
+    return offsets, at
+
+
+_SCALAR_FORMAT = {"i32": "<i", "i64": "<q", "f32": "<f", "ptr": "<Q"}
+_FOUR_POINTERS = struct.Struct("<4Q")
+_POINTER = struct.Struct("<Q")
+
+
+@dataclass
+class LaunchPlan:
+    """One call signature, validated and packed: what a launch writes per call is only the pointers."""
+
+    grid: tuple
+    out_shape: tuple
+    params: Any                  # ctypes buffer of every argument's bytes
+    pointers: Any                # (c_void_p * n): where each argument lies, in the kernel's order
+    prefix: tuple                # cuLaunchKernel's arguments before the stream: function, grid, block, smem
+    pointers_address: int
+    maps: list                   # _MapSlot per TMA descriptor, kept pointing at the call's tensors
+    persistent_counter: bool
+    lock: Any
 
 
 @dataclass
 class AttentionKernel:
     meta: dict
+    device_index: int
     _module: Any
     _function: Any
-    _maps: Any = None      # TensorMapCache, for kernels that take TMA descriptors
-    _launches: Any = None  # (stream, grid, scalar args) -> prepared cuLaunchKernel call
-    _counters: Any = None  # (device, stream) -> the tile counter of persistent kernels
-
-    def _tile_counter(self, device, stream_handle: int) -> int:
-        """A zeroed pair of ints per (device, stream) for a persistent kernel's tile counter; the kernel
-        leaves it zeroed for the next launch (its last CTA resets it)."""
-        import torch
-
-        if self._counters is None:
-            self._counters = {}
-        key = (device.index, stream_handle)
-        if key not in self._counters:
-            self._counters[key] = torch.zeros(2, dtype=torch.int32, device=device)
-        return self._counters[key].data_ptr()
-
-    @property
-    def tensor_map_args(self) -> list[tuple[str, str]]:
-        """(argument, tensor) of the TMA descriptors the kernel takes after the pointer/stride arguments."""
-        return [(name, kind.split(":", 1)[1]) for name, kind in self.meta.get("args", [])
-                if kind.startswith("tensormap:")]
+    _sm_count: int
+    _plans: Any = None       # call key -> LaunchPlan
+    _counters: dict = field(default_factory=dict)          # stream handle -> tile counter address
+    _counter_tensors: list = field(default_factory=list)   # what keeps those counters allocated
+    _streams: dict = field(default_factory=dict)            # stream handle -> CUstream
 
     @property
     def name(self) -> str:
         return self.meta["name"]
 
+    @property
+    def args(self) -> list:
+        return [tuple(a) for a in self.meta.get("args", DEFAULT_ARGS)]
+
+    @property
+    def takes_scale(self) -> bool:
+        """Whether the softmax scale is a launch argument (ABI 2); else the kernel computes 1/sqrt(d_qk)."""
+        return any(name == "softmax_scale_log2" for name, _ in self.args)
+
+    @property
+    def tensor_map_args(self) -> list[tuple[str, str]]:
+        """(argument, tensor) of the TMA descriptors the kernel takes."""
+        return [(name, kind.split(":", 1)[1]) for name, kind in self.args if kind.startswith("tensormap:")]
+
     def resources(self) -> dict:
         """Registers and local memory per thread as the driver reports them."""
-        a = self._function.attributes
-        return {"num_regs": a.get("num_regs"), "local_size_bytes": a.get("local_size_bytes"),
-                "shared_size_bytes": a.get("shared_size_bytes")}
+        driver = _driver()
+        attr = driver.CUfunction_attribute
+        out = {}
+        for key, a in (("num_regs", attr.CU_FUNC_ATTRIBUTE_NUM_REGS),
+                       ("local_size_bytes", attr.CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+                       ("shared_size_bytes", attr.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES)):
+            err, value = driver.cuFuncGetAttribute(a, self._function)
+            out[key] = value if int(err) == 0 else None
+        return out
 
-    def __call__(self, q, k, v, out=None):
-        import numpy as np
+    def __call__(self, q, k, v, out=None, softmax_scale: float | None = None):
+        """``out`` (b, sq, hq, d_v) = attention(q, k, v) on the tensors' device and torch's current stream.
+        ValueError (before any launch) for inputs the kernel cannot take; ``softmax_scale`` None is
+        1/sqrt(d_qk)."""
+        plan = self._plan_for(q, k, v, out, softmax_scale)
+        if out is None:
+            import torch
+
+            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+        self._launch(plan, q, k, v, out)
+        return out
+
+    def prepare(self, q, k, v, softmax_scale: float | None = None):
+        """``launcher(q, k, v) -> out`` bound to the plan of these tensors' signature (shapes, strides, dtypes,
+        device, scale), for a caller that keys its own cache by that signature (tuner.serving's eager path):
+        one lookup there instead of two. Only tensors of the same signature may be passed; the per-call
+        checks (alignment) still run."""
+        import torch
+
+        plan = self._plan_for(q, k, v, None, softmax_scale)
+        shape, dtype, device, launch, empty = plan.out_shape, q.dtype, q.device, self._launch, torch.empty
+
+        def launcher(q, k, v):
+            out = empty(shape, dtype=dtype, device=device)
+            launch(plan, q, k, v, out)
+            return out
+
+        return launcher
+
+    def _plan_for(self, q, k, v, out, softmax_scale) -> "LaunchPlan":
+        key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, softmax_scale,
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        plans = self._plans
+        plan = plans.get(key) if plans is not None else None
+        if plan is None:
+            plan = self._plan(q, k, v, out, softmax_scale)
+            if self._plans is None:
+                self._plans = {}
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+    # --- the per-call path -------------------------------------------------------------------------------
+    def _launch(self, plan: LaunchPlan, q, k, v, out) -> None:
+        qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
+        if (qp | kp | vp | op) & 15:
+            raise ValueError("q, k, v and out data pointers must be 16-byte aligned (128-bit loads)")
+        index = self.device_index
+        handle = _raw_stream(index)
+        stream = self._streams.get(handle) or self._stream(handle)
+        with plan.lock:
+            self._pack(plan, (qp, kp, vp, op), handle)
+            if _current_device() != index:
+                with _Current(index):
+                    err = int((_LAUNCH or _bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
+            else:
+                err = int((_LAUNCH or _bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
+                if err == _CUDA_ERROR_INVALID_CONTEXT:   # a thread where torch never made the context current
+                    _check(_driver().cuCtxSetCurrent(primary_context(index)), "cuCtxSetCurrent")
+                    err = int((_LAUNCH or _bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
+        if err:
+            driver = _driver()
+            raise KernelLaunchError(f"launch of {self.name} failed: {driver.cuGetErrorName(err)[1]!r} ({err})")
+
+    def _pack(self, plan: LaunchPlan, pointers: tuple, stream_handle: int) -> None:
+        """This call's pointers (q, k, v, out) into the plan's parameter buffer (under the plan's lock)."""
+        params = plan.params
+        _FOUR_POINTERS.pack_into(params, 0, *pointers)
+        if plan.persistent_counter:
+            _POINTER.pack_into(params, 32, self._counters.get(stream_handle) or self._tile_counter(stream_handle))
+        for slot in plan.maps:
+            address = pointers[slot.index]
+            if address != slot.address:
+                self._point_map(plan, slot, address)
+
+    def _stream(self, handle: int):
+        stream = self._streams[handle] = _driver().CUstream(init_value=int(handle))
+        return stream
+
+    def _tile_counter(self, stream_handle: int) -> int:
+        """A zeroed pair of ints per stream for a persistent kernel's tile counter; the kernel leaves it
+        zeroed for the next launch (its last CTA resets it). Two streams never share one."""
+        import torch
+
+        tensor = torch.zeros(2, dtype=torch.int32, device=f"cuda:{self.device_index}")
+        self._counter_tensors.append(tensor)
+        pointer = self._counters[stream_handle] = tensor.data_ptr()
+        return pointer
+
+    def _point_map(self, plan: LaunchPlan, slot: "_MapSlot", address: int) -> None:
+        """A descriptor's global address to this call's tensor: one 8-byte write where tma.address_offset
+        proved the place, else a full encode (cached by address)."""
+        if slot.address_offset is not None:
+            _POINTER.pack_into(plan.params, slot.offset + slot.address_offset, address)
+        else:
+            from tuner import tma
+
+            ctypes.memmove(ctypes.addressof(plan.params) + slot.offset,
+                           tma.encode_bytes(tma.with_address(slot.spec, address), slot.dtype), 128)
+        slot.address = address
+
+    # --- building a plan (once per call signature) -------------------------------------------------------
+    def _plan(self, q, k, v, out, softmax_scale) -> LaunchPlan:
         import torch
 
         spec = self.meta["spec"]
         dtype = getattr(torch, _DTYPES[spec["dtype"]])
         _check_inputs(q, k, v, dtype, spec)
+        if q.device.index != self.device_index:
+            raise ValueError(f"{self.name} is loaded on cuda:{self.device_index}; the tensors are on {q.device}")
         b, sq, hq, _ = q.shape
         _, sk, hkv, _ = k.shape
-        d_v = spec["d_v"]
-        if out is None:
-            out = torch.empty((b, sq, hq, d_v), dtype=dtype, device=q.device)
-        else:
-            if tuple(out.shape) != (b, sq, hq, d_v) or out.dtype != dtype or out.device != q.device:
-                raise ValueError(f"out must be {(b, sq, hq, d_v)} {dtype} on {q.device}; got "
+        out_shape = (b, sq, hq, spec["d_v"])
+        if out is not None:
+            if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != q.device:
+                raise ValueError(f"out must be {out_shape} {dtype} on {q.device}; got "
                                  f"{tuple(out.shape)} {out.dtype} on {out.device}")
             _check_layout("out", out)
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(spec["d_qk"])
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+        if not self.takes_scale and not math.isclose(scale, 1.0 / math.sqrt(spec["d_qk"]), rel_tol=1e-6):
+            raise ValueError(f"{self.name} (ABI 1) computes the softmax scale 1/sqrt({spec['d_qk']}); "
+                             f"{scale} needs a rebuilt kernel")
         block_m = int(self.meta["block_m"])
         m_blocks = (sq + block_m - 1) // block_m
-        if self.meta.get("grid") in ("tiles", "persistent"):
-            # one tile (query block, head, batch) per CTA, in the kernel's own order; persistent: one CTA
-            # per SM walks the tiles
+        grid_kind = self.meta.get("grid")
+        if grid_kind in ("tiles", "persistent"):
             tiles = m_blocks * hq * b
-            grid = (min(tiles, _sm_count(q.device)) if self.meta["grid"] == "persistent" else tiles, 1, 1)
+            grid = (min(tiles, self._sm_count) if grid_kind == "persistent" else tiles, 1, 1)
         else:
             grid = (m_blocks, hq, b)
             if grid[1] > 65535 or grid[2] > 65535:
                 raise ValueError(f"heads ({hq}) and batch ({b}) must each be <= 65535")
-        stream = torch.cuda.current_stream(q.device)
-        values = {"q": np.uint64(q.data_ptr()), "k": np.uint64(k.data_ptr()), "v": np.uint64(v.data_ptr()),
-                  "o": np.uint64(out.data_ptr()), "seqlen_q": np.int32(sq), "seqlen_k": np.int32(sk),
-                  "group": np.int32(hq // hkv), "heads_q": np.int32(hq), "batch": np.int32(b),
-                  "tile_counter": np.uint64(self._tile_counter(q.device, stream.cuda_stream))}
-        for name, t in (("q", q), ("k", k), ("v", v), ("o", out)):
+        values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
+                  "softmax_scale_log2": scale * _LOG2E}
+        probe_out = out if out is not None else _ContiguousShape(out_shape, q.element_size())
+        for name, t in (("q", q), ("k", k), ("v", v), ("o", probe_out)):
             for axis, what in enumerate(("batch", "row", "head")):
-                values[f"{name}_{what}_stride"] = np.int64(t.stride(axis))
-        args = [values[name] for name, kind in self.meta.get("args", DEFAULT_ARGS) if not kind.startswith("tensormap:")]
-        cupy = _cupy()
-        threads = (int(self.meta["num_threads"]), 1, 1)
-        try:
-            if self.tensor_map_args and torch.cuda.current_device() == q.device.index:
-                # the stream goes to the driver directly; the device's context is current already
-                self._launch_with_maps(grid, threads, args, {"q": q, "k": k, "v": v, "o": out}, stream.cuda_stream)
-                return out
-            with cupy.cuda.Device(q.device.index), cupy.cuda.ExternalStream(stream.cuda_stream):
-                if self.tensor_map_args:
-                    self._launch_with_maps(grid, threads, args, {"q": q, "k": k, "v": v, "o": out},
-                                           stream.cuda_stream)
-                else:
-                    self._function(grid, threads, tuple(args), shared_mem=int(self.meta["smem_bytes"]))
-        except (KernelLaunchError, ValueError):
-            raise
-        except Exception as exc:
-            raise KernelLaunchError(f"launch of {self.name} failed: {exc}") from exc
-        return out
-
-    def _launch_with_maps(self, grid, threads, args, tensors: dict, stream_handle: int) -> None:
-        """cuLaunchKernel with a parameter array: the scalars, then each TMA descriptor (128 bytes) by value.
-
-        Everything a launch needs is kept per (pointers, shapes, strides, stream): a repeated call on the
-        same tensors (a benchmark loop, a model's layers on reused buffers) is one dictionary lookup and the
-        driver call, so that short kernels are not timed as Python's argument packing."""
-        key = (stream_handle, grid, tuple(int(a) for a in args))
-        entry = self._launches.get(key) if self._launches is not None else None
-        if entry is None:
-            entry = self._prepare_launch(grid, threads, args, tensors, stream_handle)
-            if self._launches is None:
-                self._launches = {}
-            if len(self._launches) >= 64:
-                self._launches.pop(next(iter(self._launches)))
-            self._launches[key] = entry
-        err, = entry[0](*entry[1])
-        if int(err) != 0:
-            raise KernelLaunchError(f"launch of {self.name} failed: {err}")
-
-    def _prepare_launch(self, grid, threads, args, tensors: dict, stream_handle: int) -> tuple:
-        import ctypes
-
-        from tuner.tma import TensorMapCache, TensorMapError, tensor_map_spec
-
-        driver = _driver()
-        if self._maps is None:
-            self._maps = TensorMapCache()
-        boxes = self.meta.get("tensor_maps", {})
-        holders = []
-        for value in args:
-            ctype = {"uint64": ctypes.c_uint64, "int32": ctypes.c_int32, "int64": ctypes.c_int64}[value.dtype.name]
-            holders.append(ctype(int(value)))
-        pointers = [ctypes.addressof(h) for h in holders]
+                values[f"{name}_{what}_stride"] = t.stride(axis)
+        args = self.args
+        offsets, size = _arg_slots(args)
+        params = ctypes.create_string_buffer(size)
         maps = []
-        for _, tensor in self.tensor_map_args:
-            t = tensors[tensor]
-            try:
-                spec = tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(), int(boxes[tensor]["rows"]))
-            except TensorMapError as exc:
-                raise ValueError(f"{tensor}: {exc}") from None
-            tmap = self._maps.get(spec, self.meta["spec"]["dtype"])
-            maps.append(tmap)
-            pointers.append(int(tmap.getPtr()))
-        params = (ctypes.c_void_p * len(pointers))(*pointers)
-        raw = self._function
-        handle = getattr(raw, "ptr", None) or raw.kernel.ptr   # CuPy RawKernel -> its Function's CUfunction
-        function = driver.CUfunction(init_value=int(handle))
-        call = (function, grid[0], grid[1], grid[2], threads[0], threads[1], threads[2], int(self.meta["smem_bytes"]),
-                driver.CUstream(init_value=int(stream_handle)), ctypes.addressof(params), 0)
-        # holders, maps and params must outlive every launch that reads them: kept in the entry
-        return driver.cuLaunchKernel, call, (holders, maps, params)
+        boxes = self.meta.get("tensor_maps", {})
+        tensors = {"q": q, "k": k, "v": v, "o": probe_out}
+        for name, kind in args:
+            at = offsets[name]
+            if kind.startswith("tensormap:"):
+                maps.append(self._first_map(params, at, kind.split(":", 1)[1], tensors, boxes))
+            elif name not in ("q", "k", "v", "o", "tile_counter"):
+                if name not in values:
+                    raise KernelLoadError(f"{self.name} takes an argument {name!r} this runtime does not know")
+                struct.pack_into(_SCALAR_FORMAT[kind], params, at, values[name])
+        base = ctypes.addressof(params)
+        pointers = (ctypes.c_void_p * len(args))(*[base + offsets[name] for name, _ in args])
+        prefix = (self._function, grid[0], grid[1], grid[2], int(self.meta["num_threads"]), 1, 1,
+                  int(self.meta["smem_bytes"]))
+        return LaunchPlan(grid=grid, out_shape=out_shape, params=params, pointers=pointers, prefix=prefix,
+                          pointers_address=ctypes.addressof(pointers), maps=maps,
+                          persistent_counter=any(name == "tile_counter" for name, _ in args),
+                          lock=threading.Lock())
+
+    def _first_map(self, params, at: int, tensor: str, tensors: dict, boxes: dict) -> "_MapSlot":
+        from tuner import tma
+
+        t = tensors[tensor]
+        try:
+            spec = tma.tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(),
+                                       int(boxes[tensor]["rows"]))
+        except tma.TensorMapError as exc:
+            raise ValueError(f"{tensor}: {exc}") from None
+        dtype = self.meta["spec"]["dtype"]
+        ctypes.memmove(ctypes.addressof(params) + at, tma.encode_bytes(spec, dtype), 128)
+        return _MapSlot(offset=at, index="qkvo".index(tensor), spec=spec, dtype=dtype, address=spec.address,
+                        address_offset=tma.address_offset(spec, dtype))
+
+
+@dataclass
+class _MapSlot:
+    """A TMA descriptor in a plan's parameter buffer and the address it holds now."""
+
+    offset: int
+    index: int               # of the tensor in (q, k, v, out)
+    spec: Any
+    dtype: str
+    address: int
+    address_offset: int | None
+
+
+class _ContiguousShape:
+    """Stands in for the output before it exists: its strides and a 16-byte-aligned address (the real one
+    is written per call)."""
+
+    def __init__(self, shape, element_size: int):
+        self.shape = shape
+        self._strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            self._strides[i] = self._strides[i + 1] * shape[i + 1]
+        self._element_size = element_size
+
+    def stride(self, axis=None):
+        return tuple(self._strides) if axis is None else self._strides[axis]
+
+    def element_size(self) -> int:
+        return self._element_size
+
+    def data_ptr(self) -> int:
+        return 1 << 20
+
+
+_LAUNCH = None    # cuda-python's cuLaunchKernel, bound at the first launch
+
+
+def _bind_launch():
+    global _LAUNCH
+    _LAUNCH = _driver().cuLaunchKernel
+    return _LAUNCH
+
+
+# The two lookups below run per launch: the first call rebinds each name to torch's own function.
+def _raw_stream(device_index: int) -> int:
+    """torch's current stream on the device as a raw handle (the C call inductor uses; ~0.2 µs)."""
+    global _raw_stream
+    import torch
+
+    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    _raw_stream = get if get is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
+    return _raw_stream(device_index)
+
+
+def _current_device() -> int:
+    global _current_device
+    import torch
+
+    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+    return _current_device()
 
 
 def _check_layout(name: str, t) -> None:

@@ -38,17 +38,17 @@ class CpuKernel:
     def name(self) -> str:
         return self.meta["name"]
 
-    def __call__(self, q, k, v, out=None):
+    def __call__(self, q, k, v, out=None, softmax_scale=None):
         import torch
 
-        from tuner.loader import sdpa_attention
+        from tuner.serving.sdpa import sdpa_attention
 
         spec = self.meta["spec"]
         want = {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]
         if q.dtype != want or q.shape[-1] != spec["d_qk"] or v.shape[-1] != spec["d_v"]:
             raise ValueError(f"{self.name} was built for {spec}; got {q.dtype} {tuple(q.shape)} {tuple(v.shape)}")
         self.calls += 1
-        res = sdpa_attention(q, k, v, causal=spec["causal"])
+        res = sdpa_attention(q, k, v, causal=spec["causal"], softmax_scale=softmax_scale)
         if self.error or (self.wrong_beyond is not None and k.shape[1] > self.wrong_beyond):
             res = res + (self.error or 0.25)
         if out is None:
@@ -57,17 +57,14 @@ class CpuKernel:
         return out
 
 
-def fake_load_kernel(binary, meta: dict, error: float = 0.0, wrong_beyond: int | None = None) -> CpuKernel:
+def fake_load_kernel(binary, meta: dict, device: int | None = None, *, error: float = 0.0,
+                     wrong_beyond: int | None = None) -> CpuKernel:
     """tuner.runtime.load_kernel's own checks (ABI, metadata, non-empty binary holding the symbol)."""
     from pathlib import Path
 
     from tuner import runtime
 
-    if meta.get("abi") != runtime.ABI_VERSION:
-        raise runtime.KernelLoadError(f"kernel ABI {meta.get('abi')!r} does not match {runtime.ABI_VERSION}")
-    for key in ("name", "num_threads", "smem_bytes", "block_m", "spec"):
-        if key not in meta:
-            raise runtime.KernelLoadError(f"kernel metadata lacks {key!r}")
+    runtime.check_meta(meta)
     data = Path(binary).read_bytes() if isinstance(binary, (str, Path)) else bytes(binary)
     if meta["name"].encode() not in data:
         raise runtime.KernelLoadError(f"cannot load {meta['name']}: no such function in the module")

@@ -250,11 +250,10 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     assert run_export(gpu="h100", variant="mha", study_dir=studies, out_dir=out) == 0
     assert (out / "variant=mha,head_dim=128,dtype=bf16,causal=1,device_name=NVIDIA_H100_80GB_HBM3.json").is_file()
 
-    class OnFakeH100(ExportedAttention):
-        def _device_name_of(self, tensor):
-            return gpu_fakes.DEVICE_NAME
+    from tuner.serving import DeviceFacts
 
-    attention = OnFakeH100(read_configs(out), kernel_loader=gpu_fakes.fake_load_kernel)
+    attention = ExportedAttention(read_configs(out), kernel_loader=gpu_fakes.fake_load_kernel,
+                                  devices={("cpu", None): DeviceFacts(gpu_fakes.DEVICE_NAME, (9, 0))})
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 300, 4, 128, generator=g).to(torch.bfloat16) for _ in range(3))
     got = attention(q, k, v, causal=True)

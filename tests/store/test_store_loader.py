@@ -6,6 +6,7 @@ from store_fakes import make_record
 
 from tuner.export import export_records
 from tuner.loader import (ExportedAttention, ExportError, choose, load_exported, read_configs, sdpa_attention)
+from tuner.serving import DeviceFacts
 from tuner.store import KernelStore
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -144,19 +145,17 @@ def test_bad_shapes_are_a_clear_error(exported):
         attention(torch.zeros(4, 6, 16), torch.zeros(4, 6, 16), torch.zeros(4, 6, 16))
 
 
-class _OnDevice(ExportedAttention):
+def _OnDevice(configs, kernel_loader):
     """CPU tensors posing as the H100's, so the kernel branch runs without a GPU."""
-
-    def _device_name_of(self, tensor):
-        return H100
+    return ExportedAttention(configs, kernel_loader=kernel_loader, devices={("cpu", None): DeviceFacts(H100, (9, 0))})
 
 
 def test_kernel_path_loads_lazily_once_and_dispatches(exported):
     loads = []
 
-    def fake_loader(cubin, meta):
+    def fake_loader(cubin, meta, device_index):
         loads.append(cubin)
-        return lambda q, k, v: ("kernel-out", cubin)
+        return lambda q, k, v, softmax_scale: ("kernel-out", cubin)
 
     attention = _OnDevice(read_configs(exported), kernel_loader=fake_loader)
     assert loads == []                                   # nothing loaded before a call
@@ -176,7 +175,7 @@ def test_kernel_path_loads_lazily_once_and_dispatches(exported):
 def test_a_kernel_that_cannot_load_falls_back_to_sdpa_once_warned(exported):
     calls = []
 
-    def broken_loader(cubin, meta):
+    def broken_loader(cubin, meta, device_index):
         calls.append(1)
         raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU")
 
@@ -191,10 +190,10 @@ def test_a_kernel_that_cannot_load_falls_back_to_sdpa_once_warned(exported):
 
 
 def test_inputs_the_kernel_refuses_go_to_sdpa(exported):
-    def picky(q, k, v):
+    def picky(q, k, v, softmax_scale):
         raise ValueError("q: the head dim must be contiguous")
 
-    attention = _OnDevice(read_configs(exported), kernel_loader=lambda c, m: picky)
+    attention = _OnDevice(read_configs(exported), kernel_loader=lambda c, m, d: picky)
     q = torch.randn(1, 64, 16, 128).to(torch.bfloat16)
     out = attention(q, q, q, causal=True)
     assert attention.last_path == "sdpa" and "refused the inputs" in attention.last_reason
@@ -204,7 +203,7 @@ def test_inputs_the_kernel_refuses_go_to_sdpa(exported):
 def test_a_tampered_cubin_is_not_loaded(exported):
     (cfg,) = [c for c in read_configs(exported) if c.variant == "mha" and c.dtype == "bf16"]
     cfg.kernels["s4096"].cubin_path.write_bytes(b"evil")
-    attention = _OnDevice(read_configs(exported), kernel_loader=lambda c, m: pytest.fail("loaded a bad cubin"))
+    attention = _OnDevice(read_configs(exported), kernel_loader=lambda c, m, d: pytest.fail("loaded a bad cubin"))
     q = torch.randn(1, 4096, 16, 128).to(torch.bfloat16)[:, :8]
     k = torch.randn(1, 4096, 16, 128).to(torch.bfloat16)
     with pytest.warns(RuntimeWarning, match="does not match its sha256"):

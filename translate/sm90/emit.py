@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from translate import emitters as base
 from translate.kernel import TranslationError
 from translate.params_sm90 import consumer_registers
 from translate.sm90 import wgmma_ops
@@ -302,7 +303,6 @@ def wgmma_declarations(spec, params) -> list[str]:
 def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
     wgs = params.block_m // 64
-    scale = 1.0 / math.sqrt(spec.d_qk)
     qk_op, pv_op = gemm_ops(spec, params)
     lines = [
         f"using Element = {elem};",
@@ -315,7 +315,7 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
         "constexpr int kNThreads = 128 * (kConsumerWGs + 1);  // warpgroup 0 produces",
         "constexpr int kConsumerThreads = 128 * kConsumerWGs;",
         f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
-        f"constexpr float kScaleLog2 = {scale * math.log2(math.e)!r}f;  // log2(e) / sqrt(d_qk), folded into exp2",
+        f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
         f"constexpr int kProducerRegs = {params.producer_regs};",
         f"constexpr int kConsumerRegs = {consumer_registers(params)};",
         "",
@@ -349,17 +349,9 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
 
 
 def kernel_signature(name: str) -> list[str]:
-    args = ["const Element* __restrict__ q_ptr", "const Element* __restrict__ k_ptr",
-            "const Element* __restrict__ v_ptr", "Element* __restrict__ o_ptr",
-            "const int seqlen_q", "const int seqlen_k", "const int group"]
-    for r in "qkvo":
-        args += [f"const int64_t {r}_batch_stride", f"const int64_t {r}_row_stride", f"const int64_t {r}_head_stride"]
-    args += ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
+    args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
     args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
-    lines = [f'extern "C" __global__ void __launch_bounds__(kNThreads, 1) {name}(']
-    for i, a in enumerate(args):
-        lines.append(f"    {a}{',' if i < len(args) - 1 else ') {'}")
-    return lines
+    return base.kernel_signature(name, args)
 
 
 def kernel_setup() -> list[str]:
@@ -367,6 +359,7 @@ def kernel_setup() -> list[str]:
     return [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
+        *base.scale_setup(),
         "const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;",
         "const int num_tiles = m_blocks * heads_q * batch;  // (query block, head, batch); gridDim.x CTAs walk them",
         "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, group, heads_q * batch);",

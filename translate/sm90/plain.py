@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from translate import emitters as em
 from translate.emitters import INDENT, EmitContext, _gmem_copy, G2S_OPS
 from translate.ir import Op
 from translate.kernel import TranslationError
@@ -178,7 +179,6 @@ EMITTERS = {
 
 def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
-    scale = 1.0 / math.sqrt(spec.d_qk)
     qk_op, pv_op = gemm_ops(spec, params)
     return [
         f"using Element = {elem};",
@@ -190,8 +190,6 @@ def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
         f"constexpr int kHeadDimV = {spec.d_v};",
         f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
         f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
-        f"constexpr float kScaleLog2 = {scale * math.log2(math.e)!r}f;  // log2(e) / sqrt(d_qk), folded into exp2",
-        f"[[maybe_unused]] constexpr float kSoftmaxScale = {scale!r}f;",
         "",
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kWarpgroups>, _1, _1>>{{}}));",
         f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kWarpgroups>, _1, _1>>{{}}));",
@@ -225,6 +223,7 @@ def kernel_setup(params) -> list[str]:
     lines = [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
+        *em.scale_setup(),
         "// causal: the heaviest query tiles (most keys) are scheduled first",
         "const int m_block = kCausal ? int(gridDim.x - 1 - blockIdx.x) : int(blockIdx.x);",
         "const int bidh = blockIdx.y;",

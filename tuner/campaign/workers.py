@@ -1,7 +1,7 @@
 """GPU workers: one Ray actor per GPU of the requested type, running each trial in a fresh process.
 
 A worker asks Ray for one whole GPU, pinned to the accelerator type (label or resource, cluster.py), and
-keeps a warm fork server (trialproc.py) that has imported torch, CuPy and triton once. Every trial (and
+keeps a warm fork server (trialproc.py) that has imported torch, cuda-python and triton once. Every trial (and
 the library baselines) is a fork of it: a new process with a new CUDA context, so a kernel that corrupts
 its context or hangs takes down only its own trial, while starting one costs milliseconds instead of the
 ~7-13 s of a fresh Python (H100 device runs 8 and 1). Up to ``--gpu-overlap K`` trials per GPU are in
@@ -26,7 +26,7 @@ from .cluster import GpuPool
 # What each backend's fork server imports once: everything a trial needs before its first CUDA call.
 # CUDA itself is never initialised there (a forked child could not use it).
 PRELOAD = {
-    "gpu": ("tuner.campaign.trialproc", "tuner.campaign.backends", "torch", "cupy", "triton.testing",
+    "gpu": ("tuner.campaign.trialproc", "tuner.campaign.backends", "torch", "cuda.bindings.driver", "triton.testing",
             "tuner.bench", "tuner.verify", "tuner.runtime"),
     "replay": ("tuner.campaign.trialproc", "tuner.campaign.backends", "tuner.campaign.perfmodel",
                "hardware_profiles", "translate.params"),

@@ -1,0 +1,103 @@
+"""An exported folder of structurally real configs, served on the CPU by a stand-in kernel: every path of
+the custom op, the entry points and the transformers integration runs without a GPU."""
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "store"))
+
+H100 = "NVIDIA H100 80GB HBM3"
+
+
+class StandInKernel:
+    """What tuner.runtime.load_kernel returns, computed on the CPU in fp32: the kernel's contract (q, k, v
+    in (b, s, h, d), bottom-right causal from its spec, any positive scale) and its refusals."""
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+        self.calls = 0
+
+    def __call__(self, q, k, v, out=None, softmax_scale=None):
+        from tuner.serving.sdpa import sdpa_attention
+
+        spec = self.meta.get("spec", {"causal": self.meta.get("causal", True)})
+        if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+            raise ValueError("the head dim must be contiguous")
+        self.calls += 1
+        res = sdpa_attention(q.float(), k.float(), v.float(), causal=spec["causal"], softmax_scale=softmax_scale)
+        return res.to(q.dtype)
+
+
+def reference(q, k, v, causal, scale=None, mask=None):
+    """softmax(Q K^T * scale) V in float64, loops over heads, bottom-right causal; empty rows are 0."""
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    out = torch.zeros(b, sq, hq, v.shape[3], dtype=torch.float64)
+    for h in range(hq):
+        kh = h // (hq // hkv)
+        s = q[:, :, h].double() @ k[:, :, kh].double().transpose(1, 2) * scale
+        if causal:
+            keep = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + (sk - sq)
+            s = s.masked_fill(~keep, float("-inf"))
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        p = torch.softmax(s, dim=-1).nan_to_num(0.0)
+        out[:, :, h] = p @ v[:, :, kh].double()
+    return out
+
+
+def make_export(folder: Path, records=None) -> Path:
+    from hardware_profiles import load_profile
+    from store_fakes import make_record
+
+    from tuner.export import export_records
+
+    recs = records or [
+        make_record(bucket="s512", cubin=b"mha-512"), make_record(bucket="s4096", cubin=b"mha-4k"),
+        make_record(variant="gqa", bucket="s1024", cubin=b"gqa-1k"),
+        make_record(variant="gqa", causal=False, bucket="s1024", cubin=b"gqa-nc-1k"),
+        make_record(variant="mla", d_qk=192, d_v=128, bucket="s2048", cubin=b"mla-2k")]
+    for r in recs:   # the stand-in reads the kernel's causality from its meta, as the runtime does
+        r.kernel_meta["spec"] = {"causal": r.causal, "d_qk": r.d_qk, "d_v": r.d_v, "dtype": r.dtype}
+    export_records(recs, load_profile("h100"), folder)
+    return folder
+
+
+@pytest.fixture
+def exported(tmp_path):
+    return make_export(tmp_path / "export")
+
+
+@pytest.fixture
+def served(exported):
+    """An ExportedAttention whose CPU 'device' is an H100 and whose kernels are stand-ins."""
+    from tuner.serving import DeviceFacts, load_exported
+
+    loads = []
+
+    def loader(cubin, meta, device_index):
+        loads.append(cubin)
+        return StandInKernel(meta)
+
+    attn = load_exported(exported, devices={("cpu", None): DeviceFacts(H100, (9, 0))}, kernel_loader=loader)
+    attn.loads = loads
+    return attn
+
+
+def qkv(b=2, sq=64, sk=None, hq=8, hkv=2, d=128, dv=None, dtype=torch.bfloat16, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    sk = sq if sk is None else sk
+    dv = d if dv is None else dv
+    q = torch.randn(b, sq, hq, d, generator=g).to(dtype)
+    k = torch.randn(b, sk, hkv, d, generator=g).to(dtype)
+    v = torch.randn(b, sk, hkv, dv, generator=g).to(dtype)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_()
+    return q, k, v

@@ -1,0 +1,175 @@
+"""The runtime's launch ABI on the CPU: the cubin architecture check on real nvcc output, and the parameter
+buffer a launch hands the driver, argument by argument, for a real generated Hopper kernel (fake tensors,
+a fake TMA encoder): what the GPU tests can only see as a right or wrong answer."""
+import math
+import struct
+import subprocess
+
+import pytest
+import torch
+
+from tuner import runtime, tma
+
+
+@pytest.mark.parametrize("arch,sm", [("sm_80", (8, 0)), ("sm_90a", (9, 0)), ("sm_75", (7, 5)), ("sm_89", (8, 9))])
+def test_cubin_arch_reads_what_nvcc_wrote(tmp_path, arch, sm):
+    from translate import nvcc
+
+    try:
+        exe = nvcc.find_nvcc()
+    except nvcc.ToolNotFound as exc:
+        pytest.skip(str(exc))
+    src = tmp_path / "k.cu"
+    src.write_text('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }\n')
+    compute = arch.replace("sm_", "compute_")
+    subprocess.run([str(exe), "-cubin", f"-gencode=arch={compute},code={arch}", "-o", str(tmp_path / "k.cubin"),
+                    str(src)], check=True, capture_output=True)
+    assert runtime.cubin_arch((tmp_path / "k.cubin").read_bytes()) == sm
+
+
+def test_ptx_and_junk_have_no_cubin_arch():
+    assert runtime.cubin_arch(b"//\n.version 8.0\n.target sm_90a\n") is None
+    assert runtime.cubin_arch(b"\x7fELF" + bytes(60)) is None           # an ELF, not a CUDA one
+
+
+def test_which_gpus_a_cubin_runs_on():
+    assert runtime.runs_on((9, 0), (9, 0)) and runtime.runs_on((8, 0), (8, 9))
+    assert not runtime.runs_on((8, 0), (9, 0)) and not runtime.runs_on((9, 0), (8, 0))
+    assert not runtime.runs_on((8, 6), (8, 0))
+
+
+class FakeTensor:
+    """Just what a launch plan reads of a CUDA tensor."""
+
+    def __init__(self, shape, address, strides=None, dtype=torch.bfloat16):
+        self.shape = torch.Size(shape)
+        self._strides = strides or tuple(math.prod(shape[i + 1:]) for i in range(len(shape)))
+        self.address, self.dtype, self.is_cuda = address, dtype, True
+        self.device = torch.device("cuda", 0)
+
+    def stride(self, axis=None):
+        return self._strides if axis is None else self._strides[axis]
+
+    def dim(self):
+        return len(self.shape)
+
+    def data_ptr(self):
+        return self.address
+
+    def element_size(self):
+        return 2
+
+
+def _fake_encoding(spec, dtype):
+    """A made-up 128-byte descriptor: seven geometry words, then the address at byte 56."""
+    words = [*spec.dims, *spec.strides_bytes, spec.address, *spec.box, spec.element_bytes, len(dtype)]
+    return struct.pack("<16Q", *(words + [0] * (16 - len(words))))
+
+
+@pytest.fixture
+def hopper_kernel():
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from translate.defaults import default_params
+    from translate.problem import KernelSpec
+
+    from tuner.build_cmd import resolve_schedule
+
+    profile = load_profile("h100")
+    spec = KernelSpec("gqa", 128, 128, True, "bf16")
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, resolve_schedule(None, profile)))
+    gen = translate.generate(program, default_params(profile, spec, "ws_overlap"), profile, spec)
+    return runtime.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
+
+
+def test_the_parameter_buffer_holds_every_argument_in_the_kernels_order(hopper_kernel, monkeypatch):
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
+    monkeypatch.setattr(runtime.AttentionKernel, "_tile_counter", lambda self, stream: 0xC0FFEE00)
+    b, sq, sk, hq, hkv = 2, 1000, 1500, 16, 4
+    # q a strided view (packed projection), k/v contiguous
+    q = FakeTensor((b, sq, hq, 128), 0x1000_0000, strides=(sq * 3 * hq * 128, 3 * hq * 128, 128, 1))
+    k = FakeTensor((b, sk, hkv, 128), 0x2000_0000)
+    v = FakeTensor((b, sk, hkv, 128), 0x3000_0000)
+    plan = hopper_kernel._plan(q, k, v, None, 0.1)
+    meta = hopper_kernel.meta
+    tiles = -(-sq // meta["block_m"]) * hq * b
+    assert plan.grid == ((min(tiles, 132) if meta["grid"] == "persistent" else tiles), 1, 1)
+    assert plan.out_shape == (b, sq, hq, 128)
+    o_address = 0x4000_0000
+    hopper_kernel._pack(plan, (q.address, k.address, v.address, o_address), stream_handle=7)
+    o_strides = (sq * hq * 128, hq * 128, 128)
+    want = {"q": q.address, "k": k.address, "v": v.address, "o": o_address, "seqlen_q": sq, "seqlen_k": sk,
+            "group": hq // hkv, "heads_q": hq, "batch": b, "tile_counter": 0xC0FFEE00,
+            "softmax_scale_log2": struct.unpack("<f", struct.pack("<f", 0.1 * math.log2(math.e)))[0]}
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        for axis, what in enumerate(("batch", "row", "head")):
+            want[f"{name}_{what}_stride"] = t.stride(axis)
+    for axis, what in enumerate(("batch", "row", "head")):
+        want[f"o_{what}_stride"] = o_strides[axis]
+    base = runtime.ctypes.addressof(plan.params)
+    raw = bytes(plan.params)
+    seen = []
+    for i, (name, kind) in enumerate(runtime.AttentionKernel.args.fget(hopper_kernel)):
+        at = plan.pointers[i] - base
+        if kind.startswith("tensormap:"):
+            tensor = kind.split(":")[1]
+            address = {"q": q.address, "k": k.address, "v": v.address, "o": o_address}[tensor]
+            words = struct.unpack_from("<16Q", raw, at)
+            assert words[7] == address, name                          # patched in place at the proven offset
+            rows = meta["tensor_maps"][tensor]["rows"]
+            assert words[8:12] == (64, rows, 1, 1), name
+        else:
+            fmt = {"ptr": "<Q", "i32": "<i", "i64": "<q", "f32": "<f"}[kind]
+            assert struct.unpack_from(fmt, raw, at)[0] == want[name], name
+        seen.append(name)
+    assert {"q", "o", "softmax_scale_log2", "tile_counter", "tma_q", "tma_o"} <= set(seen)
+    assert meta["grid"] == "persistent" and len(plan.maps) == 4
+    assert all(slot.address_offset == 56 for slot in plan.maps)      # 7 geometry words, then the address
+
+
+def test_a_plan_refuses_what_the_kernel_cannot_take(hopper_kernel, monkeypatch):
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    q = FakeTensor((1, 64, 4, 128), 0x1000_0000)
+    k = FakeTensor((1, 64, 4, 128), 0x2000_0000)
+    with pytest.raises(ValueError, match="multiples of 8"):
+        hopper_kernel._plan(FakeTensor((1, 64, 4, 128), 0x1000_0000, strides=(64 * 4 * 132, 4 * 132, 132, 1)),
+                            k, k, None, None)
+    for scale in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="positive finite"):
+            hopper_kernel._plan(q, k, k, None, scale)
+    with pytest.raises(ValueError, match="head dim must be 128"):
+        hopper_kernel._plan(FakeTensor((1, 64, 4, 64), 0x1000_0000), FakeTensor((1, 64, 4, 64), 0x2000_0000),
+                            FakeTensor((1, 64, 4, 64), 0x3000_0000), None, None)
+
+
+def test_an_abi_1_kernel_takes_only_its_compiled_scale(hopper_kernel, monkeypatch):
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    meta = dict(hopper_kernel.meta, abi=1, args=[a for a in hopper_kernel.meta["args"] if a[0] != "softmax_scale_log2"])
+    old = runtime.AttentionKernel(meta=meta, device_index=0, _module=None, _function=None, _sm_count=132)
+    q = FakeTensor((1, 64, 4, 128), 0x1000_0000)
+    old._plan(q, q, q, None, 1 / math.sqrt(128))
+    with pytest.raises(ValueError, match="ABI 1"):
+        old._plan(q, q, q, None, 0.2)
+
+
+def test_the_descriptor_address_offset_is_proven_not_assumed():
+    spec = tma.tensor_map_spec(0x1000, (1, 64, 4, 128), (64 * 4 * 128, 4 * 128, 128, 1), 2, rows=64)
+    assert tma.address_offset(spec, "bf16", encode=_fake_encoding) == 56
+
+    def shifted(spec, dtype):                 # an encoder that stores address >> 4: no plain word to patch
+        data = bytearray(_fake_encoding(spec, dtype))
+        struct.pack_into("<Q", data, 56, spec.address >> 4)
+        return bytes(data)
+
+    tma._offsets.clear()
+    assert tma.address_offset(spec, "bf16", encode=shifted) is None
+    tma._offsets.clear()
+
+
+def test_check_meta_names_what_is_missing():
+    with pytest.raises(runtime.KernelLoadError, match="ABI 7"):
+        runtime.check_meta({"abi": 7})
+    with pytest.raises(runtime.KernelLoadError, match="lacks 'smem_bytes'"):
+        runtime.check_meta({"abi": 2, "name": "k", "num_threads": 128, "block_m": 64, "spec": {}})

@@ -1,0 +1,217 @@
+"""Reading an exported folder (`tune export`) and the pure dispatch rule over it.
+
+The loader reads only files inside the folder: every file a config names must be a bare file name that
+resolves (symbolic links followed) to a file in the folder, or the config is refused with ``ExportError``
+before anything is opened. ``choose`` is a pure function of shapes, dtype and device facts, so it is
+testable without a GPU and traceable by torch.compile.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tuner.buckets import bucket_seqlen, is_bucket_name
+from tuner.export import METADATA_KEY, device_file_token
+from tuner.problem import variant_of_heads
+
+# Every generated kernel takes the group (query heads per KV head) as a launch argument and maps KV head =
+# query head // group (translate.KERNEL_ARGS), and verification covers GQA/MQA mapping, so a kernel of any
+# variant serves any whole group; the config whose variant matches the call's layout is still preferred
+# (it was tuned for that head count).
+ANY_VARIANT = "*"
+_FILE_FIELDS = ("cubin", "source", "program")
+
+
+class ExportError(ValueError):
+    """An exported folder or config file that cannot be read, or names files outside its folder; the
+    message names the file."""
+
+
+@dataclass(frozen=True)
+class ExportedKernel:
+    bucket: str
+    seqlen_k: int
+    kernel_name: str
+    sha256: str
+    cubin_path: Path
+    meta: dict
+    params: dict
+    tflops: float
+
+
+@dataclass(frozen=True)
+class ExportedConfig:
+    path: Path
+    variant: str
+    d_qk: int
+    d_v: int
+    dtype: str
+    causal: bool
+    device_names: tuple[str, ...]
+    kernels: dict  # bucket -> ExportedKernel
+    sm: int | None = None
+    # Bucket seqlens ascending and the log2 midpoints between neighbours, for the run-time bucket rule.
+    bucket_order: tuple = field(default=(), compare=False)
+    bucket_bounds: tuple = field(default=(), compare=False)
+
+    def serves_device(self, device_name: str) -> bool:
+        token = device_file_token(device_name)
+        return any(device_file_token(n) == token for n in self.device_names)
+
+    def bucket_for(self, seqlen_k: int) -> str:
+        """``tuner.buckets.nearest_bucket`` over this config's buckets by precomputed midpoints: the nearest
+        edge in log2 distance, a tie to the larger (tests/serving/test_configs.py checks the two agree).
+        A plain loop over at most a few midpoints: torch.compile traces it, not bisect."""
+        index = 0
+        for bound in self.bucket_bounds:
+            if seqlen_k >= bound:
+                index += 1
+        return self.bucket_order[index]
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The outcome of dispatch: a kernel, or None and the reason SDPA runs instead (``code`` is the
+    countable category, ``reason`` the sentence)."""
+
+    config: ExportedConfig | None
+    kernel: ExportedKernel | None
+    reason: str
+    code: str = "kernel"
+
+
+def infer_variant(heads_q: int, heads_kv: int, d_qk: int, d_v: int) -> str:
+    return "mla" if d_qk != d_v else variant_of_heads(heads_q, heads_kv)
+
+
+def inside_folder(folder: Path, name, what: str, config: Path) -> Path:
+    """``folder / name`` when ``name`` is a bare file name that resolves to a file in ``folder``; else
+    ExportError naming the config and the offending name. Nothing is opened."""
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name or "\\" in name \
+            or "\x00" in name:
+        raise ExportError(f"{config}: {what} {name!r} is not a file name inside the exported folder "
+                          "(absolute paths, directories and '..' are refused)")
+    path = folder / name
+    try:
+        resolved, root = path.resolve(), folder.resolve()
+    except (OSError, RuntimeError) as exc:
+        raise ExportError(f"{config}: {what} {name!r} cannot be resolved: {exc}") from None
+    if resolved.parent != root:
+        raise ExportError(f"{config}: {what} {name!r} resolves to {resolved}, outside the exported folder {root}")
+    return path
+
+
+def _bucket_rule(kernels: dict) -> tuple[tuple, tuple]:
+    order = sorted(kernels, key=bucket_seqlen)
+    edges = [bucket_seqlen(b) for b in order]
+    return tuple(order), tuple(math.sqrt(a * b) for a, b in zip(edges, edges[1:]))
+
+
+def read_config(path: Path) -> ExportedConfig:
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+        meta = doc[METADATA_KEY]
+        names = meta.get("device_names") or [meta["device_name"]]
+        kernels = {}
+        for bucket, entry in doc.items():
+            if bucket == METADATA_KEY:
+                continue
+            if not is_bucket_name(bucket):
+                raise ValueError(f"key {bucket!r} is not a shape bucket")
+            for key in _FILE_FIELDS:
+                if key in entry or key == "cubin":
+                    inside_folder(path.parent, entry[key], f"bucket {bucket}'s {key}", path)
+            kernels[bucket] = ExportedKernel(
+                bucket=bucket, seqlen_k=bucket_seqlen(bucket), kernel_name=entry["kernel_name"],
+                sha256=entry["kernel_sha256"], cubin_path=path.parent / entry["cubin"], meta=entry["meta"],
+                params=entry["params"], tflops=float(entry["tflops"]))
+        order, bounds = _bucket_rule(kernels)
+        sm = meta.get("sm")
+        return ExportedConfig(path=path, variant=meta["variant"], d_qk=int(meta["d_qk"]), d_v=int(meta["d_v"]),
+                              dtype=meta["dtype"], causal=bool(meta["causal"]), device_names=tuple(names),
+                              kernels=kernels, sm=None if sm is None else int(sm), bucket_order=order,
+                              bucket_bounds=bounds)
+    except ExportError:
+        raise
+    except OSError as exc:
+        raise ExportError(f"{path}: cannot read: {exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ExportError(f"{path}: not valid JSON: {exc}") from None
+    except KeyError as exc:
+        raise ExportError(f"{path}: missing field {exc}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ExportError(f"{path}: malformed export config: {exc}") from None
+
+
+def read_configs(folder: Path) -> list[ExportedConfig]:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ExportError(f"{folder}: not a directory (expected the output of `tune export`)")
+    return [read_config(p) for p in sorted(folder.glob("variant=*.json"))]
+
+
+def dispatch_table(configs: list[ExportedConfig]) -> dict:
+    """(d_qk, d_v, dtype, causal) -> {variant: config, "*": the fallback variant's} over one device's configs:
+    what ``pick`` reads, settled once so that a traced call does nothing but look it up."""
+    table: dict = {}
+    for c in sorted(configs, key=lambda c: c.variant):
+        if not c.kernels:
+            continue
+        by_variant = table.setdefault((c.d_qk, c.d_v, c.dtype, c.causal), {})
+        by_variant.setdefault(c.variant, c)
+        by_variant.setdefault(ANY_VARIANT, c)
+    return table
+
+
+def pick(table: dict, *, heads_q: int, heads_kv: int, d_qk: int, d_v: int, dtype: str | None, causal: bool):
+    """(config, "kernel") or (None, reason code): the dispatch rule, pure and traceable by torch.compile
+    (dict lookups and integer tests only)."""
+    if dtype is None:
+        return None, "dtype"
+    by_variant = table.get((d_qk, d_v, dtype, causal))
+    if by_variant is None:
+        return None, "no-shape-config"
+    if heads_kv < 1 or heads_q % heads_kv:
+        return None, "no-variant"
+    want = "mla" if d_qk != d_v else "mha" if heads_q == heads_kv else "mqa" if heads_kv == 1 else "gqa"
+    config = by_variant.get(want)
+    return (config if config is not None else by_variant[ANY_VARIANT]), "kernel"
+
+
+def choose(configs: list[ExportedConfig], *, heads_q: int, heads_kv: int, d_qk: int, d_v: int, dtype: str | None,
+           causal: bool, seqlen_k: int | None, device_name: str | None,
+           capability: tuple[int, int] | None = None) -> Choice:
+    """The exported kernel for one call, or why there is none, with the sentence. Pure: no GPU, no files read.
+
+    ``seqlen_k`` None picks the config and leaves the bucket to the run time (``kernel`` None, ``config``
+    set). ``capability`` refuses configs exported for another SM."""
+    if device_name is None:
+        return Choice(None, None, "tensors are not on a CUDA device", "not-cuda")
+    on_device = [c for c in configs if c.serves_device(device_name)]
+    if not on_device:
+        return Choice(None, None, f"no exported config for device {device_name!r}", "no-device-config")
+    if capability is not None:
+        sm = capability[0] * 10 + capability[1]
+        same_sm = [c for c in on_device if c.sm is None or c.sm == sm]
+        if not same_sm:
+            return Choice(None, None, f"the configs for {device_name!r} were exported for sm_{on_device[0].sm}; "
+                                      f"this GPU is sm_{sm}", "other-arch")
+        on_device = same_sm
+    config, code = pick(dispatch_table(on_device), heads_q=heads_q, heads_kv=heads_kv, d_qk=d_qk, d_v=d_v,
+                        dtype=dtype, causal=causal)
+    if code == "dtype":
+        return Choice(None, None, "dtype has no exported kernels (fp16 and bf16 only)", code)
+    if code == "no-shape-config":
+        return Choice(None, None, f"no exported config for head dims {d_qk}/{d_v}, {dtype}, "
+                                  f"{'causal' if causal else 'non-causal'} on {device_name!r}", code)
+    if code == "no-variant":
+        have = sorted({c.variant for c in on_device if (c.d_qk, c.d_v, c.dtype, c.causal) == (d_qk, d_v, dtype, causal)})
+        return Choice(None, None, f"no exported variant serves {heads_q} query heads over {heads_kv} KV heads "
+                                  f"(have {', '.join(have)})", code)
+    if seqlen_k is None:
+        return Choice(config, None, f"{config.variant} kernel, bucket chosen per call")
+    bucket = config.bucket_for(seqlen_k)
+    return Choice(config, config.kernels[bucket], f"{config.variant} kernel of bucket {bucket}")
