@@ -154,6 +154,48 @@ def _summary(per_round: dict, ours: str) -> dict:
             "ratio_min": min(ratios), "ratio_max": max(ratios)}
 
 
+def kernel_breakdown(call, steps: int = 3, top: int = 12) -> list:
+    """The GPU kernels of ``call`` (torch.profiler): (name, µs per call, launches per call), longest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                call()
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((e.key[:90], round(t / steps, 1), e.count / steps))
+    return sorted(rows, key=lambda r: -r[1])[:top]
+
+
+def attention_kernels(attn) -> list[dict]:
+    """GPU µs of one attention call at the model's shapes: ours and SDPA's backends given is_causal."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = []
+    for b, s in MODEL_SHAPES:
+        g = torch.Generator(device="cuda").manual_seed(b * s)
+        q, k, v = (torch.randn(b, 32 if i == 0 else 8, s, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+                   for i in range(3))
+        row = {"shape": f"b{b} s{s} h32/8", "ours": gpu_us(lambda: attn(q, k, v, causal=True, layout="bhsd"))}
+        for name, kind in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+            try:
+                with sdpa_kernel([kind]):
+                    row[name] = gpu_us(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                                                             enable_gqa=True))
+            except RuntimeError as exc:
+                row[name] = str(exc).splitlines()[0][:120]
+        out.append(row)
+        print(f"attention kernel {row}", flush=True)
+    return out
+
+
 def bench_model(attn, layers: int) -> dict:
     import contextlib
 
@@ -188,7 +230,7 @@ def bench_model(attn, layers: int) -> dict:
                 return fn(ids)
         return call
 
-    result = {"config": config, "shapes": []}
+    result = {"config": config, "shapes": [], "attention_kernels": attention_kernels(attn)}
     for b, s in MODEL_SHAPES:
         ids = torch.randint(0, 32000, (b, s), device="cuda", generator=torch.Generator(device="cuda").manual_seed(s))
         row = {"shape": f"b{b} s{s}", "errors": {}}
@@ -231,6 +273,8 @@ def bench_model(attn, layers: int) -> dict:
             except Exception as exc:  # noqa: BLE001 - a baseline that does not compile is reported, not fatal
                 row["errors"][f"compiled {key}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         row["compiled"] = _summary(interleaved_ms(compiled), "ours/default")
+        for key in ("ours/default", row["compiled"]["best_sdpa"]):
+            row.setdefault("compiled_kernels", {})[key] = kernel_breakdown(compiled[key])
         torch._dynamo.reset()
         result["shapes"].append(row)
         print(f"model {row['shape']}: eager {row['eager']['ms']} compiled {row['compiled']['ms']}", flush=True)
@@ -246,7 +290,11 @@ def main(argv=None) -> int:
     parser.add_argument("--cache-dir", default=".kcache")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--skip-model", action="store_true")
+    parser.add_argument("--skip-host", action="store_true")
+    parser.add_argument("--model-shapes", default=None, help="batch x seqlen list, e.g. 4x2048,1x4096")
     args = parser.parse_args(argv)
+    if args.model_shapes:
+        MODEL_SHAPES[:] = [tuple(int(x) for x in item.split("x")) for item in args.model_shapes.split(",")]
 
     from tuner.default_export import export_defaults
     from tuner.problem import KernelSpec
@@ -258,7 +306,7 @@ def main(argv=None) -> int:
     attn = load_exported(args.export_dir)
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "export_s": round(time.time() - t0, 1)}
     print(f"export ready in {result['export_s']} s", flush=True)
-    result["host"] = bench_host(attn)
+    result["host"] = [] if args.skip_host else bench_host(attn)
     Path(args.out).write_text(json.dumps(result, indent=1))
     if not args.skip_model:
         result["model"] = bench_model(attn, args.layers)
@@ -277,6 +325,9 @@ def main(argv=None) -> int:
                   f"{m['ms'][m['best_sdpa']]:.2f} ms: {m['ratio']:.3f}x [{m['ratio_min']:.3f}-{m['ratio_max']:.3f}]")
         print(f"model {r['shape']}: graph breaks {r.get('ours_graph_breaks', '-')}, max |logit diff| vs sdpa "
               f"{r['max_abs_logit_diff_vs_sdpa']:.4f}, errors {r['errors']}")
+        for key, rows in r.get("compiled_kernels", {}).items():
+            print(f"  compiled {key} kernels (us per forward): "
+                  + "; ".join(f"{n[:48]} {t:.0f}x{c:g}" for n, t, c in rows[:7]))
     return 0
 
 
