@@ -192,3 +192,19 @@ def test_a_llama_model_gives_sdpas_logits_eager_and_compiled(attn):
     print(f"max |logit - fp32 logit|: sdpa bf16 {sdpa_err:.4f}, ours eager {errors[0]:.4f}, compiled {errors[1]:.4f}")
     assert all(e <= 2 * sdpa_err + 1 / 64 for e in errors), (errors, sdpa_err)
     assert "mask" not in attn.reasons
+
+
+def test_opcheck_with_the_real_kernel(attn):
+    """torch.library.opcheck of attn_tuner::attention on the GPU, the route naming the exported kernel."""
+    q, k, v = _qkv(b=1, s=300, grad=True)
+    route = attn.route(q, k, v, True, 0.1)
+    from tuner.serving import op
+
+    assert op._ROUTES[route].config is not None
+    torch.library.opcheck(torch.ops.attn_tuner.attention.default, (q, k, v, None, True, 0.1, route),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
+    grad = torch.randn(1, 300, 16, 128, device="cuda", dtype=torch.bfloat16)
+    torch.library.opcheck(torch.ops.attn_tuner.attention_backward.default, (grad, q.detach(), k.detach(),
+                                                                             v.detach(), None, True, 0.1),
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
