@@ -83,6 +83,13 @@ def test_params_from_json_string_file_and_sidecar(tmp_path):
     ("{not json", "not valid JSON"),
     ("[1, 2]", "neither a JSON object nor a file"),
     ("/no/such/file.json", "neither a JSON object nor a file"),
+    ('{"block_m": "a lot"}', "block_m must be an integer, got 'a lot' \\(str\\)"),
+    ('{"block_n": 64.5}', "block_n must be an integer, got 64.5 \\(float\\)"),
+    ('{"block_m": true}', "block_m must be an integer, got True \\(bool\\)"),
+    ('{"q_in_regs": "yes"}', "q_in_regs must be true or false, got 'yes'"),
+    ('{"q_in_regs": 1}', "q_in_regs must be true or false, got 1 \\(int\\)"),
+    ('{"mma_atom": 5}', "mma_atom must be a string, got 5"),
+    ('{"swizzle": null}', "swizzle must be an integer, got None"),
 ])
 def test_bad_params_are_usage_errors(text, message):
     with pytest.raises(UsageError, match=message):
@@ -97,6 +104,24 @@ def test_unknown_gpu_exits_2_listing_the_choices(tmp_path):
     assert result.exit_code == 2
     assert "unknown GPU 'nope'" in result.stderr and "h100" in result.stderr and "t4" in result.stderr
     assert "Traceback" not in result.output
+
+
+def test_params_of_the_wrong_type_exit_2_naming_each_with_its_type_and_build_nothing(tmp_path):
+    out = tmp_path / "out"
+    result = invoke("build", "--gpu", "t4", "--variant", "mha", "--params", '{"block_m": "a lot", "pingpong": "no"}',
+                    "-o", str(out))
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert result.stderr.splitlines() == ["tune build: error: --params: block_m must be an integer, got 'a lot' "
+                                          "(str); pingpong must be true or false, got 'no' (str)"]
+    assert not out.exists()
+
+
+def test_an_empty_sketch_exits_1_with_its_diagnostic_and_builds_nothing(tmp_path):
+    sketch = tmp_path / "empty.tl"
+    sketch.write_text("// to do\n")
+    result = invoke("build", "--gpu", "t4", "--variant", "mha", "--sketch", str(sketch), "-o", str(tmp_path / "o"))
+    assert result.exit_code == 1 and f"{sketch}:1:1: error[empty-program]" in result.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_unknown_variant_exits_2(tmp_path):

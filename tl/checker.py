@@ -381,6 +381,11 @@ class _Checker:
 def check(program: Program, path: str = "<string>", limits: Optional[CheckLimits] = None) -> list[Diagnostic]:
     """Every error in a parsed program, in source order; never raises. ``limits`` (the GPU's shared
     memory and the symbols' values) enables the checks that need them (``pipeline-smem``)."""
+    if not program.statements:
+        return [Diagnostic(path, 1, 1, "empty-program", "the program has no statements: a sketch with nothing in "
+                           "it is not a kernel",
+                           "write the kernel's flow (copies, GEMMs, softmax, the output's store), or start from "
+                           "a reference sketch: tl/sketches/mha_causal.tl")]
     try:
         diags = _Checker(program, path, limits).run()
     except Exception as exc:  # a checker bug must not become a traceback for the user

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 # Every code the parser and checker emit, with what it means (the CLI and docs list these).
 CODES = {
     "syntax": "the line is not a TL statement, or a block is not closed/opened properly",
+    "empty-program": "the program has no statements (only blank lines or comments): it is not a kernel",
     "undefined-tensor": "a tensor is used before any Allocate/Copy/result defines it",
     "bad-copy": "a copy between levels that do not exist, or from a level to itself",
     "bad-level": "an Allocate in a memory level that does not exist",

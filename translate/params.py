@@ -1,7 +1,9 @@
 """Kernel parameters: the numbers a search picks for one TL program, and their pure validation."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import asdict, dataclass, fields
+from typing import get_type_hints
 
 from hardware_profiles import Profile
 from translate.problem import Problem
@@ -39,6 +41,9 @@ class KernelParams:
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown kernel parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        wrong = type_errors(data)
+        if wrong:
+            raise ValueError("; ".join(wrong))
         return cls(**data)
 
     @property
@@ -54,6 +59,27 @@ class KernelParams:
             key += (f"_pv{self.pv_operand}{'_pp' if self.pingpong else ''}_pr{self.producer_regs}"
                     f"{'_per' if self.persistent else ''}")
         return key
+
+
+_TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a string"}
+_FIELD_TYPES = get_type_hints(KernelParams)
+
+
+def type_errors(data: dict) -> list[str]:
+    """Every value of ``data`` (KernelParams fields by name) that is not of its field's type, each with the type
+    expected: a string or a bool where a tile size goes would only fail later, or pass unnoticed."""
+    errors = []
+    for name, value in data.items():
+        expected = _FIELD_TYPES.get(name)
+        if expected is None:
+            continue
+        if expected is int:   # bool is an int in Python, and 64.0 is no tile size
+            ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, expected)
+        if not ok:
+            errors.append(f"{name} must be {_TYPE_WORDS[expected]}, got {value!r} ({type(value).__name__})")
+    return errors
 
 
 def _short(atom: str) -> str:

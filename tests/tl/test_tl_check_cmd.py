@@ -54,6 +54,19 @@ def test_garbage_never_gives_a_traceback(runner, tmp_path, content):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize("content", ["", "\n  \n", "// only a comment\n"])
+def test_a_file_without_statements_is_not_ok(runner, tmp_path, content):
+    path = write(tmp_path, "empty.tl", content)
+    result = runner.invoke(app, ["check", str(path)])
+    assert result.exit_code == 1
+    assert result.output.splitlines()[:2] == [
+        f"{path}:1:1: error[empty-program]: the program has no statements: a sketch with nothing in it is not a "
+        "kernel",
+        "  hint: write the kernel's flow (copies, GEMMs, softmax, the output's store), or start from a reference "
+        "sketch: tl/sketches/mha_causal.tl"]
+    assert f"{path}: ok" not in result.output and f"{path}: 1 error" in result.output
+
+
 def test_undecodable_bytes_exit_2(runner, tmp_path):
     path = write(tmp_path, "bin.tl", bytes(range(128, 256)))
     result = runner.invoke(app, ["check", str(path)])

@@ -147,6 +147,13 @@ def test_empty_loop_body():
     assert errors("for i = 0:N\nend\n")[0] == [("bad-loop", 1)]
 
 
+@pytest.mark.parametrize("text", ["", "\n\n   \n", "// a sketch to come\n\n// nothing yet\n"])
+def test_a_program_without_statements_is_not_a_kernel(text):
+    found, diags = errors(text)
+    assert found == [("empty-program", 1)]
+    assert str(diags[0]).startswith("t.tl:1:1: error[empty-program]: ") and diags[0].hint
+
+
 def test_bad_allocate_level():
     assert errors("Allocate A in texture (M, K)\n")[0] == [("bad-level", 1)]
 

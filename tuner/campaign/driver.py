@@ -31,10 +31,9 @@ from .backends import BackendError, BackendSpec, parse_backend
 from .cache import MeasurementCache
 from .cluster import ClusterError, GpuPool, connect, gpu_pool
 from .combos import Combination, ComboError, expand_combinations
-from .options import CampaignOptions
+from .options import CampaignOptions, option_problems
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-MAX_GPU_OVERLAP = 8   # more waiting processes only hold CUDA contexts and CPUs
 WORKER_GRACE_S = 120.0   # beyond a trial's own limits: a worker's start-up (its fork server's imports)
 
 
@@ -118,12 +117,9 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
                                  options.model)
     if options.sampler not in st.SAMPLERS:
         raise ValueError(f"unknown sampler {options.sampler!r}; choose one of: {', '.join(st.SAMPLERS)}")
-    if options.trials < 1:
-        raise ValueError("--trials must be at least 1")
-    if not isinstance(options.gpu_overlap, int) or not 1 <= options.gpu_overlap <= MAX_GPU_OVERLAP:
-        raise ValueError(f"--gpu-overlap must be an integer from 1 to {MAX_GPU_OVERLAP}, got {options.gpu_overlap!r}")
-    if options.trial_timeout <= 0:
-        raise ValueError(f"--trial-timeout must be positive, got {options.trial_timeout:g}")
+    problems = option_problems(options)
+    if problems:
+        raise ValueError("; ".join(problems))
     backend = parse_backend(options.backend)
     seqlens = tuple(options.seqlens or DEFAULT_SEQLENS)
     cache = MeasurementCache(options.study_dir)

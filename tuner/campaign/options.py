@@ -1,11 +1,16 @@
 """The options of one campaign, as the CLI gives them (frozen; checked by ``resolve``)."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
 
 SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
+MAX_GPU_OVERLAP = 8     # more waiting processes only hold CUDA contexts and CPUs
+MAX_LLM_SKETCHES = 8
+SEED_LIMIT = 2 ** 32    # the samplers seed numpy's RandomState: 0 <= seed < 2**32
 
 
 @dataclass(frozen=True)
@@ -56,3 +61,44 @@ class CampaignOptions:
     def timing(self) -> dict:
         """The trials' and baselines' tuner.bench.Timing, as plain fields (it crosses into Ray tasks)."""
         return {"warmup_ms": self.bench_warmup_ms, "rep_ms": self.bench_rep_ms, "rotate": self.bench_rotate}
+
+
+def _count(value, low: int, high: Optional[int] = None) -> bool:
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+            and (high is None or value <= high))
+
+
+def _seconds(value, zero_ok: bool = False) -> bool:
+    return (isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            and (value >= 0 if zero_ok else value > 0))
+
+
+def option_problems(o: CampaignOptions) -> list[str]:
+    """Every number of the options that makes no sense, named as the CLI spells it (the fields that are not on
+    the CLI by their own name); empty when all do. Checked before anything is created: no study dir, no
+    journal, no cluster."""
+    problems = []
+
+    def need(ok: bool, name: str, what: str, value) -> None:
+        if not ok:
+            problems.append(f"{name} must be {what}, got {value!r}")
+
+    need(_count(o.trials, 1), "--trials", "an integer of at least 1", o.trials)
+    need(o.timeout is None or _seconds(o.timeout), "--timeout", "a positive number of seconds", o.timeout)
+    need(_seconds(o.trial_timeout), "--trial-timeout", "a positive number of seconds", o.trial_timeout)
+    need(_count(o.gpu_overlap, 1, MAX_GPU_OVERLAP), "--gpu-overlap", f"an integer from 1 to {MAX_GPU_OVERLAP}",
+         o.gpu_overlap)
+    need(_count(o.compile_batch, 1), "--compile-batch", "an integer of at least 1", o.compile_batch)
+    need(_count(o.llm_sketches, 0, MAX_LLM_SKETCHES), "--llm-sketches", f"an integer from 0 to {MAX_LLM_SKETCHES}",
+         o.llm_sketches)
+    need(o.seed is None or _count(o.seed, 0, SEED_LIMIT - 1), "--seed", f"an integer from 0 to {SEED_LIMIT - 1}",
+         o.seed)
+    need(o.seqlens is None or (len(o.seqlens) > 0 and all(_count(s, 1) for s in o.seqlens)), "--seqlens",
+         "a list of positive integers", o.seqlens)
+    need(_seconds(o.compile_timeout), "compile_timeout", "a positive number of seconds", o.compile_timeout)
+    need(_count(o.infra_retries, 0), "infra_retries", "an integer of at least 0", o.infra_retries)
+    need(_seconds(o.bench_warmup_ms, zero_ok=True), "bench_warmup_ms", "a number of milliseconds of at least 0",
+         o.bench_warmup_ms)
+    need(_seconds(o.bench_rep_ms), "bench_rep_ms", "a positive number of milliseconds", o.bench_rep_ms)
+    need(_count(o.bench_rotate, 1), "bench_rotate", "an integer of at least 1", o.bench_rotate)
+    return problems

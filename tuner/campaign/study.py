@@ -10,6 +10,7 @@ parameters go back into the queue.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from optuna.storages import JournalStorage, RDBStorage
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from .journal import JournalError, check_journal
 from .options import SAMPLERS
 
 INFEASIBLE = "infeasible"      # the constraint key
@@ -40,13 +42,25 @@ def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | N
 def make_storage(url: str | None, study_dir: Path, name: str):
     if url is None:
         study_dir.mkdir(parents=True, exist_ok=True)
-        return JournalStorage(JournalFileBackend(str(study_dir / f"{name}.journal")))
+        return open_journal(study_dir / f"{name}.journal")
     if url.endswith(".journal") or url.startswith("journal:"):
-        return JournalStorage(JournalFileBackend(url.removeprefix("journal:")))
+        return open_journal(Path(url.removeprefix("journal:")))
     try:
         return RDBStorage(url, heartbeat_interval=None)
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean "cannot use this URL"
         raise StudyError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}") from None
+
+
+def open_journal(path: Path) -> JournalStorage:
+    """The journal storage at ``path``, a torn last record cut off first (one line on stderr says so);
+    StudyError when a record before it is corrupt (journal.py)."""
+    try:
+        torn = check_journal(path)
+    except JournalError as exc:
+        raise StudyError(str(exc)) from None
+    if torn is not None:
+        print(f"tune: {torn.message()}", file=sys.stderr, flush=True)
+    return JournalStorage(JournalFileBackend(str(path)))
 
 
 def make_sampler(kind: str, seed: int | None):
