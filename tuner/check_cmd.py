@@ -1,7 +1,9 @@
 """``tune check FILE...``: parse and check TL programs, one verdict per file.
 
 Exit 0 when every file is valid, 1 when any has diagnostics, 2 when a file cannot be read as text
-(missing, a directory, not UTF-8). Whatever a file holds, the answer is diagnostics, never a traceback.
+(missing, a directory, not UTF-8) or holds no program at all (empty, or only comments: bad input, as
+issue 17 asks, reported with its diagnostic). Whatever a file holds, the answer is diagnostics, never a
+traceback.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def run_check(paths: list[Path]) -> int:
     if not paths:
         print("tune check: error: no files given", file=sys.stderr)
         return 2
-    io_error = found = False
+    io_error = found = False    # io_error: exit 2 (unreadable, or no program at all)
     for path in paths:
         path = Path(path)
         try:
@@ -39,6 +41,7 @@ def run_check(paths: list[Path]) -> int:
         _, diagnostics = check_source(text, str(path))
         if diagnostics:
             found = True
+            io_error = io_error or any(d.code == "empty-program" for d in diagnostics)
             for diagnostic in diagnostics:
                 print(diagnostic)
             print(f"{path}: {len(diagnostics)} error{'s' if len(diagnostics) != 1 else ''}")
