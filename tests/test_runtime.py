@@ -92,7 +92,7 @@ def test_the_parameter_buffer_holds_every_argument_in_the_kernels_order(hopper_k
     q = FakeTensor((b, sq, hq, 128), 0x1000_0000, strides=(sq * 3 * hq * 128, 3 * hq * 128, 128, 1))
     k = FakeTensor((b, sk, hkv, 128), 0x2000_0000)
     v = FakeTensor((b, sk, hkv, 128), 0x3000_0000)
-    plan = hopper_kernel._plan(q, k, v, None, 0.1)
+    plan = runtime.build_plan(hopper_kernel, q, k, v, None, 0.1)
     meta = hopper_kernel.meta
     tiles = -(-sq // meta["block_m"]) * hq * b
     assert plan.grid == ((min(tiles, 132) if meta["grid"] == "persistent" else tiles), 1, 1)
@@ -134,13 +134,13 @@ def test_a_plan_refuses_what_the_kernel_cannot_take(hopper_kernel, monkeypatch):
     q = FakeTensor((1, 64, 4, 128), 0x1000_0000)
     k = FakeTensor((1, 64, 4, 128), 0x2000_0000)
     with pytest.raises(ValueError, match="multiples of 8"):
-        hopper_kernel._plan(FakeTensor((1, 64, 4, 128), 0x1000_0000, strides=(64 * 4 * 132, 4 * 132, 132, 1)),
+        runtime.build_plan(hopper_kernel, FakeTensor((1, 64, 4, 128), 0x1000_0000, strides=(64 * 4 * 132, 4 * 132, 132, 1)),
                             k, k, None, None)
     for scale in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="positive finite"):
-            hopper_kernel._plan(q, k, k, None, scale)
+            runtime.build_plan(hopper_kernel, q, k, k, None, scale)
     with pytest.raises(ValueError, match="head dim must be 128"):
-        hopper_kernel._plan(FakeTensor((1, 64, 4, 64), 0x1000_0000), FakeTensor((1, 64, 4, 64), 0x2000_0000),
+        runtime.build_plan(hopper_kernel, FakeTensor((1, 64, 4, 64), 0x1000_0000), FakeTensor((1, 64, 4, 64), 0x2000_0000),
                             FakeTensor((1, 64, 4, 64), 0x3000_0000), None, None)
 
 
@@ -149,9 +149,9 @@ def test_an_abi_1_kernel_takes_only_its_compiled_scale(hopper_kernel, monkeypatc
     meta = dict(hopper_kernel.meta, abi=1, args=[a for a in hopper_kernel.meta["args"] if a[0] != "softmax_scale_log2"])
     old = runtime.AttentionKernel(meta=meta, device_index=0, _module=None, _function=None, _sm_count=132)
     q = FakeTensor((1, 64, 4, 128), 0x1000_0000)
-    old._plan(q, q, q, None, 1 / math.sqrt(128))
+    runtime.build_plan(old, q, q, q, None, 1 / math.sqrt(128))
     with pytest.raises(ValueError, match="ABI 1"):
-        old._plan(q, q, q, None, 0.2)
+        runtime.build_plan(old, q, q, q, None, 0.2)
 
 
 def test_the_descriptor_address_offset_is_proven_not_assumed():

@@ -10,7 +10,8 @@ exported folder.
 """
 from tuner.serving.configs import (Choice, ExportedConfig, ExportedKernel, ExportError, choose, read_config,
                                    read_configs)
-from tuner.serving.exported import REASONS, DeviceFacts, ExportedAttention, load_exported
+from tuner.serving.exported import DeviceFacts, ExportedAttention, load_exported
+from tuner.serving.reasons import REASONS
 from tuner.serving.sdpa import sdpa_attention
 
 __all__ = ["REASONS", "Choice", "DeviceFacts", "ExportError", "ExportedAttention", "ExportedConfig", "ExportedKernel",

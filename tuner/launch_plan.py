@@ -1,0 +1,213 @@
+"""A launch plan: one call signature (shapes, strides, dtypes, device, softmax scale) of one kernel,
+validated once and packed into the parameter buffer cuLaunchKernel reads (tuner/runtime.py launches it).
+
+The buffer holds the four data pointers first (one pack per call), then the tile counter, the scalars, and
+the 128-byte TMA descriptors 64-byte aligned; ``pointers`` says where each argument lies, in the kernel's
+order. Pure apart from the descriptors' encoding (tuner.tma), so the layout is CPU-tested argument by
+argument (tests/test_runtime.py).
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import struct
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+_LOG2E = math.log2(math.e)
+
+
+class PlanError(RuntimeError):
+    """The kernel takes an argument this runtime does not know how to fill."""
+
+
+def _arg_slots(args) -> tuple[dict, int]:
+    """Byte offset of each kernel argument in the parameter buffer: the four data pointers first (one
+    pack per call), then the tile counter, the scalars, and the 128-byte TMA descriptors 64-byte aligned."""
+    order = ["q", "k", "v", "o", "tile_counter"]
+    offsets, at = {}, 0
+    for name in order:
+        if any(a == name for a, _ in args):
+            offsets[name] = order.index(name) * 8
+    at = 40
+    for name, kind in args:
+        if name in offsets or kind.startswith("tensormap:"):
+            continue
+        offsets[name] = at
+        at += 8
+    at = (at + 63) // 64 * 64
+    for name, kind in args:
+        if kind.startswith("tensormap:"):
+            offsets[name] = at
+            at += 128
+    return offsets, at
+
+
+_SCALAR_FORMAT = {"i32": "<i", "i64": "<q", "f32": "<f", "ptr": "<Q"}
+FOUR_POINTERS = struct.Struct("<4Q")     # q, k, v, out at offset 0
+POINTER = struct.Struct("<Q")
+
+
+@dataclass
+class LaunchPlan:
+    """One call signature, validated and packed: what a launch writes per call is only the pointers."""
+
+    grid: tuple
+    out_shape: tuple
+    params: Any                  # ctypes buffer of every argument's bytes
+    pointers: Any                # (c_void_p * n): where each argument lies, in the kernel's order
+    prefix: tuple                # cuLaunchKernel's arguments before the stream: function, grid, block, smem
+    pointers_address: int
+    maps: list                   # MapSlot per TMA descriptor, kept pointing at the call's tensors
+    persistent_counter: bool
+    lock: Any
+
+
+@dataclass
+class MapSlot:
+    """A TMA descriptor in a plan's parameter buffer and the address it holds now."""
+
+    offset: int
+    index: int               # of the tensor in (q, k, v, out)
+    spec: Any
+    dtype: str
+    address: int
+    address_offset: int | None
+
+
+class _ContiguousShape:
+    """Stands in for the output before it exists: its strides and a 16-byte-aligned address (the real one
+    is written per call)."""
+
+    def __init__(self, shape, element_size: int):
+        self.shape = shape
+        self._strides = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            self._strides[i] = self._strides[i + 1] * shape[i + 1]
+        self._element_size = element_size
+
+    def stride(self, axis=None):
+        return tuple(self._strides) if axis is None else self._strides[axis]
+
+    def element_size(self) -> int:
+        return self._element_size
+
+    def data_ptr(self) -> int:
+        return 1 << 20
+
+
+def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
+    """Validate one call signature against ``kernel`` (an AttentionKernel) and pack everything it fixes;
+    ValueError for inputs the kernel cannot take, before any launch."""
+    import torch
+
+    spec = kernel.meta["spec"]
+    dtype = getattr(torch, _DTYPES[spec["dtype"]])
+    _check_inputs(q, k, v, dtype, spec)
+    if q.device.index != kernel.device_index:
+        raise ValueError(f"{kernel.name} is loaded on cuda:{kernel.device_index}; the tensors are on {q.device}")
+    b, sq, hq, _ = q.shape
+    _, sk, hkv, _ = k.shape
+    out_shape = (b, sq, hq, spec["d_v"])
+    if out is not None:
+        if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != q.device:
+            raise ValueError(f"out must be {out_shape} {dtype} on {q.device}; got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+        _check_layout("out", out)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(spec["d_qk"])
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+    if not kernel.takes_scale and not math.isclose(scale, 1.0 / math.sqrt(spec["d_qk"]), rel_tol=1e-6):
+        raise ValueError(f"{kernel.name} (ABI 1) computes the softmax scale 1/sqrt({spec['d_qk']}); "
+                         f"{scale} needs a rebuilt kernel")
+    block_m = int(kernel.meta["block_m"])
+    m_blocks = (sq + block_m - 1) // block_m
+    grid_kind = kernel.meta.get("grid")
+    if grid_kind in ("tiles", "persistent"):
+        tiles = m_blocks * hq * b
+        grid = (min(tiles, kernel._sm_count) if grid_kind == "persistent" else tiles, 1, 1)
+    else:
+        grid = (m_blocks, hq, b)
+        if grid[1] > 65535 or grid[2] > 65535:
+            raise ValueError(f"heads ({hq}) and batch ({b}) must each be <= 65535")
+    values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
+              "softmax_scale_log2": scale * _LOG2E}
+    probe_out = out if out is not None else _ContiguousShape(out_shape, q.element_size())
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", probe_out)):
+        for axis, what in enumerate(("batch", "row", "head")):
+            values[f"{name}_{what}_stride"] = t.stride(axis)
+    args = kernel.args
+    offsets, size = _arg_slots(args)
+    params = ctypes.create_string_buffer(size)
+    maps = []
+    boxes = kernel.meta.get("tensor_maps", {})
+    tensors = {"q": q, "k": k, "v": v, "o": probe_out}
+    for name, kind in args:
+        at = offsets[name]
+        if kind.startswith("tensormap:"):
+            maps.append(_first_map(kernel.meta, params, at, kind.split(":", 1)[1], tensors, boxes))
+        elif name not in ("q", "k", "v", "o", "tile_counter"):
+            if name not in values:
+                raise PlanError(f"{kernel.name} takes an argument {name!r} this runtime does not know")
+            struct.pack_into(_SCALAR_FORMAT[kind], params, at, values[name])
+    base = ctypes.addressof(params)
+    pointers = (ctypes.c_void_p * len(args))(*[base + offsets[name] for name, _ in args])
+    prefix = (kernel._function, grid[0], grid[1], grid[2], int(kernel.meta["num_threads"]), 1, 1,
+              int(kernel.meta["smem_bytes"]))
+    return LaunchPlan(grid=grid, out_shape=out_shape, params=params, pointers=pointers, prefix=prefix,
+                      pointers_address=ctypes.addressof(pointers), maps=maps,
+                      persistent_counter=any(name == "tile_counter" for name, _ in args),
+                      lock=threading.Lock())
+
+def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: dict) -> "MapSlot":
+    from tuner import tma
+
+    t = tensors[tensor]
+    try:
+        spec = tma.tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(),
+                                   int(boxes[tensor]["rows"]))
+    except tma.TensorMapError as exc:
+        raise ValueError(f"{tensor}: {exc}") from None
+    dtype = meta["spec"]["dtype"]
+    ctypes.memmove(ctypes.addressof(params) + at, tma.encode_bytes(spec, dtype), 128)
+    return MapSlot(offset=at, index="qkvo".index(tensor), spec=spec, dtype=dtype, address=spec.address,
+                    address_offset=tma.address_offset(spec, dtype))
+
+
+
+
+def _check_layout(name: str, t) -> None:
+    if t.stride(-1) != 1:
+        raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
+    if any(s % 8 for s in t.stride()[:3]):
+        raise ValueError(f"{name}: batch/sequence/head strides must be multiples of 8 elements (128-bit loads), "
+                         f"got {tuple(t.stride())}")
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name}: data pointer must be 16-byte aligned")
+
+
+def _check_inputs(q, k, v, dtype, spec: dict) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(t, "is_cuda") or not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA torch tensor")
+        if t.dtype != dtype:
+            raise ValueError(f"{name} is {t.dtype}; this kernel was built for {dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+        _check_layout(name, t)
+    if q.device != k.device or q.device != v.device:
+        raise ValueError("q, k and v must be on the same device")
+    b, sq, hq, dq = q.shape
+    bk, sk, hkv, dk = k.shape
+    if (dq, dk) != (spec["d_qk"], spec["d_qk"]):
+        raise ValueError(f"q/k head dim must be {spec['d_qk']}, got {dq}/{dk}")
+    if tuple(v.shape) != (b, sk, hkv, spec["d_v"]):
+        raise ValueError(f"v must be {(b, sk, hkv, spec['d_v'])}, got {tuple(v.shape)}")
+    if bk != b:
+        raise ValueError(f"q and k batch differ: {b} vs {bk}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
+    if sq < 1 or sk < 1:
+        raise ValueError("sequence lengths must be >= 1")

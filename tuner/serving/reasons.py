@@ -1,0 +1,23 @@
+"""Why torch SDPA runs instead of an exported kernel: the countable categories of every fallback."""
+
+# Why SDPA runs instead of an exported kernel: the countable categories (``ExportedAttention.reasons``).
+REASONS = {
+    "not-cuda": "the tensors are not on a CUDA device",
+    "no-device-config": "no exported config for this GPU",
+    "other-arch": "the configs for this GPU's name were exported for another SM",
+    "dtype": "dtype has no exported kernels (fp16 and bf16 only)",
+    "mixed-dtypes": "q, k, v have different dtypes",
+    "mixed-devices": "q, k, v are on different devices",
+    "no-shape-config": "no exported config for these head dims, dtype and causality",
+    "no-variant": "no exported variant serves this head layout",
+    "scale": "the softmax scale is not a positive finite number",
+    "kernel-unloadable": "the kernel cannot be loaded (its warning says why)",
+    "inputs-refused": "the kernel refused the inputs' layout (strides, alignment)",
+    "mask": "an attention mask (the kernels take none)",
+    "dropout": "dropout (the kernels have none)",
+    "window": "a sliding window (the kernels attend to every visible key)",
+    "softcap": "logit soft-capping",
+    "alibi": "ALiBi slopes",
+    "sdpa-causal-top-left": "SDPA's is_causal with seqlen_q != seqlen_k is aligned top-left (the kernels: bottom-right)",
+    "layout": "a shape the kernels do not take (not 4-D)",
+}
