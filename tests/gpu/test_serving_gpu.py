@@ -205,6 +205,8 @@ def test_opcheck_with_the_real_kernel(attn):
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor",
                                       "test_aot_dispatch_dynamic"))
     grad = torch.randn(1, 300, 16, 128, device="cuda", dtype=torch.bfloat16)
+    # torch's GPU SDPA backward accumulates dq with atomics: two runs agree to bf16 rounding, not bitwise
     torch.library.opcheck(torch.ops.attn_tuner.attention_backward.default, (grad, q.detach(), k.detach(),
                                                                              v.detach(), None, True, 0.1),
-                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+                          test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+                          atol=2e-2, rtol=2e-2)
