@@ -132,3 +132,26 @@ def test_the_stand_in_refuses_what_the_kernel_refuses():
     q = torch.randn(1, 8, 2, 64)[..., ::2]
     with pytest.raises(ValueError, match="contiguous"):
         k(q, q, q)
+
+
+def test_a_config_file_that_links_out_of_the_folder_is_not_read(exported, tmp_path):
+    outside = tmp_path / "elsewhere.json"
+    outside.write_text(_config_file(exported).read_text())
+    os.symlink(outside, exported / "variant=zzz,head_dim=128,dtype=bf16,causal=1,device_name=X.json")
+    with pytest.raises(ExportError, match="outside the exported folder"):
+        read_configs(exported)
+
+
+def test_a_cubin_swapped_for_a_link_after_loading_is_refused_when_opened(exported, tmp_path):
+    attn = load_exported(exported, devices={("cpu", None): DeviceFacts(H100, (9, 0))},
+                         kernel_loader=lambda c, m, d: pytest.fail("opened a file outside the folder"))
+    (config,) = [c for c in attn.configs if c.variant == "mha"]
+    target = config.kernels["s512"].cubin_path
+    secret = tmp_path / "secret"
+    secret.write_bytes(target.read_bytes())
+    target.unlink()
+    os.symlink(secret, target)
+    q, k, v = qkv(hq=4, hkv=4, sq=100)
+    with pytest.warns(RuntimeWarning, match="outside the exported folder"):
+        attn(q, k, v, causal=True)
+    assert attn.last_path == "sdpa" and attn.reasons["kernel-unloadable"] == 1

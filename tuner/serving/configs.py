@@ -150,7 +150,7 @@ def read_configs(folder: Path) -> list[ExportedConfig]:
     folder = Path(folder)
     if not folder.is_dir():
         raise ExportError(f"{folder}: not a directory (expected the output of `tune export`)")
-    return [read_config(p) for p in sorted(folder.glob("variant=*.json"))]
+    return [read_config(inside_folder(folder, p.name, "config", p)) for p in sorted(folder.glob("variant=*.json"))]
 
 
 def dispatch_table(configs: list[ExportedConfig]) -> dict:

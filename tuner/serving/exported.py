@@ -29,7 +29,7 @@ import torch
 from tuner.serving import op
 from tuner.serving.dropin import DropIns
 from tuner.serving.configs import (Choice, ExportedConfig, ExportedKernel, ExportError, choose, dispatch_table,
-                                   pick, read_configs)
+                                   inside_folder, pick, read_configs)
 from tuner.serving.reasons import REASONS
 from tuner.serving.sdpa import check_shapes, sdpa_attention
 
@@ -203,7 +203,9 @@ class ExportedAttention(DropIns):
     def _load(self, entry: ExportedKernel, device_index: int):
         from tuner.runtime import cubin_arch
 
-        cubin = entry.cubin_path.read_bytes()
+        # checked again as it is opened: a link swapped in after the export was read is refused too
+        path = inside_folder(entry.cubin_path.parent, entry.cubin_path.name, "cubin", entry.cubin_path)
+        cubin = path.read_bytes()
         if hashlib.sha256(cubin).hexdigest() != entry.sha256:
             raise ExportError(f"{entry.cubin_path}: content does not match its sha256 {entry.sha256}")
         arch, sm = cubin_arch(cubin), self._sm_of.get(entry.sha256)
