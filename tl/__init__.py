@@ -9,12 +9,13 @@ from pathlib import Path
 
 from tl.checker import CheckLimits, check, check_source
 from tl.diagnostics import Diagnostic, TLSyntaxError
+from tl.layout import LAYOUTS, layout_of, with_layout
 from tl.parser import ParseResult, parse, parse_program
 from tl.printer import format_program
 
 __all__ = ["parse", "parse_program", "format_program", "check", "check_source", "CheckLimits", "Diagnostic",
            "TLSyntaxError", "ParseResult", "sketch_path", "load_sketch", "VARIANTS", "SCHEDULES", "SCHEDULE_BASE",
-           "schedule_base", "schedule_variants"]
+           "schedule_base", "schedule_variants", "LAYOUTS", "layout_of", "with_layout"]
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")
 _SKETCHES = Path(__file__).resolve().parent / "sketches"
@@ -51,5 +52,6 @@ def sketch_path(variant: str, causal: bool, schedule: str = "fa2") -> Path:
     return _SKETCHES / SCHEDULES[schedule].format(v=key, c="causal" if causal else "noncausal")
 
 
-def load_sketch(variant: str, causal: bool, schedule: str = "fa2") -> str:
-    return sketch_path(variant, causal, schedule).read_text(encoding="utf-8")
+def load_sketch(variant: str, causal: bool, schedule: str = "fa2", layout: str = "dense") -> str:
+    """The reference program's text, in ``layout`` (tl.layout: the offsets of its global tensors)."""
+    return with_layout(sketch_path(variant, causal, schedule).read_text(encoding="utf-8"), layout)

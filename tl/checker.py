@@ -14,6 +14,7 @@ from typing import Optional
 
 from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, Warpgroup, walk
 from tl.diagnostics import Diagnostic
+from tl.layout import layout_diagnostics
 from tl.pipelines import CheckLimits, pipeline_diagnostics, producer_fills, role_diagnostics
 
 __all__ = ["OpSpec", "KNOWN_OPS", "CheckLimits", "check", "check_source"]
@@ -155,6 +156,7 @@ class _Checker:
         self.block(self.program.statements)
         role_diagnostics(self.program.statements, self.error)
         pipeline_diagnostics(self.program.statements, self.error, self.limits)
+        self.diags += layout_diagnostics(self.program, self.path)
         return self.diags
 
     def block(self, statements) -> None:

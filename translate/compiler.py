@@ -11,6 +11,7 @@ Three passes:
 from __future__ import annotations
 
 from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, walk
+from tl.layout import layout_of
 from tl.pipelines import has_roles
 from tl.printer import format_statement
 from translate import emitters as em
@@ -35,13 +36,28 @@ def generate(program: Program, params: KernelParams, profile, spec: KernelSpec) 
     sketch becomes the FA2-style kernel, with wgmma GEMMs when ``mma_atom`` is SM90_GMMA.
     """
     warp_specialized = has_roles(program.statements)
-    problems = validate(params, profile, _representative_problem(spec), warp_specialized=warp_specialized)
+    problems = layout_problems(program, spec, warp_specialized)
+    problems += validate(params, profile, _representative_problem(spec), warp_specialized=warp_specialized)
     if problems:
         raise TranslationError("parameters rejected: " + "; ".join(problems))
     if warp_specialized:
         from translate.sm90 import generate_warp_specialized
         return generate_warp_specialized(program, params, profile, spec)
     return _Compiler(program, params, profile, spec).run()
+
+
+def layout_problems(program: Program, spec: KernelSpec, warp_specialized: bool) -> list[str]:
+    """Why a sketch cannot build ``spec``'s layout: the sketch states one (tl/layout.py), the spec another; or
+    packed sequences asked of a kernel without the warp-specialised tile scheduler that walks them."""
+    stated = layout_of(program)
+    problems = []
+    if stated != spec.layout:
+        problems.append(f"the sketch states the {stated} layout (the offsets of its global tensors) but the kernel "
+                        f"is asked for {spec.layout}")
+    if spec.layout == "varlen" and not warp_specialized:
+        problems.append("packed sequences (varlen) are built by the warp-specialised Hopper kernel, whose scheduler "
+                        "walks them: use a sketch with warpgroup roles (tl/sketches/hopper)")
+    return problems
 
 
 def _representative_problem(spec: KernelSpec) -> Problem:

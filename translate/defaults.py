@@ -43,17 +43,26 @@ def default_schedule(profile: Profile) -> str:
     return HOPPER_SCHEDULE if "SM90_GMMA" in profile.mma_atoms else "fa2"
 
 
+# The varlen producer walks the sequences' lengths per tile (attn_sm90::varlen_tile): in 24 registers ptxas
+# spilled 32 bytes of it (nvcc 13.0, gqa d128 128x128), in 32 none.
+VARLEN_PRODUCER_REGS = 32
+
+
 def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     """(block_m, block_n, producer registers) in order of preference: FA4's, then FA3's and smaller."""
     d = max(spec.d_qk, spec.d_v)
     if d <= 64:
-        return [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128),
-                dict(block_m=128, block_n=64)]
-    if d <= 128:
-        return [dict(block_m=128, block_n=128), dict(block_m=128, block_n=176 if not spec.causal else 128),
-                dict(block_m=128, block_n=64)]
-    return [dict(block_m=128, block_n=128), dict(block_m=128, block_n=112), dict(block_m=128, block_n=96),
-            dict(block_m=64, block_n=64)]
+        seeds = [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128),
+                 dict(block_m=128, block_n=64)]
+    elif d <= 128:
+        seeds = [dict(block_m=128, block_n=128), dict(block_m=128, block_n=176 if not spec.causal else 128),
+                 dict(block_m=128, block_n=64)]
+    else:
+        seeds = [dict(block_m=128, block_n=128), dict(block_m=128, block_n=112), dict(block_m=128, block_n=96),
+                 dict(block_m=64, block_n=64)]
+    if spec.layout == "varlen":
+        seeds = [dict(seed, producer_regs=max(seed.get("producer_regs", 24), VARLEN_PRODUCER_REGS)) for seed in seeds]
+    return seeds
 
 
 def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = True) -> KernelParams:

@@ -132,13 +132,15 @@ class KernelSpec:
     d_v: int
     causal: bool
     dtype: str
+    layout: str = "dense"     # how rows are found (tl/layout.py): dense (b, s, h, d), varlen (cu_seqlens)
 
     @classmethod
     def of(cls, problem: Problem) -> "KernelSpec":
         return cls(problem.variant, problem.d_qk, problem.d_v, problem.causal, problem.dtype)
 
     def label(self) -> str:
-        return f"{self.variant}_d{self.d_qk}x{self.d_v}_{'causal' if self.causal else 'noncausal'}_{self.dtype}"
+        base = f"{self.variant}_d{self.d_qk}x{self.d_v}_{'causal' if self.causal else 'noncausal'}_{self.dtype}"
+        return base if self.layout == "dense" else f"{base}_{self.layout}"
 
 
 def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> KernelSpec:

@@ -63,6 +63,7 @@ class LaunchPlan:
     maps: list                   # MapSlot per TMA descriptor, kept pointing at the call's tensors
     persistent_counter: bool
     lock: Any
+    dynamic_offsets: tuple = ()  # where per-call pointers beyond q, k, v, out go (a layout's: VARLEN_POINTERS)
 
 
 @dataclass
@@ -98,12 +99,45 @@ class _ContiguousShape:
         return 1 << 20
 
 
+def _scale_of(kernel, softmax_scale) -> float:
+    spec = kernel.meta["spec"]
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(spec["d_qk"])
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+    if not kernel.takes_scale and not math.isclose(scale, 1.0 / math.sqrt(spec["d_qk"]), rel_tol=1e-6):
+        raise ValueError(f"{kernel.name} (ABI 1) computes the softmax scale 1/sqrt({spec['d_qk']}); "
+                         f"{scale} needs a rebuilt kernel")
+    return scale
+
+
+def _check_out(out, out_shape, dtype, device) -> None:
+    if out is not None:
+        if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != device:
+            raise ValueError(f"out must be {out_shape} {dtype} on {device}; got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+        _check_layout("out", out)
+
+
+def _grid(kernel, batch: int, heads_q: int, seqlen_q: int) -> tuple:
+    block_m = int(kernel.meta["block_m"])
+    m_blocks = (seqlen_q + block_m - 1) // block_m
+    grid_kind = kernel.meta.get("grid")
+    if grid_kind in ("tiles", "persistent"):
+        tiles = m_blocks * heads_q * batch
+        return (min(tiles, kernel._sm_count) if grid_kind == "persistent" else tiles, 1, 1)
+    if heads_q > 65535 or batch > 65535:
+        raise ValueError(f"heads ({heads_q}) and batch ({batch}) must each be <= 65535")
+    return (m_blocks, heads_q, batch)
+
+
 def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
     """Validate one call signature against ``kernel`` (an AttentionKernel) and pack everything it fixes;
     ValueError for inputs the kernel cannot take, before any launch."""
     import torch
 
     spec = kernel.meta["spec"]
+    if spec.get("layout", "dense") != "dense":
+        raise ValueError(f"{kernel.name} takes packed sequences (cu_seqlens): call its varlen entry")
     dtype = getattr(torch, _DTYPES[spec["dtype"]])
     _check_inputs(q, k, v, dtype, spec)
     if q.device.index != kernel.device_index:
@@ -111,31 +145,79 @@ def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
     b, sq, hq, _ = q.shape
     _, sk, hkv, _ = k.shape
     out_shape = (b, sq, hq, spec["d_v"])
-    if out is not None:
-        if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != q.device:
-            raise ValueError(f"out must be {out_shape} {dtype} on {q.device}; got "
-                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
-        _check_layout("out", out)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(spec["d_qk"])
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
-    if not kernel.takes_scale and not math.isclose(scale, 1.0 / math.sqrt(spec["d_qk"]), rel_tol=1e-6):
-        raise ValueError(f"{kernel.name} (ABI 1) computes the softmax scale 1/sqrt({spec['d_qk']}); "
-                         f"{scale} needs a rebuilt kernel")
-    block_m = int(kernel.meta["block_m"])
-    m_blocks = (sq + block_m - 1) // block_m
-    grid_kind = kernel.meta.get("grid")
-    if grid_kind in ("tiles", "persistent"):
-        tiles = m_blocks * hq * b
-        grid = (min(tiles, kernel._sm_count) if grid_kind == "persistent" else tiles, 1, 1)
-    else:
-        grid = (m_blocks, hq, b)
-        if grid[1] > 65535 or grid[2] > 65535:
-            raise ValueError(f"heads ({hq}) and batch ({b}) must each be <= 65535")
+    _check_out(out, out_shape, dtype, q.device)
     values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
-              "softmax_scale_log2": scale * _LOG2E}
+              "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E}
     probe_out = out if out is not None else _ContiguousShape(out_shape, q.element_size())
-    for name, t in (("q", q), ("k", k), ("v", v), ("o", probe_out)):
+    return _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq), out_shape)
+
+
+VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")   # written per call, like the data pointers
+
+
+def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqlen_q: int,
+                      max_seqlen_k: int) -> LaunchPlan:
+    """The plan of a varlen kernel: q (total_q, hq, d_qk), k (total_k, hkv, d_qk), v (total_k, hkv, d_v) ->
+    out (total_q, hq, d_v); ``batch`` sequences, none longer than ``max_seqlen_q`` / ``max_seqlen_k``
+    (FlashAttention's contract: the grid is sized by them). The tensors are seen as one 'batch' of
+    (1, total, heads, dim), which is what the kernel's TMA descriptors address."""
+    import torch
+
+    spec = kernel.meta["spec"]
+    if spec.get("layout", "dense") != "varlen":
+        raise ValueError(f"{kernel.name} takes (batch, seqlen, heads, dim) tensors, not packed sequences")
+    dtype = getattr(torch, _DTYPES[spec["dtype"]])
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not hasattr(t, "dim") or t.dim() != 3:
+            raise ValueError(f"{name} must be 3-D (total_tokens, heads, head_dim) for packed sequences, "
+                             f"got {tuple(getattr(t, 'shape', ()))}")
+    if batch < 1 or max_seqlen_q < 0 or max_seqlen_k < 0:
+        raise ValueError(f"batch {batch}, max_seqlen_q {max_seqlen_q}, max_seqlen_k {max_seqlen_k}: batch >= 1, "
+                         "lengths >= 0")
+    q4, k4, v4 = (_Packed(t) for t in (q, k, v))
+    _check_inputs(q4, k4, v4, dtype, spec, packed=True)
+    if q.device.index != kernel.device_index:
+        raise ValueError(f"{kernel.name} is loaded on cuda:{kernel.device_index}; the tensors are on {q.device}")
+    total_q, hq, _ = q.shape
+    hkv = k.shape[1]
+    out_shape = (total_q, hq, spec["d_v"])
+    _check_out(out, out_shape, dtype, q.device)
+    values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": max(1, max_seqlen_k), "group": hq // hkv,
+              "heads_q": hq, "batch": batch, "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E}
+    probe_out = _Packed(out if out is not None else _ContiguousShape(out_shape, q.element_size()))
+    return _pack_plan(kernel, {"q": q4, "k": k4, "v": v4, "o": probe_out}, values,
+                      _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape, dynamic=VARLEN_POINTERS)
+
+
+class _Packed:
+    """A (total, heads, dim) tensor seen as (1, total, heads, dim): the one 'batch' of packed sequences."""
+
+    def __init__(self, t):
+        self.t = t
+        s0, s1, s2 = t.stride()
+        self.shape = (1, max(1, t.shape[0]), *t.shape[1:])   # no tile reads an empty tensor; its map needs a row
+        self._strides = (max(1, t.shape[0]) * s0, s0, s1, s2)
+        self.dtype, self.device = getattr(t, "dtype", None), getattr(t, "device", None)
+        self.is_cuda = getattr(t, "is_cuda", True)
+
+    def stride(self, axis=None):
+        return self._strides if axis is None else self._strides[axis]
+
+    def dim(self) -> int:
+        return 4
+
+    def data_ptr(self) -> int:
+        return self.t.data_ptr()
+
+    def element_size(self) -> int:
+        return self.t.element_size()
+
+
+def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tuple, dynamic=()) -> LaunchPlan:
+    """The buffer: ``values`` (scalars), each 4-D tensor's strides, the TMA descriptors; the pointers of
+    q, k, v, out (and ``dynamic``'s) are written per call."""
+    values = dict(values)
+    for name, t in tensors.items():
         for axis, what in enumerate(("batch", "row", "head")):
             values[f"{name}_{what}_stride"] = t.stride(axis)
     args = kernel.args
@@ -143,15 +225,17 @@ def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
     params = ctypes.create_string_buffer(size)
     maps = []
     boxes = kernel.meta.get("tensor_maps", {})
-    tensors = {"q": q, "k": k, "v": v, "o": probe_out}
     for name, kind in args:
         at = offsets[name]
         if kind.startswith("tensormap:"):
             maps.append(_first_map(kernel.meta, params, at, kind.split(":", 1)[1], tensors, boxes))
-        elif name not in ("q", "k", "v", "o", "tile_counter"):
+        elif name not in ("q", "k", "v", "o", "tile_counter") and name not in dynamic:
             if name not in values:
                 raise PlanError(f"{kernel.name} takes an argument {name!r} this runtime does not know")
             struct.pack_into(_SCALAR_FORMAT[kind], params, at, values[name])
+    missing = [name for name in dynamic if name not in offsets]
+    if missing:
+        raise PlanError(f"{kernel.name} lacks the arguments {missing} of its layout")
     base = ctypes.addressof(params)
     pointers = (ctypes.c_void_p * len(args))(*[base + offsets[name] for name, _ in args])
     prefix = (kernel._function, grid[0], grid[1], grid[2], int(kernel.meta["num_threads"]), 1, 1,
@@ -159,7 +243,8 @@ def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
     return LaunchPlan(grid=grid, out_shape=out_shape, params=params, pointers=pointers, prefix=prefix,
                       pointers_address=ctypes.addressof(pointers), maps=maps,
                       persistent_counter=any(name == "tile_counter" for name, _ in args),
-                      lock=threading.Lock())
+                      lock=threading.Lock(), dynamic_offsets=tuple(offsets[name] for name in dynamic))
+
 
 def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: dict) -> "MapSlot":
     from tuner import tma
@@ -181,14 +266,15 @@ def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: d
 def _check_layout(name: str, t) -> None:
     if t.stride(-1) != 1:
         raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
-    if any(s % 8 for s in t.stride()[:3]):
+    if any(s % 8 for s in t.stride()[:-1]):
         raise ValueError(f"{name}: batch/sequence/head strides must be multiples of 8 elements (128-bit loads), "
                          f"got {tuple(t.stride())}")
     if t.data_ptr() % 16:
         raise ValueError(f"{name}: data pointer must be 16-byte aligned")
 
 
-def _check_inputs(q, k, v, dtype, spec: dict) -> None:
+def _check_inputs(q, k, v, dtype, spec: dict, packed: bool = False) -> None:
+    """What every kernel needs of q, k, v (4-D, or packed sequences seen as one 'batch' of 4-D)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not hasattr(t, "is_cuda") or not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA torch tensor")
@@ -209,5 +295,5 @@ def _check_inputs(q, k, v, dtype, spec: dict) -> None:
         raise ValueError(f"q and k batch differ: {b} vs {bk}")
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
-    if sq < 1 or sk < 1:
+    if not packed and (sq < 1 or sk < 1):   # packed: the lengths live in cu_seqlens (0 is a valid total)
         raise ValueError("sequence lengths must be >= 1")

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.launch_plan import FOUR_POINTERS, POINTER, LaunchPlan, MapSlot, build_plan
+from tuner.launch_plan import FOUR_POINTERS, POINTER, LaunchPlan, MapSlot, build_plan, build_varlen_plan
 
 ABI_VERSION = 2                 # what translate emits now (translate/kernel.py)
 SUPPORTED_ABIS = (1, 2)         # 1: the softmax scale was compiled in as 1/sqrt(d_qk)
@@ -230,6 +230,37 @@ class AttentionKernel:
 
         return launcher
 
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, seqused_k=None,
+               out=None, softmax_scale: float | None = None):
+        """Packed sequences (a kernel of the varlen layout): q (total_q, hq, d_qk), k (total_k, hkv, d_qk),
+        v (total_k, hkv, d_v), ``cu_seqlens_q``/``cu_seqlens_k`` int32 (batch + 1) on the same GPU,
+        ``seqused_k`` int32 (batch) or None -> out (total_q, hq, d_v). Causal aligns bottom-right within
+        each sequence. ``max_seqlen_q`` must be at least every sequence's length (FlashAttention's contract:
+        it sizes the grid)."""
+        import torch
+
+        _check_lengths(q, cu_seqlens_q, cu_seqlens_k, seqused_k)
+        batch = cu_seqlens_q.shape[0] - 1
+        key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
+               q.device, k.device, v.device, batch, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        plan = self._plans.get(key) if self._plans is not None else None
+        if plan is None:
+            plan = build_varlen_plan(self, q, k, v, out, softmax_scale, batch, int(max_seqlen_q), int(max_seqlen_k))
+            self._remember_plan(key, plan)
+        if out is None:
+            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+        self._launch(plan, q, k, v, out, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                                          0 if seqused_k is None else seqused_k.data_ptr()))
+        return out
+
+    def _remember_plan(self, key, plan) -> None:
+        if self._plans is None:
+            self._plans = {}
+        if len(self._plans) >= _MAX_PLANS:
+            self._plans.pop(next(iter(self._plans)))
+        self._plans[key] = plan
+
     def _plan_for(self, q, k, v, out, softmax_scale) -> "LaunchPlan":
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, softmax_scale,
@@ -238,15 +269,11 @@ class AttentionKernel:
         plan = plans.get(key) if plans is not None else None
         if plan is None:
             plan = build_plan(self, q, k, v, out, softmax_scale)
-            if self._plans is None:
-                self._plans = {}
-            if len(self._plans) >= _MAX_PLANS:
-                self._plans.pop(next(iter(self._plans)))
-            self._plans[key] = plan
+            self._remember_plan(key, plan)
         return plan
 
     # --- the per-call path -------------------------------------------------------------------------------
-    def _launch(self, plan: LaunchPlan, q, k, v, out) -> None:
+    def _launch(self, plan: LaunchPlan, q, k, v, out, extra: tuple = ()) -> None:
         qp, kp, vp, op = q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr()
         if (qp | kp | vp | op) & 15:
             raise ValueError("q, k, v and out data pointers must be 16-byte aligned (128-bit loads)")
@@ -254,7 +281,7 @@ class AttentionKernel:
         handle = _raw_stream(index)
         stream = self._streams.get(handle) or self._stream(handle)
         with plan.lock:
-            self._pack(plan, (qp, kp, vp, op), handle)
+            self._pack(plan, (qp, kp, vp, op), handle, extra)
             if _current_device() != index:
                 with _Current(index):
                     err = int((_LAUNCH or _bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
@@ -267,9 +294,12 @@ class AttentionKernel:
             driver = _driver()
             raise KernelLaunchError(f"launch of {self.name} failed: {driver.cuGetErrorName(err)[1]!r} ({err})")
 
-    def _pack(self, plan: LaunchPlan, pointers: tuple, stream_handle: int) -> None:
-        """This call's pointers (q, k, v, out) into the plan's parameter buffer (under the plan's lock)."""
+    def _pack(self, plan: LaunchPlan, pointers: tuple, stream_handle: int, extra: tuple = ()) -> None:
+        """This call's pointers (q, k, v, out, then the layout's: plan.dynamic_offsets) into the plan's
+        parameter buffer (under the plan's lock)."""
         params = plan.params
+        for offset, value in zip(plan.dynamic_offsets, extra):
+            POINTER.pack_into(params, offset, value)
         FOUR_POINTERS.pack_into(params, 0, *pointers)
         if plan.persistent_counter:
             POINTER.pack_into(params, 32, self._counters.get(stream_handle) or self._tile_counter(stream_handle))
@@ -330,3 +360,23 @@ def _current_device() -> int:
 
     _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
     return _current_device()
+
+
+def _check_lengths(q, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
+    """The per-sequence arguments of a varlen call: int32 vectors on the tensors' GPU, contiguous."""
+    import torch
+
+    for name, t, size in (("cu_seqlens_q", cu_seqlens_q, None), ("cu_seqlens_k", cu_seqlens_k, None),
+                          ("seqused_k", seqused_k, None)):
+        if t is None and name == "seqused_k":
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.device != q.device \
+                or t.stride(0) != 1:
+            raise ValueError(f"{name} must be a contiguous 1-D int32 tensor on {q.device}, got "
+                             f"{getattr(t, 'dtype', type(t).__name__)} {tuple(getattr(t, 'shape', ()))}")
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch < 1 or cu_seqlens_k.shape[0] != batch + 1:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both hold batch + 1 >= 2 offsets, got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    if seqused_k is not None and seqused_k.shape[0] != batch:
+        raise ValueError(f"seqused_k must hold one length per sequence ({batch}), got {seqused_k.shape[0]}")

@@ -198,6 +198,66 @@ __forceinline__ __device__ TileCoord decode_tile(int tile, int m_blocks, int hea
   return c;
 }
 
+// ---- varlen tile order ----------------------------------------------------------------------------
+// Packed sequences (tl/layout.py): tiles are numbered sequence by sequence, each sequence's query blocks
+// (the heaviest first when causal: they see the most keys) times the heads, heads fastest (the query heads
+// of one KV head run back to back). A CTA is handed increasing tile numbers, so it finds a tile's
+// sequence by walking forward from its previous tile's: every sequence's lengths are read once per CTA.
+struct VarlenTile {
+  int m_block, bidh, seqlen_q, seqlen_k, q_row0, k_row0;
+};
+struct VarlenCursor {
+  int seq = 0, first_tile = 0;   // the sequence reached and the number of its first tile
+};
+constexpr int kNoTile = 0x7fffffff;   // what the producer hands out when no tile is left
+
+__forceinline__ __device__ bool varlen_tile(int tile, VarlenCursor& cur, int const* cu_seqlens_q,
+                                            int const* cu_seqlens_k, int const* seqused_k, int batch, int heads,
+                                            int block_m, bool longest_first, VarlenTile& t) {
+  while (cur.seq < batch) {
+    const int q_row0 = cu_seqlens_q[cur.seq];
+    const int seqlen_q = cu_seqlens_q[cur.seq + 1] - q_row0;
+    const int blocks = (seqlen_q + block_m - 1) / block_m;   // a sequence of length 0 has no tile
+    if (tile < cur.first_tile + blocks * heads) {
+      const int local = tile - cur.first_tile;
+      const int block = local / heads;
+      t.m_block = longest_first ? blocks - 1 - block : block;
+      t.bidh = local - block * heads;
+      t.seqlen_q = seqlen_q;
+      t.q_row0 = q_row0;
+      t.k_row0 = cu_seqlens_k[cur.seq];
+      t.seqlen_k = seqused_k != nullptr ? seqused_k[cur.seq] : cu_seqlens_k[cur.seq + 1] - t.k_row0;
+      return true;
+    }
+    cur.first_tile += blocks * heads;
+    ++cur.seq;
+  }
+  return false;
+}
+
+// Varlen epilogue: a warpgroup's 64 rows of the O tile, shared -> global in 16-byte stores, rows at or past
+// the sequence's end skipped (a TMA store would write them over the next sequence's rows). The tile is the
+// image a TMA store reads: per 64 columns a (kTileRows x 128 bytes) block, 16-byte chunk j of row r at
+// chunk j ^ (r % 8) (SWIZZLE_128B; the blocks are 1024-byte aligned). Plain address arithmetic: CuTe's
+// indexing of the swizzled layout with run-time coordinates spilled to local memory (ptxas).
+template <int kHeadDim, int kTileRows, typename Element>
+__forceinline__ __device__ void store_rows_predicated(Element const* smem_o, Element* o_seq, int64_t row_stride,
+                                                      int tile_row, int seq_row, int seqlen_q, int thread) {
+  constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+  char const* tile = reinterpret_cast<char const*>(smem_o);
+  for (int idx = thread; idx < 64 * kChunks; idx += 128) {
+    const int r = idx / kChunks;
+    const int j = idx - r * kChunks;
+    if (seq_row + r < seqlen_q) {
+      const int row = tile_row + r;
+      const int block = j / 8, chunk = j % 8;
+      const cute::uint128_t v = *reinterpret_cast<cute::uint128_t const*>(
+          tile + block * kTileRows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16));
+      *reinterpret_cast<cute::uint128_t*>(o_seq + int64_t(seq_row + r) * row_stride + j * 8) = v;
+    }
+  }
+}
+
 // ---- TMA ------------------------------------------------------------------------------------------
 // A (rows, D) tile of a (batch, seqlen, heads, D) tensor into a K-major, 128-byte-swizzled shared tile:
 // D/64 boxes of 64 columns x rows, one per 64-column chunk, each landing as rows x 128 bytes (the

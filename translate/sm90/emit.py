@@ -32,6 +32,7 @@ class Ctx:
     stage_holders: dict                      # GEMM op -> True: it holds a pipeline stage until released
     buffer_role: dict                        # TL shared buffer -> q, k, v
     separate_o: bool = False                 # O has its own shared tile (else it reuses Q's)
+    varlen: bool = False                     # packed sequences (tl/layout.py): rows found by cu_seqlens
     loop_vars: list = field(default_factory=list)
     gemm_names: dict = field(default_factory=dict)
 
@@ -64,9 +65,11 @@ def comment(node) -> str:
 
 def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     role = op.data["role"]
+    q_row, k_row = ("q_row0 + m_block * kBlockM", "k_row0 + n_block * kBlockN") if ctx.varlen else \
+        ("m_block * kBlockM", "n_block * kBlockN")
     if role == "q":
         return ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
-                "attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, m_block * kBlockM, "
+                f"attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, {q_row}, "
                 "bidh, bidb);"]
     tile = ctx.expr(op.data["tile"], op.line)
     x = role   # k or v
@@ -80,7 +83,7 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
         f"{INDENT}attn_sm90::FullBarrier::arrive_and_expect_tx(&{x}_full[slot], kTile{x.upper()}Bytes);",
         f"{INDENT}const int n_block = n_tiles - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
         f"{INDENT}attn_sm90::tma_load_tile<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
-        f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, bidh_kv, bidb);",
+        f"smem_{x} + slot * kTile{x.upper()}Elems, {k_row}, bidh_kv, bidb);",
         "}",
     ]
 
@@ -158,6 +161,8 @@ def emit_normalize(op: Op, ctx: Ctx) -> list[str]:
 
 
 def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
+    if ctx.varlen:
+        return _store_o_varlen(op, ctx)
     acc = op.data["src"]
     release_q = ["if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
                  "  // Q's buffer to the producer (next tile)"]
@@ -184,6 +189,33 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
         lines += _indent([f"{INDENT}tma_store_wait<0>();", "}"] + release_q)
     else:                    # the read is waited for before the next tile's epilogue writes O's tile again
         lines += _indent(["}"])
+    lines.append("}")
+    return lines
+
+
+def _store_o_varlen(op: Op, ctx: Ctx) -> list[str]:
+    """Packed sequences: through shared memory as for the TMA store, then 16-byte stores of the rows that
+    belong to this tile's sequence (the TMA unit clips only at the packed tensor's end)."""
+    release_q = ["if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
+                 "  // Q's buffer to the producer (next tile)"]
+    lines = ["{  // registers -> shared (stmatrix) -> global, rows past this sequence's end skipped"]
+    if ctx.separate_o:
+        if not op.data.get("q_released"):
+            lines += _indent(release_q)
+        lines += _indent([f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);"
+                          "  // the previous tile's rows have been read out of O's tile"])
+    lines += _indent([
+        f"Tensor rO = attn_tl::convert_type<Element>(acc_{op.data['src']});",
+        "Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});",
+        "auto r2s_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);",
+        "auto r2s_thr_o = r2s_o.get_thread_slice(mma_tidx);",
+        "cute::copy(r2s_o, r2s_thr_o.retile_S(rO), r2s_thr_o.partition_D(sO));",
+        f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
+        "attn_sm90::store_rows_predicated<kHeadDimV, kBlockM>(smem_o, o_ptr + int64_t(q_row0) * o_row_stride + "
+        "bidh * o_head_stride, o_row_stride, wg * 64, m_block * kBlockM + wg * 64, seqlen_q, mma_tidx % 128);",
+    ])
+    if not ctx.separate_o:   # O sits in Q's tile: Q goes back once every row has been read out
+        lines += _indent([f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);"] + release_q)
     lines.append("}")
     return lines
 
@@ -348,8 +380,11 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     return lines
 
 
-def kernel_signature(name: str) -> list[str]:
+def kernel_signature(name: str, varlen: bool = False) -> list[str]:
     args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
+    if varlen:
+        args += ["const int* __restrict__ cu_seqlens_q", "const int* __restrict__ cu_seqlens_k",
+                 "const int* __restrict__ seqused_k"]
     args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
     return base.kernel_signature(name, args)
 
@@ -393,27 +428,46 @@ def kernel_setup() -> list[str]:
     ]
 
 
-def tile_setup() -> list[str]:
-    """The start of one tile, the same in both roles: its coordinates and the KV tiles it visits."""
-    return [
-        "const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_q, section_heads, "
-        "heads_q * batch, kCausal);",
-        "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;",
+def tile_setup(varlen: bool = False, source: str = "") -> list[str]:
+    """The start of one tile, the same in both roles: its coordinates and the KV tiles it visits. Varlen:
+    the sequence's lengths and first rows from ``source`` (an attn_sm90::VarlenTile), which shadow the
+    kernel's arguments for this tile (those carry the longest sequence's)."""
+    if varlen:
+        coords = [f"const int m_block = {source}.m_block, bidh = {source}.bidh, bidb = 0;  // packed: one 'batch'",
+                  f"const int seqlen_q = {source}.seqlen_q, seqlen_k = {source}.seqlen_k;  // this sequence's",
+                  f"const int q_row0 = {source}.q_row0, k_row0 = {source}.k_row0;  // its first rows in the packed tensors",
+                  "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right within the sequence"]
+    else:
+        coords = ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_q, section_heads, "
+                  "heads_q * batch, kCausal);",
+                  "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;"]
+    return coords + [
         "const int bidh_kv = bidh / group;  // GQA/MQA: KV head = query head // group",
         "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
         "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * kBlockM + causal_offset + kBlockN - 1) / kBlockN); }",
     ]
 
 
-def zero_tile() -> list[str]:
-    """Causal with seqlen_q > seqlen_k: a query tile that sees no key writes zeros (consumer threads)."""
+def varlen_masking() -> list[str]:
+    """Which K tiles need the mask depends on the lengths: per tile for packed sequences (consumer_setup
+    computes it once for the dense layout)."""
+    return ["const bool tile_aligned = seqlen_k % kBlockN == 0 && (seqlen_k - seqlen_q) % kBlockN == 0 "
+            "&& kBlockM % kBlockN == 0;",
+            "const int n_masked = kCausal ? (kBlockM + kBlockN - 1) / kBlockN + (tile_aligned ? 0 : 1) "
+            ": (seqlen_k % kBlockN != 0 ? 1 : 0);"]
+
+
+def zero_tile(varlen: bool = False) -> list[str]:
+    """Causal with seqlen_q > seqlen_k (or no key at all): a query tile that sees no key writes zeros
+    (consumer threads)."""
+    base_row = "(int64_t(q_row0) + row) * o_row_stride" if varlen else "bidb * o_batch_stride + row * o_row_stride"
     return [
         "if (n_tiles <= 0) {  // no key is visible to any row of this query tile -> O rows are 0",
         "  const int row_chunks = kHeadDimV / 8;",
         "  for (int idx = mma_tidx; idx < kBlockM * row_chunks; idx += kConsumerThreads) {",
         "    const int row = m_block * kBlockM + idx / row_chunks;",
         "    if (row < seqlen_q) {",
-        "      *reinterpret_cast<cute::uint128_t*>(o_ptr + bidb * o_batch_stride + row * o_row_stride + "
+        f"      *reinterpret_cast<cute::uint128_t*>(o_ptr + {base_row} + "
         "bidh * o_head_stride + (idx % row_chunks) * 8) = cute::uint128_t(0, 0);",
         "    }",
         "  }",

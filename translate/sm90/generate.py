@@ -22,6 +22,14 @@ from translate.sm90.schedule import schedule_consumer
 # TMA descriptors, by value.
 EXTRA_ARGS = (("heads_q", "i32"), ("batch", "i32"), ("tile_counter", "ptr"), ("tma_q", "tensormap:q"),
               ("tma_k", "tensormap:k"), ("tma_v", "tensormap:v"), ("tma_o", "tensormap:o"))
+# Packed sequences (tl/layout.py): the cumulative lengths (int32, batch + 1) and the keys used per sequence
+# (int32, batch; null: all of cu_seqlens_k's), before the descriptors; seqlen_q/seqlen_k then carry the
+# longest sequence's lengths and batch the number of sequences.
+VARLEN_ARGS = (("cu_seqlens_q", "ptr"), ("cu_seqlens_k", "ptr"), ("seqused_k", "ptr"))
+
+
+def extra_args(varlen: bool) -> tuple:
+    return EXTRA_ARGS[:3] + VARLEN_ARGS + EXTRA_ARGS[3:] if varlen else EXTRA_ARGS
 
 
 def generate_warp_specialized(program: Program, params, profile, spec) -> GeneratedKernel:
@@ -37,8 +45,9 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     pingpong = bool(params.pingpong)
     if pingpong and params.block_m < 128:
         raise TranslationError("ping-pong takes turns between two or three consumer warpgroups (block_m 128 or 192)")
+    varlen = spec.layout == "varlen"
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
-                 buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o)
+                 buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen)
     # the sketch is part of the kernel: two schedules with the same parameters are two kernels
     name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash(program)}"
 
@@ -59,13 +68,26 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     # shared memory with the tile's Q (q_full). A number >= num_tiles tells them to stop.
     next_tile = ("atomicAdd(tile_counter, 1) + int(gridDim.x);  // the next free tile" if params.persistent
                  else "num_tiles;  // one tile per CTA")
+    if varlen:   # the producer finds the tile's sequence and hands its lengths over with the tile number
+        hand_out = [
+            f"{I}attn_sm90::VarlenTile vt;",
+            f"{I}if (tile >= num_tiles || !attn_sm90::varlen_tile(tile, cursor, cu_seqlens_q, cu_seqlens_k, seqused_k, "
+            "batch, heads_q, kBlockM, kCausal, vt)) { tile = attn_sm90::kNoTile; }  // num_tiles: from the longest",
+            f"{I}*tile_slot = tile;",
+            f"{I}*tile_info = vt;",
+            f"{I}if (tile == attn_sm90::kNoTile) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
+            *em._indent(em.tile_setup(True, "vt"), 1)]
+    else:
+        hand_out = [
+            f"{I}*tile_slot = tile;",
+            f"{I}if (tile >= num_tiles) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more: tell them",
+            *em._indent(em.tile_setup(), 1)]
     producer = [
         "int tile = blockIdx.x;",
+        *(["attn_sm90::VarlenCursor cursor;  // the sequence this CTA's tiles have reached"] if varlen else []),
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_empty, (q_iter & 1) ^ 1);  // the consumers are done with the last Q",
-        f"{I}*tile_slot = tile;",
-        f"{I}if (tile >= num_tiles) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more: tell them",
-        *em._indent(em.tile_setup(), 1),
+        *hand_out,
         f"{I}if (n_tiles <= 0) {{ attn_sm90::FullBarrier::arrive(q_full); }} else {{",
         *em._indent(producer_lines, 2),
         f"{I}}}",
@@ -76,12 +98,21 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     if params.persistent:   # the last CTA to finish with the counter resets it for the next launch
         producer += ["if (atomicAdd(tile_counter + 1, 1) == int(gridDim.x) - 1) { tile_counter[0] = 0; "
                      "tile_counter[1] = 0; }"]
+    if varlen:
+        # `>= num_tiles`, not `== kNoTile`: compared with a constant, ptxas kept the consumers to the launch's
+        # 168 registers after setmaxnreg (344 bytes of spills; nvcc 13.0, checked in tests/translate)
+        take = [f"{I}if (*tile_slot >= num_tiles) {{ break; }}  // kNoTile: no tile left",
+                f"{I}const attn_sm90::VarlenTile vt = *tile_info;  // the sequence's lengths, from the producer",
+                *em._indent(em.tile_setup(True, "vt") + em.varlen_masking() + em.zero_tile(True))]
+    else:
+        take = [f"{I}const int tile = *tile_slot;",
+                f"{I}if (tile >= num_tiles) {{ break; }}",
+                *em._indent(em.tile_setup() + em.zero_tile())]
     consumer_loop = [
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_full, q_iter & 1);  // this tile's number (and its Q) arrived",
-        f"{I}const int tile = *tile_slot;",
-        f"{I}if (tile >= num_tiles) {{ break; }}",
-        *em._indent(em.tile_setup() + em.zero_tile() + per_tile + body + ["++q_iter;"]),
+        *take,
+        *em._indent(per_tile + body + ["++q_iter;"]),
         "}",
     ]
     kernel = [
@@ -103,13 +134,16 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
     body_lines = header + em.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
-    body_lines += em.kernel_signature(name)
-    body_lines += em._indent(em.kernel_setup() + [""] + kernel)
+    body_lines += em.kernel_signature(name, varlen)
+    setup = em.kernel_setup()
+    if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
+        setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
+    body_lines += em._indent(setup + [""] + kernel)
     body_lines += ["}", "", f"}}  // namespace {name}_ns", ""]
     smem = smem_bytes_ws(params, spec, lowered.stages, separate_o)
     return GeneratedKernel(name=name, preamble=HOPPER_PREAMBLE, body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
-                           block_n=params.block_n, spec=spec, params=params, extra_args=EXTRA_ARGS,
+                           block_n=params.block_n, spec=spec, params=params, extra_args=extra_args(varlen),
                            tensor_maps=tensor_map_boxes(params, spec),
                            grid="persistent" if params.persistent else "tiles")
 
@@ -128,7 +162,8 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool) -> int:
     kv = stages * params.block_n * (spec.d_qk + spec.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
     o = params.block_m * spec.d_v if separate_o else 0
-    return (q + kv + p + o) * 2 + (2 + 4 * stages) * 8 + 16   # + the tile number
+    info = 32 if spec.layout == "varlen" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
+    return (q + kv + p + o) * 2 + (2 + 4 * stages) * 8 + 16 + info   # + the tile number
 
 
 def tensor_map_boxes(params, spec) -> dict:

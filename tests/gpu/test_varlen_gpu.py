@@ -1,0 +1,101 @@
+"""Packed sequences on a Hopper GPU (marker gpu; skipped elsewhere): varlen kernels of the reference
+sketches (tl/layout.py) pass the varlen verification gate (tuner/verify_varlen.py: lengths 0/1/127/128/129,
+one long among short, chunked prefill, seqused_k, causal rows that see no key), and a wrong one is caught."""
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="needs a Hopper (sm_90) GPU")]
+
+import tl  # noqa: E402
+import translate  # noqa: E402
+from hardware_profiles import load_profile  # noqa: E402
+from translate import nvcc  # noqa: E402
+from translate.defaults import default_params  # noqa: E402
+from translate.params import KernelParams  # noqa: E402
+from tuner.problem import KernelSpec  # noqa: E402
+
+# (id, spec, parameter changes on top of the Hopper defaults)
+CASES = [
+    ("gqa128c", KernelSpec("gqa", 128, 128, True, "bf16", "varlen"), {}),
+    ("gqa128n", KernelSpec("gqa", 128, 128, False, "bf16", "varlen"), {}),
+    ("mha128c_fp16_tiles", KernelSpec("mha", 128, 128, True, "fp16", "varlen"), {"persistent": False}),
+    ("mha64c", KernelSpec("mha", 64, 64, True, "bf16", "varlen"), {}),
+    ("mla_c", KernelSpec("mla", 192, 128, True, "bf16", "varlen"), {}),
+]
+
+
+def build(spec, changes, profile):
+    base = default_params(profile, spec, "ws_overlap")
+    params = KernelParams.from_dict({**base.to_dict(), **changes})
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap", spec.layout))
+    return translate.generate(program, params, profile, spec)
+
+
+def profile_of_this_gpu():
+    return load_profile("h200" if "h200" in torch.cuda.get_device_name().lower() else "h100")
+
+
+@pytest.fixture(scope="module")
+def built():
+    profile = profile_of_this_gpu()
+    gens = [build(spec, changes, profile) for _, spec, changes in CASES]
+    cache = os.environ.get("KERNEL_CACHE_DIR")
+    results = nvcc.compile_kernels(gens, "sm_90a", jobs=os.cpu_count() or 4, batch_size=1,
+                                   cache_dir=Path(cache) if cache else None)
+    return dict(zip([c[0] for c in CASES], zip(gens, results)))
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_varlen_kernels_pass_the_gate(built, case):
+    from tuner.runtime import load_kernel
+    from tuner.verify_varlen import verify_varlen
+
+    gen, result = built[case]
+    assert result.ok, result.log[-3000:]
+    report = verify_varlen(load_kernel(result.cubin, gen.meta()), gen.spec)
+    assert report.passed, report.reason
+    print(case, max(c.max_err for c in report.checks), "max error;", [round(c.rel_err, 5) for c in report.checks])
+
+
+def test_a_wrong_varlen_kernel_is_rejected(built, monkeypatch):
+    """The gate must fail a kernel whose sequences leak into each other: one that is told every sequence
+    starts at row 0 of the packed tensors."""
+    from tuner.runtime import load_kernel
+    from tuner.verify_varlen import verify_varlen
+
+    gen, result = built["gqa128c"]
+    kernel = load_kernel(result.cubin, gen.meta())
+    real = kernel.varlen
+
+    def shifted(q, k, v, cu_q, cu_k, *args, **kwargs):
+        return real(q, k, v, cu_q, torch.zeros_like(cu_k), *args, **kwargs)
+
+    monkeypatch.setattr(kernel, "varlen", shifted)
+    assert not verify_varlen(kernel, gen.spec).passed
+
+
+def test_varlen_matches_the_dense_kernel_on_equal_lengths(built):
+    """Packed equal-length sequences give what the dense kernel of the same parameters gives on the
+    (batch, seqlen) tensors: the tiles are the same, only the addressing differs."""
+    from tuner.runtime import load_kernel
+
+    gen, result = built["gqa128c"]
+    varlen = load_kernel(result.cubin, gen.meta())
+    dense_gen = build(KernelSpec("gqa", 128, 128, True, "bf16"), {"producer_regs": gen.params.producer_regs},
+                      profile_of_this_gpu())
+    cache = os.environ.get("KERNEL_CACHE_DIR")
+    dense_result = nvcc.compile_kernels([dense_gen], "sm_90a", batch_size=1, cache_dir=Path(cache) if cache else None)[0]
+    assert dense_result.ok, dense_result.log[-2000:]
+    dense = load_kernel(dense_result.cubin, dense_gen.meta())
+    b, s = 3, 1000
+    q = torch.randn(b, s, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, s, 2, 128, device="cuda", dtype=torch.bfloat16)
+    cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
+    packed = varlen.varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, s, s)
+    torch.testing.assert_close(packed.view(b, s, 8, 128), dense(q, k, v), atol=0, rtol=0)

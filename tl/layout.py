@@ -1,0 +1,96 @@
+"""How a kernel finds the rows of its global tensors: the layout a sketch states, minimally, in the
+offsets of its global ``Allocate`` statements.
+
+    Allocate Q in global (seq_len, HeadDim) with offset q_offset        dense: (batch, seqlen, heads, dim)
+    Allocate Q in global (seq_len, HeadDim) with offset cu_seqlens_q    varlen: sequence b's rows start at
+    Allocate K in global (kv_len, HeadDim) with offset cu_seqlens_k         cu_seqlens_q[b] / cu_seqlens_k[b]
+                                                                            of packed (total, heads, dim)
+
+Query-side tensors (``seq_len`` rows: Q and O) are found by ``cu_seqlens_q``, key-side ones (``kv_len``
+rows: K and V) by ``cu_seqlens_k``; a kernel has one layout for all of them. Every other offset (or none)
+is the dense layout, so the paper's sketches are dense unchanged.
+"""
+from __future__ import annotations
+
+import re
+
+from tl.ast import Allocate, Program
+from tl.diagnostics import Diagnostic
+from tl.expr import ExprError, free_symbols
+
+LAYOUTS = ("dense", "varlen")
+VARLEN_OFFSETS = ("cu_seqlens_q", "cu_seqlens_k")
+_QUERY_ROWS = ("seq_len", "seqlen_q", "seqlen")
+_KEY_ROWS = ("kv_len", "seqlen_k")
+
+
+def _globals(program: Program) -> list[Allocate]:
+    return [s for s in program.statements if isinstance(s, Allocate) and s.level == "global"]
+
+
+def _varlen_name(stmt: Allocate) -> str | None:
+    if not stmt.offset:
+        return None
+    try:
+        names = free_symbols(stmt.offset)
+    except ExprError:
+        return None
+    found = [n for n in VARLEN_OFFSETS if n in names]
+    return found[0] if found else None
+
+
+def layout_of(program: Program) -> str:
+    """The program's layout: varlen when a global tensor is offset by cumulative lengths, else dense."""
+    return "varlen" if any(_varlen_name(s) for s in _globals(program)) else "dense"
+
+
+def layout_diagnostics(program: Program, path: str) -> list[Diagnostic]:
+    """``layout-mixed``: some global tensors by cumulative lengths, others not; ``layout-offset``: a tensor
+    offset by the other side's lengths (keys by cu_seqlens_q, queries by cu_seqlens_k)."""
+    allocs = _globals(program)
+    varlen = {s.name: _varlen_name(s) for s in allocs}
+    out = []
+    if any(varlen.values()):
+        for s in allocs:
+            if varlen[s.name] is None:
+                out.append(Diagnostic(path, s.line, s.col, "layout-mixed",
+                                      f"{s.name} is found by a dense offset while "
+                                      f"{', '.join(n for n, v in varlen.items() if v)} by cumulative lengths: "
+                                      "a kernel has one layout",
+                                      f"write `with offset {_expected(s) or 'cu_seqlens_q'}` on {s.name} too, or "
+                                      "dense offsets on every global tensor"))
+    for s in allocs:
+        want = _expected(s)
+        if varlen[s.name] and want and varlen[s.name] != want:
+            out.append(Diagnostic(path, s.line, s.col, "layout-offset",
+                                  f"{s.name} has {s.shape[0]} rows but is offset by {varlen[s.name]}",
+                                  f"query-side tensors (seq_len rows: Q, O) start at cu_seqlens_q, key-side ones "
+                                  f"(kv_len rows: K, V) at cu_seqlens_k: write `with offset {want}`"))
+    return out
+
+
+def _expected(stmt: Allocate) -> str | None:
+    rows = stmt.shape[0] if stmt.shape else ""
+    if rows in _QUERY_ROWS:
+        return "cu_seqlens_q"
+    if rows in _KEY_ROWS:
+        return "cu_seqlens_k"
+    return None
+
+
+_DENSE_OFFSET = re.compile(r"^(Allocate\s+\w+\s+in\s+global\s+\((\w+)[^)]*\)\s+with\s+offset\s+)(\w+)\s*$",
+                           re.IGNORECASE | re.MULTILINE)
+
+
+def with_layout(text: str, layout: str) -> str:
+    """A reference sketch rewritten to ``layout``: the offsets of its global Allocates (the only lines a
+    layout changes). ValueError for an unknown layout."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; choose one of: {', '.join(LAYOUTS)}")
+    if layout == "dense":
+        return text
+
+    def varlen(m: re.Match) -> str:
+        return m.group(1) + ("cu_seqlens_k" if m.group(2) in _KEY_ROWS else "cu_seqlens_q")
+
+    return _DENSE_OFFSET.sub(varlen, text)

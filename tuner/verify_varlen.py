@@ -1,0 +1,146 @@
+"""The verification gate (tuner/verify.py) for packed sequences: a varlen kernel is correct only if every
+length mix passes.
+
+Per mix: fresh random inputs, the packed output poisoned with NaN, every row of every sequence written and
+finite, the inputs unchanged, and tuner.verify's two bounds (FlashAttention's yardstick against a plain
+torch implementation in the kernel's dtype, and the relative error) over all sequences, each computed alone
+by the fp32 reference with causal aligned bottom-right within the sequence. Keys past ``seqused_k`` are
+written with a large finite value: a kernel that lets them into a softmax fails, one that masks them (and
+multiplies their values by zero probabilities) passes.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from tuner.problem import KernelSpec
+from tuner.verify import CHECK_HEADS, REL_ERR_BOUND, ShapeCheck, VerificationReport, reference
+
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+_UNUSED_KEY = 1.0e4   # what keys and values past seqused_k hold
+
+
+@dataclass(frozen=True)
+class LengthMix:
+    """One varlen call: per sequence its query length, its allocated keys (None: the query's), and the keys
+    it uses (None: all allocated)."""
+
+    seqlens_q: tuple[int, ...]
+    seqlens_k: Optional[tuple[int, ...]] = None
+    seqused_k: Optional[tuple[int, ...]] = None
+
+    @property
+    def keys(self) -> tuple[int, ...]:
+        return self.seqlens_k if self.seqlens_k is not None else self.seqlens_q
+
+    @property
+    def used(self) -> tuple[int, ...]:
+        return self.seqused_k if self.seqused_k is not None else self.keys
+
+    def label(self) -> str:
+        text = f"q{list(self.seqlens_q)}"
+        if self.seqlens_k is not None:
+            text += f" k{list(self.seqlens_k)}"
+        if self.seqused_k is not None:
+            text += f" used{list(self.seqused_k)}"
+        return text
+
+
+# Lengths 0 and 1, tile edges (127/128/129 at BM 128), one long sequence among short ones, chunked prefill
+# (a cached prefix: fewer queries than keys), causal rows that see no key (more queries than keys), keys
+# used short of the allocated ones (down to none).
+CHECK_MIXES = (
+    LengthMix((0, 1, 127, 128, 129, 2000, 5, 64)),
+    LengthMix((3000, 3, 17, 1, 0, 250)),
+    LengthMix((1, 100, 300, 17), (5, 700, 1300, 17)),
+    LengthMix((300, 40, 7), (100, 40, 1)),
+    LengthMix((64, 300, 9), (500, 500, 30), (257, 1, 0)),
+)
+
+
+def check_mix(kernel: Callable, spec: KernelSpec, mix: LengthMix, gen, device: str = "cuda") -> ShapeCheck:
+    """``kernel.varlen(...)`` on one mix against the reference, sequence by sequence."""
+    import torch
+
+    hq, hkv = CHECK_HEADS[spec.variant]
+    dt = getattr(torch, _DTYPES[spec.dtype])
+    label = f"{spec.label()} {mix.label()} hq{hq} hkv{hkv}"
+    cu_q = [0]
+    cu_k = [0]
+    for sq, sk in zip(mix.seqlens_q, mix.keys):
+        cu_q.append(cu_q[-1] + sq)
+        cu_k.append(cu_k[-1] + sk)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+
+    q, k, v = randn(cu_q[-1], hq, spec.d_qk), randn(cu_k[-1], hkv, spec.d_qk), randn(cu_k[-1], hkv, spec.d_v)
+    for b, used in enumerate(mix.used):     # the unused tail of each sequence's keys
+        k[cu_k[b] + used:cu_k[b + 1]] = _UNUSED_KEY
+        v[cu_k[b] + used:cu_k[b + 1]] = _UNUSED_KEY
+    saved = [t.clone() for t in (q, k, v)]
+    out = torch.full((cu_q[-1], hq, spec.d_v), float("nan"), dtype=dt, device=device)
+    as_i32 = {"dtype": torch.int32, "device": device}
+    cu_seqlens_q, cu_seqlens_k = torch.tensor(cu_q, **as_i32), torch.tensor(cu_k, **as_i32)
+    seqused_k = torch.tensor(mix.seqused_k, **as_i32) if mix.seqused_k is not None else None
+
+    def fail(reason, max_err=math.nan, rel=math.nan, bound=math.nan, lowp=math.nan):
+        return ShapeCheck(label, False, max_err, rel, bound, lowp, reason)
+
+    try:
+        result = kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q), max(mix.keys),
+                               seqused_k=seqused_k, out=out)
+        torch.cuda.synchronize()
+    except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
+        return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if result is not None and result.data_ptr() != out.data_ptr():
+        return fail("the kernel did not write into the output buffer it was given")
+    if not all(torch.equal(a, b) for a, b in zip((q, k, v), saved)):
+        return fail("the kernel modified its inputs")
+    finite = torch.isfinite(out)
+    if not bool(finite.all()):
+        rows = sorted({int(r) for r in (~finite).any(dim=2).any(dim=1).nonzero().flatten().tolist()})
+        seqs = sorted({next(b for b in range(len(mix.seqlens_q)) if cu_q[b] <= r < cu_q[b + 1]) for r in rows})
+        return fail(f"{len(rows)} output rows are NaN/Inf (unwritten or overflowed), in sequences {seqs[:8]}")
+    ref, lowp = torch.zeros_like(out, dtype=torch.float32), torch.zeros_like(out, dtype=torch.float32)
+    for b, used in enumerate(mix.used):
+        qs = q[cu_q[b]:cu_q[b + 1]][None]
+        ks, vs = k[cu_k[b]:cu_k[b] + used][None], v[cu_k[b]:cu_k[b] + used][None]
+        if qs.shape[1] == 0:
+            continue
+        if used == 0:      # no key at all: the rows are 0, as for causal rows that see none
+            continue
+        ref[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal)[0]
+        lowp[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal, dtype=dt)[0].float()
+    outf = out.float()
+    max_err = float((outf - ref).abs().max()) if out.numel() else 0.0
+    lowp_err = float((lowp - ref).abs().max()) if out.numel() else 0.0
+    atol = float(2 * ((ref + 0.3 - 0.3).to(dt).float() - ref).abs().max()) if out.numel() else 0.0
+    bound = 2 * lowp_err + atol
+    ref_norm = float(ref.norm())
+    rel = float((outf - ref).norm()) / ref_norm if ref_norm > 0 else float((outf - ref).norm())
+    reasons = []
+    if max_err > bound:
+        reasons.append(f"max error {max_err:.3g} > bound {bound:.3g} (2 x torch {spec.dtype} error "
+                       f"{lowp_err:.3g} + atol {atol:.3g})")
+    if rel > REL_ERR_BOUND:
+        reasons.append(f"relative error {rel:.3g} > {REL_ERR_BOUND}")
+    return ShapeCheck(label, not reasons, max_err, rel, bound, lowp_err, "; ".join(reasons))
+
+
+def verify_varlen(kernel, spec: KernelSpec, mixes: Optional[Sequence[LengthMix]] = None,
+                  seed: Optional[int] = None, device: str = "cuda") -> VerificationReport:
+    """Every length mix (CHECK_MIXES by default); the report fails at the first bad mix (all still run)."""
+    import torch
+
+    if spec.layout != "varlen":
+        raise ValueError(f"{spec.label()} is not a varlen kernel spec")
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    checks = tuple(check_mix(kernel, spec, m, gen, device) for m in (mixes or CHECK_MIXES))
+    bad = [c for c in checks if not c.passed]
+    reason = f"{len(bad)} of {len(checks)} mixes failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""
+    return VerificationReport(passed=not bad, checks=checks, reason=reason, seed=seed)
