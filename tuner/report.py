@@ -209,10 +209,43 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict] | None = None) -> Path:
+def winners_table(winners: list[dict]) -> list[str]:
+    """Each bucket's winner after its re-timing (tuner/campaign/winners.py, ``Decision.to_dict``): the run's
+    best single measurement against the best seed's, the re-timed ratio with its interval, and the store."""
+    lines = ["Each bucket's fastest kernel (by its single measurement) was timed again side by side with the best "
+             "seed and the stored kernel, interleaved, in one fresh process; it wins only when the lower bound of "
+             "the interval of its median speed-up is above 1.", ""]
+    rows = []
+    for w in winners:
+        c, seed, stored = w["challenger"], w["seed"], w["stored"]
+        vs_seed, vs_stored = w.get("vs_seed"), w.get("vs_stored")
+        winner = w[w["winner"]]
+        rows.append([w["bucket"], f"trial {c['trial']} ({c['source']}) {_fmt(_num(c['tflops']))}",
+                     "–" if seed is None else f"trial {seed['trial']} {_fmt(_num(seed['tflops']))}",
+                     _verdict_cell(vs_seed),
+                     f"trial {winner['trial']} ({'search' if w['search_beat_seeds'] else winner['source']})",
+                     "–" if stored is None else f"{stored['kernel_name']} ({stored['source']})",
+                     _verdict_cell(vs_stored), "stored" if w["store"] else "kept the stored kernel"
+                     if stored is not None else "–"])
+    lines += _md_table(["bucket", "best single (TFLOPS)", "best seed", "re-timed ×seed [interval]", "winner",
+                        "stored kernel", "re-timed ×stored [interval]", "store"], rows)
+    notes = [f"- {w['bucket']}: {w['note']}" for w in winners]
+    return lines + [""] + notes
+
+
+def _verdict_cell(v: dict | None) -> str:
+    if not v:
+        return "–"
+    text = f"×{v['ratio']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
+    return f"**{text}**" if v["confirmed"] else text
+
+
+def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict] | None = None,
+                 winners: list[dict] | None = None) -> Path:
     """Write ``report.md`` and its PNG plots into ``study_dir``; returns the report's path.
 
-    ``best`` is the stored KernelRecord of the campaign (or None when nothing passed).
+    ``best`` is the stored KernelRecord of the campaign (or None when nothing passed); ``winners`` each
+    bucket's decision after its re-timing (``winners_table``).
     """
     study_dir = Path(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
@@ -244,6 +277,8 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
                                                                                   "torch", "driver") if prov.get(k)))
         lines.append("")
 
+    if winners:
+        lines += ["## Bucket winners, re-timed", ""] + winners_table(winners) + [""]
     baselines = best.baselines if best is not None else None
     no_plots = None if plots_available() else "plots skipped: matplotlib is not installed here"
     if no_plots is None and plot_best_so_far(trials, study_dir / "best_so_far.png", baselines):
@@ -312,6 +347,8 @@ def write_campaign_report(study_dir, gpu: str, sections: list[dict]) -> Path:
             lines += ["No verified kernel.", ""]
             continue
         lines += _against_libraries(rows) + [""]
+        if s["summary"].get("winners"):
+            lines += winners_table(s["summary"]["winners"]) + [""]
     path = study_dir / f"campaign-{gpu}.md"
     study_dir.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")

@@ -260,3 +260,63 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     got = attention(q, k, v, causal=True)
     assert attention.last_path == "kernel", attention.last_reason
     torch.testing.assert_close(got, sdpa_attention(q, k, v, causal=True))
+
+
+def _contender(generated, role: str, name: str) -> dict:
+    meta = dict(generated.meta(), name=name)
+    return {"role": role, "name": name, "cubin": b"\x7fELF" + name.encode(), "meta": meta,
+            "params": generated.params.to_dict(), "schedule": "fa2"}
+
+
+def test_the_re_timing_times_each_contender_interleaved_on_the_same_inputs_under_the_gpu_lock(
+        fake_gpu, generated, monkeypatch):
+    """retime.py's real backend: every contender loaded, cross-checked on the shared inputs, then 9 rounds,
+    the order rotated each round, each kernel's times its own (the fake timer: a time per kernel name)."""
+    from tuner import bench
+    from tuner.campaign import retime
+    from tuner.campaign.confirm import ConfirmRule
+
+    _use_loader(monkeypatch)
+    timed: list[str] = []
+    real_time = bench.time_ms
+
+    def recording(fn, *a, **kw):
+        before = {k.name: k.calls for k in gpu_fakes.LOADED}
+        ms = real_time(fn, *a, **kw)
+        timed.extend(k.name for k in gpu_fakes.LOADED if k.calls != before[k.name])
+        return ms
+
+    monkeypatch.setattr(bench, "time_ms", recording)
+    seen_inputs = []
+    real_make = bench.make_inputs
+    monkeypatch.setattr(bench, "make_inputs", lambda *a, **kw: seen_inputs.append((a, kw)) or real_make(*a, **kw))
+    payload = {"bucket": "s512", "profile": "h100", "spec": SPEC, "problem": _problem(512), "nonce": "t",
+               "rule": ConfirmRule().to_dict(), "kernels": [_contender(generated, "challenger", "kern_a"),
+                                                             _contender(generated, "seed", "kern_b")]}
+    result = retime._gpu_retime(payload)
+    assert result["failed"] == {} and result["device_name"] == gpu_fakes.DEVICE_NAME
+    assert timed == ["kern_a", "kern_b", "kern_b", "kern_a"] * 4 + ["kern_a", "kern_b"]   # A B, B A, ...
+    assert result["order"][:2] == [["challenger", "seed"], ["seed", "challenger"]] and len(result["order"]) == 9
+    kernels = {k.name: k for k in gpu_fakes.LOADED}
+    assert result["ms"]["challenger"] == [_kernel_ms(kernels["kern_a"])] * 9
+    assert result["ms"]["seed"] == [_kernel_ms(kernels["kern_b"])] * 9
+    shared = [kw for a, kw in seen_inputs if a[0].seqlen_k == 512]           # (the warm-up's are tiny)
+    assert len(shared) == 1 and shared[0]["seed"] == 512                       # one input set, a trial's seed
+    assert all(t == bench.Timing(10.0, 40.0, 3) for t in gpu_fakes.LAST_TIMINGS)
+    assert result["gpu_lock"]["released_at"] >= result["gpu_lock"]["acquired_at"] > 0
+
+
+def test_a_contender_that_cannot_load_or_is_wrong_is_not_timed(fake_gpu, generated, monkeypatch):
+    from tuner.campaign import retime
+    from tuner.campaign.confirm import ConfirmRule
+
+    _use_loader(monkeypatch, wrong_beyond=400)      # every kernel is wrong at the 512 shape
+    stale = _contender(generated, "stored", "kern_old")
+    stale["meta"] = dict(stale["meta"], abi=0)
+    payload = {"bucket": "s512", "profile": "h100", "spec": SPEC, "problem": _problem(512), "nonce": "t",
+               "rule": ConfirmRule(rounds=3).to_dict(), "kernels": [_contender(generated, "challenger", "kern_a"),
+                                                                    stale]}
+    result = retime._gpu_retime(payload)
+    assert result["ms"] == {} and result["order"] == []
+    assert result["failed"]["stored"].startswith("load failed: KernelLoadError")
+    assert result["failed"]["challenger"].startswith("wrong result on the re-timing inputs: relative error")

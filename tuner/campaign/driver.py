@@ -94,6 +94,8 @@ class Campaign:
     inflight: int = 0              # asked candidates not yet finished (compiling, ready, measuring)
     idle_asks: int = 0             # asks in a row that brought no new candidate (cache hits, rejections)
     exhausted: str | None = None   # why this study stopped asking before its --trials
+    contests: list | None = None   # winners.Contest per bucket, and their decisions (after the re-timing)
+    decisions: dict | None = None
 
     @property
     def program_text(self) -> str:
@@ -203,6 +205,10 @@ def run_campaign(options: CampaignOptions) -> int:
                     if ref is not None:
                         _finish_baselines(c, ref, wait_s=wait_s)
                 c.baselines_ref = None
+            # Confirmed winners (winners.py): each bucket's challenger re-timed against its incumbents
+            from .winners import retime_all
+
+            retime_all(camps, wait_s=wait_s)
     finally:
         if workers is not None:   # its trial processes die with it: no GPU stays locked
             workers.shutdown()
