@@ -23,7 +23,8 @@ from tuner.fa4 import NOT_INSTALLED, is_not_installed
 
 BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"), ("fa4", "FA4"))
 _STATE_ALIASES = {"complete": "complete", "pruned": "infeasible", "infeasible": "infeasible", "fail": "failed",
-                  "failed": "failed", "running": "running", "waiting": "running", "cached": "cached"}
+                  "failed": "failed", "running": "running", "waiting": "running", "cached": "cached",
+                  "stopped early": "stopped early"}
 
 
 def _num(value) -> float | None:
@@ -251,11 +252,13 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
     study_dir.mkdir(parents=True, exist_ok=True)
     bench_rows = list(bench_rows or [])
     counts = {s: sum(1 for t in trials if trial_state(t) == s)
-              for s in ("complete", "infeasible", "failed", "running", "cached")}
+              for s in ("complete", "infeasible", "failed", "running", "cached", "stopped early")}
     lines = [f"# Campaign report: {study_dir.name}", ""]
     lines.append(f"Trials: {len(trials)} — complete {counts['complete']}, infeasible {counts['infeasible']}, "
                  f"failed {counts['failed']}" + (f", running {counts['running']}" if counts["running"] else "")
-                 + (f", answered from the measurement cache {counts['cached']}" if counts["cached"] else "") + ".")
+                 + (f", answered from the measurement cache {counts['cached']}" if counts["cached"] else "")
+                 + (f", stopped early (far behind at the longest seqlen) {counts['stopped early']}"
+                    if counts["stopped early"] else "") + ".")
     lines.append("")
 
     lines += ["## Best kernel", ""]

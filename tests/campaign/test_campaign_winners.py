@@ -1,9 +1,11 @@
 """Confirmed winners in a whole campaign (fake-GPU Ray cluster, replay backend): the GPU workers re-time each
-bucket's challenger against the best seed and the stored kernel before anything is stored or claimed."""
+bucket's challenger against the best seed and the stored kernel before anything is stored or claimed, and the
+early stop drops only kernels far behind."""
 import gzip
 import json
 
 import pytest
+from optuna.trial import TrialState
 
 from tuner.campaign import run_campaign
 from tuner.campaign.study import is_seed
@@ -66,6 +68,22 @@ def test_lucky_single_measurements_are_re_timed_and_the_seeds_stay_the_winners(l
     assert "## Bucket winners, re-timed" in report and "re-timed ×seed [interval]" in report
     w = contested[0]
     assert f"×{w['vs_seed']['ratio']:.3f} [{w['vs_seed']['low']:.3f}, {w['vs_seed']['high']:.3f}]" in report
+
+
+def test_early_stopped_trials_are_pruned_feasible_never_seeds_and_never_stored(lucky_run):
+    study = load_study(lucky_run["root"] / "studies")
+    stopped = [t for t in study.trials if t.user_attrs.get("early_stop")]
+    assert stopped, "the search's slow proposals (the Hopper sketches, valued by the performance model) should stop"
+    for t in stopped:
+        assert t.state == TrialState.PRUNED and t.user_attrs["constraint"] == [0.0] and not is_seed(t)
+        stop = t.user_attrs["early_stop"]
+        assert stop["ratio"] < 0.8 and set(t.user_attrs["tflops"]) == {str(stop["seqlen"])}
+        assert t.intermediate_values == {0: stop["probe_tflops"]}
+    assert all(len(t.user_attrs["tflops"]) == 6 for t in study.trials
+               if t.state == TrialState.COMPLETE)                       # the seeds and the rest: in full
+    early = lucky_run["summary"]["early_stop"]
+    assert early["enabled"] and early["stopped"] == len([t for t in stopped if not t.user_attrs.get("cache_hit")])
+    assert early["rule"]["margin"] == 0.2
 
 
 def test_a_resumed_run_whose_challengers_are_truly_faster_replaces_the_stored_seeds(lucky_run):

@@ -262,6 +262,39 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     torch.testing.assert_close(got, sdpa_attention(q, k, v, causal=True))
 
 
+def test_a_probe_far_behind_the_incumbent_stops_the_trial_after_the_longest_seqlen(fake_gpu, generated, monkeypatch):
+    """Early stop (earlystop.py) in the real backend: the longest shape first, cross-checked, timed with the
+    probe's short window; far behind the incumbent, nothing else is timed."""
+    from tuner import bench
+    from tuner.campaign.earlystop import EarlyStop
+
+    _use_loader(monkeypatch)
+    problems = [_problem(256), _problem(512)]
+    payload = dict(_payload(generated, problems), timing={"warmup_ms": 7.0, "rep_ms": 30.0, "rotate": 2})
+    payload["early_stop"] = EarlyStop().plan(problems, 1e9, payload["timing"])   # an incumbent nothing reaches
+    result = backends._gpu_measure(payload)
+    assert result["verified"] is True and set(result["tflops"]) == {"512"}
+    stop = result["early_stop"]
+    assert stop["seqlen"] == 512 and stop["probe_tflops"] == result["tflops"]["512"] and stop["ratio"] < 0.8
+    assert gpu_fakes.LAST_TIMINGS == [bench.Timing(5.0, 20.0, 2)]                  # one probe, nothing else
+    assert set(result["verification"]["bench_cross_check"]) == {"512"}
+
+
+def test_a_probe_near_the_incumbent_goes_on_to_the_full_measurement(fake_gpu, generated, monkeypatch):
+    from tuner import bench
+    from tuner.campaign.earlystop import EarlyStop
+
+    _use_loader(monkeypatch)
+    problems = [_problem(256), _problem(512)]
+    payload = dict(_payload(generated, problems), timing={"warmup_ms": 7.0, "rep_ms": 30.0, "rotate": 2})
+    payload["early_stop"] = EarlyStop().plan(problems, 1e-3, payload["timing"])
+    result = backends._gpu_measure(payload)
+    assert result["verified"] is True and "early_stop" not in result
+    assert list(result["tflops"]) == ["256", "512"]                                # in the shapes' order
+    full, probe = bench.Timing(7.0, 30.0, 2), bench.Timing(5.0, 20.0, 2)
+    assert gpu_fakes.LAST_TIMINGS == [probe, full, full]                           # probe, 512 in full, then 256
+
+
 def _contender(generated, role: str, name: str) -> dict:
     meta = dict(generated.meta(), name=name)
     return {"role": role, "name": name, "cubin": b"\x7fELF" + name.encode(), "meta": meta,

@@ -16,7 +16,7 @@ every other line is ``{"params": {...}, "tflops": {"<seqlen>": TFLOPS, ...}}`` o
 ``_meta.measure_seconds`` (optional) paces the replay: each trial then holds its GPU's lock that long, as a
 real trial's verify + benchmark would (the overlap tests need timed sections that take time).
 ``_meta.noise`` (optional, ``{"sigma": 0.03, "seed": 0}``) makes the replay a noisy GPU: every measurement
-(a trial's, each round of a re-timing) is the recorded TFLOPS, taken as the kernel's
+(a trial's, an early-stop probe's, each round of a re-timing) is the recorded TFLOPS, taken as the kernel's
 true speed, times exp(sigma * z), z drawn from a generator keyed by the seed, the kernel, the seqlen and the
 measurement (the trial number or the re-timing round), so a replay stays deterministic.
 An entry's optional ``"retimed": {"<seqlen>": TFLOPS}`` is what a re-timing (retime.py) measures instead of
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from .earlystop import decide as early_stop_decide
 from .gpulock import LockHold, gpu_lock
 
 FAULTS = ("oob", "hang", "wrong", "compile")
@@ -233,6 +234,18 @@ def _replay_measure(path: str, payload: dict) -> dict:
         recorded = (entry or {}).get("tflops", {}).get(str(problem.seqlen_k))
         return float(recorded) if recorded is not None else model_tflops(params, problem, profile)
 
+    plan = payload.get("early_stop")
+    if plan:   # the longest seqlen first, a short window (earlystop.py): a probe is a measurement of its own
+        probed = next(p for p in payload["problems"] if p.seqlen_k == plan["seqlen"])
+        probe = speed(probed) * replay_noise(data.meta, "probe", key, probed.seqlen_k, payload.get("trial"))
+        stopped = early_stop_decide(plan, probe)
+        if stopped is not None:   # paced as the GPU would hold it: verification and one short probe
+            from .earlystop import EarlyStop, TrialCost
+
+            timing, n = payload.get("timing") or {}, len(payload["problems"])
+            rule = EarlyStop(plan["margin"], plan["probe"]["warmup_ms"], plan["probe"]["rep_ms"])
+            time.sleep(paced * TrialCost().probed(n, timing, rule, True) / TrialCost().full(n, timing))
+            return {**result, "tflops": {str(probed.seqlen_k): probe}, "early_stop": stopped}
     time.sleep(paced)
     result["tflops"] = {str(p.seqlen_k): speed(p) * replay_noise(data.meta, "trial", key, p.seqlen_k,
                                                                  payload.get("trial"))
@@ -336,7 +349,11 @@ def _verify_and_bench(kernel, payload: dict, device: str, name: str, timing, sec
         return _failure(name, f"verification failed: {report.reason}", verification)
     tflops: dict[str, float] = {}
     cross: dict[str, float] = {}
-    for problem in payload["problems"]:
+    plan = payload.get("early_stop")
+    problems = list(payload["problems"])
+    if plan:   # the longest seqlen first: its short probe may stop the trial (earlystop.py)
+        problems.sort(key=lambda p: p.seqlen_k != plan["seqlen"])
+    for problem in problems:
         key = str(problem.seqlen_k)
         try:
             inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
@@ -346,6 +363,16 @@ def _verify_and_bench(kernel, payload: dict, device: str, name: str, timing, sec
                 verification.update(passed=False, bench_cross_check=cross)
                 return _failure(name, f"wrong result at the benchmark shape {problem.label()}: relative error "
                                       f"{rel:.3g} against torch SDPA > {BENCH_CROSS_CHECK_REL_ERR}", verification)
+            if plan and problem.seqlen_k == plan["seqlen"]:
+                probe_ms = bench.measure_problem(kernel, problem, inputs=inputs, device=device,
+                                                 timing=bench.Timing(**plan["probe"]))
+                stopped = early_stop_decide(plan, bench.tflops(problem, probe_ms))
+                if stopped is not None:
+                    seconds["bench"] = round(_time.perf_counter() - t2, 3)
+                    verification["bench_cross_check"] = cross
+                    return {"verified": True, "reason": None, "tflops": {key: stopped["probe_tflops"]},
+                            "device_name": name, "verification": verification, "seconds": seconds,
+                            "early_stop": stopped}
             ms = bench.measure_problem(kernel, problem, inputs=inputs, timing=timing, device=device)
         except Exception as exc:  # a launch failure or fault at benchmark size
             verification.update(passed=False, bench_cross_check=cross)
@@ -353,6 +380,7 @@ def _verify_and_bench(kernel, payload: dict, device: str, name: str, timing, sec
                                   f"{first_line(exc)}", verification)
         tflops[key] = round(bench.tflops(problem, ms), 2)
         del inputs
+    tflops = {str(p.seqlen_k): tflops[str(p.seqlen_k)] for p in payload["problems"]}   # in the shapes' order
     seconds["bench"] = round(_time.perf_counter() - t2, 3)
     verification["bench_cross_check"] = cross
     return {"verified": True, "reason": None, "tflops": tflops, "device_name": name,

@@ -20,7 +20,10 @@ def trial_rows(study) -> list[dict]:
         elif t.state == TrialState.COMPLETE:
             state = "complete"
         elif t.state == TrialState.PRUNED:
-            state = "infeasible" if st.is_infeasible(t) else "complete"   # dry run: compiled, unmeasured
+            if st.is_infeasible(t):
+                state = "infeasible"
+            else:   # stopped early (probed, far behind), or a dry run's compiled-but-unmeasured candidate
+                state = "stopped early" if t.user_attrs.get("early_stop") else "complete"
         elif t.state == TrialState.FAIL:
             state = "failed"
         else:
@@ -138,6 +141,7 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path, decisio
         "search_vs_seeds": search_vs_seeds(decisions or {}),
         "winners": [d.to_dict() for d in sorted((decisions or {}).values(), key=lambda d: d.contest.problem.seqlen_k)],
         "confirm_rule": DEFAULT_RULE.to_dict(),
+        "early_stop": early_stop_summary(study, camp.options),
         "elapsed_s": round(tally.elapsed, 1),
         "gpu_held_s": round(tally.gpu_busy, 1),       # under the GPU lock: verify + benchmark
         "gpu_held_fraction": round(tally.gpu_busy / (tally.elapsed * n_gpus), 3) if n_gpus and tally.elapsed else None,
@@ -202,6 +206,29 @@ def search_vs_seeds(decisions: dict) -> list[dict]:
                     "retimed": d.vs_seed.to_dict() if d.vs_seed else None,
                     "search_beat_seeds": d.search_beat_seeds})
     return out
+
+
+def early_stop_summary(study, options) -> dict:
+    """How many measured trials stopped after their probe (earlystop.py) and the GPU time that saved: the
+    mean lock hold of a trial measured in full minus a stopped one's, per stopped trial."""
+    from .earlystop import DEFAULT_EARLY_STOP
+
+    held: dict[str, list[float]] = {"stopped": [], "full": []}
+    for t in study.get_trials(deepcopy=False):
+        lock = t.user_attrs.get("gpu_lock")
+        if not lock or not lock.get("released_at") or t.user_attrs.get("cache_hit"):
+            continue
+        if t.user_attrs.get("early_stop"):
+            held["stopped"].append(lock["released_at"] - lock["acquired_at"])
+        elif t.state == TrialState.COMPLETE:
+            held["full"].append(lock["released_at"] - lock["acquired_at"])
+    mean = {k: (sum(v) / len(v) if v else None) for k, v in held.items()}
+    saved = (len(held["stopped"]) * (mean["full"] - mean["stopped"])
+             if mean["full"] is not None and mean["stopped"] is not None else None)
+    return {"enabled": options.early_stop, "rule": DEFAULT_EARLY_STOP.to_dict(), "stopped": len(held["stopped"]),
+            "measured_in_full": len(held["full"]),
+            "mean_held_s": {k: (round(v, 3) if v is not None else None) for k, v in mean.items()},
+            "saved_gpu_s": round(saved, 1) if saved is not None else None}
 
 
 # A trial that waited this long for its GPU's lock found the pipeline full: another trial was ready.
