@@ -3,7 +3,8 @@ import io
 from rich.console import Console
 from store_fakes import make_record
 
-from tuner.report import LiveView, best_so_far, final_table, write_report
+from tuner.liveview import LiveView
+from tuner.report import best_so_far, final_table, write_report
 
 TRIALS = [
     {"number": 0, "state": "COMPLETE", "tflops": 210.0, "source": "llm", "params": {"block_m": 64}},
