@@ -222,7 +222,8 @@ def winners_table(winners: list[dict]) -> list[str]:
         vs_seed, vs_stored = w.get("vs_seed"), w.get("vs_stored")
         winner = w[w["winner"]]
         rows.append([w["bucket"], f"trial {c['trial']} ({c['source']}) {fmt_number(finite_number(c['tflops']))}",
-                     "–" if seed is None else f"trial {seed['trial']} {fmt_number(finite_number(seed['tflops']))}",
+                     ("the same" if c.get("seeded") else "none verified") if seed is None
+                     else f"trial {seed['trial']} {fmt_number(finite_number(seed['tflops']))}",
                      _verdict_cell(vs_seed),
                      f"trial {winner['trial']} ({'search' if w['search_beat_seeds'] else winner['source']})",
                      "–" if stored is None else f"{stored['kernel_name']} ({stored['source']})",

@@ -106,3 +106,28 @@ def test_a_resumed_run_whose_challengers_are_truly_faster_replaces_the_stored_se
         assert record.trial == w["challenger"]["trial"] and record.kernel_sha256 != before[w["bucket"]].kernel_sha256
         assert record.confirmation["vs_seed"]["confirmed"] and record.confirmation["search_beat_seeds"]
     assert any(r["search_beat_seeds"] for r in summary["search_vs_seeds"])
+
+
+def test_the_separate_check_re_times_every_claim_and_says_whether_it_holds(lucky_run, tmp_path):
+    """scripts/retime_check.py, the device run's independent check: each "search beat the seeds" of the
+    resumed run re-timed in a fresh process of its own (15 rounds). On the grid the campaign ran, every claim
+    holds; on a grid where those kernels are slow when timed again, none does (exit 1)."""
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    root = lucky_run["root"]
+    summary = json.loads((root / "studies" / STUDY / "summary.json").read_text())
+    claimed = {w["bucket"] for w in summary["winners"] if w["search_beat_seeds"]}
+    assert claimed                                      # the resumed run of the test above
+    for grid, code in (("honest.jsonl", 0), ("lucky.jsonl", 1)):
+        out = tmp_path / f"{grid}.json"
+        proc = subprocess.run([sys.executable, "scripts/retime_check.py", str(root / "studies"), str(out),
+                               "--backend", f"replay:{root / grid}"], cwd=REPO, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode == code, proc.stdout + proc.stderr
+        result = json.loads(out.read_text())
+        assert {c["bucket"] for c in result["claims"]} == claimed and result["rounds"] == 15
+        assert all(c["holds"] is (code == 0) and c["recheck"]["rounds"] == 15 for c in result["claims"])
+        assert proc.stdout.count("HOLDS" if code == 0 else "DOES NOT HOLD") == len(claimed)

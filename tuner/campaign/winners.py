@@ -44,6 +44,7 @@ class Contender:
     source: str                    # "search", a seed's source, or where a stored kernel came from
     trial: int | None = None       # its trial in this study (None: the stored kernel)
     seeded: bool = False           # a seed's trial (study.is_seed)
+    stem: str = ""                 # its kernel files (.cubin, .cu, .meta.json) relative to the study dir
     frozen: Any = field(default=None, compare=False, repr=False)   # the FrozenTrial, or the KernelRecord
 
     def at(self, seqlen: int) -> float | None:
@@ -56,7 +57,8 @@ class Contender:
 
     def to_dict(self, seqlen: int) -> dict:
         return {"role": self.role, "kernel_name": self.kernel_name, "trial": self.trial, "source": self.source,
-                "schedule": self.schedule, "sha256": self.sha256, "tflops": self.at(seqlen)}
+                "seeded": self.seeded, "schedule": self.schedule, "params": self.params, "sha256": self.sha256,
+                "tflops": self.at(seqlen), "stem": self.stem}
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,9 @@ class Decision:
                        "rounds": len(self.retimed.get("order") or []), "pid": self.retimed.get("pid"),
                        "held_s": round(lock["released_at"] - lock["acquired_at"], 3)
                        if lock.get("released_at") and lock.get("acquired_at") else None}
-        return {"bucket": c.bucket, "seqlen": seqlen,
+        from dataclasses import asdict
+
+        return {"bucket": c.bucket, "seqlen": seqlen, "problem": asdict(c.problem),
                 **{role: (getattr(c, role).to_dict(seqlen) if getattr(c, role) else None) for role in ROLES},
                 "winner": self.winner.role, "winner_trial": self.winner.trial,
                 "vs_seed": self.vs_seed.to_dict() if self.vs_seed else None,
@@ -146,17 +150,18 @@ def trial_stem(camp, t) -> Path:
 
 
 def _from_trial(camp, t, role: str) -> Contender:
-    cubin = trial_stem(camp, t).with_suffix(".cubin").read_bytes()
+    stem = trial_stem(camp, t)
+    cubin = stem.with_suffix(".cubin").read_bytes()
     return Contender(role, t.user_attrs["kernel_name"], hashlib.sha256(cubin).hexdigest(),
                      dict(t.user_attrs.get("tflops") or {}), dict(t.user_attrs.get("kernel_params") or t.params),
                      t.user_attrs.get("schedule", ""), str(t.user_attrs.get("source") or "search"), t.number,
-                     st.is_seed(t), t)
+                     st.is_seed(t), str(stem.relative_to(camp.options.study_dir)), t)
 
 
 def _from_record(record) -> Contender:
     return Contender("stored", record.kernel_name, record.kernel_sha256,
                      {str(record.problem.get("seqlen_k")): record.tflops}, dict(record.params), record.sketch,
-                     f"stored: study {record.study}, trial {record.trial}", None, False, record)
+                     f"stored: study {record.study}, trial {record.trial}", None, False, "", record)
 
 
 def stored_records(camp) -> dict:
