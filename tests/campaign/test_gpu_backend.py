@@ -261,6 +261,26 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     assert attention.last_path == "kernel", attention.last_reason
     torch.testing.assert_close(got, sdpa_attention(q, k, v, causal=True))
 
+    # Resumed with more trials: this run's best (a seed measured now) meets the stored kernel, re-timed side by
+    # side by the real backend in a fresh process of the GPU worker (the fake timer: a time per kernel name)
+    proc = subprocess.run([sys.executable, "-m", "tests.campaign.fake_gpu_campaign", str(studies), "7", "--resume"],
+                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((studies / name / "summary.json").read_text())
+    (w,) = summary["winners"]                               # seqlens 128 and 256: one bucket
+    challenger, stored = w["challenger"], w["stored"]
+    assert stored["sha256"] == record.kernel_sha256 and challenger["sha256"] != stored["sha256"], w
+    retimed = w["retimed"]
+    study = optuna.load_study(study_name=name, storage=make_storage(None, studies, name))
+    assert retimed["rounds"] == 9 and retimed["failed"] == {}
+    assert retimed["pid"] not in {t.user_attrs.get("pid") for t in study.trials}
+    ratio = _kernel_ms(gpu_fakes.CpuKernel({"name": stored["kernel_name"]})) / \
+        _kernel_ms(gpu_fakes.CpuKernel({"name": challenger["kernel_name"]}))
+    assert w["vs_stored"]["ratio"] == pytest.approx(ratio, abs=1e-4) == w["vs_stored"]["low"]   # (4 decimals)
+    assert w["store"] is (ratio > 1) and w["vs_stored"]["confirmed"] is (ratio > 1)
+    (now,) = KernelStore(studies).records(gpu="h100", variant="mha")
+    assert now.kernel_name == (challenger if ratio > 1 else stored)["kernel_name"]
+
 
 def test_a_probe_far_behind_the_incumbent_stops_the_trial_after_the_longest_seqlen(fake_gpu, generated, monkeypatch):
     """Early stop (earlystop.py) in the real backend: the longest shape first, cross-checked, timed with the
