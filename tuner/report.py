@@ -227,12 +227,19 @@ def winners_table(winners: list[dict]) -> list[str]:
                      _verdict_cell(vs_seed),
                      f"trial {winner['trial']} ({'search' if w['search_beat_seeds'] else winner['source']})",
                      "–" if stored is None else f"{stored['kernel_name']} ({stored['source']})",
-                     _verdict_cell(vs_stored), "stored" if w["store"] else "kept the stored kernel"
-                     if stored is not None else "–"])
+                     _verdict_cell(vs_stored), _store_cell(w, winner, stored)])
     lines += _md_table(["bucket", "best single (TFLOPS)", "best seed", "re-timed ×seed [interval]", "winner",
                         "stored kernel", "re-timed ×stored [interval]", "store"], rows)
     notes = [f"- {w['bucket']}: {w['note']}" for w in winners]
     return lines + [""] + notes
+
+
+def _store_cell(w: dict, winner: dict, stored: dict | None) -> str:
+    if w["store"]:
+        return "stored"
+    if stored is None:
+        return "–"
+    return "already stored" if stored["sha256"] == winner["sha256"] else "kept the stored kernel"
 
 
 def _verdict_cell(v: dict | None) -> str:

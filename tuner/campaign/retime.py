@@ -48,9 +48,9 @@ def round_order(roles: list[str], rnd: int) -> list[str]:
 
 
 def _summary(payload: dict, ms: dict, order: list, failed: dict, device: str) -> dict:
-    problem = payload["problem"]
     from tuner import bench
 
+    problem = payload["problem"]
     return {"bucket": payload["bucket"], "device_name": device, "ms": ms, "order": order, "failed": failed,
             "tflops": {role: round(bench.tflops(problem, statistics.median(times)), 2)
                        for role, times in ms.items() if times}}
