@@ -13,8 +13,8 @@
 # 512..16384), COMPILE_BATCH (4), TRIAL_TIMEOUT (30), SEED (0), GPU_OVERLAP (unset: the campaign's default;
 # trial processes per GPU at once, the next ones starting up while one is timed; 1 = one at a time).
 # What comes back under $OUT (8 files at most, no folders): campaign.log, check.log, summary.txt,
-# summary.json, check.json, report.md, study.tgz (journal, report, stored kernels, export, GPU samples,
-# Ray worker error logs).
+# summary.json, check.json, retime_check.json (every "search beat the seeds" re-timed apart: scripts/retime_check.py),
+# report.md, study.tgz (journal, report, stored kernels, export, GPU samples, Ray worker error logs).
 set -u
 T0=$(date +%s)
 cd "$(dirname "$0")/.."
@@ -143,6 +143,13 @@ if [ "$DRY" != 1 ]; then
       >> "$OUT/check.log" 2>&1
     STEP[check_rc]=$?
   fi
+  # Every "search beat the seeds" of the run, re-timed apart from the campaign in a fresh process (15 rounds)
+  HOOK=()
+  [ "$FAKE_GPU" = 1 ] && HOOK=(env TUNER_TRIAL_SETUP_HOOK=tests.campaign.gpu_fakes.install)
+  RETIME_LIMIT=$(( $(left) - 15 )); [ "$RETIME_LIMIT" -lt 20 ] && RETIME_LIMIT=20
+  timeout "$RETIME_LIMIT" "${HOOK[@]}" python3 scripts/retime_check.py "$WORK/studies" "$OUT/retime_check.json" \
+    >> "$OUT/check.log" 2>&1
+  STEP[retime_check_rc]=$?
   cat "$OUT/check.log" | sed 's/^/  | /'
 fi
 

@@ -227,10 +227,19 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
         if not s.get("rows"):
             lines.append("(no verified kernel: no rows)")
         for r in s.get("search_vs_seeds") or []:
+            re = r.get("retimed")
+            retimed = (f"; re-timed x{re['ratio']:.3f} [{re['low']:.3f}, {re['high']:.3f}]: "
+                       f"{'the search beat the seeds' if r.get('search_beat_seeds') else 'not clearly faster'}"
+                       if re else "")
             lines.append(f"search vs seeds at {r['seqlen']:>6}: best {_f(r['best'])} (trial {r['best_trial']}, "
                          f"{'a seed' if r['best_is_seed'] else 'found by the search'}: {r['best_schedule']} "
                          f"{r['best_params']}) vs best seed {_f(r['best_seed'])} (trial {r['best_seed_trial']}): "
-                         f"x{_f(r['ratio'], '.3f')}")
+                         f"single x{_f(r['ratio'], '.3f')}{retimed}")
+        early = s.get("early_stop") or {}
+        if early.get("enabled"):
+            lines.append(f"early stop: {early.get('stopped')} trial(s) stopped after their probe, "
+                         f"{early.get('measured_in_full')} measured in full; mean GPU hold {early.get('mean_held_s')}; "
+                         f"saved ~{_f(early.get('saved_gpu_s'))} s of GPU")
     if c:
         calls = c.get("calls", [])
         worst = max((r["rel_err_vs_fp32"] for r in calls), default=None)

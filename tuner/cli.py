@@ -83,6 +83,9 @@ def campaign(
                                          "(timed sections never overlap); 1: one at a time."),
     compile_batch: int = typer.Option(8, "--compile-batch", min=1, help="Kernel configs per nvcc translation unit."),
     seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list of benchmark seqlens (default: the paper grid)."),
+    early_stop: bool = typer.Option(True, "--early-stop/--no-early-stop",
+                                    help="Probe a candidate at the longest seqlen first and stop timing it when it "
+                                         "is over 20% behind the best kernel there (seeds are always timed in full)."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -98,7 +101,7 @@ def campaign(
         storage=storage, ray_address=ray_address, llm_base_url=llm_base_url, llm_model=llm_model,
         llm_api_key=llm_api_key, llm_sketches=llm_sketches, dry_run=dry_run, resume=resume, remeasure=remeasure,
         sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout, gpu_overlap=gpu_overlap,
-        compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens),
+        compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens), early_stop=early_stop,
     )
     raise typer.Exit(run_campaign(options))
 

@@ -86,6 +86,8 @@ def bucket_entry(rec: KernelRecord) -> dict:
         "study": rec.study,
         "trial": rec.trial,
         "provenance": rec.provenance,
+        # how it won its bucket: re-timed against the best seed and the kernel it replaced (tuner/campaign/winners.py)
+        "confirmation": rec.confirmation or None,
     }
 
 

@@ -1,10 +1,12 @@
-"""What the user sees of a campaign: the live view while it runs, the final table, the report with plots.
+"""What the user sees of a finished campaign: the final table, the report with plots (the live view while it
+runs: tuner/liveview.py).
 
 Inputs are plain dicts so that the campaign driver, a replayed study and the tests build them alike:
 
-* a trial: ``number`` (int), ``state`` (``complete``, ``infeasible``, ``failed``, ``running``; Optuna's
-  ``COMPLETE``/``PRUNED``/``FAIL``/``RUNNING`` are read the same), ``tflops`` (or ``value``; None unless
-  complete), optional ``reason``, ``params``, ``source``;
+* a trial: ``number`` (int), ``state`` (``complete``, ``infeasible``, ``failed``, ``running``, ``cached``,
+  ``stopped early``; Optuna's ``COMPLETE``/``PRUNED``/``FAIL``/``RUNNING`` are read the same), ``tflops`` (or
+  ``value``; None unless complete), optional ``reason``, ``params``, ``source``;
+* a bucket's winner: winners.Decision.to_dict() (``winners_table``).
 * a benchmark row: ``seqlen`` (or ``seqlen_k``), optional ``causal`` and ``label``, and TFLOPS for
   ``ours`` (or ``tflops``), ``flash``, ``cudnn``, ``efficient``, ``fa4`` (None where a backend cannot run
   or is not installed; ``<library>_err`` then says why).
@@ -12,10 +14,8 @@ Inputs are plain dicts so that the campaign driver, a replayed study and the tes
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -23,10 +23,11 @@ from tuner.fa4 import NOT_INSTALLED, is_not_installed
 
 BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"), ("fa4", "FA4"))
 _STATE_ALIASES = {"complete": "complete", "pruned": "infeasible", "infeasible": "infeasible", "fail": "failed",
-                  "failed": "failed", "running": "running", "waiting": "running", "cached": "cached"}
+                  "failed": "failed", "running": "running", "waiting": "running", "cached": "cached",
+                  "stopped early": "stopped early"}
 
 
-def _num(value) -> float | None:
+def finite_number(value) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
         return float(value)
     return None
@@ -38,7 +39,7 @@ def trial_state(trial: dict) -> str:
 
 
 def trial_tflops(trial: dict) -> float | None:
-    return _num(trial.get("tflops", trial.get("value")))
+    return finite_number(trial.get("tflops", trial.get("value")))
 
 
 def best_so_far(trials: list[dict]) -> list[tuple[int, float]]:
@@ -54,7 +55,7 @@ def best_so_far(trials: list[dict]) -> list[tuple[int, float]]:
 
 
 def _row_ours(row: dict) -> float | None:
-    return _num(row.get("ours", row.get("tflops")))
+    return finite_number(row.get("ours", row.get("tflops")))
 
 
 def _row_seqlen(row: dict) -> int:
@@ -70,20 +71,20 @@ def _row_label(row: dict) -> str:
 
 
 def _ratio(ours, base) -> float | None:
-    ours, base = _num(ours), _num(base)
+    ours, base = finite_number(ours), finite_number(base)
     return ours / base if ours is not None and base else None
 
 
-def _fmt(x: float | None, spec: str = ".1f") -> str:
+def fmt_number(x: float | None, spec: str = ".1f") -> str:
     return "–" if x is None else format(x, spec)
 
 
 def _base_cell(row: dict, key: str) -> str:
     """A library's TFLOPS, or "not installed" where that is why it has none, else "–"."""
-    value = _num(row.get(key))
+    value = finite_number(row.get(key))
     if value is None and is_not_installed(row.get(f"{key}_err")):
         return NOT_INSTALLED
-    return _fmt(value)
+    return fmt_number(value)
 
 
 def _by_shape(rows: list[dict]) -> list[dict]:
@@ -96,8 +97,8 @@ def _against_libraries(rows: list[dict]) -> list[str]:
     table = []
     for r in _by_shape(rows):
         ours = _row_ours(r)
-        table.append([_row_label(r), _fmt(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
-                     + [_fmt(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
+        table.append([_row_label(r), fmt_number(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
+                     + [fmt_number(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
     return _md_table(header, table)
 
 
@@ -108,7 +109,7 @@ def _missing_baselines(rows: list[dict]) -> list[str]:
     for r in _by_shape(rows):
         for key, _ in BASELINES:
             why = r.get(f"{key}_err")
-            if why and _num(r.get(key)) is None:
+            if why and finite_number(r.get(key)) is None:
                 by_reason.setdefault((key, str(why).splitlines()[0]), []).append(_row_label(r))
     return [f"- {names[key]} ({', '.join(labels)}): {why}" for (key, why), labels in by_reason.items()]
 
@@ -149,7 +150,7 @@ def plot_best_so_far(trials: list[dict], path: Path, baselines: dict | None = No
     ax.scatter([d[0] for d in done], [d[1] for d in done], s=10, alpha=0.5, color="gray", label="trial")
     ax.step([c[0] for c in curve], [c[1] for c in curve], where="post", linewidth=2, label="best so far")
     for key, name in BASELINES:
-        value = _num((baselines or {}).get(key))
+        value = finite_number((baselines or {}).get(key))
         if value is not None:
             ax.axhline(value, linestyle="--", linewidth=1, label=f"{name} {value:.0f}", color=f"C{2 + BASELINES.index((key, name))}")
     _label(ax, "trial", "Best TFLOPS so far")
@@ -165,7 +166,7 @@ def plot_tflops_vs_seqlen(rows: list[dict], path: Path, title: str = "") -> Path
     for ax, causal in zip(axes[0], groups):
         part = sorted((r for r in rows if r.get("causal") == causal), key=_row_seqlen)
         xs = [_row_seqlen(r) for r in part]
-        series = [("ours", "ours", _row_ours)] + [(k, n, (lambda r, k=k: _num(r.get(k)))) for k, n in BASELINES]
+        series = [("ours", "ours", _row_ours)] + [(k, n, (lambda r, k=k: finite_number(r.get(k)))) for k, n in BASELINES]
         for i, (key, name, get) in enumerate(series):
             pts = [(x, get(r)) for x, r in zip(xs, part) if get(r) is not None]
             if pts:
@@ -209,20 +210,63 @@ def _md_table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict] | None = None) -> Path:
+def winners_table(winners: list[dict]) -> list[str]:
+    """Each bucket's winner after its re-timing (tuner/campaign/winners.py, ``Decision.to_dict``): the run's
+    best single measurement against the best seed's, the re-timed ratio with its interval, and the store."""
+    lines = ["Each bucket's fastest kernel (by its single measurement) was timed again side by side with the best "
+             "seed and the stored kernel, interleaved, in one fresh process; it wins only when the lower bound of "
+             "the interval of its median speed-up is above 1.", ""]
+    rows = []
+    for w in winners:
+        c, seed, stored = w["challenger"], w["seed"], w["stored"]
+        vs_seed, vs_stored = w.get("vs_seed"), w.get("vs_stored")
+        winner = w[w["winner"]]
+        rows.append([w["bucket"], f"trial {c['trial']} ({c['source']}) {fmt_number(finite_number(c['tflops']))}",
+                     ("the same" if c.get("seeded") else "none verified") if seed is None
+                     else f"trial {seed['trial']} {fmt_number(finite_number(seed['tflops']))}",
+                     _verdict_cell(vs_seed),
+                     f"trial {winner['trial']} ({'search' if w['search_beat_seeds'] else winner['source']})",
+                     "–" if stored is None else f"{stored['kernel_name']} ({stored['source']})",
+                     _verdict_cell(vs_stored), _store_cell(w, winner, stored)])
+    lines += _md_table(["bucket", "best single (TFLOPS)", "best seed", "re-timed ×seed [interval]", "winner",
+                        "stored kernel", "re-timed ×stored [interval]", "store"], rows)
+    notes = [f"- {w['bucket']}: {w['note']}" for w in winners]
+    return lines + [""] + notes
+
+
+def _store_cell(w: dict, winner: dict, stored: dict | None) -> str:
+    if w["store"]:
+        return "stored"
+    if stored is None:
+        return "–"
+    return "already stored" if stored["sha256"] == winner["sha256"] else "kept the stored kernel"
+
+
+def _verdict_cell(v: dict | None) -> str:
+    if not v:
+        return "–"
+    text = f"×{v['ratio']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
+    return f"**{text}**" if v["confirmed"] else text
+
+
+def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict] | None = None,
+                 winners: list[dict] | None = None) -> Path:
     """Write ``report.md`` and its PNG plots into ``study_dir``; returns the report's path.
 
-    ``best`` is the stored KernelRecord of the campaign (or None when nothing passed).
+    ``best`` is the stored KernelRecord of the campaign (or None when nothing passed); ``winners`` each
+    bucket's decision after its re-timing (``winners_table``).
     """
     study_dir = Path(study_dir)
     study_dir.mkdir(parents=True, exist_ok=True)
     bench_rows = list(bench_rows or [])
     counts = {s: sum(1 for t in trials if trial_state(t) == s)
-              for s in ("complete", "infeasible", "failed", "running", "cached")}
+              for s in ("complete", "infeasible", "failed", "running", "cached", "stopped early")}
     lines = [f"# Campaign report: {study_dir.name}", ""]
     lines.append(f"Trials: {len(trials)} — complete {counts['complete']}, infeasible {counts['infeasible']}, "
                  f"failed {counts['failed']}" + (f", running {counts['running']}" if counts["running"] else "")
-                 + (f", answered from the measurement cache {counts['cached']}" if counts["cached"] else "") + ".")
+                 + (f", answered from the measurement cache {counts['cached']}" if counts["cached"] else "")
+                 + (f", stopped early (far behind at the longest seqlen) {counts['stopped early']}"
+                    if counts["stopped early"] else "") + ".")
     lines.append("")
 
     lines += ["## Best kernel", ""]
@@ -234,7 +278,7 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
                   f"d{best.d_qk}x{best.d_v} {'causal' if best.causal else 'non-causal'}, bucket {best.bucket}",
                   f"- **{best.tflops:.1f} TFLOPS** (study {best.study!r}, trial {best.trial})"]
         for key, name in BASELINES:
-            base = _num(best.baselines.get(key))
+            base = finite_number(best.baselines.get(key))
             if base is not None:
                 lines.append(f"- {name}: {base:.1f} TFLOPS — ours ×{best.tflops / base:.2f}")
         lines.append(f"- verification: {'passed' if best.verification.get('passed') is True else 'NOT PASSED'}")
@@ -244,6 +288,8 @@ def write_report(study_dir, trials: list[dict], best=None, bench_rows: list[dict
                                                                                   "torch", "driver") if prov.get(k)))
         lines.append("")
 
+    if winners:
+        lines += ["## Bucket winners, re-timed", ""] + winners_table(winners) + [""]
     baselines = best.baselines if best is not None else None
     no_plots = None if plots_available() else "plots skipped: matplotlib is not installed here"
     if no_plots is None and plot_best_so_far(trials, study_dir / "best_so_far.png", baselines):
@@ -312,6 +358,8 @@ def write_campaign_report(study_dir, gpu: str, sections: list[dict]) -> Path:
             lines += ["No verified kernel.", ""]
             continue
         lines += _against_libraries(rows) + [""]
+        if s["summary"].get("winners"):
+            lines += winners_table(s["summary"]["winners"]) + [""]
     path = study_dir / f"campaign-{gpu}.md"
     study_dir.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
@@ -321,7 +369,7 @@ def write_campaign_report(study_dir, gpu: str, sections: list[dict]) -> Path:
 def final_table(best_rows: list[dict], title: str = "Best kernel against torch SDPA backends and FA4") -> Table:
     """Ours against torch's flash and cuDNN backends (and efficient where measured) and FA4 (measured, or
     "not installed"), with ratios."""
-    with_eff = any(_num(r.get("efficient")) is not None for r in best_rows)
+    with_eff = any(finite_number(r.get("efficient")) is not None for r in best_rows)
     table = Table(title=title)
     table.add_column("shape")
     table.add_column("ours TFLOPS", justify="right")
@@ -332,135 +380,10 @@ def final_table(best_rows: list[dict], title: str = "Best kernel against torch S
         table.add_column(f"ours/{name}", justify="right")
     for r in best_rows:
         ours = _row_ours(r)
-        cells = [escape(_row_label(r)), _fmt(ours)]
+        cells = [escape(_row_label(r)), fmt_number(ours)]
         for key, _ in cols:
             ratio = _ratio(ours, r.get(key))
             style = "" if ratio is None else ("green" if ratio >= 1 else "red")
-            cells += [_base_cell(r, key), f"[{style}]{_fmt(ratio, '.2f')}×[/{style}]" if style else "–"]
+            cells += [_base_cell(r, key), f"[{style}]{fmt_number(ratio, '.2f')}×[/{style}]" if style else "–"]
         table.add_row(*cells)
     return table
-
-
-# ---- live view ---------------------------------------------------------------------------------------
-
-def _duration(seconds: float | None) -> str:
-    if seconds is None:
-        return "–"
-    seconds = max(0, int(seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}:{m:02d}:{s:02d}" if h else f"{m:d}:{s:02d}"
-
-
-class LiveView:
-    """The campaign's status line: a rich Live panel on a terminal, plain log lines otherwise.
-
-    ``remaining`` is seconds (a number, from --timeout) or any text (e.g. ``"12 trials"``). In plain
-    mode a line is printed when a count or the best changes, and at most every ``plain_interval``
-    seconds otherwise, so a log file stays readable overnight.
-    """
-
-    def __init__(self, title: str = "tune", console: Console | None = None, plain: bool | None = None,
-                 plain_interval: float = 60.0):
-        self.title = title
-        self.console = console or Console()
-        self.plain = (not self.console.is_terminal) if plain is None else plain
-        self.plain_interval = plain_interval
-        self._live = None
-        self._last_key = None
-        self._last_print = 0.0
-        self.state: dict = {}
-
-    def __enter__(self) -> "LiveView":
-        if not self.plain:
-            from rich.live import Live
-
-            self._live = Live(self._render(), console=self.console, refresh_per_second=4, transient=False)
-            self._live.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._live is not None:
-            self._live.update(self._render())
-            self._live.__exit__(*exc)
-            self._live = None
-        elif self.state:
-            self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
-
-    def update(self, done: int, infeasible: int, failed: int, best_tflops: float | None,
-               best_baseline_name: str | None, best_baseline_tflops: float | None, elapsed: float,
-               remaining, *, rejected: int = 0, cached: int = 0, combos: list[dict] | None = None) -> None:
-        """``rejected``: proposals refused before compiling; ``cached``: answered from the measurement cache
-        (neither counts as a trial); ``combos``: one row per combination of a multi-combination run."""
-        self.state = dict(done=done, infeasible=infeasible, failed=failed, best_tflops=_num(best_tflops),
-                          baseline=best_baseline_name, baseline_tflops=_num(best_baseline_tflops),
-                          elapsed=elapsed, remaining=remaining, rejected=rejected, cached=cached,
-                          combos=combos or [])
-        if self._live is not None:
-            self._live.update(self._render())
-            return
-        if self.plain:
-            key = (done, infeasible, failed, rejected, cached, self.state["best_tflops"])
-            now = time.monotonic()
-            if key != self._last_key or now - self._last_print >= self.plain_interval:
-                self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
-                for row in self.state["combos"]:
-                    self.console.print("  " + _combo_text(row), markup=False, highlight=False, soft_wrap=True)
-                self._last_key, self._last_print = key, now
-
-    def _best_text(self) -> str:
-        s = self.state
-        if s.get("best_tflops") is None:
-            return "best –"
-        text = f"best {s['best_tflops']:.1f} TFLOPS"
-        if s.get("baseline") and s.get("baseline_tflops"):
-            ratio = s["best_tflops"] / s["baseline_tflops"]
-            verb = "beats" if ratio >= 1 else "vs"
-            text += f" ({verb} {s['baseline']} {s['baseline_tflops']:.1f}, ×{ratio:.2f})"
-        return text
-
-    def _remaining_text(self) -> str:
-        r = self.state.get("remaining")
-        return _duration(r) if isinstance(r, (int, float)) and not isinstance(r, bool) else ("–" if r is None else str(r))
-
-    def line(self) -> str:
-        s = self.state
-        return (f"[{self.title}] trials {s.get('done', 0)} done, {s.get('infeasible', 0)} infeasible, "
-                f"{s.get('failed', 0)} failed{_extra_counts(s)} | {self._best_text()} | "
-                f"elapsed {_duration(s.get('elapsed'))}, remaining {self._remaining_text()}")
-
-    def _render(self):
-        from rich.console import Group
-        from rich.panel import Panel
-
-        s = self.state
-        grid = Table.grid(padding=(0, 2))
-        grid.add_column(style="bold")
-        grid.add_column()
-        grid.add_row("trials", f"[green]{s.get('done', 0)} done[/green]  [yellow]{s.get('infeasible', 0)} infeasible"
-                               f"[/yellow]  [red]{s.get('failed', 0)} failed[/red]" + escape(_extra_counts(s)))
-        grid.add_row("best", self._best_text())
-        grid.add_row("time", f"elapsed {_duration(s.get('elapsed'))}, remaining {self._remaining_text()}")
-        if not s.get("combos"):
-            return Panel(grid, title=escape(self.title), expand=False)
-        table = Table(box=None, padding=(0, 1))
-        for col in ("combination", "measured", "failed to build/verify", "rejected", "cached", "in flight", "best"):
-            table.add_column(col, justify="left" if col == "combination" else "right")
-        for r in s["combos"]:
-            table.add_row(escape(r["label"]) + (f" [dim]({r['state']})[/dim]" if r.get("state") else ""),
-                          f"{r['done']}/{r['trials']}", str(r["infeasible"]), str(r["rejected"]), str(r["cached"]),
-                          str(r["inflight"]), _fmt(_num(r.get("best_tflops"))))
-        return Panel(Group(grid, table), title=escape(self.title), expand=False)
-
-
-def _extra_counts(state: dict) -> str:
-    parts = [f"{state[k]} {name}" for k, name in (("rejected", "rejected before compile"), ("cached", "cached"))
-             if state.get(k)]
-    return (", " + ", ".join(parts)) if parts else ""
-
-
-def _combo_text(row: dict) -> str:
-    best = _num(row.get("best_tflops"))
-    return (f"{row['label']}: {row['done'] + row['infeasible']}/{row['trials']} trials ({row['done']} measured, "
-            f"{row['infeasible']} failed to build or verify), {row['rejected']} rejected, {row['cached']} cached, "
-            f"best {'–' if best is None else f'{best:.1f}'}" + (f" ({row['state']})" if row.get("state") else ""))

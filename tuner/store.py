@@ -13,6 +13,11 @@ A record is written whole or not at all: it is built in a hidden sibling directo
 into place, so a ``kill -9`` at any moment leaves either the old record or the new one. Replacing a
 record takes two renames (old aside, new in); a crash between them leaves the old record aside, and
 readers and the next writer use it. A kernel whose verification did not pass is never written.
+
+Two ways in: ``offer`` compares the records' TFLOPS (numbers measured in different processes, so within
+their noise: for records made by hand); the campaign uses ``replace``, whose decision was taken by timing
+both kernels again side by side (tuner/campaign/confirm.py), and which writes only if the store still holds
+the kernel that decision was taken against.
 """
 from __future__ import annotations
 
@@ -24,7 +29,7 @@ import math
 import os
 import shutil
 import uuid
-from dataclasses import MISSING, dataclass, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
@@ -83,6 +88,9 @@ class KernelRecord:
     study: str = ""
     trial: int = -1
     sketch: str = ""          # the campaign's name of the TL sketch (tl_program) the kernel was built from
+    # How it won its bucket: its re-timing against the best seed and the kernel it replaced (ratios with their
+    # intervals, the rule; tuner/campaign/winners.py); empty for a record stored without one
+    confirmation: dict = field(default_factory=dict)
 
     @property
     def kernel_sha256(self) -> str:
@@ -133,7 +141,7 @@ def validate_record(record: KernelRecord) -> list[str]:
             errors.append(f"{name} must be a positive integer, got {value!r}")
     if not isinstance(record.causal, bool):
         errors.append(f"causal must be a bool, got {record.causal!r}")
-    for name in ("params", "kernel_meta", "baselines", "problem", "provenance"):
+    for name in ("params", "kernel_meta", "baselines", "problem", "provenance", "confirmation"):
         if not isinstance(getattr(record, name), dict):
             errors.append(f"{name} must be a dict")
     if not errors:
@@ -167,12 +175,7 @@ class KernelStore:
         Raises UnverifiedKernelError when its verification did not pass and InvalidRecordError when
         it has no usable TFLOPS or cubin; nothing is written then.
         """
-        if not verification_passed(record.verification):
-            raise UnverifiedKernelError(
-                f"kernel {record.kernel_name!r} ({record.key}) did not pass verification; it cannot be stored")
-        errors = validate_record(record)
-        if errors:
-            raise InvalidRecordError(f"kernel {record.kernel_name!r} cannot be stored: " + "; ".join(errors))
+        self._check(record)
         final = self.record_dir(*record.key)
         final.parent.mkdir(parents=True, exist_ok=True)
         with self._lock(exclusive=True):
@@ -183,6 +186,30 @@ class KernelStore:
                     return False
             _commit(record, final)
         return True
+
+    def replace(self, record: KernelRecord, expected_sha256: str | None) -> bool:
+        """Store ``record`` in place of the stored kernel whose cubin's sha256 is ``expected_sha256`` (None:
+        nothing stored), whatever the TFLOPS say: the caller timed both side by side. False, and nothing
+        written, when the store holds something else now (another driver stored meanwhile: the decision was
+        not taken against it). The same errors as ``offer``."""
+        self._check(record)
+        final = self.record_dir(*record.key)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with self._lock(exclusive=True):
+            _recover(final)
+            current = _load_record(final).kernel_sha256 if final.exists() else None
+            if current != expected_sha256:
+                return False
+            _commit(record, final)
+        return True
+
+    def _check(self, record: KernelRecord) -> None:
+        if not verification_passed(record.verification):
+            raise UnverifiedKernelError(
+                f"kernel {record.kernel_name!r} ({record.key}) did not pass verification; it cannot be stored")
+        errors = validate_record(record)
+        if errors:
+            raise InvalidRecordError(f"kernel {record.kernel_name!r} cannot be stored: " + "; ".join(errors))
 
     # ---- reading -------------------------------------------------------------------------------
 
@@ -306,8 +333,13 @@ def _commit(record: KernelRecord, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-_REQUIRED = [f.name for f in fields(KernelRecord) if f.name not in _BLOB_FIELDS and f.default is MISSING]
-_OPTIONAL = [f.name for f in fields(KernelRecord) if f.name not in _BLOB_FIELDS and f.default is not MISSING]
+def _has_default(f) -> bool:
+    return f.default is not MISSING or f.default_factory is not MISSING
+
+
+# (records written before a field with a default existed load with that default)
+_REQUIRED = [f.name for f in fields(KernelRecord) if f.name not in _BLOB_FIELDS and not _has_default(f)]
+_OPTIONAL = [f.name for f in fields(KernelRecord) if f.name not in _BLOB_FIELDS and _has_default(f)]
 
 
 def _load_record(rdir: Path) -> KernelRecord:

@@ -2,7 +2,7 @@
 H100), every Ray worker and every trial process running tests/campaign/gpu_fakes.install first (Ray's
 worker_process_setup_hook; trialproc's TUNER_TRIAL_SETUP_HOOK).
 
-    python -m tests.campaign.fake_gpu_campaign STUDY_DIR TRIALS
+    python -m tests.campaign.fake_gpu_campaign STUDY_DIR TRIALS [--resume]
 
 Run from the repository root (the test does); exit code is run_campaign's.
 """
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 
-def main(study_dir: str, trials: int) -> int:
+def main(study_dir: str, trials: int, resume: bool = False) -> int:
     os.environ["RAY_AUTH_MODE"] = "disabled"
     import ray
 
@@ -29,10 +29,10 @@ def main(study_dir: str, trials: int) -> int:
     try:
         return run_campaign(CampaignOptions(gpu="h100", variant="mha", trials=trials, study_dir=Path(study_dir),
                                             seqlens=(128, 256), compile_batch=2, trial_timeout=120.0, seed=1,
-                                            live=False, bench_warmup_ms=5.0, bench_rep_ms=20.0, bench_rotate=2))
+                                            resume=resume, live=False, bench_warmup_ms=5.0, bench_rep_ms=20.0, bench_rotate=2))
     finally:
         ray.shutdown()
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2])))
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), "--resume" in sys.argv[3:]))

@@ -259,3 +259,116 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     got = attention(q, k, v, causal=True)
     assert attention.last_path == "kernel", attention.last_reason
     torch.testing.assert_close(got, sdpa_attention(q, k, v, causal=True))
+
+    # Resumed with more trials: this run's best (a seed measured now) meets the stored kernel, re-timed side by
+    # side by the real backend in a fresh process of the GPU worker (the fake timer: a time per kernel name)
+    proc = subprocess.run([sys.executable, "-m", "tests.campaign.fake_gpu_campaign", str(studies), "7", "--resume"],
+                          cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((studies / name / "summary.json").read_text())
+    (w,) = summary["winners"]                               # seqlens 128 and 256: one bucket
+    challenger, stored = w["challenger"], w["stored"]
+    assert stored["sha256"] == record.kernel_sha256 and challenger["sha256"] != stored["sha256"], w
+    retimed = w["retimed"]
+    study = optuna.load_study(study_name=name, storage=make_storage(None, studies, name))
+    assert retimed["rounds"] == 9 and retimed["failed"] == {}
+    assert retimed["pid"] not in {t.user_attrs.get("pid") for t in study.trials}
+    ratio = _kernel_ms(gpu_fakes.CpuKernel({"name": stored["kernel_name"]})) / \
+        _kernel_ms(gpu_fakes.CpuKernel({"name": challenger["kernel_name"]}))
+    assert w["vs_stored"]["ratio"] == pytest.approx(ratio, abs=1e-4) == w["vs_stored"]["low"]   # (4 decimals)
+    assert w["store"] is (ratio > 1) and w["vs_stored"]["confirmed"] is (ratio > 1)
+    (now,) = KernelStore(studies).records(gpu="h100", variant="mha")
+    assert now.kernel_name == (challenger if ratio > 1 else stored)["kernel_name"]
+
+
+def test_a_probe_far_behind_the_incumbent_stops_the_trial_after_the_longest_seqlen(fake_gpu, generated, monkeypatch):
+    """Early stop (earlystop.py) in the real backend: the longest shape first, cross-checked, timed with the
+    probe's short window; far behind the incumbent, nothing else is timed."""
+    from tuner import bench
+    from tuner.campaign.earlystop import EarlyStop
+
+    _use_loader(monkeypatch)
+    problems = [_problem(256), _problem(512)]
+    payload = dict(_payload(generated, problems), timing={"warmup_ms": 7.0, "rep_ms": 30.0, "rotate": 2})
+    payload["early_stop"] = EarlyStop().plan(problems, 1e9, payload["timing"])   # an incumbent nothing reaches
+    result = backends._gpu_measure(payload)
+    assert result["verified"] is True and set(result["tflops"]) == {"512"}
+    stop = result["early_stop"]
+    assert stop["seqlen"] == 512 and stop["probe_tflops"] == result["tflops"]["512"] and stop["ratio"] < 0.8
+    assert gpu_fakes.LAST_TIMINGS == [bench.Timing(5.0, 20.0, 2)]                  # one probe, nothing else
+    assert set(result["verification"]["bench_cross_check"]) == {"512"}
+
+
+def test_a_probe_near_the_incumbent_goes_on_to_the_full_measurement(fake_gpu, generated, monkeypatch):
+    from tuner import bench
+    from tuner.campaign.earlystop import EarlyStop
+
+    _use_loader(monkeypatch)
+    problems = [_problem(256), _problem(512)]
+    payload = dict(_payload(generated, problems), timing={"warmup_ms": 7.0, "rep_ms": 30.0, "rotate": 2})
+    payload["early_stop"] = EarlyStop().plan(problems, 1e-3, payload["timing"])
+    result = backends._gpu_measure(payload)
+    assert result["verified"] is True and "early_stop" not in result
+    assert list(result["tflops"]) == ["256", "512"]                                # in the shapes' order
+    full, probe = bench.Timing(7.0, 30.0, 2), bench.Timing(5.0, 20.0, 2)
+    assert gpu_fakes.LAST_TIMINGS == [probe, full, full]                           # probe, 512 in full, then 256
+
+
+def _contender(generated, role: str, name: str) -> dict:
+    meta = dict(generated.meta(), name=name)
+    return {"role": role, "name": name, "cubin": b"\x7fELF" + name.encode(), "meta": meta,
+            "params": generated.params.to_dict(), "schedule": "fa2"}
+
+
+def test_the_re_timing_times_each_contender_interleaved_on_the_same_inputs_under_the_gpu_lock(
+        fake_gpu, generated, monkeypatch):
+    """retime.py's real backend: every contender loaded, cross-checked on the shared inputs, then 9 rounds,
+    the order rotated each round, each kernel's times its own (the fake timer: a time per kernel name)."""
+    from tuner import bench
+    from tuner.campaign import retime
+    from tuner.campaign.confirm import ConfirmRule
+
+    _use_loader(monkeypatch)
+    timed: list[str] = []
+    real_time = bench.time_ms
+
+    def recording(fn, *a, **kw):
+        before = {k.name: k.calls for k in gpu_fakes.LOADED}
+        ms = real_time(fn, *a, **kw)
+        timed.extend(k.name for k in gpu_fakes.LOADED if k.calls != before[k.name])
+        return ms
+
+    monkeypatch.setattr(bench, "time_ms", recording)
+    seen_inputs = []
+    real_make = bench.make_inputs
+    monkeypatch.setattr(bench, "make_inputs", lambda *a, **kw: seen_inputs.append((a, kw)) or real_make(*a, **kw))
+    payload = {"bucket": "s512", "profile": "h100", "spec": SPEC, "problem": _problem(512), "nonce": "t",
+               "rule": ConfirmRule().to_dict(), "kernels": [_contender(generated, "challenger", "kern_a"),
+                                                             _contender(generated, "seed", "kern_b")]}
+    result = retime._gpu_retime(payload)
+    assert result["failed"] == {} and result["device_name"] == gpu_fakes.DEVICE_NAME
+    assert timed == ["kern_a", "kern_b", "kern_b", "kern_a"] * 4 + ["kern_a", "kern_b"]   # A B, B A, ...
+    assert result["order"][:2] == [["challenger", "seed"], ["seed", "challenger"]] and len(result["order"]) == 9
+    kernels = {k.name: k for k in gpu_fakes.LOADED}
+    assert result["ms"]["challenger"] == [_kernel_ms(kernels["kern_a"])] * 9
+    assert result["ms"]["seed"] == [_kernel_ms(kernels["kern_b"])] * 9
+    shared = [kw for a, kw in seen_inputs if a[0].seqlen_k == 512]           # (the warm-up's are tiny)
+    assert len(shared) == 1 and shared[0]["seed"] == 512                       # one input set, a trial's seed
+    assert all(t == bench.Timing(10.0, 40.0, 3) for t in gpu_fakes.LAST_TIMINGS)
+    assert result["gpu_lock"]["released_at"] >= result["gpu_lock"]["acquired_at"] > 0
+
+
+def test_a_contender_that_cannot_load_or_is_wrong_is_not_timed(fake_gpu, generated, monkeypatch):
+    from tuner.campaign import retime
+    from tuner.campaign.confirm import ConfirmRule
+
+    _use_loader(monkeypatch, wrong_beyond=400)      # every kernel is wrong at the 512 shape
+    stale = _contender(generated, "stored", "kern_old")
+    stale["meta"] = dict(stale["meta"], abi=0)
+    payload = {"bucket": "s512", "profile": "h100", "spec": SPEC, "problem": _problem(512), "nonce": "t",
+               "rule": ConfirmRule(rounds=3).to_dict(), "kernels": [_contender(generated, "challenger", "kern_a"),
+                                                                    stale]}
+    result = retime._gpu_retime(payload)
+    assert result["ms"] == {} and result["order"] == []
+    assert result["failed"]["stored"].startswith("load failed: KernelLoadError")
+    assert result["failed"]["challenger"].startswith("wrong result on the re-timing inputs: relative error")

@@ -113,6 +113,7 @@ def test_several_combinations_share_one_run_fairly_report_once_and_resume_togeth
         assert len(counted(load(tmp_path, name))) == 3, name
     report = (tmp_path / "campaign-h100.md").read_text()
     assert all(f"Study `{n}`" in report for n in names) and report.count("| shape | ours |") == 4
+    assert report.count("| bucket | best single (TFLOPS) |") == 4          # each combination's re-timed winners
     out = tmp_path / "exported"
     assert run_export(gpu="h100", variant=None, study_dir=tmp_path, out_dir=out) == 0
     configs = sorted(p.name for p in out.rglob("*.json") if "device_name" in p.name)

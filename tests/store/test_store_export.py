@@ -53,6 +53,7 @@ def test_export_json_content_and_kernel_files(study, tmp_path):
     assert entry["verification"] == {"passed": True, "max_rel_error": 0.004, "checks_count": 2}
     assert entry["params"]["block_m"] == 128 and entry["meta"]["num_threads"] == 128
     assert entry["provenance"]["hostname"] == "node1"
+    assert entry["confirmation"] is None          # stored by hand (offer), not by a campaign's re-timing
 
 
 def test_mla_config_names_both_head_dims_and_keeps_missing_baselines(study, tmp_path):

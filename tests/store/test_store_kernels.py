@@ -42,6 +42,35 @@ def test_offer_keeps_the_better_kernel_per_key(tmp_path):
     assert _hidden_leftovers(tmp_path) == []
 
 
+def test_replace_writes_what_a_re_timing_decided_whatever_the_recorded_tflops_say(tmp_path):
+    """The campaign's way in: both kernels were timed again side by side, so a record whose own (noisy)
+    number is lower may replace; only if the store still holds the kernel the decision was taken against."""
+    store = KernelStore(tmp_path)
+    first = make_record(tflops=310.0, cubin=b"A")
+    assert store.replace(first, None) is True
+    assert store.replace(make_record(tflops=400.0, cubin=b"B"), None) is False          # something is stored now
+    confirmed = make_record(tflops=305.0, cubin=b"C", confirmation={"vs_stored": {"ratio": 1.04, "low": 1.02,
+                                                                                  "confirmed": True}})
+    assert store.replace(confirmed, "0" * 64) is False                                   # not what is stored
+    assert [r.cubin for r in store.records()] == [b"A"]
+    assert store.replace(confirmed, first.kernel_sha256) is True
+    (only,) = store.records()
+    assert only.cubin == b"C" and only.tflops == 305.0 and only.confirmation["vs_stored"]["low"] == 1.02
+    with pytest.raises(UnverifiedKernelError):
+        store.replace(make_record(verification={"passed": False}), only.kernel_sha256)
+    assert _hidden_leftovers(tmp_path) == []
+
+
+def test_a_record_written_before_confirmations_existed_loads_without_one(tmp_path):
+    store = KernelStore(tmp_path)
+    store.offer(make_record())
+    path = tmp_path / "kernels/sm90/mha/bf16-d128x128-causal/s4096/record.json"
+    data = json.loads(path.read_text())
+    del data["confirmation"]
+    path.write_text(json.dumps(data))
+    assert store.records()[0].confirmation == {}
+
+
 def test_each_bucket_and_spec_is_its_own_key(tmp_path):
     store = KernelStore(tmp_path)
     store.offer(make_record(bucket="s512", tflops=200.0))

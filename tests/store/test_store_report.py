@@ -3,7 +3,8 @@ import io
 from rich.console import Console
 from store_fakes import make_record
 
-from tuner.report import LiveView, best_so_far, final_table, write_report
+from tuner.liveview import LiveView
+from tuner.report import best_so_far, final_table, write_report
 
 TRIALS = [
     {"number": 0, "state": "COMPLETE", "tflops": 210.0, "source": "llm", "params": {"block_m": 64}},
@@ -118,3 +119,34 @@ def test_live_view_before_any_success_and_on_a_terminal():
         view.update(0, 2, 0, None, None, None, 5.0, None)
     out = buf.getvalue()
     assert "2 infeasible" in out and "best –" in out
+
+
+def test_the_report_shows_each_buckets_re_timed_ratio_with_its_interval_and_what_the_store_did(tmp_path):
+    def contender(role, trial, tflops, sha, source="search", seeded=False):
+        return {"role": role, "kernel_name": f"k{trial}", "trial": trial, "source": source, "seeded": seeded,
+                "schedule": "ws_overlap", "params": {}, "sha256": sha, "tflops": tflops, "stem": ""}
+
+    win = {"ratio": 1.021, "low": 1.008, "high": 1.034, "rounds": 9, "confidence": 0.95, "confirmed": True}
+    tie = {"ratio": 1.004, "low": 0.991, "high": 1.012, "rounds": 9, "confidence": 0.95, "confirmed": False}
+    stored = dict(contender("stored", None, 590.0, "old", "stored: study x, trial 3"), kernel_name="k3")
+    winners = [
+        {"bucket": "s4096", "challenger": contender("challenger", 37, 599.0, "c"),
+         "seed": contender("seed", 1, 586.9, "s", "fa4", True), "stored": stored, "winner": "challenger",
+         "vs_seed": win, "vs_stored": win, "search_beat_seeds": True, "store": True, "note": "challenger wins"},
+        {"bucket": "s8192", "challenger": contender("challenger", 40, 657.2, "c2"),
+         "seed": contender("seed", 1, 655.2, "s", "fa4", True), "stored": dict(stored, sha256="s"),
+         "winner": "seed", "vs_seed": tie, "vs_stored": None, "search_beat_seeds": False, "store": False,
+         "note": "challenger ×1.004 [0.991, 1.012] the best seed: not clearly faster, the seed stands"},
+        {"bucket": "s16384", "challenger": contender("challenger", 1, 665.5, "s", "fa4", True), "seed": None,
+         "stored": stored, "winner": "challenger", "vs_seed": None, "vs_stored": tie, "search_beat_seeds": False,
+         "store": False, "note": "kept"},
+    ]
+    text = write_report(tmp_path, TRIALS, make_record(tflops=305.5), ROWS, winners).read_text()
+    assert "## Bucket winners, re-timed" in text
+    assert ("| s4096 | trial 37 (search) 599.0 | trial 1 586.9 | **×1.021 [1.008, 1.034]** | trial 37 (search) | "
+            "k3 (stored: study x, trial 3) | **×1.021 [1.008, 1.034]** | stored |") in text
+    assert "| s8192 | trial 40 (search) 657.2 | trial 1 655.2 | ×1.004 [0.991, 1.012] | trial 1 (fa4) |" in text
+    assert text.split("| s8192 |")[1].split("\n")[0].endswith("| – | already stored |")
+    assert "| s16384 | trial 1 (fa4) 665.5 | the same | – | trial 1 (fa4) |" in text
+    assert text.split("| s16384 |")[1].split("\n")[0].endswith("| ×1.004 [0.991, 1.012] | kept the stored kernel |")
+    assert "- s8192: challenger ×1.004 [0.991, 1.012] the best seed: not clearly faster, the seed stands" in text

@@ -15,6 +15,12 @@ every other line is ``{"params": {...}, "tflops": {"<seqlen>": TFLOPS, ...}}`` o
   ``compile`` the (fake) compile fails (handled by the compile step).
 ``_meta.measure_seconds`` (optional) paces the replay: each trial then holds its GPU's lock that long, as a
 real trial's verify + benchmark would (the overlap tests need timed sections that take time).
+``_meta.noise`` (optional, ``{"sigma": 0.03, "seed": 0}``) makes the replay a noisy GPU: every measurement
+(a trial's, an early-stop probe's, each round of a re-timing) is the recorded TFLOPS, taken as the kernel's
+true speed, times exp(sigma * z), z drawn from a generator keyed by the seed, the kernel, the seqlen and the
+measurement (the trial number or the re-timing round), so a replay stays deterministic.
+An entry's optional ``"retimed": {"<seqlen>": TFLOPS}`` is what a re-timing (retime.py) measures instead of
+``tflops``: a kernel whose single measurement in a trial was lucky (the winner's curse, issue 17).
 Entries are keyed by ``KernelParams.key()``, and by the sketch too when a line names it (``"schedule":
 "ws_serial"``: the same parameters through two sketches are two kernels); a lookup tries the sketch's own
 entry first, then one for any sketch. A configuration the file does not hold is valued by the
@@ -22,15 +28,19 @@ deterministic model of perfmodel.py and marked ``replay_unknown`` on its trial.
 """
 from __future__ import annotations
 
+import functools
 import gzip
 import json
+import math
 import os
+import random
 import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from .earlystop import decide as early_stop_decide
 from .gpulock import LockHold, gpu_lock
 
 FAULTS = ("oob", "hang", "wrong", "compile")
@@ -69,9 +79,20 @@ class ReplayData:
 
 
 def load_replay(path: str | Path) -> ReplayData:
+    """The replay file, parsed once per version of the file (a trial, a probe and a re-timing each read it)."""
+    path = Path(path)
+    try:
+        stat = path.stat()
+    except OSError as exc:
+        raise BackendError(f"cannot read replay file {path}: {exc}") from None
+    return _parse_replay(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=8)
+def _parse_replay(name: str, mtime_ns: int, size: int) -> ReplayData:
     from translate.params import KernelParams
 
-    path = Path(path)
+    path = Path(name)
     opener = gzip.open if path.suffix == ".gz" else open
     meta: dict = {}
     entries: dict[str, dict] = {}
@@ -113,6 +134,16 @@ def replay_entry(data: ReplayData, params, schedule: str | None) -> dict | None:
     return data.entries.get(replay_key(params, schedule)) or data.entries.get(params.key())
 
 
+def replay_noise(meta: dict, *parts) -> float:
+    """The factor a noisy replay multiplies one measurement by (module doc); 1.0 without ``_meta.noise``."""
+    noise = meta.get("noise") or {}
+    sigma = float(noise.get("sigma") or 0.0)
+    if sigma <= 0:
+        return 1.0
+    rng = random.Random(":".join(str(p) for p in (noise.get("seed", 0),) + parts))
+    return math.exp(rng.gauss(0.0, sigma))
+
+
 def replay_fault(path: str, params: dict, schedule: str | None = None) -> str | None:
     from translate.params import KernelParams
 
@@ -139,9 +170,9 @@ def measure(backend: BackendSpec, payload: dict, on_acquired: OnAcquired = None)
     if backend.kind == "replay":
         with gpu_lock(on_acquired=on_acquired) as hold:   # a planted hang hangs holding it, as a real one would
             result = _replay_measure(backend.path, payload)
-        _add_lock(result, hold)
+        add_lock(result, hold)
     else:
-        started = _process_age()
+        started = process_age()
         result = _gpu_measure(payload, on_acquired=on_acquired)
         if started is not None:   # from the worker's fork of this process to here
             result.setdefault("seconds", {})["process"] = round(started, 3)
@@ -149,19 +180,30 @@ def measure(backend: BackendSpec, payload: dict, on_acquired: OnAcquired = None)
     return result
 
 
-def _add_lock(result: dict, hold: LockHold) -> dict:
+def add_lock(result: dict, hold: LockHold) -> dict:
     result.setdefault("seconds", {})["lock_wait"] = round(hold.waited_s, 3)
     result["gpu_lock"] = hold.to_dict()
     return result
 
 
-def _process_age() -> float | None:
+def process_age() -> float | None:
     """Seconds from the start of this trial process (its fork, as the worker timed it) to now; None
     outside a trial process."""
     from .trialproc import started_at
 
     start = started_at()
     return None if start is None else max(0.0, time.time() - start)
+
+
+def play_fault(fault: str | None) -> None:
+    """What a planted ``oob`` or ``hang`` does to the process measuring that kernel."""
+    if fault == "oob":
+        # What an out-of-bounds write does to a real trial: the CUDA context dies with the process.
+        os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(60)
+    if fault == "hang":
+        while True:
+            time.sleep(3600)
 
 
 def _replay_measure(path: str, payload: dict) -> dict:
@@ -174,28 +216,41 @@ def _replay_measure(path: str, payload: dict) -> dict:
     params = KernelParams.from_dict(payload["params"])
     entry = replay_entry(data, params, payload.get("schedule"))
     fault = None if entry is None else entry.get("fault")
-    if fault == "oob":
-        # What an out-of-bounds write does to a real trial: the CUDA context dies with the process.
-        os.kill(os.getpid(), signal.SIGSEGV)
-        time.sleep(60)
-    if fault == "hang":
-        while True:
-            time.sleep(3600)
-    time.sleep(float(data.meta.get("measure_seconds") or 0))
+    play_fault(fault)
+    paced = float(data.meta.get("measure_seconds") or 0)
     device = data.meta.get("device_name", "replay")
     if fault == "wrong":
+        time.sleep(paced)
         reason = ("wrong result: max |out - ref| 0.41 exceeds the bound 0.0156 (2x the low-precision "
                   "torch error + slack) at the first check shape")
         return {"verified": False, "reason": reason, "tflops": {}, "device_name": device,
                 "verification": {"passed": False, "reason": reason, "backend": "replay"}, "replay_unknown": False}
     profile = load_profile(payload["profile"])
-    tflops: dict[str, float] = {}
-    for problem in payload["problems"]:
+    key = replay_key(params, payload.get("schedule"))
+    result = {"verified": True, "reason": None, "device_name": device, "replay_unknown": entry is None,
+              "verification": {"passed": True, "backend": "replay", "recorded": entry is not None}}
+
+    def speed(problem) -> float:
         recorded = (entry or {}).get("tflops", {}).get(str(problem.seqlen_k))
-        tflops[str(problem.seqlen_k)] = float(recorded) if recorded is not None else model_tflops(params, problem, profile)
-    return {"verified": True, "reason": None, "tflops": tflops, "device_name": device,
-            "verification": {"passed": True, "backend": "replay", "recorded": entry is not None},
-            "replay_unknown": entry is None}
+        return float(recorded) if recorded is not None else model_tflops(params, problem, profile)
+
+    plan = payload.get("early_stop")
+    if plan:   # the longest seqlen first, a short window (earlystop.py): a probe is a measurement of its own
+        probed = next(p for p in payload["problems"] if p.seqlen_k == plan["seqlen"])
+        probe = speed(probed) * replay_noise(data.meta, "probe", key, probed.seqlen_k, payload.get("trial"))
+        stopped = early_stop_decide(plan, probe)
+        if stopped is not None:   # paced as the GPU would hold it: verification and one short probe
+            from .earlystop import EarlyStop, TrialCost
+
+            timing, n = payload.get("timing") or {}, len(payload["problems"])
+            rule = EarlyStop(plan["margin"], plan["probe"]["warmup_ms"], plan["probe"]["rep_ms"])
+            time.sleep(paced * TrialCost().probed(n, timing, rule, True) / TrialCost().full(n, timing))
+            return {**result, "tflops": {str(probed.seqlen_k): probe}, "early_stop": stopped}
+    time.sleep(paced)
+    result["tflops"] = {str(p.seqlen_k): speed(p) * replay_noise(data.meta, "trial", key, p.seqlen_k,
+                                                                 payload.get("trial"))
+                        for p in payload["problems"]}
+    return result
 
 
 # Where the real backend allocates its tensors. Only the CPU tests change it (with torch.cuda stubs in
@@ -206,7 +261,7 @@ TRIAL_DEVICE = "cuda"
 BENCH_CROSS_CHECK_REL_ERR = 2e-2
 
 
-def _device_name(device: str) -> str:
+def gpu_name(device: str) -> str:
     """The GPU's name as torch reports it (Ray gives the task one GPU: it is device 0)."""
     import torch
 
@@ -230,25 +285,25 @@ def _gpu_measure(payload: dict, device: str | None = None, on_acquired: OnAcquir
     from tuner import bench, runtime, verify  # noqa: F401 - verify's import cost belongs to "imports"
 
     device = device or TRIAL_DEVICE
-    name = _device_name(device)          # initialises CUDA: part of the "imports" stage
+    name = gpu_name(device)          # initialises CUDA: part of the "imports" stage
     timing = bench.Timing(**payload.get("timing", {}))
     t0 = _time.perf_counter()
     seconds: dict[str, float] = {"imports": round(t0 - t_imports, 3)}
     try:
         kernel = runtime.load_kernel(payload["cubin"], payload["meta"])
     except Exception as exc:  # a kernel that cannot load is this candidate's fault
-        return _failure(name, f"load failed: {type(exc).__name__}: {_first_line(exc)}")
+        return _failure(name, f"load failed: {type(exc).__name__}: {first_line(exc)}")
     t1 = _time.perf_counter()
     seconds["load"] = round(t1 - t0, 3)
-    _warm_up(payload["spec"], device)
+    warm_up(payload["spec"], device)
     seconds["warmup"] = round(_time.perf_counter() - t1, 3)
     with gpu_lock(on_acquired=on_acquired) as hold:
         result = _verify_and_bench(kernel, payload, device, name, timing, seconds)
     result["seconds"] = seconds
-    return _add_lock(result, hold)
+    return add_lock(result, hold)
 
 
-def _warm_up(spec, device: str) -> None:
+def warm_up(spec, device: str) -> None:
     """Pay the first-use costs before taking the GPU lock: triton's import (do_bench), the cuBLAS handle
     and workspace, and the lazily loaded torch kernels that verification and the SDPA cross-check use.
     On a GPU these cost ~1 s of host time but only microseconds of GPU time (tensors of a few KB), so a
@@ -286,7 +341,7 @@ def _verify_and_bench(kernel, payload: dict, device: str, name: str, timing, sec
     try:
         report = verify.verify(kernel, payload["spec"], device=device)
     except Exception as exc:  # verify catches kernel faults per shape; anything else still ends this trial only
-        return _failure(name, f"verification could not run: {type(exc).__name__}: {_first_line(exc)}")
+        return _failure(name, f"verification could not run: {type(exc).__name__}: {first_line(exc)}")
     t2 = _time.perf_counter()
     seconds["verify"] = round(t2 - t1, 3)
     verification = report.to_dict()
@@ -294,30 +349,45 @@ def _verify_and_bench(kernel, payload: dict, device: str, name: str, timing, sec
         return _failure(name, f"verification failed: {report.reason}", verification)
     tflops: dict[str, float] = {}
     cross: dict[str, float] = {}
-    for problem in payload["problems"]:
+    plan = payload.get("early_stop")
+    problems = list(payload["problems"])
+    if plan:   # the longest seqlen first: its short probe may stop the trial (earlystop.py)
+        problems.sort(key=lambda p: p.seqlen_k != plan["seqlen"])
+    for problem in problems:
         key = str(problem.seqlen_k)
         try:
             inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
-            rel = _bench_cross_check(kernel, problem, inputs[0])
+            rel = bench_cross_check(kernel, problem, inputs[0])
             cross[key] = rel
             if not rel <= BENCH_CROSS_CHECK_REL_ERR:   # also catches NaN
                 verification.update(passed=False, bench_cross_check=cross)
                 return _failure(name, f"wrong result at the benchmark shape {problem.label()}: relative error "
                                       f"{rel:.3g} against torch SDPA > {BENCH_CROSS_CHECK_REL_ERR}", verification)
+            if plan and problem.seqlen_k == plan["seqlen"]:
+                probe_ms = bench.measure_problem(kernel, problem, inputs=inputs, device=device,
+                                                 timing=bench.Timing(**plan["probe"]))
+                stopped = early_stop_decide(plan, bench.tflops(problem, probe_ms))
+                if stopped is not None:
+                    seconds["bench"] = round(_time.perf_counter() - t2, 3)
+                    verification["bench_cross_check"] = cross
+                    return {"verified": True, "reason": None, "tflops": {key: stopped["probe_tflops"]},
+                            "device_name": name, "verification": verification, "seconds": seconds,
+                            "early_stop": stopped}
             ms = bench.measure_problem(kernel, problem, inputs=inputs, timing=timing, device=device)
         except Exception as exc:  # a launch failure or fault at benchmark size
             verification.update(passed=False, bench_cross_check=cross)
             return _failure(name, f"benchmark of {problem.label()} failed: {type(exc).__name__}: "
-                                  f"{_first_line(exc)}", verification)
+                                  f"{first_line(exc)}", verification)
         tflops[key] = round(bench.tflops(problem, ms), 2)
         del inputs
+    tflops = {str(p.seqlen_k): tflops[str(p.seqlen_k)] for p in payload["problems"]}   # in the shapes' order
     seconds["bench"] = round(_time.perf_counter() - t2, 3)
     verification["bench_cross_check"] = cross
     return {"verified": True, "reason": None, "tflops": tflops, "device_name": name,
             "verification": verification, "seconds": seconds}
 
 
-def _bench_cross_check(kernel, problem, qkv) -> float:
+def bench_cross_check(kernel, problem, qkv) -> float:
     """Relative error of ``kernel`` against torch SDPA (whichever backend torch picks) on ``qkv``."""
     import torch
 
@@ -334,7 +404,7 @@ def _bench_cross_check(kernel, problem, qkv) -> float:
     return float((out - ref).norm()) / base if base else float("inf")
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else ""
 
@@ -346,7 +416,7 @@ def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, 
     # library timings are as clean as the trials' they are compared with
     with gpu_lock(on_acquired=on_acquired) as hold:
         result = _baselines(backend, problems, timing, device)
-    return _add_lock(result, hold)
+    return add_lock(result, hold)
 
 
 def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device: str | None) -> dict:
@@ -372,4 +442,4 @@ def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device
         rows[str(p.seqlen_k)] = bench.measure_baselines(p, timing=timing_, device=device, errors=errs)
         if errs:
             errors[str(p.seqlen_k)] = errs
-    return {"device_name": _device_name(device), "baselines": rows, "errors": errors}
+    return {"device_name": gpu_name(device), "baselines": rows, "errors": errors}

@@ -44,6 +44,7 @@ class Measurement:
     verification: Optional[dict] = None
     device_name: Optional[str] = None
     recorded_at: float = 0.0
+    early_stop: Optional[dict] = None      # stopped after its probe (earlystop.py): ``tflops`` holds the probe only
 
 
 class MeasurementCache:
@@ -91,4 +92,5 @@ def from_result(key: str, result: dict, value: Optional[float], study: str, tria
     return Measurement(key=key, verified=bool(result.get("verified")), value=value,
                        tflops=dict(result.get("tflops") or {}), reason=result.get("reason"), study=study,
                        trial=trial, kernel_name=kernel_name, kernel_stem=kernel_stem,
-                       verification=verification, device_name=result.get("device_name"))
+                       verification=verification, device_name=result.get("device_name"),
+                       early_stop=result.get("early_stop"))

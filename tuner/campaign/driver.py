@@ -8,7 +8,10 @@ the GPU time (and the ``--timeout`` budget) is split fairly.
 Pipeline per candidate (loop.py; its pacing in pacing.py, what it tells the study in telling.py): ask →
 suggest a valid point of the space (search_spaces/feasible.py) → translate → the measurement cache (cache.py:
 measured before? then the recorded value, no compile, no GPU) → compile batch (Ray CPU task) → verify +
-benchmark (a fresh process of the GPU worker of one GPU of the requested type, workers.py) → tell.
+benchmark (a fresh process of the GPU worker of one GPU of the requested type, workers.py; probed at the longest
+seqlen first and stopped when far behind, earlystop.py) → tell. After the search, each bucket's best is re-timed
+against the best seed and the stored kernel on a GPU worker (winners.py, retime.py, confirm.py) before the
+finish (finish.py) stores it or reports it as beating the seeds.
 """
 from __future__ import annotations
 
@@ -93,6 +96,8 @@ class Campaign:
     inflight: int = 0              # asked candidates not yet finished (compiling, ready, measuring)
     idle_asks: int = 0             # asks in a row that brought no new candidate (cache hits, rejections)
     exhausted: str | None = None   # why this study stopped asking before its --trials
+    contests: list | None = None   # winners.Contest per bucket, and their decisions (after the re-timing)
+    decisions: dict | None = None
 
     @property
     def program_text(self) -> str:
@@ -199,6 +204,14 @@ def run_campaign(options: CampaignOptions) -> int:
                     if ref is not None:
                         _finish_baselines(c, ref, wait_s=wait_s)
                 c.baselines_ref = None
+            # Confirmed winners (winners.py): each bucket's challenger re-timed against its incumbents
+            from .winners import retime_all
+
+            try:
+                retime_all(camps, wait_s=wait_s)
+            except Exception as exc:  # noqa: BLE001 - the finish must still store and report; unconfirmed, nothing is claimed
+                console.print(f"[yellow]re-timing the bucket winners failed ({type(exc).__name__}: {exc}): "
+                              "no challenger replaces a seed or a stored kernel in this run[/]")
     finally:
         if workers is not None:   # its trial processes die with it: no GPU stays locked
             workers.shutdown()

@@ -1,4 +1,4 @@
-"""After the loop: store the best verified kernel per shape bucket, write the report, print the table."""
+"""After the loop: store each bucket's confirmed winner (winners.py), write the report, print the table."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,8 @@ from pathlib import Path
 from optuna.trial import TrialState
 
 from . import study as st
+from .confirm import DEFAULT_RULE
+from .winners import decisions_for, trial_stem
 
 
 def trial_rows(study) -> list[dict]:
@@ -18,7 +20,10 @@ def trial_rows(study) -> list[dict]:
         elif t.state == TrialState.COMPLETE:
             state = "complete"
         elif t.state == TrialState.PRUNED:
-            state = "infeasible" if st.is_infeasible(t) else "complete"   # dry run: compiled, unmeasured
+            if st.is_infeasible(t):
+                state = "infeasible"
+            else:   # stopped early (probed, far behind), or a dry run's compiled-but-unmeasured candidate
+                state = "stopped early" if t.user_attrs.get("early_stop") else "complete"
         elif t.state == TrialState.FAIL:
             state = "failed"
         else:
@@ -27,26 +32,6 @@ def trial_rows(study) -> list[dict]:
                      "reason": t.user_attrs.get("infeasible_reason") or t.user_attrs.get("infra_failure"),
                      "params": t.user_attrs.get("kernel_params", t.params), "source": t.user_attrs.get("source", "search")})
     return rows
-
-
-def best_per_bucket(study, problems) -> dict[str, tuple]:
-    """Bucket -> (trial, problem, tflops): the fastest verified trial at each benchmark shape's bucket."""
-    from tuner.buckets import bucket_for
-
-    best: dict[str, tuple] = {}
-    verified = _verified(study)
-    for problem in problems:
-        bucket = bucket_for(problem.seqlen_k)
-        for t in verified:
-            tf = (t.user_attrs.get("tflops") or {}).get(str(problem.seqlen_k))
-            if tf is not None and (bucket not in best or tf > best[bucket][2]):
-                best[bucket] = (t, problem, float(tf))
-    return best
-
-
-def _verified(study) -> list:
-    return [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if (t.user_attrs.get("verification") or {}).get("passed") is True]
 
 
 def finish_all(camps) -> int:
@@ -76,34 +61,44 @@ def finish(camp) -> int:
         console.print(f"dry run: {ok} candidate(s) compiled, {tally.infeasible} infeasible; nothing measured or stored")
         write_summary(camp, study, tally, [], None, opts.study_dir / camp.name / SUMMARY_FILE)
         return 0 if ok else 1
-    best = best_per_bucket(study, camp.problems)
-    stored = _store(camp, study, best)
-    rows = _bench_rows(camp, best)
+    decisions = decisions_for(camp)
+    stored = _store(camp, study, decisions)
+    rows = _bench_rows(camp, decisions)
     from tuner.report import final_table, write_report
 
     report_dir = opts.study_dir / camp.name
-    top = _top_record(camp, stored, best)
-    path = write_report(report_dir, trial_rows(study), top, rows)
-    summary = write_summary(camp, study, tally, rows, top, report_dir / SUMMARY_FILE)
+    top = _top_record(camp, stored, decisions)
+    winners = [d.to_dict() for d in sorted(decisions.values(), key=lambda d: d.contest.problem.seqlen_k)]
+    path = write_report(report_dir, trial_rows(study), top, rows, winners)
+    summary = write_summary(camp, study, tally, rows, top, report_dir / SUMMARY_FILE, decisions)
     if rows:
         console.print(final_table(rows))
+    for d in winners:
+        console.print(f"  {d['bucket']}: {_winner_text(d)}", markup=False)
     console.print(f"report: {path}; summary: {summary}")
-    if not best:
+    if not decisions:
         console.print("[red]no candidate passed verification: nothing stored[/]")
         return 1
     console.print(f"stored {len(stored)} new best kernel(s) under {opts.study_dir / 'kernels'} "
-                  f"({len(best) - len(stored)} bucket(s) kept an earlier, faster kernel)")
+                  f"({len(decisions) - len(stored)} bucket(s) kept the stored kernel)")
     return 0
+
+
+def _winner_text(d: dict) -> str:
+    """A bucket's decision in one line (the report's table says the same)."""
+    who = d[d["winner"]]
+    text = f"{who['kernel_name']} (trial {who['trial']}, {'search' if d['search_beat_seeds'] else who['source']})"
+    return f"{text}: {d['note']}"
 
 
 SUMMARY_FILE = "summary.json"
 
 
-def _top_record(camp, stored: list, best: dict):
+def _top_record(camp, stored: list, decisions: dict):
     """The fastest kernel of this spec: one stored now, else the stored one that this run did not beat."""
     if stored:
         return max(stored, key=lambda r: r.tflops)
-    if not best:
+    if not decisions:
         return None
     from tuner.store import KernelStore, StoreError
 
@@ -116,7 +111,7 @@ def _top_record(camp, stored: list, best: dict):
     return max(kept.values(), key=lambda r: r.tflops) if kept else None
 
 
-def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path:
+def write_summary(camp, study, tally, rows: list[dict], top, path: Path, decisions: dict | None = None) -> Path:
     """The run in numbers, for scripts and BENCHMARKS.md: counts, time, trials per GPU-hour, GPU
     occupancy, and ours against the libraries per benchmark shape."""
     from tuner.bench import BASELINES
@@ -143,7 +138,10 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path) -> Path
                    "converged": camp.exhausted},
         "measured_fraction": round(tally.measured / finished_now, 3) if finished_now else None,
         "remeasured": remeasured(study),
-        "search_vs_seeds": search_vs_seeds(study, camp.problems),
+        "search_vs_seeds": search_vs_seeds(decisions or {}),
+        "winners": [d.to_dict() for d in sorted((decisions or {}).values(), key=lambda d: d.contest.problem.seqlen_k)],
+        "confirm_rule": DEFAULT_RULE.to_dict(),
+        "early_stop": early_stop_summary(study, camp.options),
         "elapsed_s": round(tally.elapsed, 1),
         "gpu_held_s": round(tally.gpu_busy, 1),       # under the GPU lock: verify + benchmark
         "gpu_held_fraction": round(tally.gpu_busy / (tally.elapsed * n_gpus), 3) if n_gpus and tally.elapsed else None,
@@ -190,37 +188,47 @@ def remeasured(study) -> int:
     return len(keys) - len(set(keys))
 
 
-# Enqueued trials that are not seeds: a retry, a redo after a kill, the loop's neighbour of a re-proposal.
-NOT_SEEDS = ("retry of", "redo of", st.NEIGHBOUR_SOURCE)
-
-
-def _is_seed(t) -> bool:
-    source = str(t.user_attrs.get("source") or "")
-    return bool(source) and not source.startswith(NOT_SEEDS)
-
-
-def search_vs_seeds(study, problems) -> list[dict]:
-    """Per benchmark shape: the best verified kernel against the best seed (the LLM's or the libraries'
-    published choices), so a report says where the search beat the seeds and by how much."""
-    verified = _verified(study)
-    if not verified:
-        return []
+def search_vs_seeds(decisions: dict) -> list[dict]:
+    """Per bucket: the run's best single measurement against the best seed's (the LLM's or the libraries'
+    published choices) and what re-timing both side by side said; ``search_beat_seeds`` only where the
+    challenger was clearly faster (confirm.py)."""
     out = []
-    for problem in problems:
-        key = str(problem.seqlen_k)
-
-        def tf(t):
-            return float((t.user_attrs.get("tflops") or {}).get(key) or 0.0)
-
-        best = max(verified, key=tf)
-        seeds = [t for t in verified if _is_seed(t)]
-        seed = max(seeds, key=tf) if seeds else None
-        out.append({"seqlen": problem.seqlen_k, "best": tf(best), "best_trial": best.number,
-                    "best_is_seed": _is_seed(best), "best_schedule": best.user_attrs.get("schedule"),
-                    "best_params": best.user_attrs.get("params_key"),
-                    "best_seed": tf(seed) if seed else None, "best_seed_trial": seed.number if seed else None,
-                    "ratio": round(tf(best) / tf(seed), 4) if seed and tf(seed) else None})
+    for d in sorted(decisions.values(), key=lambda d: d.contest.problem.seqlen_k):
+        c, seed, seqlen = d.contest.challenger, d.contest.seed, d.contest.problem.seqlen_k
+        best_seed = c if c.seeded else seed
+        single = c.at(seqlen) / best_seed.at(seqlen) if best_seed is not None and best_seed.at(seqlen) else None
+        out.append({"seqlen": seqlen, "bucket": d.contest.bucket, "best": c.at(seqlen), "best_trial": c.trial,
+                    "best_is_seed": c.seeded, "best_schedule": c.schedule, "best_params": c.frozen.user_attrs.get(
+                        "params_key") if c.frozen is not None else None,
+                    "best_seed": best_seed.at(seqlen) if best_seed else None,
+                    "best_seed_trial": best_seed.trial if best_seed else None,
+                    "ratio": round(single, 4) if single else None,      # single measurements: not a claim
+                    "retimed": d.vs_seed.to_dict() if d.vs_seed else None,
+                    "search_beat_seeds": d.search_beat_seeds})
     return out
+
+
+def early_stop_summary(study, options) -> dict:
+    """How many measured trials stopped after their probe (earlystop.py) and the GPU time that saved: the
+    mean lock hold of a trial measured in full minus a stopped one's, per stopped trial."""
+    from .earlystop import DEFAULT_EARLY_STOP
+
+    held: dict[str, list[float]] = {"stopped": [], "full": []}
+    for t in study.get_trials(deepcopy=False):
+        lock = t.user_attrs.get("gpu_lock")
+        if not lock or not lock.get("released_at") or t.user_attrs.get("cache_hit"):
+            continue
+        if t.user_attrs.get("early_stop"):
+            held["stopped"].append(lock["released_at"] - lock["acquired_at"])
+        elif t.state == TrialState.COMPLETE:
+            held["full"].append(lock["released_at"] - lock["acquired_at"])
+    mean = {k: (sum(v) / len(v) if v else None) for k, v in held.items()}
+    saved = (len(held["stopped"]) * (mean["full"] - mean["stopped"])
+             if mean["full"] is not None and mean["stopped"] is not None else None)
+    return {"enabled": options.early_stop, "rule": DEFAULT_EARLY_STOP.to_dict(), "stopped": len(held["stopped"]),
+            "measured_in_full": len(held["full"]),
+            "mean_held_s": {k: (round(v, 3) if v is not None else None) for k, v in mean.items()},
+            "saved_gpu_s": round(saved, 1) if saved is not None else None}
 
 
 # A trial that waited this long for its GPU's lock found the pipeline full: another trial was ready.
@@ -265,7 +273,9 @@ def _occupancy(per_gpu: list[list[tuple]]) -> dict:
             "to": max(r for iv in per_gpu for _, r, _ in iv)}
 
 
-def _store(camp, study, best: dict) -> list:
+def _store(camp, study, decisions: dict) -> list:
+    """Write each bucket's winner that the decision says to store, in place of the kernel the decision was
+    taken against (KernelStore.replace)."""
     from tuner.provenance import collect
     from tuner.store import KernelRecord, KernelStore, StoreError
 
@@ -276,25 +286,32 @@ def _store(camp, study, best: dict) -> list:
     default_program = camp.program_text or study.user_attrs.get("tl_program", "")
     programs = camp.program_texts or study.user_attrs.get("tl_programs", {})
     stored = []
-    for bucket, (t, problem, tflops) in sorted(best.items()):
+    for bucket, d in sorted(decisions.items(), key=lambda kv: kv[1].contest.problem.seqlen_k):
+        if not d.store:
+            continue
+        t, problem = d.winner.frozen, d.contest.problem
         sketch = t.user_attrs.get("schedule", "")
         tl_program = programs.get(sketch, default_program)   # the trial's own sketch
-        name = t.user_attrs["kernel_name"]
-        # a cache hit's kernel may have been built by another study of this study dir
-        stem = (camp.options.study_dir / t.user_attrs["kernel_stem"] if t.user_attrs.get("kernel_stem")
-                else camp.kernels_dir / name)
+        stem = trial_stem(camp, t)
+        confirmation = {k: v for k, v in d.to_dict().items() if k in ("vs_seed", "vs_stored", "note", "seed", "stored",
+                                                                       "search_beat_seeds")}
         record = KernelRecord(
             arch=camp.profile.arch_family, gpu=camp.profile.name, device_name=t.user_attrs.get("device_name") or device,
             variant=camp.spec.variant, dtype=camp.spec.dtype, d_qk=camp.spec.d_qk, d_v=camp.spec.d_v,
-            causal=camp.spec.causal, bucket=bucket, params=t.user_attrs["kernel_params"], kernel_name=name,
+            causal=camp.spec.causal, bucket=bucket, params=t.user_attrs["kernel_params"], kernel_name=d.winner.kernel_name,
             kernel_meta=json.loads(stem.with_suffix(".meta.json").read_text()),
             source=stem.with_suffix(".cu").read_text(), cubin=stem.with_suffix(".cubin").read_bytes(),
-            tl_program=tl_program, verification=t.user_attrs["verification"], tflops=tflops,
+            tl_program=tl_program, verification=t.user_attrs["verification"], tflops=d.winner.at(problem.seqlen_k),
             baselines=dict(camp.baselines.get(str(problem.seqlen_k), {})), problem=_problem_dict(problem),
-            provenance=provenance, study=camp.name, trial=t.number, sketch=sketch)
+            provenance=provenance, study=camp.name, trial=t.number, sketch=sketch,
+            confirmation={**confirmation, "rule": DEFAULT_RULE.to_dict()})
+        expected = d.contest.stored.sha256 if d.contest.stored is not None else None
         try:
-            if store.offer(record):
+            if store.replace(record, expected):
                 stored.append(record)
+            else:
+                camp.console.print(f"[yellow]bucket {bucket}: not stored: the store's kernel changed while this run "
+                                   "decided (another campaign stored one)[/]")
         except StoreError as exc:  # one unusable record must not lose the others or the report
             camp.console.print(f"[red]bucket {bucket}: not stored: {exc}[/]")
     return stored
@@ -306,23 +323,22 @@ def _problem_dict(problem) -> dict:
     return asdict(problem)
 
 
-def _bench_rows(camp, best: dict) -> list[dict]:
-    """Per benchmark shape: our best kernel of its bucket against the libraries, same run; ``<library>_err``
+def _bench_rows(camp, decisions: dict) -> list[dict]:
+    """Per benchmark shape: this run's winner of its bucket against the libraries, same run; ``<library>_err``
     says why a library has no number (FA4 not installed, a shape it cannot run)."""
     from tuner.bench import BASELINES
     from tuner.buckets import bucket_for
 
     rows = []
     for problem in camp.problems:
-        entry = best.get(bucket_for(problem.seqlen_k))
-        if entry is None:
+        d = decisions.get(bucket_for(problem.seqlen_k))
+        if d is None:
             continue
-        t = entry[0]
         key = str(problem.seqlen_k)
         base = camp.baselines.get(key, {})
         errors = camp.baseline_errors.get(key, {})
-        rows.append({"seqlen": problem.seqlen_k, "causal": problem.causal, "ours": (t.user_attrs.get("tflops") or {}).get(key),
+        rows.append({"seqlen": problem.seqlen_k, "causal": problem.causal, "ours": d.winner.at(problem.seqlen_k),
                      **{name: base.get(name) for name in BASELINES},
                      **{f"{name}_err": errors[name] for name in BASELINES if errors.get(name)},
-                     "trial": t.number})
+                     "trial": d.winner.trial})
     return rows

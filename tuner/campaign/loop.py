@@ -32,9 +32,10 @@ from . import study as st
 from .cache import from_result, measurement_key
 from .cluster import cpu_count
 from .driver import WORKER_GRACE_S, Campaign, Tally
+from .earlystop import DEFAULT_EARLY_STOP
 from .pacing import Pacer, batch_size, one_unit_each
-from .telling import (compile_outcomes, count_outcome, held_seconds, lock_record, note_span, save_kernel,
-                      tell_infra, tell_measurement, trial_value)
+from .telling import (compile_outcomes, count_outcome, held_seconds, lock_record, measured_value, note_span,
+                      save_kernel, tell_infra, tell_measurement)
 
 IDLE_ASK_LIMIT = 200      # asks in a row with nothing new to measure: the study has converged
 DRAIN_S = 30.0            # after --timeout, how long the trials already on a GPU may take to finish
@@ -84,6 +85,13 @@ class Loop:
         self.asked: dict[str, set] = {c.name: {(t.user_attrs.get("schedule"), t.user_attrs.get("params_key"))
                                                for t in c.study.get_trials(deepcopy=False)} for c in camps}
         self.rng = random.Random(self.opts.seed)
+        # early stop (earlystop.py): per study, the best TFLOPS measured in full at its longest seqlen so far
+        self.early_stop = DEFAULT_EARLY_STOP if self.opts.early_stop else None
+        self.incumbent: dict[str, float | None] = {c.name: None for c in camps}
+        for c in camps:
+            for t in st.finished(c.study):
+                if t.state == optuna.trial.TrialState.COMPLETE and (t.user_attrs.get("verification") or {}).get("passed"):
+                    self._note_incumbent(c, t.user_attrs.get("tflops"))
 
     # ---- asking ----------------------------------------------------------------------------------
     def next_camp(self) -> Campaign | None:
@@ -129,6 +137,8 @@ class Loop:
                                   self.opts.timing(), source)
             trial.set_user_attr("measurement_key", key)
             hit = None if self.opts.remeasure else self.cache.get(key)
+            if hit is not None and hit.early_stop and st.is_seed(trial):
+                hit = None   # a seed is measured in full (the yardstick), even where a probe once stopped its kernel
             if hit is not None:
                 self._tell_cached(camp, trial, hit)
                 self._propose_near(camp, trial, point)
@@ -179,15 +189,31 @@ class Loop:
         if hit.device_name:
             trial.set_user_attr("device_name", hit.device_name)
         if hit.verified:
+            if hit.early_stop:
+                trial.set_user_attr("early_stop", hit.early_stop)
             st.tell_feasible(camp.study, trial, hit.value, tflops=hit.tflops, verification=hit.verification,
                              backend=camp.backend.kind)
-            if hit.value is not None and hit.value > camp.tally.best:
-                camp.tally.best, camp.tally.best_trial = hit.value, trial.number
+            if hit.value is not None:
+                self._note_incumbent(camp, hit.tflops)
+                if hit.value > camp.tally.best:
+                    camp.tally.best, camp.tally.best_trial = hit.value, trial.number
         else:
             st.tell_infeasible(camp.study, trial, hit.reason or "failed verification (cached)", stage="verify",
                                verification=hit.verification)
         camp.tally.cached += 1
         camp.idle_asks += 1
+
+    def _note_incumbent(self, camp: Campaign, tflops: dict | None) -> None:
+        """A kernel measured in full: it may be the new incumbent at the longest seqlen (early stop)."""
+        value = (tflops or {}).get(str(max(p.seqlen_k for p in camp.problems)))
+        if value is not None and (self.incumbent[camp.name] is None or value > self.incumbent[camp.name]):
+            self.incumbent[camp.name] = float(value)
+
+    def _early_stop_plan(self, cand: Candidate) -> dict | None:
+        """The trial's early stop (earlystop.py); the seeds are always measured in full."""
+        if self.early_stop is None or st.is_seed(cand.trial):
+            return None
+        return self.early_stop.plan(cand.camp.problems, self.incumbent[cand.camp.name], self.opts.timing())
 
     # ---- the loop -------------------------------------------------------------------------------
     def in_compile(self) -> int:
@@ -291,7 +317,8 @@ class Loop:
         payload = {"trial": cand.trial.number, "params": cand.params.to_dict(), "schedule": cand.schedule,
                    "profile": camp.profile.name,
                    "spec": camp.spec, "problems": camp.problems, "cubin": cand.compiled["cubin"],
-                   "meta": cand.compiled["meta"], "timing": self.opts.timing()}
+                   "meta": cand.compiled["meta"], "timing": self.opts.timing(),
+                   "early_stop": self._early_stop_plan(cand)}
         limit = self.pacer.trial_limit(self.opts.trial_timeout)
         cand.trial.set_user_attr("trial_limit_s", round(limit, 1))
         ref, cand.worker = self.workers.submit(slot, payload, limit, self.opts.trial_timeout * self.overlap)
@@ -338,8 +365,10 @@ class Loop:
         waiters = self.waiting.pop(cand.key, [])
         name = cand.trial.user_attrs.get("kernel_name") or ""
         stem = str((camp.kernels_dir / name).relative_to(self.opts.study_dir))
-        entry = from_result(cand.key, result, trial_value(result) if result.get("verified") else None, camp.name,
-                            cand.trial.number, name, stem)
+        value = measured_value(result)
+        if value is not None:
+            self._note_incumbent(camp, result["tflops"])
+        entry = from_result(cand.key, result, value, camp.name, cand.trial.number, name, stem)
         if cacheable:
             self.cache.put(entry)
         for other, trial in waiters:

@@ -54,6 +54,7 @@ class CampaignOptions:
     bench_rep_ms: float = 100.0
     bench_rotate: int = 3
     live: bool = True                     # rich live view
+    early_stop: bool = True               # probe the longest seqlen first; stop a candidate far behind (earlystop.py)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "study_dir", Path(self.study_dir))

@@ -27,6 +27,17 @@ SEEDS_ATTR = "seeds_enqueued"
 NEIGHBOUR_SOURCE = "neighbour of re-proposed trial"   # the source of a trial the loop enqueued (loop.py)
 
 
+# Enqueued trials that are not seeds: a retry, a redo after a kill, the loop's neighbour of a re-proposal.
+NOT_SEEDS = ("retry of", "redo of", NEIGHBOUR_SOURCE)
+
+
+def is_seed(trial) -> bool:
+    """A trial of the seeds (the LLM's proposals, the libraries' published choices, the profile's stand-ins):
+    enqueued with a source that is none of NOT_SEEDS. The search's own proposals have no source."""
+    source = str(trial.user_attrs.get("source") or "")
+    return bool(source) and not source.startswith(NOT_SEEDS)
+
+
 class StudyError(RuntimeError):
     """The study cannot be opened as asked (exists without --resume, missing on --resume, bad URL)."""
 

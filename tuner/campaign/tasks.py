@@ -37,7 +37,7 @@ def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) ->
     if replay_fault(replay_path, params, schedule) == "compile":
         return {"trial": number, "ok": False, "error": "compile error (recorded): ptxas fatal: "
                 "Entry function uses too much shared data", "error_kind": "compile"}
-    return {"trial": number, "ok": True, "kernel_name": f"replay_{schedule}_{key}", "cubin": f"REPLAY:{key}".encode(),
+    return {"trial": number, "ok": True, "kernel_name": f"replay_{schedule}_{key}", "cubin": f"REPLAY:{schedule}:{key}".encode(),
             "meta": {"replay": True, "key": key}, "source": f"// replay backend: {schedule}:{key} was not compiled\n",
             "registers": None, "spill_stores": None}
 

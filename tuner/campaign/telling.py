@@ -16,6 +16,14 @@ def trial_value(result: dict) -> float:
     return round(st.geomean(result["tflops"].values()), 3)
 
 
+def measured_value(result: dict) -> float | None:
+    """The trial value of a kernel verified and measured in full; None otherwise (unverified, or stopped
+    early: one short probe is no value to compare trials by)."""
+    if not result.get("verified") or result.get("early_stop"):
+        return None
+    return trial_value(result)
+
+
 def count_outcome(tally: Tally, state, value, number: int, infeasible: bool | None = None) -> None:
     from optuna.trial import TrialState
 
@@ -130,6 +138,15 @@ def tell_measurement(camp: Campaign, cand: Candidate, ref) -> tuple[dict | None,
     if not result["verified"]:
         st.tell_infeasible(camp.study, trial, result["reason"], stage="verify", verification=result.get("verification"))
         count_outcome(camp.tally, "infeasible", None, trial.number)
+        return report, result, True
+    if result.get("early_stop"):
+        # Stopped early (earlystop.py): verified, far behind the incumbent at the longest seqlen. Optuna's own
+        # meaning of pruned: TPE ranks it below every complete trial (by its probe, reported as step 0).
+        trial.set_user_attr("early_stop", result["early_stop"])
+        trial.report(float(result["early_stop"]["probe_tflops"]), 0)
+        st.tell_feasible(camp.study, trial, None, tflops=result["tflops"], verification=result.get("verification"),
+                         backend=camp.backend.kind)
+        count_outcome(camp.tally, "complete", None, trial.number)
         return report, result, True
     value = trial_value(result)
     st.tell_feasible(camp.study, trial, value, tflops=result["tflops"], verification=result.get("verification"),

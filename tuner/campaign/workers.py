@@ -26,10 +26,10 @@ from .cluster import GpuPool
 # What each backend's fork server imports once: everything a trial needs before its first CUDA call.
 # CUDA itself is never initialised there (a forked child could not use it).
 PRELOAD = {
-    "gpu": ("tuner.campaign.trialproc", "tuner.campaign.backends", "torch", "cuda.bindings.driver", "triton.testing",
-            "tuner.bench", "tuner.verify", "tuner.runtime"),
-    "replay": ("tuner.campaign.trialproc", "tuner.campaign.backends", "tuner.campaign.perfmodel",
-               "hardware_profiles", "translate.params"),
+    "gpu": ("tuner.campaign.trialproc", "tuner.campaign.backends", "tuner.campaign.retime", "torch",
+            "cuda.bindings.driver", "triton.testing", "tuner.bench", "tuner.verify", "tuner.runtime"),
+    "replay": ("tuner.campaign.trialproc", "tuner.campaign.backends", "tuner.campaign.retime",
+               "tuner.campaign.perfmodel", "hardware_profiles", "translate.params"),
 }
 
 
@@ -60,6 +60,12 @@ class GpuWorker:
 
         out = self._runner.run(baselines_job, (backend, problems, timing), timeout_s=timeout_s, wait_s=wait_s)
         return self._report(out)
+
+    def run_retime(self, backend: BackendSpec, payload: dict, timeout_s: float, wait_s: float) -> dict:
+        """A bucket's contenders timed again side by side (retime.py), in a fresh process like a trial."""
+        from .retime import retime_job
+
+        return self._report(self._runner.run(retime_job, (backend, payload), timeout_s=timeout_s, wait_s=wait_s))
 
     def _report(self, out) -> dict:
         held = None if out.locked_after_s is None else max(0.0, out.seconds - out.locked_after_s)
@@ -115,6 +121,15 @@ class WorkerPool:
         served), each bounded by its own timeout: hence the longer wait."""
         wait_s = timeout_s * (self.overlap + 2)
         return self.handles[0].run_baselines.remote(self.backend, problems, timing, timeout_s, wait_s)
+
+    def submit_retime(self, payload: dict, timeout_s: float, wait_s: float):
+        """A re-timing (retime.py) on the worker with the fewest calls in flight; ``(ref, slot)``: release the
+        slot when it returns."""
+        if not self.handles:   # stopped (a --timeout that killed trials in flight): the finish needs a GPU
+            self.__post_init__()
+        slot = min(range(len(self.handles)), key=lambda j: self.inflight[j])
+        self.inflight[slot] += 1
+        return self.handles[slot].run_retime.remote(self.backend, payload, timeout_s, wait_s), slot
 
     def shutdown(self) -> None:
         for handle in self.handles:

@@ -1,0 +1,101 @@
+"""Check every "search beat the seeds" claim of a finished campaign by re-timing it, apart from the campaign.
+
+    python3 scripts/retime_check.py STUDY_DIR [OUT_JSON] [--rounds 15] [--backend gpu|replay:FILE]
+
+For each study of STUDY_DIR (its summary.json) and each bucket whose winner the campaign reported as beating
+the best seed (``search_beat_seeds``), the winner and that seed are timed again here, in a fresh process of
+their own (tuner/campaign/retime.py's job, forked like a trial, no Ray), interleaved, on the same inputs,
+with more rounds than the campaign's (15 by default), and judged by the same rule (tuner/campaign/confirm.py).
+A claim holds when the lower bound of the re-check's interval is above 1. Prints one line per claim; exit 0
+when every claim holds (or there is none), 1 when one does not, 2 on bad input.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def claims(study_dir: Path) -> list[tuple[str, dict]]:
+    """(study name, winners entry) of every bucket reported as a win of the search over the seeds."""
+    out = []
+    for summary in sorted(study_dir.glob("*/summary.json")):
+        data = json.loads(summary.read_text())
+        out += [(data["study"], w) for w in data.get("winners") or [] if w.get("search_beat_seeds")]
+    return out
+
+
+def payload(study_dir: Path, gpu: str, entry: dict, rule) -> dict:
+    from tuner.problem import KernelSpec, Problem
+
+    problem = Problem(**entry["problem"])
+    kernels = []
+    for role in ("challenger", "seed"):
+        c = entry[role]
+        stem = study_dir / c["stem"]
+        meta = json.loads(stem.with_suffix(".meta.json").read_text())
+        kernels.append({"role": role, "name": c["kernel_name"], "cubin": stem.with_suffix(".cubin").read_bytes(),
+                        "meta": meta, "params": c["params"], "schedule": c["schedule"]})
+    return {"bucket": entry["bucket"], "profile": gpu, "spec": KernelSpec.of(problem), "problem": problem,
+            "rule": rule.to_dict(), "kernels": kernels, "nonce": f"retime_check/{entry['bucket']}"}
+
+
+def main(argv: list[str]) -> int:
+    from tuner.campaign.backends import parse_backend
+    from tuner.campaign.confirm import DEFAULT_RULE, verdict
+    from tuner.campaign.retime import retime_job
+    from tuner.campaign.trialproc import FreshProcesses
+    from tuner.campaign.workers import PRELOAD
+
+    args = list(argv)
+    rounds, backend_text = 15, "gpu"
+    for flag in ("--rounds", "--backend"):
+        if flag in args:
+            i = args.index(flag)
+            value = args[i + 1] if i + 1 < len(args) else ""
+            del args[i:i + 2]
+            if flag == "--rounds":
+                rounds = int(value)
+            else:
+                backend_text = value
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    study_dir = Path(args[0])
+    out_json = Path(args[1]) if len(args) > 1 else None
+    rule = replace(DEFAULT_RULE, rounds=rounds)
+    backend = parse_backend(backend_text)
+    runner = FreshProcesses(PRELOAD[backend.kind])
+    results, ok = [], True
+    found = claims(study_dir)
+    if not found:
+        print(f"{study_dir}: no bucket was reported as a win of the search over the seeds: nothing to check")
+    for study, entry in found:
+        gpu = study.split("-", 1)[0]
+        out = runner.run(retime_job, (backend, payload(study_dir, gpu, entry, rule)), timeout_s=600, wait_s=600)
+        claimed = entry["vs_seed"]
+        row = {"study": study, "bucket": entry["bucket"], "claimed": claimed, "outcome": out.kind}
+        if out.kind == "result" and all(out.value["ms"].get(r) for r in ("challenger", "seed")):
+            v = verdict(out.value["ms"]["challenger"], out.value["ms"]["seed"], rule)
+            row["recheck"] = v.to_dict()
+            holds = v.confirmed
+            text = f"re-check {v.text()} ({rounds} rounds, pid {out.value['pid']})"
+        else:
+            holds = False
+            text = f"re-check failed: {out.kind}: {out.message or (out.value or {}).get('failed')}"
+        row["holds"] = holds
+        ok &= holds
+        results.append(row)
+        print(f"{study} {entry['bucket']}: claimed ×{claimed['ratio']:.3f} [{claimed['low']:.3f}, {claimed['high']:.3f}]"
+              f"; {text}: {'HOLDS' if holds else 'DOES NOT HOLD'}", flush=True)
+    if out_json is not None:
+        out_json.write_text(json.dumps({"study_dir": str(study_dir), "rounds": rounds, "claims": results,
+                                        "all_hold": ok}, indent=1))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,135 @@
+"""The re-timing job: a bucket's challenger and its incumbents timed again, side by side, on a GPU worker.
+
+A job of the GPU worker like a trial (workers.py): a fresh process forked from its warm fork server, with a
+trial's limits (trialproc.py: killed when it hangs, a crash is an outcome), the timed part under the GPU's
+lock (gpulock.py), through the campaign's backend (the real GPU, or a replay: backends.py). For one
+bucket's shape it loads every contender (the challenger, the best seed, the stored kernel), checks each
+against torch SDPA on the shared inputs (the same inputs a trial used: one seed per seqlen), then runs
+``rounds`` rounds; each round times every contender once, in an order rotated by one each round (A B C,
+B C A, C A B, ...: interleaved, so that a drift of the GPU's clocks or temperature falls on all of them
+alike). The judgement is the driver's (confirm.py, winners.py).
+
+Payload: ``bucket``, ``profile``, ``spec``, ``problem``, ``rule`` (confirm.ConfirmRule.to_dict()), ``nonce``
+(a replay's noise key) and ``kernels``: ``[{"role", "name", "cubin", "meta", "params", "schedule"}]``.
+Result: ``ms`` (role -> milliseconds per round), ``order`` (the roles of each round, in timing order),
+``failed`` (role -> why it could not be timed: it cannot win), ``tflops`` (role -> median TFLOPS),
+``device_name``, ``gpu_lock``, ``seconds``, ``pid``.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+from . import backends
+from .backends import BackendSpec, OnAcquired, add_lock, first_line
+from .gpulock import gpu_lock
+
+
+def retime_job(backend: BackendSpec, payload: dict, on_locked: OnAcquired = None) -> dict:
+    """Module-level, in a module the fork server preloads (workers.PRELOAD): the child finds it at once."""
+    started = backends.process_age()
+    if backend.kind == "replay":
+        with gpu_lock(on_acquired=on_locked) as hold:   # a planted hang hangs holding it, as a real one would
+            result = _replay_retime(backend.path, payload)
+        add_lock(result, hold)
+    else:
+        result = _gpu_retime(payload, on_acquired=on_locked)
+    if started is not None:
+        result.setdefault("seconds", {})["process"] = round(started, 3)
+    result["pid"] = os.getpid()
+    return result
+
+
+def round_order(roles: list[str], rnd: int) -> list[str]:
+    """Round ``rnd``'s timing order: the roles rotated by one per round."""
+    k = rnd % len(roles)
+    return roles[k:] + roles[:k]
+
+
+def _summary(payload: dict, ms: dict, order: list, failed: dict, device: str) -> dict:
+    from tuner import bench
+
+    problem = payload["problem"]
+    return {"bucket": payload["bucket"], "device_name": device, "ms": ms, "order": order, "failed": failed,
+            "tflops": {role: round(bench.tflops(problem, statistics.median(times)), 2)
+                       for role, times in ms.items() if times}}
+
+
+def _replay_retime(path: str, payload: dict) -> dict:
+    """The recorded speed of each contender (its ``retimed`` entry if it has one, else its ``tflops``; the
+    performance model for a configuration the file lacks) times the replay's noise, per round."""
+    from hardware_profiles import load_profile
+    from translate.params import KernelParams
+
+    from .perfmodel import model_tflops
+
+    data = backends.load_replay(path)
+    problem, rule = payload["problem"], payload["rule"]
+    seqlen = str(problem.seqlen_k)
+    speeds, failed = {}, {}
+    for k in payload["kernels"]:
+        params = KernelParams.from_dict(k["params"])
+        entry = backends.replay_entry(data, params, k.get("schedule")) or {}
+        backends.play_fault(entry.get("fault"))
+        if entry.get("fault") == "wrong":
+            failed[k["role"]] = "wrong result against torch SDPA on the re-timing inputs (recorded fault)"
+            continue
+        recorded = (entry.get("retimed") or {}).get(seqlen, (entry.get("tflops") or {}).get(seqlen))
+        speeds[k["role"]] = (backends.replay_key(params, k.get("schedule")), float(recorded) if recorded is not None
+                             else model_tflops(params, problem, load_profile(payload["profile"])))
+    time.sleep(float(data.meta.get("measure_seconds") or 0))
+    roles = list(speeds)
+    ms: dict[str, list[float]] = {r: [] for r in roles}
+    order = []
+    for rnd in range(int(rule["rounds"]) if roles else 0):
+        order.append(round_order(roles, rnd))
+        for role in order[-1]:
+            key, speed = speeds[role]
+            tf = speed * backends.replay_noise(data.meta, "retime", payload.get("nonce", ""), key, seqlen, rnd)
+            ms[role].append(problem.flops / (tf * 1e12) * 1e3)
+    return _summary(payload, ms, order, failed, data.meta.get("device_name", "replay"))
+
+
+def _gpu_retime(payload: dict, on_acquired: OnAcquired = None) -> dict:
+    """Load and warm up every contender outside the GPU's lock; cross-check and time them under it."""
+    from tuner import bench, runtime
+
+    device = backends.TRIAL_DEVICE
+    name = backends.gpu_name(device)
+    problem, rule = payload["problem"], payload["rule"]
+    timing = bench.Timing(warmup_ms=rule["warmup_ms"], rep_ms=rule["rep_ms"], rotate=rule["rotate"])
+    kernels, failed = {}, {}
+    t0 = time.perf_counter()
+    for k in payload["kernels"]:
+        try:
+            kernels[k["role"]] = runtime.load_kernel(k["cubin"], k["meta"])
+        except Exception as exc:  # noqa: BLE001 - e.g. a stored kernel of an older ABI: it cannot win here
+            failed[k["role"]] = f"load failed: {type(exc).__name__}: {first_line(exc)}"
+    backends.warm_up(payload["spec"], device)
+    seconds = {"load_warmup": round(time.perf_counter() - t0, 3)}
+    with gpu_lock(on_acquired=on_acquired) as hold:
+        t1 = time.perf_counter()
+        inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
+        for role, kernel in list(kernels.items()):
+            try:
+                rel = backends.bench_cross_check(kernel, problem, inputs[0])
+            except Exception as exc:  # noqa: BLE001 - a launch failure: this contender cannot win
+                rel, why = float("nan"), f"{type(exc).__name__}: {first_line(exc)}"
+            else:
+                why = f"relative error {rel:.3g} against torch SDPA > {backends.BENCH_CROSS_CHECK_REL_ERR}"
+            if not rel <= backends.BENCH_CROSS_CHECK_REL_ERR:   # also NaN
+                failed[role] = f"wrong result on the re-timing inputs: {why}"
+                del kernels[role]
+        roles = list(kernels)
+        ms: dict[str, list[float]] = {r: [] for r in roles}
+        order = []
+        for rnd in range(rule["rounds"] if roles else 0):
+            order.append(round_order(roles, rnd))
+            for role in order[-1]:
+                ms[role].append(bench.measure_problem(kernels[role], problem, inputs=inputs, timing=timing,
+                                                      device=device))
+        seconds["retime"] = round(time.perf_counter() - t1, 3)
+    result = _summary(payload, ms, order, failed, name)
+    result["seconds"] = seconds
+    return add_lock(result, hold)
