@@ -38,7 +38,7 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
     schedule = resolve_schedule(None, profile)
     gens, texts = [], []
     for spec in specs:
-        text = tl.load_sketch(spec.variant, spec.causal, schedule)
+        text = tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout)
         program = tl.parse_program(text)
         kind = "ws_overlap" if has_roles(program.statements) else "fa2"
         gens.append(translate.generate(program, default_params(profile, spec, kind), profile, spec))
@@ -62,6 +62,7 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
     from tuner.provenance import collect
     from tuner.store import KernelRecord, KernelStore
     from tuner.verify import verify
+    from tuner.verify_varlen import verify_varlen
 
     profile = load_profile(gpu)
     device_name = torch.cuda.get_device_name()
@@ -70,12 +71,18 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
         if k.cubin is None:
             raise RuntimeError(f"{k.generated.name} did not compile: {k.log[-2000:]}")
         kernel = runtime.load_kernel(k.cubin, k.generated.meta())
-        report = verify(kernel, k.spec)
+        report = verify_varlen(kernel, k.spec) if k.spec.layout == "varlen" else verify(kernel, k.spec)
         if not report.passed:
             raise RuntimeError(f"{k.generated.name} failed verification: {report.reason}")
         problem = Problem(k.spec.variant, 4, 16, 16 if k.spec.variant == "mha" else 2, 4096, 4096, k.spec.d_qk,
                           k.spec.d_v, k.spec.causal, k.spec.dtype)
-        ms = bench.measure_problem(kernel, problem)
+        if k.spec.layout == "varlen":   # the same tokens as 4 x 4096, packed
+            q, kk, v = bench.make_inputs(problem, 1)[0]
+            cu = torch.arange(0, 5 * 4096, 4096, dtype=torch.int32, device="cuda")
+            packed = [t.flatten(0, 1) for t in (q, kk, v)]
+            ms = bench.time_ms(lambda: kernel.varlen(*packed, cu, cu, 4096, 4096))
+        else:
+            ms = bench.measure_problem(kernel, problem)
         for bucket in buckets:
             store.offer(KernelRecord(
                 arch=profile.arch_family, gpu=profile.name, device_name=device_name, variant=k.spec.variant,
@@ -83,6 +90,6 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
                 params=k.generated.params.to_dict(), kernel_name=k.generated.name, kernel_meta=k.generated.meta(),
                 source=k.generated.source, cubin=k.cubin, tl_program=k.tl_text, verification=report.to_dict(),
                 tflops=bench.tflops(problem, ms), baselines={}, problem={"seqlen_k": 4096},
-                provenance=collect(profile, device_name), study="defaults", trial=-1))
+                provenance=collect(profile, device_name), study="defaults", trial=-1, layout=k.spec.layout))
     records = collect_records(store.root, profile.arch_family, profile.name, None)
     return export_records(records, profile, Path(out_dir))

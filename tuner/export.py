@@ -42,9 +42,12 @@ def head_dim_token(d_qk: int, d_v: int) -> str:
     return str(d_qk) if d_qk == d_v else f"{d_qk}_{d_v}"
 
 
-def config_file_name(variant: str, d_qk: int, d_v: int, dtype: str, causal: bool, device_name: str) -> str:
+def config_file_name(variant: str, d_qk: int, d_v: int, dtype: str, causal: bool, device_name: str,
+                     layout: str = "dense") -> str:
+    """The dense layout's names are what they were; another layout says so after causal."""
+    layout_token = "" if layout == "dense" else f",layout={layout}"
     return (f"variant={variant},head_dim={head_dim_token(d_qk, d_v)},dtype={dtype},"
-            f"causal={int(bool(causal))},device_name={device_file_token(device_name)}.json")
+            f"causal={int(bool(causal))}{layout_token},device_name={device_file_token(device_name)}.json")
 
 
 def verification_summary(verification: dict) -> dict:
@@ -102,7 +105,8 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
     exported_at = exported_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
     groups: dict[str, list[KernelRecord]] = {}
     for r in records:
-        groups.setdefault(config_file_name(r.variant, r.d_qk, r.d_v, r.dtype, r.causal, r.device_name), []).append(r)
+        groups.setdefault(config_file_name(r.variant, r.d_qk, r.d_v, r.dtype, r.causal, r.device_name, r.layout),
+                          []).append(r)
     docs = {}
     for name, recs in sorted(groups.items()):
         recs = sorted(recs, key=lambda r: bucket_seqlen(r.bucket))
@@ -132,6 +136,7 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
             "d_v": first.d_v,
             "dtype": first.dtype,
             "causal": first.causal,
+            "layout": first.layout,
             "exported_at": exported_at,
         }
         doc = {METADATA_KEY: meta}

@@ -91,6 +91,7 @@ class KernelRecord:
     # How it won its bucket: its re-timing against the best seed and the kernel it replaced (ratios with their
     # intervals, the rule; tuner/campaign/winners.py); empty for a record stored without one
     confirmation: dict = field(default_factory=dict)
+    layout: str = "dense"     # how the kernel finds rows (tl/layout.py): dense, varlen
 
     @property
     def kernel_sha256(self) -> str:
@@ -98,7 +99,7 @@ class KernelRecord:
 
     @property
     def key(self) -> tuple:
-        return (self.arch, self.variant, self.dtype, self.d_qk, self.d_v, self.causal, self.bucket)
+        return (self.arch, self.variant, self.dtype, self.d_qk, self.d_v, self.causal, self.bucket, self.layout)
 
     def to_json(self) -> dict:
         """record.json's content: every field but the blobs, plus the cubin hash."""
@@ -152,8 +153,9 @@ def validate_record(record: KernelRecord) -> list[str]:
     return errors
 
 
-def shape_dir_name(dtype: str, d_qk: int, d_v: int, causal: bool) -> str:
-    return f"{dtype}-d{d_qk}x{d_v}-{'causal' if causal else 'noncausal'}"
+def shape_dir_name(dtype: str, d_qk: int, d_v: int, causal: bool, layout: str = "dense") -> str:
+    name = f"{dtype}-d{d_qk}x{d_v}-{'causal' if causal else 'noncausal'}"
+    return name if layout == "dense" else f"{name}-{layout}"   # dense names as before: stores stay readable
 
 
 class KernelStore:
@@ -166,8 +168,8 @@ class KernelStore:
     # ---- writing -------------------------------------------------------------------------------
 
     def record_dir(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
-                   bucket: str) -> Path:
-        return self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal) / bucket
+                   bucket: str, layout: str = "dense") -> Path:
+        return self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout) / bucket
 
     def offer(self, record: KernelRecord) -> bool:
         """Store ``record`` if it beats the stored one of its key (or there is none); True if stored.
@@ -224,11 +226,13 @@ class KernelStore:
                 rec = _load_record(rdir)
                 if gpu is None or rec.gpu == gpu:
                     out.append(rec)
-        return sorted(out, key=lambda r: (r.arch, r.variant, r.dtype, r.d_qk, r.d_v, r.causal, _bucket_order(r.bucket)))
+        return sorted(out, key=lambda r: (r.arch, r.variant, r.dtype, r.d_qk, r.d_v, r.causal, r.layout,
+                                          _bucket_order(r.bucket)))
 
-    def best(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool) -> dict[str, KernelRecord]:
+    def best(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
+             layout: str = "dense") -> dict[str, KernelRecord]:
         """The stored kernels of one kernel spec, by bucket name."""
-        shape = self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal)
+        shape = self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout)
         if not shape.is_dir():
             return {}
         with self._lock(exclusive=False):

@@ -32,6 +32,18 @@ class StandInKernel:
         res = sdpa_attention(q.float(), k.float(), v.float(), causal=spec["causal"], softmax_scale=softmax_scale)
         return res.to(q.dtype)
 
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, out=None,
+               softmax_scale=None):
+        from tuner.serving.sdpa import varlen_sdpa
+
+        spec = self.meta["spec"]
+        if spec.get("layout") != "varlen":
+            raise ValueError("not a varlen kernel")
+        self.calls += 1
+        res = varlen_sdpa(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, seqused_k, spec["causal"],
+                          softmax_scale)
+        return res.to(q.dtype)
+
 
 def reference(q, k, v, causal, scale=None, mask=None):
     """softmax(Q K^T * scale) V in float64, loops over heads, bottom-right causal; empty rows are 0."""
@@ -62,9 +74,12 @@ def make_export(folder: Path, records=None) -> Path:
         make_record(bucket="s512", cubin=b"mha-512"), make_record(bucket="s4096", cubin=b"mha-4k"),
         make_record(variant="gqa", bucket="s1024", cubin=b"gqa-1k"),
         make_record(variant="gqa", causal=False, bucket="s1024", cubin=b"gqa-nc-1k"),
-        make_record(variant="mla", d_qk=192, d_v=128, bucket="s2048", cubin=b"mla-2k")]
-    for r in recs:   # the stand-in reads the kernel's causality from its meta, as the runtime does
-        r.kernel_meta["spec"] = {"causal": r.causal, "d_qk": r.d_qk, "d_v": r.d_v, "dtype": r.dtype}
+        make_record(variant="mla", d_qk=192, d_v=128, bucket="s2048", cubin=b"mla-2k"),
+        make_record(variant="gqa", bucket="s1024", cubin=b"gqa-varlen-1k", layout="varlen"),
+        make_record(variant="gqa", bucket="s8192", cubin=b"gqa-varlen-8k", layout="varlen")]
+    for r in recs:   # the stand-in reads the kernel's spec from its meta, as the runtime does
+        r.kernel_meta["spec"] = {"causal": r.causal, "d_qk": r.d_qk, "d_v": r.d_v, "dtype": r.dtype,
+                                 "layout": r.layout}
     export_records(recs, load_profile("h100"), folder)
     return folder
 

@@ -5,7 +5,7 @@ import pytest
 from store_fakes import make_record
 from typer.testing import CliRunner
 
-from tuner.export import config_file_name, run_export
+from tuner.export import config_file_name, export_records, run_export
 from tuner.store import KernelStore
 
 H100_MHA = "variant=mha,head_dim=128,dtype=bf16,causal=1,device_name=NVIDIA_H100_80GB_HBM3.json"
@@ -129,3 +129,25 @@ def test_cli_export_command(study, tmp_path):
                                       "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert (out / H100_MHA).exists()
+
+
+def test_a_varlen_record_is_its_own_key_file_and_config(tmp_path):
+    """A varlen kernel of the same spec and bucket as a dense one: both stored, exported to two configs, the
+    dense name unchanged and the varlen one saying its layout; the reader keeps them apart."""
+    from hardware_profiles import load_profile
+
+    from tuner.serving import read_configs
+
+    store = KernelStore(tmp_path / "s")
+    dense = make_record(bucket="s4096", cubin=b"dense")
+    varlen = make_record(bucket="s4096", cubin=b"varlen", layout="varlen")
+    assert store.offer(dense) and store.offer(varlen)
+    assert {r.layout for r in store.records()} == {"dense", "varlen"}
+    assert store.best("sm90", "mha", "bf16", 128, 128, True)["s4096"].cubin == b"dense"
+    assert store.best("sm90", "mha", "bf16", 128, 128, True, "varlen")["s4096"].cubin == b"varlen"
+    paths = export_records(store.records(), load_profile("h100"), tmp_path / "e")
+    names = sorted(p.name for p in paths)
+    assert names == ["variant=mha,head_dim=128,dtype=bf16,causal=1,device_name=NVIDIA_H100_80GB_HBM3.json",
+                     "variant=mha,head_dim=128,dtype=bf16,causal=1,layout=varlen,device_name=NVIDIA_H100_80GB_HBM3.json"]
+    layouts = {c.path.name: c.layout for c in read_configs(tmp_path / "e")}
+    assert sorted(layouts.values()) == ["dense", "varlen"]

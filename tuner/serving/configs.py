@@ -52,6 +52,7 @@ class ExportedConfig:
     device_names: tuple[str, ...]
     kernels: dict  # bucket -> ExportedKernel
     sm: int | None = None
+    layout: str = "dense"      # tl/layout.py: dense (b, s, h, d) or varlen (packed, cu_seqlens)
     # Bucket seqlens ascending and the log2 midpoints between neighbours, for the run-time bucket rule.
     bucket_order: tuple = field(default=(), compare=False)
     bucket_bounds: tuple = field(default=(), compare=False)
@@ -133,7 +134,7 @@ def read_config(path: Path) -> ExportedConfig:
         return ExportedConfig(path=path, variant=meta["variant"], d_qk=int(meta["d_qk"]), d_v=int(meta["d_v"]),
                               dtype=meta["dtype"], causal=bool(meta["causal"]), device_names=tuple(names),
                               kernels=kernels, sm=None if sm is None else int(sm), bucket_order=order,
-                              bucket_bounds=bounds)
+                              bucket_bounds=bounds, layout=str(meta.get("layout", "dense")))
     except ExportError:
         raise
     except OSError as exc:
@@ -153,12 +154,12 @@ def read_configs(folder: Path) -> list[ExportedConfig]:
     return [read_config(inside_folder(folder, p.name, "config", p)) for p in sorted(folder.glob("variant=*.json"))]
 
 
-def dispatch_table(configs: list[ExportedConfig]) -> dict:
-    """(d_qk, d_v, dtype, causal) -> {variant: config, "*": the fallback variant's} over one device's configs:
-    what ``pick`` reads, settled once so that a traced call does nothing but look it up."""
+def dispatch_table(configs: list[ExportedConfig], layout: str = "dense") -> dict:
+    """(d_qk, d_v, dtype, causal) -> {variant: config, "*": the fallback variant's} over one device's configs
+    of one layout: what ``pick`` reads, settled once so that a traced call does nothing but look it up."""
     table: dict = {}
     for c in sorted(configs, key=lambda c: c.variant):
-        if not c.kernels:
+        if not c.kernels or c.layout != layout:
             continue
         by_variant = table.setdefault((c.d_qk, c.d_v, c.dtype, c.causal), {})
         by_variant.setdefault(c.variant, c)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tuner.serving.sdpa import attention_gradients
+from tuner.serving.sdpa import attention_gradients, varlen_gradients
 
 NAMESPACE = "attn_tuner"
 
@@ -100,6 +100,63 @@ torch.library.register_autograd(f"{NAMESPACE}::attention", _backward, setup_cont
 attention_op = torch.ops.attn_tuner.attention.default
 
 
+# ---- packed sequences (flash_attn_varlen_func): q (total_q, hq, d_qk), k/v (total_k, hkv, d), cu_seqlens ----
+_lib.define("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            "Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float scale, int route) "
+            "-> Tensor")
+_lib.define("varlen_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+            "Tensor cu_seqlens_k, Tensor? seqused_k, bool causal, float scale) -> (Tensor, Tensor, Tensor)")
+
+
+def run_varlen_route(route: int, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                     causal: bool, scale: float) -> Tensor:
+    r = _ROUTES[route]
+    return r.owner.run_varlen(r, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                              causal, scale)
+
+
+def _varlen_backward_impl(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale):
+    grads = varlen_gradients(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+    return tuple(g.contiguous() for g in grads)
+
+
+def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, scale, route):
+    return run_varlen_route(route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                            causal, scale)
+
+
+_lib.impl("varlen_attention", _varlen_impl, "CompositeExplicitAutograd")
+_lib.impl("varlen_attention_backward", _varlen_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::varlen_attention", lib=_lib)
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, scale, route):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::varlen_attention_backward", lib=_lib)
+def _varlen_backward_fake(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used, _, _, causal, scale, _ = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, used)
+    ctx.causal, ctx.scale = causal, scale
+
+
+def _varlen_backward(ctx, grad_out):
+    q, k, v, cu_q, cu_k, used = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attn_tuner.varlen_attention_backward(grad_out, q, k, v, cu_q, cu_k, used, ctx.causal,
+                                                               ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::varlen_attention", _varlen_backward, setup_context=_varlen_setup,
+                                lib=_lib)
+varlen_attention_op = torch.ops.attn_tuner.varlen_attention.default
+
+
 def nothing_observes(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """True when no tracer, mode, transform or autograd could see the op: then calling the route directly
     is the op's own behaviour minus the dispatcher. Measured on the CI CPU: a Python custom op costs
@@ -115,6 +172,16 @@ def no_observers(q: Tensor, k: Tensor, v: Tensor) -> bool:
             and not torch._C._is_torch_function_mode_enabled()
             and torch._C._len_torch_dispatch_stack() == 0
             and torch._C._functorch.maybe_current_level() is None)
+
+
+def launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal: bool,
+                  scale: float, route: int) -> Tensor:
+    """The varlen op, or its route directly when nothing observes the call."""
+    if nothing_observes(q, k, v):
+        return run_varlen_route(route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                causal, scale)
+    return varlen_attention_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
+                               scale, route)
 
 
 def launch(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, route: int,

@@ -105,3 +105,39 @@ def _gradients_by_rows(grad_out, q, k, v, causal, scale, attn_mask, rows: int = 
     dk = dk.view(b, hkv, group, sk, -1).sum(dim=2)
     dv = dv.view(b, hkv, group, sk, -1).sum(dim=2)
     return tuple(t.transpose(1, 2).to(dtype) for t, dtype in ((dq, q.dtype), (dk, k.dtype), (dv, v.dtype)))
+
+
+def varlen_sdpa(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k=None, causal: bool = False,
+                softmax_scale: float | None = None):
+    """Packed sequences (q (total_q, hq, d), k/v (total_k, hkv, d), cumulative lengths) by ``sdpa_attention``,
+    one sequence at a time, each with its own bottom-right causal alignment; keys past ``seqused_k`` are not
+    used; a sequence with no key gives zeros. The lengths are read on the host (a synchronisation):
+    this is the fallback and the backward's recompute, not a fast path. Differentiable."""
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    used = seqused_k.tolist() if seqused_k is not None else None
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[2])
+    for b in range(len(starts_q) - 1):
+        q0, q1, k0 = starts_q[b], starts_q[b + 1], starts_k[b]
+        n = used[b] if used is not None else starts_k[b + 1] - k0
+        if q1 > q0 and n > 0:
+            out[q0:q1] = sdpa_attention(q[None, q0:q1], k[None, k0:k0 + n], v[None, k0:k0 + n], causal=causal,
+                                        softmax_scale=softmax_scale)[0]
+    return out
+
+
+def varlen_gradients(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal: bool, softmax_scale: float):
+    """(dq, dk, dv) of ``varlen_sdpa``, sequence by sequence (``attention_gradients`` of each); keys not used
+    get zero gradients."""
+    import torch
+
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    used = seqused_k.tolist() if seqused_k is not None else None
+    for b in range(len(starts_q) - 1):
+        q0, q1, k0 = starts_q[b], starts_q[b + 1], starts_k[b]
+        n = used[b] if used is not None else starts_k[b + 1] - k0
+        if q1 > q0 and n > 0:
+            grads = attention_gradients(grad_out[None, q0:q1], q[None, q0:q1], k[None, k0:k0 + n],
+                                        v[None, k0:k0 + n], causal, softmax_scale)
+            dq[q0:q1], dk[k0:k0 + n], dv[k0:k0 + n] = (g[0] for g in grads)
+    return dq, dk, dv

@@ -1,0 +1,100 @@
+"""Packed sequences through an export: FlashAttention's ``flash_attn_varlen_func`` over the varlen kernels
+(tl/layout.py), mixed into ExportedAttention.
+
+    o = attn.flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    causal=True, seqused_k=None)
+    # q (total_q, hq, d), k/v (total_k, hkv, d), cu_seqlens int32 (batch + 1) -> (total_q, hq, d_v)
+
+Dispatch: the varlen config of the head dims, dtype and causality (its variant preferred by the head
+layout, as for dense calls); its bucket nearest to ``max_seqlen_k`` (decided while tracing when that is a
+plain int, per call otherwise). Everything else runs ``tuner.serving.sdpa.varlen_sdpa`` (torch SDPA
+sequence by sequence; the lengths are read on the host), through the same op, counted by reason.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tuner.serving import op
+from tuner.serving.configs import pick
+from tuner.serving.sdpa import varlen_sdpa
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+class VarlenCalls:
+    """Mixed into ExportedAttention: uses its ``devices``, ``_fallback``, ``_routes``, ``kernel``, ``stats``,
+    ``reasons``; ``_varlen_tables`` is built in its __init__."""
+
+    def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k) -> int:
+        device = q.device
+        if k.device != device or v.device != device:
+            return self._fallback["mixed-devices"]
+        table = self._varlen_tables.get((device.type, device.index))
+        if table is None:
+            code = self._no_table.get((device.type, device.index))
+            return self._fallback[code or ("not-cuda" if device.type != "cuda" else "no-device-config")]
+        if k.dtype != q.dtype or v.dtype != q.dtype:
+            return self._fallback["mixed-dtypes"]
+        if not (0.0 < scale < math.inf):
+            return self._fallback["scale"]
+        config, code = pick(table, heads_q=int(q.shape[1]), heads_kv=int(k.shape[1]), d_qk=int(q.shape[2]),
+                            d_v=int(v.shape[2]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
+        if config is None:
+            return self._fallback[code]
+        bucket = config.bucket_for(max(1, max_seqlen_k)) if type(max_seqlen_k) is int else None
+        return self._routes[(id(config), bucket)]
+
+    def run_varlen(self, route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                   causal: bool, scale: float):
+        if route.config is not None:
+            bucket = route.bucket or route.config.bucket_for(max(1, int(max_seqlen_k)))
+            entry = route.config.kernels[bucket]
+            try:
+                kern = self.kernel(entry, q.device.index or 0)
+            except Exception as exc:  # noqa: BLE001 - any load failure means SDPA, warned once
+                return self._varlen_sdpa("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
+                                         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+            try:
+                out = kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                                  seqused_k=seqused_k, softmax_scale=scale)
+            except ValueError as exc:   # refused before launch (strides, alignment, arguments)
+                return self._varlen_sdpa("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
+                                         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+            self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} varlen", bucket
+            self.stats["kernel"] += 1
+            return out
+        return self._varlen_sdpa(route.code, self._messages.get(self._fallback.get(route.code), route.code),
+                                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+
+    def _varlen_sdpa(self, code, message, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale):
+        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
+        self.stats["sdpa"] += 1
+        self.reasons[code] += 1
+        return varlen_sdpa(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+
+    def flash_attn_varlen_func(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                               dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
+                               window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                               deterministic: bool = False, return_attn_probs: bool = False, block_table=None,
+                               seqused_k=None):
+        """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k`` as FA3/FA4 name
+        it): causal aligned bottom-right within each sequence, ``max_seqlen_q`` at least every sequence's
+        length. What neither the kernels nor a per-sequence SDPA compute is refused (NotImplementedError):
+        dropout, windows, soft-capping, ALiBi, the probabilities, a paged cache (block_table)."""
+        for given, what in ((dropout_p > 0.0, "dropout"), (tuple(window_size or (-1, -1)) != (-1, -1), "window_size"),
+                            (bool(softcap), "softcap"), (alibi_slopes is not None, "alibi_slopes"),
+                            (return_attn_probs, "return_attn_probs"), (block_table is not None, "block_table")):
+            if given:
+                raise NotImplementedError(f"flash_attn_varlen_func: {what} is not supported by the exported kernels")
+        if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+            raise ValueError(f"q, k, v must be 3-D (total_tokens, heads, head_dim); got {tuple(q.shape)}, "
+                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+        if k.shape[1] < 1 or q.shape[1] % k.shape[1] or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
+            raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: query heads must be a "
+                             "multiple of the KV heads, k and v alike in tokens and heads, q and k in head dim")
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[2]))
+        route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k)
+        return op.launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                bool(causal), scale, route)
