@@ -1,6 +1,7 @@
-"""Varlen prefill (packed sequences), ours against FlashAttention-4's flash_attn_varlen_func and torch SDPA on
-the padded equivalent, in one process (issue 14's mixes: llama3-8b heads 32q/8kv, d128, causal, bf16, 16k
-tokens as 8x2k, 1x8k + 32x256, 64 random lengths 1-512).
+"""Varlen prefill (packed sequences) and paged prefill, ours against FlashAttention-4's flash_attn_varlen_func
+and torch SDPA on the padded equivalent, in one process (issue 14's cases: llama3-8b heads 32q/8kv, d128,
+causal, bf16; 16k tokens as 8x2k, 1x8k + 32x256, 64 random lengths 1-512; paged: 2 sequences of 2k queries
+on a cached prefix of 6k, pages of 16 and 128, the table shuffled).
 
     python scripts/bench_varlen.py --gpu h100 --out $OUT/varlen.json [--cache-dir .kcache]
 
@@ -32,7 +33,7 @@ def visible_pairs(lens, causal: bool) -> int:
     return sum(s * (s + 1) // 2 if causal else s * s for s in lens)
 
 
-def build(gpu: str, cache_dir: Path, changes: dict | None = None, causal: bool = True):
+def build(gpu: str, cache_dir: Path, changes: dict | None = None, causal: bool = True, layout: str = "varlen"):
     import tl
     import translate
     from hardware_profiles import load_profile
@@ -44,9 +45,9 @@ def build(gpu: str, cache_dir: Path, changes: dict | None = None, causal: bool =
     from tuner.verify_varlen import verify_varlen
 
     profile = load_profile(gpu)
-    spec = KernelSpec("gqa", D, D, causal, "bf16", "varlen")
+    spec = KernelSpec("gqa", D, D, causal, "bf16", layout)
     params = KernelParams.from_dict({**default_params(profile, spec, "ws_overlap").to_dict(), **(changes or {})})
-    gen = translate.generate(tl.parse_program(tl.load_sketch("gqa", causal, "ws_overlap", "varlen")), params,
+    gen = translate.generate(tl.parse_program(tl.load_sketch("gqa", causal, "ws_overlap", layout)), params,
                              profile, spec)
     result = nvcc.compile_kernels([gen], profile.nvcc_arch, batch_size=1, cache_dir=cache_dir)[0]
     if not result.ok:
@@ -56,6 +57,38 @@ def build(gpu: str, cache_dir: Path, changes: dict | None = None, causal: bool =
     if not report.passed:
         raise RuntimeError(f"{gen.name}: {report.reason}")
     return gen, kernel
+
+
+def paged_row(ours, fa4, page: int, do_bench, batch: int = 2, sq: int = 2048, sk: int = 8192) -> dict:
+    """2k queries per sequence after a cached prefix of 6k keys, the keys in a shuffled paged cache."""
+    g = torch.Generator().manual_seed(page)
+    pages_per = sk // page
+    table = torch.randperm(batch * pages_per, generator=g).to("cuda", torch.int32).view(batch, pages_per)
+    kc = torch.randn(batch * pages_per, page, HKV, D, device="cuda", dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    q = torch.randn(batch * sq, HQ, D, device="cuda", dtype=torch.bfloat16)
+    cq = torch.arange(0, (batch + 1) * sq, sq, dtype=torch.int32, device="cuda")
+    used = torch.full((batch,), sk, dtype=torch.int32, device="cuda")
+    flops = 4 * HQ * D * batch * (sq * (sk - sq) + sq * (sq + 1) // 2)
+    row = {"mix": f"paged {page}: 2x(2k on 6k)", "tokens": batch * sq}
+    calls = {"ours": lambda: ours.paged(q, kc, vc, cq, used, table, sq)}
+    if fa4 is not None:
+        calls["fa4"] = lambda: fa4.flash_attn_varlen_func(q, kc, vc, cu_seqlens_q=cq, cu_seqlens_k=None,
+                                                          seqused_k=used, page_table=table, max_seqlen_q=sq,
+                                                          causal=True)
+    outs = {}
+    for key, call in calls.items():
+        try:
+            outs[key] = call()
+            row[key] = flops / do_bench(call, warmup=25, rep=100, return_mode="median") / 1e9
+        except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported
+            row[f"{key}_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if "fa4" in outs and "ours" in outs:
+        fa4_out = outs["fa4"][0] if isinstance(outs["fa4"], tuple) else outs["fa4"]
+        row["max_abs_diff_vs_fa4"] = float((outs["ours"].float() - fa4_out.float()).abs().max())
+    if "fa4" in row and "ours" in row:
+        row["ours_over_fa4"] = row["ours"] / row["fa4"]
+    return row
 
 
 def main(argv=None) -> int:
@@ -106,13 +139,17 @@ def main(argv=None) -> int:
             row["ours_over_fa4"] = row["ours"] / row["fa4"]
         result["rows"].append(row)
         print(row, flush=True)
+    _, paged = build(args.gpu, Path(args.cache_dir), layout="paged")
+    for page in (16, 128):
+        result["rows"].append(paged_row(paged, fa4, page, do_bench))
+        print(result["rows"][-1], flush=True)
     if fa4 is None:
         result["fa4_error"] = fa4_error
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"\n{result['device']}: varlen prefill, 32q/8kv d128 causal bf16, TFLOPS (do_bench median)")
-    print(f"{'mix':<18}{'ours':>8}{'fa4':>8}{'sdpa pad':>10}{'ours/fa4':>10}")
+    print(f"\n{result['device']}: varlen / paged prefill, 32q/8kv d128 causal bf16, TFLOPS (do_bench median)")
+    print(f"{'mix':<26}{'ours':>8}{'fa4':>8}{'sdpa pad':>10}{'ours/fa4':>10}")
     for r in result["rows"]:
-        print(f"{r['mix']:<18}{r.get('ours', float('nan')):>8.1f}{r.get('fa4', float('nan')):>8.1f}"
+        print(f"{r['mix']:<26}{r.get('ours', float('nan')):>8.1f}{r.get('fa4', float('nan')):>8.1f}"
               f"{r.get('sdpa_padded', float('nan')):>10.1f}{r.get('ours_over_fa4', float('nan')):>10.3f}")
     return 0
 

@@ -27,7 +27,8 @@ CODES = {
     "pipeline-balance": "the consumers read a pipelined buffer a different number of times than the producer fills it",
     "pipeline-smem": "the stages of a pipeline (and the tiles loaded once) need more shared memory than a block has",
     "layout-mixed": "some global tensors are found by cumulative lengths (varlen) and others by dense offsets",
-    "layout-offset": "a global tensor offset by the other side's cumulative lengths (keys by cu_seqlens_q, ...)",
+    "layout-offset": "a global tensor offset by the other side's lengths (keys by cu_seqlens_q, queries through the "
+                     "page table, ...)",
     "internal": "the checker itself failed (a bug: please report the input)",
 }
 

@@ -5,10 +5,15 @@ offsets of its global ``Allocate`` statements.
     Allocate Q in global (seq_len, HeadDim) with offset cu_seqlens_q    varlen: sequence b's rows start at
     Allocate K in global (kv_len, HeadDim) with offset cu_seqlens_k         cu_seqlens_q[b] / cu_seqlens_k[b]
                                                                             of packed (total, heads, dim)
+    Allocate K in global (kv_len, HeadDim) with offset page_table       paged: key row r of sequence b is row
+                                                                            r % page_size of page
+                                                                            page_table[b][r / page_size] of
+                                                                            (pages, page_size, heads, dim)
 
-Query-side tensors (``seq_len`` rows: Q and O) are found by ``cu_seqlens_q``, key-side ones (``kv_len``
-rows: K and V) by ``cu_seqlens_k``; a kernel has one layout for all of them. Every other offset (or none)
-is the dense layout, so the paper's sketches are dense unchanged.
+Query-side tensors (``seq_len`` rows: Q and O) are found by ``cu_seqlens_q`` in both serving layouts;
+key-side ones (``kv_len`` rows: K and V) by ``cu_seqlens_k`` (varlen) or through ``page_table`` (paged). A
+kernel has one layout for all of them. Every other offset (or none) is the dense layout, so the paper's
+sketches are dense unchanged.
 """
 from __future__ import annotations
 
@@ -18,8 +23,8 @@ from tl.ast import Allocate, Program
 from tl.diagnostics import Diagnostic
 from tl.expr import ExprError, free_symbols
 
-LAYOUTS = ("dense", "varlen")
-VARLEN_OFFSETS = ("cu_seqlens_q", "cu_seqlens_k")
+LAYOUTS = ("dense", "varlen", "paged")
+VARLEN_OFFSETS = ("cu_seqlens_q", "cu_seqlens_k", "page_table")
 _QUERY_ROWS = ("seq_len", "seqlen_q", "seqlen")
 _KEY_ROWS = ("kv_len", "seqlen_k")
 
@@ -40,8 +45,10 @@ def _varlen_name(stmt: Allocate) -> str | None:
 
 
 def layout_of(program: Program) -> str:
-    """The program's layout: varlen when a global tensor is offset by cumulative lengths, else dense."""
-    return "varlen" if any(_varlen_name(s) for s in _globals(program)) else "dense"
+    """The program's layout: paged when keys are found through a page table, varlen when a global tensor is
+    offset by cumulative lengths, else dense."""
+    names = {_varlen_name(s) for s in _globals(program)}
+    return "paged" if "page_table" in names else "varlen" if names - {None} else "dense"
 
 
 def layout_diagnostics(program: Program, path: str) -> list[Diagnostic]:
@@ -59,22 +66,27 @@ def layout_diagnostics(program: Program, path: str) -> list[Diagnostic]:
                                       "a kernel has one layout",
                                       f"write `with offset {_expected(s) or 'cu_seqlens_q'}` on {s.name} too, or "
                                       "dense offsets on every global tensor"))
+    paged = "page_table" in varlen.values()
     for s in allocs:
-        want = _expected(s)
+        want = _expected(s, paged)
         if varlen[s.name] and want and varlen[s.name] != want:
+            if varlen[s.name] == "page_table":
+                hint = ("a page table holds keys and values: queries and outputs (seq_len rows) are packed, "
+                        "write `with offset cu_seqlens_q`")
+            else:
+                hint = (f"query-side tensors (seq_len rows: Q, O) start at cu_seqlens_q, key-side ones (kv_len "
+                        f"rows: K, V) at {'page_table' if paged else 'cu_seqlens_k'}: write `with offset {want}`")
             out.append(Diagnostic(path, s.line, s.col, "layout-offset",
-                                  f"{s.name} has {s.shape[0]} rows but is offset by {varlen[s.name]}",
-                                  f"query-side tensors (seq_len rows: Q, O) start at cu_seqlens_q, key-side ones "
-                                  f"(kv_len rows: K, V) at cu_seqlens_k: write `with offset {want}`"))
+                                  f"{s.name} has {s.shape[0]} rows but is offset by {varlen[s.name]}", hint))
     return out
 
 
-def _expected(stmt: Allocate) -> str | None:
+def _expected(stmt: Allocate, paged: bool = False) -> str | None:
     rows = stmt.shape[0] if stmt.shape else ""
     if rows in _QUERY_ROWS:
         return "cu_seqlens_q"
     if rows in _KEY_ROWS:
-        return "cu_seqlens_k"
+        return "page_table" if paged else "cu_seqlens_k"
     return None
 
 
@@ -90,7 +102,9 @@ def with_layout(text: str, layout: str) -> str:
     if layout == "dense":
         return text
 
-    def varlen(m: re.Match) -> str:
-        return m.group(1) + ("cu_seqlens_k" if m.group(2) in _KEY_ROWS else "cu_seqlens_q")
+    keys = "page_table" if layout == "paged" else "cu_seqlens_k"
 
-    return _DENSE_OFFSET.sub(varlen, text)
+    def serving(m: re.Match) -> str:
+        return m.group(1) + (keys if m.group(2) in _KEY_ROWS else "cu_seqlens_q")
+
+    return _DENSE_OFFSET.sub(serving, text)

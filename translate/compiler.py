@@ -54,9 +54,9 @@ def layout_problems(program: Program, spec: KernelSpec, warp_specialized: bool) 
     if stated != spec.layout:
         problems.append(f"the sketch states the {stated} layout (the offsets of its global tensors) but the kernel "
                         f"is asked for {spec.layout}")
-    if spec.layout == "varlen" and not warp_specialized:
-        problems.append("packed sequences (varlen) are built by the warp-specialised Hopper kernel, whose scheduler "
-                        "walks them: use a sketch with warpgroup roles (tl/sketches/hopper)")
+    if spec.layout != "dense" and not warp_specialized:
+        problems.append(f"packed sequences ({spec.layout}) are built by the warp-specialised Hopper kernel, whose "
+                        "scheduler walks them: use a sketch with warpgroup roles (tl/sketches/hopper)")
     return problems
 
 

@@ -44,8 +44,10 @@ def default_schedule(profile: Profile) -> str:
 
 
 # The varlen producer walks the sequences' lengths per tile (attn_sm90::varlen_tile): in 24 registers ptxas
-# spilled 32 bytes of it (nvcc 13.0, gqa d128 128x128), in 32 none.
-VARLEN_PRODUCER_REGS = 32
+# spilled 32 bytes of it (nvcc 13.0, gqa d128 128x128), in 32 none; the paged one also keeps a tile's page
+# numbers (attn_sm90::PageCache: 32 bytes spilled in 40, none in 56). Two consumer warpgroups keep 232 and
+# 224 registers (ptxas: the consumer code of that tile uses 215).
+SERVING_PRODUCER_REGS = {"varlen": 32, "paged": 56}
 
 
 def _hopper_seeds(spec: KernelSpec) -> list[dict]:
@@ -60,8 +62,9 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     else:
         seeds = [dict(block_m=128, block_n=128), dict(block_m=128, block_n=112), dict(block_m=128, block_n=96),
                  dict(block_m=64, block_n=64)]
-    if spec.layout == "varlen":
-        seeds = [dict(seed, producer_regs=max(seed.get("producer_regs", 24), VARLEN_PRODUCER_REGS)) for seed in seeds]
+    if spec.layout != "dense":
+        regs = SERVING_PRODUCER_REGS[spec.layout]
+        seeds = [dict(seed, producer_regs=max(seed.get("producer_regs", 24), regs)) for seed in seeds]
     return seeds
 
 

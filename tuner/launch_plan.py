@@ -189,6 +189,52 @@ def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqle
                       _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape, dynamic=VARLEN_POINTERS)
 
 
+PAGED_POINTERS = VARLEN_POINTERS + ("page_table",)
+MIN_PAGE_ROWS = 16   # translate/sm90/generate.py: the page numbers a tile keeps in registers
+
+
+def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int, max_seqlen_q: int,
+                     page_table_stride: int) -> LaunchPlan:
+    """The plan of a paged kernel: packed q (total_q, hq, d_qk) and out, keys and values in caches
+    (pages, page_size, hkv, d) found through a page table (int32, batch x its row stride). The page size
+    must divide block N or be a multiple of it: a tile is read in boxes of min(block N, page size) rows."""
+    import torch
+
+    spec = kernel.meta["spec"]
+    if spec.get("layout", "dense") != "paged":
+        raise ValueError(f"{kernel.name} does not read a paged cache (its layout is {spec.get('layout', 'dense')})")
+    dtype = getattr(torch, _DTYPES[spec["dtype"]])
+    if not hasattr(q, "dim") or q.dim() != 3:
+        raise ValueError(f"q must be 3-D (total_tokens, heads, head_dim), got {tuple(getattr(q, 'shape', ()))}")
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not hasattr(t, "dim") or t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (pages, page_size, heads, head_dim), got "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    if k_cache.shape[:3] != v_cache.shape[:3] and tuple(k_cache.shape[:3]) != tuple(v_cache.shape[:3]):
+        raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in pages, "
+                         "page size or heads")
+    page_size, block_n = int(k_cache.shape[1]), int(kernel.meta["block_n"])
+    if page_size < MIN_PAGE_ROWS or (page_size % block_n and block_n % page_size):
+        raise ValueError(f"page size {page_size} must be at least {MIN_PAGE_ROWS} and divide block N {block_n} or be "
+                         "a multiple of it (the kernel reads a tile as whole boxes of one page, and keeps a tile's "
+                         "page numbers in registers)")
+    q4 = _Packed(q)
+    _check_inputs(q4, k_cache, v_cache, dtype, spec, packed=True, paged=True)
+    if q.device.index != kernel.device_index:
+        raise ValueError(f"{kernel.name} is loaded on cuda:{kernel.device_index}; the tensors are on {q.device}")
+    total_q, hq, _ = q.shape
+    hkv = k_cache.shape[2]
+    out_shape = (total_q, hq, spec["d_v"])
+    _check_out(out, out_shape, dtype, q.device)
+    values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": 1, "group": hq // hkv, "heads_q": hq, "batch": batch,
+              "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E,
+              "page_table_stride": page_table_stride, "page_size": page_size}
+    probe_out = _Packed(out if out is not None else _ContiguousShape(out_shape, q.element_size()))
+    return _pack_plan(kernel, {"q": q4, "k": k_cache, "v": v_cache, "o": probe_out}, values,
+                      _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape, dynamic=PAGED_POINTERS,
+                      box_rows={"k": min(block_n, page_size), "v": min(block_n, page_size)})
+
+
 class _Packed:
     """A (total, heads, dim) tensor seen as (1, total, heads, dim): the one 'batch' of packed sequences."""
 
@@ -213,7 +259,8 @@ class _Packed:
         return self.t.element_size()
 
 
-def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tuple, dynamic=()) -> LaunchPlan:
+def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tuple, dynamic=(),
+               box_rows: dict | None = None) -> LaunchPlan:
     """The buffer: ``values`` (scalars), each 4-D tensor's strides, the TMA descriptors; the pointers of
     q, k, v, out (and ``dynamic``'s) are written per call."""
     values = dict(values)
@@ -224,7 +271,8 @@ def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tupl
     offsets, size = _arg_slots(args)
     params = ctypes.create_string_buffer(size)
     maps = []
-    boxes = kernel.meta.get("tensor_maps", {})
+    boxes = {t: dict(box, **({"rows": box_rows[t]} if box_rows and t in box_rows else {}))
+             for t, box in kernel.meta.get("tensor_maps", {}).items()}
     for name, kind in args:
         at = offsets[name]
         if kind.startswith("tensormap:"):
@@ -273,8 +321,9 @@ def _check_layout(name: str, t) -> None:
         raise ValueError(f"{name}: data pointer must be 16-byte aligned")
 
 
-def _check_inputs(q, k, v, dtype, spec: dict, packed: bool = False) -> None:
-    """What every kernel needs of q, k, v (4-D, or packed sequences seen as one 'batch' of 4-D)."""
+def _check_inputs(q, k, v, dtype, spec: dict, packed: bool = False, paged: bool = False) -> None:
+    """What every kernel needs of q, k, v (4-D, or packed sequences seen as one 'batch' of 4-D; ``paged``:
+    k and v are caches of pages, whose count has nothing to do with q's 'batch')."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not hasattr(t, "is_cuda") or not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA torch tensor")
@@ -289,9 +338,9 @@ def _check_inputs(q, k, v, dtype, spec: dict, packed: bool = False) -> None:
     bk, sk, hkv, dk = k.shape
     if (dq, dk) != (spec["d_qk"], spec["d_qk"]):
         raise ValueError(f"q/k head dim must be {spec['d_qk']}, got {dq}/{dk}")
-    if tuple(v.shape) != (b, sk, hkv, spec["d_v"]):
-        raise ValueError(f"v must be {(b, sk, hkv, spec['d_v'])}, got {tuple(v.shape)}")
-    if bk != b:
+    if tuple(v.shape) != (bk, sk, hkv, spec["d_v"]):
+        raise ValueError(f"v must be {(bk, sk, hkv, spec['d_v'])}, got {tuple(v.shape)}")
+    if bk != b and not paged:
         raise ValueError(f"q and k batch differ: {b} vs {bk}")
     if hkv < 1 or hq % hkv:
         raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.launch_plan import FOUR_POINTERS, POINTER, LaunchPlan, MapSlot, build_plan, build_varlen_plan
+from tuner.launch_plan import (FOUR_POINTERS, POINTER, LaunchPlan, MapSlot, build_paged_plan, build_plan,
+                                build_varlen_plan)
 
 ABI_VERSION = 2                 # what translate emits now (translate/kernel.py)
 SUPPORTED_ABIS = (1, 2)         # 1: the softmax scale was compiled in as 1/sqrt(d_qk)
@@ -252,6 +253,37 @@ class AttentionKernel:
             out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
         self._launch(plan, q, k, v, out, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
                                           0 if seqused_k is None else seqused_k.data_ptr()))
+        return out
+
+    def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q: int, out=None,
+              softmax_scale: float | None = None):
+        """Prefill over a paged cache (a kernel of the paged layout): packed q (total_q, hq, d_qk) with
+        ``cu_seqlens_q`` int32 (batch + 1); k_cache/v_cache (pages, page_size, hkv, d); ``page_table`` int32
+        (batch, pages per sequence); ``seqused_k`` int32 (batch) the keys of each sequence -> out (total_q, hq,
+        d_v). Causal aligns bottom-right within each sequence (a chunk of queries after a cached prefix)."""
+        import torch
+
+        _check_lengths(q, cu_seqlens_q, cu_seqlens_q, seqused_k)
+        if seqused_k is None:
+            raise ValueError("a paged call needs seqused_k: the keys each sequence has in its pages")
+        if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 or page_table.dim() != 2 \
+                or page_table.device != q.device or page_table.stride(1) != 1:
+            raise ValueError(f"page_table must be a 2-D int32 tensor (batch, pages) with contiguous rows on {q.device}")
+        batch = cu_seqlens_q.shape[0] - 1
+        if page_table.shape[0] != batch:
+            raise ValueError(f"page_table has {page_table.shape[0]} rows for {batch} sequences")
+        key = ("paged", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
+               k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, batch, int(max_seqlen_q),
+               page_table.stride(0), softmax_scale, None if out is None else (out.shape, out.stride(), out.dtype))
+        plan = self._plans.get(key) if self._plans is not None else None
+        if plan is None:
+            plan = build_paged_plan(self, q, k_cache, v_cache, out, softmax_scale, batch, int(max_seqlen_q),
+                                    page_table.stride(0))
+            self._remember_plan(key, plan)
+        if out is None:
+            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+        self._launch(plan, q, k_cache, v_cache, out,
+                     (cu_seqlens_q.data_ptr(), 0, seqused_k.data_ptr(), page_table.data_ptr()))
         return out
 
     def _remember_plan(self, key, plan) -> None:

@@ -1,12 +1,14 @@
-"""The verification gate (tuner/verify.py) for packed sequences: a varlen kernel is correct only if every
-length mix passes.
+"""The verification gate (tuner/verify.py) for packed sequences: a varlen or paged kernel is correct only if
+every length mix passes.
 
 Per mix: fresh random inputs, the packed output poisoned with NaN, every row of every sequence written and
 finite, the inputs unchanged, and tuner.verify's two bounds (FlashAttention's yardstick against a plain
 torch implementation in the kernel's dtype, and the relative error) over all sequences, each computed alone
 by the fp32 reference with causal aligned bottom-right within the sequence. Keys past ``seqused_k`` are
 written with a large finite value: a kernel that lets them into a softmax fails, one that masks them (and
-multiplies their values by zero probabilities) passes.
+multiplies their values by zero probabilities) passes. Paged mixes put each sequence's keys in pages of a
+shuffled cache (the table is not the identity) beside spare pages no table row names, which hold NaN: a
+kernel that reads a page it was not given fails.
 """
 from __future__ import annotations
 
@@ -60,15 +62,47 @@ CHECK_MIXES = (
 )
 
 
-def check_mix(kernel: Callable, spec: KernelSpec, mix: LengthMix, gen, device: str = "cuda") -> ShapeCheck:
-    """``kernel.varlen(...)`` on one mix against the reference, sequence by sequence."""
+@dataclass(frozen=True)
+class PagedMix:
+    """One paged call: query lengths, the keys each sequence uses and has allocated (whole pages), the page
+    size, and the spare pages the cache holds beside them (NaN: never to be read)."""
+
+    seqlens_q: tuple[int, ...]
+    seqused_k: tuple[int, ...]
+    page_size: int
+    allocated_k: Optional[tuple[int, ...]] = None
+    spare_pages: int = 7
+
+    @property
+    def keys(self) -> tuple[int, ...]:
+        return self.allocated_k if self.allocated_k is not None else self.seqused_k
+
+    @property
+    def used(self) -> tuple[int, ...]:
+        return self.seqused_k
+
+    def label(self) -> str:
+        return f"page{self.page_size} q{list(self.seqlens_q)} used{list(self.seqused_k)}"
+
+
+# Pages smaller than the K/V tile (several boxes a tile), as large (one), larger (a tile within a page);
+# chunked prefill on a cached prefix; keys used short of the pages allocated, down to none.
+CHECK_PAGED_MIXES = (
+    PagedMix((1, 100, 300), (5, 700, 1300), 16),
+    PagedMix((64, 2000, 1, 0), (64, 2100, 900, 50), 128, (128, 2176, 1024, 128)),
+    PagedMix((300, 129), (1000, 129), 256, (1024, 256)),
+    PagedMix((40, 64, 9), (100, 0, 9), 64),
+)
+
+
+def _packed_case(spec: KernelSpec, mix, gen, device):
+    """q, k, v packed per the mix (K/V rows past each sequence's used keys set to _UNUSED_KEY), the
+    cumulative lengths, the output poisoned with NaN."""
     import torch
 
     hq, hkv = CHECK_HEADS[spec.variant]
     dt = getattr(torch, _DTYPES[spec.dtype])
-    label = f"{spec.label()} {mix.label()} hq{hq} hkv{hkv}"
-    cu_q = [0]
-    cu_k = [0]
+    cu_q, cu_k = [0], [0]
     for sq, sk in zip(mix.seqlens_q, mix.keys):
         cu_q.append(cu_q[-1] + sq)
         cu_k.append(cu_k[-1] + sk)
@@ -80,24 +114,71 @@ def check_mix(kernel: Callable, spec: KernelSpec, mix: LengthMix, gen, device: s
     for b, used in enumerate(mix.used):     # the unused tail of each sequence's keys
         k[cu_k[b] + used:cu_k[b + 1]] = _UNUSED_KEY
         v[cu_k[b] + used:cu_k[b + 1]] = _UNUSED_KEY
-    saved = [t.clone() for t in (q, k, v)]
     out = torch.full((cu_q[-1], hq, spec.d_v), float("nan"), dtype=dt, device=device)
+    return q, k, v, cu_q, cu_k, out
+
+
+def _paged_cache(k, v, cu_k, mix: PagedMix, gen, device):
+    """The packed keys and values spread over the pages of a shuffled cache, spare pages of NaN beside them;
+    the table (int32, batch x the most pages a sequence has)."""
+    import torch
+
+    page = mix.page_size
+    counts = [-(-(cu_k[b + 1] - cu_k[b]) // page) for b in range(len(cu_k) - 1)]
+    total = sum(counts) + mix.spare_pages
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(int(gen.initial_seed()) % (2 ** 31)))
+    kc = torch.full((total, page, *k.shape[1:]), float("nan"), dtype=k.dtype, device=device)
+    vc = torch.full((total, page, *v.shape[1:]), float("nan"), dtype=v.dtype, device=device)
+    table = torch.zeros(len(counts), max(1, max(counts)), dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(counts):
+        for j in range(n):
+            pid = int(order[at])
+            at += 1
+            table[b, j] = pid
+            rows = slice(cu_k[b] + j * page, min(cu_k[b] + (j + 1) * page, cu_k[b + 1]))
+            count = rows.stop - rows.start
+            kc[pid, :count], vc[pid, :count] = k[rows], v[rows]
+            kc[pid, count:], vc[pid, count:] = _UNUSED_KEY, _UNUSED_KEY   # the last page's unused rows
+    return kc, vc, table.to(device)
+
+
+def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda") -> ShapeCheck:
+    """``kernel.varlen(...)`` (or ``kernel.paged(...)`` for a PagedMix) on one mix against the reference,
+    sequence by sequence."""
+    import torch
+
+    hq, hkv = CHECK_HEADS[spec.variant]
+    dt = getattr(torch, _DTYPES[spec.dtype])
+    label = f"{spec.label()} {mix.label()} hq{hq} hkv{hkv}"
+    q, k, v, cu_q, cu_k, out = _packed_case(spec, mix, gen, device)
     as_i32 = {"dtype": torch.int32, "device": device}
     cu_seqlens_q, cu_seqlens_k = torch.tensor(cu_q, **as_i32), torch.tensor(cu_k, **as_i32)
-    seqused_k = torch.tensor(mix.seqused_k, **as_i32) if mix.seqused_k is not None else None
+    seqused_k = torch.tensor(mix.used, **as_i32) if mix.seqused_k is not None else None
+    paged = isinstance(mix, PagedMix)
+    if paged:
+        k_cache, v_cache, table = _paged_cache(k, v, cu_k, mix, gen, device)
+        saved = [t.clone() for t in (q, k_cache, v_cache)]
+    else:
+        saved = [t.clone() for t in (q, k, v)]
 
     def fail(reason, max_err=math.nan, rel=math.nan, bound=math.nan, lowp=math.nan):
         return ShapeCheck(label, False, max_err, rel, bound, lowp, reason)
 
     try:
-        result = kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q), max(mix.keys),
-                               seqused_k=seqused_k, out=out)
+        if paged:
+            result = kernel.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, table, max(mix.seqlens_q), out=out)
+        else:
+            result = kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q), max(mix.keys),
+                                   seqused_k=seqused_k, out=out)
         torch.cuda.synchronize()
     except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
         return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     if result is not None and result.data_ptr() != out.data_ptr():
         return fail("the kernel did not write into the output buffer it was given")
-    if not all(torch.equal(a, b) for a, b in zip((q, k, v), saved)):
+    inputs = (q, k_cache, v_cache) if paged else (q, k, v)
+    if not all(torch.equal(a.nan_to_num(7.0), b.nan_to_num(7.0))
+               for a, b in zip(inputs, saved)):
         return fail("the kernel modified its inputs")
     finite = torch.isfinite(out)
     if not bool(finite.all()):
@@ -130,17 +211,19 @@ def check_mix(kernel: Callable, spec: KernelSpec, mix: LengthMix, gen, device: s
     return ShapeCheck(label, not reasons, max_err, rel, bound, lowp_err, "; ".join(reasons))
 
 
-def verify_varlen(kernel, spec: KernelSpec, mixes: Optional[Sequence[LengthMix]] = None,
-                  seed: Optional[int] = None, device: str = "cuda") -> VerificationReport:
-    """Every length mix (CHECK_MIXES by default); the report fails at the first bad mix (all still run)."""
+def verify_varlen(kernel, spec: KernelSpec, mixes: Optional[Sequence] = None, seed: Optional[int] = None,
+                  device: str = "cuda") -> VerificationReport:
+    """Every length mix (CHECK_MIXES for a varlen kernel, CHECK_PAGED_MIXES for a paged one); the report
+    fails at the first bad mix (all still run)."""
     import torch
 
-    if spec.layout != "varlen":
-        raise ValueError(f"{spec.label()} is not a varlen kernel spec")
+    if spec.layout not in ("varlen", "paged"):
+        raise ValueError(f"{spec.label()} does not take packed sequences")
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    checks = tuple(check_mix(kernel, spec, m, gen, device) for m in (mixes or CHECK_MIXES))
+    default = CHECK_PAGED_MIXES if spec.layout == "paged" else CHECK_MIXES
+    checks = tuple(check_mix(kernel, spec, m, gen, device) for m in (mixes or default))
     bad = [c for c in checks if not c.passed]
     reason = f"{len(bad)} of {len(checks)} mixes failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""
     return VerificationReport(passed=not bad, checks=checks, reason=reason, seed=seed)

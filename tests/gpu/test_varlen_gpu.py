@@ -1,6 +1,7 @@
-"""Packed sequences on a Hopper GPU (marker gpu; skipped elsewhere): varlen kernels of the reference
-sketches (tl/layout.py) pass the varlen verification gate (tuner/verify_varlen.py: lengths 0/1/127/128/129,
-one long among short, chunked prefill, seqused_k, causal rows that see no key), and a wrong one is caught."""
+"""Packed sequences on a Hopper GPU (marker gpu; skipped elsewhere): varlen and paged kernels of the
+reference sketches (tl/layout.py) pass the verification gate (tuner/verify_varlen.py: lengths 0/1/127/128/
+129, one long among short, chunked prefill, seqused_k, causal rows that see no key; pages of 16/64/128/256 in
+a shuffled cache beside NaN spare pages), and wrong ones are caught."""
 import os
 from pathlib import Path
 
@@ -26,6 +27,9 @@ CASES = [
     ("mha128c_fp16_tiles", KernelSpec("mha", 128, 128, True, "fp16", "varlen"), {"persistent": False}),
     ("mha64c", KernelSpec("mha", 64, 64, True, "bf16", "varlen"), {}),
     ("mla_c", KernelSpec("mla", 192, 128, True, "bf16", "varlen"), {}),
+    ("paged_gqa128c", KernelSpec("gqa", 128, 128, True, "bf16", "paged"), {}),
+    ("paged_gqa128n", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), {}),
+    ("paged_mla_c_fp16", KernelSpec("mla", 192, 128, True, "fp16", "paged"), {}),
 ]
 
 
@@ -99,3 +103,21 @@ def test_varlen_matches_the_dense_kernel_on_equal_lengths(built):
     cu = torch.arange(0, (b + 1) * s, s, dtype=torch.int32, device="cuda")
     packed = varlen.varlen(q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1), cu, cu, s, s)
     torch.testing.assert_close(packed.view(b, s, 8, 128), dense(q, k, v), atol=0, rtol=0)
+
+
+def test_a_paged_kernel_that_ignores_the_page_table_is_rejected(built, monkeypatch):
+    """Given the pages in the order they were allocated (the identity table), not the shuffled table: the
+    gate sees wrong keys, or NaN from the spare pages."""
+    from tuner.runtime import load_kernel
+    from tuner.verify_varlen import verify_varlen
+
+    gen, result = built["paged_gqa128c"]
+    kernel = load_kernel(result.cubin, gen.meta())
+    real = kernel.paged
+
+    def identity_table(q, kc, vc, cu_q, used, table, *args, **kwargs):
+        ident = torch.arange(table.numel(), dtype=torch.int32, device=table.device).view_as(table)
+        return real(q, kc, vc, cu_q, used, ident.remainder(kc.shape[0]), *args, **kwargs)
+
+    monkeypatch.setattr(kernel, "paged", identity_table)
+    assert not verify_varlen(kernel, gen.spec).passed

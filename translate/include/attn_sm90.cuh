@@ -204,7 +204,7 @@ __forceinline__ __device__ TileCoord decode_tile(int tile, int m_blocks, int hea
 // of one KV head run back to back). A CTA is handed increasing tile numbers, so it finds a tile's
 // sequence by walking forward from its previous tile's: every sequence's lengths are read once per CTA.
 struct VarlenTile {
-  int m_block, bidh, seqlen_q, seqlen_k, q_row0, k_row0;
+  int m_block, bidh, seqlen_q, seqlen_k, q_row0, k_row0, seq;
 };
 struct VarlenCursor {
   int seq = 0, first_tile = 0;   // the sequence reached and the number of its first tile
@@ -225,8 +225,9 @@ __forceinline__ __device__ bool varlen_tile(int tile, VarlenCursor& cur, int con
       t.bidh = local - block * heads;
       t.seqlen_q = seqlen_q;
       t.q_row0 = q_row0;
-      t.k_row0 = cu_seqlens_k[cur.seq];
+      t.k_row0 = cu_seqlens_k != nullptr ? cu_seqlens_k[cur.seq] : 0;   // paged: rows are found by page
       t.seqlen_k = seqused_k != nullptr ? seqused_k[cur.seq] : cu_seqlens_k[cur.seq + 1] - t.k_row0;
+      t.seq = cur.seq;
       return true;
     }
     cur.first_tile += blocks * heads;
@@ -269,6 +270,44 @@ __forceinline__ __device__ void tma_load_tile(CUtensorMap const* desc, uint64_t*
   for (int c = 0; c < kChunks; ++c) {
     SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL), smem + c * kRows * 64,
                            c * 64, row0, head, batch);
+  }
+}
+
+// A K or V tile of kTileRows keys from a paged cache (pages, page_size, heads, D): one box of
+// min(kTileRows, page_size) rows per page it spans (the descriptor's box), each from the page the sequence's
+// table row names, landing where the tile's rows go. Keys past the sequence's used ones read the last used
+// page (any rows of it: they are masked), never a page the table does not give it. The tile's page numbers
+// are read together (independent loads: one latency, not one per page) into `cache`, which the V tile of
+// the same keys reuses (H100, pages of 16: one dependent load per page left the producer the bottleneck).
+template <int kMaxPages>
+struct PageCache {
+  int row0 = -1;
+  int ids[kMaxPages];
+};
+
+template <int kChunks, int kTileRows, int kMaxPages, typename Element>
+__forceinline__ __device__ void tma_load_paged(CUtensorMap const* desc, uint64_t* bar, Element* smem, int row0,
+                                               int seqlen_k, int head, int const* pages, int page_size,
+                                               PageCache<kMaxPages>& cache) {
+  const int rows = min(kTileRows, page_size);
+  const int boxes = kTileRows / rows;
+  if (cache.row0 != row0) {
+    CUTE_UNROLL
+    for (int b = 0; b < kMaxPages; ++b) {
+      if (b < boxes) { cache.ids[b] = pages[min(row0 + b * rows, max(seqlen_k - 1, 0)) / page_size]; }
+    }
+    cache.row0 = row0;
+  }
+  CUTE_UNROLL
+  for (int b = 0; b < kMaxPages; ++b) {
+    if (b < boxes) {
+      CUTE_UNROLL
+      for (int c = 0; c < kChunks; ++c) {
+        SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL),
+                               smem + c * kTileRows * 64 + b * rows * 64, c * 64, (row0 + b * rows) % page_size, head,
+                               cache.ids[b]);
+      }
+    }
   }
 }
 

@@ -33,6 +33,7 @@ class Ctx:
     buffer_role: dict                        # TL shared buffer -> q, k, v
     separate_o: bool = False                 # O has its own shared tile (else it reuses Q's)
     varlen: bool = False                     # packed sequences (tl/layout.py): rows found by cu_seqlens
+    paged: bool = False                      # keys and values through a page table (tl/layout.py)
     loop_vars: list = field(default_factory=list)
     gemm_names: dict = field(default_factory=dict)
 
@@ -74,6 +75,13 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     tile = ctx.expr(op.data["tile"], op.line)
     x = role   # k or v
     dim = "kHeadDimQK" if x == "k" else "kHeadDimV"
+    if ctx.paged:
+        load = (f"{INDENT}attn_sm90::tma_load_paged<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
+                f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size, "
+                "page_cache);")
+    else:
+        load = (f"{INDENT}attn_sm90::tma_load_tile<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
+                f"smem_{x} + slot * kTile{x.upper()}Elems, {k_row}, bidh_kv, bidb);")
     return [
         "{",
         f"{INDENT}const int slot = {x}_write % kStages;",
@@ -82,8 +90,7 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
         f"{INDENT}++{x}_write;",
         f"{INDENT}attn_sm90::FullBarrier::arrive_and_expect_tx(&{x}_full[slot], kTile{x.upper()}Bytes);",
         f"{INDENT}const int n_block = n_tiles - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
-        f"{INDENT}attn_sm90::tma_load_tile<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
-        f"smem_{x} + slot * kTile{x.upper()}Elems, {k_row}, bidh_kv, bidb);",
+        load,
         "}",
     ]
 
@@ -380,11 +387,13 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     return lines
 
 
-def kernel_signature(name: str, varlen: bool = False) -> list[str]:
+def kernel_signature(name: str, varlen: bool = False, paged: bool = False) -> list[str]:
     args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
     if varlen:
         args += ["const int* __restrict__ cu_seqlens_q", "const int* __restrict__ cu_seqlens_k",
                  "const int* __restrict__ seqused_k"]
+    if paged:
+        args += ["const int* __restrict__ page_table", "const int64_t page_table_stride", "const int page_size"]
     args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
     return base.kernel_signature(name, args)
 

@@ -26,10 +26,16 @@ EXTRA_ARGS = (("heads_q", "i32"), ("batch", "i32"), ("tile_counter", "ptr"), ("t
 # (int32, batch; null: all of cu_seqlens_k's), before the descriptors; seqlen_q/seqlen_k then carry the
 # longest sequence's lengths and batch the number of sequences.
 VARLEN_ARGS = (("cu_seqlens_q", "ptr"), ("cu_seqlens_k", "ptr"), ("seqused_k", "ptr"))
+# A paged cache (tl/layout.py): the table (int32, batch x its row stride), the page size; cu_seqlens_k is null
+# then and seqused_k gives each sequence's keys.
+PAGED_ARGS = (("page_table", "ptr"), ("page_table_stride", "i64"), ("page_size", "i32"))
+MIN_PAGE_ROWS = 16   # the smallest page a paged kernel takes: it keeps a K/V tile's page numbers in registers
 
 
-def extra_args(varlen: bool) -> tuple:
-    return EXTRA_ARGS[:3] + VARLEN_ARGS + EXTRA_ARGS[3:] if varlen else EXTRA_ARGS
+def extra_args(layout: str) -> tuple:
+    if layout == "dense":
+        return EXTRA_ARGS
+    return EXTRA_ARGS[:3] + VARLEN_ARGS + (PAGED_ARGS if layout == "paged" else ()) + EXTRA_ARGS[3:]
 
 
 def generate_warp_specialized(program: Program, params, profile, spec) -> GeneratedKernel:
@@ -45,9 +51,9 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     pingpong = bool(params.pingpong)
     if pingpong and params.block_m < 128:
         raise TranslationError("ping-pong takes turns between two or three consumer warpgroups (block_m 128 or 192)")
-    varlen = spec.layout == "varlen"
+    varlen, paged = spec.layout in ("varlen", "paged"), spec.layout == "paged"
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
-                 buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen)
+                 buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen, paged=paged)
     # the sketch is part of the kernel: two schedules with the same parameters are two kernels
     name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash(program)}"
 
@@ -76,7 +82,10 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
             f"{I}*tile_slot = tile;",
             f"{I}*tile_info = vt;",
             f"{I}if (tile == attn_sm90::kNoTile) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
-            *em._indent(em.tile_setup(True, "vt"), 1)]
+            *em._indent(em.tile_setup(True, "vt"), 1),
+            *([f"{I}const int* pages = page_table + vt.seq * page_table_stride;  // the sequence's pages",
+               f"{I}attn_sm90::PageCache<kBlockN / {MIN_PAGE_ROWS}> page_cache;  // this tile's page numbers"]
+              if paged else [])]
     else:
         hand_out = [
             f"{I}*tile_slot = tile;",
@@ -134,7 +143,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
     body_lines = header + em.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
-    body_lines += em.kernel_signature(name, varlen)
+    body_lines += em.kernel_signature(name, varlen, paged)
     setup = em.kernel_setup()
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
@@ -143,7 +152,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     smem = smem_bytes_ws(params, spec, lowered.stages, separate_o)
     return GeneratedKernel(name=name, preamble=HOPPER_PREAMBLE, body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
-                           block_n=params.block_n, spec=spec, params=params, extra_args=extra_args(varlen),
+                           block_n=params.block_n, spec=spec, params=params, extra_args=extra_args(spec.layout),
                            tensor_maps=tensor_map_boxes(params, spec),
                            grid="persistent" if params.persistent else "tiles")
 
@@ -162,7 +171,7 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool) -> int:
     kv = stages * params.block_n * (spec.d_qk + spec.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
     o = params.block_m * spec.d_v if separate_o else 0
-    info = 32 if spec.layout == "varlen" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
+    info = 32 if spec.layout != "dense" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
     return (q + kv + p + o) * 2 + (2 + 4 * stages) * 8 + 16 + info   # + the tile number
 
 
