@@ -24,13 +24,16 @@ HQ, HKV, D = 32, 8, 128
 
 
 def mixes() -> dict:
+    """name -> (query lengths, key lengths); the last is the paged rows' shape with contiguous keys."""
     g = torch.Generator().manual_seed(0)
-    return {"8x2k": [2048] * 8, "1x8k+32x256": [8192] + [256] * 32,
-            "64 random 1-512": torch.randint(1, 513, (64,), generator=g).tolist()}
+    random = torch.randint(1, 513, (64,), generator=g).tolist()
+    return {"8x2k": ([2048] * 8,) * 2, "1x8k+32x256": ([8192] + [256] * 32,) * 2,
+            "64 random 1-512": (random, random), "2x(2k on 6k)": ([2048] * 2, [8192] * 2)}
 
 
-def visible_pairs(lens, causal: bool) -> int:
-    return sum(s * (s + 1) // 2 if causal else s * s for s in lens)
+def visible_pairs(lens_q, lens_k, causal: bool) -> int:
+    """(query, key) pairs computed: causal aligns bottom-right, so a query sees the keys before its own."""
+    return sum(sq * (sk - sq) + sq * (sq + 1) // 2 if causal else sq * sk for sq, sk in zip(lens_q, lens_k))
 
 
 def build(gpu: str, cache_dir: Path, changes: dict | None = None, causal: bool = True, layout: str = "varlen"):
@@ -105,25 +108,27 @@ def main(argv=None) -> int:
         fa4, fa4_error = None, str(exc)
     gen, ours = build(args.gpu, Path(args.cache_dir))
     result = {"device": torch.cuda.get_device_name(), "kernel": gen.name, "params": gen.params.to_dict(), "rows": []}
-    for name, lens in mixes().items():
-        total = sum(lens)
+    for name, (lens, lens_k) in mixes().items():
+        total, total_k = sum(lens), sum(lens_k)
         q = torch.randn(total, HQ, D, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(total, HKV, D, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(total_k, HKV, D, device="cuda", dtype=torch.bfloat16)
         v = torch.randn_like(k)
         cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
-        m = max(lens)
-        flops = 4 * HQ * D * visible_pairs(lens, True)
+        cuk = torch.tensor([0] + torch.tensor(lens_k).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+        m, mk = max(lens), max(lens_k)
+        flops = 4 * HQ * D * visible_pairs(lens, lens_k, True)
         row = {"mix": name, "tokens": total}
-        calls = {"ours": lambda: ours.varlen(q, k, v, cu, cu, m, m)}
+        calls = {"ours": lambda: ours.varlen(q, k, v, cu, cuk, m, mk)}
         if fa4 is not None:
-            calls["fa4"] = lambda: fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu,
-                                                              max_seqlen_q=m, max_seqlen_k=m, causal=True)
-        padded = [torch.zeros(len(lens), h, m, D, device="cuda", dtype=torch.bfloat16) for h in (HQ, HKV, HKV)]
-        for b, s in enumerate(lens):
-            for dst, src in zip(padded, (q, k, v)):
-                dst[b, :, :s] = src[cu[b]:cu[b] + s].transpose(0, 1)
-        calls["sdpa_padded"] = lambda: torch.nn.functional.scaled_dot_product_attention(*padded, is_causal=True,
-                                                                                          enable_gqa=True)
+            calls["fa4"] = lambda: fa4.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cuk,
+                                                              max_seqlen_q=m, max_seqlen_k=mk, causal=True)
+        if lens == lens_k:   # SDPA's is_causal is top-left: only self-attention pads to the same result
+            padded = [torch.zeros(len(lens), h, m, D, device="cuda", dtype=torch.bfloat16) for h in (HQ, HKV, HKV)]
+            for b, s in enumerate(lens):
+                for dst, src in zip(padded, (q, k, v)):
+                    dst[b, :, :s] = src[cu[b]:cu[b] + s].transpose(0, 1)
+            calls["sdpa_padded"] = lambda: torch.nn.functional.scaled_dot_product_attention(
+                *padded, is_causal=True, enable_gqa=True)
         outs = {}
         for key, call in calls.items():
             try:

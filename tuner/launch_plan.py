@@ -190,7 +190,6 @@ def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqle
 
 
 PAGED_POINTERS = VARLEN_POINTERS + ("page_table",)
-MIN_PAGE_ROWS = 16   # translate/sm90/generate.py: the page numbers a tile keeps in registers
 
 
 def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int, max_seqlen_q: int,
@@ -214,10 +213,9 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in pages, "
                          "page size or heads")
     page_size, block_n = int(k_cache.shape[1]), int(kernel.meta["block_n"])
-    if page_size < MIN_PAGE_ROWS or (page_size % block_n and block_n % page_size):
-        raise ValueError(f"page size {page_size} must be at least {MIN_PAGE_ROWS} and divide block N {block_n} or be "
-                         "a multiple of it (the kernel reads a tile as whole boxes of one page, and keeps a tile's "
-                         "page numbers in registers)")
+    if page_size < 1 or (page_size % block_n and block_n % page_size):
+        raise ValueError(f"page size {page_size} must divide block N {block_n} or be a multiple of it (the "
+                         "kernel reads a tile as whole boxes of one page)")
     q4 = _Packed(q)
     _check_inputs(q4, k_cache, v_cache, dtype, spec, packed=True, paged=True)
     if q.device.index != kernel.device_index:

@@ -77,8 +77,7 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     dim = "kHeadDimQK" if x == "k" else "kHeadDimV"
     if ctx.paged:
         load = (f"{INDENT}attn_sm90::tma_load_paged<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
-                f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size, "
-                "page_cache);")
+                f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
     else:
         load = (f"{INDENT}attn_sm90::tma_load_tile<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, {k_row}, bidh_kv, bidb);")

@@ -29,7 +29,6 @@ VARLEN_ARGS = (("cu_seqlens_q", "ptr"), ("cu_seqlens_k", "ptr"), ("seqused_k", "
 # A paged cache (tl/layout.py): the table (int32, batch x its row stride), the page size; cu_seqlens_k is null
 # then and seqused_k gives each sequence's keys.
 PAGED_ARGS = (("page_table", "ptr"), ("page_table_stride", "i64"), ("page_size", "i32"))
-MIN_PAGE_ROWS = 16   # the smallest page a paged kernel takes: it keeps a K/V tile's page numbers in registers
 
 
 def extra_args(layout: str) -> tuple:
@@ -83,8 +82,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
             f"{I}*tile_info = vt;",
             f"{I}if (tile == attn_sm90::kNoTile) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
             *em._indent(em.tile_setup(True, "vt"), 1),
-            *([f"{I}const int* pages = page_table + vt.seq * page_table_stride;  // the sequence's pages",
-               f"{I}attn_sm90::PageCache<kBlockN / {MIN_PAGE_ROWS}> page_cache;  // this tile's page numbers"]
+            *([f"{I}const int* pages = page_table + vt.seq * page_table_stride;  // the sequence's pages"]
               if paged else [])]
     else:
         hand_out = [
