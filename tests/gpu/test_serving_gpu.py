@@ -210,3 +210,21 @@ def test_opcheck_with_the_real_kernel(attn):
                                                                              v.detach(), None, True, 0.1),
                           test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
                           atol=2e-2, rtol=2e-2)
+
+
+def test_descriptor_addresses_are_rewritten_in_place(attn):
+    """The driver's encoding of the kernels' TMA descriptors keeps the global address where tuner.tma's probe
+    proved it (else every new tensor costs four full encodes: still correct, slower); and a launch on new
+    tensors of the same signature reads them."""
+    q, k, v = _qkv(b=1, s=640, seed=21)
+    out = attn(q, k, v, causal=True)
+    route = attn.route(q, k, v, True, 1 / 128 ** 0.5)
+    from tuner.serving import op
+
+    entry = op._ROUTES[route].config.kernels[op._ROUTES[route].bucket]
+    kernel = attn.kernel(entry, 0)
+    maps = [slot for plan in kernel._plans.values() for slot in plan.maps]
+    assert maps and all(slot.address_offset is not None for slot in maps), [s.address_offset for s in maps]
+    fresh = _qkv(b=1, s=640, seed=22)
+    _check(attn(*fresh, causal=True), *fresh, True)
+    _check(out, q, k, v, True)
