@@ -245,3 +245,30 @@ def test_build_reference_sketch_for_real(gpu, arch, atom, tmp_path, build_cache)
             assert record["sass"]["LDGSTS"] > 0  # cp.async on sm80+
         else:
             assert record["sass"]["LDGSTS"] == 0  # Turing has no cp.async
+
+
+@pytest.mark.slow
+@needs_nvcc
+@pytest.mark.parametrize("layout,arg", [("varlen", "cu_seqlens_q"), ("paged", "page_table")])
+def test_build_a_serving_layout(layout, arg, tmp_path, build_cache):
+    """--layout rewrites the reference sketch's offsets (tl/layout.py) and builds the Hopper kernel that takes
+    the layout's arguments, with no spills (the layout's producer registers, translate/defaults.py)."""
+    result = invoke("build", "--gpu", "h100", "--variant", "gqa", "--layout", layout, "-o", str(tmp_path),
+                    env={"TUNER_CACHE_DIR": str(build_cache)})
+    assert result.exit_code == 0, result.output
+    (sidecar,) = tmp_path.glob("*.json")
+    record = json.loads(sidecar.read_text())
+    assert record["spec"]["layout"] == layout and f"_{layout}_" in sidecar.stem
+    assert arg in [a[0] for a in record["meta"]["args"]]
+    assert record["resources"]["spill_stores"] == 0
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--gpu", "h100", "--layout", "ragged"), "unknown layout 'ragged'; choose one of: dense, varlen, paged"),
+    (("--gpu", "a100", "--layout", "varlen"), "the varlen layout is built by the warp-specialised Hopper schedules"),
+    (("--gpu", "h100", "--layout", "paged", "--schedule", "fa2"), "the paged layout is built by the warp-specialised"),
+])
+def test_a_layout_the_target_cannot_build_exits_2(args, message, tmp_path):
+    result = invoke("build", "--variant", "gqa", *args, "-o", str(tmp_path / "out"))
+    assert result.exit_code == 2 and message in result.output
+    assert not (tmp_path / "out").exists()

@@ -48,17 +48,23 @@ def parse_params_arg(text: Optional[str], base: KernelParams) -> KernelParams:
 
 
 def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optional[str],
-                   causal: bool) -> tuple[Profile, KernelSpec]:
+                   causal: bool, layout: str = "dense") -> tuple[Profile, KernelSpec]:
     """Profile and kernel spec from the command line; UsageError naming the choices when one is wrong."""
+    import dataclasses
+
+    from tl.layout import LAYOUTS
+
     try:
         profile = load_profile(gpu)
     except ProfileError as exc:
         raise UsageError(str(exc)) from None
+    if layout not in LAYOUTS:
+        raise UsageError(f"unknown layout {layout!r}; choose one of: {', '.join(LAYOUTS)}")
     try:
         spec = spec_for(variant, head_dim, dtype or profile.default_dtype, causal)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return profile, spec
+    return profile, dataclasses.replace(spec, layout=layout)
 
 
 def resolve_schedule(schedule: Optional[str], profile: Profile) -> str:
@@ -73,14 +79,16 @@ def resolve_schedule(schedule: Optional[str], profile: Profile) -> str:
     return schedule
 
 
-def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], schedule: str = "fa2"):
-    """(program, source text, path label, diagnostics). The built-in reference sketch of ``schedule`` when
-    no file is given."""
+def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], schedule: str = "fa2",
+                         layout: str = "dense"):
+    """(program, source text, path label, diagnostics). The built-in reference sketch of ``schedule`` in
+    ``layout`` when no file is given."""
     import tl
 
     if sketch is None:
-        text = tl.load_sketch(variant, causal, schedule)
-        label = f"<reference {schedule} {variant} {'causal' if causal else 'noncausal'}>"
+        text = tl.load_sketch(variant, causal, schedule, layout)
+        label = f"<reference {schedule} {variant} {'causal' if causal else 'noncausal'}" + \
+            (f" {layout}>" if layout != "dense" else ">")
     else:
         try:
             text, label = Path(sketch).read_text(), str(sketch)
@@ -92,7 +100,7 @@ def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], sch
 
 def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[str], head_dim: Optional[int],
               dtype: Optional[str], causal: bool, out: Path, console: Optional[Console] = None,
-              cache_dir: Optional[Path] = None, schedule: Optional[str] = None) -> int:
+              cache_dir: Optional[Path] = None, schedule: Optional[str] = None, layout: str = "dense") -> int:
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input or missing toolchain."""
     import translate
     from translate import nvcc
@@ -101,9 +109,12 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
     try:
-        profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal)
+        profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal, layout)
         schedule = resolve_schedule(schedule, profile)
-        program, _, label, diagnostics = load_checked_program(variant, causal, sketch, schedule)
+        if layout != "dense" and not schedule.startswith("ws_"):
+            raise UsageError(f"the {layout} layout is built by the warp-specialised Hopper schedules (ws_overlap, "
+                             f"ws_serial); {profile.name} builds {schedule}")
+        program, _, label, diagnostics = load_checked_program(variant, causal, sketch, schedule, layout)
         if diagnostics or program is None:
             for d in diagnostics:
                 err.print(str(d), markup=False, highlight=False)

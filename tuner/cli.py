@@ -141,12 +141,14 @@ def build(
     causal: bool = typer.Option(True, "--causal/--no-causal"),
     out: Path = typer.Option(..., "-o", "--out", help="Output directory for .cu, .cubin and resources JSON."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
+    layout: str = typer.Option("dense", "--layout", help="dense, varlen (packed sequences, cu_seqlens) or paged "
+                                                          "(a paged KV cache): the reference sketch's offsets."),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.build_cmd import run_build
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
-                               dtype=dtype, causal=causal, out=out, schedule=schedule))
+                               dtype=dtype, causal=causal, out=out, schedule=schedule, layout=layout))
 
 
 @app.command()
