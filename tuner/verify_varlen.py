@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from tuner.problem import KernelSpec
-from tuner.verify import CHECK_HEADS, REL_ERR_BOUND, ShapeCheck, VerificationReport, reference
+from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 _UNUSED_KEY = 1.0e4   # what keys and values past seqused_k hold
@@ -195,20 +195,7 @@ def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda"
             continue
         ref[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal)[0]
         lowp[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal, dtype=dt)[0].float()
-    outf = out.float()
-    max_err = float((outf - ref).abs().max()) if out.numel() else 0.0
-    lowp_err = float((lowp - ref).abs().max()) if out.numel() else 0.0
-    atol = float(2 * ((ref + 0.3 - 0.3).to(dt).float() - ref).abs().max()) if out.numel() else 0.0
-    bound = 2 * lowp_err + atol
-    ref_norm = float(ref.norm())
-    rel = float((outf - ref).norm()) / ref_norm if ref_norm > 0 else float((outf - ref).norm())
-    reasons = []
-    if max_err > bound:
-        reasons.append(f"max error {max_err:.3g} > bound {bound:.3g} (2 x torch {spec.dtype} error "
-                       f"{lowp_err:.3g} + atol {atol:.3g})")
-    if rel > REL_ERR_BOUND:
-        reasons.append(f"relative error {rel:.3g} > {REL_ERR_BOUND}")
-    return ShapeCheck(label, not reasons, max_err, rel, bound, lowp_err, "; ".join(reasons))
+    return judge(label, out, ref, lowp, spec.dtype)
 
 
 def verify_varlen(kernel, spec: KernelSpec, mixes: Optional[Sequence] = None, seed: Optional[int] = None,

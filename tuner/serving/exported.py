@@ -109,18 +109,26 @@ class ExportedAttention(DropIns, VarlenCalls):
             self._messages[found] = self._sentence(q, k, v, causal, scale, found)
         return found
 
-    def _decide(self, q, k, v, causal, scale) -> int:
+    def _table_or_fallback(self, tables: dict, q, k, v, scale):
+        """(the device's dispatch table, None), or (None, the fallback route) when no table can serve the call:
+        the checks of both layouts' dispatch before the head layout is looked up."""
         device = q.device
         if k.device != device or v.device != device:
-            return self._fallback["mixed-devices"]
-        table = self._tables.get((device.type, device.index))
+            return None, self._fallback["mixed-devices"]
+        table = tables.get((device.type, device.index))
         if table is None:
             code = self._no_table.get((device.type, device.index))
-            return self._fallback[code or ("not-cuda" if device.type != "cuda" else "no-device-config")]
+            return None, self._fallback[code or ("not-cuda" if device.type != "cuda" else "no-device-config")]
         if k.dtype != q.dtype or v.dtype != q.dtype:
-            return self._fallback["mixed-dtypes"]
+            return None, self._fallback["mixed-dtypes"]
         if not (0.0 < scale < math.inf):
-            return self._fallback["scale"]
+            return None, self._fallback["scale"]
+        return table, None
+
+    def _decide(self, q, k, v, causal, scale) -> int:
+        table, fallback = self._table_or_fallback(self._tables, q, k, v, scale)
+        if table is None:
+            return fallback
         # int(): heads and head dims are specialised when torch.compile made them symbolic (dynamic=True);
         # a model's never change, and dispatch is by them
         config, code = pick(table, heads_q=int(q.shape[2]), heads_kv=int(k.shape[2]), d_qk=int(q.shape[3]),

@@ -28,17 +28,9 @@ class VarlenCalls:
     ``reasons``; ``_varlen_tables`` is built in its __init__."""
 
     def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k) -> int:
-        device = q.device
-        if k.device != device or v.device != device:
-            return self._fallback["mixed-devices"]
-        table = self._varlen_tables.get((device.type, device.index))
+        table, fallback = self._table_or_fallback(self._varlen_tables, q, k, v, scale)
         if table is None:
-            code = self._no_table.get((device.type, device.index))
-            return self._fallback[code or ("not-cuda" if device.type != "cuda" else "no-device-config")]
-        if k.dtype != q.dtype or v.dtype != q.dtype:
-            return self._fallback["mixed-dtypes"]
-        if not (0.0 < scale < math.inf):
-            return self._fallback["scale"]
+            return fallback
         config, code = pick(table, heads_q=int(q.shape[1]), heads_kv=int(k.shape[1]), d_qk=int(q.shape[2]),
                             d_v=int(v.shape[2]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
         if config is None:
