@@ -141,6 +141,37 @@ __forceinline__ __device__ void convert_into(TP& p, TS const& acc_s) {
       convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(acc_s.data()));
 }
 
+// ---- epilogue: registers -> shared memory -----------------------------------------------------------
+// The 16-bit output fragment of the consumer warpgroups (a wgmma accumulator: per 8-column group j, a
+// thread holds two neighbouring columns of rows r and r + 8, as registers 2j and 2j + 1 of 32 bits) into
+// the (kTileRows, kCols) output tile of K-major, 128-byte-swizzled 64-column chunks (SmemLayoutO:
+// tile_to_shape(GMMA::Layout_K_SW128_Atom, ...) at a 1024-byte-aligned address), one stmatrix.x4 per 16
+// columns: its 8x8 matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) take the thread's 32-bit registers
+// 4k .. 4k + 3, and lane l gives the address of row l % 8 of matrix l / 8.
+// These are the stores (address and registers, per thread and instruction) of CuTe's
+// make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>, tiled_mma) over SmemLayoutO, checked on the host
+// for every tile shape (tests/translate/test_store_o.py), without that copy's partition algebra: ~3 s of
+// cicc per distinct tile, a quarter of a lone kernel's build (BENCHMARKS.md, 2026-11-24).
+template <int kTileRows>
+CUTE_HOST_DEVICE int store_o_offset(int mma_tidx, int k) {   // element offset of this lane's row of matrix k
+  const int lane = mma_tidx % 32;
+  const int row = (mma_tidx / 32) * 16 + lane % 8 + 8 * ((lane / 8) % 2);   // 16 rows a warp
+  const int chunk = 2 * k + lane / 16;   // the row's 16-byte chunk (8 columns) this lane addresses
+  return (chunk / 8) * (kTileRows * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
+}
+
+template <int kTileRows, int kCols, typename TO, typename Element>
+__forceinline__ __device__ void store_o_tile(TO const& r_o, Element* smem, int mma_tidx) {
+  static_assert(sizeof(Element) == 2 && kCols % 64 == 0 && kTileRows % 64 == 0);
+  static_assert(decltype(size(r_o))::value == kCols / 2, "a warpgroup's 64 x kCols tile: kCols / 2 values a thread");
+  const uint32_t* regs = reinterpret_cast<const uint32_t*>(r_o.data());
+  CUTE_UNROLL
+  for (int k = 0; k < kCols / 16; ++k) {
+    SM90_U32x4_STSM_N::copy(regs[4 * k], regs[4 * k + 1], regs[4 * k + 2], regs[4 * k + 3],
+                            *reinterpret_cast<uint128_t*>(smem + store_o_offset<kTileRows>(mma_tidx, k)));
+  }
+}
+
 // ---- pipelines: mbarriers -------------------------------------------------------------------------
 // full[s]: the producer's TMA for stage s landed (one arrive with the byte count, then the bytes);
 // empty[s]: every consumer thread is done reading stage s. A fresh mbarrier counts as having completed

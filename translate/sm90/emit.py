@@ -170,10 +170,7 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
             f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);"])
     lines += _indent([
         f"Tensor rO = attn_tl::convert_type<Element>(acc_{acc});",
-        "Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});",
-        "auto r2s_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);",
-        "auto r2s_thr_o = r2s_o.get_thread_slice(mma_tidx);",
-        "cute::copy(r2s_o, r2s_thr_o.retile_S(rO), r2s_thr_o.partition_D(sO));",
+        "attn_sm90::store_o_tile<kBlockM, kHeadDimV>(rO, smem_o, mma_tidx);  // stmatrix into SmemLayoutO",
         "cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
         f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
         "if (mma_tidx % 128 == 0) {",
