@@ -43,6 +43,25 @@ CUTE_HOST_DEVICE auto acc_to_a_layout(Layout acc) {
                      coalesce(make_layout(get<2, 1>(l), get<2>(acc))));
 }
 
+// ---- wgmma operands in shared memory ---------------------------------------------------------------
+// A shared-memory operand as the tensor of GMMA descriptors that CuTe's ThrMMA::partition_fragment_A/B
+// builds (MakeTensor<GMMA::smem_desc> over make_gmma_desc, field by field in its order), from what those
+// derive out of the tile's layout: the descriptor tensor's layout (16-byte units), the leading and stride
+// byte offsets and the swizzle (layout type). translate/sm90/emit.py gmma_operand() computes them from the
+// tile shape; tests/translate/test_gmma_operands.py checks layout type, fields and each thread's start
+// against CuTe's partitions. CuTe's partition algebra for the Q, K and V operands cost ~2 s of cicc per
+// distinct tile (BENCHMARKS.md, 2026-11-24).
+template <class DescLayout, int kLeading, int kStride, int kLayoutType, typename Element>
+__forceinline__ __device__ auto gmma_operand(Element const* smem) {
+  GmmaDescriptor desc;
+  desc.bitfield.layout_type_ = uint8_t(kLayoutType);
+  desc.bitfield.start_address_ = static_cast<uint16_t>(cast_smem_ptr_to_uint(smem) >> 4);
+  desc.bitfield.base_offset_ = 0;
+  desc.bitfield.stride_byte_offset_ = kStride;
+  desc.bitfield.leading_byte_offset_ = kLeading;
+  return make_tensor(GMMA::DescriptorIterator{desc}, DescLayout{});
+}
+
 // ---- GEMM -----------------------------------------------------------------------------------------
 // Issue one wgmma batch: acc (+)= A * B over every k-block, committed as one group. Asynchronous: the
 // caller waits (warpgroup_wait<N>) before it touches acc, or overwrites A when A is in registers.
