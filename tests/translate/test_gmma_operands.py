@@ -2,7 +2,7 @@
 
 The kernels build the descriptor tensors of Q, K, V (and P, SS P·V) with attn_sm90::gmma_operand from what
 translate/sm90/emit.py gmma_operand() derives from the tile shape, instead of CuTe's partition_fragment_A/B,
-whose partition algebra cost ~2 s of cicc per distinct tile; the kernels' SASS is the same, instruction for
+whose partition algebra cost 2-3 s of cicc per distinct tile; the kernels' SASS is the same, instruction for
 instruction (BENCHMARKS.md, 2026-11-24). gmma_operands_check.cpp compares, per config, the layout type, the
 descriptor fields and every consumer thread's start with CuTe's partitions: tile heights of 1-3 consumer
 warpgroups, block N of every swizzle P can take (128-, 64-, 32-byte: 128/64, 96/160, 80/112/144/176), head
@@ -107,3 +107,46 @@ def test_the_kernel_takes_its_descriptors_from_gmma_operand():
     for name in ("tSrQ", "tSrK", "tOrV", "tOsP"):
         assert f"Tensor {name} = attn_sm90::gmma_operand<Layout<" in src
     assert "(smem_q + int(get<1>(thr_qk.thr_vmnk_)) * 4096)" in src   # warpgroup 1 starts 64 rows of 64 further
+
+
+CUTE_PARTITIONS = {   # what the kernels called before attn_sm90::gmma_operand
+    "tSrQ": "thr_qk.partition_fragment_A(make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{}))",
+    "tSrK": "thr_qk.partition_fragment_B(make_tensor(make_smem_ptr(smem_k), SmemLayoutK{}))",
+    "tOrV": "thr_pv.partition_fragment_B(make_tensor(make_smem_ptr(smem_v), SmemLayoutVt{}))",
+    "tOsP": "thr_pv.partition_fragment_A(sP)",
+}
+
+
+def test_the_descriptors_build_the_sass_of_cutes_partitions(tmp_path):
+    """The default tile with SS P·V (all four operands, two consumer warpgroups) as generated and with CuTe's
+    partitions put back: the same SASS, instruction for instruction (scripts/sass_compare.py does this for a
+    sample of the space)."""
+    import dataclasses
+
+    import tl
+    import translate
+
+    try:
+        nvcc.find_nvcc()
+        nvcc.cutlass_include_dir()
+        nvcc.find_cuobjdump()
+    except nvcc.ToolNotFound as exc:
+        pytest.skip(str(exc))
+    h100, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")
+    params = KernelParams.from_dict({**hopper_params(h100, spec).to_dict(), "pv_operand": "ss"})
+    gen = translate.generate(tl.parse_program(tl.load_sketch("mha", True, "ws_overlap")), params, h100, spec)
+    lines = gen.body.split("\n")
+    for i, line in enumerate(lines):
+        for name, call in CUTE_PARTITIONS.items():
+            if line.lstrip().startswith(f"Tensor {name} = attn_sm90::gmma_operand<"):
+                lines[i] = line[:len(line) - len(line.lstrip())] + f"Tensor {name} = {call};"
+    with_cute = dataclasses.replace(gen, body="\n".join(lines))
+    assert with_cute.body.count(".partition_fragment_") == 4
+    sass = {}
+    for label, kernel in (("ours", gen), ("cute", with_cute)):
+        result = nvcc.compile_kernel(kernel, h100.nvcc_arch, timeout=600)
+        assert result.ok, result.log[-3000:]
+        cubin = tmp_path / f"{label}.cubin"
+        cubin.write_bytes(result.cubin)
+        sass[label] = nvcc.sass_instructions(cubin)[gen.name]
+    assert len(sass["ours"]) > 1000 and sass["ours"] == sass["cute"]

@@ -1,7 +1,7 @@
 """The Hopper epilogue's stmatrix stores (attn_sm90::store_o_tile) are CuTe's (slow: one host-only nvcc build).
 
 store_o_tile replaced make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>, tiled_mma_pv) + cute::copy, whose
-partition algebra cost ~2.4 s of cicc per distinct tile (BENCHMARKS.md, 2026-11-24). store_o_check.cpp takes
+partition algebra cost ~2 s of cicc per distinct tile (BENCHMARKS.md, 2026-11-24). store_o_check.cpp takes
 CuTe's copy apart on the host, from each config's own kernel types, and compares what every consumer thread
 passes to each stmatrix.x4 (address and registers) with the helper's: the same stores, for every tile height
 (1, 2, 3 consumer warpgroups), output head dim (64, 128; MLA's d_v 128 with d_qk 192), 16-bit type and P·V

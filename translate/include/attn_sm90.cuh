@@ -49,7 +49,7 @@ CUTE_HOST_DEVICE auto acc_to_a_layout(Layout acc) {
 // derive out of the tile's layout: the descriptor tensor's layout (16-byte units), the leading and stride
 // byte offsets and the swizzle (layout type). translate/sm90/emit.py gmma_operand() computes them from the
 // tile shape; tests/translate/test_gmma_operands.py checks layout type, fields and each thread's start
-// against CuTe's partitions. CuTe's partition algebra for the Q, K and V operands cost ~2 s of cicc per
+// against CuTe's partitions. CuTe's partition algebra for the Q, K and V operands cost 2-3 s of cicc per
 // distinct tile (BENCHMARKS.md, 2026-11-24).
 template <class DescLayout, int kLeading, int kStride, int kLayoutType, typename Element>
 __forceinline__ __device__ auto gmma_operand(Element const* smem) {
@@ -169,8 +169,8 @@ __forceinline__ __device__ void convert_into(TP& p, TS const& acc_s) {
 // 4k .. 4k + 3, and lane l gives the address of row l % 8 of matrix l / 8.
 // These are the stores (address and registers, per thread and instruction) of CuTe's
 // make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>, tiled_mma) over SmemLayoutO, checked on the host
-// for every tile shape (tests/translate/test_store_o.py), without that copy's partition algebra: ~3 s of
-// cicc per distinct tile, a quarter of a lone kernel's build (BENCHMARKS.md, 2026-11-24).
+// for every tile shape (tests/translate/test_store_o.py), without that copy's partition algebra: ~2 s of
+// cicc per distinct tile, a fifth of a lone kernel's build (BENCHMARKS.md, 2026-11-24).
 template <int kTileRows>
 CUTE_HOST_DEVICE int store_o_offset(int mma_tidx, int k) {   // element offset of this lane's row of matrix k
   const int lane = mma_tidx % 32;

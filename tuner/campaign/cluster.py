@@ -83,8 +83,8 @@ def gpu_pool(accelerator_type: str) -> GpuPool:
 
 
 # nvcc units in flight per node (the cap one GPU host always had): each unit is one single-threaded nvcc of
-# 1.5 GB (a lone Hopper kernel) to 3.5 GB (four of different tiles in one unit; peak RSS, 2026-11-24), so 16
-# stay under ~56 GB.
+# 0.9 GB (a lone Hopper kernel) to 2.6 GB (eight of different tiles in one unit; peak RSS, 2026-11-24), so 16
+# stay under ~42 GB.
 MAX_SLOTS_PER_NODE = 16
 
 
