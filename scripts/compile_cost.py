@@ -1,14 +1,25 @@
 """nvcc seconds per kernel, alone and batched (several kernels in one translation unit), for a set of
 Hopper candidates of one spec: the compile cost a campaign pays per trial (BENCHMARKS.md).
 
-    python scripts/compile_cost.py [--gpu h100] [--variant mha] [--head-dim 128] [--batch 4] [--jobs 1]
+    python scripts/compile_cost.py [--gpu h100] [--variant mha] [--head-dim 128] [--batch 4[,8,...]] [--jobs 1]
+                                   [--mix neighbours|diverse] [--count 4] [--phases]
 
-No cache: every kernel is compiled afresh. Prints one line per kernel alone, then the batched wall time.
+No cache: every kernel is compiled afresh. Prints one line per kernel alone, then the batched wall time (per
+unit size of ``--batch``, a comma list to compare sizes: kernels per second against batch size);
+each with the CPU seconds of nvcc and its children (user + sys), which a machine shared with other work
+inflates less than the wall time. ``--mix neighbours``: the default kernel and three neighbours that share
+most of its CuTe types (the same tile but one); ``--mix diverse``: ``--count`` warp-specialised points of the
+valid space with pairwise different tiles (block M, block N, stages, P·V operand), as the sampler proposes
+them. ``--phases``: ``nvcc --time`` of the first kernel alone and of the batch (preprocessing, cicc, ptxas).
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import random
+import resource
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -28,42 +39,104 @@ from translate.problem import KernelSpec  # noqa: E402
 CHANGES = [{}, {"block_n": 96}, {"pingpong": True}, {"pv_operand": "ss", "persistent": False}]
 
 
+def neighbours(profile, spec, neighbour_n: int) -> list:
+    from translate.defaults import probe_problem
+    from translate.params import validate
+
+    base = hopper_params(profile, spec).to_dict()
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap"))
+    changes = [{**c, "block_n": neighbour_n} if "block_n" in c else c for c in CHANGES]
+    candidates = [KernelParams.from_dict({**base, **c}) for c in changes]
+    candidates = [p for p in candidates if not validate(p, profile, probe_problem(spec), warp_specialized=True)]
+    return [translate.generate(program, p, profile, spec) for p in candidates]
+
+
+def diverse(profile, spec, count: int, seed: int) -> list:
+    """``count`` warp-specialised points of the valid space, each of another tile (seeded draw)."""
+    from search_spaces import load_space
+    from search_spaces.feasible import default_sketches, feasible_space
+    from tuner.problem import grid_problems
+
+    space = load_space(spec.variant)
+    fs = feasible_space(space, profile, spec.d_qk, spec.dtype, grid_problems(spec.variant, spec.d_qk, spec.dtype,
+                        spec.causal), default_sketches(space, profile, spec.d_qk, spec.dtype))
+    points = [pt for pt in fs.points if pt.sketch.startswith("ws_")]
+    rng = random.Random(seed)
+    by_tile: dict[tuple, list] = {}
+    for pt in points:
+        p = pt.params
+        by_tile.setdefault((p.block_m, p.block_n, p.kv_stages, p.pv_operand), []).append(pt)
+    chosen = [rng.choice(by_tile[t]) for t in rng.sample(sorted(by_tile), count)]
+    return [translate.generate(tl.parse_program(tl.load_sketch(spec.variant, spec.causal, pt.sketch)), pt.params,
+                               profile, spec) for pt in chosen]
+
+
+def timed(kernels, arch, **options):
+    """(results, wall seconds, CPU seconds of the nvcc processes)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.monotonic()
+    results = nvcc.compile_kernels(kernels, arch, **options)
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return results, wall, cpu
+
+
+def phases(kernels, arch, batch: int) -> str:
+    """nvcc --time of ``kernels`` in units of ``batch``: seconds per phase, summed over the units."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "time.csv"
+        timed(kernels, arch, jobs=1, batch_size=batch, extra_flags=("--time", str(report)))
+        totals: dict[str, float] = {}
+        with report.open() as f:
+            for row in csv.reader(f):
+                if len(row) >= 8 and row[7].strip() == "ms":
+                    name = row[1].strip()
+                    totals[name] = totals.get(name, 0.0) + float(row[6]) / 1000
+    return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.items() if seconds >= 0.05)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--variant", default="mha")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--causal", action="store_true", default=True)
-    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--batch", default="4", help="kernels per translation unit; a comma list tries each")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--neighbour-n", type=int, default=96, help="block N of the second candidate (112: not a base wgmma shape)")
+    ap.add_argument("--mix", choices=("neighbours", "diverse"), default="neighbours")
+    ap.add_argument("--count", type=int, default=4, help="candidates of --mix diverse")
+    ap.add_argument("--seed", type=int, default=0, help="the draw of --mix diverse")
+    ap.add_argument("--phases", action="store_true", help="nvcc --time split of the first kernel and of the batch")
     args = ap.parse_args()
     profile = load_profile(args.gpu)
     d_qk = 192 if args.variant == "mla" else args.head_dim
     spec = KernelSpec(args.variant, d_qk, 128 if args.variant == "mla" else args.head_dim, args.causal, "bf16")
-    base = hopper_params(profile, spec).to_dict()
-    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap"))
-    from translate.defaults import probe_problem
-    from translate.params import validate
-
-    changes = [{**c, "block_n": args.neighbour_n} if "block_n" in c else c for c in CHANGES]
-    candidates = [KernelParams.from_dict({**base, **c}) for c in changes]
-    candidates = [p for p in candidates if not validate(p, profile, probe_problem(spec), warp_specialized=True)]
-    kernels = [translate.generate(program, p, profile, spec) for p in candidates]
-    alone = []
+    kernels = (neighbours(profile, spec, args.neighbour_n) if args.mix == "neighbours"
+               else diverse(profile, spec, args.count, args.seed))
+    alone, alone_cpu = [], []
     for k in kernels:
-        t0 = time.monotonic()
-        (r,) = nvcc.compile_kernels([k], profile.nvcc_arch, jobs=1, batch_size=1)
-        alone.append(time.monotonic() - t0)
+        (r,), wall, cpu = timed([k], profile.nvcc_arch, jobs=1, batch_size=1)
+        alone.append(wall)
+        alone_cpu.append(cpu)
         extended = "declares its wgmma op" if "struct TL_MMA_" in k.body else "base wgmma shapes"
-        print(f"alone   {k.name}: {alone[-1]:.1f} s ({'ok' if r.ok else r.error_kind}; {extended})", flush=True)
-    t0 = time.monotonic()
-    results = nvcc.compile_kernels(kernels, profile.nvcc_arch, jobs=args.jobs, batch_size=args.batch)
-    wall = time.monotonic() - t0
-    ok = sum(r.ok for r in results)
-    print(f"batched {len(kernels)} kernels, {args.batch} per translation unit, {args.jobs} job(s): {wall:.1f} s wall, "
-          f"{wall / len(kernels):.1f} s per kernel ({ok}/{len(kernels)} ok); alone: mean {sum(alone) / len(alone):.1f} s")
-    return 0 if ok == len(kernels) else 1
+        print(f"alone   {k.name}: {wall:.1f} s, {cpu:.1f} s CPU ({'ok' if r.ok else r.error_kind}; {extended})",
+              flush=True)
+    n = len(kernels)
+    ok = n
+    sizes = [int(b) for b in str(args.batch).split(",")]
+    for size in sizes:
+        results, wall, cpu = timed(kernels, profile.nvcc_arch, jobs=args.jobs, batch_size=size)
+        ok = min(ok, sum(r.ok for r in results))
+        print(f"batched {n} kernels, {size} per translation unit, {args.jobs} job(s): {wall:.1f} s wall, "
+              f"{wall / n:.1f} s per kernel ({n / wall:.2f} kernels/s), {cpu / n:.1f} s CPU per kernel "
+              f"({sum(r.ok for r in results)}/{n} ok); alone: mean {sum(alone) / n:.1f} s, {sum(alone_cpu) / n:.1f} s CPU",
+              flush=True)
+    if args.phases:
+        print(f"phases, first kernel alone: {phases(kernels[:1], profile.nvcc_arch, 1)}")
+        print(f"phases, {n} kernels in units of {sizes[0]}: {phases(kernels, profile.nvcc_arch, sizes[0])}")
+    return 0 if ok == n else 1
 
 
 if __name__ == "__main__":

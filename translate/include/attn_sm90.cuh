@@ -43,6 +43,25 @@ CUTE_HOST_DEVICE auto acc_to_a_layout(Layout acc) {
                      coalesce(make_layout(get<2, 1>(l), get<2>(acc))));
 }
 
+// ---- wgmma operands in shared memory ---------------------------------------------------------------
+// A shared-memory operand as the tensor of GMMA descriptors that CuTe's ThrMMA::partition_fragment_A/B
+// builds (MakeTensor<GMMA::smem_desc> over make_gmma_desc, field by field in its order), from what those
+// derive out of the tile's layout: the descriptor tensor's layout (16-byte units), the leading and stride
+// byte offsets and the swizzle (layout type). translate/sm90/emit.py gmma_operand() computes them from the
+// tile shape; tests/translate/test_gmma_operands.py checks layout type, fields and each thread's start
+// against CuTe's partitions. CuTe's partition algebra for the Q, K and V operands cost 2-3 s of cicc per
+// distinct tile (BENCHMARKS.md, 2026-11-24).
+template <class DescLayout, int kLeading, int kStride, int kLayoutType, typename Element>
+__forceinline__ __device__ auto gmma_operand(Element const* smem) {
+  GmmaDescriptor desc;
+  desc.bitfield.layout_type_ = uint8_t(kLayoutType);
+  desc.bitfield.start_address_ = static_cast<uint16_t>(cast_smem_ptr_to_uint(smem) >> 4);
+  desc.bitfield.base_offset_ = 0;
+  desc.bitfield.stride_byte_offset_ = kStride;
+  desc.bitfield.leading_byte_offset_ = kLeading;
+  return make_tensor(GMMA::DescriptorIterator{desc}, DescLayout{});
+}
+
 // ---- GEMM -----------------------------------------------------------------------------------------
 // Issue one wgmma batch: acc (+)= A * B over every k-block, committed as one group. Asynchronous: the
 // caller waits (warpgroup_wait<N>) before it touches acc, or overwrites A when A is in registers.
@@ -139,6 +158,37 @@ __forceinline__ __device__ void convert_into(TP& p, TS const& acc_s) {
   cutlass::NumericArrayConverter<To, float, kN> convert;
   *reinterpret_cast<cutlass::Array<To, kN>*>(p.data()) =
       convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(acc_s.data()));
+}
+
+// ---- epilogue: registers -> shared memory -----------------------------------------------------------
+// The 16-bit output fragment of the consumer warpgroups (a wgmma accumulator: per 8-column group j, a
+// thread holds two neighbouring columns of rows r and r + 8, as registers 2j and 2j + 1 of 32 bits) into
+// the (kTileRows, kCols) output tile of K-major, 128-byte-swizzled 64-column chunks (SmemLayoutO:
+// tile_to_shape(GMMA::Layout_K_SW128_Atom, ...) at a 1024-byte-aligned address), one stmatrix.x4 per 16
+// columns: its 8x8 matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) take the thread's 32-bit registers
+// 4k .. 4k + 3, and lane l gives the address of row l % 8 of matrix l / 8.
+// These are the stores (address and registers, per thread and instruction) of CuTe's
+// make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>, tiled_mma) over SmemLayoutO, checked on the host
+// for every tile shape (tests/translate/test_store_o.py), without that copy's partition algebra: ~2 s of
+// cicc per distinct tile, a fifth of a lone kernel's build (BENCHMARKS.md, 2026-11-24).
+template <int kTileRows>
+CUTE_HOST_DEVICE int store_o_offset(int mma_tidx, int k) {   // element offset of this lane's row of matrix k
+  const int lane = mma_tidx % 32;
+  const int row = (mma_tidx / 32) * 16 + lane % 8 + 8 * ((lane / 8) % 2);   // 16 rows a warp
+  const int chunk = 2 * k + lane / 16;   // the row's 16-byte chunk (8 columns) this lane addresses
+  return (chunk / 8) * (kTileRows * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
+}
+
+template <int kTileRows, int kCols, typename TO, typename Element>
+__forceinline__ __device__ void store_o_tile(TO const& r_o, Element* smem, int mma_tidx) {
+  static_assert(sizeof(Element) == 2 && kCols % 64 == 0 && kTileRows % 64 == 0);
+  static_assert(decltype(size(r_o))::value == kCols / 2, "a warpgroup's 64 x kCols tile: kCols / 2 values a thread");
+  const uint32_t* regs = reinterpret_cast<const uint32_t*>(r_o.data());
+  CUTE_UNROLL
+  for (int k = 0; k < kCols / 16; ++k) {
+    SM90_U32x4_STSM_N::copy(regs[4 * k], regs[4 * k + 1], regs[4 * k + 2], regs[4 * k + 3],
+                            *reinterpret_cast<uint128_t*>(smem + store_o_offset<kTileRows>(mma_tidx, k)));
+  }
 }
 
 // ---- pipelines: mbarriers -------------------------------------------------------------------------

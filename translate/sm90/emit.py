@@ -181,10 +181,7 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
             f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);"])
     lines += _indent([
         f"Tensor rO = attn_tl::convert_type<Element>(acc_{acc});",
-        "Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});",
-        "auto r2s_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);",
-        "auto r2s_thr_o = r2s_o.get_thread_slice(mma_tidx);",
-        "cute::copy(r2s_o, r2s_thr_o.retile_S(rO), r2s_thr_o.partition_D(sO));",
+        "attn_sm90::store_o_tile<kBlockM, kHeadDimV>(rO, smem_o, mma_tidx);  // stmatrix into SmemLayoutO",
         "cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
         f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
         "if (mma_tidx % 128 == 0) {",
@@ -331,6 +328,65 @@ def gemm_ops(spec, params) -> tuple[str, str]:
     (n_qk, _), (n_pv, pv_operand) = gemms(spec, params)
     return (wgmma_ops.mma_op(spec.dtype, n_qk, "Int<kBlockN>", "Int<kHeadDimQK>", "ss"),
             wgmma_ops.mma_op(spec.dtype, n_pv, "Int<kHeadDimV>", "Int<kBlockN>", pv_operand, b_major="MN"))
+
+
+@dataclass(frozen=True)
+class GmmaOperand:
+    """What CuTe's partition_fragment_A/B makes of one operand tile in shared memory (a K-major tile of
+    128-, 64- or 32-byte swizzle atoms of 8 rows, stacked along the rows first; or V read MN-major), as
+    attn_sm90::gmma_operand takes it: the descriptor tensor's layout (C++ type, 16-byte units), the leading
+    and stride byte offsets, the layout type (swizzle), and each consumer warpgroup's start (elements).
+    The rules were read off CuTe's partitions of every tile of the search spaces (216 shapes) and are
+    checked against them by tests/translate/test_gmma_operands.py."""
+
+    layout: str
+    leading: int
+    stride: int
+    layout_type: int
+    per_warpgroup: int = 0    # elements from one consumer warpgroup's start to the next's (A operands)
+
+
+_SWIZZLE = {64: 1, 32: 2, 16: 3}   # 16-bit elements per atom row -> GMMA layout type (B128, B64, B32)
+
+
+def _k_mode(rows: int, cols: int, width: int) -> tuple[str, str]:
+    """The k-blocks (16 columns) of a K-major tile of ``width``-column atoms: within an atom 32 bytes apart,
+    from atom to atom a whole column of atoms (``rows`` x ``width`` elements) apart."""
+    in_atom, atoms, atom_stride = width // 16, cols // width, rows * width // 8
+    if atoms == 1:
+        return f"_{in_atom}", "_2"
+    if in_atom == 1:
+        return f"Int<{atoms}>", f"Int<{atom_stride}>"
+    return f"Shape<Int<{in_atom}>, Int<{atoms}>>", f"Stride<_2, Int<{atom_stride}>>"
+
+
+def gmma_operand(which: str, spec, params, stages: int) -> GmmaOperand:
+    """Q (A), K (B), V (B, MN-major) or P (A, SS P·V) of a warp-specialised kernel (kernel_types' layouts)."""
+    bm, bn = params.block_m, params.block_n
+    if which in ("q", "p"):
+        cols = spec.d_qk if which == "q" else bn
+        width = 64 if which == "q" else next(w for w in (64, 32, 16) if bn % w == 0)
+        shape, stride = _k_mode(bm, cols, width)
+        # one consumer warpgroup: no offset at all (a term in wg, zero but not known to be, costs registers)
+        return GmmaOperand(f"Layout<Shape<_1, _1, {shape}>, Stride<_0, _0, {stride}>>", 1, width,
+                           _SWIZZLE[width], per_warpgroup=64 * width if bm > 64 else 0)
+    stage = f"Shape<_1, Int<{stages}>>"
+    if which == "k":
+        shape, stride = _k_mode(bn, spec.d_qk, 64)
+        return GmmaOperand(f"Layout<Shape<_1, _1, {shape}, {stage}>, Stride<_0, _0, {stride}, "
+                           f"Stride<_0, Int<{bn * spec.d_qk // 8}>>>>", 1, 64, 1)
+    if which == "v":   # (HeadDimV, BN) MN-major: 64-column chunks of V's rows 8 * BN units apart, k-blocks 16 rows
+        return GmmaOperand(f"Layout<Shape<_1, _1, Int<{bn // 16}>, {stage}>, Stride<_0, _0, _128, "
+                           f"Stride<_0, Int<{bn * spec.d_v // 8}>>>>", 8 * bn if spec.d_v > 64 else 0, 64, 1)
+    raise ValueError(f"no GMMA operand {which!r}")
+
+
+def gmma_operand_line(name: str, smem: str, op: GmmaOperand, thr: str = "") -> str:
+    """``thr``: the thread's ThrMMA; its M coordinate is the consumer warpgroup, as CuTe's partition takes it
+    (the same value as ``wg``, computed the same way: ptxas then builds the SASS of CuTe's partition)."""
+    start = f"{smem} + int(get<1>({thr}.thr_vmnk_)) * {op.per_warpgroup}" if op.per_warpgroup else smem
+    return (f"Tensor {name} = attn_sm90::gmma_operand<{op.layout}, {op.leading}, {op.stride}, {op.layout_type}>"
+            f"({start});")
 
 
 def wgmma_declarations(spec, params) -> list[str]:
@@ -494,12 +550,10 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
         "TiledMmaPV tiled_mma_pv;",
         "auto thr_qk = tiled_mma_qk.get_thread_slice(mma_tidx);",
         "auto thr_pv = tiled_mma_pv.get_thread_slice(mma_tidx);",
-        "Tensor sQ = make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{});",
-        "Tensor sK = make_tensor(make_smem_ptr(smem_k), SmemLayoutK{});",
-        "Tensor sVt = make_tensor(make_smem_ptr(smem_v), SmemLayoutVt{});",
-        "Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // GMMA descriptors, not registers",
-        "Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, N, K, stage)",
-        "Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, N, K, stage)",
+        "// GMMA descriptors of the shared tiles (CuTe's partition_fragment_A/B: attn_sm90::gmma_operand)",
+        gmma_operand_line("tSrQ", "smem_q", gmma_operand("q", ctx.spec, params, ctx.lowered.stages), "thr_qk"),
+        gmma_operand_line("tSrK", "smem_k", gmma_operand("k", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
+        gmma_operand_line("tOrV", "smem_v", gmma_operand("v", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
         "Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));  // (row, col)",
         "const bool tile_aligned = seqlen_k % kBlockN == 0 && (seqlen_k - seqlen_q) % kBlockN == 0 "
         "&& kBlockM % kBlockN == 0;",
@@ -520,7 +574,8 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     del score
     if params.pv_operand == "ss":
         lines += ["Tensor sP = make_tensor(make_smem_ptr(smem_p), SmemLayoutP{});",
-                  "Tensor tOsP = thr_pv.partition_fragment_A(sP);   // P as a GMMA descriptor",
+                  gmma_operand_line("tOsP", "smem_p", gmma_operand("p", ctx.spec, params, ctx.lowered.stages), "thr_pv")
+                  + "  // P as GMMA descriptors",
                   "auto r2s_p = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, tiled_mma_qk);",
                   "auto r2s_thr_p = r2s_p.get_thread_slice(mma_tidx);"]
     else:

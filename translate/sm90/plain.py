@@ -149,10 +149,8 @@ def emit_store_o(op: Op, ctx: EmitContext) -> list[str]:
     return [
         "{  // registers -> shared (stmatrix, into Q's tile) -> 128-bit coalesced global stores",
         f"{INDENT}Tensor rO = attn_tl::convert_type<Element>({acc});",
+        f"{INDENT}attn_sm90::store_o_tile<kBlockM, kHeadDimV>(rO, smem_q, tidx);  // stmatrix into SmemLayoutO",
         f"{INDENT}Tensor sO = make_tensor(make_smem_ptr(smem_q), SmemLayoutO{{}});",
-        f"{INDENT}auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{{}}, tiled_mma_pv);",
-        f"{INDENT}auto r2s_thr = r2s.get_thread_slice(tidx);",
-        f"{INDENT}cute::copy(r2s, r2s_thr.retile_S(rO), r2s_thr.partition_D(sO));",
         f"{INDENT}__syncthreads();  // the tile is read back by other threads",
         f"{INDENT}Tensor tOsO = s2g_thr_o.partition_S(sO);",
         f"{INDENT}Tensor tOgO = s2g_thr_o.partition_D(g{g}(_, _, m_block));",

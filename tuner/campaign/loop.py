@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,7 @@ from translate.params import KernelParams
 
 from . import study as st
 from .cache import from_result, measurement_key
-from .cluster import cpu_count
+from .cluster import compile_pool
 from .driver import WORKER_GRACE_S, Campaign, Tally
 from .earlystop import DEFAULT_EARLY_STOP
 from .pacing import Pacer, batch_size, one_unit_each
@@ -69,12 +69,15 @@ class Loop:
         self.n_gpus = first.pool.gpus if first.pool else 0
         self.overlap = self.opts.gpu_overlap
         gpu_slots = self.n_gpus * self.overlap
-        # Compile batches in flight: the CPUs that the GPU trials' processes (one CPU each) leave free.
-        cpus = cpu_count()
-        self.compile_slots = max(min(2, cpus), min(16, cpus - gpu_slots))
+        # Compile batches in flight: the CPU-only nodes' CPUs, else those the GPU trials' processes leave free.
+        self.compile_pool = compile_pool(gpu_slots)
+        self.compile_slots = self.compile_pool.slots
+        if self.compile_pool.dedicated:
+            self.console.print(f"compiles: {self.compile_pool.describe()}")
         self.pacer = Pacer(self.n_gpus, gpu_slots, self.compile_slots)
         self.batches_sent = 0
         self.compiling: dict[Any, tuple[list[Candidate], float]] = {}
+        self.compile_node: dict[Any, str | None] = {}   # the node each compile task was placed on
         self.ready: deque[Candidate] = deque()
         self.measuring: dict[Any, Candidate] = {}
         self.waiting: dict[str, list[tuple[Campaign, Any]]] = {}   # key in flight -> its duplicate trials
@@ -255,10 +258,14 @@ class Loop:
                         self.batches_sent += 1
                         for unit in one_unit_each(batch):
                             items = [(c.trial.number, c.params.to_dict(), c.schedule) for c in unit]
-                            ref = compile_batch.remote(items, [c.kernel for c in unit], camp.profile.nvcc_arch,
-                                                       str(opts.study_dir / "nvcc-cache"), opts.compile_timeout,
-                                                       camp.backend.path if camp.fake_compile else None)
+                            node = self.compile_pool.place(Counter(self.compile_node.values()))
+                            placed = self.compile_pool.task_options(node)
+                            task = compile_batch.options(**placed) if placed else compile_batch
+                            ref = task.remote(items, [c.kernel for c in unit], camp.profile.nvcc_arch,
+                                              str(opts.study_dir / "nvcc-cache"), opts.compile_timeout,
+                                              camp.backend.path if camp.fake_compile else None)
                             self.compiling[ref] = (unit, time.monotonic())
+                            self.compile_node[ref] = node
                     self._launch_ready()
                     if self._finished():
                         break
@@ -303,6 +310,7 @@ class Loop:
         for ref, (batch, _) in list(self.compiling.items()):   # not compiled yet: nothing measured is lost
             ray.cancel(ref, force=True)
             self.compiling.pop(ref)
+            self.compile_node.pop(ref, None)
             for cand in batch:
                 self._requeue(cand, f"not finished: {reason} (not compiled yet)")
 
@@ -327,6 +335,7 @@ class Loop:
 
     def _compiled(self, ref) -> None:
         batch, submitted = self.compiling.pop(ref)
+        self.compile_node.pop(ref, None)
         wall = time.monotonic() - submitted
         self.pacer.note_compile(wall)
         for cand, outcome in compile_outcomes(batch, ref, wall):
@@ -401,6 +410,7 @@ class Loop:
             if now - submitted > self.opts.compile_timeout * 1.5:
                 ray.cancel(ref, force=True)
                 self.compiling.pop(ref)
+                self.compile_node.pop(ref, None)
                 for cand in batch:
                     st.tell_infeasible(cand.camp.study, cand.trial, f"compile timeout after {self.opts.compile_timeout:g} s",
                                        stage="compile")
@@ -417,6 +427,7 @@ class Loop:
             ray.cancel(ref, force=True)
         pending = [c for batch, _ in self.compiling.values() for c in batch]
         self.compiling.clear()
+        self.compile_node.clear()
         unmeasured = list(self.ready) + list(self.measuring.values())
         self.ready.clear()
         if self.measuring and self.workers is not None:   # kills the trials still running with their workers

@@ -69,8 +69,9 @@ class Pacer:
 
 def batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> int:
     """While the GPUs wait for their first kernels, the first round of compile slots gets small batches (half
-    of them one kernel, then two): a lone Hopper kernel builds in ~11 s, four in one unit in ~18 s on a
-    2-core machine (BENCHMARKS.md), so the first trials start sooner; then ``full`` for throughput."""
+    of them one kernel, then two): a lone Hopper kernel builds in ~6 s, four of different tiles in one unit
+    in ~14 s on a 2-core machine (BENCHMARKS.md, 2026-11-24), so the first trials start sooner; then ``full``
+    for throughput (eight of different tiles: 2.7 s a kernel, against 3.5 s in units of four)."""
     if n_gpus == 0:
         return full
     if sent < max(1, compile_slots // 2):

@@ -1,4 +1,5 @@
-"""The campaign's CPU work as Ray tasks: compile batches, spread over the cluster's CPUs.
+"""The campaign's CPU work as Ray tasks: compile batches, spread over the cluster's CPUs (its CPU-only nodes
+when it has any: cluster.CompilePool places each task).
 
 The GPU side (verify + benchmark, one fresh process per trial) is the GPU workers' job: workers.py.
 """
@@ -25,7 +26,7 @@ def compile_batch(items: list, kernels: list, arch: str, cache_dir: str, timeout
         started = time.time()
         results = [_fake_compile(number, params, schedule, fake_replay) for number, params, schedule in items]
         timing = {"task_s": round(time.time() - started, 2), "unit_kernels": len(items), "nvcc_cached": False,
-                  "unit_nvcc_s": 0.0}   # nothing was compiled
+                  "unit_nvcc_s": 0.0, "node_id": _node_id()}   # nothing was compiled
         return [{**r, "timing": timing} for r in results]
     return _real_compile(items, kernels, arch, cache_dir, timeout)
 
@@ -50,10 +51,11 @@ def _real_compile(items, kernels, arch, cache_dir, timeout) -> list[dict]:
     started = time.time()   # host clock: the driver's submit-to-result time minus this task's is its queueing
     compiled = compile_kernels(kernels, arch, cache_dir=cache_dir, timeout=timeout, jobs=1, batch_size=len(kernels))
     task_s = round(time.time() - started, 2)
+    node = _node_id()
     results = []
     for (number, _, _), kernel, cr in zip(items, kernels, compiled):
         timing = {"task_s": task_s, "unit_kernels": cr.batch_size, "nvcc_cached": cr.cached,
-                  "unit_nvcc_s": round(cr.compile_seconds * cr.batch_size, 2)}
+                  "unit_nvcc_s": round(cr.compile_seconds * cr.batch_size, 2), "node_id": node}
         if not cr.ok:
             results.append({"trial": number, "ok": False, "error": f"compile: {cr.error_kind}: {cr.log[-1500:]}",
                             "error_kind": cr.error_kind, "timing": timing})
@@ -62,3 +64,8 @@ def _real_compile(items, kernels, arch, cache_dir, timeout) -> list[dict]:
                         "meta": kernel.meta(), "source": kernel.source, "registers": cr.registers,
                         "spill_stores": cr.spill_stores, "timing": timing})
     return results
+
+
+def _node_id() -> str:
+    """The Ray node this task runs on (recorded with each trial's compile timing)."""
+    return ray.get_runtime_context().get_node_id()

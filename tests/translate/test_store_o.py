@@ -1,0 +1,84 @@
+"""The Hopper epilogue's stmatrix stores (attn_sm90::store_o_tile) are CuTe's (slow: one host-only nvcc build).
+
+store_o_tile replaced make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>, tiled_mma_pv) + cute::copy, whose
+partition algebra cost ~2 s of cicc per distinct tile (BENCHMARKS.md, 2026-11-24). store_o_check.cpp takes
+CuTe's copy apart on the host, from each config's own kernel types, and compares what every consumer thread
+passes to each stmatrix.x4 (address and registers) with the helper's: the same stores, for every tile height
+(1, 2, 3 consumer warpgroups), output head dim (64, 128; MLA's d_v 128 with d_qk 192), 16-bit type and P·V
+operand (RS, SS), a block N outside CuTe's base wgmma shapes, and the plain (not warp-specialised) wgmma kernel's
+types."""
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hardware_profiles import load_profile
+from translate import nvcc
+from translate.defaults import hopper_params
+from translate.params import KernelParams
+from translate.sm90 import emit, plain
+from tuner.problem import KernelSpec
+
+pytestmark = pytest.mark.slow
+
+HERE = Path(__file__).parent
+CFG_TYPES = ("Element", "TiledMmaPV", "SmemLayoutO")
+CFG_INTS = ("kBlockM", "kHeadDimV")
+
+
+def _configs():
+    h100 = load_profile("h100")
+
+    def params(spec, **changes):
+        return KernelParams.from_dict({**hopper_params(h100, spec).to_dict(), **changes})
+
+    mha128, mha64 = KernelSpec("mha", 128, 128, True, "bf16"), KernelSpec("mha", 64, 64, False, "fp16")
+    mla = KernelSpec("mla", 192, 128, True, "bf16")
+    return [
+        ("m128_d128_rs_bf16", mha128, params(mha128)),
+        ("m64_d128_ss", mha128, params(mha128, block_m=64, pv_operand="ss")),
+        ("m192_d128_n112", mha128, params(mha128, block_m=192, block_n=112)),
+        ("m192_d64_fp16", mha64, params(mha64, block_m=192)),
+        ("m128_d64_fp16_ss", mha64, params(mha64, block_m=128, pv_operand="ss")),
+        ("mla_m128_dv128", mla, params(mla)),
+        ("plain_m128_d128", mha128, KernelParams.from_dict(hopper_params(h100, mha128, warp_specialized=False).to_dict())),
+    ]
+
+
+def _program(configs) -> str:
+    parts = ["#include <cute/tensor.hpp>", '#include "attn_sm90.cuh"', (HERE / "store_o_check.cpp").read_text()]
+    calls = []
+    for i, (label, spec, params) in enumerate(configs):
+        ns = f"cfg{i}"
+        ws = params.g2s_atom == "SM90_TMA"   # else the plain wgmma kernel (translate/sm90/plain.py): every warpgroup computes
+        body = emit.kernel_types(spec, params, params.kv_stages, True) if ws else plain.kernel_types(spec, params, 1, 1)
+        body.append("struct Cfg {")
+        body += [f"  using {n} = {ns}::{n};" for n in CFG_TYPES]
+        body += [f"  static constexpr int {n} = {ns}::{n};" for n in CFG_INTS]
+        body.append("};")
+        parts += emit.wgmma_declarations(spec, params)
+        parts.append(f"namespace {ns} {{\nusing namespace cute;\n" + "\n".join(body) + f"\n}}  // {ns}")
+        calls.append(f'  bad += check::store_o<{ns}::Cfg>("{label}");')
+    parts.append("int main() {\n  int bad = 0;\n" + "\n".join(calls) + "\n  return bad;\n}")
+    return "\n\n".join(parts) + "\n"
+
+
+def test_the_epilogue_passes_each_stmatrix_the_address_and_registers_of_cutes_tiled_copy(tmp_path):
+    try:
+        exe_nvcc = nvcc.find_nvcc()
+        cutlass = nvcc.cutlass_include_dir()
+    except nvcc.ToolNotFound as exc:
+        pytest.skip(str(exc))
+    configs = _configs()
+    src = tmp_path / "store_o.cu"
+    src.write_text(_program(configs))
+    exe = tmp_path / "store_o"
+    helper = Path(emit.__file__).parents[1] / "include"
+    build = subprocess.run([str(exe_nvcc), "-std=c++17", "-O1", "-x", "cu", "-arch=sm_90a", f"-I{cutlass}",
+                            f"-I{helper}", "--expt-relaxed-constexpr", "-w", "-o", str(exe), str(src)],
+                           capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stderr[-4000:]
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(("OK", "FAIL"))]
+    assert run.returncode == 0 and len(lines) == len(configs) and all(ln.startswith("OK") for ln in lines), \
+        run.stdout[-4000:] + run.stderr[-2000:]
