@@ -209,10 +209,7 @@ def _store_o_varlen(op: Op, ctx: Ctx) -> list[str]:
                           "  // the previous tile's rows have been read out of O's tile"])
     lines += _indent([
         f"Tensor rO = attn_tl::convert_type<Element>(acc_{op.data['src']});",
-        "Tensor sO = make_tensor(make_smem_ptr(smem_o), SmemLayoutO{});",
-        "auto r2s_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_pv);",
-        "auto r2s_thr_o = r2s_o.get_thread_slice(mma_tidx);",
-        "cute::copy(r2s_o, r2s_thr_o.retile_S(rO), r2s_thr_o.partition_D(sO));",
+        "attn_sm90::store_o_tile<kBlockM, kHeadDimV>(rO, smem_o, mma_tidx);  // stmatrix into SmemLayoutO",
         f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
         "attn_sm90::store_rows_predicated<kHeadDimV, kBlockM>(smem_o, o_ptr + int64_t(q_row0) * o_row_stride + "
         "bidh * o_head_stride, o_row_stride, wg * 64, m_block * kBlockM + wg * 64, seqlen_q, mma_tidx % 128);",
