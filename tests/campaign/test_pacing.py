@@ -73,3 +73,24 @@ def test_a_batch_mixing_hopper_and_sm80_class_sketches_compiles_as_one_task_per_
     assert one_unit_each([ws_a, fa2, ws_b, ws_c]) == [[ws_a, ws_b, ws_c], [fa2]]   # ask order kept in each
     replay = [Candidate(camp=None, trial=None, params=ws_a.params, schedule="fa2", key=str(i)) for i in range(3)]
     assert one_unit_each(replay) == [replay]    # the replay backend compiles nothing: one task
+
+
+def test_a_unit_is_filled_past_the_target_since_a_lone_kernel_costs_three_times_the_cpu():
+    from tuner.campaign.pacing import unit_size
+
+    assert unit_size(room=1, end_room=50, planned=4) == 4     # the GPUs need one: a full unit is built
+    assert unit_size(room=0, end_room=50, planned=4) == 0     # they need none: nothing
+    assert unit_size(room=6, end_room=2, planned=4) == 2      # the budget's end: what can still be measured
+    assert unit_size(room=3, end_room=0, planned=4) == 0
+    assert unit_size(room=9, end_room=9, planned=1) == 1      # ramp-up units stay small
+
+
+def test_one_kernel_short_of_the_pacers_target_a_full_unit_is_built():
+    from tuner.campaign.pacing import Pacer, unit_size
+
+    p = Pacer(n_gpus=1, gpu_slots=4, compile_slots=16)
+    p.note_compile(20.0)
+    p.note_trial(1.0)
+    in_compile = p.target() - 1
+    assert p.room(in_compile, 0) == 1
+    assert unit_size(p.room(in_compile, 0), p.room(in_compile, 0, seconds_left=600), 4) == 4

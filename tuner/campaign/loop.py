@@ -33,7 +33,7 @@ from .cache import from_result, measurement_key
 from .cluster import compile_pool
 from .driver import WORKER_GRACE_S, Campaign, Tally
 from .earlystop import DEFAULT_EARLY_STOP
-from .pacing import Pacer, batch_size, one_unit_each
+from .pacing import Pacer, batch_size, one_unit_each, unit_size
 from .telling import (compile_outcomes, count_outcome, held_seconds, lock_record, measured_value, note_span,
                       save_kernel, tell_infra, tell_measurement)
 
@@ -246,12 +246,14 @@ class Loop:
                     while (self.stop_reason is None and len(self.compiling) < self.compile_slots
                            and time.monotonic() < until):
                         left = None if deadline is None else deadline - time.monotonic()
-                        room = self.pacer.room(self.in_compile(), len(self.ready), left)
-                        camp = self.next_camp() if room > 0 else None
+                        in_compile, ready = self.in_compile(), len(self.ready)
+                        size = unit_size(self.pacer.room(in_compile, ready),
+                                         self.pacer.room(in_compile, ready, left),
+                                         batch_size(opts.compile_batch, self.batches_sent, self.n_gpus,
+                                                    self.compile_slots))
+                        camp = self.next_camp() if size > 0 else None
                         if camp is None:
                             break
-                        size = min(room, batch_size(opts.compile_batch, self.batches_sent, self.n_gpus,
-                                                     self.compile_slots))
                         batch = self.ask_batch(camp, size, until)
                         if not batch:
                             continue
