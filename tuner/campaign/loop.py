@@ -42,6 +42,11 @@ DRAIN_S = 30.0            # after --timeout, how long the trials already on a GP
 # The driver asks at most this long before it launches and collects again: with many cache hits TPE is asked
 # hundreds of times in a row (591 in the llama3-8b run of 2026-11-23), and GPUs must not wait on that.
 ASK_SLICE_S = 0.5
+# A unit short of its size when an ask slice ends waits for the next slices this long before it is compiled as
+# it is. Device run 14 (2026-11-24): each ask (TPE over ~500 trials, translation, ~2 of 3 asks cache hits) takes
+# long enough that a 0.5 s slice often ended a unit at 1-3 kernels; 86 of 277 were built alone at 19.6 s of
+# nvcc each, against 6.4 s in units of four.
+FILL_WAIT_S = 3.0
 
 
 @dataclass
@@ -77,6 +82,7 @@ class Loop:
         self.pacer = Pacer(self.n_gpus, gpu_slots, self.compile_slots)
         self.batches_sent = 0
         self.compiling: dict[Any, tuple[list[Candidate], float]] = {}
+        self.filling: dict[str, tuple[list[Candidate], float]] = {}   # camp -> a unit being asked, since when
         self.compile_node: dict[Any, str | None] = {}   # the node each compile task was placed on
         self.ready: deque[Candidate] = deque()
         self.measuring: dict[Any, Candidate] = {}
@@ -220,13 +226,36 @@ class Loop:
 
     # ---- the loop -------------------------------------------------------------------------------
     def in_compile(self) -> int:
-        return sum(len(batch) for batch, _ in self.compiling.values())
+        return (sum(len(batch) for batch, _ in self.compiling.values())
+                + sum(len(batch) for batch, _ in self.filling.values()))
+
+    def _send_unit(self, camp: Campaign, batch: list[Candidate]) -> None:
+        from .tasks import compile_batch
+
+        self.batches_sent += 1
+        for unit in one_unit_each(batch):
+            items = [(c.trial.number, c.params.to_dict(), c.schedule) for c in unit]
+            node = self.compile_pool.place(Counter(self.compile_node.values()))
+            placed = self.compile_pool.task_options(node)
+            task = compile_batch.options(**placed) if placed else compile_batch
+            ref = task.remote(items, [c.kernel for c in unit], camp.profile.nvcc_arch,
+                              str(self.opts.study_dir / "nvcc-cache"), self.opts.compile_timeout,
+                              camp.backend.path if camp.fake_compile else None)
+            self.compiling[ref] = (unit, time.monotonic())
+            self.compile_node[ref] = node
+
+    def _flush_stale_units(self) -> None:
+        """Units short of their size that waited FILL_WAIT_S for more asks are compiled as they are."""
+        now = time.monotonic()
+        for name, (batch, since) in list(self.filling.items()):
+            if now - since >= FILL_WAIT_S and len(self.compiling) < self.compile_slots:
+                del self.filling[name]
+                self._send_unit(batch[0].camp, batch)
 
     def run(self) -> None:
         import ray
 
         from .live import live_view
-        from .tasks import compile_batch
 
         opts = self.opts
         start = time.monotonic()
@@ -242,6 +271,7 @@ class Loop:
                     # 1. launch GPU trials while GPU workers have room
                     self._launch_ready()
                     # 2. ask and compile, while a compile slot is free and the GPUs need more (time-sliced)
+                    self._flush_stale_units()
                     until = time.monotonic() + ASK_SLICE_S
                     while (self.stop_reason is None and len(self.compiling) < self.compile_slots
                            and time.monotonic() < until):
@@ -254,20 +284,15 @@ class Loop:
                         camp = self.next_camp() if size > 0 else None
                         if camp is None:
                             break
-                        batch = self.ask_batch(camp, size, until)
+                        held, since = self.filling.pop(camp.name, ([], time.monotonic()))
+                        batch = held + self.ask_batch(camp, max(0, size - len(held)), until)
                         if not batch:
                             continue
-                        self.batches_sent += 1
-                        for unit in one_unit_each(batch):
-                            items = [(c.trial.number, c.params.to_dict(), c.schedule) for c in unit]
-                            node = self.compile_pool.place(Counter(self.compile_node.values()))
-                            placed = self.compile_pool.task_options(node)
-                            task = compile_batch.options(**placed) if placed else compile_batch
-                            ref = task.remote(items, [c.kernel for c in unit], camp.profile.nvcc_arch,
-                                              str(opts.study_dir / "nvcc-cache"), opts.compile_timeout,
-                                              camp.backend.path if camp.fake_compile else None)
-                            self.compiling[ref] = (unit, time.monotonic())
-                            self.compile_node[ref] = node
+                        if len(batch) < size and time.monotonic() - since < FILL_WAIT_S and camp.exhausted is None \
+                                and camp.remaining() > 0:
+                            self.filling[camp.name] = (batch, since)   # the slice ended: fill it in the next
+                            break
+                        self._send_unit(camp, batch)
                     self._launch_ready()
                     if self._finished():
                         break
@@ -315,11 +340,15 @@ class Loop:
             self.compile_node.pop(ref, None)
             for cand in batch:
                 self._requeue(cand, f"not finished: {reason} (not compiled yet)")
+        for batch, _ in self.filling.values():
+            for cand in batch:
+                self._requeue(cand, f"not finished: {reason} (not compiled yet)")
+        self.filling.clear()
 
     def _finished(self) -> bool:
         if self.stop_reason is not None:   # --timeout: let the trials on the GPUs finish, for a while
             return not self.measuring or time.monotonic() - self.draining_since > DRAIN_S
-        idle = not self.compiling and not self.measuring and not self.ready
+        idle = not self.compiling and not self.measuring and not self.ready and not self.filling
         return idle and self.next_camp() is None
 
     def _launch(self, cand: Candidate, slot: int) -> None:
@@ -427,8 +456,9 @@ class Loop:
             return
         for ref in self.compiling:
             ray.cancel(ref, force=True)
-        pending = [c for batch, _ in self.compiling.values() for c in batch]
+        pending = [c for batch, _ in list(self.compiling.values()) + list(self.filling.values()) for c in batch]
         self.compiling.clear()
+        self.filling.clear()
         self.compile_node.clear()
         unmeasured = list(self.ready) + list(self.measuring.values())
         self.ready.clear()
