@@ -62,6 +62,8 @@ class FeasibleSpace:
     tree: Mapping[tuple, Step]                    # choices so far -> the next parameter
     enumerated: int                               # parameter sets the space's domains allow
     first_rejections: tuple[str, ...]             # a few of validate's reasons, for the error message
+    layout: str = "dense"                         # the kernels' layout and page size (layout_reasons)
+    page_size: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_choices", {p.choices: p for p in self.points})
@@ -149,6 +151,7 @@ class FeasibleSpace:
         kernel = KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE})
         ws = self.base_of(sketch).startswith("ws_")
         reasons = sorted({e for p in problems for e in validate(kernel, profile, p, warp_specialized=ws)})
+        reasons += layout_reasons(kernel, self.base_of(sketch), self.layout, self.page_size)
         if reasons:
             return {}, reasons
         raw = {**raw, SCHEDULE: sketch} if SCHEDULE in raw else raw
@@ -174,17 +177,38 @@ def default_sketches(space: SearchSpace, profile, head_dim: int, dtype: str) -> 
     return tuple((n, n) for n in names)
 
 
+def layout_reasons(params, base: str, layout: str = "dense", page_size: int | None = None) -> list[str]:
+    """Why a parameter set cannot build a serving layout (tl/layout.py); empty for dense. Pure."""
+    if layout == "dense":
+        return []
+    from translate.defaults import SERVING_PRODUCER_REGS
+
+    reasons = []
+    if not base.startswith("ws_"):
+        reasons.append(f"the {layout} layout is built by the warp-specialised Hopper schedules, not {base}")
+    need = SERVING_PRODUCER_REGS.get(layout, 24)
+    if params.producer_regs < need:
+        reasons.append(f"producer_regs {params.producer_regs} < {need}: the {layout} producer (sequence walk"
+                       f"{', page lookups' if layout == 'paged' else ''}) spills below it (translate/defaults.py)")
+    if layout == "paged" and page_size and page_size % params.block_n and params.block_n % page_size:
+        reasons.append(f"page size {page_size} neither divides block_n {params.block_n} nor is a multiple of it: "
+                       "a K/V tile is read by TMA in boxes of min(block_n, page size) rows within one page")
+    return reasons
+
+
 def feasible_space(space: SearchSpace, profile, head_dim: int, dtype: str, problems,
-                   sketches: tuple[tuple[str, str], ...] | None = None) -> FeasibleSpace:
+                   sketches: tuple[tuple[str, str], ...] | None = None, layout: str = "dense",
+                   page_size: int | None = None) -> FeasibleSpace:
     """Enumerate ``space`` for this profile and spec, keeping the parameter sets that ``validate`` accepts
-    on every problem shape; SpaceError when none is left (with the first reasons)."""
+    on every problem shape (and ``layout_reasons`` for a serving layout); SpaceError when none is left (with
+    the first reasons)."""
     shapes = tuple(dict.fromkeys(p.with_(batch=1, seqlen_q=1, seqlen_k=1) for p in problems))
     sketches = tuple(sketches) if sketches is not None else default_sketches(space, profile, head_dim, dtype)
-    return _feasible(space, profile, head_dim, dtype, shapes, sketches)
+    return _feasible(space, profile, head_dim, dtype, shapes, sketches, layout, page_size)
 
 
 @functools.lru_cache(maxsize=64)
-def _feasible(space, profile, head_dim, dtype, shapes, sketches) -> FeasibleSpace:
+def _feasible(space, profile, head_dim, dtype, shapes, sketches, layout="dense", page_size=None) -> FeasibleSpace:
     from translate.params import KernelParams, validate
 
     bases = dict(sketches)
@@ -211,6 +235,7 @@ def _feasible(space, profile, head_dim, dtype, shapes, sketches) -> FeasibleSpac
             enumerated += 1
             ws = bases.get(sketch, sketch).startswith("ws_")
             errors = [e for shape in shapes for e in validate(params, profile, shape, warp_specialized=ws)]
+            errors += layout_reasons(params, bases.get(sketch, sketch), layout, page_size)
             if errors:
                 if len(rejections) < 3:
                     rejections.append(f"{sketch} {params.key()}: {errors[0]}")
@@ -239,7 +264,7 @@ def _feasible(space, profile, head_dim, dtype, shapes, sketches) -> FeasibleSpac
         raise SpaceError(f"{space.source}: no parameter set is valid on {profile.name} for head dim {head_dim}, "
                          f"{dtype} ({enumerated} enumerated); e.g. " + "; ".join(rejections))
     return FeasibleSpace(space, sketches if has_schedule else ((DEFAULT_SCHEDULE, DEFAULT_SCHEDULE),), tuple(points),
-                         _prune(steps, points), enumerated, tuple(rejections))
+                         _prune(steps, points), enumerated, tuple(rejections), layout, page_size)
 
 
 def _prune(steps: dict[tuple, Step], points: list[SpacePoint]) -> dict[tuple, Step]:

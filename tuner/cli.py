@@ -86,6 +86,12 @@ def campaign(
     early_stop: bool = typer.Option(True, "--early-stop/--no-early-stop",
                                     help="Probe a candidate at the longest seqlen first and stop timing it when it "
                                          "is over 20% behind the best kernel there (seeds are always timed in full)."),
+    layout: str = typer.Option("dense", "--layout", help="dense (the paper grid), varlen (packed sequences, "
+                                                          "cu_seqlens) or paged (a paged KV cache): a serving "
+                                                          "layout is measured on the mixes of tuner/mixes.toml "
+                                                          "and stored per serving bucket (Hopper only)."),
+    page_size: Optional[int] = typer.Option(None, "--page-size", help="KV-cache page size of --layout paged: "
+                                                                       "16, 32, 64, 128 or 256."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -102,6 +108,7 @@ def campaign(
         llm_api_key=llm_api_key, llm_sketches=llm_sketches, dry_run=dry_run, resume=resume, remeasure=remeasure,
         sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout, gpu_overlap=gpu_overlap,
         compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens), early_stop=early_stop,
+        layout=layout.strip().lower(), page_size=page_size,
     )
     raise typer.Exit(run_campaign(options))
 

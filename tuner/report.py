@@ -59,7 +59,16 @@ def _row_ours(row: dict) -> float | None:
 
 
 def _row_seqlen(row: dict) -> int:
-    return int(row.get("seqlen", row.get("seqlen_k", 0)))
+    value = row.get("seqlen", row.get("seqlen_k", 0))
+    return int(value) if isinstance(value, int) or str(value).isdigit() else 0   # (a serving mix: its name)
+
+
+SERVING_COLUMNS = (("fa4", "FA4 varlen"), ("sdpa_padded", "SDPA padded"))
+
+
+def _columns(rows: list[dict]):
+    """The libraries of these rows: a serving campaign's (rows with a bucket), or the dense grid's."""
+    return SERVING_COLUMNS if any("bucket" in r for r in rows) else BASELINES
 
 
 def _row_label(row: dict) -> str:
@@ -67,6 +76,8 @@ def _row_label(row: dict) -> str:
         return str(row["label"])
     causal = row.get("causal")
     prefix = "" if causal is None else ("causal " if causal else "non-causal ")
+    if "bucket" in row:
+        return f"{prefix}{row.get('seqlen')} [{row['bucket']}]"
     return f"{prefix}s{_row_seqlen(row)}"
 
 
@@ -93,21 +104,23 @@ def _by_shape(rows: list[dict]) -> list[dict]:
 
 def _against_libraries(rows: list[dict]) -> list[str]:
     """The markdown table of our kernel against each library per shape: TFLOPS, then our ratio to each."""
-    header = ["shape", "ours"] + [n for _, n in BASELINES] + [f"ours/{n}" for _, n in BASELINES]
+    cols = _columns(rows)
+    header = ["shape", "ours"] + [n for _, n in cols] + [f"ours/{n}" for _, n in cols]
     table = []
     for r in _by_shape(rows):
         ours = _row_ours(r)
-        table.append([_row_label(r), fmt_number(ours)] + [_base_cell(r, k) for k, _ in BASELINES]
-                     + [fmt_number(_ratio(ours, r.get(k)), ".2f") for k, _ in BASELINES])
+        table.append([_row_label(r), fmt_number(ours)] + [_base_cell(r, k) for k, _ in cols]
+                     + [fmt_number(_ratio(ours, r.get(k)), ".2f") for k, _ in cols])
     return _md_table(header, table)
 
 
 def _missing_baselines(rows: list[dict]) -> list[str]:
     """One line per library and reason: why it has no number at which shapes."""
-    names = dict(BASELINES)
+    cols = _columns(rows)
+    names = dict(cols)
     by_reason: dict[tuple[str, str], list[str]] = {}
     for r in _by_shape(rows):
-        for key, _ in BASELINES:
+        for key, _ in cols:
             why = r.get(f"{key}_err")
             if why and finite_number(r.get(key)) is None:
                 by_reason.setdefault((key, str(why).splitlines()[0]), []).append(_row_label(r))
@@ -158,7 +171,7 @@ def plot_best_so_far(trials: list[dict], path: Path, baselines: dict | None = No
 
 
 def plot_tflops_vs_seqlen(rows: list[dict], path: Path, title: str = "") -> Path | None:
-    if not rows:
+    if not rows or any("bucket" in r for r in rows):   # serving mixes: no seqlen axis; the table says it
         return None
     plt = _pyplot()
     groups = sorted({row.get("causal") for row in rows}, key=lambda c: (c is None, c))
@@ -375,6 +388,8 @@ def final_table(best_rows: list[dict], title: str = "Best kernel against torch S
     table.add_column("ours TFLOPS", justify="right")
     cols = ([("flash", "torch flash"), ("cudnn", "cuDNN")] + ([("efficient", "efficient")] if with_eff else [])
             + [("fa4", "FA4")])
+    if any("bucket" in r for r in best_rows):
+        cols = list(SERVING_COLUMNS)
     for _, name in cols:
         table.add_column(name, justify="right")
         table.add_column(f"ours/{name}", justify="right")

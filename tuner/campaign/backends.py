@@ -42,6 +42,7 @@ from typing import Callable, Optional
 
 from .earlystop import decide as early_stop_decide
 from .gpulock import LockHold, gpu_lock
+from .problems import is_dense, problem_key
 
 FAULTS = ("oob", "hang", "wrong", "compile")
 
@@ -231,13 +232,13 @@ def _replay_measure(path: str, payload: dict) -> dict:
               "verification": {"passed": True, "backend": "replay", "recorded": entry is not None}}
 
     def speed(problem) -> float:
-        recorded = (entry or {}).get("tflops", {}).get(str(problem.seqlen_k))
+        recorded = (entry or {}).get("tflops", {}).get(problem_key(problem))
         return float(recorded) if recorded is not None else model_tflops(params, problem, profile)
 
     plan = payload.get("early_stop")
     if plan:   # the longest seqlen first, a short window (earlystop.py): a probe is a measurement of its own
-        probed = next(p for p in payload["problems"] if p.seqlen_k == plan["seqlen"])
-        probe = speed(probed) * replay_noise(data.meta, "probe", key, probed.seqlen_k, payload.get("trial"))
+        probed = next(p for p in payload["problems"] if problem_key(p) == str(plan["seqlen"]))
+        probe = speed(probed) * replay_noise(data.meta, "probe", key, problem_key(probed), payload.get("trial"))
         stopped = early_stop_decide(plan, probe)
         if stopped is not None:   # paced as the GPU would hold it: verification and one short probe
             from .earlystop import EarlyStop, TrialCost
@@ -245,10 +246,10 @@ def _replay_measure(path: str, payload: dict) -> dict:
             timing, n = payload.get("timing") or {}, len(payload["problems"])
             rule = EarlyStop(plan["margin"], plan["probe"]["warmup_ms"], plan["probe"]["rep_ms"])
             time.sleep(paced * TrialCost().probed(n, timing, rule, True) / TrialCost().full(n, timing))
-            return {**result, "tflops": {str(probed.seqlen_k): probe}, "early_stop": stopped}
+            return {**result, "tflops": {problem_key(probed): probe}, "early_stop": stopped}
     time.sleep(paced)
-    result["tflops"] = {str(p.seqlen_k): speed(p) * replay_noise(data.meta, "trial", key, p.seqlen_k,
-                                                                 payload.get("trial"))
+    result["tflops"] = {problem_key(p): speed(p) * replay_noise(data.meta, "trial", key, problem_key(p),
+                                                                payload.get("trial"))
                         for p in payload["problems"]}
     return result
 
@@ -259,6 +260,12 @@ TRIAL_DEVICE = "cuda"
 # A kernel that passed the small verification shapes must also agree with torch SDPA on the benchmark
 # inputs themselves (index overflow and grid limits show only at size): the bound of `tune bench`.
 BENCH_CROSS_CHECK_REL_ERR = 2e-2
+
+
+def serving_baseline_names() -> tuple[str, ...]:
+    from .serving_measure import SERVING_BASELINES
+
+    return SERVING_BASELINES
 
 
 def gpu_name(device: str) -> str:
@@ -298,7 +305,12 @@ def _gpu_measure(payload: dict, device: str | None = None, on_acquired: OnAcquir
     warm_up(payload["spec"], device)
     seconds["warmup"] = round(_time.perf_counter() - t1, 3)
     with gpu_lock(on_acquired=on_acquired) as hold:
-        result = _verify_and_bench(kernel, payload, device, name, timing, seconds)
+        if getattr(payload["spec"], "layout", "dense") != "dense":
+            from .serving_measure import verify_and_bench
+
+            result = verify_and_bench(kernel, payload, device, name, timing, seconds, _failure, early_stop_decide)
+        else:
+            result = _verify_and_bench(kernel, payload, device, name, timing, seconds)
     result["seconds"] = seconds
     return add_lock(result, hold)
 
@@ -425,10 +437,11 @@ def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device
     if backend.kind == "replay":
         data = load_replay(backend.path)
         recorded = data.meta.get("baselines") or {}
-        rows = {str(p.seqlen_k): dict(recorded.get(str(p.seqlen_k)) or {}) for p in problems}
+        rows = {problem_key(p): dict(recorded.get(problem_key(p)) or {}) for p in problems}
         errors = {}
+        names = bench.BASELINES if all(is_dense(p) for p in problems) else serving_baseline_names()
         for seqlen, row in rows.items():   # e.g. a grid recorded before FA4 was a baseline: no number, a reason
-            missing = {name: "not recorded in the replay file" for name in bench.BASELINES if name not in row}
+            missing = {name: "not recorded in the replay file" for name in names if name not in row}
             row.update(dict.fromkeys(missing))
             if missing:
                 errors[seqlen] = missing
@@ -439,7 +452,12 @@ def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device
     rows, errors = {}, {}
     for p in problems:
         errs: dict = {}
-        rows[str(p.seqlen_k)] = bench.measure_baselines(p, timing=timing_, device=device, errors=errs)
+        if is_dense(p):
+            rows[problem_key(p)] = bench.measure_baselines(p, timing=timing_, device=device, errors=errs)
+        else:
+            from .serving_measure import measure_baselines
+
+            rows[problem_key(p)] = measure_baselines(p, timing_, device, errs)
         if errs:
-            errors[str(p.seqlen_k)] = errs
+            errors[problem_key(p)] = errs
     return {"device_name": gpu_name(device), "baselines": rows, "errors": errors}

@@ -5,11 +5,11 @@ a list of ``Combination``; bad values are a ``ComboError`` naming the value and 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tuner.models import ModelError, get_model
 from tuner.problem import (DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems,
-                           spec_for)
+                           heads_for, spec_for)
 
 CAUSAL_WORDS = {"both": (True, False),
                 "true": (True,), "causal": (True,), "yes": (True,), "1": (True,),
@@ -28,19 +28,40 @@ class Combination:
     causal: bool
     heads: tuple[int, int] | None = None  # (heads_q, heads_kv) of a model preset; None = the paper grid's heads
     model: str | None = None
+    layout: str = "dense"                 # dense, or a serving layout: varlen / paged (tuner/mixes.py)
+    page_size: int | None = None          # paged only
 
     def label(self) -> str:
         dims = f"d{MLA_D_QK}/{MLA_D_V}" if self.variant == "mla" else f"d{self.head_dim}"
         text = f"{self.variant} {dims} {self.dtype} {'causal' if self.causal else 'noncausal'}"
-        extra = [x for x in (self.model, self.heads and f"{self.heads[0]}q/{self.heads[1]}kv") if x]
+        serving = self.layout if self.page_size is None else f"{self.layout} page {self.page_size}"
+        extra = [x for x in (self.model, self.heads and f"{self.heads[0]}q/{self.heads[1]}kv",
+                             self.layout != "dense" and serving) if x]
         return f"{text} ({', '.join(extra)})" if extra else text
 
     def spec(self) -> KernelSpec:
-        return spec_for(self.variant, self.head_dim, self.dtype, self.causal)
+        return replace(spec_for(self.variant, self.head_dim, self.dtype, self.causal), layout=self.layout)
 
-    def problems(self, **grid) -> list[Problem]:
-        """The benchmark grid of this combination (``grid``: total_tokens, seqlens)."""
-        return grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads, **grid)
+    def problems(self, **grid) -> list:
+        """The benchmark problems of this combination: the paper grid (``grid``: total_tokens, seqlens), or
+        for a serving layout its mixes (tuner/mixes.toml) with these heads and dims."""
+        if self.layout == "dense":
+            return grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads, **grid)
+        from tuner.mixes import serving_problems
+
+        spec = self.spec()
+        hq, hkv, _, _ = heads_for(self.variant, spec.d_qk)
+        hq, hkv = self.heads or (hq, hkv)
+        return serving_problems(self.layout, self.variant, hq, hkv, spec.d_qk, spec.d_v, self.causal, self.dtype,
+                                self.page_size)
+
+    def shapes(self) -> list[Problem]:
+        """Dense problems of this combination's heads and dims (what the validators check a parameter set
+        against; a serving mix's lengths change no rule of theirs)."""
+        if self.layout == "dense":
+            return self.problems()
+        return [Problem(p.variant, 1, p.heads_q, p.heads_kv, 1, 1, p.d_qk, p.d_v, p.causal, p.dtype)
+                for p in self.problems()[:1]]
 
 
 def _items(option: str, value: str) -> list[str]:
@@ -130,10 +151,22 @@ def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None
 
 
 def expand_combinations(profile, variant: str | None, head_dim: str | int | None, dtype: str | None,
-                        causal: str | bool | None, model: str | None) -> list[Combination]:
-    """Every combination the options name, variant-major, then head dim, dtype, causal (causal first).
+                        causal: str | bool | None, model: str | None, layout: str = "dense",
+                        page_size: int | None = None) -> list[Combination]:
+    """Every combination the options name, variant-major, then head dim, dtype, causal (causal first); each of
+    ``layout`` (a serving layout needs the warp-specialised Hopper kernels: an sm90 profile).
 
     ``profile`` is a hardware_profiles.Profile (its name and dtypes are used)."""
+    combos = _combinations(profile, variant, head_dim, dtype, causal, model)
+    if layout == "dense":
+        return combos
+    if "SM90_GMMA" not in getattr(profile, "mma_atoms", ()):
+        raise ComboError(f"--layout {layout} needs a Hopper GPU (its kernels are the warp-specialised TMA ones); "
+                         f"{profile.name} is not one: tune the dense layout there")
+    return [replace(c, layout=layout, page_size=page_size) for c in combos]
+
+
+def _combinations(profile, variant, head_dim, dtype, causal, model) -> list[Combination]:
     if model is not None:
         if variant is not None or head_dim is not None:
             raise ComboError("--model sets the variant and head dim; drop --variant/--head-dim")

@@ -119,7 +119,7 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     """Check every option that can be checked without a cluster; ValueError-family on bad input."""
     profile = load_profile(options.gpu)
     combos = expand_combinations(profile, options.variant, options.head_dim, options.dtype, options.causal,
-                                 options.model)
+                                 options.model, options.layout, options.page_size)
     if options.sampler not in st.SAMPLERS:
         raise ValueError(f"unknown sampler {options.sampler!r}; choose one of: {', '.join(st.SAMPLERS)}")
     problems = option_problems(options)
@@ -133,9 +133,9 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     for combo in combos:
         spec = combo.spec()
         space = load_space(spec.variant)
-        problems = combo.problems(seqlens=seqlens)
+        problems = combo.problems(seqlens=seqlens) if combo.layout == "dense" else combo.problems()
         space.domains(profile, spec.d_qk, spec.dtype)  # an empty domain is an error now, not at trial 1
-        name = st.study_name(profile.name, spec, options.dry_run, heads=combo.heads)
+        name = st.study_name(profile.name, spec, options.dry_run, heads=combo.heads, page_size=combo.page_size)
         camps.append(Campaign(options, combo, profile, spec, space, problems, backend, name,
                               options.study_dir / name / "compiled", console,
                               fake_compile=backend.kind == "replay" and not options.dry_run, cache=cache,
@@ -250,21 +250,25 @@ def _sketch_stage(camp: Campaign) -> None:
         camp.console.print(f"{camp.label}: the study's {len(stored)} sketch(es) (resumed)", markup=False)
     else:
         programs = []
-        if llm is not None and config.configured:
+        if llm is not None and config.configured and camp.spec.layout != "dense":
+            camp.llm_message = (f"the LLM writes dense sketches; --layout {camp.spec.layout} searches the built-in "
+                                "warp-specialised sketches in its layout")
+        elif llm is not None and config.configured:
             programs = llm.generate_programs(config, camp.profile, camp.spec, cache, count=opts.llm_sketches)
             camp.llm_message = (f"{len(programs)} sketch variant(s) from {config.model}" if programs else
                                 f"no usable sketch from {config.model}: the built-in sketches only")
         elif llm is not None:
             camp.llm_message = f"{config.not_configured_reason}; the built-in sketches only"
         bases = [name for name, _ in default_sketches(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype)]
-        camp.sketches = sk.campaign_sketches(camp.spec.variant, camp.spec.causal, bases, programs)
+        camp.sketches = sk.campaign_sketches(camp.spec.variant, camp.spec.causal, bases, programs, camp.spec.layout)
         camp.study.set_user_attr(sk.ATTR, sk.to_attr(camp.sketches))
         if camp.llm_message:
             camp.console.print(f"sketches: {camp.llm_message}", markup=False)
     camp.programs = sk.parsed(camp.sketches)
     camp.program_texts = {s.name: s.text for s in camp.sketches}
-    camp.feasible = feasible_space(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype, camp.problems,
-                                   tuple((s.name, s.base) for s in camp.sketches))
+    camp.feasible = feasible_space(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype, camp.combo.shapes(),
+                                   tuple((s.name, s.base) for s in camp.sketches), camp.spec.layout,
+                                   camp.combo.page_size)
     if llm is not None:
         camp.llm_seeds = llm.propose_params(config, camp.profile, camp.spec, camp.program_text, 8, cache)
         sources = sorted({s.source for s in camp.llm_seeds})
@@ -307,7 +311,7 @@ def _enqueue_seeds(camp: Campaign) -> None:
     from_llm = [p for p in proposals if p[1] == "llm"]
     offered = from_llm + published + [p for p in proposals if p[1] != "llm"]
     seen: set[str] = set()
-    count = 0
+    count = other_schedule = 0
     for params, source, rationale in offered:
         # a seed without a schedule: TMA loads come with the warp-specialised flow, anything else the paper's
         schedule = params.get(SCHEDULE, "ws_overlap" if params.get("g2s_atom") == "SM90_TMA" else "fa2")
@@ -315,7 +319,11 @@ def _enqueue_seeds(camp: Campaign) -> None:
         key = f"{schedule}:{KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).key()}"
         if key in seen:
             continue
-        chosen, problems = camp.feasible.project(params, camp.profile, hd, dt, camp.problems)
+        if camp.spec.layout != "dense" and not schedule.startswith("ws_"):
+            other_schedule += 1   # (said once below: not a fault of the seed)
+            continue
+        params = serving_seed(params, camp.spec.layout)
+        chosen, problems = camp.feasible.project(params, camp.profile, hd, dt, camp.combo.shapes())
         if problems:
             camp.console.print(f"seed {key} ({source}) skipped: {'; '.join(problems)}", markup=False)
             continue
@@ -328,7 +336,20 @@ def _enqueue_seeds(camp: Campaign) -> None:
     study.set_user_attr(st.SEEDS_ATTR, True)
     study.set_user_attr("tl_program", camp.program_text)
     study.set_user_attr("tl_programs", camp.program_texts)
+    if other_schedule:
+        camp.console.print(f"{camp.label}: {other_schedule} seed(s) of the sm80-class schedules left out: the "
+                           f"{camp.spec.layout} layout is built by the warp-specialised ones", markup=False)
     camp.console.print(f"{camp.label}: enqueued {count} seed(s)", markup=False)
+
+
+def serving_seed(params: dict, layout: str) -> dict:
+    """A published (dense) seed for a serving layout: its producer gets the registers the layout's needs
+    (translate.defaults.SERVING_PRODUCER_REGS), as the layout's own defaults do; the rest is kept."""
+    if layout == "dense" or params.get("g2s_atom") != "SM90_TMA":
+        return params
+    from translate.defaults import SERVING_PRODUCER_REGS
+
+    return {**params, "producer_regs": max(params.get("producer_regs", 24), SERVING_PRODUCER_REGS[layout])}
 
 
 def _start_baselines(camp: Campaign):

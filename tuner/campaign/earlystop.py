@@ -45,7 +45,10 @@ class EarlyStop:
         there, the margin and the probe's timing (``timing``'s input rotation)."""
         if incumbent is None or incumbent <= 0 or not problems:
             return None
-        seqlen = max(p.seqlen_k for p in problems)
+        from .problems import is_dense, probe_problem, problem_key
+
+        probe = probe_problem(problems)
+        seqlen = probe.seqlen_k if is_dense(probe) else problem_key(probe)   # (a serving mix: its name)
         return {"seqlen": seqlen, "incumbent": round(float(incumbent), 3), "margin": self.margin,
                 "probe": {"warmup_ms": self.probe_warmup_ms, "rep_ms": self.probe_rep_ms,
                           "rotate": int(timing.get("rotate", 3))}}
@@ -64,7 +67,8 @@ def decide(plan: dict, probe_tflops: float) -> dict | None:
     incumbent = float(plan["incumbent"])
     if not rule.stops(probe_tflops, incumbent):
         return None
-    return {"seqlen": int(plan["seqlen"]), "probe_tflops": round(probe_tflops, 2), "incumbent": incumbent,
+    key = plan["seqlen"]
+    return {"seqlen": int(key) if isinstance(key, (int, float)) else key, "probe_tflops": round(probe_tflops, 2), "incumbent": incumbent,
             "ratio": round(probe_tflops / incumbent, 4), "margin": rule.margin}
 
 

@@ -9,6 +9,7 @@ from optuna.trial import TrialState
 from . import study as st
 from .confirm import DEFAULT_RULE
 from .winners import decisions_for, trial_stem
+from .problems import bucket_of, is_dense, problem_key, problem_order
 
 
 def trial_rows(study) -> list[dict]:
@@ -68,7 +69,7 @@ def finish(camp) -> int:
 
     report_dir = opts.study_dir / camp.name
     top = _top_record(camp, stored, decisions)
-    winners = [d.to_dict() for d in sorted(decisions.values(), key=lambda d: d.contest.problem.seqlen_k)]
+    winners = [d.to_dict() for d in sorted(decisions.values(), key=lambda d: problem_order(d.contest.problem))]
     path = write_report(report_dir, trial_rows(study), top, rows, winners)
     summary = write_summary(camp, study, tally, rows, top, report_dir / SUMMARY_FILE, decisions)
     if rows:
@@ -139,7 +140,7 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path, decisio
         "measured_fraction": round(tally.measured / finished_now, 3) if finished_now else None,
         "remeasured": remeasured(study),
         "search_vs_seeds": search_vs_seeds(decisions or {}),
-        "winners": [d.to_dict() for d in sorted((decisions or {}).values(), key=lambda d: d.contest.problem.seqlen_k)],
+        "winners": [d.to_dict() for d in sorted((decisions or {}).values(), key=lambda d: problem_order(d.contest.problem))],
         "confirm_rule": DEFAULT_RULE.to_dict(),
         "early_stop": early_stop_summary(study, camp.options),
         "elapsed_s": round(tally.elapsed, 1),
@@ -193,8 +194,8 @@ def search_vs_seeds(decisions: dict) -> list[dict]:
     published choices) and what re-timing both side by side said; ``search_beat_seeds`` only where the
     challenger was clearly faster (confirm.py)."""
     out = []
-    for d in sorted(decisions.values(), key=lambda d: d.contest.problem.seqlen_k):
-        c, seed, seqlen = d.contest.challenger, d.contest.seed, d.contest.problem.seqlen_k
+    for d in sorted(decisions.values(), key=lambda d: problem_order(d.contest.problem)):
+        c, seed, seqlen = d.contest.challenger, d.contest.seed, problem_key(d.contest.problem)
         best_seed = c if c.seeded else seed
         single = c.at(seqlen) / best_seed.at(seqlen) if best_seed is not None and best_seed.at(seqlen) else None
         out.append({"seqlen": seqlen, "bucket": d.contest.bucket, "best": c.at(seqlen), "best_trial": c.trial,
@@ -286,7 +287,7 @@ def _store(camp, study, decisions: dict) -> list:
     default_program = camp.program_text or study.user_attrs.get("tl_program", "")
     programs = camp.program_texts or study.user_attrs.get("tl_programs", {})
     stored = []
-    for bucket, d in sorted(decisions.items(), key=lambda kv: kv[1].contest.problem.seqlen_k):
+    for bucket, d in sorted(decisions.items(), key=lambda kv: problem_order(kv[1].contest.problem)):
         if not d.store:
             continue
         t, problem = d.winner.frozen, d.contest.problem
@@ -301,10 +302,10 @@ def _store(camp, study, decisions: dict) -> list:
             causal=camp.spec.causal, bucket=bucket, params=t.user_attrs["kernel_params"], kernel_name=d.winner.kernel_name,
             kernel_meta=json.loads(stem.with_suffix(".meta.json").read_text()),
             source=stem.with_suffix(".cu").read_text(), cubin=stem.with_suffix(".cubin").read_bytes(),
-            tl_program=tl_program, verification=t.user_attrs["verification"], tflops=d.winner.at(problem.seqlen_k),
-            baselines=dict(camp.baselines.get(str(problem.seqlen_k), {})), problem=_problem_dict(problem),
+            tl_program=tl_program, verification=t.user_attrs["verification"], tflops=d.winner.at(problem_key(problem)),
+            baselines=dict(camp.baselines.get(problem_key(problem), {})), problem=_problem_dict(problem),
             provenance=provenance, study=camp.name, trial=t.number, sketch=sketch,
-            confirmation={**confirmation, "rule": DEFAULT_RULE.to_dict()})
+            confirmation={**confirmation, "rule": DEFAULT_RULE.to_dict()}, layout=camp.spec.layout)
         expected = d.contest.stored.sha256 if d.contest.stored is not None else None
         try:
             if store.replace(record, expected):
@@ -326,18 +327,22 @@ def _problem_dict(problem) -> dict:
 def _bench_rows(camp, decisions: dict) -> list[dict]:
     """Per benchmark shape: this run's winner of its bucket against the libraries, same run; ``<library>_err``
     says why a library has no number (FA4 not installed, a shape it cannot run)."""
-    from tuner.bench import BASELINES
-    from tuner.buckets import bucket_for
+    from tuner.bench import BASELINES as DENSE
+
+    from .serving_measure import SERVING_BASELINES
 
     rows = []
     for problem in camp.problems:
-        d = decisions.get(bucket_for(problem.seqlen_k))
+        d = decisions.get(bucket_of(problem))
         if d is None:
             continue
-        key = str(problem.seqlen_k)
+        key = problem_key(problem)
         base = camp.baselines.get(key, {})
         errors = camp.baseline_errors.get(key, {})
-        rows.append({"seqlen": problem.seqlen_k, "causal": problem.causal, "ours": d.winner.at(problem.seqlen_k),
+        BASELINES = DENSE if is_dense(problem) else SERVING_BASELINES
+        rows.append({"seqlen": problem.seqlen_k if is_dense(problem) else key, "causal": problem.causal,
+                     "ours": d.winner.at(key),
+                     **({} if is_dense(problem) else {"bucket": problem.bucket}),
                      **{name: base.get(name) for name in BASELINES},
                      **{f"{name}_err": errors[name] for name in BASELINES if errors.get(name)},
                      "trial": d.winner.trial})

@@ -34,6 +34,7 @@ from .cluster import compile_pool
 from .driver import WORKER_GRACE_S, Campaign, Tally
 from .earlystop import DEFAULT_EARLY_STOP
 from .pacing import Pacer, batch_size, one_unit_each, unit_size
+from .problems import probe_problem, problem_key
 from .telling import (compile_outcomes, count_outcome, held_seconds, lock_record, measured_value, note_span,
                       save_kernel, tell_infra, tell_measurement)
 
@@ -214,7 +215,7 @@ class Loop:
 
     def _note_incumbent(self, camp: Campaign, tflops: dict | None) -> None:
         """A kernel measured in full: it may be the new incumbent at the longest seqlen (early stop)."""
-        value = (tflops or {}).get(str(max(p.seqlen_k for p in camp.problems)))
+        value = (tflops or {}).get(problem_key(probe_problem(camp.problems)))
         if value is not None and (self.incumbent[camp.name] is None or value > self.incumbent[camp.name]):
             self.incumbent[camp.name] = float(value)
 

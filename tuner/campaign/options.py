@@ -55,6 +55,8 @@ class CampaignOptions:
     bench_rotate: int = 3
     live: bool = True                     # rich live view
     early_stop: bool = True               # probe the longest seqlen first; stop a candidate far behind (earlystop.py)
+    layout: str = "dense"                 # dense (b, s, h, d); varlen / paged: the serving mixes (tuner/mixes.py)
+    page_size: Optional[int] = None       # the paged layout's KV-cache page (tuner.mixes.PAGE_SIZES)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "study_dir", Path(self.study_dir))
@@ -96,6 +98,18 @@ def option_problems(o: CampaignOptions) -> list[str]:
          o.seed)
     need(o.seqlens is None or (len(o.seqlens) > 0 and all(_count(s, 1) for s in o.seqlens)), "--seqlens",
          "a list of positive integers", o.seqlens)
+    from tl.layout import LAYOUTS
+    from tuner.mixes import PAGE_SIZES
+
+    need(o.layout in LAYOUTS, "--layout", f"one of {', '.join(LAYOUTS)}", o.layout)
+    if o.layout == "paged":
+        need(o.page_size in PAGE_SIZES and _count(o.page_size, 1), "--page-size",
+             f"one of {', '.join(map(str, PAGE_SIZES))} with --layout paged", o.page_size)
+    elif o.page_size is not None:
+        problems.append(f"--page-size applies to --layout paged only, got --layout {o.layout}")
+    if o.layout != "dense" and o.seqlens is not None:
+        problems.append(f"--seqlens applies to the dense layout; --layout {o.layout} measures the serving mixes "
+                        "of tuner/mixes.toml")
     need(_seconds(o.compile_timeout), "compile_timeout", "a positive number of seconds", o.compile_timeout)
     need(_count(o.infra_retries, 0), "infra_retries", "an integer of at least 0", o.infra_retries)
     need(_seconds(o.bench_warmup_ms, zero_ok=True), "bench_warmup_ms", "a number of milliseconds of at least 0",

@@ -28,7 +28,10 @@ def registers_per_thread(params: KernelParams, d_qk: int, d_v: int) -> float:
 
 
 def model_tflops(params: KernelParams, problem, profile) -> float:
-    """Modelled TFLOPS of ``params`` on ``problem`` (a tuner.problem.Problem) for ``profile``."""
+    """Modelled TFLOPS of ``params`` on ``problem`` (a tuner.problem.Problem) for ``profile``; a serving mix
+    (tuner.mixes.ServingProblem) as its sequences one after the other."""
+    if hasattr(problem, "layout"):
+        return _mix_tflops(params, problem, profile)
     peak = profile.peak_tflops(problem.dtype) or profile.tflops_fp16
     ceiling = 0.42 * peak                     # FA2-class kernels: ~30-40% of the tensor-core peak
     bm, bn, threads = params.block_m, params.block_n, params.num_threads
@@ -60,3 +63,15 @@ def model_tflops(params: KernelParams, problem, profile) -> float:
     if params.q_in_regs and spill == 0:
         f *= 1.04
     return round(ceiling * f * _noise(params.key(), problem.seqlen_k), 2)
+
+
+def _mix_tflops(params: KernelParams, mix, profile) -> float:
+    from tuner.problem import Problem
+
+    seconds = 0.0
+    for sq, sk in zip(mix.seqlens_q, mix.seqlens_k):
+        if sq == 0:
+            continue
+        one = Problem(mix.variant, 1, mix.heads_q, mix.heads_kv, sq, sk, mix.d_qk, mix.d_v, mix.causal, mix.dtype)
+        seconds += one.flops / (max(model_tflops(params, one, profile), 1e-3) * 1e12)
+    return round(mix.flops / seconds / 1e12, 2) if seconds else 0.0

@@ -24,6 +24,7 @@ import time
 from . import backends
 from .backends import BackendSpec, OnAcquired, add_lock, first_line
 from .gpulock import gpu_lock
+from .problems import is_dense, problem_key
 
 
 def retime_job(backend: BackendSpec, payload: dict, on_locked: OnAcquired = None) -> dict:
@@ -66,7 +67,7 @@ def _replay_retime(path: str, payload: dict) -> dict:
 
     data = backends.load_replay(path)
     problem, rule = payload["problem"], payload["rule"]
-    seqlen = str(problem.seqlen_k)
+    seqlen = problem_key(problem)
     speeds, failed = {}, {}
     for k in payload["kernels"]:
         params = KernelParams.from_dict(k["params"])
@@ -110,26 +111,52 @@ def _gpu_retime(payload: dict, on_acquired: OnAcquired = None) -> dict:
     seconds = {"load_warmup": round(time.perf_counter() - t0, 3)}
     with gpu_lock(on_acquired=on_acquired) as hold:
         t1 = time.perf_counter()
-        inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
-        for role, kernel in list(kernels.items()):
-            try:
-                rel = backends.bench_cross_check(kernel, problem, inputs[0])
-            except Exception as exc:  # noqa: BLE001 - a launch failure: this contender cannot win
-                rel, why = float("nan"), f"{type(exc).__name__}: {first_line(exc)}"
-            else:
-                why = f"relative error {rel:.3g} against torch SDPA > {backends.BENCH_CROSS_CHECK_REL_ERR}"
-            if not rel <= backends.BENCH_CROSS_CHECK_REL_ERR:   # also NaN
-                failed[role] = f"wrong result on the re-timing inputs: {why}"
-                del kernels[role]
-        roles = list(kernels)
-        ms: dict[str, list[float]] = {r: [] for r in roles}
-        order = []
-        for rnd in range(rule["rounds"] if roles else 0):
-            order.append(round_order(roles, rnd))
-            for role in order[-1]:
-                ms[role].append(bench.measure_problem(kernels[role], problem, inputs=inputs, timing=timing,
-                                                      device=device))
+        if is_dense(problem):
+            ms, order = _dense_rounds(kernels, failed, problem, timing, device, rule["rounds"])
+        else:   # a serving mix: each contender passed tuner.verify_varlen in its trial
+            ms, order = _serving_rounds(kernels, problem, timing, device, rule["rounds"])
         seconds["retime"] = round(time.perf_counter() - t1, 3)
     result = _summary(payload, ms, order, failed, name)
     result["seconds"] = seconds
     return add_lock(result, hold)
+
+
+def _dense_rounds(kernels: dict, failed: dict, problem, timing, device, rounds: int):
+    """Cross-check every contender against torch SDPA on the shared inputs (dropping a wrong one into
+    ``failed``), then the rounds in rotated order: (ms per role, the orders)."""
+    from tuner import bench
+
+    inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
+    for role, kernel in list(kernels.items()):
+        try:
+            rel = backends.bench_cross_check(kernel, problem, inputs[0])
+        except Exception as exc:  # noqa: BLE001 - a launch failure: this contender cannot win
+            rel, why = float("nan"), f"{type(exc).__name__}: {first_line(exc)}"
+        else:
+            why = f"relative error {rel:.3g} against torch SDPA > {backends.BENCH_CROSS_CHECK_REL_ERR}"
+        if not rel <= backends.BENCH_CROSS_CHECK_REL_ERR:   # also NaN
+            failed[role] = f"wrong result on the re-timing inputs: {why}"
+            del kernels[role]
+    roles = list(kernels)
+    ms: dict[str, list[float]] = {r: [] for r in roles}
+    order = []
+    for rnd in range(rounds if roles else 0):
+        order.append(round_order(roles, rnd))
+        for role in order[-1]:
+            ms[role].append(bench.measure_problem(kernels[role], problem, inputs=inputs, timing=timing, device=device))
+    return ms, order
+
+
+def _serving_rounds(kernels: dict, problem, timing, device, rounds: int):
+    """The rounds on a serving mix's inputs (serving_measure.make_inputs: a trial's own)."""
+    from .serving_measure import make_inputs, ours_call, time_sets
+
+    sets = make_inputs(problem, timing.rotate, device)
+    roles = list(kernels)
+    ms: dict[str, list[float]] = {r: [] for r in roles}
+    order = []
+    for rnd in range(rounds if roles else 0):
+        order.append(round_order(roles, rnd))
+        for role in order[-1]:
+            ms[role].append(time_sets(ours_call(kernels[role], problem), sets, timing))
+    return ms, order

@@ -27,19 +27,22 @@ class Sketch:
         return asdict(self)
 
 
-def builtin_sketches(variant: str, causal: bool, bases) -> list[Sketch]:
+def builtin_sketches(variant: str, causal: bool, bases, layout: str = "dense") -> list[Sketch]:
     import tl
 
-    return [Sketch(name, base, tl.load_sketch(variant, causal, name), "builtin")
+    return [Sketch(name, base, tl.load_sketch(variant, causal, name, layout), "builtin")
             for base in bases for name in tl.schedule_variants(base)]
 
 
-def campaign_sketches(variant: str, causal: bool, bases, llm_programs=()) -> list[Sketch]:
+def campaign_sketches(variant: str, causal: bool, bases, llm_programs=(), layout: str = "dense") -> list[Sketch]:
     """The built-in sketches of the reference schedules ``bases`` (in order), each followed by the LLM's
-    programs of its kind; an LLM program of a kind the profile does not offer is left out."""
+    programs of its kind; an LLM program of a kind the profile does not offer is left out. A serving layout
+    keeps the warp-specialised schedules (the only ones that build it), in that layout."""
     from tl.pipelines import has_roles
 
-    out = builtin_sketches(variant, causal, bases)
+    if layout != "dense":
+        bases = [b for b in bases if b.startswith("ws_")]
+    out = builtin_sketches(variant, causal, bases, layout)
     seen = {_canonical(s.text) for s in out}
     for i, outcome in enumerate(llm_programs, 1):
         base = "ws_overlap" if has_roles(outcome.program.statements) else "fa2"

@@ -42,12 +42,16 @@ class StudyError(RuntimeError):
     """The study cannot be opened as asked (exists without --resume, missing on --resume, bad URL)."""
 
 
-def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | None = None) -> str:
-    """One study per combination; a model's heads (they change the benchmark shapes) name their own."""
+def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | None = None,
+               page_size: int | None = None) -> str:
+    """One study per combination; a model's heads (they change the benchmark shapes) name their own, and so
+    does a serving layout (and its page size). Dense names are as they were."""
     c = "causal" if spec.causal else "noncausal"
     d = f"d{spec.d_qk}" if spec.d_qk == spec.d_v else f"d{spec.d_qk}x{spec.d_v}"
     h = f"-{heads[0]}q{heads[1]}kv" if heads else ""
-    return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}{h}" + ("-dryrun" if dry_run else "")
+    layout = getattr(spec, "layout", "dense")
+    lay = "" if layout == "dense" else f"-{layout}" + (f"{page_size}" if page_size else "")
+    return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}{h}{lay}" + ("-dryrun" if dry_run else "")
 
 
 def make_storage(url: str | None, study_dir: Path, name: str):

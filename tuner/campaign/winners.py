@@ -29,6 +29,7 @@ from optuna.trial import TrialState
 
 from . import study as st
 from .confirm import DEFAULT_RULE, ConfirmRule, Verdict, verdict
+from .problems import bucket_of, problem_key, problem_order, record_key
 
 ROLES = ("challenger", "seed", "stored")
 
@@ -100,7 +101,7 @@ class Decision:
         return self.vs_seed is not None and self.vs_seed.confirmed and self.winner.role == "challenger"
 
     def to_dict(self) -> dict:
-        c, seqlen = self.contest, self.contest.problem.seqlen_k
+        c, seqlen = self.contest, problem_key(self.contest.problem)
         retimed = None
         if self.retimed:
             lock = self.retimed.get("gpu_lock") or {}
@@ -129,14 +130,12 @@ def verified(study) -> list:
 def best_per_bucket(study, problems) -> dict[str, tuple]:
     """Bucket -> (trial, problem, tflops): the highest single measurement at each benchmark shape's bucket
     among the verified trials measured in full."""
-    from tuner.buckets import bucket_for
-
     best: dict[str, tuple] = {}
     trials = verified(study)
     for problem in problems:
-        bucket = bucket_for(problem.seqlen_k)
+        bucket = bucket_of(problem)
         for t in trials:
-            tf = (t.user_attrs.get("tflops") or {}).get(str(problem.seqlen_k))
+            tf = (t.user_attrs.get("tflops") or {}).get(problem_key(problem))
             if tf is not None and (bucket not in best or tf > best[bucket][2]):
                 best[bucket] = (t, problem, float(tf))
     return best
@@ -160,7 +159,7 @@ def _from_trial(camp, t, role: str) -> Contender:
 
 def _from_record(record) -> Contender:
     return Contender("stored", record.kernel_name, record.kernel_sha256,
-                     {str(record.problem.get("seqlen_k")): record.tflops}, dict(record.params), record.sketch,
+                     {record_key(record.problem): record.tflops}, dict(record.params), record.sketch,
                      f"stored: study {record.study}, trial {record.trial}", None, False, "", record)
 
 
@@ -171,7 +170,7 @@ def stored_records(camp) -> dict:
     spec = camp.spec
     try:
         return KernelStore(camp.options.study_dir).best(camp.profile.arch_family, spec.variant, spec.dtype,
-                                                        spec.d_qk, spec.d_v, spec.causal)
+                                                        spec.d_qk, spec.d_v, spec.causal, spec.layout)
     except (StoreError, OSError) as exc:
         camp.console.print(f"[yellow]{camp.label}: the stored kernels cannot be read ({exc}); the buckets' "
                            "winners are compared with this run's seeds only[/]")
@@ -183,8 +182,8 @@ def contests(camp, best: dict) -> list[Contest]:
     seeds = [t for t in verified(camp.study) if st.is_seed(t)]
     stored = stored_records(camp)
     out = []
-    for bucket, (t, problem, _) in sorted(best.items(), key=lambda kv: kv[1][1].seqlen_k):
-        key = str(problem.seqlen_k)
+    for bucket, (t, problem, _) in sorted(best.items(), key=lambda kv: problem_order(kv[1][1])):
+        key = problem_key(problem)
         challenger = _from_trial(camp, t, "challenger")
         seed = None
         if not challenger.seeded:

@@ -1,0 +1,70 @@
+"""A campaign of a serving layout (issue 14): `--layout varlen|paged --page-size N` measures the serving mixes
+of tuner/mixes.toml, keys the trials' TFLOPS by mix, decides per serving bucket, and refuses bad input."""
+import json
+
+import pytest
+
+from hardware_profiles import load_profile
+from tuner.campaign import CampaignOptions, run_campaign
+from tuner.campaign.combos import ComboError, expand_combinations
+from tuner.campaign.options import option_problems
+from tuner.campaign.study import study_name
+
+from .conftest import load_study, replay_options
+
+
+def test_serving_options_are_checked_with_reasons():
+    def problems(**kw):
+        return " ".join(option_problems(CampaignOptions(gpu="h100", variant="gqa", **kw)))
+
+    assert "--page-size must be one of 16, 32, 64, 128, 256" in problems(layout="paged")
+    assert "--page-size must be one of" in problems(layout="paged", page_size=24)
+    assert "--page-size applies to --layout paged only" in problems(layout="varlen", page_size=16)
+    assert "--layout must be one of dense, varlen, paged" in problems(layout="ragged")
+    assert "--seqlens applies to the dense layout" in problems(layout="varlen", seqlens=(512,))
+    assert problems(layout="paged", page_size=16) == ""
+
+
+def test_a_model_preset_asks_for_a_serving_layout_and_gets_its_mixes():
+    (combo,) = expand_combinations(load_profile("h100"), None, None, None, None, "llama3-8b", "paged", 16)
+    assert combo.spec().layout == "paged" and combo.page_size == 16 and combo.heads == (32, 8)
+    names = {p.name: p.bucket for p in combo.problems()}
+    assert names["2x(2k on 6k)"] == "t4k-even-p16" and names["1x8k+32x256"] == "t16k-skewed-p16"
+    assert {(p.heads_q, p.heads_kv) for p in combo.problems()} == {(32, 8)}
+    assert study_name("h100", combo.spec(), heads=combo.heads, page_size=16) == "h100-gqa-bf16-d128-causal-32q8kv-paged16"
+    with pytest.raises(ComboError, match="needs a Hopper GPU"):
+        expand_combinations(load_profile("a100"), "gqa", None, None, None, None, "varlen")
+
+
+def test_the_feasible_space_of_a_paged_layout_keeps_only_what_builds_it():
+    from search_spaces import load_space
+    from search_spaces.feasible import feasible_space, layout_reasons
+    from translate.params import KernelParams
+
+    (combo,) = expand_combinations(load_profile("h100"), "gqa", None, None, None, None, "paged", 128)
+    space = feasible_space(load_space("gqa"), load_profile("h100"), 128, "bf16", combo.shapes(),
+                           (("ws_overlap", "ws_overlap"), ("fa2", "fa2")), "paged", 128)
+    assert space.points and all(p.sketch == "ws_overlap" for p in space.points)
+    assert all(p.params.producer_regs >= 40 for p in space.points)
+    assert all(128 % p.params.block_n == 0 or p.params.block_n % 128 == 0 for p in space.points)
+    why = layout_reasons(KernelParams(block_m=128, block_n=176, num_warps=8, producer_regs=40), "ws_overlap",
+                         "paged", 128)
+    assert why and "page size 128 neither divides block_n 176" in why[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,page", [("varlen", None), ("paged", 16)])
+def test_a_serving_campaign_measures_the_mixes_and_decides_per_serving_bucket(ray_cluster, tmp_path, layout, page):
+    rc = run_campaign(replay_options(tmp_path, trials=8, layout=layout, page_size=page))
+    assert rc == 0
+    name = f"h100-mha-bf16-d128-causal-{layout}{page or ''}"
+    study = load_study(tmp_path, name)
+    measured = [t for t in study.trials if t.user_attrs.get("tflops")]
+    mixes = {"8x2k", "1x8k+32x256", "64 random 1-512"} | ({"2x(2k on 6k)"} if layout == "paged" else set())
+    assert measured and all(set(t.user_attrs["tflops"]) == mixes for t in measured
+                            if not t.user_attrs.get("early_stop"))
+    assert all(t.user_attrs["schedule"].startswith("ws_") for t in study.trials if t.user_attrs.get("schedule"))
+    summary = json.loads((tmp_path / name / "summary.json").read_text())
+    buckets = {w["bucket"] for w in summary["winners"]}
+    suffix = f"-p{page}" if page else ""
+    assert {"t16k-even" + suffix, "t16k-skewed" + suffix, "t16k-short" + suffix} <= buckets
