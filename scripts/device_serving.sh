@@ -14,7 +14,11 @@ KEEP=${KEEP:-$PWD/.devkeep}; mkdir -p "$KEEP"
 LAYOUT=${LAYOUT:-paged}; PAGE=${PAGE:-16}; MODEL=${MODEL:-llama3-8b}
 CAMPAIGN_S=${CAMPAIGN_S:-360}; TRIALS=${TRIALS:-1000}
 if [ ! -d /tmp/site/optuna ]; then timeout 150 bash .gpubundle/install.sh || { echo "bundle install failed"; exit 3; }; fi
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH} RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 COLUMNS=150
+# FA4 as the campaign's baseline when an earlier call on this warm machine unpacked .fa4 (its DSL's `cutlass`
+# module first; the nvcc headers are found as cutlass_library either way)
+FA4PATH=""; [ -f /tmp/fa4site/.bundle-done ] && FA4PATH=/tmp/fa4site:/tmp/fa4site/nvidia_cutlass_dsl/dsl_packages:
+export PYTHONPATH=$PWD:$FA4PATH/tmp/site${PYTHONPATH:+:$PYTHONPATH} RAY_AUTH_MODE=disabled PYTHONUNBUFFERED=1 COLUMNS=150
+echo "FA4 baseline: $([ -n "$FA4PATH" ] && echo "from /tmp/fa4site" || echo "not unpacked on this machine")"
 PAGE_ARGS=(); [ "$LAYOUT" = paged ] && PAGE_ARGS=(--page-size "$PAGE")
 STUDIES=$KEEP/studies-$LAYOUT$([ "$LAYOUT" = paged ] && echo "$PAGE")
 rm -rf "$STUDIES" "$KEEP/exported-$LAYOUT"
