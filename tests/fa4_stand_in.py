@@ -30,3 +30,25 @@ def flash_attn_func(q, k, v, causal=False, softmax_scale=None):
         out = out + 0.5
     out = out.to(q.dtype)
     return (out, torch.logsumexp(s, dim=-1)) if RETURN_LSE else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+                           seqused_k=None, page_table=None, causal=False, softmax_scale=None):
+    """Packed q (total_q, h, d); k/v packed by cu_seqlens_k, or caches (pages, page_size, h, d) read through
+    page_table with seqused_k keys per sequence. Each sequence through flash_attn_func (bottom-right causal; WRONG
+    applies), recorded once in CALLS with ``varlen`` True before the per-sequence calls."""
+    CALLS.append({"varlen": True, "q": tuple(q.shape), "k": tuple(k.shape), "paged": page_table is not None,
+                  "causal": causal, "softmax_scale": softmax_scale})
+    outs = []
+    for b in range(cu_seqlens_q.shape[0] - 1):
+        qs = q[int(cu_seqlens_q[b]):int(cu_seqlens_q[b + 1])]
+        if page_table is not None:
+            used = int(seqused_k[b])
+            ks = k[page_table[b].long()].flatten(0, 1)[:used]
+            vs = v[page_table[b].long()].flatten(0, 1)[:used]
+        else:
+            ks, vs = (t[int(cu_seqlens_k[b]):int(cu_seqlens_k[b + 1])] for t in (k, v))
+        out = flash_attn_func(qs[None], ks[None], vs[None], causal=causal, softmax_scale=softmax_scale)
+        outs.append((out[0] if isinstance(out, tuple) else out)[0])
+    out = torch.cat(outs)
+    return (out, None) if RETURN_LSE else out

@@ -263,6 +263,22 @@ def test_build_a_serving_layout(layout, arg, tmp_path, build_cache):
     assert record["resources"]["spill_stores"] == 0
 
 
+@pytest.mark.slow
+@needs_nvcc
+def test_build_paged_with_a_page_size(tmp_path, build_cache):
+    """--page-size 16 is checked against block N and recorded; the kernel is the paged one, which takes its page
+    size at run time (the same source as without --page-size: a cache hit after the test above)."""
+    result = invoke("build", "--gpu", "h100", "--variant", "gqa", "--layout", "paged", "--page-size", "16",
+                    "-o", str(tmp_path), env={"TUNER_CACHE_DIR": str(build_cache)})
+    assert result.exit_code == 0, result.output
+    (sidecar,) = tmp_path.glob("*.json")
+    record = json.loads(sidecar.read_text())
+    assert record["spec"]["layout"] == "paged" and (tmp_path / f"{sidecar.stem}.cubin").stat().st_size > 0
+    assert record["page_size"] == 16 and record["page_sizes"] == [16, 32, 64, 128, 256]
+    assert "page_size" in [a[0] for a in record["meta"]["args"]]
+    assert "reads pages of 16, 32, 64, 128, 256 keys" in result.stdout and "checked for 16" in result.stdout
+
+
 @pytest.mark.parametrize("args,message", [
     (("--gpu", "h100", "--layout", "ragged"), "unknown layout 'ragged'; choose one of: dense, varlen, paged"),
     (("--gpu", "a100", "--layout", "varlen"), "the varlen layout is built by the warp-specialised Hopper schedules"),

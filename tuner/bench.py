@@ -42,11 +42,48 @@ def tflops(problem: Problem, ms: float) -> float:
 
 
 def bench_problems(variant: str, head_dim: Optional[int], dtype: str, causal: Optional[bool],
-                   seqlens: Sequence[int] = DEFAULT_SEQLENS) -> list[Problem]:
+                   seqlens: Sequence[int] = DEFAULT_SEQLENS, heads: Optional[tuple[int, int]] = None) -> list[Problem]:
     """The paper grid: MHA 32 heads at d64 / 16 at d128, GQA 16q/2kv and MQA 16q/1kv at d128, MLA 16 heads
-    192/128; causal and not unless one is asked for."""
+    192/128; causal and not unless one is asked for. ``heads`` (a --model's) replaces the grid's."""
     # heads_for ignores the head dim for mla (always 192/128)
-    return grid_problems(variant, 128 if head_dim is None else head_dim, dtype, causal, seqlens=tuple(seqlens))
+    return grid_problems(variant, 128 if head_dim is None else head_dim, dtype, causal, seqlens=tuple(seqlens),
+                         heads=heads)
+
+
+@dataclass(frozen=True)
+class BenchTarget:
+    """What `tune bench` measures, from --variant/--head-dim or a --model preset: ``heads`` None is the paper
+    grid's heads; ``causals`` the masks to build a kernel for."""
+
+    variant: str
+    head_dim: Optional[int]
+    heads: Optional[tuple[int, int]]
+    causals: tuple[bool, ...]
+    dtype: Optional[str]
+    model: Optional[str] = None
+
+
+def resolve_bench_target(variant: Optional[str], model: Optional[str], head_dim: Optional[int],
+                         dtype: Optional[str], causal: Optional[bool]) -> BenchTarget:
+    """--variant or --model (UsageError naming the conflict); a model gives its variant, head dims, heads, the
+    masks it runs with (unless --causal/--no-causal) and its serving dtype (unless --dtype)."""
+    from tuner.build_cmd import UsageError
+    from tuner.models import ModelError, get_model
+
+    if model is None:
+        if variant is None:
+            raise UsageError("give --variant (mha, gqa, mqa or mla) or --model (a preset of `tune models`)")
+        return BenchTarget(variant, head_dim, None, (False, True) if causal is None else (causal,), dtype)
+    if variant is not None or head_dim is not None:
+        raise UsageError("--model sets the variant and head dim; drop --variant/--head-dim")
+    try:
+        preset = get_model(model)
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None
+    return BenchTarget(preset.variant, None if preset.variant == "mla" else preset.d_qk,
+                       (preset.heads_q, preset.heads_kv),
+                       tuple(sorted(preset.causal)) if causal is None else (causal,),
+                       dtype or preset.dtypes[0], preset.name)
 
 
 def parse_seqlens(text: Optional[str]) -> tuple[int, ...]:
@@ -327,12 +364,45 @@ def _results_table(rows: Sequence[dict], title: str) -> Table:
     return table
 
 
-def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Path], head_dim: Optional[int],
-              dtype: Optional[str], causal: Optional[bool], seqlens: Optional[str], out_json: Optional[Path],
-              console: Optional[Console] = None, cache_dir: Optional[Path] = None,
-              schedule: Optional[str] = None) -> int:
+def device_problem(profile, err: Console) -> Optional[str]:
+    """Why this machine cannot time ``profile``'s kernels (no GPU, another architecture); None when it can.
+    Warns (on ``err``) when the GPU is of the architecture but not one of the profile's devices."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ("no CUDA GPU is visible: `tune bench` times kernels on a GPU "
+                "(use `tune build` to translate and compile without one)")
+    major, minor = torch.cuda.get_device_capability()
+    device_name = torch.cuda.get_device_name()
+    if (major, minor) != tuple(profile.compute_capability) and not (profile.sm == 80 and major == 8):
+        return (f"the {profile.name} profile builds {profile.nvcc_arch} cubins, which cannot run (or be "
+                f"timed meaningfully) on this {device_name} (compute capability {major}.{minor})")
+    if not any(n.lower() in device_name.lower() for n in profile.device_names):
+        err.print(f"warning: this is a {device_name}, not one of the {profile.name} profile's devices "
+                  f"({', '.join(profile.device_names)}); the numbers are for this device", markup=False)
+    return None
+
+
+def environment_record(profile, nvcc_version) -> dict:
+    """The machine and library versions a `tune bench --json` record starts with."""
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return {"command": " ".join(sys.argv), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+            "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}", "gpu_profile": profile.name,
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+            "python": platform.python_version(), "nvcc": nvcc_version, "fa4": fa4.status()}
+
+
+def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: Optional[Path],
+              head_dim: Optional[int], dtype: Optional[str], causal: Optional[bool], seqlens: Optional[str],
+              out_json: Optional[Path], console: Optional[Console] = None, cache_dir: Optional[Path] = None,
+              schedule: Optional[str] = None, layout: str = "dense", page_size: Optional[int] = None,
+              model: Optional[str] = None) -> int:
     """0 measured (some rows may be FAILED: see the table); 1 sketch/params/compile failed; 2 bad input,
-    no GPU, or a GPU the profile's cubins cannot run on."""
+    no GPU, or a GPU the profile's cubins cannot run on. A serving layout (varlen, paged) is
+    tuner.bench_mixes's: the mixes of tuner/mixes.toml instead of the paper grid."""
     from tuner.build_cmd import UsageError, resolve_schedule, resolve_target
 
     console = console or Console()
@@ -342,10 +412,22 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
         err.print(f"tune bench: error: {msg}", markup=False, highlight=False)
         return 2
 
-    causals = [False, True] if causal is None else [causal]
+    if layout != "dense":
+        if seqlens is not None:
+            return usage(f"--seqlens sets the paper grid of the dense layout; --layout {layout} times the serving "
+                         "mixes of tuner/mixes.toml")
+        from tuner.bench_mixes import run_mix_bench
+
+        return run_mix_bench(gpu=gpu, variant=variant, model=model, layout=layout, page_size=page_size,
+                             params=params, sketch=sketch, head_dim=head_dim, dtype=dtype, causal=causal,
+                             schedule=schedule, out_json=out_json, console=console, cache_dir=cache_dir)
     try:
+        if page_size is not None:
+            raise UsageError("--page-size applies to --layout paged only (got --layout dense)")
+        target = resolve_bench_target(variant, model, head_dim, dtype, causal)
+        variant, head_dim, dtype = target.variant, target.head_dim, target.dtype
         seqlen_list = parse_seqlens(seqlens)
-        targets = [resolve_target(gpu, variant, head_dim, dtype, c) for c in causals]
+        targets = [resolve_target(gpu, variant, head_dim, dtype, c) for c in target.causals]
         schedule = resolve_schedule(schedule, targets[0][0])
     except (UsageError, ValueError) as exc:
         return usage(str(exc))
@@ -353,17 +435,10 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
 
     import torch
 
-    if not torch.cuda.is_available():
-        return usage("no CUDA GPU is visible: `tune bench` times kernels on a GPU "
-                     "(use `tune build` to translate and compile without one)")
-    major, minor = torch.cuda.get_device_capability()
+    problem = device_problem(profile, err)
+    if problem is not None:
+        return usage(problem)
     device_name = torch.cuda.get_device_name()
-    if (major, minor) != tuple(profile.compute_capability) and not (profile.sm == 80 and major == 8):
-        return usage(f"the {profile.name} profile builds {profile.nvcc_arch} cubins, which cannot run (or be "
-                     f"timed meaningfully) on this {device_name} (compute capability {major}.{minor})")
-    if not any(n.lower() in device_name.lower() for n in profile.device_names):
-        err.print(f"warning: this is a {device_name}, not one of the {profile.name} profile's devices "
-                  f"({', '.join(profile.device_names)}); the numbers are for this device", markup=False)
 
     built, code = _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule)
     if built is None:
@@ -376,7 +451,7 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
     kernels_info = {}
     for b in built:
         label = b.spec.label()
-        problems = bench_problems(variant, head_dim, b.spec.dtype, b.spec.causal, seqlen_list)
+        problems = bench_problems(variant, head_dim, b.spec.dtype, b.spec.causal, seqlen_list, target.heads)
         kernel, verified, reason, report = None, False, "", None
         try:
             kernel = load_kernel(b.compiled.cubin, b.kernel.meta())
@@ -400,25 +475,28 @@ def run_bench(gpu: str, variant: str, params: Optional[str], sketch: Optional[Pa
     console.print(_results_table(all_rows, f"{variant} on {device_name} ({profile.name}), TFLOPS"))
 
     if out_json is not None:
-        record = {
-            "tool": "tune bench", "command": " ".join(sys.argv), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(),
-            "device": device_name, "capability": f"{major}.{minor}", "gpu_profile": profile.name,
-            "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            "python": platform.python_version(), "nvcc": built[0].compiled.nvcc_version, "fa4": fa4.status(),
-            "variant": variant, "kernels": kernels_info, "rows": all_rows,
-        }
-        try:
-            Path(out_json).parent.mkdir(parents=True, exist_ok=True)
-            Path(out_json).write_text(json.dumps(record, indent=1, default=str))
-        except OSError as exc:
-            return usage(f"cannot write {out_json}: {exc.strerror or exc}")
+        record = {"tool": "tune bench", **environment_record(profile, built[0].compiled.nvcc_version),
+                  "variant": variant, "model": target.model, "kernels": kernels_info, "rows": all_rows}
+        problem = write_record(out_json, record)
+        if problem is not None:
+            return usage(problem)
         console.print(f"wrote {out_json}", markup=False, highlight=False)
     return 0
 
 
+def write_record(path: Path, record: dict) -> Optional[str]:
+    """Write a `--json` record; why it could not be written, or None."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(record, indent=1, default=str))
+    except OSError as exc:
+        return f"cannot write {path}: {exc.strerror or exc}"
+    return None
+
+
 def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule: str = "fa2"):
-    """Translate and compile one kernel per (spec) in one batched nvcc call. (built, exit code)."""
+    """Translate and compile one kernel per (spec) in one batched nvcc call, each from the reference sketch of
+    its spec's layout unless a sketch file is given. (built, exit code)."""
     import translate
     from translate import nvcc
     from translate.defaults import default_params, probe_problem
@@ -429,7 +507,8 @@ def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, sc
     pending = []
     for prof, spec in targets:
         try:
-            program, _, label, diagnostics = load_checked_program(variant, spec.causal, sketch, schedule)
+            program, _, label, diagnostics = load_checked_program(variant, spec.causal, sketch, schedule,
+                                                                  spec.layout)
             warp_specialized = program is not None and has_roles(program.statements)
             kp = parse_params_arg(params, default_params(prof, spec, "ws_overlap" if warp_specialized else "fa2"))
         except UsageError as exc:

@@ -100,16 +100,22 @@ def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], sch
 
 def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[str], head_dim: Optional[int],
               dtype: Optional[str], causal: bool, out: Path, console: Optional[Console] = None,
-              cache_dir: Optional[Path] = None, schedule: Optional[str] = None, layout: str = "dense") -> int:
-    """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input or missing toolchain."""
+              cache_dir: Optional[Path] = None, schedule: Optional[str] = None, layout: str = "dense",
+              page_size: Optional[int] = None) -> int:
+    """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input (a page size the kernel's block
+    N cannot tile included: tuner.paging) or missing toolchain."""
     import translate
     from translate import nvcc
     from translate.defaults import default_params, probe_problem
+    from tuner.paging import compatible_page_sizes, page_misfit, page_size_error
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
     try:
         profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal, layout)
+        problem = page_size_error(layout, page_size)
+        if problem is not None:
+            raise UsageError(problem)
         schedule = resolve_schedule(schedule, profile)
         if layout != "dense" and not schedule.startswith("ws_"):
             raise UsageError(f"the {layout} layout is built by the warp-specialised Hopper schedules (ws_overlap, "
@@ -123,6 +129,9 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         warp_specialized = has_roles(program.statements)
         base = default_params(profile, spec, "ws_overlap" if warp_specialized else "fa2")
         kernel_params = parse_params_arg(params, base)
+        misfit = page_misfit(page_size, kernel_params.block_n) if page_size is not None else None
+        if misfit is not None:
+            raise UsageError(misfit)
     except UsageError as exc:
         err.print(f"tune build: error: {exc}", markup=False, highlight=False)
         return 2
@@ -168,6 +177,9 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     if sass is None:
         sass = {"error": "cuobjdump not available"}
     record = build_record(kernel, result, profile, spec, kernel_params, sass)
+    if layout == "paged":   # the page size is a run-time argument: every size block N tiles works
+        record["page_size"] = page_size
+        record["page_sizes"] = list(compatible_page_sizes(kernel_params.block_n))
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
     tensor_ops = (f"HGMMA {sass.get('HGMMA', '?')}, UTMALDG {sass.get('UTMALDG', '?')}" if kernel_params.is_gmma
                   else f"HMMA {sass.get('HMMA', '?')}")
@@ -175,6 +187,10 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
                   f"{result.registers} regs, {result.spill_stores} B spill stores, "
                   f"{kernel.smem_bytes} B dynamic smem, {kernel.num_threads} threads, "
                   f"{'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; {tensor_ops}")
+    if layout == "paged":
+        console.print(f"  paged: reads pages of {', '.join(map(str, record['page_sizes']))} keys (chosen at run time; "
+                      f"block N {kernel_params.block_n})" + (f", checked for {page_size}" if page_size else ""),
+                      markup=False, highlight=False)
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}}", markup=False, highlight=False)
     return 0
 

@@ -26,6 +26,11 @@ SCHEDULE_HELP = ("Reference sketch set when no --sketch: fa2 (the paper's flow; 
                  "warp-specialised). Default: ws_overlap on sm90, fa2 elsewhere.")
 
 
+LAYOUT_HELP = ("dense, varlen (packed sequences, cu_seqlens) or paged (a paged KV cache): the reference sketch's "
+               "offsets.")
+PAGE_SIZE_HELP = "With --layout paged: keys per page of the KV cache, one of 16, 32, 64, 128, 256."
+
+
 def _fail_usage(message: str) -> "typer.Exit":
     typer.echo(f"tune: error: {message}", err=True)
     return typer.Exit(2)
@@ -148,20 +153,25 @@ def build(
     causal: bool = typer.Option(True, "--causal/--no-causal"),
     out: Path = typer.Option(..., "-o", "--out", help="Output directory for .cu, .cubin and resources JSON."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
-    layout: str = typer.Option("dense", "--layout", help="dense, varlen (packed sequences, cu_seqlens) or paged "
-                                                          "(a paged KV cache): the reference sketch's offsets."),
+    layout: str = typer.Option("dense", "--layout", help=LAYOUT_HELP),
+    page_size: Optional[int] = typer.Option(None, "--page-size", help=PAGE_SIZE_HELP + " Checked against the "
+                                            "kernel's block N before compiling; without it the paged kernel reads "
+                                            "every page size its block N tiles (chosen at run time)."),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.build_cmd import run_build
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
-                               dtype=dtype, causal=causal, out=out, schedule=schedule, layout=layout))
+                               dtype=dtype, causal=causal, out=out, schedule=schedule, layout=layout,
+                               page_size=page_size))
 
 
 @app.command()
 def bench(
     gpu: str = typer.Option(..., "--gpu"),
-    variant: str = typer.Option(..., "--variant"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="mha, gqa, mqa or mla (or give --model)."),
+    model: Optional[str] = typer.Option(None, "--model", help="A model preset (`tune models`): its variant, head "
+                                                               "dims and heads, e.g. llama3-8b."),
     params: Optional[str] = typer.Option(None, "--params", help="JSON object or file of kernel parameters."),
     sketch: Optional[Path] = typer.Option(None, "--sketch"),
     head_dim: Optional[int] = typer.Option(None, "--head-dim"),
@@ -170,13 +180,18 @@ def bench(
     seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list (default 512..16384)."),
     out_json: Optional[Path] = typer.Option(None, "--json", help="Write results here."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
+    layout: str = typer.Option("dense", "--layout", help=LAYOUT_HELP + " varlen/paged time the serving mixes "
+                                                                       "(tuner/mixes.toml) instead of the grid."),
+    page_size: Optional[int] = typer.Option(None, "--page-size", help=PAGE_SIZE_HELP + " Default: 16 and 128."),
 ) -> None:
     """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
-    FlashAttention-4 (flash_attn.cute) where installed."""
+    FlashAttention-4 (flash_attn.cute) where installed; with --layout varlen|paged on the serving mixes against
+    FA4's flash_attn_varlen_func, FlashInfer (if installed) and SDPA on the padded batch."""
     from tuner.bench import run_bench
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,
-                               dtype=dtype, causal=causal, seqlens=seqlens, out_json=out_json, schedule=schedule))
+                               dtype=dtype, causal=causal, seqlens=seqlens, out_json=out_json, schedule=schedule,
+                               layout=layout, page_size=page_size, model=model))
 
 
 @app.command("export")

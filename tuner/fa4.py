@@ -26,13 +26,26 @@ def is_not_installed(reason) -> bool:
     return isinstance(reason, str) and reason.startswith(NOT_INSTALLED)
 
 
-def _flash_attn_func():
+def _import(name: str):
     try:
-        from flash_attn.cute import flash_attn_func
+        import flash_attn.cute as module
     except Exception as exc:  # noqa: BLE001 - missing, or a broken install that fails at import (DSL, CUDA libs)
         text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
         raise Fa4Unavailable(f"{NOT_INSTALLED}: {MODULE} is not importable ({type(exc).__name__}: {text})") from None
-    return flash_attn_func
+    func = getattr(module, name, None)
+    if func is None:   # an FA4 version without it
+        raise Fa4Unavailable(f"{NOT_INSTALLED}: {MODULE} has no {name}")
+    return func
+
+
+def _flash_attn_func():
+    return _import("flash_attn_func")
+
+
+def varlen_func():
+    """FA4's ``flash_attn_varlen_func`` (packed sequences; a paged cache through ``page_table``); raises
+    Fa4Unavailable when it is not importable."""
+    return _import("flash_attn_varlen_func")
 
 
 def status() -> dict:

@@ -199,6 +199,8 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
     must divide block N or be a multiple of it: a tile is read in boxes of min(block N, page size) rows."""
     import torch
 
+    from tuner.paging import page_misfit
+
     spec = kernel.meta["spec"]
     if spec.get("layout", "dense") != "paged":
         raise ValueError(f"{kernel.name} does not read a paged cache (its layout is {spec.get('layout', 'dense')})")
@@ -213,9 +215,9 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in pages, "
                          "page size or heads")
     page_size, block_n = int(k_cache.shape[1]), int(kernel.meta["block_n"])
-    if page_size < 1 or (page_size % block_n and block_n % page_size):
-        raise ValueError(f"page size {page_size} must divide block N {block_n} or be a multiple of it (the "
-                         "kernel reads a tile as whole boxes of one page)")
+    misfit = page_misfit(page_size, block_n)
+    if misfit is not None:
+        raise ValueError(misfit)
     q4 = _Packed(q)
     _check_inputs(q4, k_cache, v_cache, dtype, spec, packed=True, paged=True)
     if q.device.index != kernel.device_index:

@@ -1,0 +1,41 @@
+"""Which page sizes a paged kernel can read (issue 14), and `--page-size` on the command line.
+
+A paged kernel takes its page size at run time (the cache's shape), so one cubin serves every page size its
+block N can tile: the producer reads a K/V tile as TMA boxes of min(block N, page size) rows, each box within
+one page, so a page must divide the tile (several boxes a tile) or be a multiple of it (several tiles a page).
+`--page-size` on `tune build` checks one size against the kernel before compiling; on `tune bench` it picks
+the cache's page size.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from tuner.mixes import PAGE_SIZES, MixError, check_page_size
+
+RULE = ("the page size must divide block N or be a multiple of it (a K/V tile is read as whole TMA boxes of "
+        "min(block N, page size) rows, each within one page)")
+
+
+def page_misfit(page_size: int, block_n: int) -> Optional[str]:
+    """Why a kernel of ``block_n`` cannot read pages of ``page_size`` keys; None when it can."""
+    if page_size >= 1 and block_n >= 1 and (page_size % block_n == 0 or block_n % page_size == 0):
+        return None
+    return f"page size {page_size} does not fit block N {block_n}: {RULE}"
+
+
+def compatible_page_sizes(block_n: int) -> tuple[int, ...]:
+    """The supported page sizes (tuner.mixes.PAGE_SIZES) a kernel of ``block_n`` reads."""
+    return tuple(p for p in PAGE_SIZES if page_misfit(p, block_n) is None)
+
+
+def page_size_error(layout: str, page_size: Optional[int]) -> Optional[str]:
+    """Why ``--page-size`` is wrong with ``--layout``; None when it is fine (or not given)."""
+    if page_size is None:
+        return None
+    if layout != "paged":
+        return f"--page-size applies to --layout paged only (got --layout {layout})"
+    try:
+        check_page_size(page_size)
+    except MixError as exc:
+        return f"--page-size: {exc}"
+    return None
