@@ -32,23 +32,23 @@ def check_mix(attention, problem) -> dict:
     from tuner.campaign.serving_measure import make_inputs
     from tuner.verify import reference
 
-    s = make_inputs(problem, 1, "cuda")[0]
+    x = make_inputs(problem, 1, "cuda")[0]
     kwargs = dict(causal=problem.causal, softmax_scale=problem.softmax_scale)
     if problem.layout == "paged":
-        out = attention.flash_attn_varlen_func(s["q"], s["k_cache"], s["v_cache"], s["cu_q"], s["cu_k"],
-                                               problem.max_seqlen_q, problem.max_seqlen_k, block_table=s["table"],
-                                               seqused_k=s["used"], **kwargs)
+        out = attention.flash_attn_varlen_func(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.cu_seqlens_k,
+                                               problem.max_seqlen_q, problem.max_seqlen_k, block_table=x.page_table,
+                                               seqused_k=x.seqused_k, **kwargs)
     else:
-        out = attention.flash_attn_varlen_func(s["q"], s["k"], s["v"], s["cu_q"], s["cu_k"], problem.max_seqlen_q,
+        out = attention.flash_attn_varlen_func(x.q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, problem.max_seqlen_q,
                                                problem.max_seqlen_k, **kwargs)
     torch.cuda.synchronize()
     path, reason, bucket = attention.last_path, attention.last_reason, attention.last_bucket
     ref = torch.zeros_like(out, dtype=torch.float32)
     lowp = torch.zeros_like(out, dtype=torch.float32)
-    cu_q, cu_k = s["cu_q"].tolist(), s["cu_k"].tolist()
+    cu_q, cu_k = x.cu_seqlens_q.tolist(), x.cu_seqlens_k.tolist()
     for b in range(problem.batch):
-        qs = s["q"][cu_q[b]:cu_q[b + 1]][None]
-        ks, vs = s["k"][cu_k[b]:cu_k[b + 1]][None], s["v"][cu_k[b]:cu_k[b + 1]][None]
+        qs = x.q[cu_q[b]:cu_q[b + 1]][None]
+        ks, vs = x.k[cu_k[b]:cu_k[b + 1]][None], x.v[cu_k[b]:cu_k[b + 1]][None]
         if qs.shape[1] == 0:
             continue
         ref[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, problem.causal)[0]

@@ -63,7 +63,7 @@ def _row_seqlen(row: dict) -> int:
     return int(value) if isinstance(value, int) or str(value).isdigit() else 0   # (a serving mix: its name)
 
 
-SERVING_COLUMNS = (("fa4", "FA4 varlen"), ("sdpa_padded", "SDPA padded"))
+SERVING_COLUMNS = (("fa4", "FA4 varlen"), ("flashinfer", "FlashInfer"), ("sdpa", "SDPA padded"))
 
 
 def _columns(rows: list[dict]):

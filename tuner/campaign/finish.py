@@ -329,7 +329,7 @@ def _bench_rows(camp, decisions: dict) -> list[dict]:
     says why a library has no number (FA4 not installed, a shape it cannot run)."""
     from tuner.bench import BASELINES as DENSE
 
-    from .serving_measure import SERVING_BASELINES
+    from .serving_measure import serving_baselines
 
     rows = []
     for problem in camp.problems:
@@ -339,7 +339,7 @@ def _bench_rows(camp, decisions: dict) -> list[dict]:
         key = problem_key(problem)
         base = camp.baselines.get(key, {})
         errors = camp.baseline_errors.get(key, {})
-        BASELINES = DENSE if is_dense(problem) else SERVING_BASELINES
+        BASELINES = DENSE if is_dense(problem) else serving_baselines()
         rows.append({"seqlen": problem.seqlen_k if is_dense(problem) else key, "causal": problem.causal,
                      "ours": d.winner.at(key),
                      **({} if is_dense(problem) else {"bucket": problem.bucket}),
