@@ -1,0 +1,67 @@
+"""`tune bench --layout ...` of each distinct bucket winner of a serving campaign, against FA4 / FlashInfer /
+padded SDPA in one process per kernel (issue 14's "≥ 1.0× FA4 after a campaign").
+
+    python scripts/bench_winners.py STUDY_DIR --layout paged --page-size 16 --model llama3-8b --out DIR
+
+Reads the study's summary.json winners (bucket, the winner's params and schedule), runs one `tune bench` per
+distinct kernel (its JSON to DIR/bench-<n>.json) and prints, per mix, the bucket's own winner against the
+libraries, last.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def winners(study_dir: str) -> list[dict]:
+    (path,) = glob.glob(f"{study_dir}/*/summary.json")
+    out = []
+    for w in json.loads(Path(path).read_text())["winners"]:
+        kernel = w[w["winner"]]
+        out.append({"bucket": w["bucket"], "params": kernel["params"], "schedule": kernel["schedule"],
+                    "kernel_name": kernel["kernel_name"]})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("study_dir")
+    ap.add_argument("--layout", required=True)
+    ap.add_argument("--page-size", type=int)
+    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    kernels: dict[str, dict] = {}
+    for w in winners(args.study_dir):
+        kernels.setdefault(w["kernel_name"], {**w, "buckets": []})["buckets"].append(w["bucket"])
+    rows = []
+    for n, (name, k) in enumerate(kernels.items()):
+        target = Path(args.out) / f"bench-{n}.json"
+        cmd = [sys.executable, "-m", "tuner", "bench", "--gpu", "h100", "--model", args.model, "--layout", args.layout,
+               "--params", json.dumps(k["params"]), "--schedule", k["schedule"],
+               "--causal", "--json", str(target)]
+        if args.page_size:
+            cmd += ["--page-size", str(args.page_size)]
+        print(f"== {name} (buckets {', '.join(k['buckets'])})", flush=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        print(proc.stdout[-3000:], proc.stderr[-1500:], flush=True)
+        if target.exists():
+            rows.append((k, json.loads(target.read_text())))
+    print("\nper mix, the bucket's own winner (TFLOPS; ratio = ours / library):")
+    for k, record in rows:
+        for r in record.get("rows", []):
+            if r.get("bucket") in k["buckets"]:
+                libs = {x: r.get(x) for x in ("fa4", "flashinfer", "sdpa")}
+                ratios = "  ".join(f"{x} {v:.1f} ({r['ours'] / v:.3f})" for x, v in libs.items()
+                                   if isinstance(v, (int, float)) and v and isinstance(r.get("ours"), (int, float)))
+                print(f"{r.get('mix', '?'):<22}{r.get('bucket', '?'):<18}ours {r.get('ours')}  {ratios}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
