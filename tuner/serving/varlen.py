@@ -6,9 +6,12 @@
     # q (total_q, hq, d), k/v (total_k, hkv, d), cu_seqlens int32 (batch + 1) -> (total_q, hq, d_v)
 
 Dispatch: the varlen config of the head dims, dtype and causality (its variant preferred by the head
-layout, as for dense calls); its bucket nearest to ``max_seqlen_k`` (decided while tracing when that is a
-plain int, per call otherwise). Everything else runs ``tuner.serving.sdpa.varlen_sdpa`` (torch SDPA
-sequence by sequence; the lengths are read on the host), through the same op, counted by reason.
+layout, as for dense calls), then its bucket by the config's rule: serving buckets (tuner/mixes.py) from
+``q.shape[0]`` (packed queries), ``cu_seqlens_q.shape[0] - 1`` (batch), ``max_seqlen_q`` and
+``max_seqlen_k``; key-length buckets (configs exported before the serving rule) nearest to
+``max_seqlen_k``. Decided while tracing when those are plain ints, per call otherwise. Everything else runs
+``tuner.serving.sdpa.varlen_sdpa`` (torch SDPA sequence by sequence; the lengths are read on the host),
+through the same op, counted by reason.
 """
 from __future__ import annotations
 
@@ -23,11 +26,18 @@ from tuner.serving.sdpa import varlen_sdpa
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
+def plain_ints(*values) -> bool:
+    """Whether every value is a plain int, so that a bucket can be settled while tracing (a SymInt, or a
+    length not given, leaves it to each call)."""
+    return all(type(v) is int for v in values)
+
+
 class VarlenCalls:
     """Mixed into ExportedAttention: uses its ``devices``, ``_fallback``, ``_routes``, ``kernel``, ``stats``,
     ``reasons``; ``_varlen_tables`` is built in its __init__."""
 
-    def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k) -> int:
+    def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k, cu_seqlens_q=None,
+                     max_seqlen_q=None) -> int:
         table, fallback = self._table_or_fallback(self._varlen_tables, q, k, v, scale)
         if table is None:
             return fallback
@@ -35,13 +45,19 @@ class VarlenCalls:
                             d_v=int(v.shape[2]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
         if config is None:
             return self._fallback[code]
-        bucket = config.bucket_for(max(1, max_seqlen_k)) if type(max_seqlen_k) is int else None
+        if config.serving is None:    # key-length buckets: max_seqlen_k alone
+            bucket = config.bucket_for(max(1, max_seqlen_k)) if type(max_seqlen_k) is int else None
+        else:
+            batch = None if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+            bucket = config.bucket_of_call(q.shape[0], batch, max_seqlen_q, max_seqlen_k) \
+                if plain_ints(q.shape[0], batch, max_seqlen_q, max_seqlen_k) else None
         return self._routes[(id(config), bucket)]
 
     def run_varlen(self, route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                    causal: bool, scale: float):
         if route.config is not None:
-            bucket = route.bucket or route.config.bucket_for(max(1, int(max_seqlen_k)))
+            bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
+                                                                 int(max_seqlen_q), int(max_seqlen_k))
             entry = route.config.kernels[bucket]
             try:
                 kern = self.kernel(entry, q.device.index or 0)
@@ -87,6 +103,6 @@ class VarlenCalls:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: query heads must be a "
                              "multiple of the KV heads, k and v alike in tokens and heads, q and k in head dim")
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[2]))
-        route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k)
+        route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k, cu_seqlens_q, max_seqlen_q)
         return op.launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                 bool(causal), scale, route)
