@@ -13,6 +13,7 @@ from tuner.serving import DeviceFacts, load_exported, op
 from tuner.serving.rule import ServingTable, call_class
 
 VARLEN_BUCKETS = ("t4k-short", "t16k-even", "t16k-skewed", "t16k-short")
+PAGED_BUCKETS = ("t4k-even-p16", "t16k-even-p16", "t16k-short-p64")
 
 
 def _name(total_q, batch, max_q, max_k):
@@ -59,6 +60,7 @@ def _served(folder, records):
 def serving(tmp_path):
     """An export whose varlen and paged configs are bucketed by the serving rule (block N 64)."""
     records = [make_record(variant="gqa", bucket=b, layout="varlen", cubin=f"v-{b}".encode()) for b in VARLEN_BUCKETS]
+    records += [make_record(variant="gqa", bucket=b, layout="paged", cubin=f"p-{b}".encode()) for b in PAGED_BUCKETS]
     return _served(tmp_path / "serving", records)
 
 
@@ -69,14 +71,23 @@ def _varlen_route(attn, seqlens_q, seqlens_k, hq=8, hkv=2, d=128):
     return op._ROUTES[attn.route_varlen(q, k, k, True, d ** -0.5, max(seqlens_k), cu, max(seqlens_q))]
 
 
+def _paged_route(attn, seqlens_q, seqlens_k, page, hq=8, hkv=2, d=128, max_seqlen_k="max"):
+    q = torch.empty(sum(seqlens_q), hq, d, dtype=torch.bfloat16)
+    cache = torch.empty(4, page, hkv, d, dtype=torch.bfloat16)
+    cu = torch.zeros(len(seqlens_q) + 1, dtype=torch.int32)
+    max_k = max(seqlens_k) if max_seqlen_k == "max" else max_seqlen_k
+    return op._ROUTES[attn.route_paged(q, cache, cache, True, d ** -0.5, cu, max(seqlens_q), max_k)]
+
+
 @pytest.mark.parametrize("mix,layout,bucket", [("8x2k", "varlen", "t16k-even"),
                                                ("1x8k+32x256", "varlen", "t16k-skewed"),
-                                               ("64 random 1-512", "varlen", "t16k-short")])
+                                               ("64 random 1-512", "varlen", "t16k-short"),
+                                               ("2x(2k on 6k)", "paged", "t4k-even-p16")])
 def test_the_issue_mixes_route_to_their_buckets(serving, mix, layout, bucket):
     lengths = load_mixes()[mix]
     q, k = lengths["seqlens_q"], lengths["seqlens_k"]
     assert serving_bucket(sum(q), len(q), max(q), max(k), 16 if layout == "paged" else None) == bucket
-    route = _varlen_route(serving, q, k)
+    route = _paged_route(serving, q, k, 16) if layout == "paged" else _varlen_route(serving, q, k)
     assert (route.config.layout, route.bucket) == (layout, bucket)
 
 
@@ -85,6 +96,14 @@ def test_a_call_without_its_bucket_takes_the_nearest(serving):
     assert _varlen_route(serving, [8192] * 8, [8192] * 8).bucket == "t16k-even"
     # t4k-even: no even bucket at 4k; t16k-even (same class) before t4k-short (same edge)
     assert _varlen_route(serving, [1000] * 3, [1000] * 3).bucket == "t16k-even"
+    # paged with a page size no bucket names but the kernels tile (128 = 2 x block N 64)
+    assert _paged_route(serving, [1000] * 3, [3000] * 3, 128).bucket in ("t4k-even-p16", "t16k-even-p16")
+    assert _paged_route(serving, [100], [300], 64).bucket == "t16k-short-p64"     # same class and page
+
+
+def test_a_page_size_no_kernel_tiles_is_routed_to_sdpa(serving):
+    route = _paged_route(serving, [100], [3000], 96)        # neither divides nor is a multiple of 64
+    assert route.config is None and route.code == "page-size"
 
 
 def test_key_length_varlen_configs_keep_routing_by_max_seqlen_k(served):

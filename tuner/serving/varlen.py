@@ -12,6 +12,8 @@ layout, as for dense calls), then its bucket by the config's rule: serving bucke
 ``max_seqlen_k``. Decided while tracing when those are plain ints, per call otherwise. Everything else runs
 ``tuner.serving.sdpa.varlen_sdpa`` (torch SDPA sequence by sequence; the lengths are read on the host),
 through the same op, counted by reason.
+
+A paged cache (``block_table=``, FA2's name, or ``page_table=``, FA4's) goes to tuner/serving/paged.py.
 """
 from __future__ import annotations
 
@@ -86,23 +88,33 @@ class VarlenCalls:
                                dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
                                window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
                                deterministic: bool = False, return_attn_probs: bool = False, block_table=None,
-                               seqused_k=None):
-        """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k`` as FA3/FA4 name
-        it): causal aligned bottom-right within each sequence, ``max_seqlen_q`` at least every sequence's
-        length. What neither the kernels nor a per-sequence SDPA compute is refused (NotImplementedError):
-        dropout, windows, soft-capping, ALiBi, the probabilities, a paged cache (block_table)."""
+                               seqused_k=None, page_table=None):
+        """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k`` and ``page_table``
+        as FA3/FA4 name them): causal aligned bottom-right within each sequence, ``max_seqlen_q`` at least
+        every sequence's length. ``block_table`` (or ``page_table``) makes k and v paged caches
+        (num_pages, page_size, kv_heads, head_dim): tuner/serving/paged.py. What neither the kernels nor a
+        per-sequence SDPA compute is refused (NotImplementedError): dropout, windows, soft-capping, ALiBi,
+        the probabilities."""
         for given, what in ((dropout_p > 0.0, "dropout"), (tuple(window_size or (-1, -1)) != (-1, -1), "window_size"),
                             (bool(softcap), "softcap"), (alibi_slopes is not None, "alibi_slopes"),
-                            (return_attn_probs, "return_attn_probs"), (block_table is not None, "block_table")):
+                            (return_attn_probs, "return_attn_probs")):
             if given:
                 raise NotImplementedError(f"flash_attn_varlen_func: {what} is not supported by the exported kernels")
+        if block_table is not None and page_table is not None and block_table is not page_table:
+            raise ValueError("flash_attn_varlen_func: block_table and page_table name the same thing; give one")
+        table = block_table if block_table is not None else page_table
+        head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else 1
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(head_dim))
+        if table is not None:
+            return self.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                     table, seqused_k)
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+            hint = " (a paged cache needs block_table= or page_table=)" if k.dim() == 4 else ""
             raise ValueError(f"q, k, v must be 3-D (total_tokens, heads, head_dim); got {tuple(q.shape)}, "
-                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+                             f"{tuple(k.shape)}, {tuple(v.shape)}{hint}")
         if k.shape[1] < 1 or q.shape[1] % k.shape[1] or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: query heads must be a "
                              "multiple of the KV heads, k and v alike in tokens and heads, q and k in head dim")
-        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[2]))
         route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k, cu_seqlens_q, max_seqlen_q)
         return op.launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                 bool(causal), scale, route)
