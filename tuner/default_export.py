@@ -18,7 +18,8 @@ from typing import Sequence
 from tuner.problem import KernelSpec, Problem
 
 SERVING_LAYOUTS = ("varlen", "paged")
-SERVING_SPECS = (KernelSpec("gqa", 128, 128, True, "bf16", "varlen"), KernelSpec("gqa", 128, 128, True, "bf16", "paged"))
+SERVING_SPECS = (KernelSpec("gqa", 128, 128, True, "bf16", "varlen"),
+                 KernelSpec("gqa", 128, 128, True, "bf16", "paged"))
 
 
 @dataclass(frozen=True)

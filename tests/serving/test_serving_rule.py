@@ -131,7 +131,8 @@ def test_serving_buckets_under_torch_compile(serving):
     torch.testing.assert_close(torch.compile(f, fullgraph=True, backend="aot_eager")(*args), f(*args))
     assert serving.last_bucket == "t4k-short"      # 401 tokens, no sequence over 512 keys
     dyn = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=True)
-    for lens, bucket in (([2000, 20, 20, 20, 20], "t16k-skewed"), ([700, 650, 680], "t16k-even"), ([30, 40], "t4k-short")):
+    for lens, bucket in (([2000, 20, 20, 20, 20], "t16k-skewed"), ([700, 650, 680], "t16k-even"),
+                         ([30, 40], "t4k-short")):
         args = inputs(lens)
         torch.testing.assert_close(dyn(*args), f(*args))
         assert serving.last_bucket == bucket, lens

@@ -28,7 +28,8 @@ from tuner.serving.reasons import REASONS
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
-def paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table, max_seqlen_q) -> list[str]:
+def paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
+                       max_seqlen_q) -> list[str]:
     """Every reason these cannot be a paged call (empty: they can). Shapes and dtypes only: nothing is read
     from the device."""
     errors = []
@@ -97,8 +98,9 @@ class PagedCalls:
         args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
         if route.config is None:
             return self._paged_sdpa(route.code, REASONS[route.code], *args)
-        bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
-                                                             int(max_seqlen_q), int(max_seqlen_k), int(k_cache.shape[1]))
+        lengths = (int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1, int(max_seqlen_q), int(max_seqlen_k),
+                   int(k_cache.shape[1]))
+        bucket = route.bucket or route.config.bucket_of_call(*lengths)
         if bucket is None:
             return self._paged_sdpa("page-size", REASONS["page-size"], *args)
         entry = route.config.kernels[bucket]
