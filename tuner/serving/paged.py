@@ -24,6 +24,7 @@ from tuner.serving import op
 from tuner.serving.configs import pick
 from tuner.serving.paged_sdpa import paged_sdpa
 from tuner.serving.reasons import REASONS
+from tuner.serving.rule import plain_ints
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
@@ -86,7 +87,7 @@ class PagedCalls:
         if config is None:
             return self._fallback[code]
         lengths = (q.shape[0], cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, k_cache.shape[1])
-        if not all(type(x) is int for x in lengths):
+        if not plain_ints(*lengths):
             return self._routes[(id(config), None)]      # a SymInt: the bucket is chosen per call
         bucket = config.bucket_of_call(*lengths)
         if bucket is None:

@@ -33,6 +33,12 @@ def call_class(total_q: int, batch: int, max_seqlen_q: int, max_seqlen_k: int) -
     return tokens, "even"
 
 
+def plain_ints(*values) -> bool:
+    """Whether every value is a plain int, so that a bucket can be settled while tracing (a SymInt, or a
+    length not given, leaves it to each call)."""
+    return all(type(v) is int for v in values)
+
+
 def tiles(block_n: int | None, page_size: int | None) -> bool:
     """Whether a kernel of block N ``block_n`` reads pages of ``page_size`` rows (None: not paged, or a
     kernel whose block N the export does not say: its launch decides)."""

@@ -23,15 +23,10 @@ import torch
 
 from tuner.serving import op
 from tuner.serving.configs import pick
+from tuner.serving.rule import plain_ints
 from tuner.serving.sdpa import varlen_sdpa
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-
-
-def plain_ints(*values) -> bool:
-    """Whether every value is a plain int, so that a bucket can be settled while tracing (a SymInt, or a
-    length not given, leaves it to each call)."""
-    return all(type(v) is int for v in values)
 
 
 class VarlenCalls:
