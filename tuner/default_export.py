@@ -2,6 +2,11 @@
 through the same gate as a campaign's kernels (tuner.verify on the GPU), stored and exported with
 `tune export`'s code. The serving GPU tests and scripts/bench_serving.py serve it; ``compile_defaults``
 (no GPU) fills the nvcc cache ahead of a device run.
+
+Dense kernels are stored under the key-length buckets given. Varlen and paged kernels are stored under the
+serving buckets (tuner/mixes.py) of their layout's mixes, each timed on its own mix (paged: at each page size
+of ``page_sizes``), after the gate of packed sequences (tuner.verify_varlen: its paged mixes for a paged
+kernel). ``SERVING_SPECS`` are the serving kernels the GPU tests export beside the dense ones.
 """
 from __future__ import annotations
 
@@ -11,6 +16,10 @@ from pathlib import Path
 from typing import Sequence
 
 from tuner.problem import KernelSpec, Problem
+
+SERVING_LAYOUTS = ("varlen", "paged")
+SERVING_SPECS = (KernelSpec("gqa", 128, 128, True, "bf16", "varlen"),
+                 KernelSpec("gqa", 128, 128, True, "bf16", "paged"))
 
 
 @dataclass(frozen=True)
@@ -49,15 +58,73 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
                                                                                               results)]
 
 
+def _heads(variant: str) -> tuple[int, int]:
+    return 16, 16 if variant == "mha" else 2     # what the dense kernels were always timed with
+
+
+def serving_call(kernel, problem, device: str = "cuda"):
+    """``() -> out`` running ``kernel`` on random inputs of a ServingProblem: packed sequences, or (paged) their
+    keys in a shuffled cache of ``problem.page_size`` rows a page."""
+    import torch
+
+    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem.dtype]
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, device=device, dtype=torch.float32).to(dt)
+
+    def offsets(lengths):
+        return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    q = randn(problem.total_q, problem.heads_q, problem.d_qk)
+    cu_q, max_q = offsets(problem.seqlens_q), problem.max_seqlen_q
+    if problem.layout == "varlen":
+        k, v = randn(problem.total_k, problem.heads_kv, problem.d_qk), randn(problem.total_k, problem.heads_kv,
+                                                                             problem.d_v)
+        cu_k = offsets(problem.seqlens_k)
+        return lambda: kernel.varlen(q, k, v, cu_q, cu_k, max_q, problem.max_seqlen_k)
+    page = problem.page_size
+    per = max(-(-n // page) for n in problem.seqlens_k)
+    table = torch.randperm(problem.batch * per).to(device=device, dtype=torch.int32).view(problem.batch, per)
+    kc = randn(problem.batch * per, page, problem.heads_kv, problem.d_qk)
+    vc = randn(problem.batch * per, page, problem.heads_kv, problem.d_v)
+    used = torch.tensor(problem.seqlens_k, dtype=torch.int32, device=device)
+    return lambda: kernel.paged(q, kc, vc, cu_q, used, table, max_q)
+
+
+def _measurements(kernel, spec: KernelSpec, buckets: Sequence[str], page_sizes: Sequence[int]):
+    """(bucket, TFLOPS, the problem measured) of one kernel: each dense bucket timed on 4 x 4096; a serving
+    kernel on each mix of its layout, under the mix's serving bucket."""
+    from dataclasses import asdict
+
+    from tuner import bench
+    from tuner.mixes import serving_problems
+
+    hq, hkv = _heads(spec.variant)
+    if spec.layout not in SERVING_LAYOUTS:
+        problem = Problem(spec.variant, 4, hq, hkv, 4096, 4096, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
+        value = bench.tflops(problem, bench.measure_problem(kernel, problem))
+        return [(bucket, value, {"seqlen_k": 4096}) for bucket in buckets]
+    out = []
+    for page in (page_sizes if spec.layout == "paged" else (None,)):
+        for problem in serving_problems(spec.layout, spec.variant, hq, hkv, spec.d_qk, spec.d_v, spec.causal,
+                                        spec.dtype, page):
+            ms = bench.time_ms(serving_call(kernel, problem))
+            out.append((problem.bucket, problem.flops / (ms * 1e-3) / 1e12, asdict(problem)))
+    return out
+
+
 def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cache_dir: Path | None = None,
-                    buckets: Sequence[str] = ("s1024", "s4096"), study_dir: Path | None = None) -> list[Path]:
-    """Compile, verify (the campaign's gate), time once, store under ``study_dir`` and export to ``out_dir``
-    the default kernel of each spec, for every bucket in ``buckets``. RuntimeError naming the kernel when
-    one fails to compile or verify: nothing unverified is exported."""
+                    buckets: Sequence[str] = ("s1024", "s4096"), page_sizes: Sequence[int] = (16,),
+                    study_dir: Path | None = None) -> list[Path]:
+    """Compile, verify (the campaign's gate), time, store under ``study_dir`` and export to ``out_dir`` the
+    default kernel of each spec: a dense one for every bucket in ``buckets``, a varlen or paged one for the
+    serving bucket of each mix of its layout (paged: at each page size of ``page_sizes``). RuntimeError naming
+    the kernel when one fails to compile or verify: nothing unverified is exported."""
     import torch
 
     from hardware_profiles import load_profile
-    from tuner import bench, runtime
+    from tuner import runtime
     from tuner.export import collect_records, export_records
     from tuner.provenance import collect
     from tuner.store import KernelRecord, KernelStore
@@ -71,25 +138,16 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
         if k.cubin is None:
             raise RuntimeError(f"{k.generated.name} did not compile: {k.log[-2000:]}")
         kernel = runtime.load_kernel(k.cubin, k.generated.meta())
-        report = verify_varlen(kernel, k.spec) if k.spec.layout == "varlen" else verify(kernel, k.spec)
+        report = verify_varlen(kernel, k.spec) if k.spec.layout in SERVING_LAYOUTS else verify(kernel, k.spec)
         if not report.passed:
             raise RuntimeError(f"{k.generated.name} failed verification: {report.reason}")
-        problem = Problem(k.spec.variant, 4, 16, 16 if k.spec.variant == "mha" else 2, 4096, 4096, k.spec.d_qk,
-                          k.spec.d_v, k.spec.causal, k.spec.dtype)
-        if k.spec.layout == "varlen":   # the same tokens as 4 x 4096, packed
-            q, kk, v = bench.make_inputs(problem, 1)[0]
-            cu = torch.arange(0, 5 * 4096, 4096, dtype=torch.int32, device="cuda")
-            packed = [t.flatten(0, 1) for t in (q, kk, v)]
-            ms = bench.time_ms(lambda: kernel.varlen(*packed, cu, cu, 4096, 4096))
-        else:
-            ms = bench.measure_problem(kernel, problem)
-        for bucket in buckets:
+        for bucket, value, problem in _measurements(kernel, k.spec, buckets, page_sizes):
             store.offer(KernelRecord(
                 arch=profile.arch_family, gpu=profile.name, device_name=device_name, variant=k.spec.variant,
                 dtype=k.spec.dtype, d_qk=k.spec.d_qk, d_v=k.spec.d_v, causal=k.spec.causal, bucket=bucket,
                 params=k.generated.params.to_dict(), kernel_name=k.generated.name, kernel_meta=k.generated.meta(),
                 source=k.generated.source, cubin=k.cubin, tl_program=k.tl_text, verification=report.to_dict(),
-                tflops=bench.tflops(problem, ms), baselines={}, problem={"seqlen_k": 4096},
+                tflops=value, baselines={}, problem=problem,
                 provenance=collect(profile, device_name), study="defaults", trial=-1, layout=k.spec.layout))
     records = collect_records(store.root, profile.arch_family, profile.name, None)
     return export_records(records, profile, Path(out_dir))

@@ -15,6 +15,13 @@ kernel name and sha256, the cubin / source / TL file names, the runtime meta, TF
 ratios, and the verification summary. The files ``<sha256>.cubin``, ``<sha256>.cu`` and
 ``<sha256>.tl`` lie beside the JSON (content-addressed: a kernel shared by two buckets is one file).
 Nothing unverified is ever exported: one such record refuses the whole export.
+
+Varlen and paged configs (``,layout=varlen`` / ``,layout=paged`` in the name; ``layout`` in the metadata)
+are bucketed by the serving rule (tuner/mixes.py): an entry ``"t16k-even"`` or ``"t4k-even-p16"`` carries
+the rule's fields ``tokens``, ``mix`` and, paged, ``page_size`` where a key-length entry has ``seqlen_k``;
+the metadata says ``"bucket_rule": "serving"`` and a paged config lists the ``page_sizes`` its buckets were
+tuned on. Varlen configs of key-length buckets (stored before the serving rule) are written as before.
+Dense configs are unchanged.
 """
 from __future__ import annotations
 
@@ -27,7 +34,7 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tuner.buckets import bucket_seqlen
+from tuner.bucket_names import SERVING_RULE, bucket_fields, bucket_rule, bucket_sort_key, mixed_rules
 from tuner.store import CorruptRecordError, KernelRecord, KernelStore, verification_passed
 
 EXPORT_FORMAT = 1
@@ -72,7 +79,7 @@ def _ratio(ours: float, base) -> float | None:
 def bucket_entry(rec: KernelRecord) -> dict:
     sha = rec.kernel_sha256
     return {
-        "seqlen_k": bucket_seqlen(rec.bucket),
+        **bucket_fields(rec.bucket),      # seqlen_k, or the serving rule's tokens, mix (and page_size)
         "params": rec.params,
         "kernel_name": rec.kernel_name,
         "kernel_sha256": sha,
@@ -109,7 +116,10 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
                           []).append(r)
     docs = {}
     for name, recs in sorted(groups.items()):
-        recs = sorted(recs, key=lambda r: bucket_seqlen(r.bucket))
+        mixed = mixed_rules([r.bucket for r in recs])
+        if mixed:
+            raise ValueError(f"{name}: {mixed}")
+        recs = sorted(recs, key=lambda r: bucket_sort_key(r.bucket))
         # The newest record's tools describe the file; each bucket keeps its own provenance too.
         newest = max(recs, key=lambda r: str(r.provenance.get("date", "")))
         prov = newest.provenance
@@ -139,6 +149,10 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
             "layout": first.layout,
             "exported_at": exported_at,
         }
+        if bucket_rule(first.bucket) == SERVING_RULE:   # dense and key-length varlen metadata as before
+            meta["bucket_rule"] = SERVING_RULE
+            if first.layout == "paged":
+                meta["page_sizes"] = sorted({bucket_fields(r.bucket)["page_size"] for r in recs})
         doc = {METADATA_KEY: meta}
         for r in recs:
             doc[r.bucket] = bucket_entry(r)

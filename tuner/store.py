@@ -33,7 +33,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
-from tuner.buckets import is_bucket_name
+from tuner.bucket_names import bucket_errors, bucket_sort_key
 
 FORMAT_VERSION = 1
 RECORD_FILE = "record.json"
@@ -73,7 +73,7 @@ class KernelRecord:
     d_qk: int
     d_v: int
     causal: bool
-    bucket: str               # "s4096" (tuner.buckets)
+    bucket: str               # "s4096" (tuner.buckets); varlen/paged: "t16k-even", "t4k-even-p16" (tuner.bucket_names)
     params: dict
     kernel_name: str
     kernel_meta: dict         # GeneratedKernel.meta(): what tuner.runtime.load_kernel needs
@@ -91,7 +91,7 @@ class KernelRecord:
     # How it won its bucket: its re-timing against the best seed and the kernel it replaced (ratios with their
     # intervals, the rule; tuner/campaign/winners.py); empty for a record stored without one
     confirmation: dict = field(default_factory=dict)
-    layout: str = "dense"     # how the kernel finds rows (tl/layout.py): dense, varlen
+    layout: str = "dense"     # how the kernel finds rows (tl/layout.py): dense, varlen, paged
 
     @property
     def kernel_sha256(self) -> str:
@@ -128,8 +128,7 @@ def validate_record(record: KernelRecord) -> list[str]:
         errors.append(f"tflops must be a positive finite number, got {t!r}")
     if not isinstance(record.cubin, (bytes, bytearray)) or not record.cubin:
         errors.append("cubin is empty")
-    if not is_bucket_name(record.bucket):
-        errors.append(f"bucket {record.bucket!r} is not a bucket name such as s4096")
+    errors.extend(bucket_errors(record.bucket, record.layout))
     if not (isinstance(record.arch, str) and record.arch.startswith("sm") and record.arch[2:].isdigit()):
         errors.append(f"arch must look like sm90, got {record.arch!r}")
     for name in ("gpu", "variant", "dtype", "kernel_name"):
@@ -261,11 +260,8 @@ class KernelStore:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _bucket_order(bucket: str) -> int:
-    try:
-        return int(bucket[1:])
-    except ValueError:
-        return 0
+def _bucket_order(bucket: str) -> tuple:
+    return bucket_sort_key(bucket)
 
 
 def _visible_dirs(path: Path) -> list[Path]:

@@ -44,6 +44,27 @@ class StandInKernel:
                           softmax_scale)
         return res.to(q.dtype)
 
+    def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, out=None,
+              softmax_scale=None):
+        """tuner.runtime.AttentionKernel.paged's contract and refusals (tuner/launch_plan.py build_paged_plan:
+        the layout, seqused_k, an int32 table of one row a sequence, a page size that tiles block N)."""
+        from tuner.serving.paged_sdpa import paged_sdpa
+
+        spec = self.meta["spec"]
+        if spec.get("layout") != "paged":
+            raise ValueError("not a paged kernel")
+        if seqused_k is None:
+            raise ValueError("a paged call needs seqused_k")
+        if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != cu_seqlens_q.shape[0] - 1:
+            raise ValueError("page_table must be int32 (batch, pages)")
+        page, block_n = int(k_cache.shape[1]), int(self.meta.get("block_n", self.meta["params"]["block_n"]))
+        if page % block_n and block_n % page:
+            raise ValueError(f"page size {page} must divide block N {block_n} or be a multiple of it")
+        self.calls += 1
+        res = paged_sdpa(q.float(), k_cache.float(), v_cache.float(), cu_seqlens_q, seqused_k, page_table,
+                         spec["causal"], softmax_scale)
+        return res.to(q.dtype)
+
 
 def reference(q, k, v, causal, scale=None, mask=None):
     """softmax(Q K^T * scale) V in float64, loops over heads, bottom-right causal; empty rows are 0."""

@@ -67,7 +67,7 @@ def test_dense_calls_never_take_a_varlen_kernel(served):
 def test_varlen_opcheck_and_gradients(served):
     q, k, v, cu_q, cu_k = packed([17, 0, 40], [30, 3, 40], grad=True)
     scale = 1 / math.sqrt(128)
-    route = served.route_varlen(q, k, v, True, scale, 40)
+    route = served.route_varlen(q, k, v, True, scale, 40, cu_q, 40)
     assert op._ROUTES[route].config is not None
     torch.library.opcheck(torch.ops.attn_tuner.varlen_attention.default,
                           (q, k, v, cu_q, cu_k, None, 40, 40, True, scale, route),
@@ -93,8 +93,7 @@ def test_varlen_under_torch_compile_fullgraph(served):
     assert served.last_path == "kernel"
 
 
-@pytest.mark.parametrize("kwargs,what", [({"dropout_p": 0.1}, "dropout"), ({"window_size": (8, 0)}, "window_size"),
-                                         ({"block_table": torch.zeros(1, 1, dtype=torch.int32)}, "block_table")])
+@pytest.mark.parametrize("kwargs,what", [({"dropout_p": 0.1}, "dropout"), ({"window_size": (8, 0)}, "window_size")])
 def test_what_varlen_cannot_do_is_refused(served, kwargs, what):
     q, k, v, cu_q, cu_k = packed([10])
     with pytest.raises(NotImplementedError, match=what):

@@ -4,6 +4,10 @@ The loader reads only files inside the folder: every file a config names must be
 resolves (symbolic links followed) to a file in the folder, or the config is refused with ``ExportError``
 before anything is opened. ``choose`` is a pure function of shapes, dtype and device facts, so it is
 testable without a GPU and traceable by torch.compile.
+
+A config's buckets follow one rule (tuner/bucket_names.py): key-length buckets ``s<N>`` (dense configs, and
+varlen configs exported before the serving rule), routed by the nearest key length; or serving buckets
+(varlen and paged configs), routed by ``ExportedConfig.serving`` (tuner/serving/rule.py).
 """
 from __future__ import annotations
 
@@ -12,9 +16,12 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.buckets import bucket_seqlen, is_bucket_name
+from tuner.bucket_names import LAYOUTS, SEQLEN_RULE, SERVING_RULE, bucket_errors, bucket_rule, mixed_rules
+from tuner.buckets import bucket_seqlen
 from tuner.export import METADATA_KEY, device_file_token
+from tuner.mixes import parse_serving_bucket
 from tuner.problem import variant_of_heads
+from tuner.serving.rule import ServingTable
 
 # Every generated kernel takes the group (query heads per KV head) as a launch argument and maps KV head =
 # query head // group (translate.KERNEL_ARGS), and verification covers GQA/MQA mapping, so a kernel of any
@@ -32,13 +39,21 @@ class ExportError(ValueError):
 @dataclass(frozen=True)
 class ExportedKernel:
     bucket: str
-    seqlen_k: int
+    seqlen_k: int | None          # a key-length bucket's length; None for a serving bucket
     kernel_name: str
     sha256: str
     cubin_path: Path
     meta: dict
     params: dict
     tflops: float
+    tokens: int | None = None     # a serving bucket's token edge, mix class and page size (paged)
+    mix: str | None = None
+    page_size: int | None = None
+
+    @property
+    def block_n(self) -> int | None:
+        value = self.meta.get("block_n", self.params.get("block_n"))
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 @dataclass(frozen=True)
@@ -52,10 +67,20 @@ class ExportedConfig:
     device_names: tuple[str, ...]
     kernels: dict  # bucket -> ExportedKernel
     sm: int | None = None
-    layout: str = "dense"      # tl/layout.py: dense (b, s, h, d) or varlen (packed, cu_seqlens)
+    layout: str = "dense"      # tl/layout.py: dense (b, s, h, d), varlen (packed, cu_seqlens), paged (a page table)
     # Bucket seqlens ascending and the log2 midpoints between neighbours, for the run-time bucket rule.
     bucket_order: tuple = field(default=(), compare=False)
     bucket_bounds: tuple = field(default=(), compare=False)
+    serving: ServingTable | None = field(default=None, compare=False)    # set when the buckets are serving ones
+
+    @property
+    def bucket_rule(self) -> str:
+        return SERVING_RULE if self.serving is not None else SEQLEN_RULE
+
+    @property
+    def page_sizes(self) -> tuple:
+        """The page sizes a paged config's buckets were tuned on."""
+        return self.serving.page_sizes if self.serving is not None else ()
 
     def serves_device(self, device_name: str) -> bool:
         token = device_file_token(device_name)
@@ -70,6 +95,14 @@ class ExportedConfig:
             if seqlen_k >= bound:
                 index += 1
         return self.bucket_order[index]
+
+    def bucket_of_call(self, total_q: int, batch: int, max_seqlen_q: int, max_seqlen_k: int,
+                       page_size: int | None = None) -> str | None:
+        """The bucket of a packed call by this config's rule (serving buckets: all four lengths and the page
+        size; key-length buckets: ``max_seqlen_k``); None when no kernel can tile ``page_size``."""
+        if self.serving is not None:
+            return self.serving.bucket(total_q, batch, max_seqlen_q, max_seqlen_k, page_size)
+        return self.bucket_for(max(1, max_seqlen_k))
 
 
 @dataclass(frozen=True)
@@ -105,6 +138,8 @@ def inside_folder(folder: Path, name, what: str, config: Path) -> Path:
 
 
 def _bucket_rule(kernels: dict) -> tuple[tuple, tuple]:
+    if any(bucket_rule(b) != SEQLEN_RULE for b in kernels):
+        return (), ()
     order = sorted(kernels, key=bucket_seqlen)
     edges = [bucket_seqlen(b) for b in order]
     return tuple(order), tuple(math.sqrt(a * b) for a, b in zip(edges, edges[1:]))
@@ -116,25 +151,35 @@ def read_config(path: Path) -> ExportedConfig:
         doc = json.loads(path.read_text())
         meta = doc[METADATA_KEY]
         names = meta.get("device_names") or [meta["device_name"]]
+        layout = str(meta.get("layout", "dense"))
         kernels = {}
         for bucket, entry in doc.items():
             if bucket == METADATA_KEY:
                 continue
-            if not is_bucket_name(bucket):
+            if bucket_rule(bucket) is None:
                 raise ValueError(f"key {bucket!r} is not a shape bucket")
+            wrong = bucket_errors(bucket, layout) if layout in LAYOUTS else []
+            if wrong:
+                raise ValueError(wrong[0])
             for key in _FILE_FIELDS:
                 if key in entry or key == "cubin":
                     inside_folder(path.parent, entry[key], f"bucket {bucket}'s {key}", path)
             kernels[bucket] = ExportedKernel(
-                bucket=bucket, seqlen_k=bucket_seqlen(bucket), kernel_name=entry["kernel_name"],
-                sha256=entry["kernel_sha256"], cubin_path=path.parent / entry["cubin"], meta=entry["meta"],
-                params=entry["params"], tflops=float(entry["tflops"]))
+                bucket=bucket, kernel_name=entry["kernel_name"], sha256=entry["kernel_sha256"],
+                cubin_path=path.parent / entry["cubin"], meta=entry["meta"], params=entry["params"],
+                tflops=float(entry["tflops"]), **_rule_fields(bucket))
+        mixed = mixed_rules(kernels)
+        if mixed:
+            raise ValueError(mixed)
         order, bounds = _bucket_rule(kernels)
+        serving = None
+        if kernels and bucket_rule(next(iter(kernels))) == SERVING_RULE:
+            serving = ServingTable.build({b: e.block_n for b, e in kernels.items()})
         sm = meta.get("sm")
         return ExportedConfig(path=path, variant=meta["variant"], d_qk=int(meta["d_qk"]), d_v=int(meta["d_v"]),
                               dtype=meta["dtype"], causal=bool(meta["causal"]), device_names=tuple(names),
                               kernels=kernels, sm=None if sm is None else int(sm), bucket_order=order,
-                              bucket_bounds=bounds, layout=str(meta.get("layout", "dense")))
+                              bucket_bounds=bounds, layout=layout, serving=serving)
     except ExportError:
         raise
     except OSError as exc:
@@ -145,6 +190,15 @@ def read_config(path: Path) -> ExportedConfig:
         raise ExportError(f"{path}: missing field {exc}") from None
     except (TypeError, ValueError, AttributeError) as exc:
         raise ExportError(f"{path}: malformed export config: {exc}") from None
+
+
+def _rule_fields(bucket: str) -> dict:
+    """An ExportedKernel's fields that a bucket name stands for (the names are the truth; an entry's
+    ``seqlen_k`` / ``tokens`` / ``mix`` / ``page_size`` repeat them for people and other readers)."""
+    if bucket_rule(bucket) == SEQLEN_RULE:
+        return {"seqlen_k": bucket_seqlen(bucket)}
+    tokens, mix, page = parse_serving_bucket(bucket)
+    return {"seqlen_k": None, "tokens": tokens, "mix": mix, "page_size": page}
 
 
 def read_configs(folder: Path) -> list[ExportedConfig]:

@@ -28,6 +28,7 @@ import torch
 
 from tuner.serving import op
 from tuner.serving.dropin import DropIns
+from tuner.serving.paged import PagedCalls
 from tuner.serving.varlen import VarlenCalls
 from tuner.serving.configs import (Choice, ExportedConfig, ExportedKernel, ExportError, choose, dispatch_table,
                                    inside_folder, pick, read_configs)
@@ -58,7 +59,7 @@ def _default_kernel_loader(cubin: bytes, meta: dict, device_index: int = 0):
     return load_kernel(cubin, meta, device_index)
 
 
-class ExportedAttention(DropIns, VarlenCalls):
+class ExportedAttention(DropIns, VarlenCalls, PagedCalls):
     """The attention functions of one exported folder; see the module docstring."""
 
     def __init__(self, configs: list[ExportedConfig], device_name: str | None = None,
@@ -79,6 +80,8 @@ class ExportedAttention(DropIns, VarlenCalls):
         self._tables = {key: dispatch_table(configs) for key, configs in self._on_device.items() if configs}
         self._varlen_tables = {key: dispatch_table(configs, "varlen") for key, configs in self._on_device.items()
                                if configs}
+        self._paged_tables = {key: dispatch_table(configs, "paged") for key, configs in self._on_device.items()
+                              if configs}
         # a device with no table: why (nothing for its name, or only configs exported for another SM)
         self._no_table = {key: "other-arch" if named[key] else "no-device-config" for key in self.devices}
         self._fallback = {code: op.register_route(op.Route(self, code=code)) for code in REASONS}

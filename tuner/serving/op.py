@@ -15,6 +15,11 @@ break. Autograd: the forward is our kernel; the backward is ``attn_tuner::attent
 recomputes the attention with torch SDPA from the saved inputs and returns SDPA's own gradients
 (tuner/serving/sdpa.py: same scale, GQA grouping and bottom-right causal alignment). That costs one SDPA
 forward more than a fused backward would; it is exact to SDPA's precision.
+
+The packed ops follow the same pattern: ``varlen_attention`` (cu_seqlens) recomputes per sequence;
+``paged_attention`` (a page table into a paged KV cache) gathers the pages into packed K/V, recomputes per
+sequence and sums the K/V gradients back into the pages (tuner/serving/paged_sdpa.py): q, k_cache and
+v_cache all get gradients.
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tuner.serving.paged_sdpa import paged_gradients
 from tuner.serving.sdpa import attention_gradients, varlen_gradients
 
 NAMESPACE = "attn_tuner"
@@ -157,6 +163,68 @@ torch.library.register_autograd(f"{NAMESPACE}::varlen_attention", _varlen_backwa
 varlen_attention_op = torch.ops.attn_tuner.varlen_attention.default
 
 
+# ---- a paged KV cache: q (total_q, hq, d_qk), k/v_cache (pages, page_size, hkv, d), page_table (batch, pages) ----
+# seqused_k is always a tensor here (the entry point derives it from cu_seqlens_k on the device when absent);
+# max_seqlen_k is the routing length (the caller's, or the table's capacity): the kernel reads none.
+_lib.define("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqused_k, "
+            "Tensor page_table, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float scale, int route) "
+            "-> Tensor")
+_lib.define("paged_attention_backward(Tensor grad_out, Tensor q, Tensor k_cache, Tensor v_cache, "
+            "Tensor cu_seqlens_q, Tensor seqused_k, Tensor page_table, bool causal, float scale) "
+            "-> (Tensor, Tensor, Tensor)")
+
+
+def run_paged_route(route: int, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                    max_seqlen_k, causal: bool, scale: float) -> Tensor:
+    r = _ROUTES[route]
+    return r.owner.run_paged(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                             max_seqlen_k, causal, scale)
+
+
+def _paged_impl(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, causal, scale,
+                route):
+    return run_paged_route(route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                           max_seqlen_k, causal, scale)
+
+
+def _paged_backward_impl(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale):
+    grads = paged_gradients(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
+    return tuple(g.contiguous() for g in grads)
+
+
+_lib.impl("paged_attention", _paged_impl, "CompositeExplicitAutograd")
+_lib.impl("paged_attention_backward", _paged_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::paged_attention", lib=_lib)
+def _paged_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, causal, scale,
+                route):
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::paged_attention_backward", lib=_lib)
+def _paged_backward_fake(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale):
+    return q.new_empty(q.shape), k_cache.new_empty(k_cache.shape), v_cache.new_empty(v_cache.shape)
+
+
+def _paged_setup(ctx, inputs, output):
+    q, k_cache, v_cache, cu_q, used, table, _, _, causal, scale, _ = inputs
+    ctx.save_for_backward(q, k_cache, v_cache, cu_q, used, table)
+    ctx.causal, ctx.scale = causal, scale
+
+
+def _paged_backward(ctx, grad_out):
+    q, k_cache, v_cache, cu_q, used, table = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attn_tuner.paged_attention_backward(grad_out, q, k_cache, v_cache, cu_q, used, table,
+                                                               ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::paged_attention", _paged_backward, setup_context=_paged_setup,
+                                lib=_lib)
+paged_attention_op = torch.ops.attn_tuner.paged_attention.default
+
+
 def nothing_observes(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """True when no tracer, mode, transform or autograd could see the op: then calling the route directly
     is the op's own behaviour minus the dispatcher. Measured on the CI CPU: a Python custom op costs
@@ -182,6 +250,16 @@ def launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, 
                                 causal, scale)
     return varlen_attention_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal,
                                scale, route)
+
+
+def launch_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, causal: bool,
+                 scale: float, route: int) -> Tensor:
+    """The paged op, or its route directly when nothing observes the call."""
+    if nothing_observes(q, k_cache, v_cache):
+        return run_paged_route(route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                               max_seqlen_k, causal, scale)
+    return paged_attention_op(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
+                              causal, scale, route)
 
 
 def launch(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, route: int,

@@ -20,4 +20,6 @@ REASONS = {
     "alibi": "ALiBi slopes",
     "sdpa-causal-top-left": "SDPA's is_causal with seqlen_q != seqlen_k is aligned top-left (the kernels: bottom-right)",
     "layout": "a shape the kernels do not take (not 4-D)",
+    "no-paged-config": "a paged call and no exported paged config for this GPU",
+    "page-size": "no paged kernel of the config can tile this page size (it must divide block N or be a multiple)",
 }

@@ -6,9 +6,14 @@
     # q (total_q, hq, d), k/v (total_k, hkv, d), cu_seqlens int32 (batch + 1) -> (total_q, hq, d_v)
 
 Dispatch: the varlen config of the head dims, dtype and causality (its variant preferred by the head
-layout, as for dense calls); its bucket nearest to ``max_seqlen_k`` (decided while tracing when that is a
-plain int, per call otherwise). Everything else runs ``tuner.serving.sdpa.varlen_sdpa`` (torch SDPA
-sequence by sequence; the lengths are read on the host), through the same op, counted by reason.
+layout, as for dense calls), then its bucket by the config's rule: serving buckets (tuner/mixes.py) from
+``q.shape[0]`` (packed queries), ``cu_seqlens_q.shape[0] - 1`` (batch), ``max_seqlen_q`` and
+``max_seqlen_k``; key-length buckets (configs exported before the serving rule) nearest to
+``max_seqlen_k``. Decided while tracing when those are plain ints, per call otherwise. Everything else runs
+``tuner.serving.sdpa.varlen_sdpa`` (torch SDPA sequence by sequence; the lengths are read on the host),
+through the same op, counted by reason.
+
+A paged cache (``block_table=``, FA2's name, or ``page_table=``, FA4's) goes to tuner/serving/paged.py.
 """
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ import torch
 
 from tuner.serving import op
 from tuner.serving.configs import pick
+from tuner.serving.rule import plain_ints
 from tuner.serving.sdpa import varlen_sdpa
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -27,7 +33,8 @@ class VarlenCalls:
     """Mixed into ExportedAttention: uses its ``devices``, ``_fallback``, ``_routes``, ``kernel``, ``stats``,
     ``reasons``; ``_varlen_tables`` is built in its __init__."""
 
-    def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k) -> int:
+    def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k, cu_seqlens_q=None,
+                     max_seqlen_q=None) -> int:
         table, fallback = self._table_or_fallback(self._varlen_tables, q, k, v, scale)
         if table is None:
             return fallback
@@ -35,13 +42,19 @@ class VarlenCalls:
                             d_v=int(v.shape[2]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
         if config is None:
             return self._fallback[code]
-        bucket = config.bucket_for(max(1, max_seqlen_k)) if type(max_seqlen_k) is int else None
+        if config.serving is None:    # key-length buckets: max_seqlen_k alone
+            bucket = config.bucket_for(max(1, max_seqlen_k)) if type(max_seqlen_k) is int else None
+        else:
+            batch = None if cu_seqlens_q is None else cu_seqlens_q.shape[0] - 1
+            bucket = config.bucket_of_call(q.shape[0], batch, max_seqlen_q, max_seqlen_k) \
+                if plain_ints(q.shape[0], batch, max_seqlen_q, max_seqlen_k) else None
         return self._routes[(id(config), bucket)]
 
     def run_varlen(self, route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                    causal: bool, scale: float):
         if route.config is not None:
-            bucket = route.bucket or route.config.bucket_for(max(1, int(max_seqlen_k)))
+            bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
+                                                                 int(max_seqlen_q), int(max_seqlen_k))
             entry = route.config.kernels[bucket]
             try:
                 kern = self.kernel(entry, q.device.index or 0)
@@ -70,23 +83,33 @@ class VarlenCalls:
                                dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
                                window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
                                deterministic: bool = False, return_attn_probs: bool = False, block_table=None,
-                               seqused_k=None):
-        """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k`` as FA3/FA4 name
-        it): causal aligned bottom-right within each sequence, ``max_seqlen_q`` at least every sequence's
-        length. What neither the kernels nor a per-sequence SDPA compute is refused (NotImplementedError):
-        dropout, windows, soft-capping, ALiBi, the probabilities, a paged cache (block_table)."""
+                               seqused_k=None, page_table=None):
+        """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k`` and ``page_table``
+        as FA3/FA4 name them): causal aligned bottom-right within each sequence, ``max_seqlen_q`` at least
+        every sequence's length. ``block_table`` (or ``page_table``) makes k and v paged caches
+        (num_pages, page_size, kv_heads, head_dim): tuner/serving/paged.py. What neither the kernels nor a
+        per-sequence SDPA compute is refused (NotImplementedError): dropout, windows, soft-capping, ALiBi,
+        the probabilities."""
         for given, what in ((dropout_p > 0.0, "dropout"), (tuple(window_size or (-1, -1)) != (-1, -1), "window_size"),
                             (bool(softcap), "softcap"), (alibi_slopes is not None, "alibi_slopes"),
-                            (return_attn_probs, "return_attn_probs"), (block_table is not None, "block_table")):
+                            (return_attn_probs, "return_attn_probs")):
             if given:
                 raise NotImplementedError(f"flash_attn_varlen_func: {what} is not supported by the exported kernels")
+        if block_table is not None and page_table is not None and block_table is not page_table:
+            raise ValueError("flash_attn_varlen_func: block_table and page_table name the same thing; give one")
+        table = block_table if block_table is not None else page_table
+        head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else 1
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(head_dim))
+        if table is not None:
+            return self.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                     table, seqused_k)
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+            hint = " (a paged cache needs block_table= or page_table=)" if k.dim() == 4 else ""
             raise ValueError(f"q, k, v must be 3-D (total_tokens, heads, head_dim); got {tuple(q.shape)}, "
-                             f"{tuple(k.shape)}, {tuple(v.shape)}")
+                             f"{tuple(k.shape)}, {tuple(v.shape)}{hint}")
         if k.shape[1] < 1 or q.shape[1] % k.shape[1] or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: query heads must be a "
                              "multiple of the KV heads, k and v alike in tokens and heads, q and k in head dim")
-        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[2]))
-        route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k)
+        route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k, cu_seqlens_q, max_seqlen_q)
         return op.launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                 bool(causal), scale, route)

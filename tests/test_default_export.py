@@ -1,0 +1,72 @@
+"""tuner.default_export without a GPU: which buckets the default kernels of each layout are stored under, and
+the inputs a serving kernel is timed on (the timing itself replaced)."""
+import pytest
+import torch
+
+from tuner import bench
+from tuner.bucket_names import bucket_errors
+from tuner.default_export import SERVING_SPECS, _measurements, serving_call
+from tuner.mixes import serving_problems
+from tuner.problem import KernelSpec
+
+
+class ShapeKernel:
+    """Checks the arguments of AttentionKernel.varlen / .paged the way the runtime would and returns zeros."""
+
+    def __init__(self):
+        self.calls = []
+
+    def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k):
+        assert q.dim() == k.dim() == 3 and cu_q.dtype == cu_k.dtype == torch.int32
+        assert int(cu_q[-1]) == q.shape[0] and int(cu_k[-1]) == k.shape[0]
+        self.calls.append(("varlen", q.shape[0], max_q, max_k))
+        return torch.zeros(q.shape[0], q.shape[1], v.shape[2])
+
+    def paged(self, q, kc, vc, cu_q, used, table, max_q):
+        assert kc.dim() == 4 and table.dtype == torch.int32 and table.shape[0] == cu_q.shape[0] - 1
+        assert int(table.max()) < kc.shape[0] and len(set(table.flatten().tolist())) == table.numel()
+        assert (used <= table.shape[1] * kc.shape[1]).all()
+        self.calls.append(("paged", q.shape[0], kc.shape[1], max_q))
+        return torch.zeros(q.shape[0], q.shape[1], vc.shape[3])
+
+
+@pytest.fixture
+def untimed(monkeypatch):
+    def once(fn, *args, **kwargs):
+        fn()
+        return 2.0
+
+    monkeypatch.setattr(bench, "time_ms", once)
+
+
+@pytest.mark.parametrize("spec", SERVING_SPECS, ids=lambda s: s.layout)
+def test_serving_defaults_are_stored_under_their_mixes_serving_buckets(spec, untimed, monkeypatch):
+    import tuner.default_export as de
+
+    real = de.serving_call
+    monkeypatch.setattr(de, "serving_call", lambda kernel, problem: real(kernel, problem, device="cpu"))
+    kernel = ShapeKernel()
+    rows = _measurements(kernel, spec, ("s1024",), (16, 64))
+    buckets = sorted(b for b, _, _ in rows)
+    if spec.layout == "paged":
+        assert buckets == sorted(f"{b}-p{p}" for p in (16, 64)
+                                 for b in ("t16k-even", "t16k-skewed", "t16k-short", "t4k-even"))
+    else:
+        assert buckets == ["t16k-even", "t16k-short", "t16k-skewed"]
+    assert all(bucket_errors(b, spec.layout) == [] for b in buckets)
+    assert len(kernel.calls) == len(rows) and all(kind == spec.layout for kind, *_ in kernel.calls)
+    for bucket, value, problem in rows:
+        assert value > 0 and problem["layout"] == spec.layout and bucket.startswith("t")
+
+
+def test_dense_defaults_keep_their_key_length_buckets(untimed, monkeypatch):
+    monkeypatch.setattr(bench, "measure_problem", lambda kernel, problem: 2.0)
+    rows = _measurements(object(), KernelSpec("gqa", 128, 128, True, "bf16"), ("s1024", "s4096"), (16,))
+    assert [(b, p) for b, _, p in rows] == [("s1024", {"seqlen_k": 4096}), ("s4096", {"seqlen_k": 4096})]
+
+
+def test_the_paged_timing_inputs_hold_every_key():
+    (problem,) = serving_problems("paged", "gqa", 16, 2, 128, 128, True, "bf16", 16, names=["2x(2k on 6k)"])
+    kernel = ShapeKernel()
+    serving_call(kernel, problem, device="cpu")()
+    assert kernel.calls == [("paged", 4096, 16, 2048)]

@@ -1,0 +1,140 @@
+"""Prefill over a paged KV cache through an export: ``flash_attn_varlen_func(..., block_table=TABLE)`` (FA2's
+name; ``page_table=``, FA4's, alike), mixed into ExportedAttention.
+
+    o = attn.flash_attn_varlen_func(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    causal=True, block_table=table, seqused_k=None)
+    # q (total_q, hq, d), k/v_cache (num_pages, page_size, hkv, d), table int32 (batch, max_pages) -> (total_q, hq, d_v)
+
+Sequence b's keys are the first ``seqused_k[b]`` rows of its pages in table order; without ``seqused_k``
+they are ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``, derived on the device (no host read). Causal aligns
+bottom-right within each sequence (its queries are the last of its keys: chunked prefill on a cached prefix).
+
+Dispatch: the paged config of the head dims, dtype and causality, then its serving bucket (tuner/mixes.py)
+from ``q.shape[0]``, the batch, ``max_seqlen_q``, ``max_seqlen_k`` (absent: the table's capacity,
+``max_pages x page_size``) and the page size ``k_cache.shape[1]``; the nearest bucket whose kernel can tile
+that page size. Decided while tracing when those are plain ints, per call otherwise. No paged config, or a
+page size no kernel tiles, runs ``paged_sdpa`` (the pages gathered into packed K/V on the device, then torch
+SDPA per sequence), through the same op, counted by reason ("no-paged-config", "page-size", ...).
+"""
+from __future__ import annotations
+
+import torch
+
+from tuner.serving import op
+from tuner.serving.configs import pick
+from tuner.serving.paged_sdpa import paged_sdpa
+from tuner.serving.reasons import REASONS
+from tuner.serving.rule import plain_ints
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+
+
+def paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
+                       max_seqlen_q) -> list[str]:
+    """Every reason these cannot be a paged call (empty: they can). Shapes and dtypes only: nothing is read
+    from the device."""
+    errors = []
+    shape = lambda t: tuple(getattr(t, "shape", ()))  # noqa: E731
+    if not all(isinstance(t, torch.Tensor) for t in (q, k_cache, v_cache)):
+        return ["q, k_cache and v_cache must be tensors"]
+    if q.dim() != 3:
+        errors.append(f"q must be 3-D (total_q, heads, head_dim), got {shape(q)}")
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        errors.append(f"with a page table, k and v must be paged caches (num_pages, page_size, kv_heads, head_dim), "
+                      f"got {shape(k_cache)} and {shape(v_cache)}")
+    elif k_cache.shape[:3] != v_cache.shape[:3]:
+        errors.append(f"k_cache {shape(k_cache)} and v_cache {shape(v_cache)} differ in pages, page size or heads")
+    elif k_cache.shape[1] < 1:
+        errors.append("the page size (k_cache.shape[1]) must be at least 1")
+    if not errors:
+        if q.shape[2] != k_cache.shape[3]:
+            errors.append(f"q and k_cache head dims differ: {q.shape[2]} vs {k_cache.shape[3]}")
+        if k_cache.shape[2] < 1 or q.shape[1] % k_cache.shape[2]:
+            errors.append(f"query heads ({q.shape[1]}) must be a multiple of the KV heads ({k_cache.shape[2]})")
+    if not isinstance(cu_seqlens_q, torch.Tensor) or cu_seqlens_q.dim() != 1 or cu_seqlens_q.shape[0] < 2:
+        errors.append(f"cu_seqlens_q must be a 1-D tensor of batch + 1 >= 2 offsets, got {shape(cu_seqlens_q)}")
+        return errors
+    batch = cu_seqlens_q.shape[0] - 1
+    if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2 or page_table.dtype != torch.int32:
+        errors.append(f"the page table must be a 2-D int32 tensor (batch, max_pages), got "
+                      f"{getattr(page_table, 'dtype', type(page_table).__name__)} {shape(page_table)}")
+    elif page_table.shape[0] != batch:
+        errors.append(f"the page table has {page_table.shape[0]} rows for {batch} sequences")
+    if seqused_k is None and cu_seqlens_k is None:
+        errors.append("give seqused_k or cu_seqlens_k: the keys each sequence has in its pages")
+    elif seqused_k is not None and (not isinstance(seqused_k, torch.Tensor) or seqused_k.shape != (batch,)):
+        errors.append(f"seqused_k must hold one length per sequence ({batch}), got {shape(seqused_k)}")
+    elif seqused_k is None and (not isinstance(cu_seqlens_k, torch.Tensor) or cu_seqlens_k.shape != (batch + 1,)):
+        errors.append(f"cu_seqlens_k must hold batch + 1 = {batch + 1} offsets, got {shape(cu_seqlens_k)}")
+    if max_seqlen_q is None:
+        errors.append("max_seqlen_q is needed (the longest query sequence: it sizes the kernel's grid)")
+    return errors
+
+
+class PagedCalls:
+    """Mixed into ExportedAttention: uses its ``_table_or_fallback``, ``_fallback``, ``_routes``, ``kernel``,
+    ``stats``, ``reasons``, ``last_*``; ``_paged_tables`` is built in its __init__."""
+
+    def route_paged(self, q, k_cache, v_cache, causal: bool, scale: float, cu_seqlens_q, max_seqlen_q,
+                    max_seqlen_k) -> int:
+        table, fallback = self._table_or_fallback(self._paged_tables, q, k_cache, v_cache, scale)
+        if table is None:
+            return fallback
+        if not table:
+            return self._fallback["no-paged-config"]
+        config, code = pick(table, heads_q=int(q.shape[1]), heads_kv=int(k_cache.shape[2]), d_qk=int(q.shape[2]),
+                            d_v=int(v_cache.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
+        if config is None:
+            return self._fallback[code]
+        lengths = (q.shape[0], cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, k_cache.shape[1])
+        if not plain_ints(*lengths):
+            return self._routes[(id(config), None)]      # a SymInt: the bucket is chosen per call
+        bucket = config.bucket_of_call(*lengths)
+        if bucket is None:
+            return self._fallback["page-size"]
+        return self._routes[(id(config), bucket)]
+
+    def run_paged(self, route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
+                  causal: bool, scale: float):
+        args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
+        if route.config is None:
+            return self._paged_sdpa(route.code, REASONS[route.code], *args)
+        lengths = (int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1, int(max_seqlen_q), int(max_seqlen_k),
+                   int(k_cache.shape[1]))
+        bucket = route.bucket or route.config.bucket_of_call(*lengths)
+        if bucket is None:
+            return self._paged_sdpa("page-size", REASONS["page-size"], *args)
+        entry = route.config.kernels[bucket]
+        try:
+            kern = self.kernel(entry, q.device.index or 0)
+        except Exception as exc:  # noqa: BLE001 - any load failure means SDPA, warned once
+            return self._paged_sdpa("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}", *args)
+        try:
+            out = kern.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, int(max_seqlen_q),
+                             softmax_scale=scale)
+        except ValueError as exc:   # refused before launch (strides, alignment, the page size)
+            return self._paged_sdpa("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}", *args)
+        self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} paged", bucket
+        self.stats["kernel"] += 1
+        return out
+
+    def _paged_sdpa(self, code, message, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale):
+        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
+        self.stats["sdpa"] += 1
+        self.reasons[code] += 1
+        return paged_sdpa(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
+
+    def paged_varlen(self, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool,
+                     scale: float, page_table, seqused_k=None):
+        """flash_attn_varlen_func with a page table (see the module doc); the other arguments already checked."""
+        errors = paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
+                                    max_seqlen_q)
+        if errors:
+            raise ValueError("flash_attn_varlen_func with a page table: " + "; ".join(errors))
+        if seqused_k is None:      # FA2's convention: the lengths in cu_seqlens_k; derived on the device
+            seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
+        if max_seqlen_k is None:   # FA4 may leave it out: the table's capacity bounds every sequence's keys
+            max_seqlen_k = page_table.shape[1] * k_cache.shape[1]
+        route = self.route_paged(q, k_cache, v_cache, causal, scale, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+        return op.launch_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
+                               bool(causal), scale, route)
