@@ -116,7 +116,7 @@ def test_a_seed_challenger_needs_no_re_timing_and_the_same_kernel_is_not_stored_
     contest = Contest("s4096", PROBLEM, seed_best, None, None)
     assert not contest.needs_retiming()
     d = decide(contest, None)
-    assert d.winner is seed_best and d.store and d.note == "the challenger is the best seed; stored: nothing was"
+    assert d.winner is seed_best and d.store and d.note == "the challenger is the best seed; the store held nothing for the bucket: stored"
     again = Contest("s4096", PROBLEM, seed_best, None, _c("stored", "s"))
     assert not again.needs_retiming() and not decide(again, None).store
 

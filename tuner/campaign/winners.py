@@ -209,7 +209,7 @@ def decide(contest: Contest, retimed: dict | None, error: str | None = None,
         else:
             base = "the challenger is the best seed" if c.seeded else "no seed passed verification to compare with"
         if k is None:
-            return Decision(contest, winner, None, None, True, f"{base}; stored: nothing was")
+            return Decision(contest, winner, None, None, True, f"{base}; the store held nothing for the bucket: stored")
         if k.sha256 == winner.sha256:
             return Decision(contest, winner, None, None, False, f"{base}; already stored")
         return Decision(contest, winner, None, None, False, f"{base}; not re-timed against the stored kernel "
@@ -235,7 +235,7 @@ def decide(contest: Contest, retimed: dict | None, error: str | None = None,
         else:
             notes.append(f"the best seed could not be timed again ({failed.get('seed', 'no times')})")
     if k is None:
-        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes + ["stored: nothing was"]), retimed)
+        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes + ["the store held nothing for the bucket: stored"]), retimed)
     if k.sha256 == winner.sha256:
         return Decision(contest, winner, vs_seed, None, False, "; ".join(notes + ["already stored"]), retimed)
     if not times["stored"]:
