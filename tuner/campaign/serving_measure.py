@@ -14,6 +14,7 @@ import dataclasses
 import time as _time
 import zlib
 
+
 def serving_baselines() -> tuple[str, ...]:
     from tuner.mix_baselines import BASELINES
 
