@@ -32,6 +32,8 @@ def test_bucket_names_round_trip_and_the_nearest_keeps_mix_and_page_first():
     assert nearest_serving_bucket("t4k-even", have) == "t16k-even"        # the same mix before nearer tokens
     assert nearest_serving_bucket("t16k-short", have) == "t64k-short"
     assert nearest_serving_bucket("t16k-even-p16", ["t16k-even-p128", "t16k-even-p16"]) == "t16k-even-p16"
+    ties = ["t16k-short", "t16k-even"]            # a skewed call: neither mix matches; the order given does not matter
+    assert nearest_serving_bucket("t16k-skewed", ties) == nearest_serving_bucket("t16k-skewed", ties[::-1])
 
 
 def test_flops_count_the_visible_pairs_causal_bottom_right():

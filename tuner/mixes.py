@@ -93,7 +93,7 @@ def nearest_serving_bucket(name: str, available) -> str:
 
     def distance(other: str):
         t, m, p = parse_serving_bucket(other)
-        return (m != mix, p != page, abs(math.log2(t) - math.log2(tokens)), -t)
+        return (m != mix, p != page, abs(math.log2(t) - math.log2(tokens)), -t, other)   # (a name breaks a tie)
 
     return min(names, key=distance)
 
