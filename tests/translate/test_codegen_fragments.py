@@ -5,16 +5,17 @@ partitions of each config's own types (translate.emitters.kernel_types): S = Q K
 Q/K shared->register copies, then O = S V through the accumulator->operand reshape and the V^T
 (ldmatrix.trans) copy. Every value of S and O must land where the kernel's coordinates say, for the
 sm75 k8 atom and the sm80 k16 atom alike."""
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from hardware_profiles import load_profile
-from translate import emitters, nvcc
+from translate import emitters
 from translate.defaults import default_params
 from translate.params import KernelParams
 from tuner.problem import KernelSpec
+
+from host_checks import run_host_checks
 
 pytestmark = pytest.mark.slow
 
@@ -69,21 +70,5 @@ def _program(configs) -> str:
 
 
 def test_fragments_of_both_gemms_pair_up_for_k8_and_k16_atoms(tmp_path):
-    try:
-        exe_nvcc = nvcc.find_nvcc()
-        cutlass = nvcc.cutlass_include_dir()
-    except nvcc.ToolNotFound as exc:
-        pytest.skip(str(exc))
     configs = _configs()
-    src = tmp_path / "fragments.cu"
-    src.write_text(_program(configs))
-    exe = tmp_path / "fragments"
-    helper = Path(emitters.__file__).parent / "include"
-    build = subprocess.run([str(exe_nvcc), "-std=c++17", "-O1", "-x", "cu", f"-I{cutlass}", f"-I{helper}",
-                            "--expt-relaxed-constexpr", "-w", "-o", str(exe), str(src)],
-                           capture_output=True, text=True, timeout=900)
-    assert build.returncode == 0, build.stderr[-4000:]
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(("OK", "FAIL"))]
-    assert run.returncode == 0 and len(lines) == len(configs) and all(ln.startswith("OK") for ln in lines), \
-        run.stdout[-4000:] + run.stderr[-2000:]
+    run_host_checks(_program(configs), "fragments", tmp_path, len(configs), opt="-O1")

@@ -8,7 +8,6 @@ descriptor fields and every consumer thread's start with CuTe's partitions: tile
 warpgroups, block N of every swizzle P can take (128-, 64-, 32-byte: 128/64, 96/160, 80/112/144/176), head
 dims 64, 128 and MLA's 192/128, 2 and 3 stages (fp16 and bf16 tiles are alike: 16-bit). (The rules were read off all 216 shapes of
 d 64/128/192x128 x block M 64/128/192 x block N 64/80/96/112/128/176 x 2/3 stages x RS/SS first.)"""
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,8 @@ from translate.defaults import hopper_params
 from translate.params import KernelParams
 from translate.sm90 import emit
 from tuner.problem import KernelSpec
+
+from host_checks import run_host_checks
 
 pytestmark = pytest.mark.slow
 
@@ -76,24 +77,8 @@ def _program(configs) -> str:
 
 
 def test_generated_descriptors_are_cutes_partitions_for_every_thread(tmp_path):
-    try:
-        exe_nvcc = nvcc.find_nvcc()
-        cutlass = nvcc.cutlass_include_dir()
-    except nvcc.ToolNotFound as exc:
-        pytest.skip(str(exc))
     configs = _configs()
-    src = tmp_path / "gmma_operands.cu"
-    src.write_text(_program(configs))
-    exe = tmp_path / "gmma_operands"
-    helper = Path(emit.__file__).parents[1] / "include"
-    build = subprocess.run([str(exe_nvcc), "-std=c++17", "-O0", "-x", "cu", "-arch=sm_90a", f"-I{cutlass}",
-                            f"-I{helper}", "--expt-relaxed-constexpr", "-w", "-o", str(exe), str(src)],
-                           capture_output=True, text=True, timeout=900)
-    assert build.returncode == 0, build.stderr[-4000:]
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(("OK", "FAIL"))]
-    assert run.returncode == 0 and len(lines) == len(configs) and all(ln.startswith("OK") for ln in lines), \
-        run.stdout[-4000:] + run.stderr[-2000:]
+    run_host_checks(_program(configs), "gmma_operands", tmp_path, len(configs), opt="-O0", arch="sm_90a")
 
 
 def test_the_kernel_takes_its_descriptors_from_gmma_operand():

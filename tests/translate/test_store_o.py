@@ -7,17 +7,17 @@ passes to each stmatrix.x4 (address and registers) with the helper's: the same s
 (1, 2, 3 consumer warpgroups), output head dim (64, 128; MLA's d_v 128 with d_qk 192), 16-bit type and P·V
 operand (RS, SS), a block N outside CuTe's base wgmma shapes, and the plain (not warp-specialised) wgmma kernel's
 types."""
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from hardware_profiles import load_profile
-from translate import nvcc
 from translate.defaults import hopper_params
 from translate.params import KernelParams
 from translate.sm90 import emit, plain
 from tuner.problem import KernelSpec
+
+from host_checks import run_host_checks
 
 pytestmark = pytest.mark.slow
 
@@ -64,21 +64,5 @@ def _program(configs) -> str:
 
 
 def test_the_epilogue_passes_each_stmatrix_the_address_and_registers_of_cutes_tiled_copy(tmp_path):
-    try:
-        exe_nvcc = nvcc.find_nvcc()
-        cutlass = nvcc.cutlass_include_dir()
-    except nvcc.ToolNotFound as exc:
-        pytest.skip(str(exc))
     configs = _configs()
-    src = tmp_path / "store_o.cu"
-    src.write_text(_program(configs))
-    exe = tmp_path / "store_o"
-    helper = Path(emit.__file__).parents[1] / "include"
-    build = subprocess.run([str(exe_nvcc), "-std=c++17", "-O1", "-x", "cu", "-arch=sm_90a", f"-I{cutlass}",
-                            f"-I{helper}", "--expt-relaxed-constexpr", "-w", "-o", str(exe), str(src)],
-                           capture_output=True, text=True, timeout=900)
-    assert build.returncode == 0, build.stderr[-4000:]
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300)
-    lines = [ln for ln in run.stdout.splitlines() if ln.startswith(("OK", "FAIL"))]
-    assert run.returncode == 0 and len(lines) == len(configs) and all(ln.startswith("OK") for ln in lines), \
-        run.stdout[-4000:] + run.stderr[-2000:]
+    run_host_checks(_program(configs), "store_o", tmp_path, len(configs), opt="-O1", arch="sm_90a")
