@@ -137,14 +137,8 @@ def _dense_rounds(kernels: dict, failed: dict, problem, timing, device, rounds: 
         if not rel <= backends.BENCH_CROSS_CHECK_REL_ERR:   # also NaN
             failed[role] = f"wrong result on the re-timing inputs: {why}"
             del kernels[role]
-    roles = list(kernels)
-    ms: dict[str, list[float]] = {r: [] for r in roles}
-    order = []
-    for rnd in range(rounds if roles else 0):
-        order.append(round_order(roles, rnd))
-        for role in order[-1]:
-            ms[role].append(bench.measure_problem(kernels[role], problem, inputs=inputs, timing=timing, device=device))
-    return ms, order
+    return _rounds(list(kernels), rounds, lambda role: bench.measure_problem(kernels[role], problem, inputs=inputs,
+                                                                           timing=timing, device=device))
 
 
 def _serving_rounds(kernels: dict, problem, timing, device, rounds: int):
@@ -152,11 +146,15 @@ def _serving_rounds(kernels: dict, problem, timing, device, rounds: int):
     from .serving_measure import make_inputs, ours_call, time_sets
 
     sets = make_inputs(problem, timing.rotate, device)
-    roles = list(kernels)
+    return _rounds(list(kernels), rounds, lambda role: time_sets(ours_call(kernels[role], problem), sets, timing))
+
+
+def _rounds(roles: list, rounds: int, time_one):
+    """``rounds`` rounds over ``roles`` in rotated order, ``time_one(role)`` ms each: (ms per role, the orders)."""
     ms: dict[str, list[float]] = {r: [] for r in roles}
     order = []
     for rnd in range(rounds if roles else 0):
         order.append(round_order(roles, rnd))
         for role in order[-1]:
-            ms[role].append(time_sets(ours_call(kernels[role], problem), sets, timing))
+            ms[role].append(time_one(role))
     return ms, order
