@@ -15,6 +15,7 @@ from typing import Optional
 from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, TensorRef, Warpgroup, walk
 from tl.diagnostics import Diagnostic
 from tl.layout import layout_diagnostics
+from tl.phase import phase_diagnostics
 from tl.pipelines import CheckLimits, pipeline_diagnostics, producer_fills, role_diagnostics
 
 __all__ = ["OpSpec", "KNOWN_OPS", "CheckLimits", "check", "check_source"]
@@ -52,6 +53,8 @@ KNOWN_OPS: dict[str, OpSpec] = {spec.name.lower(): spec for spec in (
     OpSpec("Sum", 1, 2, "reduce"),
     OpSpec("Fill", 1, 2, "fill"),
     OpSpec("Zero", 1, 1, "fill"),
+    # decode (tl/phase.py): merge the splits' partial outputs by their row maxima and sums
+    OpSpec("Combine", 1, 3, "elementwise"),
 )}
 
 RESHAPE_EXAMPLE = "(MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new)"
@@ -157,6 +160,7 @@ class _Checker:
         role_diagnostics(self.program.statements, self.error)
         pipeline_diagnostics(self.program.statements, self.error, self.limits)
         self.diags += layout_diagnostics(self.program, self.path)
+        self.diags += phase_diagnostics(self.program, self.path)
         return self.diags
 
     def block(self, statements) -> None:

@@ -29,6 +29,8 @@ CODES = {
     "layout-mixed": "some global tensors are found by cumulative lengths (varlen) and others by dense offsets",
     "layout-offset": "a global tensor offset by the other side's lengths (keys by cu_seqlens_q, queries through the "
                      "page table, ...)",
+    "decode-split": "a decode loop over the split's keys that does not run from split_begin to split_end",
+    "decode-combine": "split keys whose partial outputs are never combined, or a Combine with no split to merge",
     "internal": "the checker itself failed (a bug: please report the input)",
 }
 

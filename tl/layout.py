@@ -22,6 +22,7 @@ import re
 from tl.ast import Allocate, Program
 from tl.diagnostics import Diagnostic
 from tl.expr import ExprError, free_symbols
+from tl.phase import phase_of
 
 LAYOUTS = ("dense", "varlen", "paged")
 VARLEN_OFFSETS = ("cu_seqlens_q", "cu_seqlens_k", "page_table")
@@ -46,7 +47,7 @@ def _varlen_name(stmt: Allocate) -> str | None:
 
 def layout_of(program: Program) -> str:
     """The program's layout: paged when keys are found through a page table, varlen when a global tensor is
-    offset by cumulative lengths, else dense."""
+    offset by cumulative lengths, else dense (a decode sketch's queries are always dense: tl/phase.py)."""
     names = {_varlen_name(s) for s in _globals(program)}
     return "paged" if "page_table" in names else "varlen" if names - {None} else "dense"
 
@@ -56,6 +57,8 @@ def layout_diagnostics(program: Program, path: str) -> list[Diagnostic]:
     offset by the other side's lengths (keys by cu_seqlens_q, queries by cu_seqlens_k)."""
     allocs = _globals(program)
     varlen = {s.name: _varlen_name(s) for s in allocs}
+    if phase_of(program) == "decode":
+        return _decode_layout(allocs, varlen, path)
     out = []
     if any(varlen.values()):
         for s in allocs:
@@ -108,3 +111,24 @@ def with_layout(text: str, layout: str) -> str:
         return m.group(1) + (keys if m.group(2) in _KEY_ROWS else "cu_seqlens_q")
 
     return _DENSE_OFFSET.sub(serving, text)
+
+
+def _decode_layout(allocs: list[Allocate], found: dict, path: str) -> list[Diagnostic]:
+    """A decode kernel (tl/phase.py) takes dense queries (batch, seqlen_q, heads, dim), as flash_attn_with_kvcache
+    does, and keys either dense (a cache per sequence) or through a page table."""
+    out = []
+    for s in allocs:
+        by = found[s.name]
+        if by is None:
+            continue
+        if _expected(s) == "cu_seqlens_q":
+            out.append(Diagnostic(path, s.line, s.col, "layout-offset",
+                                  f"{s.name} of a decode kernel is offset by {by}",
+                                  "decode queries and outputs are dense (batch, seqlen_q, heads, dim): write "
+                                  "`with offset q_offset`"))
+        elif by != "page_table":
+            out.append(Diagnostic(path, s.line, s.col, "layout-offset",
+                                  f"{s.name} of a decode kernel is offset by {by}",
+                                  "a decode kernel reads its cache densely per sequence or through a page table: "
+                                  "write `with offset kv_offset` or `with offset page_table`"))
+    return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, walk
 from tl.layout import layout_of
+from tl.phase import phase_of
 from tl.pipelines import has_roles
 from tl.printer import format_statement
 from translate import emitters as em
@@ -35,6 +36,9 @@ def generate(program: Program, params: KernelParams, profile, spec: KernelSpec) 
     A sketch with warpgroup roles becomes a warp-specialised Hopper kernel (translate/sm90); a paper-style
     sketch becomes the FA2-style kernel, with wgmma GEMMs when ``mma_atom`` is SM90_GMMA.
     """
+    if phase_of(program) == "decode" or getattr(spec, "phase", "prefill") == "decode":
+        from translate.decode.generate import generate_decode
+        return generate_decode(program, params, profile, spec)
     warp_specialized = has_roles(program.statements)
     problems = layout_problems(program, spec, warp_specialized)
     problems += validate(params, profile, _representative_problem(spec), warp_specialized=warp_specialized)

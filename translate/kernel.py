@@ -60,7 +60,8 @@ class GeneratedKernel:
     # dim ("d_qk" or "d_v") its columns are.
     extra_args: tuple = ()
     tensor_maps: dict = field(default_factory=dict)
-    grid: str = "blocks"    # blocks: (query blocks, heads, batch); tiles: one CTA per tile; persistent: one per SM
+    grid: str = "blocks"    # blocks: (query blocks, heads, batch); tiles: one CTA per tile; persistent: one per SM;
+                            # decode: (splits, head units x row blocks, batch), tuner/decode_runtime.py
 
     @property
     def source(self) -> str:
@@ -77,7 +78,8 @@ class GeneratedKernel:
             "block_n": self.block_n,
             "spec": asdict(self.spec),
             "params": self.params.to_dict(),
-            "args": [list(a) for a in KERNEL_ARGS + tuple(self.extra_args)],
+            # a decode kernel takes one struct (translate/decode): its extra_args are the whole list
+            "args": [list(a) for a in (() if self.grid == "decode" else KERNEL_ARGS) + tuple(self.extra_args)],
             "tensor_maps": dict(self.tensor_maps),
             "grid": self.grid,
         }

@@ -133,6 +133,7 @@ class KernelSpec:
     causal: bool
     dtype: str
     layout: str = "dense"     # how rows are found (tl/layout.py): dense (b, s, h, d), varlen (cu_seqlens)
+    phase: str = "prefill"    # prefill, or decode: a few query tokens per sequence, split-KV (tl/phase.py)
 
     @classmethod
     def of(cls, problem: Problem) -> "KernelSpec":
@@ -140,7 +141,8 @@ class KernelSpec:
 
     def label(self) -> str:
         base = f"{self.variant}_d{self.d_qk}x{self.d_v}_{'causal' if self.causal else 'noncausal'}_{self.dtype}"
-        return base if self.layout == "dense" else f"{base}_{self.layout}"
+        base = base if self.layout == "dense" else f"{base}_{self.layout}"
+        return base if self.phase == "prefill" else f"{base}_{self.phase}"
 
 
 def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> KernelSpec:

@@ -1,0 +1,108 @@
+"""Decode kernels on the GPU: build candidates from the reference decode sketches, verify them (tuner/verify_decode),
+measure the copy bandwidth, then bench the best verified paged candidate against FA4 on the decode grid.
+
+    python3 scripts/decode_check.py OUT_DIR [--quick]
+"""
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hardware_profiles import load_profile  # noqa: E402
+from tl.parser import parse  # noqa: E402
+from translate.compiler import generate  # noqa: E402
+from translate.decode import DecodeParams  # noqa: E402
+from translate.nvcc import compile_kernels, default_cache_dir  # noqa: E402
+from translate.problem import KernelSpec  # noqa: E402
+
+CANDIDATES = [DecodeParams(), DecodeParams(block_n=128, kv_stages=3), DecodeParams(kv_stages=6),
+              DecodeParams(block_n=128, warps_n=8, kv_stages=3), DecodeParams(block_n=32, warps_n=2, kv_stages=8),
+              DecodeParams(splits_per_sm=4)]
+
+
+def build(specs_params, profile):
+    kernels = []
+    for spec, params in specs_params:
+        sketch = Path("tl/sketches/decode") / f"gqa_{spec.layout}.tl"
+        kernels.append(generate(parse(sketch.read_text()).program, params, profile, spec))
+    results = compile_kernels(kernels, profile.nvcc_arch, cache_dir=default_cache_dir(), jobs=8)
+    return list(zip(kernels, results))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    import torch
+
+    from tuner.bench_decode import DecodePoint, copy_bandwidth_gbs, decode_grid, measure_point
+    from tuner.decode_runtime import load_decode_kernel
+    from tuner.verify_decode import verify_decode
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    profile = load_profile("h100")
+    causal = KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode")
+    jobs = [(causal, p) for p in CANDIDATES]
+    jobs += [(KernelSpec("gqa", 128, 128, False, "bf16", "paged", "decode"), DecodeParams()),
+             (KernelSpec("gqa", 128, 128, True, "bf16", "dense", "decode"), DecodeParams()),
+             (KernelSpec("mqa", 64, 64, True, "fp16", "paged", "decode"), DecodeParams(block_m=32, warps_m=2, warps_n=2)),
+             (KernelSpec("mha", 128, 128, True, "bf16", "paged", "decode"), DecodeParams(pack_gqa=False))]
+    t = time.time()
+    built = build(jobs, profile)
+    print(f"built {len(built)} in {time.time() - t:.0f}s", flush=True)
+    record = {"device": torch.cuda.get_device_name(0), "verify": [], "grid": []}
+    loaded = []
+    for (gk, res) in built:
+        row = {"kernel": gk.name, "params": gk.params.key(), "spec": gk.spec.label(), "ok": res.ok,
+               "registers": res.registers, "spills": res.spill_stores}
+        if not res.ok:
+            row["log"] = res.log[-1500:]
+            print(row, flush=True)
+            record["verify"].append(row)
+            continue
+        k = load_decode_kernel(res.cubin, gk.meta())
+        reports = [verify_decode(k, gk.spec, page_size=ps) for ps in ((16, 64) if gk.spec.layout == "paged" else (16,))]
+        row["passed"] = all(r.passed for r in reports)
+        row["reason"] = next((r.reason for r in reports if not r.passed), "")
+        row["worst_rel"] = max(c.rel_err for r in reports for c in r.checks)
+        print(json.dumps(row), flush=True)
+        record["verify"].append(row)
+        if row["passed"] and gk.spec == causal:
+            loaded.append((gk, k))
+    record["copy_gbs"] = copy_bandwidth_gbs()
+    print(f"copy bandwidth {record['copy_gbs']:.0f} GB/s", flush=True)
+    if loaded:
+        probe = [DecodePoint(1, 8192), DecodePoint(64, 8192), DecodePoint(8, 32768)]
+        scores = []
+        for gk, k in loaded:
+            rows = [measure_point(k, p, with_fa4=False) for p in probe]
+            g = 1.0
+            for r in rows:
+                g *= r["ours_gbs"]
+            scores.append((g ** (1 / len(rows)), gk, k))
+            print(gk.params.key(), [round(r["ours_gbs"]) for r in rows], flush=True)
+        scores.sort(key=lambda s: -s[0])
+        _, gk, k = scores[0]
+        record["bench_kernel"] = gk.params.key()
+        grid = decode_grid(batches=(1, 64), kv_lens=(8192,)) if a.quick else decode_grid()
+        for p in grid:
+            r = measure_point(k, p)
+            r["copy_frac"] = r["ours_gbs"] / record["copy_gbs"]
+            if "fa4_gbs" in r:
+                r["vs_fa4"] = r["ours_gbs"] / r["fa4_gbs"]
+            record["grid"].append(r)
+            print(json.dumps(r), flush=True)
+    (out / "decode_check.json").write_text(json.dumps(record, indent=1))
+    print("\n| point | splits | ours GB/s | FA4 GB/s | ours/FA4 | of copy BW |")
+    for r in record["grid"]:
+        print(f"| {r['point']} | {r['splits']} | {r['ours_gbs']:.0f} | {r.get('fa4_gbs', float('nan')):.0f} | "
+              f"{r.get('vs_fa4', float('nan')):.2f} | {r['copy_frac']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

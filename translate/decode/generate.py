@@ -1,0 +1,142 @@
+"""A decode TL program + DecodeParams -> one split-KV decode kernel (``GeneratedKernel``) and its combine kernel.
+
+The sketch fixes the flow (tl/phase.py): Q packed into the tile's rows, a loop over one split's key tiles that
+gathers K and V (densely or through the page table: tl/layout.py), the score GEMM, mask, online softmax, the
+C->A reshape and the P·V GEMM, then the Combine of the splits and the store. The translator checks that flow
+statement by statement and honours its order where the kernel has a choice:
+
+- the K/V copies before the loop's first GEMM: the next tile's gathers go out before this tile's GEMMs (the
+  ring keeps kv_stages - 1 tiles in flight either way; issuing first gives the memory system the most time);
+  after the GEMMs: they go out once this tile's operands are read;
+- ``Copy Q_shared from shared to register``: Q is read into registers once; without it every tile's score
+  GEMM reads Q from shared memory.
+
+The device code is translate/include/attn_decode.cuh; this module emits its configuration and the two entry
+points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`` by value.
+"""
+from __future__ import annotations
+
+import math
+
+from tl.ast import Compute, Copy, For, Program, Reshape, walk
+from tl.layout import layout_of
+from tl.phase import combines, split_loops
+from translate.decode.params import DecodeParams, decode_smem_bytes, validate_decode
+from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
+from translate.problem import KernelSpec
+
+# cuLaunchKernel takes the one struct (tuner/decode_runtime.py packs it): the argument list names it.
+DECODE_ARGS = (("args", "struct:attn_decode::Args"),)
+COMBINE_WARPS = 4      # rows merged per combine CTA (one warp each)
+
+_MMA = {"fp16": "SM80_16x8x16_F32F16F16F32_TN", "bf16": "SM80_16x8x16_F32BF16BF16F32_TN"}
+_ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
+PREAMBLE = ("// Generated from a decode TL program by translate (github: this repository); do not edit.\n"
+            "#include <cute/tensor.hpp>\n"
+            "#include \"attn_decode.cuh\"\n")
+
+
+def _loop_flow(loop: For) -> tuple[bool, list[str]]:
+    """(the K/V gathers come before the first GEMM, what the loop body lacks)."""
+    body = list(walk(loop.body))
+    kinds = []
+    for s in body:
+        if isinstance(s, Copy) and s.src == "global" and s.dst == "shared":
+            kinds.append(("copy", s.tensor.name))
+        elif isinstance(s, Compute):
+            kinds.append((s.op_key, s.result or ""))
+        elif isinstance(s, Reshape):
+            kinds.append(("reshape", s.name))
+    copies = [i for i, (k, _) in enumerate(kinds) if k == "copy"]
+    gemms = [i for i, (k, _) in enumerate(kinds) if k == "gemm"]
+    missing = []
+    if {name for k, name in kinds if k == "copy"} < {"K", "V"} or len(copies) < 2:
+        missing.append("the K and V copies from global to shared")
+    if len(gemms) != 2:
+        missing.append("two GEMMs (scores Q·K^T, then P·V)")
+    for op, what in (("softmax", "the online softmax"), ("reshape", "the C->A Reshape of the scores")):
+        if not any(k == op for k, _ in kinds):
+            missing.append(what)
+    first_gemm = gemms[0] if gemms else len(kinds)
+    return bool(copies) and max(copies) < first_gemm, missing
+
+
+def generate_decode(program: Program, params: DecodeParams, profile, spec: KernelSpec) -> GeneratedKernel:
+    if not isinstance(params, DecodeParams):
+        raise TranslationError("a decode sketch takes decode parameters (translate.decode.DecodeParams)")
+    if spec.phase != "decode":
+        raise TranslationError(f"the sketch is a decode sketch (a loop over split_begin:split_end) but the kernel "
+                               f"is asked for {spec.phase}")
+    layout = layout_of(program)
+    if layout not in ("dense", "paged"):
+        raise TranslationError(f"decode reads its cache densely or through a page table, not {layout}")
+    if layout != spec.layout:
+        raise TranslationError(f"the sketch states the {layout} cache (its K/V offsets) but the kernel is asked for "
+                               f"{spec.layout}")
+    problems = validate_decode(params, profile, spec)
+    if problems:
+        raise TranslationError("parameters rejected: " + "; ".join(problems))
+    loops = split_loops(program)
+    if len(loops) != 1:
+        raise TranslationError("a decode sketch has one loop over its split's keys", loops[1].line if loops else 0)
+    prefetch_first, missing = _loop_flow(loops[0])
+    if missing:
+        raise TranslationError("the split loop lacks " + ", ".join(missing), loops[0].line)
+    if not combines(program):
+        raise TranslationError("the splits are never combined (`Compute Combine ...` after the loop)", loops[0].line)
+    q_in_regs = any(isinstance(s, Copy) and s.tensor.name in ("Q", "Q_shared") and s.src == "shared"
+                    and s.dst == "register" for s in walk(program.statements))
+    name = f"attn_{spec.label()}_{params.key()}_dec{sketch_hash(program)}"
+    body = _body(name, params, spec, layout == "paged", prefetch_first, q_in_regs)
+    return GeneratedKernel(name=name, preamble=PREAMBLE, body=body, num_threads=params.num_threads,
+                           smem_bytes=decode_smem_bytes(params, spec), block_m=params.block_m,
+                           block_n=params.block_n, spec=spec, params=params, extra_args=DECODE_ARGS, grid="decode")
+
+
+def _atom(width: int, swizzle: int) -> str:
+    base = "Layout<Shape<_8, _64>, Stride<_64, _1>>"
+    return f"decltype(composition(Swizzle<{swizzle}, 3, 3>{{}}, {base}{{}}))" if swizzle else base
+
+
+def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_first: bool, q_in_regs: bool) -> str:
+    b = lambda v: "true" if v else "false"   # noqa: E731
+    lines = [
+        f"namespace {name}_ns {{",
+        "using namespace cute;",
+        "struct Cfg {",
+        f"  using Element = {_ELEMENT[spec.dtype]};",
+        f"  static constexpr int kBlockM = {p.block_m}, kBlockN = {p.block_n}, kStages = {p.kv_stages};",
+        f"  static constexpr int kWarpsM = {p.warps_m}, kWarpsN = {p.warps_n}, kThreads = {p.num_threads};",
+        f"  static constexpr int kHeadDimQK = {spec.d_qk}, kHeadDimV = {spec.d_v};",
+        f"  static constexpr bool kCausal = {b(spec.causal)}, kPaged = {b(paged)}, kPackGqa = {b(p.pack_gqa)};",
+        f"  static constexpr bool kPrefetchFirst = {b(prefetch_first)}, kQInRegs = {b(q_in_regs)};",
+        f"  using TiledMma = TiledMMA<MMA_Atom<{_MMA[spec.dtype]}>, Layout<Shape<Int<kWarpsM>, _1, _1>>,",
+        "                            Tile<Int<16 * kWarpsM>, _16, _16>>;   // one warp group: warps along M",
+        f"  using SmemAtom = {_atom(64, p.swizzle)};",
+        "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
+        "  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));",
+        "  using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));",
+        "  using SmemLayoutVt = decltype(composition(SmemLayoutV{}, make_layout(Shape<Int<kHeadDimV>, Int<kBlockN>>{},"
+        " GenRowMajor{})));",
+        "  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));",
+        "  using S2RAtomQK = Copy_Atom<SM75_U32x4_LDSM_N, Element>;",
+        "  using S2RAtomV = Copy_Atom<SM75_U16x8_LDSM_T, Element>;",
+        "};",
+        f"}}  // namespace {name}_ns",
+        "",
+        f'extern "C" __global__ void __launch_bounds__({p.num_threads}) {name}(const attn_decode::Args args) {{',
+        "  extern __shared__ __align__(128) char smem[];",
+        f"  attn_decode::split_kv<{name}_ns::Cfg>(args, smem);",
+        "}",
+        "",
+        f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '
+        "args) {",
+        f"  attn_decode::combine<{name}_ns::Cfg::Element, {spec.d_v}>(args);",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def combine_grid(rows: int) -> int:
+    """CTAs of the combine kernel for ``rows`` output rows (one warp each)."""
+    return math.ceil(rows / COMBINE_WARPS)

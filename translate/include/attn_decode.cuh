@@ -1,0 +1,337 @@
+// Split-KV decode (translate/decode): a few query tokens per sequence against a long, possibly paged, KV cache.
+//
+// Work of one CTA: one sequence, one unit of heads (a KV head with the query heads of its group packed into the
+// tile's rows when kPackGqa, else one query head), one block of packed rows (token t, head g: row t * P + g),
+// one split (a contiguous range of key blocks). Every thread issues the cp.async gathers of a ring of K/V
+// stages (one page-table lookup per key row); the warps form kWarpsN groups, each an independent online
+// softmax over its own columns of every tile, so a 16-row tile keeps four warps busy without a cross-warp
+// reduction per tile. At the end the groups merge through shared memory; with one split the CTA writes the
+// output, else a normalised partial output and its log2-sum-exp go to the workspace and combine() merges
+// the splits (FlashDecoding's scheme). Decode is bound by the bytes of K/V, so the sm80 mma.sync atoms
+// suffice and the kernel runs on every sm80+ GPU.
+#ifndef ATTN_DECODE_CUH
+#define ATTN_DECODE_CUH
+
+#include <cute/tensor.hpp>
+#include "attn_tl.cuh"
+
+namespace attn_decode {
+using namespace cute;
+
+// The single launch argument of both kernels, by value. tuner/decode_runtime.py packs it field by field in
+// this order (its ctypes mirror is checked against this header by tests/decode).
+struct Args {
+  const void* q;            // (b, seqlen_q, heads_q, d_qk)
+  const void* k;            // paged: (pages, page_size, heads_kv, d_qk); else (b, seqlen_cache, heads_kv, d_qk)
+  const void* v;            // same rows as k, d_v
+  void* o;                  // (b, seqlen_q, heads_q, d_v)
+  float* o_partial;         // (splits, rows, d_v) fp32, rows = b * seqlen_q * heads_q; only with splits > 1
+  float* lse_partial;       // (splits, rows): log2-sum-exp of each split's scores (scaled)
+  float* lse;               // (b, heads_q, seqlen_q) natural-log sum-exp, or null
+  const int* page_table;    // (b, page_table_stride) page numbers, or null: a dense cache
+  const int* seqused_k;     // (b) keys per sequence, or null: seqlen_k each
+  long long q_batch_stride, q_row_stride, q_head_stride;
+  long long k_batch_stride, k_row_stride, k_head_stride;   // paged: batch stride = page stride
+  long long v_batch_stride, v_row_stride, v_head_stride;
+  long long o_batch_stride, o_row_stride, o_head_stride;
+  long long page_table_stride;
+  int batch, seqlen_q, heads_q, group, seqlen_k;
+  int page_shift;           // log2(page size); paged only
+  int num_splits, blocks_per_split;
+  int m_blocks;             // row blocks per unit: ceil(seqlen_q * P / kBlockM)
+  float scale_log2;         // softmax scale * log2(e)
+};
+
+__forceinline__ __device__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__forceinline__ __device__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__forceinline__ __device__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+// Element offset of key row `key` of sequence b, KV head kvh (paged: through the page table).
+template <bool kPaged>
+__forceinline__ __device__ long long key_row(const Args& a, int b, int key, long long batch_stride,
+                                             long long row_stride, long long head_stride, int kvh, int page) {
+  if constexpr (kPaged) {
+    return page * batch_stride + (key & ((1 << a.page_shift) - 1)) * row_stride + kvh * head_stride;
+  } else {
+    return b * batch_stride + key * row_stride + kvh * head_stride;
+  }
+}
+
+// One K and one V tile (kBlockN keys from key0) into a ring slot; rows past seqlen_k are zero-filled, so masked
+// columns of P multiply zeros, never stale shared memory.
+template <class Cfg, class SK, class SV>
+__forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0, int seqlen_k, SK& sK, SV& sV,
+                                        int tid) {
+  using Element = typename Cfg::Element;
+  constexpr int kChunksK = Cfg::kHeadDimQK / 8, kChunksV = Cfg::kHeadDimV / 8;
+  constexpr int kChunks = kChunksK > kChunksV ? kChunksK : kChunksV;
+  const Element* k = static_cast<const Element*>(a.k);
+  const Element* v = static_cast<const Element*>(a.v);
+  const int* table = Cfg::kPaged ? a.page_table + b * a.page_table_stride : nullptr;
+  CUTE_UNROLL
+  for (int i = tid; i < Cfg::kBlockN * kChunks; i += Cfg::kThreads) {
+    const int row = i / kChunks, c = i % kChunks;
+    const int key = key0 + row;
+    const bool valid = key < seqlen_k;
+    const int page = (Cfg::kPaged && valid) ? __ldg(table + (key >> a.page_shift)) : 0;
+    if (c < kChunksK) {
+      const long long off = valid ? key_row<Cfg::kPaged>(a, b, key, a.k_batch_stride, a.k_row_stride,
+                                                         a.k_head_stride, kvh, page) : 0;
+      cp_async_16(&sK(row, c * 8), k + off + c * 8, valid);
+    }
+    if (c < kChunksV) {
+      const long long off = valid ? key_row<Cfg::kPaged>(a, b, key, a.v_batch_stride, a.v_row_stride,
+                                                         a.v_head_stride, kvh, page) : 0;
+      cp_async_16(&sV(row, c * 8), v + off + c * 8, valid);
+    }
+  }
+}
+
+// -inf where the key is past the sequence or, causal, past the bottom-right diagonal of the row's token
+// (token t of seqlen_q sees keys <= t + seqlen_k - seqlen_q).
+template <bool kCausal, class TS, class TC>
+__forceinline__ __device__ void mask_tile(TS& acc_s, TC const& coord, int row0, int pack, int col0, int seqlen_k,
+                                          int causal_offset) {
+  CUTE_UNROLL
+  for (int j = 0; j < size(acc_s); ++j) {
+    const int c = col0 + get<1>(coord(j));
+    const int t = (row0 + get<0>(coord(j))) / pack;
+    if (c >= seqlen_k || (kCausal && c > t + causal_offset)) { acc_s(j) = -INFINITY; }
+  }
+}
+
+// The split kernel. Cfg: Element, kBlockM, kBlockN, kWarpsM, kWarpsN, kThreads, kStages, kHeadDimQK, kHeadDimV,
+// kCausal, kPaged, kPackGqa, kPrefetchFirst (the next tile's gathers go out before this tile's GEMMs, as the
+// sketch orders them), TiledMma, SmemLayoutQ/K/V/Vt/VtNoSwizzle, S2RAtomQK, S2RAtomV, kSmemBytes.
+template <class Cfg>
+__forceinline__ __device__ void split_kv(const Args& a, char* smem) {
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kStages = Cfg::kStages;
+  constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
+  constexpr int kBlockNW = kBlockN / Cfg::kWarpsN;   // columns of one warp group per tile
+  constexpr int kDV = Cfg::kHeadDimV;
+  const int tid = threadIdx.x;
+  const int wg = tid / kGroupThreads, tg = tid % kGroupThreads;
+
+  const int split = blockIdx.x, unit = blockIdx.y / a.m_blocks, m_block = blockIdx.y % a.m_blocks;
+  const int b = blockIdx.z;
+  const int pack = Cfg::kPackGqa ? a.group : 1;
+  const int head0 = Cfg::kPackGqa ? unit * a.group : unit;
+  const int kvh = head0 / a.group;
+  const int rows = a.seqlen_q * pack, row0 = m_block * kBlockM;
+  const int seqlen_k = a.seqused_k ? a.seqused_k[b] : a.seqlen_k;
+  const int causal_offset = seqlen_k - a.seqlen_q;
+  int blk_end = (seqlen_k + kBlockN - 1) / kBlockN;
+  if (Cfg::kCausal) {   // the block's last token sees the most keys
+    const int t_last = min(a.seqlen_q - 1, (row0 + kBlockM - 1) / pack);
+    blk_end = min(blk_end, max(0, (t_last + causal_offset + kBlockN) / kBlockN));
+  }
+  const int blk_begin = split * a.blocks_per_split;
+  blk_end = min(blk_end, blk_begin + a.blocks_per_split);
+  const int n_tiles = max(0, blk_end - blk_begin);
+
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  Element* smem_k = smem_q + cosize(typename Cfg::SmemLayoutQ{});
+  Element* smem_v = smem_k + kStages * cosize(typename Cfg::SmemLayoutK{});
+  constexpr int kTileK = cosize(typename Cfg::SmemLayoutK{}), kTileV = cosize(typename Cfg::SmemLayoutV{});
+  Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Cfg::SmemLayoutQ{});
+
+  // Q: the unit's packed rows (token t, head head0 + g), zero past the last row
+  {
+    const Element* q = static_cast<const Element*>(a.q);
+    constexpr int kChunks = Cfg::kHeadDimQK / 8;
+    for (int i = tid; i < kBlockM * kChunks; i += Cfg::kThreads) {
+      const int r = i / kChunks, c = i % kChunks, gr = row0 + r;
+      const bool valid = gr < rows;
+      const long long off = valid ? b * a.q_batch_stride + (gr / pack) * a.q_row_stride +
+                                        (head0 + gr % pack) * a.q_head_stride : 0;
+      cp_async_16(&sQ(r, c * 8), q + off + c * 8, valid);
+    }
+  }
+  auto slot_k = [&](int s) { return make_tensor(make_smem_ptr(smem_k + s * kTileK), typename Cfg::SmemLayoutK{}); };
+  auto slot_v = [&](int s) { return make_tensor(make_smem_ptr(smem_v + s * kTileV), typename Cfg::SmemLayoutV{}); };
+  // prologue: the first kStages - 1 tiles in flight (Q rides in the first group)
+  CUTE_UNROLL
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < n_tiles) {
+      auto sK = slot_k(s);
+      auto sV = slot_v(s);
+      load_kv<Cfg>(a, b, kvh, (blk_begin + s) * kBlockN, seqlen_k, sK, sV, tid);
+    }
+    cp_async_commit();
+  }
+
+  typename Cfg::TiledMma mma;
+  auto thr = mma.get_thread_slice(tg);
+  auto s2r_q = make_tiled_copy_A(typename Cfg::S2RAtomQK{}, mma);
+  auto s2r_thr_q = s2r_q.get_thread_slice(tg);
+  auto s2r_k = make_tiled_copy_B(typename Cfg::S2RAtomQK{}, mma);
+  auto s2r_thr_k = s2r_k.get_thread_slice(tg);
+  auto s2r_v = make_tiled_copy_B(typename Cfg::S2RAtomV{}, mma);
+  auto s2r_thr_v = s2r_v.get_thread_slice(tg);
+
+  using TileW = Shape<Int<kBlockNW>, Int<Cfg::kHeadDimQK>>;
+  using TileWt = Shape<Int<kDV>, Int<kBlockNW>>;
+  Tensor tSrQ = thr.partition_fragment_A(sQ);
+  Tensor tSrK = thr.partition_fragment_B(local_tile(slot_k(0), TileW{}, make_coord(0, 0)));
+  Tensor sVt0 = make_tensor(make_smem_ptr(smem_v), typename Cfg::SmemLayoutVtNoSwizzle{});
+  Tensor tOrVt = thr.partition_fragment_B(local_tile(sVt0, TileWt{}, make_coord(0, 0)));
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kDV>>{});
+  clear(acc_o);
+  Tensor row_max = make_tensor<float>(Shape<Int<2 * size<1>(acc_o)>>{});
+  Tensor row_sum = make_fragment_like(row_max);
+  fill(row_max, -INFINITY);
+  clear(row_sum);
+  Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockNW>>{});
+  Tensor tScS = thr.partition_C(cS);
+
+  for (int it = 0; it < n_tiles; ++it) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();   // tile `it` landed for every thread; slot (it - 1) % kStages is free
+    auto issue_next = [&]() {
+      const int nxt = it + kStages - 1;
+      if (nxt < n_tiles) {
+        auto sK = slot_k(nxt % kStages);
+        auto sV = slot_v(nxt % kStages);
+        load_kv<Cfg>(a, b, kvh, (blk_begin + nxt) * kBlockN, seqlen_k, sK, sV, tid);
+      }
+      cp_async_commit();
+    };
+    if constexpr (Cfg::kPrefetchFirst) { issue_next(); }
+    if (Cfg::kQInRegs && it == 0) { attn_tl::load_fragment(tSrQ, s2r_thr_q.partition_S(sQ), s2r_q, s2r_thr_q); }
+    const int slot = it % kStages;
+    Tensor sKw = local_tile(slot_k(slot), TileW{}, make_coord(wg, 0));
+    Tensor sVtw = local_tile(make_tensor(make_smem_ptr(smem_v + slot * kTileV), typename Cfg::SmemLayoutVt{}),
+                             TileWt{}, make_coord(0, wg));
+    Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockNW>>{});
+    clear(acc_s);
+    attn_tl::gemm_ss<Cfg::kQInRegs>(mma, acc_s, tSrQ, tSrK, s2r_thr_q.partition_S(sQ), s2r_thr_k.partition_S(sKw),
+                                    s2r_q, s2r_k, s2r_thr_q, s2r_thr_k);
+    const int col0 = (blk_begin + it) * kBlockN + wg * kBlockNW;
+    if ((blk_begin + it + 1) * kBlockN > (Cfg::kCausal ? causal_offset + 1 : seqlen_k)) {
+      mask_tile<Cfg::kCausal>(acc_s, tScS, row0, pack, col0, seqlen_k, causal_offset);
+    }
+    attn_tl::online_softmax(acc_s, acc_o, row_max, row_sum, a.scale_log2);
+    Tensor p = make_tensor(acc_s.data(), attn_tl::acc_to_a_layout<typename Cfg::TiledMma>(acc_s.layout()));
+    Tensor tOrP = attn_tl::convert_type<Element>(p);
+    attn_tl::gemm_rs(mma, acc_o, tOrP, tOrVt, s2r_thr_v.partition_S(sVtw), s2r_v, s2r_thr_v);
+    if constexpr (!Cfg::kPrefetchFirst) { issue_next(); }
+  }
+  cp_async_wait<0>();
+  __syncthreads();   // the ring is free: it becomes the merge buffer
+
+  // merge the warp groups: (max * scale_log2, sum, O) per group and row
+  float* s_o = reinterpret_cast<float*>(smem_k);                 // (kWarpsN, kBlockM, kDV)
+  float* s_m = s_o + Cfg::kWarpsN * kBlockM * kDV;               // (kWarpsN, kBlockM)
+  float* s_l = s_m + Cfg::kWarpsN * kBlockM;
+  Tensor tOcO = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDV>>{}));
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_o); ++i) {
+    s_o[(wg * kBlockM + get<0>(tOcO(i))) * kDV + get<1>(tOcO(i))] = acc_o(i);
+  }
+  CUTE_UNROLL
+  for (int mi = 0; mi < size(row_max); ++mi) {   // row mi of the row/col view: half mi % 2 of m-tile mi / 2
+    const float l = attn_tl::quad_sum(row_sum(mi));
+    if (tg % 4 == 0) {
+      const int r = get<0>(tOcO(2 * (mi % 2) + 4 * (mi / 2)));
+      s_m[wg * kBlockM + r] = row_max(mi) == -INFINITY ? -INFINITY : row_max(mi) * a.scale_log2;
+      s_l[wg * kBlockM + r] = l;
+    }
+  }
+  __syncthreads();
+
+  Element* o = static_cast<Element*>(a.o);
+  const long long rows_all = (long long)a.batch * a.seqlen_q * a.heads_q;
+  constexpr int kVec = 4;
+  for (int i = tid; i < kBlockM * (kDV / kVec); i += Cfg::kThreads) {
+    const int r = i / (kDV / kVec), c = (i % (kDV / kVec)) * kVec, gr = row0 + r;
+    if (gr >= rows) { continue; }
+    float mx = -INFINITY;
+    CUTE_UNROLL
+    for (int w = 0; w < Cfg::kWarpsN; ++w) { mx = fmaxf(mx, s_m[w * kBlockM + r]); }
+    float l = 0.f, f[Cfg::kWarpsN];
+    CUTE_UNROLL
+    for (int w = 0; w < Cfg::kWarpsN; ++w) {
+      f[w] = mx == -INFINITY ? 0.f : attn_tl::fast_exp2(s_m[w * kBlockM + r] - mx);
+      l += f[w] * s_l[w * kBlockM + r];
+    }
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
+    CUTE_UNROLL
+    for (int w = 0; w < Cfg::kWarpsN; ++w) {
+      const float4 x = *reinterpret_cast<const float4*>(s_o + (w * kBlockM + r) * kDV + c);
+      acc[0] += f[w] * x.x; acc[1] += f[w] * x.y; acc[2] += f[w] * x.z; acc[3] += f[w] * x.w;
+    }
+    const int t = gr / pack, h = head0 + gr % pack;
+    const float lse2 = l > 0.f ? mx + __log2f(l) : -INFINITY;
+    if (a.num_splits == 1) {
+      Element* dst = o + b * a.o_batch_stride + t * a.o_row_stride + h * a.o_head_stride + c;
+      CUTE_UNROLL
+      for (int j = 0; j < kVec; ++j) { dst[j] = Element(acc[j] * inv); }
+      if (a.lse && c == 0) { a.lse[((long long)b * a.heads_q + h) * a.seqlen_q + t] = lse2 * 0.6931471805599453f; }
+    } else {
+      const long long row = ((long long)b * a.seqlen_q + t) * a.heads_q + h;
+      float4 y = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      *reinterpret_cast<float4*>(a.o_partial + (split * rows_all + row) * kDV + c) = y;
+      if (c == 0) { a.lse_partial[split * rows_all + row] = lse2; }
+    }
+  }
+}
+
+// The combine kernel: one warp per output row merges the splits' partial outputs by their log2-sum-exps
+// (an empty split has -inf and weight 0). kDV / 32 columns per lane.
+template <class Element, int kDV>
+__forceinline__ __device__ void combine(const Args& a) {
+  const int lane = threadIdx.x % 32;
+  const long long rows_all = (long long)a.batch * a.seqlen_q * a.heads_q;
+  const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (row >= rows_all) { return; }
+  float mx = -INFINITY;
+  for (int s = lane; s < a.num_splits; s += 32) { mx = fmaxf(mx, a.lse_partial[s * rows_all + row]); }
+  CUTE_UNROLL
+  for (int d = 16; d > 0; d /= 2) { mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, d)); }
+  float l = 0.f;
+  for (int s = lane; s < a.num_splits; s += 32) {
+    const float x = a.lse_partial[s * rows_all + row];
+    l += mx == -INFINITY ? 0.f : attn_tl::fast_exp2(x - mx);
+  }
+  CUTE_UNROLL
+  for (int d = 16; d > 0; d /= 2) { l += __shfl_xor_sync(0xffffffff, l, d); }
+  const float lse2 = l > 0.f ? mx + __log2f(l) : -INFINITY;
+  constexpr int kChunks = kDV / 4;                       // float4 columns; lane + 32 j holds chunk j
+  constexpr int kPerLane = (kChunks + 31) / 32;
+  float4 acc[kPerLane];
+  CUTE_UNROLL
+  for (int j = 0; j < kPerLane; ++j) { acc[j] = make_float4(0.f, 0.f, 0.f, 0.f); }
+  for (int s = 0; s < a.num_splits; ++s) {
+    const float x = a.lse_partial[s * rows_all + row];
+    const float w = lse2 == -INFINITY ? 0.f : attn_tl::fast_exp2(x - lse2);
+    if (w == 0.f) { continue; }
+    const float4* src = reinterpret_cast<const float4*>(a.o_partial + (s * rows_all + row) * kDV);
+    CUTE_UNROLL
+    for (int j = 0; j < kPerLane; ++j) {
+      if (lane + 32 * j < kChunks) {
+        const float4 y = src[lane + 32 * j];
+        acc[j].x += w * y.x; acc[j].y += w * y.y; acc[j].z += w * y.z; acc[j].w += w * y.w;
+      }
+    }
+  }
+  const int h = row % a.heads_q, t = (row / a.heads_q) % a.seqlen_q, b = row / ((long long)a.heads_q * a.seqlen_q);
+  Element* dst = static_cast<Element*>(a.o) + b * a.o_batch_stride + t * a.o_row_stride + h * a.o_head_stride;
+  CUTE_UNROLL
+  for (int j = 0; j < kPerLane; ++j) {
+    if (lane + 32 * j < kChunks) {
+      Element* d = dst + (lane + 32 * j) * 4;
+      d[0] = Element(acc[j].x); d[1] = Element(acc[j].y); d[2] = Element(acc[j].z); d[3] = Element(acc[j].w);
+    }
+  }
+  if (a.lse && lane == 0) { a.lse[((long long)b * a.heads_q + h) * a.seqlen_q + t] = lse2 * 0.6931471805599453f; }
+}
+
+}  // namespace attn_decode
+
+#endif  // ATTN_DECODE_CUH

@@ -1,0 +1,98 @@
+"""Decode benchmarks: achieved HBM bandwidth (bytes of K/V read / time) of a decode kernel against FA4's paged
+decode and the GPU's measured copy bandwidth, same process, same inputs.
+
+A point is one decode call: ``batch`` sequences of ``kv_len`` cached keys each in a shuffled paged cache, one
+(or a few) new query tokens. Both kernels are timed by tuner.bench.time_ms (triton's do_bench, L2 flushed).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tuner.bench import time_ms
+
+BATCHES = (1, 8, 32, 64, 128)
+KV_LENS = (1024, 4096, 8192, 16384, 32768)
+
+
+@dataclass(frozen=True)
+class DecodePoint:
+    batch: int
+    kv_len: int
+    heads_q: int = 32
+    heads_kv: int = 8
+    head_dim: int = 128
+    seqlen_q: int = 1
+    page_size: int = 16
+    causal: bool = True
+    dtype: str = "bf16"
+
+    @property
+    def kv_bytes(self) -> int:
+        return 2 * self.batch * self.kv_len * self.heads_kv * self.head_dim * 2
+
+    def label(self) -> str:
+        return f"b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} p{self.page_size}"
+
+
+def decode_grid(batches=BATCHES, kv_lens=KV_LENS, **common) -> list[DecodePoint]:
+    return [DecodePoint(b, kv, **common) for b in batches for kv in kv_lens]
+
+
+def make_decode_inputs(p: DecodePoint, seed: int = 0, device: str = "cuda") -> dict:
+    import torch
+
+    dt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[p.dtype])
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    pages = math.ceil(p.kv_len / p.page_size)
+    table = torch.randperm(p.batch * pages, generator=gen).to(device, torch.int32).view(p.batch, pages)
+    k = torch.randn(p.batch * pages, p.page_size, p.heads_kv, p.head_dim, device=device, dtype=dt)
+    v = torch.randn_like(k)
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device=device, dtype=dt)
+    used = torch.full((p.batch,), p.kv_len, dtype=torch.int32, device=device)
+    return {"q": q, "k": k, "v": v, "page_table": table, "seqused_k": used}
+
+
+def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
+    """A device-to-device copy of ``nbytes``: bytes read + written per second, the bound decode aims at."""
+    import torch
+
+    src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    return 2 * nbytes / ms / 1e6
+
+
+def fa4_decode_call(p: DecodePoint, x: dict):
+    from tuner import fa4
+
+    func = fa4.varlen_func()
+
+    def call():
+        out = func(x["q"], x["k"], x["v"], seqused_k=x["seqused_k"], page_table=x["page_table"], causal=p.causal)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    return call
+
+
+def measure_point(kernel, p: DecodePoint, with_fa4: bool = True) -> dict:
+    """{point, ours_gbs, fa4_gbs (or fa4_error), rel_err vs FA4's output}."""
+    import torch
+
+    x = make_decode_inputs(p)
+    ours = lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"])  # noqa: E731
+    row = {"point": p.label(), "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q}
+    o = ours()
+    row["splits"] = kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, x["page_table"].shape[1] * p.page_size)[0].num_splits
+    row["ours_gbs"] = p.kv_bytes / time_ms(ours) / 1e6
+    if with_fa4:
+        try:
+            fa = fa4_decode_call(p, x)
+            ref = fa()
+            row["fa4_gbs"] = p.kv_bytes / time_ms(fa) / 1e6
+            row["max_diff_vs_fa4"] = float((o.float() - ref.float()).abs().max())
+        except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is recorded, not fatal
+            row["fa4_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    del x
+    torch.cuda.empty_cache()
+    return row

@@ -1,0 +1,259 @@
+"""Launch a decode kernel (translate/decode) on torch tensors: the split kernel, then, with more than one split,
+its combine kernel, both on torch's current stream through the CUDA driver API.
+
+The call follows ``flash_attn_with_kvcache``: q (b, seqlen_q, hq, d_qk); k_cache/v_cache either paged
+(pages, page_size, hkv, d) with ``page_table`` (b, max_pages) int32, or dense (b, seqlen_cache, hkv, d);
+``cache_seqlens`` (b) int32 the keys each sequence has (None: the whole cache). Causal aligns bottom-right: the
+new tokens are the last ``seqlen_q`` of each sequence. The split count comes from the kernel's split rule
+(translate/decode/splits.py) on the cache's capacity (known without reading the lengths back), or
+``num_splits``.
+
+Everything that depends only on the call's shapes, strides and scale is packed once per signature into the
+kernel's ``attn_decode::Args`` (a ctypes mirror, ``DecodeArgs``); a call writes its pointers and launches.
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from translate.decode.generate import COMBINE_WARPS
+from translate.decode.splits import plan_splits
+from tuner import runtime as rt
+
+_LOG2E = math.log2(math.e)
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+_MAX_PLANS = 256
+
+
+class DecodeArgs(ctypes.Structure):
+    """attn_decode::Args (translate/include/attn_decode.cuh), field for field."""
+
+    _fields_ = ([(n, ctypes.c_void_p) for n in ("q", "k", "v", "o", "o_partial", "lse_partial", "lse",
+                                                 "page_table", "seqused_k")]
+                + [(f"{t}_{w}_stride", ctypes.c_longlong) for t in "qkvo" for w in ("batch", "row", "head")]
+                + [("page_table_stride", ctypes.c_longlong)]
+                + [(n, ctypes.c_int) for n in ("batch", "seqlen_q", "heads_q", "group", "seqlen_k", "page_shift",
+                                               "num_splits", "blocks_per_split", "m_blocks")]
+                + [("scale_log2", ctypes.c_float)])
+
+
+@dataclass
+class DecodePlan:
+    args: DecodeArgs
+    pointer: Any            # (c_void_p * 1) -> args: cuLaunchKernel's parameter array
+    grid: tuple
+    combine_grid: tuple
+    num_splits: int
+    rows: int               # b * seqlen_q * hq
+    out_shape: tuple
+    lock: Any
+
+
+def load_decode_kernel(binary, meta: dict, device: int | None = None) -> "DecodeKernel":
+    """Load a decode kernel's cubin (both entry points) on GPU ``device``; meta is ``GeneratedKernel.meta()``."""
+    if meta.get("grid") != "decode":
+        raise rt.KernelLoadError(f"{meta.get('name')} is not a decode kernel (grid {meta.get('grid')!r})")
+    base = rt.load_kernel(binary, meta, device)
+    driver = rt._driver()
+    with rt._Current(base.device_index):
+        combine = rt._check(driver.cuModuleGetFunction(base._module, (meta["name"] + "_combine").encode()),
+                            f"cannot find {meta['name']}_combine")
+    return DecodeKernel(base, combine)
+
+
+class DecodeKernel:
+    def __init__(self, base: "rt.AttentionKernel", combine_function):
+        self.base = base
+        self.meta = base.meta
+        self.spec = base.meta["spec"]
+        self.params = base.meta["params"]
+        self._combine = combine_function
+        self._plans: dict = {}
+        self._streams: dict = {}
+
+    @property
+    def name(self) -> str:
+        return self.meta["name"]
+
+    @property
+    def paged(self) -> bool:
+        return self.spec.get("layout") == "paged"
+
+    def resources(self) -> dict:
+        return self.base.resources()
+
+    def split_plan(self, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, max_seqlen_k: int,
+                   num_splits: int | None = None):
+        """(splits, blocks per split, row blocks) the rule gives this call shape."""
+        p = self.params
+        pack = heads_q // heads_kv if p["pack_gqa"] else 1
+        m_blocks = math.ceil(seqlen_q * pack / p["block_m"])
+        units = heads_kv if p["pack_gqa"] else heads_q
+        plan = plan_splits(batch * units * m_blocks, max_seqlen_k, p["block_n"], self.base._sm_count,
+                           p["splits_per_sm"], p["min_split_blocks"], num_splits)
+        return plan, m_blocks, units
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, softmax_scale: float | None = None,
+                 num_splits: int | None = None, return_lse: bool = False, out=None, workspace=None):
+        """out (b, seqlen_q, hq, d_v) [, lse (b, hq, seqlen_q) fp32]. ``workspace``: (o_partial, lse_partial) to
+        use instead of fresh buffers (the verifier poisons them)."""
+        import torch
+
+        plan = self._plan(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out)
+        if out is None:
+            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((plan.out_shape[0], plan.out_shape[2], plan.out_shape[1]), dtype=torch.float32,
+                          device=q.device) if return_lse else None
+        o_partial = lse_partial = None
+        if plan.num_splits > 1:
+            if workspace is not None:
+                o_partial, lse_partial = workspace
+                if o_partial.numel() < plan.num_splits * plan.rows * self.spec["d_v"] or \
+                        lse_partial.numel() < plan.num_splits * plan.rows:
+                    raise ValueError("workspace too small for this call's splits")
+            else:
+                o_partial = torch.empty((plan.num_splits, plan.rows, self.spec["d_v"]), dtype=torch.float32,
+                                        device=q.device)
+                lse_partial = torch.empty((plan.num_splits, plan.rows), dtype=torch.float32, device=q.device)
+        pointers = [t.data_ptr() if t is not None else 0 for t in (q, k_cache, v_cache, out)]
+        if any(x & 15 for x in pointers):
+            raise ValueError("q, k_cache, v_cache and out must be 16-byte aligned (128-bit loads)")
+        with plan.lock:
+            a = plan.args
+            a.q, a.k, a.v, a.o = pointers
+            a.o_partial = o_partial.data_ptr() if o_partial is not None else None
+            a.lse_partial = lse_partial.data_ptr() if lse_partial is not None else None
+            a.lse = lse.data_ptr() if lse is not None else None
+            a.page_table = page_table.data_ptr() if page_table is not None else None
+            a.seqused_k = cache_seqlens.data_ptr() if cache_seqlens is not None else None
+            self._launch(self.base._function, plan.grid, self.base.meta["num_threads"], self.base.meta["smem_bytes"],
+                         plan.pointer)
+            if plan.num_splits > 1:
+                self._launch(self._combine, plan.combine_grid, 32 * COMBINE_WARPS, 0, plan.pointer)
+        return (out, lse) if return_lse else out
+
+    def _launch(self, function, grid, threads, smem, pointer) -> None:
+        driver = rt._driver()
+        index = self.base.device_index
+        handle = rt._raw_stream(index)
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = self._streams[handle] = driver.CUstream(init_value=int(handle))
+        err = int(driver.cuLaunchKernel(function, *grid, threads, 1, 1, smem, stream, ctypes.addressof(pointer), 0)[0])
+        if err == rt._CUDA_ERROR_INVALID_CONTEXT:
+            rt._check(driver.cuCtxSetCurrent(rt.primary_context(index)), "cuCtxSetCurrent")
+            err = int(driver.cuLaunchKernel(function, *grid, threads, 1, 1, smem, stream, ctypes.addressof(pointer),
+                                            0)[0])
+        if err:
+            raise rt.KernelLaunchError(f"launch of {self.name} failed: {driver.cuGetErrorName(err)[1]!r} ({err})")
+
+    def _plan(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out) -> DecodePlan:
+        key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
+               q.device, None if page_table is None else (page_table.shape, page_table.stride()),
+               cache_seqlens is None, softmax_scale, num_splits,
+               None if out is None else (out.shape, out.stride(), out.dtype))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._build(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out)
+            if len(self._plans) >= _MAX_PLANS:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+    def _build(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out) -> DecodePlan:
+        import torch
+
+        from tuner.launch_plan import _check_layout
+
+        spec = self.spec
+        dtype = getattr(torch, _DTYPES[spec["dtype"]])
+        check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, spec, self.paged,
+                            self.base.device_index)
+        b, sq, hq, _ = q.shape
+        hkv = k_cache.shape[2]
+        if self.paged:
+            page_size = k_cache.shape[1]
+            capacity = page_table.shape[1] * page_size
+        else:
+            page_size, capacity = 0, k_cache.shape[1]
+        split, m_blocks, units = self.split_plan(b, hq, hkv, sq, capacity, num_splits)
+        out_shape = (b, sq, hq, spec["d_v"])
+        if out is not None:
+            if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != q.device:
+                raise ValueError(f"out must be {out_shape} {dtype} on {q.device}")
+            _check_layout("out", out)
+            o_strides = out.stride()[:3]
+        else:
+            o_strides = (sq * hq * spec["d_v"], hq * spec["d_v"], spec["d_v"])
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(spec["d_qk"])
+        if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+            raise ValueError(f"softmax_scale must be a positive finite number, got {softmax_scale!r}")
+        if units * m_blocks > 65535 or b > 65535:
+            raise ValueError(f"{units * m_blocks} head units x row blocks and batch {b} must each be <= 65535")
+        a = DecodeArgs()
+        for t, strides in (("q", q.stride()[:3]), ("k", k_cache.stride()[:3]), ("v", v_cache.stride()[:3]),
+                           ("o", o_strides)):
+            for w, s in zip(("batch", "row", "head"), strides):
+                setattr(a, f"{t}_{w}_stride", int(s))
+        a.page_table_stride = int(page_table.stride(0)) if page_table is not None else 0
+        a.batch, a.seqlen_q, a.heads_q, a.group, a.seqlen_k = b, sq, hq, hq // hkv, capacity
+        a.page_shift = int(page_size).bit_length() - 1 if page_size else 0
+        a.num_splits, a.blocks_per_split, a.m_blocks = split.num_splits, split.blocks_per_split, m_blocks
+        a.scale_log2 = float(scale) * _LOG2E
+        rows = b * sq * hq
+        pointer = (ctypes.c_void_p * 1)(ctypes.addressof(a))
+        return DecodePlan(a, pointer, (split.num_splits, units * m_blocks, b),
+                          (math.ceil(rows / COMBINE_WARPS), 1, 1), split.num_splits, rows, out_shape,
+                          threading.Lock())
+
+
+def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, spec: dict, paged: bool,
+                        device_index: int) -> None:
+    """ValueError naming what a decode call's tensors get wrong, before any launch."""
+    import torch
+
+    from tuner.launch_plan import _check_layout
+
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        if not isinstance(t, torch.Tensor) or not t.is_cuda:
+            raise ValueError(f"{name} must be a CUDA torch tensor")
+        if t.dtype != dtype:
+            raise ValueError(f"{name} is {t.dtype}; this kernel was built for {dtype}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
+        _check_layout(name, t)
+    if q.device.index != device_index or k_cache.device != q.device or v_cache.device != q.device:
+        raise ValueError(f"q, k_cache and v_cache must be on cuda:{device_index}")
+    b, sq, hq, dq = q.shape
+    n, rows, hkv, dk = k_cache.shape
+    if sq < 1 or sq > 16:
+        raise ValueError(f"a decode kernel takes 1..16 query tokens per sequence, got {sq}: longer chunks are "
+                         "prefill")
+    if (dq, dk) != (spec["d_qk"], spec["d_qk"]) or tuple(v_cache.shape) != (n, rows, hkv, spec["d_v"]):
+        raise ValueError(f"head dims must be q/k {spec['d_qk']}, v {spec['d_v']}; got q {tuple(q.shape)}, k_cache "
+                         f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
+    if hkv < 1 or hq % hkv:
+        raise ValueError(f"query heads ({hq}) must be a multiple of KV heads ({hkv})")
+    if cache_seqlens is not None:
+        if cache_seqlens.dtype != torch.int32 or cache_seqlens.shape != (b,) or cache_seqlens.device != q.device \
+                or cache_seqlens.stride(0) != 1:
+            raise ValueError(f"cache_seqlens must be a contiguous int32 tensor of {b} lengths on {q.device}")
+    if paged:
+        if page_table is None:
+            raise ValueError("this decode kernel reads a paged cache: pass page_table (batch, pages) int32")
+        if page_table.dtype != torch.int32 or page_table.dim() != 2 or page_table.shape[0] != b \
+                or page_table.device != q.device or page_table.stride(1) != 1:
+            raise ValueError(f"page_table must be a 2-D int32 tensor ({b}, pages) with contiguous rows on {q.device}")
+        if rows & (rows - 1):
+            raise ValueError(f"page size {rows} must be a power of two")
+        if cache_seqlens is None:
+            raise ValueError("a paged decode call needs cache_seqlens: the keys each sequence has in its pages")
+    else:
+        if page_table is not None:
+            raise ValueError("this decode kernel reads a dense cache (batch, seqlen, heads, dim): build a paged one "
+                             "for page_table")
+        if n != b:
+            raise ValueError(f"a dense cache holds one sequence per batch entry: {n} caches for {b} queries")

@@ -1,0 +1,183 @@
+"""The verification gate (tuner/verify.py) for decode kernels: correct only if every decode case passes.
+
+Per case: fresh random inputs; a cache whose sequences hold the case's lengths (paged: in pages of a shuffled
+cache, table entries past a sequence's pages and the spare pages no table row names hold NaN; the tail of a
+sequence's last page, and of a dense cache, holds NaN too); the output and the split workspace poisoned with
+NaN; every output element written and finite, the inputs unchanged; tuner.verify's two bounds on the output
+against the fp32 reference of each sequence alone (causal aligned bottom-right: the new tokens are the last of
+their sequence), and the log-sum-exp the kernel returns against the reference's within 1e-2.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from tuner.problem import KernelSpec
+from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
+
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+LSE_TOLERANCE = 1e-2
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    """One decode call: per sequence its keys (cache length); seqlen_q new tokens each; ``num_splits`` forces a
+    split count (None: the kernel's rule); ``heads`` (hq, hkv) replaces the variant's check heads."""
+
+    cache_seqlens: tuple[int, ...]
+    seqlen_q: int = 1
+    num_splits: Optional[int] = None
+    heads: Optional[tuple[int, int]] = None
+
+    def label(self) -> str:
+        text = f"sq{self.seqlen_q} k{list(self.cache_seqlens)}"
+        if self.num_splits is not None:
+            text += f" splits{self.num_splits}"
+        if self.heads is not None:
+            text += f" h{self.heads[0]}/{self.heads[1]}"
+        return text
+
+
+# Tile and page edges (1, 63, 64, 65, 4097), very uneven lengths in one batch, split counts from one to many (and
+# more than a short sequence has tiles: its later splits are empty), 1..16 query tokens (causal rows that see
+# only part of the last tile, and rows that see no key when the tokens outnumber the keys), llama3-8b heads.
+CHECK_CASES = (
+    DecodeCase((1, 63, 64, 65, 4097)),
+    DecodeCase((7, 9000, 1, 300, 2), seqlen_q=1),
+    DecodeCase((4097, 65), num_splits=1),
+    DecodeCase((4097, 65, 1), num_splits=3),
+    DecodeCase((5000, 130), num_splits=64),
+    DecodeCase((1000, 17, 64), seqlen_q=2),
+    DecodeCase((2000, 3, 129), seqlen_q=4, num_splits=5),
+    DecodeCase((700, 16, 9), seqlen_q=16),
+    DecodeCase((3000, 1), seqlen_q=16, num_splits=8),
+    DecodeCase(tuple(range(1, 2000, 97)), seqlen_q=1, heads=(32, 8)),
+)
+MAX_PAGES_SPARE = 3      # pages no table row names, poisoned
+
+
+def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
+    return CHECK_CASES
+
+
+def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: bool, page_size: int, gen, device):
+    """(k_cache, v_cache, page_table or None, cache_seqlens, per-sequence dense (k, v) for the reference)."""
+    import torch
+
+    lens = list(case.cache_seqlens)
+    b = len(lens)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+
+    seqs = [(randn(L, hkv, d_qk), randn(L, hkv, d_v)) for L in lens]
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    if not paged:
+        cap = max(lens) + 5
+        k = torch.full((b, cap, hkv, d_qk), float("nan"), dtype=dt, device=device)
+        v = torch.full((b, cap, hkv, d_v), float("nan"), dtype=dt, device=device)
+        for i, (ks, vs) in enumerate(seqs):
+            k[i, :lens[i]], v[i, :lens[i]] = ks, vs
+        return k, v, None, seqlens, seqs
+    pages = [math.ceil(L / page_size) for L in lens]
+    width = max(pages) + 1                               # a column past every sequence's last page
+    total = sum(pages) + MAX_PAGES_SPARE
+    order = torch.randperm(total, generator=torch.Generator().manual_seed(int(torch.randint(
+        0, 2 ** 31, (1,), generator=gen, device=device))))
+    k = torch.full((total, page_size, hkv, d_qk), float("nan"), dtype=dt, device=device)
+    v = torch.full((total, page_size, hkv, d_v), float("nan"), dtype=dt, device=device)
+    spare = order[sum(pages):]
+    table = torch.empty((b, width), dtype=torch.int32)
+    at = 0
+    for i, (ks, vs) in enumerate(seqs):
+        mine = order[at:at + pages[i]]
+        at += pages[i]
+        table[i, :pages[i]] = mine.to(torch.int32)
+        table[i, pages[i]:] = int(spare[i % len(spare)])     # names a poisoned page the kernel must not read
+        for j, page in enumerate(mine.tolist()):
+            rows = ks[j * page_size:(j + 1) * page_size]
+            k[page, :rows.shape[0]] = rows
+            v[page, :rows.shape[0]] = vs[j * page_size:(j + 1) * page_size]
+    return k, v, table.to(device), seqlens, seqs
+
+
+def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, device: str = "cuda") -> ShapeCheck:
+    import torch
+
+    label = case.label()
+    dt = getattr(torch, _DTYPES[spec.dtype])
+    hq, hkv = case.heads or CHECK_HEADS[spec.variant]
+    b = len(case.cache_seqlens)
+
+    def fail(reason):
+        return ShapeCheck(label, False, math.nan, math.nan, math.nan, math.nan, reason)
+
+    q = torch.randn(b, case.seqlen_q, hq, spec.d_qk, generator=gen, device=device, dtype=torch.float32).to(dt)
+    k, v, table, seqlens, seqs = _build_cache(case, hkv, spec.d_qk, spec.d_v, dt, spec.layout == "paged",
+                                              page_size, gen, device)
+    saved = [t.clone() for t in (q, k, v, seqlens) + ((table,) if table is not None else ())]
+    out = torch.full((b, case.seqlen_q, hq, spec.d_v), float("nan"), dtype=dt, device=device)
+    capacity = table.shape[1] * page_size if table is not None else k.shape[1]
+    split, _, _ = kernel.split_plan(b, hq, hkv, case.seqlen_q, capacity, case.num_splits)
+    rows = b * case.seqlen_q * hq
+    workspace = (torch.full((split.num_splits, rows, spec.d_v), float("nan"), device=device),
+                 torch.full((split.num_splits, rows), float("nan"), device=device))
+    try:
+        result, lse = kernel(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=case.num_splits,
+                             return_lse=True, out=out, workspace=workspace)
+        torch.cuda.synchronize()
+    except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
+        return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    label += f" ({split.num_splits} split{'s' if split.num_splits > 1 else ''})"
+    if result.data_ptr() != out.data_ptr():
+        return fail("the kernel did not write into the output buffer it was given")
+    after = (q, k, v, seqlens) + ((table,) if table is not None else ())
+    if not all(torch.equal(x.nan_to_num(0.5), y.nan_to_num(0.5)) for x, y in zip(after, saved)):
+        return fail("the kernel modified its inputs")
+    finite = torch.isfinite(out)
+    if not bool(finite.all()):
+        return fail(f"{int((~finite).sum())} of {out.numel()} output elements are NaN/Inf (unwritten, or a poisoned "
+                    "page or workspace reached them)")
+    refs, lowps, lses = [], [], []
+    scale = 1.0 / math.sqrt(spec.d_qk)
+    for i, (ks, vs) in enumerate(seqs):
+        qi, ki, vi = q[i:i + 1], ks[None], vs[None]
+        refs.append(reference(qi, ki, vi, spec.causal))
+        lowps.append(reference(qi, ki, vi, spec.causal, dtype=dt).float())
+        s = torch.einsum("bqhd,bkhd->bhqk", qi.float(), ki.float().repeat_interleave(hq // hkv, dim=2)) * scale
+        if spec.causal:
+            L, sq = ks.shape[0], case.seqlen_q
+            visible = torch.arange(L, device=device)[None, :] <= torch.arange(sq, device=device)[:, None] + (L - sq)
+            s = s.masked_fill(~visible, float("-inf"))
+        lses.append(torch.logsumexp(s, dim=-1))       # (1, hq, sq); -inf for rows that see no key
+    verdict = judge(label, out, torch.cat(refs), torch.cat(lowps), spec.dtype)
+    if not verdict.passed:
+        return verdict
+    ref_lse = torch.cat(lses)
+    if not torch.equal(torch.isinf(ref_lse), torch.isinf(lse)) or bool(torch.isnan(lse).any()):
+        return fail("the returned log-sum-exp is not -inf exactly where a row sees no key")
+    fin = torch.isfinite(ref_lse)
+    lse_err = float((lse[fin] - ref_lse[fin]).abs().max()) if bool(fin.any()) else 0.0
+    if lse_err > LSE_TOLERANCE:
+        return fail(f"log-sum-exp error {lse_err:.3g} > {LSE_TOLERANCE}")
+    return verdict
+
+
+def verify_decode(kernel, spec: KernelSpec, cases: Optional[Sequence[DecodeCase]] = None, page_size: int = 16,
+                  seed: Optional[int] = None, device: str = "cuda") -> VerificationReport:
+    """Every decode case on ``kernel`` (a tuner.decode_runtime.DecodeKernel); paged kernels at ``page_size``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("verify_decode needs a CUDA GPU")
+    if spec.phase != "decode":
+        raise ValueError(f"{spec.label()} is not a decode kernel")
+    seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    checks = tuple(check_case(kernel, spec, c, gen, page_size, device) for c in (cases or check_cases(spec)))
+    bad = [c for c in checks if not c.passed]
+    reason = f"{len(bad)} of {len(checks)} cases failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""
+    return VerificationReport(passed=not bad, checks=checks, reason=reason, seed=seed)
