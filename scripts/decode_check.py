@@ -20,7 +20,11 @@ from translate.problem import KernelSpec  # noqa: E402
 
 CANDIDATES = [DecodeParams(), DecodeParams(block_n=128, kv_stages=3), DecodeParams(kv_stages=6),
               DecodeParams(block_n=128, warps_n=8, kv_stages=3), DecodeParams(block_n=32, warps_n=2, kv_stages=8),
-              DecodeParams(splits_per_sm=4)]
+              DecodeParams(splits_per_sm=4),
+              # smaller rings: two or three CTAs per SM hide each other's gather latency
+              DecodeParams(kv_stages=3), DecodeParams(kv_stages=2), DecodeParams(block_n=128, warps_n=8, kv_stages=2),
+              DecodeParams(block_n=128, warps_n=8, kv_stages=3, splits_per_sm=4),
+              DecodeParams(kv_stages=3, splits_per_sm=4)]
 
 
 def build(specs_params, profile):
