@@ -2,6 +2,10 @@
 measure the copy bandwidth, then bench the best verified paged candidate against FA4 on the decode grid.
 
     python3 scripts/decode_check.py OUT_DIR [--quick]
+    python3 scripts/decode_check.py OUT_DIR --params dm16n64w1x4s3p_b2_sw3 --rounds 3
+
+The second form re-times one candidate (verified first) against FA4: ``--rounds`` passes over the grid in this
+fresh process, FA4 and ours alternating which goes first; per point the median ratio and its spread.
 """
 import argparse
 import json
@@ -20,11 +24,10 @@ from translate.problem import KernelSpec  # noqa: E402
 
 CANDIDATES = [DecodeParams(), DecodeParams(block_n=128, kv_stages=3), DecodeParams(kv_stages=6),
               DecodeParams(block_n=128, warps_n=8, kv_stages=3), DecodeParams(block_n=32, warps_n=2, kv_stages=8),
-              DecodeParams(splits_per_sm=4),
+              DecodeParams(min_split_blocks=4),
               # smaller rings: two or three CTAs per SM hide each other's gather latency
               DecodeParams(kv_stages=3), DecodeParams(kv_stages=2), DecodeParams(block_n=128, warps_n=8, kv_stages=2),
-              DecodeParams(block_n=128, warps_n=8, kv_stages=3, splits_per_sm=4),
-              DecodeParams(kv_stages=3, splits_per_sm=4)]
+              DecodeParams(kv_stages=2, min_split_blocks=4), DecodeParams(block_n=32, warps_n=2, kv_stages=4)]
 
 
 def build(specs_params, profile):
@@ -40,7 +43,11 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--params", help="re-time only this candidate (its key)")
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
+    if a.params:
+        return retime(a)
     import torch
 
     from tuner.bench_decode import DecodePoint, copy_bandwidth_gbs, decode_grid, measure_point
@@ -108,5 +115,44 @@ def main():
               f"{r.get('vs_fa4', float('nan')):.2f} | {r['copy_frac']:.2f} |")
 
 
+def retime(a):
+    import statistics
+
+    import torch
+
+    from tuner.bench_decode import copy_bandwidth_gbs, decode_grid, measure_point
+    from tuner.decode_runtime import load_decode_kernel
+    from tuner.verify_decode import verify_decode
+
+    params = next(p for p in CANDIDATES if p.key() == a.params)
+    spec = KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode")
+    [(gk, res)] = build([(spec, params)], load_profile("h100"))
+    k = load_decode_kernel(res.cubin, gk.meta())
+    report = verify_decode(k, spec, page_size=16)
+    print(f"{gk.name}: verified {report.passed} {report.reason}", flush=True)
+    if not report.passed:
+        return 1
+    copy = copy_bandwidth_gbs()
+    rows = {}
+    for r in range(a.rounds):
+        for p in decode_grid():
+            m = measure_point(k, p, fa4_first=bool(r % 2))
+            rows.setdefault(p.label(), []).append(m)
+    out = {"device": torch.cuda.get_device_name(0), "kernel": gk.name, "copy_gbs": copy, "points": {}}
+    print(f"copy bandwidth {copy:.0f} GB/s")
+    print("\n| point | ours GB/s (median) | FA4 GB/s (median) | ours/FA4 median [min, max] over rounds | of copy |")
+    for label, ms in rows.items():
+        ratios = [m["ours_gbs"] / m["fa4_gbs"] for m in ms if "fa4_gbs" in m]
+        ours = statistics.median(m["ours_gbs"] for m in ms)
+        fa = statistics.median(m["fa4_gbs"] for m in ms if "fa4_gbs" in m)
+        out["points"][label] = {"rounds": ms, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                                "ratio_max": max(ratios)}
+        print(f"| {label} | {ours:.0f} | {fa:.0f} | {statistics.median(ratios):.2f} [{min(ratios):.2f}, "
+              f"{max(ratios):.2f}] | {ours / copy:.2f} |")
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    (Path(a.out) / "decode_retime.json").write_text(json.dumps(out, indent=1))
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

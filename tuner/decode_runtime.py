@@ -5,7 +5,7 @@ The call follows ``flash_attn_with_kvcache``: q (b, seqlen_q, hq, d_qk); k_cache
 (pages, page_size, hkv, d) with ``page_table`` (b, max_pages) int32, or dense (b, seqlen_cache, hkv, d);
 ``cache_seqlens`` (b) int32 the keys each sequence has (None: the whole cache). Causal aligns bottom-right: the
 new tokens are the last ``seqlen_q`` of each sequence. The split count comes from the kernel's split rule
-(translate/decode/splits.py) on the cache's capacity (known without reading the lengths back), or
+(translate/decode/splits.py: waves of the CTAs an SM holds) on the cache's capacity (known without reading the lengths back), or
 ``num_splits``.
 
 Everything that depends only on the call's shapes, strides and scale is packed once per signature into the
@@ -73,10 +73,22 @@ class DecodeKernel:
         self._combine = combine_function
         self._plans: dict = {}
         self._streams: dict = {}
+        self._ctas_per_sm: int | None = None
 
     @property
     def name(self) -> str:
         return self.meta["name"]
+
+    @property
+    def ctas_per_sm(self) -> int:
+        """CTAs of the split kernel one SM holds at once (the driver's occupancy), which the split rule fills."""
+        if self._ctas_per_sm is None:
+            driver = rt._driver()
+            with rt._Current(self.base.device_index):
+                n = rt._check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                    self.base._function, self.meta["num_threads"], self.meta["smem_bytes"]), "cuOccupancy")
+            self._ctas_per_sm = max(1, int(n))
+        return self._ctas_per_sm
 
     @property
     def paged(self) -> bool:
@@ -93,7 +105,7 @@ class DecodeKernel:
         m_blocks = math.ceil(seqlen_q * pack / p["block_m"])
         units = heads_kv if p["pack_gqa"] else heads_q
         plan = plan_splits(batch * units * m_blocks, max_seqlen_k, p["block_n"], self.base._sm_count,
-                           p["splits_per_sm"], p["min_split_blocks"], num_splits)
+                           self.ctas_per_sm, p["min_split_blocks"], num_splits)
         return plan, m_blocks, units
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, softmax_scale: float | None = None,

@@ -3,6 +3,7 @@ import pytest
 
 from hardware_profiles import load_profile
 from translate.decode import DecodeParams, decode_smem_bytes, plan_splits, validate_decode
+from translate.decode.splits import split_cost
 from translate.problem import KernelSpec
 
 H100, T4 = load_profile("h100"), load_profile("t4")
@@ -48,18 +49,28 @@ def test_params_round_trip_and_reject_unknown_or_mistyped_fields():
         DecodeParams.from_dict({"block_k": 3})
     with pytest.raises(ValueError, match="integer"):
         DecodeParams.from_dict({"block_n": "64"})
-    assert DecodeParams().key() != DecodeParams(splits_per_sm=4).key()
+    assert DecodeParams().key() != DecodeParams(min_split_blocks=4).key()
 
 
-def test_splits_fill_the_gpu_when_there_are_few_sequences():
-    # batch 1, 8 KV heads, 8k keys in 64-key tiles: 128 tiles; 132 SMs x 2 / 8 work items -> 33 splits
+def test_few_sequences_are_split_until_the_slots_are_full():
+    # batch 1, 8 KV heads, 8k keys in 64-key tiles (128 tiles), 132 SMs x 2 CTAs: splitting 33 ways and more
+    # all fit one wave; 4 tiles per CTA is reached at 32 splits, the fewest with the least time
     plan = plan_splits(8, 8192, 64, 132, 2, 2)
-    assert plan.num_splits == 32 and plan.blocks_per_split == 4      # evened: 128 tiles / 33 -> 4 each
+    assert plan.num_splits == 32 and plan.blocks_per_split == 4
 
 
-def test_many_sequences_need_no_split_and_short_caches_are_not_cut_below_the_minimum():
-    assert plan_splits(64 * 8, 8192, 64, 132, 2, 2).num_splits == 1
-    assert plan_splits(8, 256, 64, 132, 2, 2).num_splits == 2        # 4 tiles, at least 2 per split
+def test_a_ragged_last_wave_is_avoided():
+    # batch 64 x 8 KV heads = 512 CTAs on 132 x 3 = 396 slots: unsplit that is 2 waves of 128 + 2 tiles (the
+    # second a third full); 3 splits make 4 waves of 43 + 2 (180 < 260 tile times)
+    assert split_cost(512, 128, 396, 1) == 260
+    plan = plan_splits(512, 8192, 64, 132, 3, 2)
+    assert plan.num_splits == 3 and split_cost(512, 128, 396, 3) == 180
+
+
+def test_full_waves_need_no_split_and_short_caches_are_not_cut_below_the_minimum():
+    assert plan_splits(264, 8192, 64, 132, 2, 2).num_splits == 1       # exactly one wave
+    assert plan_splits(8, 256, 64, 132, 2, 2).num_splits == 2          # 4 tiles, at least 2 per split
+    assert plan_splits(8, 256, 64, 132, 2, 8).num_splits == 1
 
 
 def test_a_forced_split_count_is_clamped_to_the_tiles_there_are():

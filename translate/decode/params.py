@@ -22,8 +22,7 @@ class DecodeParams:
     warps_n: int = 4             # independent online softmaxes over the columns of each tile, merged at the end
     kv_stages: int = 4           # cp.async ring depth: bytes in flight are what a bandwidth-bound kernel needs
     pack_gqa: bool = True        # one CTA reads a K/V tile once for every query head of its group
-    splits_per_sm: int = 2       # split rule (translate/decode/splits.py): CTAs per SM the splits aim for
-    min_split_blocks: int = 2    # ... and the fewest key tiles one split takes
+    min_split_blocks: int = 2    # split rule (translate/decode/splits.py): the fewest key tiles one split takes
     swizzle: int = 3
 
     @property
@@ -57,7 +56,7 @@ class DecodeParams:
 
     def key(self) -> str:
         return (f"dm{self.block_m}n{self.block_n}w{self.warps_m}x{self.warps_n}s{self.kv_stages}"
-                f"{'p' if self.pack_gqa else 'h'}_sp{self.splits_per_sm}b{self.min_split_blocks}_sw{self.swizzle}")
+                f"{'p' if self.pack_gqa else 'h'}_b{self.min_split_blocks}_sw{self.swizzle}")
 
 
 def decode_smem_bytes(params: DecodeParams, spec: KernelSpec) -> int:
@@ -92,8 +91,8 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec) ->
                       f"({16 * max(1, params.warps_n)}): each warp group takes k16 slices of every tile")
     if params.kv_stages < 2 or params.kv_stages > 12:
         errors.append(f"kv_stages must be 2..12 (a ring of cp.async stages), got {params.kv_stages}")
-    if params.splits_per_sm < 1 or params.min_split_blocks < 1:
-        errors.append("splits_per_sm and min_split_blocks must be >= 1")
+    if params.min_split_blocks < 1:
+        errors.append(f"min_split_blocks must be >= 1, got {params.min_split_blocks}")
     if params.swizzle not in (0, 1, 2, 3):
         errors.append(f"swizzle must be 0..3, got {params.swizzle}")
     for d in {spec.d_qk, spec.d_v}:
