@@ -23,7 +23,7 @@ class DecodePoint:
     heads_kv: int = 8
     head_dim: int = 128
     seqlen_q: int = 1
-    page_size: int = 16
+    page_size: int = 16          # 0: a dense cache (b, kv_len, hkv, d)
     causal: bool = True
     dtype: str = "bf16"
 
@@ -32,7 +32,8 @@ class DecodePoint:
         return 2 * self.batch * self.kv_len * self.heads_kv * self.head_dim * 2
 
     def label(self) -> str:
-        return f"b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} p{self.page_size}"
+        cache = f"p{self.page_size}" if self.page_size else "dense"
+        return f"b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}"
 
 
 def decode_grid(batches=BATCHES, kv_lens=KV_LENS, **common) -> list[DecodePoint]:
@@ -44,12 +45,15 @@ def make_decode_inputs(p: DecodePoint, seed: int = 0, device: str = "cuda") -> d
 
     dt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[p.dtype])
     gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device=device, dtype=dt)
+    used = torch.full((p.batch,), p.kv_len, dtype=torch.int32, device=device)
+    if not p.page_size:
+        k = torch.randn(p.batch, p.kv_len, p.heads_kv, p.head_dim, device=device, dtype=dt)
+        return {"q": q, "k": k, "v": torch.randn_like(k), "page_table": None, "seqused_k": used}
     pages = math.ceil(p.kv_len / p.page_size)
     table = torch.randperm(p.batch * pages, generator=gen).to(device, torch.int32).view(p.batch, pages)
     k = torch.randn(p.batch * pages, p.page_size, p.heads_kv, p.head_dim, device=device, dtype=dt)
     v = torch.randn_like(k)
-    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, p.head_dim, device=device, dtype=dt)
-    used = torch.full((p.batch,), p.kv_len, dtype=torch.int32, device=device)
     return {"q": q, "k": k, "v": v, "page_table": table, "seqused_k": used}
 
 
@@ -69,7 +73,8 @@ def fa4_decode_call(p: DecodePoint, x: dict):
     func = fa4.varlen_func()
 
     def call():
-        out = func(x["q"], x["k"], x["v"], seqused_k=x["seqused_k"], page_table=x["page_table"], causal=p.causal)
+        out = func(x["q"], x["k"], x["v"], seqused_k=x["seqused_k"], page_table=x["page_table"], causal=p.causal,
+                   softmax_scale=1.0 / math.sqrt(p.head_dim))
         return out[0] if isinstance(out, (tuple, list)) else out
 
     return call
@@ -84,7 +89,8 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     ours = lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"])  # noqa: E731
     row = {"point": p.label(), "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q}
     o = ours()
-    row["splits"] = kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, x["page_table"].shape[1] * p.page_size)[0].num_splits
+    capacity = x["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
+    row["splits"] = kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, capacity)[0].num_splits
     if not fa4_first:
         row["ours_gbs"] = p.kv_bytes / time_ms(ours) / 1e6
     if with_fa4:

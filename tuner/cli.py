@@ -180,13 +180,31 @@ def bench(
     seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list (default 512..16384)."),
     out_json: Optional[Path] = typer.Option(None, "--json", help="Write results here."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
-    layout: str = typer.Option("dense", "--layout", help=LAYOUT_HELP + " varlen/paged time the serving mixes "
+    layout: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP + " varlen/paged time the serving mixes "
                                                                        "(tuner/mixes.toml) instead of the grid."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", help=PAGE_SIZE_HELP + " Default: 16 and 128."),
+    page_size: Optional[int] = typer.Option(None, "--page-size", help=PAGE_SIZE_HELP + " Default: 16 and 128 "
+                                            "(decode: 16)."),
+    phase: str = typer.Option("prefill", "--phase", help="prefill, or decode: 1 new token per sequence against a "
+                                                         "KV cache (--layout paged, the default, or dense), timed "
+                                                         "in GB/s against FA4's paged decode."),
 ) -> None:
     """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
     FlashAttention-4 (flash_attn.cute) where installed; with --layout varlen|paged on the serving mixes against
     FA4's flash_attn_varlen_func, FlashInfer (if installed) and SDPA on the padded batch."""
+    layout_given, layout = layout, (layout or "dense").strip().lower()
+    phase = phase.strip().lower()
+    if phase not in ("prefill", "decode"):
+        typer.echo(f"tune bench: error: --phase must be prefill or decode, got {phase!r}", err=True)
+        raise typer.Exit(2)
+    if phase == "decode":
+        if seqlens is not None or schedule is not None:
+            typer.echo("tune bench: error: --seqlens and --schedule set prefill benches; --phase decode times the "
+                       "decode grid (batch 1-128 x KV 1k-32k)", err=True)
+            raise typer.Exit(2)
+        from tuner.bench_decode_cmd import run_decode_bench
+
+        raise typer.Exit(run_decode_bench(gpu, variant, model, params, sketch, head_dim, dtype, causal,
+                                          None if layout_given is None else layout, page_size, out_json))
     from tuner.bench import run_bench
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,

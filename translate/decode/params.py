@@ -20,7 +20,9 @@ class DecodeParams:
     block_n: int = 64            # keys per ring stage
     warps_m: int = 1             # warps along the rows, 16-row slabs each
     warps_n: int = 4             # independent online softmaxes over the columns of each tile, merged at the end
-    kv_stages: int = 4           # cp.async ring depth: bytes in flight are what a bandwidth-bound kernel needs
+    # cp.async ring depth. 3: at 64 keys x d128 that is 100 KB, two CTAs per SM; on the H100 it won the 15-candidate
+    # probe of scripts/decode_check.py and held >= 1.0x FA4 on the whole decode grid (BENCHMARKS.md, 2026-11-24).
+    kv_stages: int = 3
     pack_gqa: bool = True        # one CTA reads a K/V tile once for every query head of its group
     min_split_blocks: int = 2    # split rule (translate/decode/splits.py): the fewest key tiles one split takes
     swizzle: int = 3

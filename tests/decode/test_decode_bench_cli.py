@@ -1,0 +1,32 @@
+"""`tune bench --phase decode`: bad input exits 2 with the reason before anything is built."""
+import pytest
+from typer.testing import CliRunner
+
+from tuner.cli import app
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--variant", "mla"], "MLA decode"),
+    (["--model", "llama3-8b", "--page-size", "24"], "--page-size must be one of"),
+    (["--variant", "gqa", "--layout", "dense", "--page-size", "16"], "paged cache"),
+    (["--variant", "gqa", "--layout", "varlen"], "not varlen"),
+    (["--variant", "gqa", "--seqlens", "512"], "--phase decode times the decode grid"),
+    (["--variant", "gqa", "--params", '{"block_n": 48}'], "multiple of 16 x warps_n"),
+    (["--variant", "gqa", "--params", '{"tile": 1}'], "unknown decode parameter"),
+])
+def test_bad_decode_bench_input_exits_2_with_the_reason(args, words):
+    result = runner.invoke(app, ["bench", "--gpu", "h100", "--phase", "decode", *args])
+    assert result.exit_code == 2, result.output
+    assert words in result.output
+
+
+def test_sm75_cannot_decode():
+    result = runner.invoke(app, ["bench", "--gpu", "t4", "--phase", "decode", "--variant", "gqa"])
+    assert result.exit_code == 2 and "sm75" in result.output
+
+
+def test_an_unknown_phase_is_refused():
+    result = runner.invoke(app, ["bench", "--gpu", "h100", "--phase", "prefil", "--variant", "gqa"])
+    assert result.exit_code == 2 and "prefill or decode" in result.output

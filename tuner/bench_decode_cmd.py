@@ -1,0 +1,162 @@
+"""`tune bench --phase decode`: build a decode kernel (the reference decode sketch or --sketch, the default decode
+parameters or --params), verify it with the decode gate, and time it on the decode grid against FA4's paged decode
+and the GPU's copy bandwidth (tuner/bench_decode.py).
+
+Exit codes as `tune bench`: 0 measured; 1 sketch, parameters or compile failed, or the kernel failed verification;
+2 bad input or no GPU that can run the profile's kernels.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+from rich.table import Table
+
+DECODE_SKETCHES = Path(__file__).resolve().parents[1] / "tl" / "sketches" / "decode"
+DECODE_LAYOUTS = ("paged", "dense")
+
+
+def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, layout: str, page_size):
+    """(profile, spec, heads, page size) of a decode bench; UsageError naming the bad input."""
+    from hardware_profiles import ProfileError, load_profile
+    from translate.problem import KernelSpec, spec_for
+    from tuner.bench import resolve_bench_target
+    from tuner.build_cmd import UsageError
+    from tuner.mixes import PAGE_SIZES
+
+    layout = "paged" if layout is None else layout
+    if layout not in DECODE_LAYOUTS:
+        raise UsageError(f"--phase decode reads a paged cache (--layout paged, the default) or a dense one "
+                         f"(--layout dense), not {layout}")
+    if layout == "dense" and page_size is not None:
+        raise UsageError("--page-size applies to a paged cache (--layout paged)")
+    page_size = 16 if page_size is None else page_size
+    if layout == "paged" and page_size not in PAGE_SIZES:
+        raise UsageError(f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_size}")
+    try:
+        profile = load_profile(gpu)
+    except (ProfileError, ValueError, KeyError) as exc:
+        raise UsageError(str(exc)) from None
+    target = resolve_bench_target(variant, model, head_dim, dtype, causal)
+    if target.variant == "mla":
+        raise UsageError("MLA decode (the absorbed form, d 576/512) is not built yet: the decode kernel keeps all of O "
+                         "in one warp group's registers; decode --variant mha, gqa or mqa")
+    try:
+        base = spec_for(target.variant, target.head_dim, target.dtype or profile.default_dtype, True)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    causal = target.causals[-1] if causal is None else causal
+    spec = KernelSpec(base.variant, base.d_qk, base.d_v, causal, base.dtype, layout, "decode")
+    if target.heads is not None:
+        heads = target.heads
+    else:
+        from translate.problem import heads_for
+        hq, hkv, _, _ = heads_for(target.variant, base.d_qk)
+        heads = (hq, hkv)
+    return profile, spec, heads, page_size, target.model
+
+
+def _decode_params(params: Optional[str]):
+    from translate.decode import DecodeParams
+    from tuner.build_cmd import UsageError
+
+    if params is None:
+        return DecodeParams()
+    text = Path(params).read_text() if Path(params).is_file() else params
+    try:
+        return DecodeParams.from_dict(json.loads(text))
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--params: {exc}") from None
+
+
+def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, causal, layout, page_size,
+                     out_json, console: Optional[Console] = None, cache_dir=None,
+                     batches=None, kv_lens=None) -> int:
+    from tuner.bench import device_problem, environment_record, write_record
+    from tuner.build_cmd import UsageError
+
+    console = console or Console()
+    err = Console(stderr=True, soft_wrap=True)
+
+    def usage(msg: str) -> int:
+        err.print(f"tune bench: error: {msg}", markup=False, highlight=False)
+        return 2
+
+    try:
+        profile, spec, heads, page_size, model_name = resolve_decode_target(gpu, variant, model, head_dim, dtype,
+                                                                           causal, layout, page_size)
+        decode_params = _decode_params(params)
+        text = Path(sketch).read_text() if sketch is not None else \
+            (DECODE_SKETCHES / f"gqa_{spec.layout}.tl").read_text()
+    except (UsageError, OSError) as exc:
+        return usage(str(exc))
+    from translate.decode import validate_decode
+
+    reasons = validate_decode(decode_params, profile, spec)
+    if reasons:
+        return usage("the decode parameters cannot build this kernel: " + "; ".join(reasons))
+    problem = device_problem(profile, err)
+    if problem is not None:
+        return usage(problem)
+
+    import torch
+
+    from tl.checker import check_source
+    from translate.compiler import generate
+    from translate.kernel import TranslationError
+    from translate.nvcc import compile_kernel, default_cache_dir
+    from tuner.bench_decode import BATCHES, KV_LENS, copy_bandwidth_gbs, decode_grid, measure_point
+    from tuner.decode_runtime import load_decode_kernel
+    from tuner.verify_decode import verify_decode
+
+    program, diags = check_source(text, str(sketch or "the decode sketch"))
+    if program is None or diags:
+        for d in diags:
+            err.print(str(d), markup=False)
+        return 1
+    try:
+        kernel = generate(program, decode_params, profile, spec)
+    except TranslationError as exc:
+        err.print(f"tune bench: {exc}", markup=False)
+        return 1
+    compiled = compile_kernel(kernel, profile.nvcc_arch, cache_dir=cache_dir or default_cache_dir())
+    if not compiled.ok:
+        err.print(f"tune bench: {kernel.name} did not compile ({compiled.error_kind}):\n{compiled.log[-2000:]}",
+                  markup=False)
+        return 1
+    k = load_decode_kernel(compiled.cubin, kernel.meta())
+    report = verify_decode(k, spec, page_size=page_size)
+    console.print(f"[bold]{spec.label()}[/bold]: {kernel.name} ({compiled.registers} regs, "
+                  f"{compiled.spill_stores} B spills) verification {'passed' if report.passed else 'FAILED'}")
+    if not report.passed:
+        err.print(f"{kernel.name}: verification FAILED ({report.reason}); it is not timed", markup=False)
+        return 1
+    copy = copy_bandwidth_gbs()
+    rows = []
+    for p in decode_grid(batches or BATCHES, kv_lens or KV_LENS, heads_q=heads[0], heads_kv=heads[1],
+                         head_dim=spec.d_qk, page_size=page_size, causal=spec.causal, dtype=spec.dtype):
+        row = measure_point(k, p)
+        row["copy_frac"] = row["ours_gbs"] / copy
+        if "fa4_gbs" in row:
+            row["vs_fa4"] = row["ours_gbs"] / row["fa4_gbs"]
+        rows.append(row)
+    table = Table(title=f"decode {spec.label()} on {torch.cuda.get_device_name()} ({profile.name}), GB/s of K/V "
+                        f"read; copy bandwidth {copy:.0f} GB/s")
+    for col in ("point", "splits", "ours", "FA4", "ours/FA4", "of copy"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["point"], str(r["splits"]), f"{r['ours_gbs']:.0f}",
+                      f"{r['fa4_gbs']:.0f}" if "fa4_gbs" in r else r.get("fa4_error", "-")[:30],
+                      f"{r['vs_fa4']:.2f}" if "vs_fa4" in r else "-", f"{r['copy_frac']:.2f}")
+    console.print(table)
+    if out_json is not None:
+        record = {"tool": "tune bench --phase decode", **environment_record(profile, compiled.nvcc_version),
+                  "spec": spec.label(), "model": model_name, "kernel": kernel.name,
+                  "params": decode_params.to_dict(), "copy_gbs": copy, "verification": report.to_dict(),
+                  "rows": rows}
+        problem = write_record(Path(out_json), record)
+        if problem is not None:
+            return usage(problem)
+    return 0
