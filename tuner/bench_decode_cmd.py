@@ -32,7 +32,7 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
                          f"(--layout dense), not {layout}")
     if layout == "dense" and page_size is not None:
         raise UsageError("--page-size applies to a paged cache (--layout paged)")
-    page_size = 16 if page_size is None else page_size
+    page_size = 0 if layout == "dense" else 16 if page_size is None else page_size   # 0: a dense cache
     if layout == "paged" and page_size not in PAGE_SIZES:
         raise UsageError(f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_size}")
     try:
