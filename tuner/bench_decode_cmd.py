@@ -7,7 +7,6 @@ Exit codes as `tune bench`: 0 measured; 1 sketch, parameters or compile failed, 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Optional
 
@@ -58,24 +57,12 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
     return profile, spec, heads, page_size, target.model
 
 
-def _decode_params(params: Optional[str]):
-    from translate.decode import DecodeParams
-    from tuner.build_cmd import UsageError
-
-    if params is None:
-        return DecodeParams()
-    text = Path(params).read_text() if Path(params).is_file() else params
-    try:
-        return DecodeParams.from_dict(json.loads(text))
-    except (ValueError, TypeError) as exc:
-        raise UsageError(f"--params: {exc}") from None
-
-
 def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, causal, layout, page_size,
                      out_json, console: Optional[Console] = None, cache_dir=None,
                      batches=None, kv_lens=None) -> int:
+    from translate.decode import DecodeParams
     from tuner.bench import device_problem, environment_record, write_record
-    from tuner.build_cmd import UsageError
+    from tuner.build_cmd import UsageError, parse_params_arg
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
@@ -87,7 +74,7 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
     try:
         profile, spec, heads, page_size, model_name = resolve_decode_target(gpu, variant, model, head_dim, dtype,
                                                                            causal, layout, page_size)
-        decode_params = _decode_params(params)
+        decode_params = parse_params_arg(params, DecodeParams())
         text = Path(sketch).read_text() if sketch is not None else \
             (DECODE_SKETCHES / f"gqa_{spec.layout}.tl").read_text()
     except (UsageError, OSError) as exc:

@@ -18,8 +18,9 @@ class UsageError(ValueError):
     """Bad command-line input (exit 2)."""
 
 
-def parse_params_arg(text: Optional[str], base: KernelParams) -> KernelParams:
-    """``--params``: a JSON object, or a file holding one; fields not given keep the base's values."""
+def parse_params_arg(text: Optional[str], base):
+    """``--params``: a JSON object, or a file holding one; fields not given keep the base's values. The result is of
+    the base's class (KernelParams, or translate.decode.DecodeParams for a decode kernel)."""
     if text is None:
         return base
     stripped = text.strip()
@@ -42,7 +43,7 @@ def parse_params_arg(text: Optional[str], base: KernelParams) -> KernelParams:
     if not isinstance(data, dict):
         raise UsageError(f"{source}: kernel parameters must be a JSON object, got {type(data).__name__}")
     try:
-        return KernelParams.from_dict({**base.to_dict(), **data})
+        return type(base).from_dict({**base.to_dict(), **data})
     except (TypeError, ValueError) as exc:
         raise UsageError(f"{source}: {exc}") from None
 

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from translate.decode.generate import COMBINE_WARPS
+from translate.decode.generate import COMBINE_WARPS, combine_grid
 from translate.decode.splits import plan_splits
 from tuner import runtime as rt
 
@@ -94,9 +94,6 @@ class DecodeKernel:
     def paged(self) -> bool:
         return self.spec.get("layout") == "paged"
 
-    def resources(self) -> dict:
-        return self.base.resources()
-
     def split_plan(self, batch: int, heads_q: int, heads_kv: int, seqlen_q: int, max_seqlen_k: int,
                    num_splits: int | None = None):
         """(splits, blocks per split, row blocks) the rule gives this call shape."""
@@ -130,7 +127,7 @@ class DecodeKernel:
                 o_partial = torch.empty((plan.num_splits, plan.rows, self.spec["d_v"]), dtype=torch.float32,
                                         device=q.device)
                 lse_partial = torch.empty((plan.num_splits, plan.rows), dtype=torch.float32, device=q.device)
-        pointers = [t.data_ptr() if t is not None else 0 for t in (q, k_cache, v_cache, out)]
+        pointers = [t.data_ptr() for t in (q, k_cache, v_cache, out)]
         if any(x & 15 for x in pointers):
             raise ValueError("q, k_cache, v_cache and out must be 16-byte aligned (128-bit loads)")
         with plan.lock:
@@ -141,19 +138,24 @@ class DecodeKernel:
             a.lse = lse.data_ptr() if lse is not None else None
             a.page_table = page_table.data_ptr() if page_table is not None else None
             a.seqused_k = cache_seqlens.data_ptr() if cache_seqlens is not None else None
+            stream = self._stream()
             self._launch(self.base._function, plan.grid, self.base.meta["num_threads"], self.base.meta["smem_bytes"],
-                         plan.pointer)
+                         stream, plan.pointer)
             if plan.num_splits > 1:
-                self._launch(self._combine, plan.combine_grid, 32 * COMBINE_WARPS, 0, plan.pointer)
+                self._launch(self._combine, plan.combine_grid, 32 * COMBINE_WARPS, 0, stream, plan.pointer)
         return (out, lse) if return_lse else out
 
-    def _launch(self, function, grid, threads, smem, pointer) -> None:
-        driver = rt._driver()
-        index = self.base.device_index
-        handle = rt._raw_stream(index)
+    def _stream(self):
+        """torch's current stream on the kernel's device, as the driver's handle (one lookup per call)."""
+        handle = rt._raw_stream(self.base.device_index)
         stream = self._streams.get(handle)
         if stream is None:
-            stream = self._streams[handle] = driver.CUstream(init_value=int(handle))
+            stream = self._streams[handle] = rt._driver().CUstream(init_value=int(handle))
+        return stream
+
+    def _launch(self, function, grid, threads, smem, stream, pointer) -> None:
+        driver = rt._driver()
+        index = self.base.device_index
         err = int(driver.cuLaunchKernel(function, *grid, threads, 1, 1, smem, stream, ctypes.addressof(pointer), 0)[0])
         if err == rt._CUDA_ERROR_INVALID_CONTEXT:
             rt._check(driver.cuCtxSetCurrent(rt.primary_context(index)), "cuCtxSetCurrent")
@@ -218,7 +220,7 @@ class DecodeKernel:
         rows = b * sq * hq
         pointer = (ctypes.c_void_p * 1)(ctypes.addressof(a))
         return DecodePlan(a, pointer, (split.num_splits, units * m_blocks, b),
-                          (math.ceil(rows / COMBINE_WARPS), 1, 1), split.num_splits, rows, out_shape,
+                          (combine_grid(rows), 1, 1), split.num_splits, rows, out_shape,
                           threading.Lock())
 
 

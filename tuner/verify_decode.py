@@ -58,10 +58,6 @@ CHECK_CASES = (
 MAX_PAGES_SPARE = 3      # pages no table row names, poisoned
 
 
-def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
-    return CHECK_CASES
-
-
 def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: bool, page_size: int, gen, device):
     """(k_cache, v_cache, page_table or None, cache_seqlens, per-sequence dense (k, v) for the reference)."""
     import torch
@@ -84,8 +80,7 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
     pages = [math.ceil(L / page_size) for L in lens]
     width = max(pages) + 1                               # a column past every sequence's last page
     total = sum(pages) + MAX_PAGES_SPARE
-    order = torch.randperm(total, generator=torch.Generator().manual_seed(int(torch.randint(
-        0, 2 ** 31, (1,), generator=gen, device=device))))
+    order = torch.randperm(total, generator=gen, device=device).cpu()
     k = torch.full((total, page_size, hkv, d_qk), float("nan"), dtype=dt, device=device)
     v = torch.full((total, page_size, hkv, d_v), float("nan"), dtype=dt, device=device)
     spare = order[sum(pages):]
@@ -177,7 +172,7 @@ def verify_decode(kernel, spec: KernelSpec, cases: Optional[Sequence[DecodeCase]
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    checks = tuple(check_case(kernel, spec, c, gen, page_size, device) for c in (cases or check_cases(spec)))
+    checks = tuple(check_case(kernel, spec, c, gen, page_size, device) for c in (cases or CHECK_CASES))
     bad = [c for c in checks if not c.passed]
     reason = f"{len(bad)} of {len(checks)} cases failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""
     return VerificationReport(passed=not bad, checks=checks, reason=reason, seed=seed)

@@ -35,10 +35,6 @@ class DecodeParams:
     def num_threads(self) -> int:
         return 32 * self.num_warps
 
-    @property
-    def is_decode(self) -> bool:
-        return True
-
     def to_dict(self) -> dict:
         return asdict(self)
 
