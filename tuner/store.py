@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tuner.bucket_names import bucket_errors, bucket_sort_key
+from tuner.decode_buckets import decode_bucket_errors, decode_bucket_sort_key, is_decode_bucket
 
 FORMAT_VERSION = 1
 RECORD_FILE = "record.json"
@@ -92,6 +93,8 @@ class KernelRecord:
     # intervals, the rule; tuner/campaign/winners.py); empty for a record stored without one
     confirmation: dict = field(default_factory=dict)
     layout: str = "dense"     # how the kernel finds rows (tl/layout.py): dense, varlen, paged
+    phase: str = "prefill"    # or "decode": a split-KV decode kernel (translate/decode), bucketed by
+                              # tuner/decode_buckets.py (``d-b8-kv8k-p16``)
 
     @property
     def kernel_sha256(self) -> str:
@@ -99,7 +102,8 @@ class KernelRecord:
 
     @property
     def key(self) -> tuple:
-        return (self.arch, self.variant, self.dtype, self.d_qk, self.d_v, self.causal, self.bucket, self.layout)
+        return (self.arch, self.variant, self.dtype, self.d_qk, self.d_v, self.causal, self.bucket, self.layout,
+                self.phase)
 
     def to_json(self) -> dict:
         """record.json's content: every field but the blobs, plus the cubin hash."""
@@ -128,7 +132,12 @@ def validate_record(record: KernelRecord) -> list[str]:
         errors.append(f"tflops must be a positive finite number, got {t!r}")
     if not isinstance(record.cubin, (bytes, bytearray)) or not record.cubin:
         errors.append("cubin is empty")
-    errors.extend(bucket_errors(record.bucket, record.layout))
+    if record.phase == "decode":
+        errors.extend(decode_bucket_errors(record.bucket, record.layout))
+    elif record.phase == "prefill":
+        errors.extend(bucket_errors(record.bucket, record.layout))
+    else:
+        errors.append(f"phase must be prefill or decode, got {record.phase!r}")
     if not (isinstance(record.arch, str) and record.arch.startswith("sm") and record.arch[2:].isdigit()):
         errors.append(f"arch must look like sm90, got {record.arch!r}")
     for name in ("gpu", "variant", "dtype", "kernel_name"):
@@ -152,8 +161,11 @@ def validate_record(record: KernelRecord) -> list[str]:
     return errors
 
 
-def shape_dir_name(dtype: str, d_qk: int, d_v: int, causal: bool, layout: str = "dense") -> str:
+def shape_dir_name(dtype: str, d_qk: int, d_v: int, causal: bool, layout: str = "dense",
+                   phase: str = "prefill") -> str:
     name = f"{dtype}-d{d_qk}x{d_v}-{'causal' if causal else 'noncausal'}"
+    if phase == "decode":   # decode kernels of every cache layout apart from the prefill ones
+        return f"{name}-{layout}-decode"
     return name if layout == "dense" else f"{name}-{layout}"   # dense names as before: stores stay readable
 
 
@@ -167,8 +179,9 @@ class KernelStore:
     # ---- writing -------------------------------------------------------------------------------
 
     def record_dir(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
-                   bucket: str, layout: str = "dense") -> Path:
-        return self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout) / bucket
+                   bucket: str, layout: str = "dense", phase: str = "prefill") -> Path:
+        return (self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase)
+                / bucket)
 
     def offer(self, record: KernelRecord) -> bool:
         """Store ``record`` if it beats the stored one of its key (or there is none); True if stored.
@@ -225,13 +238,13 @@ class KernelStore:
                 rec = _load_record(rdir)
                 if gpu is None or rec.gpu == gpu:
                     out.append(rec)
-        return sorted(out, key=lambda r: (r.arch, r.variant, r.dtype, r.d_qk, r.d_v, r.causal, r.layout,
+        return sorted(out, key=lambda r: (r.arch, r.variant, r.dtype, r.d_qk, r.d_v, r.causal, r.layout, r.phase,
                                           _bucket_order(r.bucket)))
 
     def best(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
-             layout: str = "dense") -> dict[str, KernelRecord]:
+             layout: str = "dense", phase: str = "prefill") -> dict[str, KernelRecord]:
         """The stored kernels of one kernel spec, by bucket name."""
-        shape = self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout)
+        shape = self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase)
         if not shape.is_dir():
             return {}
         with self._lock(exclusive=False):
@@ -261,6 +274,8 @@ class KernelStore:
 
 
 def _bucket_order(bucket: str) -> tuple:
+    if is_decode_bucket(bucket):
+        return (3, *decode_bucket_sort_key(bucket))
     return bucket_sort_key(bucket)
 
 
