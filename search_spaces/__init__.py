@@ -42,10 +42,34 @@ SCHEDULE = "schedule"          # the pseudo-field: which reference sketch set a 
 DEFAULT_SCHEDULE = "fa2"
 
 
-def _kernel_param_types() -> dict[str, type]:
+PHASES = ("prefill", "decode")
+
+
+def params_class(phase: str = "prefill"):
+    """The parameter class a space of ``phase`` draws: translate.params.KernelParams for prefill kernels,
+    translate.decode.DecodeParams for split-KV decode kernels."""
+    if phase == "decode":
+        from translate.decode.params import DecodeParams
+
+        return DecodeParams
     from translate.params import KernelParams
 
-    types = {f.name: type(getattr(KernelParams(), f.name)) for f in fields(KernelParams)}
+    return KernelParams
+
+
+def params_from(data: dict, schedule: str | None = None):
+    """A parameter dict as the class it belongs to: DecodeParams when its sketch is a decode one (a
+    tl.DECODE_SCHEDULES name), or without a sketch when it names the decode split rule's knob; else
+    KernelParams. (Replay files and trial payloads carry the dict and the sketch name.)"""
+    from tl import DECODE_SCHEDULES
+
+    decode = schedule in DECODE_SCHEDULES if schedule else "min_split_blocks" in data
+    return params_class("decode" if decode else "prefill").from_dict(data)
+
+
+def _kernel_param_types(phase: str = "prefill") -> dict[str, type]:
+    cls = params_class(phase)
+    types = {f.name: type(getattr(cls(), f.name)) for f in fields(cls)}
     types[SCHEDULE] = str
     return types
 
@@ -106,6 +130,10 @@ class SearchSpace:
     seeds: tuple[SpaceSeed, ...] = ()
     source: str = ""
     derived: tuple[DerivedSpec, ...] = ()
+    phase: str = "prefill"                # decode: the parameters are DecodeParams (search_spaces/decode/)
+
+    def params_class(self):
+        return params_class(self.phase)
 
     def param(self, name: str) -> ParamSpec:
         for p in self.params:
@@ -154,10 +182,8 @@ class SearchSpace:
     def project(self, params: dict[str, Any], profile, head_dim: int, dtype: str) -> tuple[dict, list[str]]:
         """The Optuna parameters of a full KernelParams dict (with an optional ``schedule``; active
         parameters only), or why it is outside the space."""
-        from translate.params import KernelParams
-
         schedule = params.get(SCHEDULE, DEFAULT_SCHEDULE)
-        full = KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).to_dict()
+        full = self.params_class().from_dict({k: v for k, v in params.items() if k != SCHEDULE}).to_dict()
         full[SCHEDULE] = schedule
         chosen: dict[str, Any] = {}
         problems: list[str] = []
@@ -266,10 +292,13 @@ def _parse_restrictions(raw: Any, section: str, names: list[str], source: str):
 
 def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
     """Validate raw TOML data and build the SearchSpace; SpaceError names the file and the fault."""
-    types = _kernel_param_types()
-    unknown = sorted(set(data) - {"variant", "params", "arch", "dtype", "seeds", "derived"})
+    unknown = sorted(set(data) - {"variant", "phase", "params", "arch", "dtype", "seeds", "derived"})
     if unknown:
         raise _fail(source, f"unknown top-level key(s): {', '.join(unknown)}")
+    phase = data.get("phase", "prefill")
+    if phase not in PHASES:
+        raise _fail(source, f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    types = _kernel_param_types(phase)
     variant = data.get("variant")
     if not isinstance(variant, str):
         raise _fail(source, "missing 'variant'")
@@ -300,15 +329,22 @@ def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
                                str(raw.get("source", f"{Path(source).name} seed {i}"))))
     return SearchSpace(variant, tuple(params), _parse_restrictions(data.get("arch", {}), "arch", names, source),
                        _parse_restrictions(data.get("dtype", {}), "dtype", names, source), tuple(seeds), source,
-                       tuple(derived))
+                       tuple(derived), phase)
+
+
+DECODE_DIR = "decode"   # search_spaces/decode/<variant>.toml: the decode kernels' spaces
 
 
 def available_spaces(directory: Path = SPACE_DIR) -> list[str]:
     return sorted(p.stem for p in Path(directory).glob("*.toml"))
 
 
-def load_space(variant: str, directory: Path = SPACE_DIR) -> SearchSpace:
-    """Load ``<variant>.toml``; an unknown variant lists the choices."""
+def load_space(variant: str, directory: Path = SPACE_DIR, phase: str = "prefill") -> SearchSpace:
+    """Load ``<variant>.toml`` (of ``decode/`` for the decode phase); an unknown variant lists the choices."""
+    if phase not in PHASES:
+        raise SpaceError(f"unknown phase {phase!r}; choose one of: {', '.join(PHASES)}")
+    if phase == "decode":
+        directory = Path(directory) / DECODE_DIR
     names = available_spaces(directory)
     key = variant.strip().lower()
     if key not in names:
@@ -321,6 +357,8 @@ def load_space(variant: str, directory: Path = SPACE_DIR) -> SearchSpace:
     space = parse_space(data, str(path))
     if space.variant != key:
         raise SpaceError(f"{path}: variant {space.variant!r} does not match the file name")
+    if space.phase != phase:
+        raise SpaceError(f"{path}: a {space.phase} space where a {phase} one was asked for")
     return space
 
 
@@ -330,8 +368,6 @@ def suggest_candidate(trial, space: SearchSpace, profile, spec=None, *, head_dim
 
     ``spec`` (a KernelSpec) gives the head dim and dtype; they may also be given directly.
     """
-    from translate.params import KernelParams
-
     hd = head_dim if head_dim is not None else (spec.d_qk if spec is not None else 128)
     dt = dtype if dtype is not None else (spec.dtype if spec is not None else profile.dtypes[-1])
     values: dict[str, Any] = {}
@@ -346,7 +382,7 @@ def suggest_candidate(trial, space: SearchSpace, profile, spec=None, *, head_dim
             values[p.field] = trial.suggest_categorical(p.name, list(domain))
     space.derive(values)
     schedule = values.pop(SCHEDULE, DEFAULT_SCHEDULE) or DEFAULT_SCHEDULE
-    return schedule, KernelParams(**{k: v for k, v in values.items() if v is not None})
+    return schedule, space.params_class()(**{k: v for k, v in values.items() if v is not None})
 
 
 def suggest(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | None = None,
@@ -356,4 +392,5 @@ def suggest(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | No
 
 
 __all__ = ["ParamSpec", "DerivedSpec", "SearchSpace", "SpaceError", "SpaceSeed", "available_spaces", "load_space",
-           "parse_space", "suggest", "suggest_candidate", "SPACE_DIR", "SCHEDULE", "DEFAULT_SCHEDULE"]
+           "parse_space", "suggest", "suggest_candidate", "SPACE_DIR", "SCHEDULE", "DEFAULT_SCHEDULE", "PHASES",
+           "params_class", "params_from"]

@@ -34,7 +34,7 @@ class SpacePoint:
     """One valid candidate: the sketch it is built from, its parameters, and the choices that make it."""
 
     sketch: str
-    params: Any                                   # translate.params.KernelParams
+    params: Any                                   # translate.params.KernelParams (DecodeParams: decode spaces)
     choices: tuple[tuple[str, Any], ...]          # (parameter name, value) in suggest order
 
 
@@ -139,8 +139,6 @@ class FeasibleSpace:
     def project(self, params: dict, profile, head_dim: int, dtype: str, problems=()) -> tuple[dict, list[str]]:
         """The Optuna parameters (by their names in this tree) that make the full parameter dict ``params``
         (with its ``schedule``: a sketch name), or every reason it is not a valid point of the space."""
-        from translate.params import KernelParams, validate
-
         sketch = params.get(SCHEDULE, DEFAULT_SCHEDULE)
         if sketch not in dict(self.sketches):
             return {}, [f"schedule={sketch!r} is outside {[s for s, _ in self.sketches]}"]
@@ -148,10 +146,11 @@ class FeasibleSpace:
         raw, problems_found = self.space.project(base, profile, head_dim, dtype)
         if problems_found:
             return {}, problems_found
-        kernel = KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE})
-        ws = self.base_of(sketch).startswith("ws_")
-        reasons = sorted({e for p in problems for e in validate(kernel, profile, p, warp_specialized=ws)})
-        reasons += layout_reasons(kernel, self.base_of(sketch), self.layout, self.page_size)
+        kernel = self.space.params_class().from_dict({k: v for k, v in params.items() if k != SCHEDULE})
+        reasons = sorted({e for p in problems
+                          for e in candidate_errors(self.space, kernel, profile, p, self.base_of(sketch), self.layout)})
+        if self.space.phase == "prefill":
+            reasons += layout_reasons(kernel, self.base_of(sketch), self.layout, self.page_size)
         if reasons:
             return {}, reasons
         raw = {**raw, SCHEDULE: sketch} if SCHEDULE in raw else raw
@@ -175,6 +174,21 @@ def default_sketches(space: SearchSpace, profile, head_dim: int, dtype: str) -> 
     except KeyError:   # a space without the dimension: the paper's flow
         names = (DEFAULT_SCHEDULE,)
     return tuple((n, n) for n in names)
+
+
+def candidate_errors(space: SearchSpace, params, profile, shape, base: str, layout: str = "dense") -> list[str]:
+    """Every reason ``params`` cannot build a kernel of ``shape`` (a tuner.problem.Problem: heads, dims, dtype,
+    causal) from a sketch of reference schedule ``base``: translate.params.validate for prefill kernels,
+    translate.decode.validate_decode (on the decode spec of the shape, in ``layout``) for decode ones."""
+    if space.phase == "decode":
+        from translate.decode.params import validate_decode
+        from translate.problem import KernelSpec
+
+        spec = KernelSpec(shape.variant, shape.d_qk, shape.d_v, shape.causal, shape.dtype, layout, "decode")
+        return validate_decode(params, profile, spec)
+    from translate.params import validate
+
+    return validate(params, profile, shape, warp_specialized=base.startswith("ws_"))
 
 
 def layout_reasons(params, base: str, layout: str = "dense", page_size: int | None = None) -> list[str]:
@@ -209,8 +223,7 @@ def feasible_space(space: SearchSpace, profile, head_dim: int, dtype: str, probl
 
 @functools.lru_cache(maxsize=64)
 def _feasible(space, profile, head_dim, dtype, shapes, sketches, layout="dense", page_size=None) -> FeasibleSpace:
-    from translate.params import KernelParams, validate
-
+    params_class = space.params_class()
     bases = dict(sketches)
     has_schedule = any(p.name == SCHEDULE for p in space.params)
     legal_bases = set(space.domain(SCHEDULE, profile, head_dim, dtype)) if has_schedule else {DEFAULT_SCHEDULE}
@@ -229,13 +242,14 @@ def _feasible(space, profile, head_dim, dtype, shapes, sketches, layout="dense",
             full = space.derive(dict(values))
             full.pop(SCHEDULE, None)
             try:
-                params = KernelParams(**{k: v for k, v in full.items() if v is not None})
+                params = params_class(**{k: v for k, v in full.items() if v is not None})
             except TypeError as exc:
                 raise SpaceError(f"{space.source}: {exc}") from None
             enumerated += 1
-            ws = bases.get(sketch, sketch).startswith("ws_")
-            errors = [e for shape in shapes for e in validate(params, profile, shape, warp_specialized=ws)]
-            errors += layout_reasons(params, bases.get(sketch, sketch), layout, page_size)
+            base = bases.get(sketch, sketch)
+            errors = [e for shape in shapes for e in candidate_errors(space, params, profile, shape, base, layout)]
+            if space.phase == "prefill":
+                errors += layout_reasons(params, base, layout, page_size)
             if errors:
                 if len(rejections) < 3:
                     rejections.append(f"{sketch} {params.key()}: {errors[0]}")

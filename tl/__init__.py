@@ -15,7 +15,8 @@ from tl.printer import format_program
 
 __all__ = ["parse", "parse_program", "format_program", "check", "check_source", "CheckLimits", "Diagnostic",
            "TLSyntaxError", "ParseResult", "sketch_path", "load_sketch", "VARIANTS", "SCHEDULES", "SCHEDULE_BASE",
-           "schedule_base", "schedule_variants", "LAYOUTS", "layout_of", "with_layout"]
+           "schedule_base", "schedule_variants", "LAYOUTS", "layout_of", "with_layout", "DECODE_SCHEDULES",
+           "decode_sketch_path"]
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")
 _SKETCHES = Path(__file__).resolve().parent / "sketches"
@@ -54,4 +55,30 @@ def sketch_path(variant: str, causal: bool, schedule: str = "fa2") -> Path:
 
 def load_sketch(variant: str, causal: bool, schedule: str = "fa2", layout: str = "dense") -> str:
     """The reference program's text, in ``layout`` (tl.layout: the offsets of its global tensors)."""
+    if schedule in DECODE_SCHEDULES:
+        return decode_sketch_path(variant, schedule, layout).read_text(encoding="utf-8")
     return with_layout(sketch_path(variant, causal, schedule).read_text(encoding="utf-8"), layout)
+
+
+# The decode sketches (tl/phase.py), per cache layout (paged or dense): one file serves causal and not (its
+# Mask is the seqlen_q > 1 diagonal) and MHA/MQA as GQA with groups of h or 1; MLA (absorbed, V inside the
+# latent K rows) has its own. ``decode`` issues a tile's gathers before its GEMMs, ``decode_late`` after them.
+DECODE_SCHEDULES = {
+    "decode": "decode/{f}_{layout}.tl",
+    "decode_late": "decode/late/{f}_{layout}.tl",
+}
+DECODE_LAYOUTS = ("paged", "dense")
+
+
+def decode_sketch_path(variant: str, schedule: str = "decode", layout: str = "paged") -> Path:
+    key = variant.lower()
+    if key not in VARIANTS:
+        raise ValueError(f"unknown attention variant {variant!r}; expected one of {', '.join(VARIANTS)}")
+    if schedule not in DECODE_SCHEDULES:
+        raise ValueError(f"unknown decode schedule {schedule!r}; expected one of {', '.join(DECODE_SCHEDULES)}")
+    if layout not in DECODE_LAYOUTS:
+        raise ValueError(f"a decode kernel reads a paged or a dense cache, not {layout!r}")
+    path = _SKETCHES / DECODE_SCHEDULES[schedule].format(f="mla" if key == "mla" else "gqa", layout=layout)
+    if not path.is_file():
+        raise ValueError(f"no {schedule} sketch for {key} over a {layout} cache ({path.name})")
+    return path

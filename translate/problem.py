@@ -122,6 +122,11 @@ def grid_problems(variant: str, head_dim: int, dtype: str, causal: bool | None =
     return out
 
 
+# DeepSeek-V3's absorbed MLA decode: q/k are the 512 latent + 64 rotary dims of one latent KV head, V the first
+# 512 columns of the same rows (FlashMLA's layout).
+MLA_ABSORBED_D_QK = 576
+MLA_ABSORBED_D_V = 512
+
 @dataclass(frozen=True)
 class KernelSpec:
     """What a compiled kernel bakes in at compile time; everything else (batch, heads, seqlens,

@@ -29,6 +29,9 @@ SCHEDULE_HELP = ("Reference sketch set when no --sketch: fa2 (the paper's flow; 
 LAYOUT_HELP = ("dense, varlen (packed sequences, cu_seqlens) or paged (a paged KV cache): the reference sketch's "
                "offsets.")
 PAGE_SIZE_HELP = "With --layout paged: keys per page of the KV cache, one of 16, 32, 64, 128, 256."
+PHASE_HELP = ("prefill, or decode: split-KV decode kernels (a few new tokens per sequence against a KV cache, "
+              "paged with 16-token pages by default, or --layout dense), tuned per decode bucket (batch x KV "
+              "capacity, tuner/decode_buckets.py) against FA4's paged decode.")
 
 
 def _fail_usage(message: str) -> "typer.Exit":
@@ -91,12 +94,15 @@ def campaign(
     early_stop: bool = typer.Option(True, "--early-stop/--no-early-stop",
                                     help="Probe a candidate at the longest seqlen first and stop timing it when it "
                                          "is over 20% behind the best kernel there (seeds are always timed in full)."),
-    layout: str = typer.Option("dense", "--layout", help="dense (the paper grid), varlen (packed sequences, "
-                                                          "cu_seqlens) or paged (a paged KV cache): a serving "
-                                                          "layout is measured on the mixes of tuner/mixes.toml "
-                                                          "and stored per serving bucket (Hopper only)."),
+    layout: Optional[str] = typer.Option(None, "--layout", help="dense (the paper grid; the default), varlen "
+                                                                "(packed sequences, cu_seqlens) or paged (a paged KV "
+                                                                "cache): a serving layout is measured on the mixes of "
+                                                                "tuner/mixes.toml and stored per serving bucket "
+                                                                "(Hopper only). --phase decode: paged (default, pages "
+                                                                "of 16) or dense."),
     page_size: Optional[int] = typer.Option(None, "--page-size", help="KV-cache page size of --layout paged: "
                                                                        "16, 32, 64, 128 or 256."),
+    phase: str = typer.Option("prefill", "--phase", help=PHASE_HELP),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -113,9 +119,24 @@ def campaign(
         llm_api_key=llm_api_key, llm_sketches=llm_sketches, dry_run=dry_run, resume=resume, remeasure=remeasure,
         sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout, gpu_overlap=gpu_overlap,
         compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens), early_stop=early_stop,
-        layout=layout.strip().lower(), page_size=page_size,
+        layout=_campaign_layout(layout, phase), page_size=_campaign_page_size(layout, page_size, phase),
+        phase=phase.strip().lower(),
     )
     raise typer.Exit(run_campaign(options))
+
+
+def _campaign_layout(layout: Optional[str], phase: str) -> str:
+    """--layout as given; unset, dense (prefill) or paged (decode)."""
+    if layout is not None:
+        return layout.strip().lower()
+    return "paged" if phase.strip().lower() == "decode" else "dense"
+
+
+def _campaign_page_size(layout: Optional[str], page_size: Optional[int], phase: str) -> Optional[int]:
+    """--page-size as given; unset with a decode campaign's default paged cache: pages of 16 (vLLM's)."""
+    if page_size is None and layout is None and phase.strip().lower() == "decode":
+        return 16
+    return page_size
 
 
 @app.command()
@@ -153,13 +174,27 @@ def build(
     causal: bool = typer.Option(True, "--causal/--no-causal"),
     out: Path = typer.Option(..., "-o", "--out", help="Output directory for .cu, .cubin and resources JSON."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
-    layout: str = typer.Option("dense", "--layout", help=LAYOUT_HELP),
+    layout: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP + " Default: dense (decode: paged)."),
     page_size: Optional[int] = typer.Option(None, "--page-size", help=PAGE_SIZE_HELP + " Checked against the "
                                             "kernel's block N before compiling; without it the paged kernel reads "
                                             "every page size its block N tiles (chosen at run time)."),
+    phase: str = typer.Option("prefill", "--phase", help="prefill, or decode: the split-KV decode kernel "
+                                                         "(--schedule decode or decode_late; --layout paged, the "
+                                                         "default, or dense)."),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.build_cmd import run_build
+
+    phase = phase.strip().lower()
+    if phase not in ("prefill", "decode"):
+        typer.echo(f"tune build: error: --phase must be prefill or decode, got {phase!r}", err=True)
+        raise typer.Exit(2)
+    if phase == "decode":
+        from tuner.build_decode_cmd import run_decode_build
+
+        raise typer.Exit(run_decode_build(gpu, variant, sketch, params, head_dim, dtype, causal, out,
+                                          layout.strip().lower() if layout else None, page_size, schedule))
+    layout = (layout or "dense").strip().lower()
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
                                dtype=dtype, causal=causal, out=out, schedule=schedule, layout=layout,

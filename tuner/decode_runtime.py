@@ -56,7 +56,7 @@ def load_decode_kernel(binary, meta: dict, device: int | None = None) -> "Decode
     """Load a decode kernel's cubin (both entry points) on GPU ``device``; meta is ``GeneratedKernel.meta()``."""
     if meta.get("grid") != "decode":
         raise rt.KernelLoadError(f"{meta.get('name')} is not a decode kernel (grid {meta.get('grid')!r})")
-    base = rt.load_kernel(binary, meta, device)
+    base = rt.load_attention_kernel(binary, meta, device)
     driver = rt._driver()
     with rt._Current(base.device_index):
         combine = rt._check(driver.cuModuleGetFunction(base._module, (meta["name"] + "_combine").encode()),

@@ -128,9 +128,19 @@ class _Current:
         _driver().cuCtxPopCurrent()
 
 
-def load_kernel(binary: bytes | str | Path, meta: dict, device: int | None = None) -> "AttentionKernel":
+def load_kernel(binary: bytes | str | Path, meta: dict, device: int | None = None):
     """Load ``binary`` (cubin or PTX bytes, or a path to one) into GPU ``device`` (default: torch's current
-    device) and return a launchable kernel. ``meta`` is ``GeneratedKernel.meta()``."""
+    device) and return a launchable kernel. ``meta`` is ``GeneratedKernel.meta()``: a decode kernel's (grid
+    "decode") loads as a tuner.decode_runtime.DecodeKernel, any other as an AttentionKernel."""
+    if isinstance(meta, dict) and meta.get("grid") == "decode":
+        from tuner.decode_runtime import load_decode_kernel
+
+        return load_decode_kernel(binary, meta, device)
+    return load_attention_kernel(binary, meta, device)
+
+
+def load_attention_kernel(binary: bytes | str | Path, meta: dict, device: int | None = None) -> "AttentionKernel":
+    """The module and entry point of ``meta["name"]``, as an AttentionKernel (load_kernel's work)."""
     check_meta(meta)
     data = Path(binary).read_bytes() if isinstance(binary, (str, Path)) else bytes(binary)
     if not data:

@@ -40,9 +40,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from search_spaces import params_from
+
 from .earlystop import decide as early_stop_decide
 from .gpulock import LockHold, gpu_lock
-from .problems import is_dense, problem_key
+from .problems import is_decode, is_dense, problem_key
 
 FAULTS = ("oob", "hang", "wrong", "compile")
 
@@ -91,8 +93,6 @@ def load_replay(path: str | Path) -> ReplayData:
 
 @functools.lru_cache(maxsize=8)
 def _parse_replay(name: str, mtime_ns: int, size: int) -> ReplayData:
-    from translate.params import KernelParams
-
     path = Path(name)
     opener = gzip.open if path.suffix == ".gz" else open
     meta: dict = {}
@@ -112,7 +112,7 @@ def _parse_replay(name: str, mtime_ns: int, size: int) -> ReplayData:
                 if not isinstance(row.get("params"), dict):
                     raise BackendError(f"{path}:{lineno}: an entry needs a 'params' object")
                 try:
-                    key = replay_key(KernelParams.from_dict(row["params"]), row.get("schedule"))
+                    key = replay_key(params_from(row["params"], row.get("schedule")), row.get("schedule"))
                 except (TypeError, ValueError) as exc:
                     raise BackendError(f"{path}:{lineno}: {exc}") from None
                 fault = row.get("fault")
@@ -146,9 +146,7 @@ def replay_noise(meta: dict, *parts) -> float:
 
 
 def replay_fault(path: str, params: dict, schedule: str | None = None) -> str | None:
-    from translate.params import KernelParams
-
-    entry = replay_entry(load_replay(path), KernelParams.from_dict(params), schedule)
+    entry = replay_entry(load_replay(path), params_from(params, schedule), schedule)
     return None if entry is None else entry.get("fault")
 
 
@@ -209,12 +207,11 @@ def play_fault(fault: str | None) -> None:
 
 def _replay_measure(path: str, payload: dict) -> dict:
     from hardware_profiles import load_profile
-    from translate.params import KernelParams
 
     from .perfmodel import model_tflops
 
     data = load_replay(path)
-    params = KernelParams.from_dict(payload["params"])
+    params = params_from(payload["params"], payload.get("schedule"))
     entry = replay_entry(data, params, payload.get("schedule"))
     fault = None if entry is None else entry.get("fault")
     play_fault(fault)
@@ -268,6 +265,18 @@ def serving_baseline_names() -> tuple[str, ...]:
     return serving_baselines()
 
 
+def baseline_names(problems) -> tuple[str, ...]:
+    """The libraries a campaign's problems are compared with: SDPA's backends and FA4 (dense), the serving
+    baselines (varlen/paged mixes), FA4's paged decode and the copy bound (decode)."""
+    from tuner import bench
+
+    if problems and all(is_decode(p) for p in problems):
+        from .decode_measure import BASELINES
+
+        return BASELINES
+    return bench.BASELINES if all(is_dense(p) for p in problems) else serving_baseline_names()
+
+
 def gpu_name(device: str) -> str:
     """The GPU's name as torch reports it (Ray gives the task one GPU: it is device 0)."""
     import torch
@@ -305,7 +314,12 @@ def _gpu_measure(payload: dict, device: str | None = None, on_acquired: OnAcquir
     warm_up(payload["spec"], device)
     seconds["warmup"] = round(_time.perf_counter() - t1, 3)
     with gpu_lock(on_acquired=on_acquired) as hold:
-        if getattr(payload["spec"], "layout", "dense") != "dense":
+        if getattr(payload["spec"], "phase", "prefill") == "decode":
+            from .decode_measure import verify_and_bench as decode_verify_and_bench
+
+            result = decode_verify_and_bench(kernel, payload, device, name, timing, seconds, _failure,
+                                             early_stop_decide)
+        elif getattr(payload["spec"], "layout", "dense") != "dense":
             from .serving_measure import verify_and_bench
 
             result = verify_and_bench(kernel, payload, device, name, timing, seconds, _failure, early_stop_decide)
@@ -439,7 +453,7 @@ def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device
         recorded = data.meta.get("baselines") or {}
         rows = {problem_key(p): dict(recorded.get(problem_key(p)) or {}) for p in problems}
         errors = {}
-        names = bench.BASELINES if all(is_dense(p) for p in problems) else serving_baseline_names()
+        names = baseline_names(problems)
         for seqlen, row in rows.items():   # e.g. a grid recorded before FA4 was a baseline: no number, a reason
             missing = {name: "not recorded in the replay file" for name in names if name not in row}
             row.update(dict.fromkeys(missing))
@@ -452,7 +466,11 @@ def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device
     rows, errors = {}, {}
     for p in problems:
         errs: dict = {}
-        if is_dense(p):
+        if is_decode(p):
+            from .decode_measure import measure_baselines as decode_baselines
+
+            rows[problem_key(p)] = decode_baselines(p, timing_, device, errs)
+        elif is_dense(p):
             rows[problem_key(p)] = bench.measure_baselines(p, timing=timing_, device=device, errors=errs)
         else:
             from .serving_measure import measure_baselines

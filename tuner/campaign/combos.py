@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from tuner.models import ModelError, get_model
 from tuner.problem import (DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems,
                            heads_for, spec_for)
+from translate.problem import MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V
 
 CAUSAL_WORDS = {"both": (True, False),
                 "true": (True,), "causal": (True,), "yes": (True,), "1": (True,),
@@ -30,21 +31,45 @@ class Combination:
     model: str | None = None
     layout: str = "dense"                 # dense, or a serving layout: varlen / paged (tuner/mixes.py)
     page_size: int | None = None          # paged only
+    phase: str = "prefill"                # decode: split-KV decode over a paged or dense cache
 
     def label(self) -> str:
         dims = f"d{MLA_D_QK}/{MLA_D_V}" if self.variant == "mla" else f"d{self.head_dim}"
         text = f"{self.variant} {dims} {self.dtype} {'causal' if self.causal else 'noncausal'}"
         serving = self.layout if self.page_size is None else f"{self.layout} page {self.page_size}"
+        if self.phase == "decode":
+            text = text.replace(f"d{MLA_D_QK}/{MLA_D_V}", f"d{MLA_ABSORBED_D_QK}/{MLA_ABSORBED_D_V} absorbed")
+            serving = f"decode, {serving if self.page_size else 'dense'} cache"
         extra = [x for x in (self.model, self.heads and f"{self.heads[0]}q/{self.heads[1]}kv",
-                             self.layout != "dense" and serving) if x]
+                             (self.layout != "dense" or self.phase == "decode") and serving) if x]
         return f"{text} ({', '.join(extra)})" if extra else text
 
     def spec(self) -> KernelSpec:
-        return replace(spec_for(self.variant, self.head_dim, self.dtype, self.causal), layout=self.layout)
+        spec = replace(spec_for(self.variant, self.head_dim, self.dtype, self.causal), layout=self.layout)
+        if self.phase != "decode":
+            return spec
+        if self.variant == "mla":   # DeepSeek decodes MLA absorbed: the latent rows are K, their first 512 V
+            spec = replace(spec, d_qk=MLA_ABSORBED_D_QK, d_v=MLA_ABSORBED_D_V)
+        return replace(spec, phase="decode")
+
+    def decode_heads(self) -> tuple[int, int]:
+        """(heads_q, heads_kv) of a decode call: the preset's, else the paper grid's; absorbed MLA has one
+        latent KV head for all query heads."""
+        hq, hkv, _, _ = heads_for(self.variant, self.spec().d_qk if self.variant != "mla" else MLA_D_QK)
+        hq, hkv = self.heads or (hq, hkv)
+        return (hq, 1) if self.variant == "mla" else (hq, hkv)
 
     def problems(self, **grid) -> list:
         """The benchmark problems of this combination: the paper grid (``grid``: total_tokens, seqlens), or
-        for a serving layout its mixes (tuner/mixes.toml) with these heads and dims."""
+        for a serving layout its mixes (tuner/mixes.toml) with these heads and dims, or for decode one call
+        per decode bucket (tuner/decode_problem.py)."""
+        if self.phase == "decode":
+            from tuner.decode_problem import decode_problems
+
+            spec = self.spec()
+            hq, hkv = self.decode_heads()
+            return decode_problems(self.variant, hq, hkv, spec.d_qk, spec.d_v, self.causal, self.dtype,
+                                   self.page_size)
         if self.layout == "dense":
             return grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads, **grid)
         from tuner.mixes import serving_problems
@@ -58,6 +83,10 @@ class Combination:
     def shapes(self) -> list[Problem]:
         """Dense problems of this combination's heads and dims (what the validators check a parameter set
         against; a serving mix's lengths change no rule of theirs)."""
+        if self.phase == "decode":
+            spec = self.spec()
+            hq, hkv = self.decode_heads()
+            return [Problem(self.variant, 1, hq, hkv, 1, 1, spec.d_qk, spec.d_v, self.causal, self.dtype)]
         if self.layout == "dense":
             return self.problems()
         return [Problem(p.variant, 1, p.heads_q, p.heads_kv, 1, 1, p.d_qk, p.d_v, p.causal, p.dtype)
@@ -152,12 +181,18 @@ def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None
 
 def expand_combinations(profile, variant: str | None, head_dim: str | int | None, dtype: str | None,
                         causal: str | bool | None, model: str | None, layout: str = "dense",
-                        page_size: int | None = None) -> list[Combination]:
+                        page_size: int | None = None, phase: str = "prefill") -> list[Combination]:
     """Every combination the options name, variant-major, then head dim, dtype, causal (causal first); each of
-    ``layout`` (a serving layout needs the warp-specialised Hopper kernels: an sm90 profile).
+    ``layout`` (a serving layout needs the warp-specialised Hopper kernels: an sm90 profile) and ``phase``
+    (decode kernels need cp.async and mma.sync: sm80+).
 
     ``profile`` is a hardware_profiles.Profile (its name and dtypes are used)."""
     combos = _combinations(profile, variant, head_dim, dtype, causal, model)
+    if phase == "decode":
+        if profile.sm < 80:
+            raise ComboError(f"--phase decode needs an sm80+ GPU (its kernels gather with cp.async); {profile.name} "
+                             f"is sm{profile.sm}")
+        return [replace(c, layout=layout, page_size=page_size, phase="decode") for c in combos]
     if layout == "dense":
         return combos
     if "SM90_GMMA" not in getattr(profile, "mma_atoms", ()):

@@ -119,7 +119,7 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     """Check every option that can be checked without a cluster; ValueError-family on bad input."""
     profile = load_profile(options.gpu)
     combos = expand_combinations(profile, options.variant, options.head_dim, options.dtype, options.causal,
-                                 options.model, options.layout, options.page_size)
+                                 options.model, options.layout, options.page_size, options.phase)
     if options.sampler not in st.SAMPLERS:
         raise ValueError(f"unknown sampler {options.sampler!r}; choose one of: {', '.join(st.SAMPLERS)}")
     problems = option_problems(options)
@@ -132,8 +132,9 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     camps = []
     for combo in combos:
         spec = combo.spec()
-        space = load_space(spec.variant)
-        problems = combo.problems(seqlens=seqlens) if combo.layout == "dense" else combo.problems()
+        space = load_space(spec.variant, phase=spec.phase)
+        dense_grid = combo.layout == "dense" and combo.phase == "prefill"
+        problems = combo.problems(seqlens=seqlens) if dense_grid else combo.problems()
         space.domains(profile, spec.d_qk, spec.dtype)  # an empty domain is an error now, not at trial 1
         name = st.study_name(profile.name, spec, options.dry_run, heads=combo.heads, page_size=combo.page_size)
         camps.append(Campaign(options, combo, profile, spec, space, problems, backend, name,
@@ -250,7 +251,9 @@ def _sketch_stage(camp: Campaign) -> None:
         camp.console.print(f"{camp.label}: the study's {len(stored)} sketch(es) (resumed)", markup=False)
     else:
         programs = []
-        if llm is not None and config.configured and camp.spec.layout != "dense":
+        if llm is not None and config.configured and camp.spec.phase == "decode":
+            camp.llm_message = "the LLM writes prefill sketches; --phase decode searches the built-in decode sketches"
+        elif llm is not None and config.configured and camp.spec.layout != "dense":
             camp.llm_message = (f"the LLM writes dense sketches; --layout {camp.spec.layout} searches the built-in "
                                 "warp-specialised sketches in its layout")
         elif llm is not None and config.configured:
@@ -260,7 +263,8 @@ def _sketch_stage(camp: Campaign) -> None:
         elif llm is not None:
             camp.llm_message = f"{config.not_configured_reason}; the built-in sketches only"
         bases = [name for name, _ in default_sketches(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype)]
-        camp.sketches = sk.campaign_sketches(camp.spec.variant, camp.spec.causal, bases, programs, camp.spec.layout)
+        camp.sketches = sk.campaign_sketches(camp.spec.variant, camp.spec.causal, bases, programs, camp.spec.layout,
+                                             camp.spec.phase)
         camp.study.set_user_attr(sk.ATTR, sk.to_attr(camp.sketches))
         if camp.llm_message:
             camp.console.print(f"sketches: {camp.llm_message}", markup=False)
@@ -269,7 +273,10 @@ def _sketch_stage(camp: Campaign) -> None:
     camp.feasible = feasible_space(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype, camp.combo.shapes(),
                                    tuple((s.name, s.base) for s in camp.sketches), camp.spec.layout,
                                    camp.combo.page_size)
-    if llm is not None:
+    if llm is not None and camp.spec.phase == "decode":
+        camp.console.print("seeds: the decode space's own (search_spaces/decode/); the LLM proposes prefill "
+                           "parameters", markup=False)
+    elif llm is not None:
         camp.llm_seeds = llm.propose_params(config, camp.profile, camp.spec, camp.program_text, 8, cache)
         sources = sorted({s.source for s in camp.llm_seeds})
         camp.console.print(f"seeds: {len(camp.llm_seeds)} from {', '.join(sources) or 'nowhere'}"
@@ -295,12 +302,14 @@ def _enqueue_seeds(camp: Campaign) -> None:
     if study.user_attrs.get(st.SEEDS_ATTR):
         return
     hd, dt = camp.spec.d_qk, camp.spec.dtype
+    cls = camp.space.params_class()           # KernelParams, or DecodeParams for a decode space
+    decode = camp.spec.phase == "decode"
     proposals = [(s.params.to_dict(), s.source, getattr(s, "rationale", "")) for s in camp.llm_seeds]
     published = []
     for seed in camp.space.seeds_for(hd):
         raw = dict(seed.params)
-        schedule = raw.pop(SCHEDULE, "fa2")
-        full = {**KernelParams(**raw).to_dict(), SCHEDULE: schedule}
+        schedule = raw.pop(SCHEDULE, "decode" if decode else "fa2")
+        full = {**cls(**raw).to_dict(), SCHEDULE: schedule}
         published.append((full, f"search space: {seed.source}", ""))
     # The LLM's proposals first; then the libraries' published choices, those of the profile's own schedule
     # first (on Hopper the warp-specialised ones); then, without an LLM, the profile's FA2-era stand-ins.
@@ -316,13 +325,14 @@ def _enqueue_seeds(camp: Campaign) -> None:
         # a seed without a schedule: TMA loads come with the warp-specialised flow, anything else the paper's
         schedule = params.get(SCHEDULE, "ws_overlap" if params.get("g2s_atom") == "SM90_TMA" else "fa2")
         params = {**params, SCHEDULE: schedule}
-        key = f"{schedule}:{KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).key()}"
+        key = f"{schedule}:{cls.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).key()}"
         if key in seen:
             continue
-        if camp.spec.layout != "dense" and not schedule.startswith("ws_"):
+        if not decode and camp.spec.layout != "dense" and not schedule.startswith("ws_"):
             other_schedule += 1   # (said once below: not a fault of the seed)
             continue
-        params = serving_seed(params, camp.spec.layout)
+        if not decode:
+            params = serving_seed(params, camp.spec.layout)
         chosen, problems = camp.feasible.project(params, camp.profile, hd, dt, camp.combo.shapes())
         if problems:
             camp.console.print(f"seed {key} ({source}) skipped: {'; '.join(problems)}", markup=False)

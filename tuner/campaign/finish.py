@@ -9,7 +9,7 @@ from optuna.trial import TrialState
 from . import study as st
 from .confirm import DEFAULT_RULE
 from .winners import decisions_for, trial_stem
-from .problems import bucket_of, is_dense, problem_key, problem_order
+from .problems import bucket_of, is_decode, is_dense, problem_key, problem_order
 
 
 def trial_rows(study) -> list[dict]:
@@ -305,7 +305,8 @@ def _store(camp, study, decisions: dict) -> list:
             tl_program=tl_program, verification=t.user_attrs["verification"], tflops=d.winner.at(problem_key(problem)),
             baselines=dict(camp.baselines.get(problem_key(problem), {})), problem=_problem_dict(problem),
             provenance=provenance, study=camp.name, trial=t.number, sketch=sketch,
-            confirmation={**confirmation, "rule": DEFAULT_RULE.to_dict()}, layout=camp.spec.layout)
+            confirmation={**confirmation, "rule": DEFAULT_RULE.to_dict()}, layout=camp.spec.layout,
+            phase=camp.spec.phase)
         expected = d.contest.stored.sha256 if d.contest.stored is not None else None
         try:
             if store.replace(record, expected):
@@ -321,15 +322,15 @@ def _store(camp, study, decisions: dict) -> list:
 def _problem_dict(problem) -> dict:
     from dataclasses import asdict
 
+    if is_decode(problem):   # its layout, bytes and name beside the fields
+        return problem.to_dict()
     return asdict(problem)
 
 
 def _bench_rows(camp, decisions: dict) -> list[dict]:
     """Per benchmark shape: this run's winner of its bucket against the libraries, same run; ``<library>_err``
     says why a library has no number (FA4 not installed, a shape it cannot run)."""
-    from tuner.bench import BASELINES as DENSE
-
-    from .serving_measure import serving_baselines
+    from .backends import baseline_names
 
     rows = []
     for problem in camp.problems:
@@ -339,7 +340,7 @@ def _bench_rows(camp, decisions: dict) -> list[dict]:
         key = problem_key(problem)
         base = camp.baselines.get(key, {})
         errors = camp.baseline_errors.get(key, {})
-        BASELINES = DENSE if is_dense(problem) else serving_baselines()
+        BASELINES = baseline_names([problem])
         rows.append({"seqlen": problem.seqlen_k if is_dense(problem) else key, "causal": problem.causal,
                      "ours": d.winner.at(key),
                      **({} if is_dense(problem) else {"bucket": problem.bucket}),

@@ -57,6 +57,8 @@ class CampaignOptions:
     early_stop: bool = True               # probe the longest seqlen first; stop a candidate far behind (earlystop.py)
     layout: str = "dense"                 # dense (b, s, h, d); varlen / paged: the serving mixes (tuner/mixes.py)
     page_size: Optional[int] = None       # the paged layout's KV-cache page (tuner.mixes.PAGE_SIZES)
+    phase: str = "prefill"                # or decode: split-KV decode kernels on the decode buckets
+                                          # (tuner/decode_buckets.py) over a paged (default) or dense cache
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "study_dir", Path(self.study_dir))
@@ -102,12 +104,15 @@ def option_problems(o: CampaignOptions) -> list[str]:
     from tuner.mixes import PAGE_SIZES
 
     need(o.layout in LAYOUTS, "--layout", f"one of {', '.join(LAYOUTS)}", o.layout)
-    if o.layout == "paged":
+    need(o.phase in ("prefill", "decode"), "--phase", "prefill or decode", o.phase)
+    if o.phase == "decode":
+        problems.extend(decode_option_problems(o))
+    elif o.layout == "paged":
         need(o.page_size in PAGE_SIZES and _count(o.page_size, 1), "--page-size",
              f"one of {', '.join(map(str, PAGE_SIZES))} with --layout paged", o.page_size)
     elif o.page_size is not None:
         problems.append(f"--page-size applies to --layout paged only, got --layout {o.layout}")
-    if o.layout != "dense" and o.seqlens is not None:
+    if o.phase == "prefill" and o.layout != "dense" and o.seqlens is not None:
         problems.append(f"--seqlens applies to the dense layout; --layout {o.layout} measures the serving mixes "
                         "of tuner/mixes.toml")
     need(_seconds(o.compile_timeout), "compile_timeout", "a positive number of seconds", o.compile_timeout)
@@ -116,4 +121,23 @@ def option_problems(o: CampaignOptions) -> list[str]:
          o.bench_warmup_ms)
     need(_seconds(o.bench_rep_ms), "bench_rep_ms", "a positive number of milliseconds", o.bench_rep_ms)
     need(_count(o.bench_rotate, 1), "bench_rotate", "an integer of at least 1", o.bench_rotate)
+    return problems
+
+
+DECODE_PAGE_SIZES = (16, 32, 64, 128, 256)   # any power of two the gathers index (one table lookup per key row)
+
+
+def decode_option_problems(o: CampaignOptions) -> list[str]:
+    """--phase decode: a paged (with its page size) or dense cache, no prefill grid."""
+    problems = []
+    if o.layout not in ("paged", "dense"):
+        problems.append(f"--phase decode reads a paged or a dense KV cache, not --layout {o.layout}")
+    elif o.layout == "paged" and (o.page_size not in DECODE_PAGE_SIZES or not _count(o.page_size, 1)):
+        problems.append(f"--page-size must be one of {', '.join(map(str, DECODE_PAGE_SIZES))} with --phase decode "
+                        f"--layout paged, got {o.page_size!r}")
+    elif o.layout == "dense" and o.page_size is not None:
+        problems.append("--page-size applies to a paged cache; --phase decode --layout dense has none")
+    if o.seqlens is not None:
+        problems.append("--seqlens sets the prefill grid; --phase decode measures one call per decode bucket "
+                        "(tuner/decode_buckets.py)")
     return problems

@@ -30,6 +30,10 @@ def registers_per_thread(params: KernelParams, d_qk: int, d_v: int) -> float:
 def model_tflops(params: KernelParams, problem, profile) -> float:
     """Modelled TFLOPS of ``params`` on ``problem`` (a tuner.problem.Problem) for ``profile``; a serving mix
     (tuner.mixes.ServingProblem) as its sequences one after the other."""
+    if getattr(problem, "phase", "prefill") == "decode":
+        from .decode_measure import model_tflops as decode_tflops
+
+        return decode_tflops(params, problem, profile)
     if hasattr(problem, "layout"):
         return _mix_tflops(params, problem, profile)
     peak = profile.peak_tflops(problem.dtype) or profile.tflops_fp16

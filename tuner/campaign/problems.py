@@ -1,11 +1,21 @@
-"""What the campaign needs of a benchmark problem, dense (tuner.problem.Problem: one seqlen of the paper grid)
-or serving (tuner.mixes.ServingProblem: a packed length mix of a serving layout): its key in the trials'
-TFLOPS and the baselines, its bucket, its order in tables, and the one the early stop probes."""
+"""What the campaign needs of a benchmark problem, dense (tuner.problem.Problem: one seqlen of the paper grid),
+serving (tuner.mixes.ServingProblem: a packed length mix of a serving layout) or decode
+(tuner.decode_problem.DecodeProblem: one decode call per decode bucket): its key in the trials' TFLOPS and the
+baselines, its bucket, its order in tables, and the one the early stop probes."""
 from __future__ import annotations
+
+
+def is_decode(problem) -> bool:
+    return getattr(problem, "phase", "prefill") == "decode"
 
 
 def is_dense(problem) -> bool:
     return not hasattr(problem, "layout")
+
+
+def is_serving(problem) -> bool:
+    """A packed serving mix (varlen or paged prefill)."""
+    return hasattr(problem, "layout") and not is_decode(problem)
 
 
 def problem_key(problem) -> str:
@@ -23,7 +33,10 @@ def bucket_of(problem) -> str:
 
 
 def problem_order(problem):
-    """Tables and decisions list dense problems by seqlen, serving mixes by their bucket then work."""
+    """Tables and decisions list dense problems by seqlen, serving mixes by their bucket then work, decode calls
+    by batch then KV length."""
+    if is_decode(problem):
+        return (problem.batch, problem.kv_len)
     return (problem.seqlen_k,) if is_dense(problem) else (problem.bucket, problem.flops)
 
 
@@ -42,6 +55,6 @@ def probe_matches(problem, plan_key) -> bool:
 
 def record_key(problem_dict: dict) -> str:
     """The key of a stored record's problem (its ``problem`` field: a dense problem's or a mix's fields)."""
-    if "name" in problem_dict and "layout" in problem_dict:
+    if "name" in problem_dict and ("layout" in problem_dict or problem_dict.get("phase") == "decode"):
         return str(problem_dict["name"])
     return str(problem_dict.get("seqlen_k"))

@@ -24,7 +24,7 @@ import time
 from . import backends
 from .backends import BackendSpec, OnAcquired, add_lock, first_line
 from .gpulock import gpu_lock
-from .problems import is_dense, problem_key
+from .problems import is_decode, is_dense, problem_key
 
 
 def retime_job(backend: BackendSpec, payload: dict, on_locked: OnAcquired = None) -> dict:
@@ -61,7 +61,7 @@ def _replay_retime(path: str, payload: dict) -> dict:
     """The recorded speed of each contender (its ``retimed`` entry if it has one, else its ``tflops``; the
     performance model for a configuration the file lacks) times the replay's noise, per round."""
     from hardware_profiles import load_profile
-    from translate.params import KernelParams
+    from search_spaces import params_from
 
     from .perfmodel import model_tflops
 
@@ -70,7 +70,7 @@ def _replay_retime(path: str, payload: dict) -> dict:
     seqlen = problem_key(problem)
     speeds, failed = {}, {}
     for k in payload["kernels"]:
-        params = KernelParams.from_dict(k["params"])
+        params = params_from(k["params"], k.get("schedule"))
         entry = backends.replay_entry(data, params, k.get("schedule")) or {}
         backends.play_fault(entry.get("fault"))
         if entry.get("fault") == "wrong":
@@ -111,7 +111,11 @@ def _gpu_retime(payload: dict, on_acquired: OnAcquired = None) -> dict:
     seconds = {"load_warmup": round(time.perf_counter() - t0, 3)}
     with gpu_lock(on_acquired=on_acquired) as hold:
         t1 = time.perf_counter()
-        if is_dense(problem):
+        if is_decode(problem):   # each contender passed tuner.verify_decode in its trial
+            from .decode_measure import retime_rounds
+
+            ms, order = retime_rounds(kernels, failed, problem, timing, device, rule["rounds"], _rounds)
+        elif is_dense(problem):
             ms, order = _dense_rounds(kernels, failed, problem, timing, device, rule["rounds"])
         else:   # a serving mix: each contender passed tuner.verify_varlen in its trial
             ms, order = _serving_rounds(kernels, problem, timing, device, rule["rounds"])

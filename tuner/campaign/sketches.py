@@ -34,12 +34,16 @@ def builtin_sketches(variant: str, causal: bool, bases, layout: str = "dense") -
             for base in bases for name in tl.schedule_variants(base)]
 
 
-def campaign_sketches(variant: str, causal: bool, bases, llm_programs=(), layout: str = "dense") -> list[Sketch]:
+def campaign_sketches(variant: str, causal: bool, bases, llm_programs=(), layout: str = "dense",
+                      phase: str = "prefill") -> list[Sketch]:
     """The built-in sketches of the reference schedules ``bases`` (in order), each followed by the LLM's
     programs of its kind; an LLM program of a kind the profile does not offer is left out. A serving layout
-    keeps the warp-specialised schedules (the only ones that build it), in that layout."""
+    keeps the warp-specialised schedules (the only ones that build it), in that layout. Decode searches its
+    own sketches (tl.DECODE_SCHEDULES) in its cache layout; the LLM's programs are prefill flows."""
     from tl.pipelines import has_roles
 
+    if phase == "decode":
+        return builtin_sketches(variant, causal, bases, layout)
     if layout != "dense":
         bases = [b for b in bases if b.startswith("ws_")]
     out = builtin_sketches(variant, causal, bases, layout)

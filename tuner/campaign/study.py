@@ -51,6 +51,8 @@ def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | N
     h = f"-{heads[0]}q{heads[1]}kv" if heads else ""
     layout = getattr(spec, "layout", "dense")
     lay = "" if layout == "dense" else f"-{layout}" + (f"{page_size}" if page_size else "")
+    if getattr(spec, "phase", "prefill") == "decode":   # decode studies apart, the dense-cache ones too
+        lay += "-decode"
     return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}{h}{lay}" + ("-dryrun" if dry_run else "")
 
 

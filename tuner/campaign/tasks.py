@@ -32,9 +32,9 @@ def compile_batch(items: list, kernels: list, arch: str, cache_dir: str, timeout
 
 
 def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) -> dict:
-    from translate.params import KernelParams
+    from search_spaces import params_from
 
-    key = KernelParams.from_dict(params).key()
+    key = params_from(params, schedule).key()
     if replay_fault(replay_path, params, schedule) == "compile":
         return {"trial": number, "ok": False, "error": "compile error (recorded): ptxas fatal: "
                 "Entry function uses too much shared data", "error_kind": "compile"}

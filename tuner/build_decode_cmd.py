@@ -1,0 +1,101 @@
+"""`tune build --phase decode`: a decode sketch (the reference one of --schedule, or --sketch) + decode parameters
++ GPU profile -> DIR/<kernel>.cu, .cubin and .json (both entry points: the split kernel and its combine). No GPU.
+
+Exit codes as `tune build`: 0 built; 1 the sketch, the parameters or the compile failed; 2 bad input.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+
+def resolve_decode_schedule(schedule: Optional[str]) -> str:
+    import tl
+    from tuner.build_cmd import UsageError
+
+    if schedule is None:
+        return "decode"
+    if schedule not in tl.DECODE_SCHEDULES:
+        raise UsageError(f"unknown decode schedule {schedule!r}; choose one of: {', '.join(tl.DECODE_SCHEDULES)}")
+    return schedule
+
+
+def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], params: Optional[str],
+                     head_dim: Optional[int], dtype: Optional[str], causal: bool, out: Path,
+                     layout: Optional[str] = None, page_size: Optional[int] = None, schedule: Optional[str] = None,
+                     console: Optional[Console] = None, cache_dir: Optional[Path] = None) -> int:
+    import tl
+    from translate import nvcc
+    from translate.compiler import generate
+    from translate.decode import DecodeParams, validate_decode
+    from translate.kernel import TranslationError
+    from tuner.bench_decode_cmd import resolve_decode_target
+    from tuner.build_cmd import UsageError, build_record, load_checked_program, parse_params_arg
+
+    console = console or Console()
+    err = Console(stderr=True, soft_wrap=True)
+    try:
+        profile, spec, _, page_size, _ = resolve_decode_target(gpu, variant, None, head_dim, dtype, causal, layout,
+                                                               page_size)
+        schedule = resolve_decode_schedule(schedule)
+        if sketch is None:
+            tl.decode_sketch_path(spec.variant, schedule, spec.layout)   # a missing one is a usage error
+        program, _, label, diagnostics = load_checked_program(spec.variant, spec.causal, sketch, schedule,
+                                                              spec.layout)
+        decode_params = parse_params_arg(params, DecodeParams())
+    except (UsageError, ValueError) as exc:
+        err.print(f"tune build: error: {exc}", markup=False, highlight=False)
+        return 2
+    if diagnostics or program is None:
+        for d in diagnostics:
+            err.print(str(d), markup=False, highlight=False)
+        err.print(f"{label}: {len(diagnostics)} problem(s); nothing built", markup=False)
+        return 1
+    reasons = validate_decode(decode_params, profile, spec)
+    if reasons:
+        err.print(f"decode parameters {decode_params.key()} are not legal on {profile.name} for {spec.label()}:",
+                  markup=False)
+        for r in reasons:
+            err.print(f"  - {r}", markup=False, highlight=False)
+        return 1
+    try:
+        kernel = generate(program, decode_params, profile, spec)
+    except TranslationError as exc:
+        err.print(f"translation failed: {exc}", markup=False, highlight=False)
+        return 1
+    out = Path(out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{kernel.name}.cu").write_text(kernel.source)
+    except OSError as exc:
+        err.print(f"tune build: error: cannot write to {out}: {exc.strerror or exc}", markup=False)
+        return 2
+    result = nvcc.compile_kernels([kernel], profile.nvcc_arch, cache_dir=cache_dir or nvcc.default_cache_dir(),
+                                  batch_size=1, jobs=1)[0]
+    if not result.ok:
+        (out / f"{kernel.name}.log").write_text(result.log)
+        err.print(result.log[-4000:], markup=False, highlight=False)
+        err.print(f"nvcc: {result.error_kind} for {kernel.name} ({profile.nvcc_arch}); "
+                  f"log in {out / (kernel.name + '.log')}", markup=False)
+        return 2 if result.error_kind == "nvcc-missing" else 1
+    cubin_path = out / f"{kernel.name}.cubin"
+    cubin_path.write_bytes(result.cubin)
+    try:
+        sass = nvcc.sass_summary(cubin_path, kernel.name)
+    except (RuntimeError, ValueError, OSError) as exc:
+        sass = {"error": str(exc)}
+    record = build_record(kernel, result, profile, spec, decode_params, sass or {"error": "cuobjdump not available"})
+    record["schedule"] = schedule
+    if spec.layout == "paged":   # any power-of-two page: one table lookup per key row
+        record["page_size"] = page_size
+    (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
+    console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
+                  f"{result.registers} regs, {result.spill_stores} B spill stores, {kernel.smem_bytes} B dynamic smem, "
+                  f"{kernel.num_threads} threads, {'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; "
+                  f"HMMA {(sass or {}).get('HMMA', '?')}, LDGSTS {(sass or {}).get('LDGSTS', '?')}")
+    console.print(f"  {out / kernel.name}.{{cu,cubin,json}} (entry points {kernel.name}, {kernel.name}_combine)",
+                  markup=False, highlight=False)
+    return 0
