@@ -84,20 +84,27 @@ def decode_smem_bytes(params: DecodeParams, spec: KernelSpec, split_dv: bool | N
         ring += params.block_m * params.block_n * 2 + params.warps_n * params.block_m * 4
     o_tiles = 1 if split_dv else params.warps_n
     merge = o_tiles * params.block_m * spec.d_v * 4 + params.warps_n * params.block_m * 2 * 4
+    if split_dv:   # the merge buffer starts at Q (dead after the loop too): 64 x 512 fp32 beside a small ring
+        return max(q + ring, merge)
     return q + max(ring, merge)
 
 
-def default_decode_params(spec: KernelSpec, heads_q: int | None = None) -> DecodeParams:
+def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile: Profile | None = None) -> DecodeParams:
     """The decode candidate to start from. GQA/MQA/MHA: DecodeParams(). MLA (split-d_v, one latent KV head, all
     heads packed into the rows): 128 heads (DeepSeek-V3) take 64-row tiles, 4 warps along the rows x 2 over
     d_v (O slice 16 x 256 per warp: 128 registers), 64 keys x 2 stages (Q 72 KB + K 144 KB + P 8 KB = 225 KB,
     one CTA per SM: the kernel is bound by its tensor cores there, 241 FLOP per cache byte); 16 heads (a
-    tensor-parallel shard, 8x fewer FLOP per byte) one 16-row tile, 4 warps over d_v, 64 keys x 2 stages."""
+    tensor-parallel shard, 8x fewer FLOP per byte) one 16-row tile, 4 warps over d_v, 64 keys x 2 stages. Where
+    ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages."""
     if spec.variant != "mla":
         return DecodeParams()
     if heads_q is not None and heads_q <= 16:
-        return DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=2)
-    return DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=2, kv_stages=2)
+        p = DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=2)
+    else:
+        p = DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=2, kv_stages=2)
+    if profile is not None and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:
+        p = DecodeParams(**{**p.to_dict(), "block_n": 32})
+    return p
 
 
 def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *, split_dv: bool | None = None,

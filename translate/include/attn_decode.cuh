@@ -325,7 +325,8 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
 
   // merge the warp groups: (max * scale_log2, sum, O) per group and row. Split-d_v: one O tile, each group its
   // own columns; the groups' maxima are equal (exp2 weights 1) and their sums add up
-  float* s_o = reinterpret_cast<float*>(smem_k);                 // (kOGroups, kBlockM, kDV)
+  // split-d_v: from the start of shared memory (Q is dead too), so that 64 rows x 512 fp32 fit beside a small ring
+  float* s_o = reinterpret_cast<float*>(Cfg::kSplitDV ? smem : reinterpret_cast<char*>(smem_k));   // (kOGroups, kBlockM, kDV)
   float* s_m = s_o + kOGroups * kBlockM * kDV;                   // (kWarpsN, kBlockM)
   float* s_l = s_m + Cfg::kWarpsN * kBlockM;
   Tensor tOcO = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDVW>>{}));
