@@ -145,7 +145,8 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *,
             errors.append(f"head dim {d} must be a multiple of 64 (64-wide swizzled shared-memory atoms)")
     # fp32 registers per thread: O (rows x d_v, split-d_v: the group's d_v / warps_n slice) and S (rows x the
     # group's columns) spread over one group's warps, Q as 16-bit operands when kept in registers. Past ~200
-    # ptxas spills (nvcc 13, checked with the SASS tests; the MLA defaults estimate 144 and 80 and take 168-ish).
+    # ptxas spills (nvcc 13, checked with the SASS tests). Split-d_v takes more than the estimate: the MLA
+    # defaults estimate 144 (hq 128) and 80 (hq 16) and ptxas gives 240 and 128 registers, no spills (sm_90a).
     if params.warps_m in (1, 2, 4) and params.block_m > 0 and params.warps_n in (1, 2, 4, 8):
         lanes = 32 * params.warps_m
         o_cols = spec.d_v // params.warps_n if split_dv else spec.d_v
