@@ -6,6 +6,14 @@ measure the copy bandwidth, then bench the best verified paged candidate against
 
 The second form re-times one candidate (verified first) against FA4: ``--rounds`` passes over the grid in this
 fresh process, FA4 and ours alternating which goes first; per point the median ratio and its spread.
+
+    python3 scripts/decode_check.py OUT_DIR --variant mla [--quick]
+
+MLA absorbed decode (576/512, V = the latent cache's first 512 columns): builds the MLA candidates, verifies each
+(tuner/verify_decode: 128 and 16 heads, 64-token pages and a dense cache), then times the best verified candidate
+per head count on 128 heads (batch 64/128, KV 4k/8k/16k, 1/2/4 tokens) and 16 heads: GB/s of the latent cache read
+once (b x KV x 576 x 2 bytes) against the copy bandwidth, and TFLOPS (2 b hq sq KV (576 + 512), causal-adjusted).
+No FA4 column: FA4 has no absorbed-MLA path and FlashMLA is not installed.
 """
 import argparse
 import json
@@ -18,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hardware_profiles import load_profile  # noqa: E402
 from tl.parser import parse  # noqa: E402
 from translate.compiler import generate  # noqa: E402
-from translate.decode import DecodeParams  # noqa: E402
+from translate.decode import DecodeParams, default_decode_params  # noqa: E402
 from translate.nvcc import compile_kernels, default_cache_dir  # noqa: E402
 from translate.problem import KernelSpec  # noqa: E402
 
@@ -30,10 +38,20 @@ CANDIDATES = [DecodeParams(), DecodeParams(block_n=128, kv_stages=3), DecodePara
               DecodeParams(kv_stages=2, min_split_blocks=4), DecodeParams(block_n=32, warps_n=2, kv_stages=4)]
 
 
+MLA = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
+# (heads the candidate is meant for, params): the defaults first, then neighbours worth a look
+MLA_CANDIDATES = [(128, default_decode_params(MLA, 128)), (16, default_decode_params(MLA, 16)),
+                  (128, DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=3)),
+                  (128, DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=4)),
+                  (128, DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=4, kv_stages=2)),
+                  (16, DecodeParams(block_m=16, block_n=32, warps_m=1, warps_n=4, kv_stages=3)),
+                  (16, DecodeParams(block_m=16, block_n=32, warps_m=1, warps_n=2, kv_stages=2))]
+
+
 def build(specs_params, profile):
     kernels = []
     for spec, params in specs_params:
-        sketch = Path("tl/sketches/decode") / f"gqa_{spec.layout}.tl"
+        sketch = Path("tl/sketches/decode") / f"{'mla' if spec.variant == 'mla' else 'gqa'}_{spec.layout}.tl"
         kernels.append(generate(parse(sketch.read_text()).program, params, profile, spec))
     results = compile_kernels(kernels, profile.nvcc_arch, cache_dir=default_cache_dir(), jobs=8)
     return list(zip(kernels, results))
@@ -45,7 +63,10 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--params", help="re-time only this candidate (its key)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variant", default="gqa", choices=("gqa", "mla"))
     a = ap.parse_args()
+    if a.variant == "mla":
+        return mla_main(a)
     if a.params:
         return retime(a)
     import torch
@@ -152,6 +173,71 @@ def retime(a):
     Path(a.out).mkdir(parents=True, exist_ok=True)
     (Path(a.out) / "decode_retime.json").write_text(json.dumps(out, indent=1))
     return 0
+
+
+def mla_main(a):
+    import torch
+
+    from translate.decode import validate_decode
+    from tuner.bench_decode import copy_bandwidth_gbs, measure_mla_point, mla_grid
+    from tuner.decode_runtime import load_decode_kernel
+    from tuner.verify_decode import verify_decode
+
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    profile = load_profile("h100")
+    cands = [(h, p) for h, p in MLA_CANDIDATES if not validate_decode(p, profile, MLA)]
+    jobs = [(MLA, p) for _, p in cands] + [(KernelSpec("mla", 576, 512, True, "bf16", "dense", "decode"),
+                                            default_decode_params(MLA, 128))]
+    t = time.time()
+    built = build(jobs, profile)
+    print(f"built {len(built)} in {time.time() - t:.0f}s", flush=True)
+    record = {"device": torch.cuda.get_device_name(0), "verify": [], "grid": []}
+    best = {}     # heads -> (kernel name, DecodeKernel)
+    for i, (gk, res) in enumerate(built):
+        row = {"kernel": gk.name, "params": gk.params.key(), "spec": gk.spec.label(), "ok": res.ok,
+               "registers": res.registers, "spills": res.spill_stores}
+        if not res.ok:
+            row["log"] = res.log[-1500:]
+            print(json.dumps(row), flush=True)
+            record["verify"].append(row)
+            continue
+        k = load_decode_kernel(res.cubin, gk.meta())
+        t = time.time()
+        reports = [verify_decode(k, gk.spec, page_size=ps) for ps in ((64,) if gk.spec.layout == "paged" else (None,))]
+        row["passed"] = all(r.passed for r in reports)
+        row["reason"] = next((r.reason for r in reports if not r.passed), "")
+        row["worst_rel"] = max(c.rel_err for r in reports for c in r.checks)
+        row["verify_s"] = round(time.time() - t, 1)
+        print(json.dumps(row), flush=True)
+        record["verify"].append(row)
+        if row["passed"] and gk.spec == MLA:
+            heads = cands[i][0]
+            probe = mla_grid(heads=(heads,), batches=(64,), kv_lens=(8192,), seqlens_q=(1,))[0]
+            r = measure_mla_point(k, probe)
+            print(f"probe {gk.params.key()} h{heads}: {r['ours_gbs']:.0f} GB/s {r['ours_tflops']:.0f} TFLOPS",
+                  flush=True)
+            if heads not in best or r["ms"] < best[heads][0]:
+                best[heads] = (r["ms"], gk, k)
+    record["copy_gbs"] = copy_bandwidth_gbs()
+    print(f"copy bandwidth {record['copy_gbs']:.0f} GB/s", flush=True)
+    for heads, (_, gk, k) in sorted(best.items(), reverse=True):
+        record.setdefault("bench_kernel", {})[heads] = gk.params.key()
+        grid = mla_grid(heads=(heads,), batches=(64,), kv_lens=(8192,), seqlens_q=(1, 2)) if a.quick else \
+            mla_grid(heads=(heads,)) + mla_grid(heads=(heads,), batches=(64,), kv_lens=(8192,), seqlens_q=(3,),
+                                                page_size=0)
+        for p in grid:
+            r = measure_mla_point(k, p)
+            r["kernel"] = gk.params.key()
+            r["copy_frac"] = r["ours_gbs"] / record["copy_gbs"]
+            record["grid"].append(r)
+            print(json.dumps(r), flush=True)
+    (out / "decode_check_mla.json").write_text(json.dumps(record, indent=1))
+    print("\n| point | kernel | splits | us | GB/s (latent read once) | of copy BW | TFLOPS |")
+    for r in record["grid"]:
+        print(f"| {r['point']} | {r['kernel']} | {r['splits']} | {r['ms'] * 1e3:.0f} | {r['ours_gbs']:.0f} | "
+              f"{r['copy_frac']:.2f} | {r['ours_tflops']:.0f} |")
+    return 0 if best else 1
 
 
 if __name__ == "__main__":

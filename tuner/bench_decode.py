@@ -106,3 +106,77 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     del x
     torch.cuda.empty_cache()
     return row
+
+
+# ---- MLA absorbed decode (DeepSeek-V3): one latent KV head of 576 columns, V its first 512 ----------------------
+MLA_D_QK, MLA_D_V = 576, 512
+
+
+@dataclass(frozen=True)
+class MLAPoint:
+    """One MLA decode call: ``batch`` sequences of ``kv_len`` latent rows in a shuffled paged cache (``page_size``
+    0: dense), ``seqlen_q`` new tokens (causal, bottom-right) of ``heads_q`` heads. No FA4 baseline: FA4 has no
+    absorbed-MLA path (FlashMLA has; it is not a dependency), so the yardsticks are the copy bandwidth and FLOPs."""
+
+    batch: int
+    kv_len: int
+    heads_q: int = 128
+    seqlen_q: int = 1
+    page_size: int = 64
+    causal: bool = True
+    dtype: str = "bf16"
+
+    @property
+    def kv_bytes(self) -> int:
+        """The latent cache read once: V is part of the same rows."""
+        return self.batch * self.kv_len * MLA_D_QK * 2
+
+    @property
+    def flops(self) -> float:
+        """2 x rows x keys seen x (576 + 512); causal: token t of seqlen_q sees kv_len - seqlen_q + 1 + t keys."""
+        sq, kv = self.seqlen_q, self.kv_len
+        keys = sum(max(0, kv - sq + 1 + t) for t in range(sq)) if self.causal else sq * kv
+        return 2.0 * self.batch * self.heads_q * keys * (MLA_D_QK + MLA_D_V)
+
+    def label(self) -> str:
+        cache = f"p{self.page_size}" if self.page_size else "dense"
+        return f"mla h{self.heads_q} b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}"
+
+
+def mla_grid(heads=(128, 16), batches=(64, 128), kv_lens=(4096, 8192, 16384), seqlens_q=(1, 2, 4),
+             **common) -> list[MLAPoint]:
+    return [MLAPoint(b, kv, heads_q=h, seqlen_q=sq, **common) for h in heads for sq in seqlens_q for b in batches
+            for kv in kv_lens]
+
+
+def make_mla_inputs(p: MLAPoint, seed: int = 0, device: str = "cuda") -> dict:
+    import torch
+
+    dt = getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[p.dtype])
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(p.batch, p.seqlen_q, p.heads_q, MLA_D_QK, device=device, dtype=dt)
+    used = torch.full((p.batch,), p.kv_len, dtype=torch.int32, device=device)
+    if not p.page_size:
+        return {"q": q, "k": torch.randn(p.batch, p.kv_len, 1, MLA_D_QK, device=device, dtype=dt),
+                "page_table": None, "seqused_k": used}
+    pages = math.ceil(p.kv_len / p.page_size)
+    table = torch.randperm(p.batch * pages, generator=gen).to(device, torch.int32).view(p.batch, pages)
+    k = torch.randn(p.batch * pages, p.page_size, 1, MLA_D_QK, device=device, dtype=dt)
+    return {"q": q, "k": k, "page_table": table, "seqused_k": used}
+
+
+def measure_mla_point(kernel, p: MLAPoint) -> dict:
+    """{point, splits, ms, ours_gbs (latent cache bytes / time), ours_tflops}."""
+    import torch
+
+    x = make_mla_inputs(p)
+    ours = lambda: kernel(x["q"], x["k"], None, cache_seqlens=x["seqused_k"], page_table=x["page_table"])  # noqa: E731
+    ours()
+    capacity = x["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
+    row = {"point": p.label(), "heads_q": p.heads_q, "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q,
+           "splits": kernel.split_plan(p.batch, p.heads_q, 1, p.seqlen_q, capacity)[0].num_splits}
+    ms = time_ms(ours)
+    row.update(ms=ms, ours_gbs=p.kv_bytes / ms / 1e6, ours_tflops=p.flops / ms / 1e9)
+    del x
+    torch.cuda.empty_cache()
+    return row

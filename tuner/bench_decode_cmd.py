@@ -40,8 +40,11 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
         raise UsageError(str(exc)) from None
     target = resolve_bench_target(variant, model, head_dim, dtype, causal)
     if target.variant == "mla":
-        raise UsageError("MLA decode (the absorbed form, d 576/512) is not built yet: the decode kernel keeps all of O "
-                         "in one warp group's registers; decode --variant mha, gqa or mqa")
+        # absorbed MLA decode: q/k 576 (512 latent + 64 rotary), v the first 512 columns of k, one latent KV head
+        from translate.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V
+        raise UsageError(f"MLA decode (absorbed, d {MLA_DECODE_D_QK}/{MLA_DECODE_D_V}, V read from the latent cache) "
+                         "is timed by scripts/decode_check.py OUT --variant mla (GB/s of the latent cache and TFLOPS; "
+                         "FA4 has no absorbed-MLA path to compare); tune bench --phase decode takes mha, gqa or mqa")
     try:
         base = spec_for(target.variant, target.head_dim, target.dtype or profile.default_dtype, True)
     except ValueError as exc:
@@ -60,7 +63,7 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
 def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, causal, layout, page_size,
                      out_json, console: Optional[Console] = None, cache_dir=None,
                      batches=None, kv_lens=None) -> int:
-    from translate.decode import DecodeParams
+    from translate.decode import default_decode_params
     from tuner.bench import device_problem, environment_record, write_record
     from tuner.build_cmd import UsageError, parse_params_arg
 
@@ -74,7 +77,7 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
     try:
         profile, spec, heads, page_size, model_name = resolve_decode_target(gpu, variant, model, head_dim, dtype,
                                                                            causal, layout, page_size)
-        decode_params = parse_params_arg(params, DecodeParams())
+        decode_params = parse_params_arg(params, default_decode_params(spec, heads[0], profile))
         text = Path(sketch).read_text() if sketch is not None else \
             (DECODE_SKETCHES / f"gqa_{spec.layout}.tl").read_text()
     except (UsageError, OSError) as exc:

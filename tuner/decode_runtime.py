@@ -8,6 +8,9 @@ new tokens are the last ``seqlen_q`` of each sequence. The split count comes fro
 (translate/decode/splits.py: waves of the CTAs an SM holds) on the cache's capacity (known without reading the lengths back), or
 ``num_splits``.
 
+Absorbed MLA kernels (translate.decode.v_from_k: one latent KV head, d_qk 576, d_v 512) read V as the first d_v
+columns of k_cache's rows, as FlashMLA does: pass ``v_cache=None`` or the view ``k_cache[..., :d_v]``.
+
 Everything that depends only on the call's shapes, strides and scale is packed once per signature into the
 kernel's ``attn_decode::Args`` (a ctypes mirror, ``DecodeArgs``); a call writes its pointers and launches.
 """
@@ -20,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from translate.decode.generate import COMBINE_WARPS, combine_grid
+from translate.decode.params import v_from_k
+from translate.problem import KernelSpec
 from translate.decode.splits import plan_splits
 from tuner import runtime as rt
 
@@ -105,12 +110,19 @@ class DecodeKernel:
                            self.ctas_per_sm, p["min_split_blocks"], num_splits)
         return plan, m_blocks, units
 
-    def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, softmax_scale: float | None = None,
-                 num_splits: int | None = None, return_lse: bool = False, out=None, workspace=None):
+    @property
+    def v_from_k(self) -> bool:
+        """V is the first d_v columns of k_cache (absorbed MLA): v_cache is None or that view."""
+        return v_from_k(KernelSpec(**{f: self.spec[f] for f in ("variant", "d_qk", "d_v", "causal", "dtype")}))
+
+    def __call__(self, q, k_cache, v_cache=None, cache_seqlens=None, page_table=None,
+                 softmax_scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
+                 out=None, workspace=None):
         """out (b, seqlen_q, hq, d_v) [, lse (b, hq, seqlen_q) fp32]. ``workspace``: (o_partial, lse_partial) to
         use instead of fresh buffers (the verifier poisons them)."""
         import torch
 
+        v_cache = self._values(k_cache, v_cache)
         plan = self._plan(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out)
         if out is None:
             out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
@@ -144,6 +156,29 @@ class DecodeKernel:
             if plan.num_splits > 1:
                 self._launch(self._combine, plan.combine_grid, 32 * COMBINE_WARPS, 0, stream, plan.pointer)
         return (out, lse) if return_lse else out
+
+    def _values(self, k_cache, v_cache):
+        """The V tensor the kernel is given: for an MLA kernel the view k_cache[..., :d_v] (None, or a v_cache that
+        is exactly that view: same storage, same strides); a separate V tensor would be silently ignored, so it is
+        refused. Other kernels need their v_cache."""
+        import torch
+
+        if not self.v_from_k:
+            if v_cache is None:
+                raise ValueError("this decode kernel reads a separate V cache: pass v_cache")
+            return v_cache
+        d_v = self.spec["d_v"]
+        if not isinstance(k_cache, torch.Tensor) or k_cache.dim() != 4 or k_cache.shape[-1] != self.spec["d_qk"]:
+            return v_cache if v_cache is not None else k_cache   # check_decode_inputs names the problem
+        view = k_cache[..., :d_v]
+        if v_cache is None:
+            return view
+        if not (isinstance(v_cache, torch.Tensor) and v_cache.data_ptr() == k_cache.data_ptr()
+                and tuple(v_cache.shape) == tuple(view.shape) and v_cache.stride() == view.stride()):
+            raise ValueError(f"this MLA decode kernel reads V as the first {d_v} columns of k_cache's rows "
+                             f"(FlashMLA's latent cache): pass v_cache=None or k_cache[..., :{d_v}], not a separate "
+                             "tensor")
+        return v_cache
 
     def _stream(self):
         """torch's current stream on the kernel's device, as the driver's handle (one lookup per call)."""
@@ -246,6 +281,8 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, s
     if sq < 1 or sq > 16:
         raise ValueError(f"a decode kernel takes 1..16 query tokens per sequence, got {sq}: longer chunks are "
                          "prefill")
+    if spec.get("variant") == "mla" and hkv != 1:
+        raise ValueError(f"MLA decode reads one latent KV head; k_cache has {hkv}")
     if (dq, dk) != (spec["d_qk"], spec["d_qk"]) or tuple(v_cache.shape) != (n, rows, hkv, spec["d_v"]):
         raise ValueError(f"head dims must be q/k {spec['d_qk']}, v {spec['d_v']}; got q {tuple(q.shape)}, k_cache "
                          f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")

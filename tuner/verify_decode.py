@@ -6,6 +6,11 @@ sequence's last page, and of a dense cache, holds NaN too); the output and the s
 NaN; every output element written and finite, the inputs unchanged; tuner.verify's two bounds on the output
 against the fp32 reference of each sequence alone (causal aligned bottom-right: the new tokens are the last of
 their sequence), and the log-sum-exp the kernel returns against the reference's within 1e-2.
+
+MLA (absorbed decode, translate.decode.v_from_k): one latent KV head of 576 columns whose first 512 are the values
+(the cache holds K only; the reference takes V = K[..., :512]), 128 query heads (DeepSeek-V3) and 16 (a
+tensor-parallel shard), pages of 64 tokens by default (FlashMLA's), the kernel called with v_cache None or the
+view k_cache[..., :512].
 """
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from translate.decode.params import v_from_k
 from tuner.problem import KernelSpec
 from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
 
@@ -30,6 +36,7 @@ class DecodeCase:
     seqlen_q: int = 1
     num_splits: Optional[int] = None
     heads: Optional[tuple[int, int]] = None
+    v_view: bool = False      # MLA: pass v_cache = k_cache[..., :d_v] instead of None
 
     def label(self) -> str:
         text = f"sq{self.seqlen_q} k{list(self.cache_seqlens)}"
@@ -37,6 +44,8 @@ class DecodeCase:
             text += f" splits{self.num_splits}"
         if self.heads is not None:
             text += f" h{self.heads[0]}/{self.heads[1]}"
+        if self.v_view:
+            text += " v=k[...,:dv]"
         return text
 
 
@@ -55,11 +64,33 @@ CHECK_CASES = (
     DecodeCase((3000, 1), seqlen_q=16, num_splits=8),
     DecodeCase(tuple(range(1, 2000, 97)), seqlen_q=1, heads=(32, 8)),
 )
+# MLA: the same edges at 128 heads (two 64-row tiles per token, up to 32 row blocks at 16 tokens) and 16 heads,
+# V given as None and as the view of K.
+MLA_HEADS, MLA_TP_HEADS = (128, 1), (16, 1)
+MLA_CHECK_CASES = (
+    DecodeCase((1, 63, 64, 65, 4097), heads=MLA_HEADS),
+    DecodeCase((1, 63, 64, 65, 4097), heads=MLA_TP_HEADS, v_view=True),
+    DecodeCase((7, 9000, 1, 300, 2), heads=MLA_HEADS, v_view=True),
+    DecodeCase((4097, 65), num_splits=1, heads=MLA_HEADS),
+    DecodeCase((4097, 65, 1), num_splits=3, heads=MLA_TP_HEADS),
+    DecodeCase((5000, 130), num_splits=64, heads=MLA_HEADS),
+    DecodeCase((1000, 17, 64), seqlen_q=2, heads=MLA_HEADS),
+    DecodeCase((2000, 3, 129), seqlen_q=4, num_splits=5, heads=MLA_HEADS),
+    DecodeCase((700, 16, 9), seqlen_q=16, heads=MLA_TP_HEADS),
+    DecodeCase((3000, 1), seqlen_q=16, num_splits=8, heads=MLA_HEADS),
+    DecodeCase(tuple(range(1, 2000, 197)), seqlen_q=3, heads=MLA_TP_HEADS),
+)
 MAX_PAGES_SPARE = 3      # pages no table row names, poisoned
 
 
-def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: bool, page_size: int, gen, device):
-    """(k_cache, v_cache, page_table or None, cache_seqlens, per-sequence dense (k, v) for the reference)."""
+def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
+    return MLA_CHECK_CASES if spec.variant == "mla" else CHECK_CASES
+
+
+def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: bool, page_size: int, gen, device,
+                 from_k: bool = False):
+    """(k_cache, v_cache, page_table or None, cache_seqlens, per-sequence dense (k, v) for the reference).
+    ``from_k``: V is the first d_v columns of K (absorbed MLA): v_cache and the reference's v are views of K."""
     import torch
 
     lens = list(case.cache_seqlens)
@@ -68,21 +99,29 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
 
-    seqs = [(randn(L, hkv, d_qk), randn(L, hkv, d_v)) for L in lens]
+    if from_k:
+        seqs = [(ks, ks[..., :d_v]) for ks in (randn(L, hkv, d_qk) for L in lens)]
+    else:
+        seqs = [(randn(L, hkv, d_qk), randn(L, hkv, d_v)) for L in lens]
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+
+    def caches(*rows):
+        k = torch.full((*rows, hkv, d_qk), float("nan"), dtype=dt, device=device)
+        return k, (k[..., :d_v] if from_k else torch.full((*rows, hkv, d_v), float("nan"), dtype=dt, device=device))
+
     if not paged:
         cap = max(lens) + 5
-        k = torch.full((b, cap, hkv, d_qk), float("nan"), dtype=dt, device=device)
-        v = torch.full((b, cap, hkv, d_v), float("nan"), dtype=dt, device=device)
+        k, v = caches(b, cap)
         for i, (ks, vs) in enumerate(seqs):
-            k[i, :lens[i]], v[i, :lens[i]] = ks, vs
+            k[i, :lens[i]] = ks
+            if not from_k:
+                v[i, :lens[i]] = vs
         return k, v, None, seqlens, seqs
     pages = [math.ceil(L / page_size) for L in lens]
     width = max(pages) + 1                               # a column past every sequence's last page
     total = sum(pages) + MAX_PAGES_SPARE
     order = torch.randperm(total, generator=gen, device=device).cpu()
-    k = torch.full((total, page_size, hkv, d_qk), float("nan"), dtype=dt, device=device)
-    v = torch.full((total, page_size, hkv, d_v), float("nan"), dtype=dt, device=device)
+    k, v = caches(total, page_size)
     spare = order[sum(pages):]
     table = torch.empty((b, width), dtype=torch.int32)
     at = 0
@@ -94,7 +133,8 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
         for j, page in enumerate(mine.tolist()):
             rows = ks[j * page_size:(j + 1) * page_size]
             k[page, :rows.shape[0]] = rows
-            v[page, :rows.shape[0]] = vs[j * page_size:(j + 1) * page_size]
+            if not from_k:
+                v[page, :rows.shape[0]] = vs[j * page_size:(j + 1) * page_size]
     return k, v, table.to(device), seqlens, seqs
 
 
@@ -103,7 +143,8 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
 
     label = case.label()
     dt = getattr(torch, _DTYPES[spec.dtype])
-    hq, hkv = case.heads or CHECK_HEADS[spec.variant]
+    from_k = v_from_k(spec)
+    hq, hkv = case.heads or (MLA_HEADS if from_k else CHECK_HEADS[spec.variant])
     b = len(case.cache_seqlens)
 
     def fail(reason):
@@ -111,7 +152,7 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
 
     q = torch.randn(b, case.seqlen_q, hq, spec.d_qk, generator=gen, device=device, dtype=torch.float32).to(dt)
     k, v, table, seqlens, seqs = _build_cache(case, hkv, spec.d_qk, spec.d_v, dt, spec.layout == "paged",
-                                              page_size, gen, device)
+                                              page_size, gen, device, from_k)
     saved = [t.clone() for t in (q, k, v, seqlens) + ((table,) if table is not None else ())]
     out = torch.full((b, case.seqlen_q, hq, spec.d_v), float("nan"), dtype=dt, device=device)
     capacity = table.shape[1] * page_size if table is not None else k.shape[1]
@@ -120,7 +161,8 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     workspace = (torch.full((split.num_splits, rows, spec.d_v), float("nan"), device=device),
                  torch.full((split.num_splits, rows), float("nan"), device=device))
     try:
-        result, lse = kernel(q, k, v, cache_seqlens=seqlens, page_table=table, num_splits=case.num_splits,
+        v_arg = v if (case.v_view or not from_k) else None
+        result, lse = kernel(q, k, v_arg, cache_seqlens=seqlens, page_table=table, num_splits=case.num_splits,
                              return_lse=True, out=out, workspace=workspace)
         torch.cuda.synchronize()
     except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
@@ -160,9 +202,12 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     return verdict
 
 
-def verify_decode(kernel, spec: KernelSpec, cases: Optional[Sequence[DecodeCase]] = None, page_size: int = 16,
-                  seed: Optional[int] = None, device: str = "cuda") -> VerificationReport:
-    """Every decode case on ``kernel`` (a tuner.decode_runtime.DecodeKernel); paged kernels at ``page_size``."""
+def verify_decode(kernel, spec: KernelSpec, cases: Optional[Sequence[DecodeCase]] = None,
+                  page_size: Optional[int] = None, seed: Optional[int] = None,
+                  device: str = "cuda") -> VerificationReport:
+    """Every decode case on ``kernel`` (a tuner.decode_runtime.DecodeKernel); paged kernels at ``page_size``
+    (None: 64 for MLA, FlashMLA's page, else 16). ``cases`` None: the spec's (check_cases)."""
+    page_size = page_size or (64 if spec.variant == "mla" else 16)
     import torch
 
     if not torch.cuda.is_available():
@@ -172,7 +217,7 @@ def verify_decode(kernel, spec: KernelSpec, cases: Optional[Sequence[DecodeCase]
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    checks = tuple(check_case(kernel, spec, c, gen, page_size, device) for c in (cases or CHECK_CASES))
+    checks = tuple(check_case(kernel, spec, c, gen, page_size, device) for c in (cases or check_cases(spec)))
     bad = [c for c in checks if not c.passed]
     reason = f"{len(bad)} of {len(checks)} cases failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""
     return VerificationReport(passed=not bad, checks=checks, reason=reason, seed=seed)

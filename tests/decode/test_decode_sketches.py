@@ -16,7 +16,8 @@ def codes(text):
     return program, [d.code for d in diags]
 
 
-@pytest.mark.parametrize("name,layout", [("gqa_paged.tl", "paged"), ("gqa_dense.tl", "dense")])
+@pytest.mark.parametrize("name,layout", [("gqa_paged.tl", "paged"), ("gqa_dense.tl", "dense"),
+                                         ("mla_paged.tl", "paged"), ("mla_dense.tl", "dense")])
 def test_reference_decode_sketches_check_clean_and_state_their_phase_and_cache(name, layout):
     program, found = codes((SKETCHES / name).read_text())
     assert found == []

@@ -10,6 +10,15 @@ statement by statement and honours its order where the kernel has a choice:
   after the GEMMs: they go out once this tile's operands are read;
 - ``Copy Q_shared from shared to register``: Q is read into registers once; without it every tile's score
   GEMM reads Q from shared memory.
+- ``Copy P from register to shared`` in the loop, the P·V GEMM reading ``P_shared``: split-d_v mode (MLA
+  absorbed decode, tl/sketches/decode/mla_paged.tl). Each warp group scores its columns of the tile, P goes
+  through a shared tile, and every group multiplies all of it by its d_v / warps_n slice of V, so O (512
+  columns) is spread over the groups' registers. Without it (P reshaped C->A in registers) the groups run
+  independent softmaxes over their columns and each holds all of O.
+
+Whether V is read from K's rows (absorbed MLA: V is the first d_v columns of the latent cache, ``kVFromK``) comes
+from the spec, not the sketch: TL has no column slice of a tile, so an MLA sketch still states its V copy, which
+the kernel serves from the K stage instead of a second gather (translate/decode/params.py: v_from_k).
 
 The device code is translate/include/attn_decode.cuh; this module emits its configuration and the two entry
 points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`` by value.
@@ -21,7 +30,7 @@ import math
 from tl.ast import Compute, Copy, For, Program, Reshape, walk
 from tl.layout import layout_of
 from tl.phase import combines, split_loops
-from translate.decode.params import DecodeParams, decode_smem_bytes, validate_decode
+from translate.decode.params import DecodeParams, decode_smem_bytes, v_from_k, validate_decode
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.problem import KernelSpec
 
@@ -36,17 +45,25 @@ PREAMBLE = ("// Generated from a decode TL program by translate (github: this re
             "#include \"attn_decode.cuh\"\n")
 
 
-def _loop_flow(loop: For) -> tuple[bool, list[str]]:
-    """(the K/V gathers come before the first GEMM, what the loop body lacks)."""
+def _loop_flow(loop: For) -> tuple[bool, bool, list[str]]:
+    """(the K/V gathers come before the first GEMM, split-d_v: P goes through shared memory to the P·V GEMM,
+    what the loop body lacks)."""
     body = list(walk(loop.body))
     kinds = []
+    p_to_shared: set[str] = set()     # X_shared of every `Copy X from register to shared` in the loop
+    pv_a = None                       # the A operand of the second GEMM
     for s in body:
         if isinstance(s, Copy) and s.src == "global" and s.dst == "shared":
             kinds.append(("copy", s.tensor.name))
+        elif isinstance(s, Copy) and s.src == "register" and s.dst == "shared":
+            p_to_shared.add(f"{s.tensor.base}_shared")
         elif isinstance(s, Compute):
             kinds.append((s.op_key, s.result or ""))
+            if s.op_key == "gemm" and sum(k == "gemm" for k, _ in kinds) == 2 and s.args:
+                pv_a = s.args[0].name
         elif isinstance(s, Reshape):
             kinds.append(("reshape", s.name))
+    split_dv = pv_a is not None and pv_a in p_to_shared
     copies = [i for i, (k, _) in enumerate(kinds) if k == "copy"]
     gemms = [i for i, (k, _) in enumerate(kinds) if k == "gemm"]
     missing = []
@@ -54,11 +71,15 @@ def _loop_flow(loop: For) -> tuple[bool, list[str]]:
         missing.append("the K and V copies from global to shared")
     if len(gemms) != 2:
         missing.append("two GEMMs (scores Q·K^T, then P·V)")
-    for op, what in (("softmax", "the online softmax"), ("reshape", "the C->A Reshape of the scores")):
+    needs = [("softmax", "the online softmax")]
+    if not split_dv:   # through shared memory P needs no register reshape: ldmatrix reads it as the A operand
+        needs.append(("reshape", "the C->A Reshape of the scores (or P through shared memory: "
+                                 "`Copy P from register to shared`, then `GEMM P_shared, V_shared`)"))
+    for op, what in needs:
         if not any(k == op for k, _ in kinds):
             missing.append(what)
     first_gemm = gemms[0] if gemms else len(kinds)
-    return bool(copies) and max(copies) < first_gemm, missing
+    return bool(copies) and max(copies) < first_gemm, split_dv, missing
 
 
 def generate_decode(program: Program, params: DecodeParams, profile, spec: KernelSpec) -> GeneratedKernel:
@@ -73,23 +94,23 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
     if layout != spec.layout:
         raise TranslationError(f"the sketch states the {layout} cache (its K/V offsets) but the kernel is asked for "
                                f"{spec.layout}")
-    problems = validate_decode(params, profile, spec)
-    if problems:
-        raise TranslationError("parameters rejected: " + "; ".join(problems))
     loops = split_loops(program)
     if len(loops) != 1:
         raise TranslationError("a decode sketch has one loop over its split's keys", loops[1].line if loops else 0)
-    prefetch_first, missing = _loop_flow(loops[0])
+    prefetch_first, split_dv, missing = _loop_flow(loops[0])
     if missing:
         raise TranslationError("the split loop lacks " + ", ".join(missing), loops[0].line)
     if not combines(program):
         raise TranslationError("the splits are never combined (`Compute Combine ...` after the loop)", loops[0].line)
     q_in_regs = any(isinstance(s, Copy) and s.tensor.name in ("Q", "Q_shared") and s.src == "shared"
                     and s.dst == "register" for s in walk(program.statements))
+    problems = validate_decode(params, profile, spec, split_dv=split_dv, q_in_regs=q_in_regs)
+    if problems:
+        raise TranslationError("parameters rejected: " + "; ".join(problems))
     name = f"attn_{spec.label()}_{params.key()}_dec{sketch_hash(program)}"
-    body = _body(name, params, spec, layout == "paged", prefetch_first, q_in_regs)
+    body = _body(name, params, spec, layout == "paged", prefetch_first, q_in_regs, split_dv)
     return GeneratedKernel(name=name, preamble=PREAMBLE, body=body, num_threads=params.num_threads,
-                           smem_bytes=decode_smem_bytes(params, spec), block_m=params.block_m,
+                           smem_bytes=decode_smem_bytes(params, spec, split_dv=split_dv), block_m=params.block_m,
                            block_n=params.block_n, spec=spec, params=params, extra_args=DECODE_ARGS, grid="decode")
 
 
@@ -98,8 +119,20 @@ def _atom(width: int, swizzle: int) -> str:
     return f"decltype(composition(Swizzle<{swizzle}, 3, 3>{{}}, {base}{{}}))" if swizzle else base
 
 
-def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_first: bool, q_in_regs: bool) -> str:
+def _p_atom(block_n: int, swizzle: int) -> str:
+    """The P tile's 8-row atom: 64 columns as Q/K's, else the tile's width (a 16-column row of 16-bit values
+    is two 16-byte chunks: Swizzle<1, 3, 3>, 32 columns Swizzle<2, 3, 3>), bank-conflict-free for ldmatrix."""
+    width = min(64, block_n)
+    bits = {16: 1, 32: 2, 64: 3}[width]
+    base = f"Layout<Shape<_8, Int<{width}>>, Stride<Int<{width}>, _1>>"
+    return f"decltype(composition(Swizzle<{min(bits, swizzle)}, 3, 3>{{}}, {base}{{}}))" if swizzle else base
+
+
+def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_first: bool, q_in_regs: bool,
+          split_dv: bool = False) -> str:
     b = lambda v: "true" if v else "false"   # noqa: E731
+    p_layout = ["  using SmemLayoutP = decltype(tile_to_shape(" + _p_atom(p.block_n, p.swizzle) +
+                "{}, Shape<Int<kBlockM>, Int<kBlockN>>{}));"] if split_dv else []
     lines = [
         f"namespace {name}_ns {{",
         "using namespace cute;",
@@ -110,6 +143,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         f"  static constexpr int kHeadDimQK = {spec.d_qk}, kHeadDimV = {spec.d_v};",
         f"  static constexpr bool kCausal = {b(spec.causal)}, kPaged = {b(paged)}, kPackGqa = {b(p.pack_gqa)};",
         f"  static constexpr bool kPrefetchFirst = {b(prefetch_first)}, kQInRegs = {b(q_in_regs)};",
+        f"  static constexpr bool kSplitDV = {b(split_dv)}, kVFromK = {b(v_from_k(spec))};",
         f"  using TiledMma = TiledMMA<MMA_Atom<{_MMA[spec.dtype]}>, Layout<Shape<Int<kWarpsM>, _1, _1>>,",
         "                            Tile<Int<16 * kWarpsM>, _16, _16>>;   // one warp group: warps along M",
         f"  using SmemAtom = {_atom(64, p.swizzle)};",
@@ -121,6 +155,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         "  using SmemLayoutVtNoSwizzle = decltype(get_nonswizzle_portion(SmemLayoutVt{}));",
         "  using S2RAtomQK = Copy_Atom<SM75_U32x4_LDSM_N, Element>;",
         "  using S2RAtomV = Copy_Atom<SM75_U16x8_LDSM_T, Element>;",
+        *p_layout,
         "};",
         f"}}  // namespace {name}_ns",
         "",

@@ -57,17 +57,64 @@ class DecodeParams:
                 f"{'p' if self.pack_gqa else 'h'}_b{self.min_split_blocks}_sw{self.swizzle}")
 
 
-def decode_smem_bytes(params: DecodeParams, spec: KernelSpec) -> int:
-    """Q tile + the larger of the K/V ring and the merge buffer that reuses it after the loop (per warp group:
-    O rows in fp32 and a max and a sum per row)."""
+# MLA decode is the absorbed form (DeepSeek-V3): q and the one latent KV head carry 512 latent + 64 rotary columns,
+# and the values are the latent part of the same rows (FlashMLA's convention: v = k_cache[..., :512]).
+MLA_DECODE_D_QK, MLA_DECODE_D_V = 576, 512
+
+
+def v_from_k(spec: KernelSpec) -> bool:
+    """V is the first d_v columns of K's rows (absorbed MLA), read once with K: no V ring, no V gather."""
+    return spec.variant == "mla" and spec.d_v < spec.d_qk
+
+
+def split_dv_default(spec: KernelSpec) -> bool:
+    """The mode the reference decode sketch of the spec's variant states (tl/sketches/decode): split-d_v (P
+    through shared memory, O's columns split over the warp groups) for MLA, else independent column groups."""
+    return spec.variant == "mla"
+
+
+def decode_smem_bytes(params: DecodeParams, spec: KernelSpec, split_dv: bool | None = None) -> int:
+    """Q tile + the larger of the K/V ring (no V ring when V is read from K; split-d_v: then the P tile and the
+    (warps_n, block_m) fp32 max exchange) and the merge buffer that reuses it after the loop (O rows in fp32 per
+    warp group, one O for split-d_v, and a max and a sum per group and row). attn_decode.cuh lays it out so."""
+    split_dv = split_dv_default(spec) if split_dv is None else split_dv
     q = params.block_m * spec.d_qk * 2
-    ring = params.kv_stages * params.block_n * (spec.d_qk + spec.d_v) * 2
-    merge = params.warps_n * params.block_m * (spec.d_v + 2) * 4
+    ring = params.kv_stages * params.block_n * (spec.d_qk + (0 if v_from_k(spec) else spec.d_v)) * 2
+    if split_dv:
+        ring += params.block_m * params.block_n * 2 + params.warps_n * params.block_m * 4
+    o_tiles = 1 if split_dv else params.warps_n
+    merge = o_tiles * params.block_m * spec.d_v * 4 + params.warps_n * params.block_m * 2 * 4
+    if split_dv:   # the merge buffer starts at Q (dead after the loop too): 64 x 512 fp32 beside a small ring
+        return max(q + ring, merge)
     return q + max(ring, merge)
 
 
-def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec) -> list[str]:
-    """Every reason this decode candidate cannot work on this GPU for this spec; empty when legal."""
+def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile: Profile | None = None) -> DecodeParams:
+    """The decode candidate to start from. GQA/MQA/MHA: DecodeParams(). MLA (split-d_v, one latent KV head, all
+    heads packed into the rows): 128 heads (DeepSeek-V3) take 64-row tiles, 4 warps along the rows x 2 over
+    d_v (O slice 16 x 256 per warp: 128 registers), 64 keys x 2 stages (Q 72 KB + K 144 KB + P 8 KB = 225 KB,
+    one CTA per SM: the kernel is bound by its tensor cores there, 241 FLOP per cache byte); 16 heads (a
+    tensor-parallel shard, 8x fewer FLOP per byte) one 16-row tile, 4 warps over d_v, 64 keys x 2 stages. Where
+    ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages."""
+    if spec.variant != "mla":
+        return DecodeParams()
+    if heads_q is not None and heads_q <= 16:
+        p = DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=2)
+    else:
+        p = DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=2, kv_stages=2)
+    if profile is not None and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:
+        p = DecodeParams(**{**p.to_dict(), "block_n": 32})
+    return p
+
+
+def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *, split_dv: bool | None = None,
+                    q_in_regs: bool | None = None) -> list[str]:
+    """Every reason this decode candidate cannot work on this GPU for this spec; empty when legal. ``split_dv``
+    and ``q_in_regs`` are what the sketch states (translate/decode/generate.py); None: what the variant's
+    reference decode sketch states (MLA: split-d_v, Q read from shared memory; else column groups, Q in
+    registers)."""
+    split_dv = split_dv_default(spec) if split_dv is None else split_dv
+    q_in_regs = not split_dv_default(spec) if q_in_regs is None else q_in_regs
     errors: list[str] = []
     if profile.sm < 80:
         errors.append(f"decode kernels gather K/V with cp.async and multiply with sm80 mma.sync: {profile.name} is "
@@ -96,19 +143,33 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec) ->
     for d in {spec.d_qk, spec.d_v}:
         if d % 64:
             errors.append(f"head dim {d} must be a multiple of 64 (64-wide swizzled shared-memory atoms)")
-    # fp32 registers per thread: O (rows x d_v) and S (rows x the group's columns) spread over one group's warps,
-    # Q kept as 16-bit operands. Past ~200 ptxas spills (nvcc 13, checked with the SASS tests).
-    if params.warps_m in (1, 2, 4) and params.block_m > 0:
+    # fp32 registers per thread: O (rows x d_v, split-d_v: the group's d_v / warps_n slice) and S (rows x the
+    # group's columns) spread over one group's warps, Q as 16-bit operands when kept in registers. Past ~200
+    # ptxas spills (nvcc 13, checked with the SASS tests). Split-d_v takes more than the estimate: the MLA
+    # defaults estimate 144 (hq 128) and 80 (hq 16) and ptxas gives 240 and 128 registers, no spills (sm_90a).
+    if params.warps_m in (1, 2, 4) and params.block_m > 0 and params.warps_n in (1, 2, 4, 8):
         lanes = 32 * params.warps_m
-        regs = (params.block_m * spec.d_v + params.block_m * max(per_group, 0) + params.block_m * spec.d_qk // 2) // lanes
+        o_cols = spec.d_v // params.warps_n if split_dv else spec.d_v
+        q_regs = params.block_m * spec.d_qk // 2 if q_in_regs else 0
+        regs = (params.block_m * o_cols + params.block_m * max(per_group, 0) + q_regs) // lanes
         if regs > 200:
-            errors.append(f"O, S and Q need ~{regs} registers per thread (rows {params.block_m} over {params.warps_m} "
-                          f"warp(s), d_v {spec.d_v}): more than 200 spills")
-    smem = decode_smem_bytes(params, spec)
+            errors.append(f"O{' slice' if split_dv else ''}, S{' and Q' if q_in_regs else ''} need ~{regs} registers "
+                          f"per thread (rows {params.block_m} over {params.warps_m} warp(s), "
+                          f"{o_cols} O columns per warp): more than 200 spills")
+    if split_dv:
+        if params.warps_n in (1, 2, 4, 8) and spec.d_v % (16 * params.warps_n):
+            errors.append(f"split-d_v: d_v {spec.d_v} must split into warps_n ({params.warps_n}) slices of a "
+                          f"multiple of 16 columns (ldmatrix.trans n-blocks of V)")
+        if params.block_n > 0 and params.block_n not in (16, 32) and params.block_n % 64:
+            errors.append(f"split-d_v: block_n {params.block_n} must be 16, 32 or a multiple of 64 (the shared P "
+                          "tile's swizzled atoms)")
+    smem = decode_smem_bytes(params, spec, split_dv)
     if smem > profile.smem_per_block_bytes:
-        errors.append(f"shared memory {smem // 1024} KB (Q, {params.kv_stages} K/V stages of {params.block_n} keys) "
-                      f"exceeds the {profile.smem_per_block_kb} KB per-block limit of {profile.name}")
-    if spec.variant == "mla":
-        errors.append("MLA decode (absorbed, d 576/512) needs the warpgroup kernel that splits d_v across warps; "
-                      "this kernel keeps all of O in one warp group's registers")
+        what = "K stages (V read from K)" if v_from_k(spec) else "K/V stages"
+        errors.append(f"shared memory {smem // 1024} KB (Q, {params.kv_stages} {what} of {params.block_n} keys"
+                      f"{', the P tile' if split_dv else ''}) exceeds the {profile.smem_per_block_kb} KB per-block "
+                      f"limit of {profile.name}")
+    if spec.variant == "mla" and (spec.d_qk, spec.d_v) != (MLA_DECODE_D_QK, MLA_DECODE_D_V):
+        errors.append(f"MLA decode is the absorbed form: d_qk {MLA_DECODE_D_QK} (512 latent + 64 rotary), d_v "
+                      f"{MLA_DECODE_D_V} read from the same rows; got {spec.d_qk}/{spec.d_v} (MLA 192/128 is prefill)")
     return errors

@@ -9,6 +9,14 @@
 // output, else a normalised partial output and its log2-sum-exp go to the workspace and combine() merges
 // the splits (FlashDecoding's scheme). Decode is bound by the bytes of K/V, so the sm80 mma.sync atoms
 // suffice and the kernel runs on every sm80+ GPU.
+//
+// Split-d_v mode (kSplitDV, MLA absorbed decode: d_qk 576, d_v 512): O of even 16 rows x 512 columns is 256 fp32
+// registers per thread, so the kWarpsN groups split d_v instead of running independent softmaxes. Group wg scores
+// its kBlockN / kWarpsN columns of the tile over the full depth; the tile's row max goes through shared memory
+// (every group then holds the same max); each group writes its P columns into a shared P tile; after a barrier
+// every group multiplies all kBlockN columns of P by its d_v / kWarpsN slice of V. Row sums stay per group (all
+// against the same max) and are added in the epilogue; the O slices are disjoint, so nothing else merges.
+// kVFromK: V is the first d_v columns of K's rows (FlashMLA's latent cache): no V ring, V is a view of the K stage.
 #ifndef ATTN_DECODE_CUH
 #define ATTN_DECODE_CUH
 
@@ -67,7 +75,7 @@ template <class Cfg, class SK, class SV>
 __forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0, int seqlen_k, SK& sK, SV& sV,
                                         int tid) {
   using Element = typename Cfg::Element;
-  constexpr int kChunksK = Cfg::kHeadDimQK / 8, kChunksV = Cfg::kHeadDimV / 8;
+  constexpr int kChunksK = Cfg::kHeadDimQK / 8, kChunksV = Cfg::kVFromK ? 0 : Cfg::kHeadDimV / 8;
   constexpr int kChunks = kChunksK > kChunksV ? kChunksK : kChunksV;
   const Element* k = static_cast<const Element*>(a.k);
   const Element* v = static_cast<const Element*>(a.v);
@@ -83,7 +91,7 @@ __forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0,
                                                          a.k_head_stride, kvh, page) : 0;
       cp_async_16(&sK(row, c * 8), k + off + c * 8, valid);
     }
-    if (c < kChunksV) {
+    if (!Cfg::kVFromK && c < kChunksV) {   // kVFromK: the K tile holds V's columns, read once
       const long long off = valid ? key_row<Cfg::kPaged>(a, b, key, a.v_batch_stride, a.v_row_stride,
                                                          a.v_head_stride, kvh, page) : 0;
       cp_async_16(&sV(row, c * 8), v + off + c * 8, valid);
@@ -104,9 +112,74 @@ __forceinline__ __device__ void mask_tile(TS& acc_s, TC const& coord, int row0, 
   }
 }
 
+// Split-d_v online softmax of one score tile: like attn_tl::online_softmax, but the new row max is the max over
+// every warp group's columns, exchanged through s_x (kWarpsN, kBlockM): each group's quad leader writes its
+// partial max, a barrier, every group reads all kWarpsN values in the same order, so all hold the same max and
+// their P and rescaled O slices agree. The caller's next write of s_x is after a later barrier (top of the loop).
+template <class Cfg, class TS, class TO, class TMax, class TSum, class TC>
+__forceinline__ __device__ void softmax_shared_max(TS& acc_s, TO& acc_o, TMax& row_max, TSum& row_sum,
+                                                   TC const& coord, float* s_x, int wg, int tg, float scale_log2) {
+  Tensor s = make_tensor(acc_s.data(), attn_tl::rowcol_layout(acc_s.layout()));
+  Tensor o = make_tensor(acc_o.data(), attn_tl::rowcol_layout(acc_o.layout()));
+  static_assert(decltype(size<0>(s))::value == decltype(size<0>(o))::value);
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {   // row mi of the row/col view: half mi % 2 of m-tile mi / 2
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+    m = attn_tl::quad_max(m);
+    if (tg % 4 == 0) { s_x[wg * Cfg::kBlockM + get<0>(coord(2 * (mi % 2) + 4 * (mi / 2)))] = m; }
+  }
+  __syncthreads();
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const int r = get<0>(coord(2 * (mi % 2) + 4 * (mi / 2)));
+    const float m_old = row_max(mi);
+    float m = m_old;
+    CUTE_UNROLL
+    for (int w = 0; w < Cfg::kWarpsN; ++w) { m = fmaxf(m, s_x[w * Cfg::kBlockM + r]); }
+    row_max(mi) = m;
+    const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+    const float rescale = attn_tl::fast_exp2(m_old * scale_log2 - m_scaled);
+    row_sum(mi) *= rescale;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= rescale; }
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      s(mi, ni) = attn_tl::fast_exp2(s(mi, ni) * scale_log2 - m_scaled);
+      sum += s(mi, ni);
+    }
+    row_sum(mi) += sum;
+  }
+}
+
+// acc (rows x the group's d_v slice) += P (shared, all kBlockN columns) * V slice, k-blocks outer and the V
+// fragment loaded one ldmatrix n-block at a time, so only a k-block's A fragment and a few B registers are live
+// beside the large O slice (gemm_ss would hold a whole k-block of the 256-column slice: 64 more registers).
+template <typename TiledMma, typename TAcc, typename TA, typename TB, typename TsA, typename TsB, typename CopyA,
+          typename CopyB, typename ThrCopyA, typename ThrCopyB>
+__forceinline__ __device__ void gemm_pv_slice(TiledMma const& mma, TAcc& acc, TA& rA, TB& rB, TsA const& sA,
+                                              TsB const& sB, CopyA const& copy_a, CopyB const& copy_b,
+                                              ThrCopyA const& thr_a, ThrCopyB const& thr_b) {
+  Tensor rA_view = thr_a.retile_D(rA);
+  Tensor rB_view = thr_b.retile_D(rB);
+  static_assert(decltype(size<2>(sB))::value == decltype(size<2>(rA))::value, "k16 atoms");
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(rA); ++k) {
+    cute::copy(copy_a, sA(_, _, k), rA_view(_, _, k));
+    CUTE_UNROLL
+    for (int n = 0; n < size<1>(rB_view); ++n) { cute::copy(copy_b, sB(_, n, k), rB_view(_, n, k)); }
+    cute::gemm(mma, rA(_, _, k), rB(_, _, k), acc);
+  }
+}
+
 // The split kernel. Cfg: Element, kBlockM, kBlockN, kWarpsM, kWarpsN, kThreads, kStages, kHeadDimQK, kHeadDimV,
 // kCausal, kPaged, kPackGqa, kPrefetchFirst (the next tile's gathers go out before this tile's GEMMs, as the
-// sketch orders them), TiledMma, SmemLayoutQ/K/V/Vt/VtNoSwizzle, S2RAtomQK, S2RAtomV, kSmemBytes.
+// sketch orders them), kSplitDV, kVFromK, TiledMma, SmemLayoutQ/K/V/Vt/VtNoSwizzle, S2RAtomQK, S2RAtomV, and with
+// kSplitDV SmemLayoutP (the shared P tile). Shared memory: Q, the K ring, the V ring unless kVFromK, then with
+// kSplitDV the P tile and the max exchange (kWarpsN, kBlockM) fp32; after the loop the merge buffer reuses the
+// rings (translate/decode/params.py: decode_smem_bytes counts the same).
 template <class Cfg>
 __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
   using Element = typename Cfg::Element;
@@ -114,6 +187,8 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
   constexpr int kGroupThreads = 32 * Cfg::kWarpsM;
   constexpr int kBlockNW = kBlockN / Cfg::kWarpsN;   // columns of one warp group per tile
   constexpr int kDV = Cfg::kHeadDimV;
+  constexpr int kDVW = Cfg::kSplitDV ? kDV / Cfg::kWarpsN : kDV;   // O columns one warp group accumulates
+  constexpr int kOGroups = Cfg::kSplitDV ? 1 : Cfg::kWarpsN;       // O tiles the epilogue merges
   const int tid = threadIdx.x;
   const int wg = tid / kGroupThreads, tg = tid % kGroupThreads;
 
@@ -136,8 +211,13 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
 
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_k = smem_q + cosize(typename Cfg::SmemLayoutQ{});
-  Element* smem_v = smem_k + kStages * cosize(typename Cfg::SmemLayoutK{});
-  constexpr int kTileK = cosize(typename Cfg::SmemLayoutK{}), kTileV = cosize(typename Cfg::SmemLayoutV{});
+  constexpr int kTileK = cosize(typename Cfg::SmemLayoutK{});
+  // kVFromK: slot s of "V" is slot s of K (its first kDV columns: the K tile's 64-column blocks are stored one
+  // after another, so the (kBlockN, kDV) layout of the same atom addresses exactly them)
+  constexpr int kTileV = Cfg::kVFromK ? kTileK : cosize(typename Cfg::SmemLayoutV{});
+  Element* smem_v = Cfg::kVFromK ? smem_k : smem_k + kStages * kTileK;
+  Element* smem_p = smem_v + kStages * kTileV;   // kSplitDV: the P tile, then the max exchange
+  float* s_x = reinterpret_cast<float*>(smem_p + (Cfg::kSplitDV ? kBlockM * kBlockN : 0));
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Cfg::SmemLayoutQ{});
 
   // Q: the unit's packed rows (token t, head head0 + g), zero past the last row
@@ -175,12 +255,13 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
   auto s2r_thr_v = s2r_v.get_thread_slice(tg);
 
   using TileW = Shape<Int<kBlockNW>, Int<Cfg::kHeadDimQK>>;
-  using TileWt = Shape<Int<kDV>, Int<kBlockNW>>;
+  // V^T tile of one group: column mode, all d_v rows x its kBlockNW keys; split-d_v, its kDVW rows x all keys
+  using TileWt = Shape<Int<kDVW>, Int<Cfg::kSplitDV ? kBlockN : kBlockNW>>;
   Tensor tSrQ = thr.partition_fragment_A(sQ);
   Tensor tSrK = thr.partition_fragment_B(local_tile(slot_k(0), TileW{}, make_coord(0, 0)));
   Tensor sVt0 = make_tensor(make_smem_ptr(smem_v), typename Cfg::SmemLayoutVtNoSwizzle{});
   Tensor tOrVt = thr.partition_fragment_B(local_tile(sVt0, TileWt{}, make_coord(0, 0)));
-  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kDV>>{});
+  Tensor acc_o = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kDVW>>{});
   clear(acc_o);
   Tensor row_max = make_tensor<float>(Shape<Int<2 * size<1>(acc_o)>>{});
   Tensor row_sum = make_fragment_like(row_max);
@@ -206,7 +287,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
     const int slot = it % kStages;
     Tensor sKw = local_tile(slot_k(slot), TileW{}, make_coord(wg, 0));
     Tensor sVtw = local_tile(make_tensor(make_smem_ptr(smem_v + slot * kTileV), typename Cfg::SmemLayoutVt{}),
-                             TileWt{}, make_coord(0, wg));
+                             TileWt{}, Cfg::kSplitDV ? make_coord(wg, 0) : make_coord(0, wg));
     Tensor acc_s = partition_fragment_C(mma, Shape<Int<kBlockM>, Int<kBlockNW>>{});
     clear(acc_s);
     attn_tl::gemm_ss<Cfg::kQInRegs>(mma, acc_s, tSrQ, tSrK, s2r_thr_q.partition_S(sQ), s2r_thr_k.partition_S(sKw),
@@ -215,23 +296,44 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
     if ((blk_begin + it + 1) * kBlockN > (Cfg::kCausal ? causal_offset + 1 : seqlen_k)) {
       mask_tile<Cfg::kCausal>(acc_s, tScS, row0, pack, col0, seqlen_k, causal_offset);
     }
-    attn_tl::online_softmax(acc_s, acc_o, row_max, row_sum, a.scale_log2);
-    Tensor p = make_tensor(acc_s.data(), attn_tl::acc_to_a_layout<typename Cfg::TiledMma>(acc_s.layout()));
-    Tensor tOrP = attn_tl::convert_type<Element>(p);
-    attn_tl::gemm_rs(mma, acc_o, tOrP, tOrVt, s2r_thr_v.partition_S(sVtw), s2r_v, s2r_thr_v);
+    if constexpr (Cfg::kSplitDV) {
+      // barriers per tile: top of loop (ring), the max exchange, the P tile. s_x is rewritten only after the
+      // next top-of-loop barrier, sP only after the next max-exchange barrier: every group has read both by then
+      softmax_shared_max<Cfg>(acc_s, acc_o, row_max, row_sum, tScS, s_x, wg, tg, a.scale_log2);
+      Tensor sP = make_tensor(make_smem_ptr(smem_p), typename Cfg::SmemLayoutP{});
+      Tensor rP = attn_tl::convert_type<Element>(acc_s);
+      auto r2s_p = make_tiled_copy_C(Copy_Atom<UniversalCopy<uint32_t>, Element>{}, mma);
+      auto r2s_thr_p = r2s_p.get_thread_slice(tg);
+      cute::copy(r2s_p, r2s_thr_p.retile_S(rP),
+                 r2s_thr_p.partition_D(local_tile(sP, Shape<Int<kBlockM>, Int<kBlockNW>>{}, make_coord(0, wg))));
+      __syncthreads();   // the whole P tile is written
+      auto s2r_p = make_tiled_copy_A(typename Cfg::S2RAtomQK{}, mma);
+      auto s2r_thr_p = s2r_p.get_thread_slice(tg);
+      Tensor tOrP = thr.partition_fragment_A(sP);
+      gemm_pv_slice(mma, acc_o, tOrP, tOrVt, s2r_thr_p.partition_S(sP), s2r_thr_v.partition_S(sVtw), s2r_p, s2r_v,
+                    s2r_thr_p, s2r_thr_v);
+    } else {
+      attn_tl::online_softmax(acc_s, acc_o, row_max, row_sum, a.scale_log2);
+      Tensor p = make_tensor(acc_s.data(), attn_tl::acc_to_a_layout<typename Cfg::TiledMma>(acc_s.layout()));
+      Tensor tOrP = attn_tl::convert_type<Element>(p);
+      attn_tl::gemm_rs(mma, acc_o, tOrP, tOrVt, s2r_thr_v.partition_S(sVtw), s2r_v, s2r_thr_v);
+    }
     if constexpr (!Cfg::kPrefetchFirst) { issue_next(); }
   }
   cp_async_wait<0>();
   __syncthreads();   // the ring is free: it becomes the merge buffer
 
-  // merge the warp groups: (max * scale_log2, sum, O) per group and row
-  float* s_o = reinterpret_cast<float*>(smem_k);                 // (kWarpsN, kBlockM, kDV)
-  float* s_m = s_o + Cfg::kWarpsN * kBlockM * kDV;               // (kWarpsN, kBlockM)
+  // merge the warp groups: (max * scale_log2, sum, O) per group and row. Split-d_v: one O tile, each group its
+  // own columns; the groups' maxima are equal (exp2 weights 1) and their sums add up
+  // split-d_v: from the start of shared memory (Q is dead too), so that 64 rows x 512 fp32 fit beside a small ring
+  float* s_o = reinterpret_cast<float*>(Cfg::kSplitDV ? smem : reinterpret_cast<char*>(smem_k));   // (kOGroups, kBlockM, kDV)
+  float* s_m = s_o + kOGroups * kBlockM * kDV;                   // (kWarpsN, kBlockM)
   float* s_l = s_m + Cfg::kWarpsN * kBlockM;
-  Tensor tOcO = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDV>>{}));
+  Tensor tOcO = thr.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDVW>>{}));
+  const int o_group = Cfg::kSplitDV ? 0 : wg, o_col0 = Cfg::kSplitDV ? wg * kDVW : 0;
   CUTE_UNROLL
   for (int i = 0; i < size(acc_o); ++i) {
-    s_o[(wg * kBlockM + get<0>(tOcO(i))) * kDV + get<1>(tOcO(i))] = acc_o(i);
+    s_o[(o_group * kBlockM + get<0>(tOcO(i))) * kDV + o_col0 + get<1>(tOcO(i))] = acc_o(i);
   }
   CUTE_UNROLL
   for (int mi = 0; mi < size(row_max); ++mi) {   // row mi of the row/col view: half mi % 2 of m-tile mi / 2
@@ -262,7 +364,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
     const float inv = l > 0.f ? 1.f / l : 0.f;
     float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
     CUTE_UNROLL
-    for (int w = 0; w < Cfg::kWarpsN; ++w) {
+    for (int w = 0; w < kOGroups; ++w) {
       const float4 x = *reinterpret_cast<const float4*>(s_o + (w * kBlockM + r) * kDV + c);
       acc[0] += f[w] * x.x; acc[1] += f[w] * x.y; acc[2] += f[w] * x.z; acc[3] += f[w] * x.w;
     }

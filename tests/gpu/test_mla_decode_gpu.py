@@ -1,0 +1,91 @@
+"""MLA absorbed decode on a GPU (marker gpu; skipped elsewhere): the split-d_v kernels of the MLA decode sketches
+(tl/sketches/decode/mla_{paged,dense}.tl, V read from the latent cache's first 512 columns) pass the decode gate
+(tuner/verify_decode.py: 128 and 16 heads, KV lengths 1/63/64/65/4097, uneven batches, shuffled 64-token pages
+beside NaN pages, NaN workspace, forced split counts, 1..16 causal query tokens, v_cache None or the view of K), a
+kernel that drops the causal mask is caught, and a separate V tensor or more than one KV head is refused."""
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8,
+                                 reason="needs an sm80+ GPU")]
+
+from hardware_profiles import load_profile  # noqa: E402
+from tl.parser import parse  # noqa: E402
+from translate import nvcc  # noqa: E402
+from translate.compiler import generate  # noqa: E402
+from translate.decode import DecodeParams, default_decode_params  # noqa: E402
+from translate.problem import KernelSpec  # noqa: E402
+from tuner.decode_runtime import load_decode_kernel  # noqa: E402
+from tuner.verify_decode import MLA_HEADS, DecodeCase, verify_decode  # noqa: E402
+
+SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"
+PAGED = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
+CASES = [
+    ("paged_h128_default", PAGED, default_decode_params(PAGED, 128)),
+    ("paged_h16_default", PAGED, default_decode_params(PAGED, 16)),
+    ("dense_h128_default", dataclasses.replace(PAGED, layout="dense"), default_decode_params(PAGED, 128)),
+    ("paged_noncausal_fp16_bn32_s3", KernelSpec("mla", 576, 512, False, "fp16", "paged", "decode"),
+     DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=3)),
+    ("paged_w4x4", PAGED, DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=4, kv_stages=2)),
+]
+
+
+def profile_here():
+    name = torch.cuda.get_device_name().lower()
+    return load_profile("h200" if "h200" in name else "h100" if "h100" in name else "a100")
+
+
+def compile_and_load(gk, profile):
+    result = nvcc.compile_kernel(gk, profile.nvcc_arch, cache_dir=nvcc.default_cache_dir())
+    assert result.ok, result.log[-2000:]
+    assert result.spill_stores == 0, f"{gk.name} spills {result.spill_stores} B"
+    return load_decode_kernel(result.cubin, gk.meta())
+
+
+def kernel_for(spec, params, profile, text=None):
+    text = text or (SKETCHES / f"mla_{spec.layout}.tl").read_text()
+    return generate(parse(text).program, params, profile, spec)
+
+
+@pytest.mark.parametrize("name,spec,params", CASES, ids=[c[0] for c in CASES])
+def test_mla_decode_kernels_pass_the_gate(name, spec, params):
+    profile = profile_here()
+    k = compile_and_load(kernel_for(spec, params, profile), profile)
+    for page in ((64, 16) if spec.layout == "paged" else (None,)):
+        report = verify_decode(k, spec, page_size=page)
+        assert report.passed, report.reason
+
+
+def _broken(gk, old, new, tag):
+    assert old in gk.body
+    wrong = dataclasses.replace(gk, body=gk.body.replace(old, new), name=gk.name + tag)
+    return dataclasses.replace(wrong, body=wrong.body.replace(gk.name, wrong.name))
+
+
+def test_a_kernel_that_drops_the_causal_mask_is_caught():
+    profile = profile_here()
+    gk = kernel_for(PAGED, default_decode_params(PAGED, 128), profile)
+    k = compile_and_load(_broken(gk, "kCausal = true", "kCausal = false", "_nomask"), profile)
+    report = verify_decode(k, PAGED, cases=[DecodeCase((700, 16, 9), seqlen_q=4, heads=MLA_HEADS)])
+    assert not report.passed and "error" in report.reason
+
+
+def test_a_separate_v_tensor_and_wrong_heads_are_refused():
+    profile = profile_here()
+    k = compile_and_load(kernel_for(PAGED, default_decode_params(PAGED, 16), profile), profile)
+    q = torch.randn(2, 1, 16, 576, device="cuda", dtype=torch.bfloat16)
+    cache = torch.randn(4, 64, 1, 576, device="cuda", dtype=torch.bfloat16)
+    lens = torch.tensor([70, 30], dtype=torch.int32, device="cuda")
+    table = torch.tensor([[0, 1], [2, 3]], dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="first 512 columns"):
+        k(q, cache, cache[..., :512].clone(), lens, table)
+    with pytest.raises(ValueError, match="one latent KV head"):
+        two = torch.randn(4, 64, 2, 576, device="cuda", dtype=torch.bfloat16)
+        k(torch.randn(2, 1, 16, 576, device="cuda", dtype=torch.bfloat16), two, None, lens, table)
+    a = k(q, cache, None, lens, table)
+    b = k(q, cache, cache[..., :512], lens, table)
+    assert a.shape == (2, 1, 16, 512) and torch.equal(a, b)
