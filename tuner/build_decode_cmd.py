@@ -30,7 +30,8 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     import tl
     from translate import nvcc
     from translate.compiler import generate
-    from translate.decode import DecodeParams, validate_decode
+    from translate.decode import validate_decode
+    from translate.decode.params import default_decode_params
     from translate.kernel import TranslationError
     from tuner.bench_decode_cmd import resolve_decode_target
     from tuner.build_cmd import UsageError, build_record, load_checked_program, parse_params_arg
@@ -45,7 +46,7 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
             tl.decode_sketch_path(spec.variant, schedule, spec.layout)   # a missing one is a usage error
         program, _, label, diagnostics = load_checked_program(spec.variant, spec.causal, sketch, schedule,
                                                               spec.layout)
-        decode_params = parse_params_arg(params, DecodeParams())
+        decode_params = parse_params_arg(params, default_decode_params(spec, None, profile))
     except (UsageError, ValueError) as exc:
         err.print(f"tune build: error: {exc}", markup=False, highlight=False)
         return 2

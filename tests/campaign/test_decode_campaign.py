@@ -111,3 +111,41 @@ def test_a_decode_campaign_measures_each_bucket_and_stores_decode_records(ray_cl
     assert records and all(r.phase == "decode" and r.layout == "paged" and r.bucket.startswith("d-b")
                            for r in records)
     assert all(r.problem["phase"] == "decode" and r.problem["kv_bytes"] > 0 for r in records)
+
+
+@pytest.mark.parametrize("variant,hq,hkv,d_qk,d_v,sq,page", [("gqa", 8, 2, 64, 64, 3, 16), ("mla", 4, 1, 576, 512, 2, 0)])
+def test_the_cross_check_at_size_matches_a_head_by_head_reference_and_catches_a_wrong_output(variant, hq, hkv, d_qk,
+                                                                                              d_v, sq, page):
+    import torch
+
+    from tuner.bench_decode import make_decode_inputs, make_mla_inputs
+    from tuner.campaign import decode_measure as dm
+    from tuner.decode_problem import DecodeProblem
+
+    prob = DecodeProblem(variant, 3, 70, hq, hkv, d_qk, d_v, True, "fp16", seqlen_q=sq, page_size=page)
+    x = ({**make_mla_inputs(prob.point(), device="cpu"), "v": None} if variant == "mla"
+         else make_decode_inputs(prob.point(), device="cpu"))
+    out = torch.zeros(prob.batch, sq, hq, d_v)
+    for i in range(prob.batch):   # one head and token at a time, the causal diagonal bottom-right
+        k, v = dm._sequence_kv(x, prob, i, "k").float(), dm._sequence_kv(x, prob, i, "v").float()
+        for h in range(hq):
+            for t in range(sq):
+                s = (x["q"][i, t, h].float() @ k[:, h // (hq // hkv)].T) * prob.softmax_scale
+                s[t + prob.kv_len - sq + 1:] = float("-inf")
+                out[i, t, h] = torch.softmax(s, -1) @ v[:, h // (hq // hkv)]
+    assert dm.cross_check(out, x, prob) < 1e-5
+    out[prob.batch - 1, sq - 1, hq - 1, 0] += 1.0     # the last sequence's last row: where offsets are largest
+    assert dm.cross_check(out, x, prob) > dm.CROSS_CHECK_REL_ERR
+
+
+@pytest.mark.slow
+def test_deepseek_v3_decodes_absorbed_mla_in_its_campaign(ray_cluster, tmp_path):
+    from tuner.store import KernelStore
+
+    rc = run_campaign(replay_options(tmp_path, trials=4, variant=None, model="deepseek-v3", phase="decode",
+                                     layout="paged", page_size=64))
+    assert rc == 0
+    (record, *_) = KernelStore(tmp_path).records(variant="mla")
+    assert (record.d_qk, record.d_v, record.phase, record.bucket[-4:]) == (576, 512, "decode", "-p64")
+    assert record.problem["heads_q"] == 128 and record.problem["heads_kv"] == 1
+    assert record.baselines.get("fa4") is None    # FA4 has no absorbed MLA: the copy bound is the yardstick

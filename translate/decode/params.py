@@ -5,7 +5,7 @@ import numbers
 from dataclasses import asdict, dataclass, fields
 
 from hardware_profiles import Profile
-from translate.problem import KernelSpec
+from translate.problem import MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V, KernelSpec
 
 # A decode query tile holds at most 16 tokens (speculative decoding) x a KV group's heads; past 4 row slabs per
 # warp the O accumulator no longer fits the registers (see validate_decode).
@@ -59,7 +59,7 @@ class DecodeParams:
 
 # MLA decode is the absorbed form (DeepSeek-V3): q and the one latent KV head carry 512 latent + 64 rotary columns,
 # and the values are the latent part of the same rows (FlashMLA's convention: v = k_cache[..., :512]).
-MLA_DECODE_D_QK, MLA_DECODE_D_V = 576, 512
+MLA_DECODE_D_QK, MLA_DECODE_D_V = MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V
 
 
 def v_from_k(spec: KernelSpec) -> bool:

@@ -20,9 +20,13 @@ CROSS_CHECK_REL_ERR = 2e-2     # as the dense trials' SDPA cross-check at benchm
 
 
 def make_inputs(problem, device: str) -> dict:
-    from tuner.bench_decode import make_decode_inputs
+    """q, k, v (None for MLA: V is K's first d_v columns), page_table (None: dense) and seqused_k of a call."""
+    from tuner.bench_decode import make_decode_inputs, make_mla_inputs
 
-    return make_decode_inputs(problem.point(), seed=problem.batch * 7919 + problem.kv_len, device=device)
+    seed = problem.batch * 7919 + problem.kv_len
+    if problem.variant == "mla":
+        return {**make_mla_inputs(problem.point(), seed=seed, device=device), "v": None}
+    return make_decode_inputs(problem.point(), seed=seed, device=device)
 
 
 def ours_call(kernel, problem, x: dict):
@@ -36,7 +40,10 @@ def tflops(problem, ms: float) -> float:
 
 
 def _sequence_kv(x: dict, problem, i: int, name: str):
-    """Sequence i's keys (or values), (kv_len, hkv, d), gathered back from the cache."""
+    """Sequence i's keys (or values), (kv_len, hkv, d), gathered back from the cache; MLA's values are the first
+    d_v columns of its keys."""
+    if name == "v" and x.get("v") is None:
+        return _sequence_kv(x, problem, i, "k")[..., : problem.d_v]
     cache = x[name]
     if x["page_table"] is None:
         return cache[i, : problem.kv_len]
@@ -45,22 +52,24 @@ def _sequence_kv(x: dict, problem, i: int, name: str):
 
 
 def cross_check(out, x: dict, problem) -> float:
-    """Largest relative error of ``out`` on the first and last sequence against the fp32 reference."""
+    """Largest relative error of ``out`` on the first and last sequence against the fp32 reference (the query
+    heads of a KV group share its keys: no copies of K per head, which for MLA's 128 heads would be gigabytes)."""
     import torch
 
     worst = 0.0
+    hkv, sq = problem.heads_kv, problem.seqlen_q
+    group = problem.heads_q // hkv
     for i in sorted({0, problem.batch - 1}):
-        k = _sequence_kv(x, problem, i, "k").float().transpose(0, 1)     # (hkv, kv, d)
-        v = _sequence_kv(x, problem, i, "v").float().transpose(0, 1)
-        q = x["q"][i].float().transpose(0, 1)                           # (hq, sq, d)
-        group = problem.heads_q // problem.heads_kv
-        k, v = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+        k = _sequence_kv(x, problem, i, "k").float().transpose(0, 1)     # (hkv, kv, d_qk)
+        v = _sequence_kv(x, problem, i, "v").float().transpose(0, 1)     # (hkv, kv, d_v)
+        # (sq, hq, d) -> (hkv, group * sq, d): row g * sq + t is token t of the group's head g
+        q = x["q"][i].float().reshape(sq, hkv, group, -1).permute(1, 2, 0, 3).reshape(hkv, group * sq, -1)
         s = (q @ k.transpose(1, 2)) * problem.softmax_scale
-        if problem.causal and problem.seqlen_q > 1:
-            rows = torch.arange(problem.seqlen_q, device=q.device)[:, None]
+        if problem.causal and sq > 1:
+            rows = (torch.arange(group * sq, device=q.device) % sq)[:, None]
             cols = torch.arange(problem.kv_len, device=q.device)[None, :]
-            s = s.masked_fill(cols > rows + problem.kv_len - problem.seqlen_q, float("-inf"))
-        ref = (torch.softmax(s, -1) @ v).transpose(0, 1)                # (sq, hq, d_v)
+            s = s.masked_fill(cols > rows + problem.kv_len - sq, float("-inf"))
+        ref = (torch.softmax(s, -1) @ v).reshape(hkv, group, sq, -1).permute(2, 0, 1, 3).reshape(sq, hkv * group, -1)
         err = (out[i].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)
         worst = max(worst, float(err))
     return worst
