@@ -22,6 +22,16 @@ the rule's fields ``tokens``, ``mix`` and, paged, ``page_size`` where a key-leng
 the metadata says ``"bucket_rule": "serving"`` and a paged config lists the ``page_sizes`` its buckets were
 tuned on. Varlen configs of key-length buckets (stored before the serving rule) are written as before.
 Dense configs are unchanged.
+
+Decode kernels (records of phase ``decode``: split-KV kernels of translate/decode, launched by
+tuner/decode_runtime.py) get configs of their own: ``,phase=decode`` follows the layout token in the name
+(``...,causal=1,layout=paged,phase=decode,device_name=...json``; a dense cache has no layout token, as for
+prefill: ``...,causal=1,phase=decode,device_name=...json``), the metadata says ``"phase": "decode"`` and
+``"bucket_rule": "decode"`` (tuner/decode_buckets.py) and, paged, the ``page_sizes``; an entry ``"d-b8-kv8k-p16"``
+carries the rule's fields ``batch``, ``kv_capacity`` and, paged, ``page_size``. Its meta is the decode kernel's
+(``"grid": "decode"``: tuner.decode_runtime.load_decode_kernel loads it). A baseline in GB/s (``copy_gbs``) is
+compared with the record's achieved ``problem["kv_gbs"]``, not its TFLOPS. One config holds one phase only.
+Prefill configs carry no ``phase`` and are written exactly as before.
 """
 from __future__ import annotations
 
@@ -35,6 +45,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from tuner.bucket_names import SERVING_RULE, bucket_fields, bucket_rule, bucket_sort_key, mixed_rules
+from tuner.decode_buckets import DECODE_RULE, decode_bucket_fields, decode_bucket_sort_key, is_decode_bucket
 from tuner.store import CorruptRecordError, KernelRecord, KernelStore, verification_passed
 
 EXPORT_FORMAT = 1
@@ -50,11 +61,14 @@ def head_dim_token(d_qk: int, d_v: int) -> str:
 
 
 def config_file_name(variant: str, d_qk: int, d_v: int, dtype: str, causal: bool, device_name: str,
-                     layout: str = "dense") -> str:
-    """The dense layout's names are what they were; another layout says so after causal."""
+                     layout: str = "dense", phase: str = "prefill") -> str:
+    """The dense layout's names are what they were; another layout says so after causal, and a decode
+    config says ``,phase=decode`` after that."""
     layout_token = "" if layout == "dense" else f",layout={layout}"
+    phase_token = "" if phase == "prefill" else f",phase={phase}"
     return (f"variant={variant},head_dim={head_dim_token(d_qk, d_v)},dtype={dtype},"
-            f"causal={int(bool(causal))}{layout_token},device_name={device_file_token(device_name)}.json")
+            f"causal={int(bool(causal))}{layout_token}{phase_token},"
+            f"device_name={device_file_token(device_name)}.json")
 
 
 def verification_summary(verification: dict) -> dict:
@@ -76,10 +90,42 @@ def _ratio(ours: float, base) -> float | None:
     return None
 
 
+def _gbs_ratio(rec: KernelRecord, base) -> float | None:
+    """A GB/s baseline (``copy_gbs``) against the bandwidth the record achieved (``problem["kv_gbs"]``)."""
+    ours = rec.problem.get("kv_gbs")
+    if isinstance(ours, (int, float)) and not isinstance(ours, bool) and math.isfinite(ours):
+        return _ratio(ours, base)
+    return None
+
+
+def _ratios(rec: KernelRecord) -> dict:
+    return {k: _gbs_ratio(rec, v) if k.endswith("_gbs") else _ratio(rec.tflops, v) for k, v in rec.baselines.items()}
+
+
+def _sort_key(rec: KernelRecord) -> tuple:
+    return decode_bucket_sort_key(rec.bucket) if rec.phase == "decode" else bucket_sort_key(rec.bucket)
+
+
+def phase_errors(recs: list[KernelRecord]) -> list[str]:
+    """Why these records cannot share one config: two phases, or a bucket of the other phase's rule."""
+    phases = sorted({r.phase for r in recs})
+    if len(phases) > 1:
+        return [f"records of phases {', '.join(phases)} in one config: prefill and decode kernels are exported "
+                "to configs of their own"]
+    errors = []
+    for r in recs:
+        if (r.phase == "decode") != is_decode_bucket(r.bucket):
+            errors.append(f"{r.kernel_name}: a {r.phase} record in bucket {r.bucket!r} (decode records take decode "
+                          "buckets such as d-b8-kv8k-p16, prefill records never do)")
+    return errors
+
+
 def bucket_entry(rec: KernelRecord) -> dict:
     sha = rec.kernel_sha256
+    # seqlen_k, or the serving rule's tokens, mix (and page_size), or the decode rule's batch, kv_capacity (page_size)
+    fields = decode_bucket_fields(rec.bucket) if rec.phase == "decode" else bucket_fields(rec.bucket)
     return {
-        **bucket_fields(rec.bucket),      # seqlen_k, or the serving rule's tokens, mix (and page_size)
+        **fields,
         "params": rec.params,
         "kernel_name": rec.kernel_name,
         "kernel_sha256": sha,
@@ -90,7 +136,7 @@ def bucket_entry(rec: KernelRecord) -> dict:
         "tflops": rec.tflops,
         "baselines": {k: (v if isinstance(v, (int, float)) and math.isfinite(v) else None)
                       for k, v in rec.baselines.items()},
-        "ratios": {k: _ratio(rec.tflops, v) for k, v in rec.baselines.items()},
+        "ratios": _ratios(rec),
         "problem": rec.problem,
         "verification": verification_summary(rec.verification),
         "study": rec.study,
@@ -112,14 +158,17 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
     exported_at = exported_at or datetime.now(timezone.utc).isoformat(timespec="seconds")
     groups: dict[str, list[KernelRecord]] = {}
     for r in records:
-        groups.setdefault(config_file_name(r.variant, r.d_qk, r.d_v, r.dtype, r.causal, r.device_name, r.layout),
-                          []).append(r)
+        groups.setdefault(config_file_name(r.variant, r.d_qk, r.d_v, r.dtype, r.causal, r.device_name, r.layout,
+                                           r.phase), []).append(r)
     docs = {}
     for name, recs in sorted(groups.items()):
-        mixed = mixed_rules([r.bucket for r in recs])
-        if mixed:
-            raise ValueError(f"{name}: {mixed}")
-        recs = sorted(recs, key=lambda r: bucket_sort_key(r.bucket))
+        errors = phase_errors(recs)
+        if not errors and recs[0].phase == "prefill":
+            mixed = mixed_rules([r.bucket for r in recs])
+            errors = [mixed] if mixed else []
+        if errors:
+            raise ValueError(f"{name}: {errors[0]}")
+        recs = sorted(recs, key=_sort_key)
         # The newest record's tools describe the file; each bucket keeps its own provenance too.
         newest = max(recs, key=lambda r: str(r.provenance.get("date", "")))
         prov = newest.provenance
@@ -149,7 +198,12 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
             "layout": first.layout,
             "exported_at": exported_at,
         }
-        if bucket_rule(first.bucket) == SERVING_RULE:   # dense and key-length varlen metadata as before
+        if first.phase == "decode":
+            meta["phase"] = "decode"
+            meta["bucket_rule"] = DECODE_RULE
+            if first.layout == "paged":
+                meta["page_sizes"] = sorted({decode_bucket_fields(r.bucket)["page_size"] for r in recs})
+        elif bucket_rule(first.bucket) == SERVING_RULE:   # dense and key-length varlen metadata as before
             meta["bucket_rule"] = SERVING_RULE
             if first.layout == "paged":
                 meta["page_sizes"] = sorted({bucket_fields(r.bucket)["page_size"] for r in recs})

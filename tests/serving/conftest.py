@@ -66,6 +66,52 @@ class StandInKernel:
         return res.to(q.dtype)
 
 
+class StandInDecodeKernel:
+    """What tuner.decode_runtime.load_decode_kernel returns, computed on the CPU in fp32 by the reference: the
+    kernel's call (flash_attn_with_kvcache's arguments, causal from its spec) and its refusals
+    (check_decode_inputs: 1..16 query tokens, its dtype, a table for a paged kernel and none for a dense one,
+    lengths for a paged call, a power-of-two page size, int32 lengths, a contiguous head dim)."""
+
+    def __init__(self, meta: dict):
+        self.meta = meta
+        self.splits = []
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, softmax_scale=None,
+                 num_splits=None, return_lse=False, out=None, workspace=None):
+        from tuner.serving.decode_sdpa import decode_reference
+
+        spec = self.meta["spec"]
+        if self.meta.get("grid") != "decode":
+            raise ValueError("not a decode kernel")
+        if not 1 <= q.shape[1] <= 16:
+            raise ValueError(f"a decode kernel takes 1..16 query tokens per sequence, got {q.shape[1]}")
+        if q.dtype != {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]:
+            raise ValueError(f"q is {q.dtype}; this kernel was built for {spec['dtype']}")
+        if any(t.stride(-1) != 1 for t in (q, k_cache, v_cache)):
+            raise ValueError("the head dim must be contiguous")
+        if spec["layout"] == "paged":
+            if page_table is None or cache_seqlens is None:
+                raise ValueError("this decode kernel reads a paged cache: pass page_table and cache_seqlens")
+            if k_cache.shape[1] & (k_cache.shape[1] - 1):
+                raise ValueError(f"page size {k_cache.shape[1]} must be a power of two")
+        elif page_table is not None:
+            raise ValueError("this decode kernel reads a dense cache")
+        if cache_seqlens is not None and (cache_seqlens.dtype != torch.int32 or cache_seqlens.shape != (q.shape[0],)):
+            raise ValueError("cache_seqlens must be a contiguous int32 tensor of b lengths")
+        self.splits.append(num_splits)
+        o, lse = decode_reference(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, page_table,
+                                  spec["causal"], softmax_scale)
+        o = o.to(q.dtype)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return (o, lse) if return_lse else o
+
+
+def stand_in_loader(cubin, meta, device_index):
+    return StandInDecodeKernel(meta) if meta.get("grid") == "decode" else StandInKernel(meta)
+
+
 def reference(q, k, v, causal, scale=None, mask=None):
     """softmax(Q K^T * scale) V in float64, loops over heads, bottom-right causal; empty rows are 0."""
     b, sq, hq, d = q.shape

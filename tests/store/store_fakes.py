@@ -28,3 +28,26 @@ def make_record(**changes) -> KernelRecord:
     )
     fields.update(changes)
     return KernelRecord(**fields)
+
+
+DECODE_PARAMS = {"block_m": 16, "block_n": 64, "warps_m": 1, "warps_n": 4, "kv_stages": 3, "pack_gqa": True,
+                 "min_split_blocks": 2, "swizzle": 3}
+
+
+def make_decode_record(**changes) -> KernelRecord:
+    """A decode record (phase decode, a decode bucket, DecodeParams, a meta with grid "decode"): paged, page 16."""
+    layout = changes.get("layout", "paged")
+    fields = dict(
+        variant="gqa", layout=layout, phase="decode", bucket="d-b8-kv8k-p16" if layout == "paged" else "d-b8-kv8k",
+        params=dict(DECODE_PARAMS), kernel_name="attn_decode_dm16n64w1x4s3p_b2_sw3",
+        kernel_meta={"abi": 1, "name": "attn_decode_dm16n64w1x4s3p_b2_sw3", "num_threads": 128, "smem_bytes": 102400,
+                     "block_m": 16, "block_n": 64, "grid": "decode", "params": dict(DECODE_PARAMS),
+                     "spec": {"variant": "gqa", "d_qk": 128, "d_v": 128, "causal": True, "dtype": "bf16",
+                              "layout": layout, "phase": "decode"}},
+        tflops=12.5, baselines={"fa4": 11.0, "copy_gbs": 3000.0},
+        problem={"variant": "gqa", "batch": 8, "heads_q": 32, "heads_kv": 8, "seqlen_q": 1, "kv_len": 8192,
+                 "d_qk": 128, "d_v": 128, "causal": True, "dtype": "bf16", "layout": layout, "kv_gbs": 2400.0},
+        verification={"passed": True, "max_error": 0.002, "cases": [{"kv": 1}, {"kv": 4097}]},
+        cubin=b"decode cubin", study="h100-decode")
+    fields.update(changes)
+    return make_record(**fields)

@@ -8,6 +8,11 @@ testable without a GPU and traceable by torch.compile.
 A config's buckets follow one rule (tuner/bucket_names.py): key-length buckets ``s<N>`` (dense configs, and
 varlen configs exported before the serving rule), routed by the nearest key length; or serving buckets
 (varlen and paged configs), routed by ``ExportedConfig.serving`` (tuner/serving/rule.py).
+
+Decode configs (``"phase": "decode"`` in the metadata, ``,phase=decode`` in the name) hold decode buckets
+(``d-b8-kv8k-p16``, tuner/decode_buckets.py) of split-KV decode kernels, routed by ``ExportedConfig.decode``
+(tuner/serving/decode_rule.py: the call's (batch, KV capacity) class, else the nearest bucket of the same page
+size); they never serve a prefill call, nor a prefill config a decode call (``dispatch_table``'s ``phase``).
 """
 from __future__ import annotations
 
@@ -18,9 +23,11 @@ from pathlib import Path
 
 from tuner.bucket_names import LAYOUTS, SEQLEN_RULE, SERVING_RULE, bucket_errors, bucket_rule, mixed_rules
 from tuner.buckets import bucket_seqlen
+from tuner.decode_buckets import DECODE_RULE, decode_bucket_errors, is_decode_bucket, parse_decode_bucket
 from tuner.export import METADATA_KEY, device_file_token
 from tuner.mixes import parse_serving_bucket
 from tuner.problem import variant_of_heads
+from tuner.serving.decode_rule import DecodeTable
 from tuner.serving.rule import ServingTable
 
 # Every generated kernel takes the group (query heads per KV head) as a launch argument and maps KV head =
@@ -49,6 +56,8 @@ class ExportedKernel:
     tokens: int | None = None     # a serving bucket's token edge, mix class and page size (paged)
     mix: str | None = None
     page_size: int | None = None
+    batch: int | None = None          # a decode bucket's batch and KV capacity class edges (page_size when paged)
+    kv_capacity: int | None = None
 
     @property
     def block_n(self) -> int | None:
@@ -72,15 +81,25 @@ class ExportedConfig:
     bucket_order: tuple = field(default=(), compare=False)
     bucket_bounds: tuple = field(default=(), compare=False)
     serving: ServingTable | None = field(default=None, compare=False)    # set when the buckets are serving ones
+    phase: str = "prefill"     # or "decode": split-KV decode kernels (tuner/decode_runtime.py)
+    decode: DecodeTable | None = field(default=None, compare=False)      # set for a decode config
 
     @property
     def bucket_rule(self) -> str:
+        if self.decode is not None:
+            return DECODE_RULE
         return SERVING_RULE if self.serving is not None else SEQLEN_RULE
 
     @property
     def page_sizes(self) -> tuple:
         """The page sizes a paged config's buckets were tuned on."""
+        if self.decode is not None:
+            return self.decode.page_sizes
         return self.serving.page_sizes if self.serving is not None else ()
+
+    def decode_bucket_of_call(self, batch: int, kv_capacity: int, page_size: int | None = None) -> str | None:
+        """A decode config's bucket for a call (tuner/serving/decode_rule.py); None when none has its page size."""
+        return self.decode.bucket(batch, kv_capacity, page_size)
 
     def serves_device(self, device_name: str) -> bool:
         token = device_file_token(device_name)
@@ -152,13 +171,22 @@ def read_config(path: Path) -> ExportedConfig:
         meta = doc[METADATA_KEY]
         names = meta.get("device_names") or [meta["device_name"]]
         layout = str(meta.get("layout", "dense"))
+        phase = meta.get("phase", "prefill")
+        if phase not in ("prefill", "decode"):
+            raise ValueError(f"phase must be prefill or decode, got {phase!r}")
         kernels = {}
         for bucket, entry in doc.items():
             if bucket == METADATA_KEY:
                 continue
-            if bucket_rule(bucket) is None:
-                raise ValueError(f"key {bucket!r} is not a shape bucket")
-            wrong = bucket_errors(bucket, layout) if layout in LAYOUTS else []
+            if phase == "decode":
+                wrong = decode_bucket_errors(bucket, layout)
+            elif is_decode_bucket(bucket):
+                wrong = [f"key {bucket!r} is a decode bucket in a prefill config (decode configs say "
+                         "\"phase\": \"decode\" in their metadata)"]
+            elif bucket_rule(bucket) is None:
+                wrong = [f"key {bucket!r} is not a shape bucket"]
+            else:
+                wrong = bucket_errors(bucket, layout) if layout in LAYOUTS else []
             if wrong:
                 raise ValueError(wrong[0])
             for key in _FILE_FIELDS:
@@ -167,19 +195,21 @@ def read_config(path: Path) -> ExportedConfig:
             kernels[bucket] = ExportedKernel(
                 bucket=bucket, kernel_name=entry["kernel_name"], sha256=entry["kernel_sha256"],
                 cubin_path=path.parent / entry["cubin"], meta=entry["meta"], params=entry["params"],
-                tflops=float(entry["tflops"]), **_rule_fields(bucket))
-        mixed = mixed_rules(kernels)
+                tflops=float(entry["tflops"]), **_rule_fields(bucket, phase))
+        mixed = mixed_rules(kernels) if phase == "prefill" else None
         if mixed:
             raise ValueError(mixed)
-        order, bounds = _bucket_rule(kernels)
-        serving = None
-        if kernels and bucket_rule(next(iter(kernels))) == SERVING_RULE:
+        order, bounds = _bucket_rule(kernels) if phase == "prefill" else ((), ())
+        serving = decode = None
+        if phase == "decode":
+            decode = DecodeTable.build(kernels)
+        elif kernels and bucket_rule(next(iter(kernels))) == SERVING_RULE:
             serving = ServingTable.build({b: e.block_n for b, e in kernels.items()})
         sm = meta.get("sm")
         return ExportedConfig(path=path, variant=meta["variant"], d_qk=int(meta["d_qk"]), d_v=int(meta["d_v"]),
                               dtype=meta["dtype"], causal=bool(meta["causal"]), device_names=tuple(names),
                               kernels=kernels, sm=None if sm is None else int(sm), bucket_order=order,
-                              bucket_bounds=bounds, layout=layout, serving=serving)
+                              bucket_bounds=bounds, layout=layout, serving=serving, phase=phase, decode=decode)
     except ExportError:
         raise
     except OSError as exc:
@@ -192,9 +222,13 @@ def read_config(path: Path) -> ExportedConfig:
         raise ExportError(f"{path}: malformed export config: {exc}") from None
 
 
-def _rule_fields(bucket: str) -> dict:
+def _rule_fields(bucket: str, phase: str = "prefill") -> dict:
     """An ExportedKernel's fields that a bucket name stands for (the names are the truth; an entry's
-    ``seqlen_k`` / ``tokens`` / ``mix`` / ``page_size`` repeat them for people and other readers)."""
+    ``seqlen_k`` / ``tokens`` / ``mix`` / ``batch`` / ``kv_capacity`` / ``page_size`` repeat them for people and
+    other readers)."""
+    if phase == "decode":
+        batch, kv, page = parse_decode_bucket(bucket)
+        return {"seqlen_k": None, "batch": batch, "kv_capacity": kv, "page_size": page}
     if bucket_rule(bucket) == SEQLEN_RULE:
         return {"seqlen_k": bucket_seqlen(bucket)}
     tokens, mix, page = parse_serving_bucket(bucket)
@@ -208,12 +242,12 @@ def read_configs(folder: Path) -> list[ExportedConfig]:
     return [read_config(inside_folder(folder, p.name, "config", p)) for p in sorted(folder.glob("variant=*.json"))]
 
 
-def dispatch_table(configs: list[ExportedConfig], layout: str = "dense") -> dict:
+def dispatch_table(configs: list[ExportedConfig], layout: str = "dense", phase: str = "prefill") -> dict:
     """(d_qk, d_v, dtype, causal) -> {variant: config, "*": the fallback variant's} over one device's configs
-    of one layout: what ``pick`` reads, settled once so that a traced call does nothing but look it up."""
+    of one layout and phase: what ``pick`` reads, settled once so that a traced call does nothing but look it up."""
     table: dict = {}
     for c in sorted(configs, key=lambda c: c.variant):
-        if not c.kernels or c.layout != layout:
+        if not c.kernels or c.layout != layout or c.phase != phase:
             continue
         by_variant = table.setdefault((c.d_qk, c.d_v, c.dtype, c.causal), {})
         by_variant.setdefault(c.variant, c)

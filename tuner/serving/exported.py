@@ -5,6 +5,7 @@
     o = attn(q, k, v, causal=True, layout="bhsd", scale=0.1)        # SDPA's layout
     o = attn.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)   # drop-in for SDPA
     o = attn.flash_attn_func(q, k, v, causal=True, softmax_scale=None)                # drop-in for FA2
+    o = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table)   # decode
 
 Every call dispatches to a route (tuner/serving/op.py): the exported kernel of the config whose head dims,
 dtype and causality match and whose variant serves the head layout, in the bucket nearest to seqlen_k; or
@@ -27,6 +28,7 @@ from typing import Callable
 import torch
 
 from tuner.serving import op
+from tuner.serving.decode import DecodeCalls
 from tuner.serving.dropin import DropIns
 from tuner.serving.paged import PagedCalls
 from tuner.serving.varlen import VarlenCalls
@@ -54,12 +56,16 @@ def cuda_devices(device_name: str | None = None) -> dict:
 
 
 def _default_kernel_loader(cubin: bytes, meta: dict, device_index: int = 0):
+    if meta.get("grid") == "decode":      # a split-KV decode kernel and its combine kernel
+        from tuner.decode_runtime import load_decode_kernel
+
+        return load_decode_kernel(cubin, meta, device_index)
     from tuner.runtime import load_kernel
 
     return load_kernel(cubin, meta, device_index)
 
 
-class ExportedAttention(DropIns, VarlenCalls, PagedCalls):
+class ExportedAttention(DropIns, VarlenCalls, PagedCalls, DecodeCalls):
     """The attention functions of one exported folder; see the module docstring."""
 
     def __init__(self, configs: list[ExportedConfig], device_name: str | None = None,
@@ -82,6 +88,10 @@ class ExportedAttention(DropIns, VarlenCalls, PagedCalls):
                                if configs}
         self._paged_tables = {key: dispatch_table(configs, "paged") for key, configs in self._on_device.items()
                               if configs}
+        self._decode_tables = {layout: {key: dispatch_table(configs, layout, "decode")
+                                        for key, configs in self._on_device.items() if configs}
+                               for layout in ("paged", "dense")}
+        self._decode_memo: dict = {}
         # a device with no table: why (nothing for its name, or only configs exported for another SM)
         self._no_table = {key: "other-arch" if named[key] else "no-device-config" for key in self.devices}
         self._fallback = {code: op.register_route(op.Route(self, code=code)) for code in REASONS}

@@ -20,6 +20,13 @@ The packed ops follow the same pattern: ``varlen_attention`` (cu_seqlens) recomp
 ``paged_attention`` (a page table into a paged KV cache) gathers the pages into packed K/V, recomputes per
 sequence and sums the K/V gradients back into the pages (tuner/serving/paged_sdpa.py): q, k_cache and
 v_cache all get gradients.
+
+``decode_kvcache`` (``flash_attn_with_kvcache``: q (b, seqlen_q, hq, d), a paged or dense KV cache,
+cache_seqlens) returns (out, lse): lse (b, hq, seqlen_q) fp32 when asked for, else an empty tensor. Its route
+is an exported decode kernel (tuner/decode_runtime.py) or the masked torch reference
+(tuner/serving/decode_sdpa.py). Its backward, like the paged op's, recomputes with that reference from the
+saved inputs (``decode_kvcache_backward``, the gradients written out, also those of the lse): decode is
+inference, but a call under autograd is differentiable, never silently not.
 """
 from __future__ import annotations
 
@@ -29,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tuner.serving.decode_sdpa import decode_gradients
 from tuner.serving.paged_sdpa import paged_gradients
 from tuner.serving.sdpa import attention_gradients, varlen_gradients
 
@@ -225,6 +233,67 @@ torch.library.register_autograd(f"{NAMESPACE}::paged_attention", _paged_backward
 paged_attention_op = torch.ops.attn_tuner.paged_attention.default
 
 
+# ---- decode over a KV cache (flash_attn_with_kvcache): q (b, sq, hq, d), k/v_cache paged or dense ----
+# page_table None: a dense cache; cache_seqlens None: every row of the cache (dense only: the entry point gives
+# a paged call the table's capacity). num_splits 0: the kernel's split rule.
+_lib.define("decode_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? page_table, "
+            "bool causal, float scale, int num_splits, bool return_lse, int route) -> (Tensor, Tensor)")
+_lib.define("decode_kvcache_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k_cache, Tensor v_cache, "
+            "Tensor? cache_seqlens, Tensor? page_table, bool causal, float scale) -> (Tensor, Tensor, Tensor)")
+
+
+def run_decode_route(route: int, q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
+                     num_splits: int, return_lse: bool, out=None):
+    r = _ROUTES[route]
+    return r.owner.run_decode(r, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+                              return_lse, out)
+
+
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route):
+    return run_decode_route(route, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+                            return_lse)
+
+
+def _decode_backward_impl(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale):
+    grads = decode_gradients(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale)
+    return tuple(g.contiguous() for g in grads)
+
+
+_lib.impl("decode_kvcache", _decode_impl, "CompositeExplicitAutograd")
+_lib.impl("decode_kvcache_backward", _decode_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::decode_kvcache", lib=_lib)
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route):
+    out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v_cache.shape[3]))
+    lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
+    return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::decode_kvcache_backward", lib=_lib)
+def _decode_backward_fake(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale):
+    return q.new_empty(q.shape), k_cache.new_empty(k_cache.shape), v_cache.new_empty(v_cache.shape)
+
+
+def _decode_setup(ctx, inputs, output):
+    q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, _, return_lse, _ = inputs
+    ctx.save_for_backward(q, k_cache, v_cache, cache_seqlens, page_table)
+    ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
+
+
+def _decode_backward(ctx, grad_out, grad_lse):
+    q, k_cache, v_cache, cache_seqlens, page_table = ctx.saved_tensors
+    dq, dk, dv = torch.ops.attn_tuner.decode_kvcache_backward(grad_out, grad_lse if ctx.return_lse else None, q,
+                                                              k_cache, v_cache, cache_seqlens, page_table,
+                                                              ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::decode_kvcache", _decode_backward, setup_context=_decode_setup,
+                                lib=_lib)
+decode_kvcache_op = torch.ops.attn_tuner.decode_kvcache.default
+
+
 def nothing_observes(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """True when no tracer, mode, transform or autograd could see the op: then calling the route directly
     is the op's own behaviour minus the dispatcher. Measured on the CI CPU: a Python custom op costs
@@ -260,6 +329,21 @@ def launch_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_s
                                max_seqlen_k, causal, scale)
     return paged_attention_op(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
                               causal, scale, route)
+
+
+def launch_decode(q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float, num_splits: int,
+                  return_lse: bool, route: int, out=None):
+    """(out, lse) of the decode op, or of its route directly when nothing observes the call (then ``out``, when
+    given, is written by the kernel itself; through the op it is filled from the op's fresh output)."""
+    if nothing_observes(q, k_cache, v_cache):
+        return run_decode_route(route, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+                                return_lse, out)
+    res, lse = decode_kvcache_op(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+                                 return_lse, route)
+    if out is not None:
+        out.copy_(res)
+        res = out
+    return res, lse
 
 
 def launch(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, route: int,

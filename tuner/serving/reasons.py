@@ -1,4 +1,5 @@
-"""Why torch SDPA runs instead of an exported kernel: the countable categories of every fallback."""
+"""Why torch SDPA runs instead of an exported kernel: the countable categories of every fallback (a decode
+call's fallback is the masked reference of tuner/serving/decode_sdpa.py, counted the same way)."""
 
 # Why SDPA runs instead of an exported kernel: the countable categories (``ExportedAttention.reasons``).
 REASONS = {
@@ -22,4 +23,8 @@ REASONS = {
     "layout": "a shape the kernels do not take (not 4-D)",
     "no-paged-config": "a paged call and no exported paged config for this GPU",
     "page-size": "no paged kernel of the config can tile this page size (it must divide block N or be a multiple)",
+    "no-decode-config": "a decode call (flash_attn_with_kvcache) and no exported decode config of this cache layout "
+                        "for this GPU",
+    "decode-page-size": "no decode kernel of the config was tuned for this page size",
+    "decode-seqlen-q": "more than 16 query tokens per sequence (decode kernels take 1..16: longer chunks are prefill)",
 }

@@ -1,0 +1,223 @@
+"""Decode over a KV cache through an export: ``flash_attn_with_kvcache``, mixed into ExportedAttention.
+
+    o = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, block_table=table, causal=True)
+    o, lse = attn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lens, return_softmax_lse=True)
+    # q (b, seqlen_q <= 16, hq, d); k/v_cache paged (num_pages, page_size, hkv, d) with an int32 table
+    # (b, max_pages) (block_table=, FA2's name, or page_table=, FA3/FA4's), or dense (b, seqlen_cache, hkv, d);
+    # cache_seqlens (b,) int32 (or an int) -> (b, seqlen_q, hq, d_v) [, lse (b, hq, seqlen_q) fp32, natural log]
+
+flash-attn's conventions: sequence b's keys are the first ``cache_seqlens[b]`` rows of its cache (None: all of a
+dense cache, the table's capacity for a paged one); causal aligns bottom-right (the new queries are the last
+``seqlen_q`` of those keys). What the decode kernels do not compute is refused, naming the argument: appending
+``k``/``v`` to the cache, rotary embeddings, ``cache_batch_idx``, ``cache_leftpad``, sliding windows,
+soft-capping, ALiBi (append to the cache and rotate before the call).
+
+Dispatch, from shapes, dtypes and the device alone (decided while tracing when they are plain ints; per call
+otherwise): the decode config of the cache layout (paged when a table is given), head dims, dtype and causality
+(with one query token causal and non-causal agree: a config of the other causality serves it), then its bucket
+by tuner/serving/decode_rule.py from the batch ``q.shape[0]``, the KV capacity (``page_table.shape[1] x
+page_size``, dense ``k_cache.shape[1]``) and the page size ``k_cache.shape[1]``. The exported decode kernel
+(tuner/decode_runtime.py) runs through ``torch.ops.attn_tuner.decode_kvcache``; else the masked torch reference
+(tuner/serving/decode_sdpa.py: the pages gathered on the device, no host read) through the same op, counted by
+reason: ``no-decode-config``, ``decode-page-size``, ``decode-seqlen-q`` (more than 16 query tokens), ``dtype``,
+``no-shape-config``, ``no-variant``, ``inputs-refused``, ``kernel-unloadable``.
+
+Autograd: as for the paged op, the backward recomputes with the reference from the saved inputs (also the
+lse's gradient); q, k_cache and v_cache get gradients. ``out=`` is filled in place (through the op, from its
+output: one copy).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tuner.serving import op
+from tuner.serving.configs import pick
+from tuner.serving.decode_sdpa import decode_reference
+from tuner.serving.reasons import REASONS
+from tuner.serving.rule import plain_ints
+
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+MAX_SEQLEN_Q = 16          # translate/decode/params.py: a decode tile holds at most 16 query tokens
+_MAX_MEMO = 512
+
+
+def decode_input_errors(q, k_cache, v_cache, cache_seqlens, page_table) -> list[str]:
+    """Every reason these cannot be a decode call (empty: they can). Shapes and dtypes only."""
+    shape = lambda t: tuple(getattr(t, "shape", ()))  # noqa: E731
+    if not all(isinstance(t, torch.Tensor) for t in (q, k_cache, v_cache)):
+        return ["q, k_cache and v_cache must be tensors"]
+    errors = []
+    if q.dim() != 4:
+        errors.append(f"q must be 4-D (batch, seqlen_q, heads, head_dim), got {shape(q)}")
+    if k_cache.dim() != 4 or v_cache.dim() != 4:
+        errors.append(f"k_cache and v_cache must be 4-D: paged (num_pages, page_size, kv_heads, head_dim) or dense "
+                      f"(batch, seqlen_cache, kv_heads, head_dim); got {shape(k_cache)} and {shape(v_cache)}")
+    elif k_cache.shape[:3] != v_cache.shape[:3]:
+        errors.append(f"k_cache {shape(k_cache)} and v_cache {shape(v_cache)} differ in pages/batch, rows or heads")
+    if errors:
+        return errors
+    b = q.shape[0]
+    if q.shape[1] < 1:
+        errors.append("q has no query token (seqlen_q 0)")
+    if q.shape[3] != k_cache.shape[3]:
+        errors.append(f"q and k_cache head dims differ: {q.shape[3]} vs {k_cache.shape[3]}")
+    if k_cache.shape[2] < 1 or q.shape[2] % k_cache.shape[2]:
+        errors.append(f"query heads ({q.shape[2]}) must be a multiple of the KV heads ({k_cache.shape[2]})")
+    if k_cache.shape[1] < 1:
+        errors.append("the cache has no rows (k_cache.shape[1] is 0)")
+    if page_table is not None:
+        if not isinstance(page_table, torch.Tensor) or page_table.dim() != 2 or page_table.dtype != torch.int32:
+            errors.append(f"the page table must be a 2-D int32 tensor (batch, max_pages), got "
+                          f"{getattr(page_table, 'dtype', type(page_table).__name__)} {shape(page_table)}")
+        elif page_table.shape[0] != b:
+            errors.append(f"the page table has {page_table.shape[0]} rows for a batch of {b}")
+    elif k_cache.shape[0] != b:
+        errors.append(f"a dense cache holds one sequence per batch entry: {k_cache.shape[0]} caches for a batch of "
+                      f"{b} (a paged cache needs block_table= or page_table=)")
+    if isinstance(cache_seqlens, torch.Tensor):
+        if cache_seqlens.shape != (b,) or cache_seqlens.dtype.is_floating_point or cache_seqlens.dtype == torch.bool:
+            errors.append(f"cache_seqlens must hold one integer length per sequence ({b}), got "
+                          f"{cache_seqlens.dtype} {shape(cache_seqlens)}")
+    elif cache_seqlens is not None and (isinstance(cache_seqlens, bool) or not isinstance(cache_seqlens, int)):
+        errors.append(f"cache_seqlens must be a tensor of lengths, an int or None, got {type(cache_seqlens).__name__}")
+    return errors
+
+
+class DecodeCalls:
+    """Mixed into ExportedAttention: uses its ``_table_or_fallback``, ``_fallback``, ``_routes``, ``kernel``,
+    ``stats``, ``reasons``, ``last_*``; ``_decode_tables`` ({"paged"|"dense": per device dispatch tables of the
+    decode configs}) and ``_decode_memo`` are built in its __init__."""
+
+    def route_decode(self, q, k_cache, v_cache, page_table, causal: bool, scale: float) -> int:
+        """The route of a decode call (see the module doc): dict lookups and integer tests while tracing,
+        memoised per call signature in eager."""
+        if torch.compiler.is_compiling():
+            return self._decide_decode(q, k_cache, v_cache, page_table, causal, scale)
+        key = (q.shape, k_cache.shape, v_cache.shape, None if page_table is None else page_table.shape, q.dtype,
+               k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, causal, scale)
+        found = self._decode_memo.get(key)
+        if found is None:
+            if len(self._decode_memo) >= _MAX_MEMO:
+                self._decode_memo.pop(next(iter(self._decode_memo)))
+            found = self._decode_memo[key] = self._decide_decode(q, k_cache, v_cache, page_table, causal, scale)
+        return found
+
+    def _decide_decode(self, q, k_cache, v_cache, page_table, causal, scale) -> int:
+        paged = page_table is not None
+        table, fallback = self._table_or_fallback(self._decode_tables["paged" if paged else "dense"], q, k_cache,
+                                                  v_cache, scale)
+        if table is None:
+            return fallback
+        if not table:
+            return self._fallback["no-decode-config"]
+        if q.shape[1] > MAX_SEQLEN_Q:
+            return self._fallback["decode-seqlen-q"]
+        heads = dict(heads_q=int(q.shape[2]), heads_kv=int(k_cache.shape[2]), d_qk=int(q.shape[3]),
+                     d_v=int(v_cache.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype))
+        config, code = pick(table, causal=bool(causal), **heads)
+        if config is None and code == "no-shape-config" and q.shape[1] == 1:
+            # one query token: bottom-right causal sees every key, so causal and non-causal kernels agree
+            config, code = pick(table, causal=not causal, **heads)
+        if config is None:
+            return self._fallback[code]
+        page = k_cache.shape[1] if paged else None
+        capacity = page_table.shape[1] * k_cache.shape[1] if paged else k_cache.shape[1]
+        if not plain_ints(q.shape[0], capacity):
+            return self._routes[(id(config), None)]          # a SymInt: the bucket is chosen per call
+        bucket = config.decode_bucket_of_call(q.shape[0], capacity, page)
+        if bucket is None:
+            return self._fallback["decode-page-size"]
+        return self._routes[(id(config), bucket)]
+
+    def run_decode(self, route, q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
+                   num_splits: int, return_lse: bool, out=None):
+        """(out, lse or an empty tensor) of a route: the exported decode kernel or the reference."""
+        args = (q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, return_lse, out)
+        if route.config is None:
+            return self._decode_reference(route.code, REASONS[route.code], *args)
+        paged = page_table is not None
+        page = int(k_cache.shape[1]) if paged else None
+        capacity = int(page_table.shape[1]) * page if paged else int(k_cache.shape[1])
+        bucket = route.bucket or route.config.decode_bucket_of_call(int(q.shape[0]), capacity, page)
+        if bucket is None:
+            return self._decode_reference("decode-page-size", REASONS["decode-page-size"], *args)
+        entry = route.config.kernels[bucket]
+        try:
+            kern = self.kernel(entry, q.device.index or 0)
+        except Exception as exc:  # noqa: BLE001 - any load failure means the reference, warned once
+            return self._decode_reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
+                                          *args)
+        try:
+            res = kern(q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, softmax_scale=scale,
+                       num_splits=num_splits or None, return_lse=return_lse, out=out)
+        except ValueError as exc:   # refused before launch (strides, alignment, the page size, lengths)
+            return self._decode_reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
+                                          *args)
+        self.last_path, self.last_reason, self.last_bucket = ("kernel", f"{route.config.variant} decode "
+                                                              f"{route.config.layout}", bucket)
+        self.stats["kernel"] += 1
+        if return_lse:
+            return res
+        return res, _no_lse(q)
+
+    def _decode_reference(self, code, message, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                          return_lse, out):
+        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
+        self.stats["sdpa"] += 1
+        self.reasons[code] += 1
+        res, lse = decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale)
+        if out is not None:
+            out.copy_(res)
+            res = out
+        return res, (lse if return_lse else _no_lse(q))
+
+    def flash_attn_with_kvcache(self, q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
+                                cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
+                                softmax_scale: float | None = None, causal: bool = False, window_size=(-1, -1),
+                                softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes=None,
+                                num_splits: int = 0, return_softmax_lse: bool = False, *, page_table=None, out=None):
+        """``flash_attn.flash_attn_with_kvcache``'s signature and conventions (FlashAttention 2's positional order;
+        ``page_table=`` and ``out=`` as FA3/FA4 name them): see the module doc. Returns out, or (out, lse) with
+        ``return_softmax_lse``. ``num_splits`` 0 lets the kernel's split rule choose; ``rotary_interleaved`` only
+        matters with rotary embeddings, which are refused."""
+        for given, what in ((k is not None, "k (appending new keys to the cache)"),
+                            (v is not None, "v (appending new values to the cache)"),
+                            (rotary_cos is not None or rotary_sin is not None, "rotary_cos/rotary_sin"),
+                            (cache_batch_idx is not None, "cache_batch_idx"),
+                            (cache_leftpad is not None, "cache_leftpad"),
+                            (tuple(window_size or (-1, -1)) != (-1, -1), "window_size"),
+                            (bool(softcap), "softcap"), (alibi_slopes is not None, "alibi_slopes")):
+            if given:
+                raise NotImplementedError(f"flash_attn_with_kvcache: {what} is not supported by the exported decode "
+                                          "kernels (append to the cache and rotate before the call; pass "
+                                          "cache_seqlens= by keyword)")
+        if block_table is not None and page_table is not None and block_table is not page_table:
+            raise ValueError("flash_attn_with_kvcache: block_table and page_table name the same thing; give one")
+        table = block_table if block_table is not None else page_table
+        errors = decode_input_errors(q, k_cache, v_cache, cache_seqlens, table)
+        if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+            errors.append(f"num_splits must be an int >= 0 (0: the kernel's split rule), got {num_splits!r}")
+        if errors:
+            raise ValueError("flash_attn_with_kvcache: " + "; ".join(errors))
+        b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
+        if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (b, sq, hq, v_cache.shape[3])
+                                or out.dtype != q.dtype or out.device != q.device):
+            raise ValueError(f"flash_attn_with_kvcache: out must be a {q.dtype} tensor of shape "
+                             f"{(b, sq, hq, v_cache.shape[3])} on {q.device}")
+        scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
+        if isinstance(cache_seqlens, int):
+            cache_seqlens = torch.full((b,), cache_seqlens, dtype=torch.int32, device=q.device)
+        elif cache_seqlens is None and table is not None:     # FA2: a paged cache without lengths is full
+            cache_seqlens = torch.full((b,), table.shape[1] * k_cache.shape[1], dtype=torch.int32, device=q.device)
+        elif cache_seqlens is not None and (cache_seqlens.dtype != torch.int32 or cache_seqlens.stride(0) != 1):
+            cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
+        route = self.route_decode(q, k_cache, v_cache, table, causal, scale)
+        res, lse = op.launch_decode(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale, int(num_splits),
+                                    bool(return_softmax_lse), route, out)
+        return (res, lse) if return_softmax_lse else res
+
+
+def _no_lse(q):
+    return torch.empty((0,), dtype=torch.float32, device=q.device)
