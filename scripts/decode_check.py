@@ -44,7 +44,7 @@ MLA_CANDIDATES = [(128, default_decode_params(MLA, 128)), (16, default_decode_pa
                   (128, DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=3)),
                   (128, DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=4)),
                   (128, DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=4, kv_stages=2)),
-                  (16, DecodeParams(block_m=16, block_n=32, warps_m=1, warps_n=4, kv_stages=3)),
+                  (16, DecodeParams(block_m=16, block_n=32, warps_m=1, warps_n=2, kv_stages=4)),
                   (16, DecodeParams(block_m=16, block_n=32, warps_m=1, warps_n=2, kv_stages=2))]
 
 
