@@ -31,20 +31,26 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
                          f"(--layout dense), not {layout}")
     if layout == "dense" and page_size is not None:
         raise UsageError("--page-size applies to a paged cache (--layout paged)")
-    page_size = 0 if layout == "dense" else 16 if page_size is None else page_size   # 0: a dense cache
-    if layout == "paged" and page_size not in PAGE_SIZES:
-        raise UsageError(f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_size}")
     try:
         profile = load_profile(gpu)
     except (ProfileError, ValueError, KeyError) as exc:
         raise UsageError(str(exc)) from None
     target = resolve_bench_target(variant, model, head_dim, dtype, causal)
+    # pages of 16 (vLLM's) by default; absorbed MLA's of 64 (FlashMLA's)
+    default_page = 64 if target.variant == "mla" else 16
+    page_size = 0 if layout == "dense" else default_page if page_size is None else page_size   # 0: a dense cache
+    if layout == "paged" and page_size not in PAGE_SIZES:
+        raise UsageError(f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_size}")
     if target.variant == "mla":
         # absorbed MLA decode: q/k 576 (512 latent + 64 rotary), v the first 512 columns of k, one latent KV head
         from translate.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V
-        raise UsageError(f"MLA decode (absorbed, d {MLA_DECODE_D_QK}/{MLA_DECODE_D_V}, V read from the latent cache) "
-                         "is timed by scripts/decode_check.py OUT --variant mla (GB/s of the latent cache and TFLOPS; "
-                         "FA4 has no absorbed-MLA path to compare); tune bench --phase decode takes mha, gqa or mqa")
+        from translate.problem import heads_for
+
+        causal = target.causals[-1] if causal is None else causal
+        spec = KernelSpec("mla", MLA_DECODE_D_QK, MLA_DECODE_D_V, causal, target.dtype or profile.default_dtype,
+                          layout, "decode")
+        hq = target.heads[0] if target.heads is not None else heads_for("mla", 192)[0]
+        return profile, spec, (hq, 1), page_size, target.model
     try:
         base = spec_for(target.variant, target.head_dim, target.dtype or profile.default_dtype, True)
     except ValueError as exc:
@@ -78,8 +84,9 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         profile, spec, heads, page_size, model_name = resolve_decode_target(gpu, variant, model, head_dim, dtype,
                                                                            causal, layout, page_size)
         decode_params = parse_params_arg(params, default_decode_params(spec, heads[0], profile))
+        family = "mla" if spec.variant == "mla" else "gqa"
         text = Path(sketch).read_text() if sketch is not None else \
-            (DECODE_SKETCHES / f"gqa_{spec.layout}.tl").read_text()
+            (DECODE_SKETCHES / f"{family}_{spec.layout}.tl").read_text()
     except (UsageError, OSError) as exc:
         return usage(str(exc))
     from translate.decode import validate_decode
@@ -124,22 +131,33 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         err.print(f"{kernel.name}: verification FAILED ({report.reason}); it is not timed", markup=False)
         return 1
     copy = copy_bandwidth_gbs()
-    rows = []
-    for p in decode_grid(batches or BATCHES, kv_lens or KV_LENS, heads_q=heads[0], heads_kv=heads[1],
-                         head_dim=spec.d_qk, page_size=page_size, causal=spec.causal, dtype=spec.dtype):
-        row = measure_point(k, p)
-        row["copy_frac"] = row["ours_gbs"] / copy
-        if "fa4_gbs" in row:
-            row["vs_fa4"] = row["ours_gbs"] / row["fa4_gbs"]
-        rows.append(row)
-    table = Table(title=f"decode {spec.label()} on {torch.cuda.get_device_name()} ({profile.name}), GB/s of K/V "
-                        f"read; copy bandwidth {copy:.0f} GB/s")
-    for col in ("point", "splits", "ours", "FA4", "ours/FA4", "of copy"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["point"], str(r["splits"]), f"{r['ours_gbs']:.0f}",
-                      f"{r['fa4_gbs']:.0f}" if "fa4_gbs" in r else r.get("fa4_error", "-")[:30],
-                      f"{r['vs_fa4']:.2f}" if "vs_fa4" in r else "-", f"{r['copy_frac']:.2f}")
+    if spec.variant == "mla":
+        rows = _mla_rows(k, spec, heads, page_size, copy, batches, kv_lens)
+        table = Table(title=f"absorbed MLA decode {spec.label()} h{heads[0]} on {torch.cuda.get_device_name()} "
+                            f"({profile.name}): GB/s of the latent cache read once, TFLOPS; copy bandwidth "
+                            f"{copy:.0f} GB/s (FA4 has no absorbed-MLA path)")
+        for col in ("point", "splits", "us", "GB/s", "of copy", "TFLOPS"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["point"], str(r["splits"]), f"{r['ms'] * 1e3:.0f}", f"{r['ours_gbs']:.0f}",
+                          f"{r['copy_frac']:.2f}", f"{r['ours_tflops']:.0f}")
+    else:
+        rows = []
+        for p in decode_grid(batches or BATCHES, kv_lens or KV_LENS, heads_q=heads[0], heads_kv=heads[1],
+                             head_dim=spec.d_qk, page_size=page_size, causal=spec.causal, dtype=spec.dtype):
+            row = measure_point(k, p)
+            row["copy_frac"] = row["ours_gbs"] / copy
+            if "fa4_gbs" in row:
+                row["vs_fa4"] = row["ours_gbs"] / row["fa4_gbs"]
+            rows.append(row)
+        table = Table(title=f"decode {spec.label()} on {torch.cuda.get_device_name()} ({profile.name}), GB/s of K/V "
+                            f"read; copy bandwidth {copy:.0f} GB/s")
+        for col in ("point", "splits", "ours", "FA4", "ours/FA4", "of copy"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["point"], str(r["splits"]), f"{r['ours_gbs']:.0f}",
+                          f"{r['fa4_gbs']:.0f}" if "fa4_gbs" in r else r.get("fa4_error", "-")[:30],
+                          f"{r['vs_fa4']:.2f}" if "vs_fa4" in r else "-", f"{r['copy_frac']:.2f}")
     console.print(table)
     if out_json is not None:
         record = {"tool": "tune bench --phase decode", **environment_record(profile, compiled.nvcc_version),
@@ -150,3 +168,19 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         if problem is not None:
             return usage(problem)
     return 0
+
+
+MLA_BATCHES, MLA_KV_LENS, MLA_SEQLENS_Q = (64, 128), (4096, 8192, 16384), (1, 2, 4)   # issue 15's MLA target grid
+
+
+def _mla_rows(kernel, spec, heads, page_size, copy, batches=None, kv_lens=None) -> list[dict]:
+    """Absorbed MLA on batch 64/128 x KV 4k/8k/16k x 1/2/4 new tokens (tuner.bench_decode.mla_grid)."""
+    from tuner.bench_decode import measure_mla_point, mla_grid
+
+    rows = []
+    for p in mla_grid(heads=(heads[0],), batches=batches or MLA_BATCHES, kv_lens=kv_lens or MLA_KV_LENS,
+                      seqlens_q=MLA_SEQLENS_Q, page_size=page_size, causal=spec.causal, dtype=spec.dtype):
+        row = measure_mla_point(kernel, p)
+        row["copy_frac"] = row["ours_gbs"] / copy
+        rows.append(row)
+    return rows

@@ -64,10 +64,18 @@ def _row_seqlen(row: dict) -> int:
 
 
 SERVING_COLUMNS = (("fa4", "FA4 varlen"), ("flashinfer", "FlashInfer"), ("sdpa", "SDPA padded"))
+# decode (tuner/campaign/decode_measure.py): FA4's paged decode, and the TFLOPS of reading the cache at the copy
+# bandwidth (ours/copy bound is the fraction of the copy bandwidth reached)
+DECODE_COLUMNS = (("fa4", "FA4 decode"), ("copy_bound", "copy bound"))
 
 
 def _columns(rows: list[dict]):
-    """The libraries of these rows: a serving campaign's (rows with a bucket), or the dense grid's."""
+    """The libraries of these rows: a decode campaign's (decode buckets), a serving campaign's (rows with a
+    bucket), or the dense grid's."""
+    from tuner.decode_buckets import is_decode_bucket
+
+    if any(is_decode_bucket(r.get("bucket")) for r in rows):
+        return DECODE_COLUMNS
     return SERVING_COLUMNS if any("bucket" in r for r in rows) else BASELINES
 
 

@@ -8,7 +8,7 @@ runner = CliRunner()
 
 
 @pytest.mark.parametrize("args,words", [
-    (["--variant", "mla"], "MLA decode"),
+    (["--variant", "mla", "--params", '{"warps_n": 3}'], "warps_n 1, 2, 4 or 8"),
     (["--model", "llama3-8b", "--page-size", "24"], "--page-size must be one of"),
     (["--variant", "gqa", "--layout", "dense", "--page-size", "16"], "paged cache"),
     (["--variant", "gqa", "--layout", "varlen"], "not varlen"),
@@ -30,3 +30,10 @@ def test_sm75_cannot_decode():
 def test_an_unknown_phase_is_refused():
     result = runner.invoke(app, ["bench", "--gpu", "h100", "--phase", "prefil", "--variant", "gqa"])
     assert result.exit_code == 2 and "prefill or decode" in result.output
+
+
+def test_absorbed_mla_is_built_by_tune_build_phase_decode(tmp_path):
+    """`tune build --phase decode --variant mla`: the split-d_v kernel of the MLA sketch, both entry points."""
+    result = runner.invoke(app, ["build", "--gpu", "h100", "--variant", "mla", "--phase", "decode", "--schedule",
+                                 "decode_late", "-o", str(tmp_path)])
+    assert result.exit_code == 2 and "no decode_late sketch for mla" in result.output

@@ -136,7 +136,8 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
         dense_grid = combo.layout == "dense" and combo.phase == "prefill"
         problems = combo.problems(seqlens=seqlens) if dense_grid else combo.problems()
         space.domains(profile, spec.d_qk, spec.dtype)  # an empty domain is an error now, not at trial 1
-        name = st.study_name(profile.name, spec, options.dry_run, heads=combo.heads, page_size=combo.page_size)
+        heads = combo.decode_heads() if combo.phase == "decode" and combo.heads else combo.heads
+        name = st.study_name(profile.name, spec, options.dry_run, heads=heads, page_size=combo.page_size)
         camps.append(Campaign(options, combo, profile, spec, space, problems, backend, name,
                               options.study_dir / name / "compiled", console,
                               fake_compile=backend.kind == "replay" and not options.dry_run, cache=cache,

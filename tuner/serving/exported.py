@@ -211,7 +211,8 @@ class ExportedAttention(DropIns, VarlenCalls, PagedCalls, DecodeCalls):
 
     def kernel(self, entry: ExportedKernel, device_index: int = 0):
         """The loaded kernel of an entry (loaded once per device); raises the load error, also on later calls."""
-        key = (entry.sha256, device_index)
+        # the name too: one compile unit's cubin holds several kernels, so two buckets may share a file
+        key = (entry.sha256, entry.kernel_name, device_index)
         if key not in self._kernels:
             try:
                 self._kernels[key] = self._load(entry, device_index)
