@@ -395,3 +395,23 @@ def test_eager_inference_skips_the_dispatcher_only_when_nothing_observes(decoded
     qg = q.clone().requires_grad_()
     out = decoded.flash_attn_with_kvcache(qg, kc, vc, cache_seqlens=lens, block_table=table, causal=True)
     assert out.grad_fn is not None and calls == [1]
+
+
+def test_kernels_sharing_one_cubin_load_as_themselves(tmp_path):
+    """A campaign compiles kernels four to a translation unit: two buckets' winners may share one cubin (one
+    sha256). Each entry must still load its own kernel (by name), not the first one loaded from that file."""
+    paged = make_decode_record(bucket="d-b8-kv8k-p16", cubin=b"one unit", kernel_name="k_paged")
+    dense = make_decode_record(layout="dense", bucket="d-b8-kv2k", cubin=b"one unit", kernel_name="k_dense")
+    for r in (paged, dense):
+        r.kernel_meta.update(name=r.kernel_name)
+        r.kernel_meta["spec"] = {"causal": True, "d_qk": 128, "d_v": 128, "dtype": "bf16", "layout": r.layout}
+    attn = _load(make_export(tmp_path / "shared", [paged, dense]))
+    q, kc, vc, lens, table = decode_case([30, 50], seed=4)
+    attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=True)
+    assert attn.last_path == "kernel"
+    q, kc, vc, lens, _ = decode_case([30, 50], dense=True, seed=5)
+    out = attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, causal=True)
+    assert attn.last_path == "kernel" and attn.last_bucket == "d-b8-kv2k", attn.last_reason
+    close(out, naive(q, kc, vc, lens, None, True)[0])
+    names = sorted(k.meta["name"] for k in attn._kernels.values())
+    assert names == ["k_dense", "k_paged"]
