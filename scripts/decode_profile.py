@@ -1,0 +1,44 @@
+"""One absorbed-MLA decode call (128 heads, batch 64 x 8k keys, pages of 64) for a profiler:
+
+    ncu -k "regex:attn_mla.*dec[0-9a-f]+$" --launch-skip 1 --launch-count 1 --section SpeedOfLight \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
+        python3 scripts/decode_profile.py [w2x4]
+
+The MLA default (translate.decode.default_decode_params), or with `w2x4` the campaign's favourite (64 rows, 2 x 4
+warps). Three calls; the profiler skips the first.
+"""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from hardware_profiles import load_profile  # noqa: E402
+from tl.parser import parse  # noqa: E402
+from translate.compiler import generate  # noqa: E402
+from translate.decode import DecodeParams, default_decode_params  # noqa: E402
+from translate.nvcc import compile_kernel, default_cache_dir  # noqa: E402
+from translate.problem import KernelSpec  # noqa: E402
+from tuner.bench_decode import MLAPoint, make_mla_inputs  # noqa: E402
+from tuner.decode_runtime import load_decode_kernel  # noqa: E402
+
+
+def main() -> None:
+    profile = load_profile("h100")
+    spec = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
+    params = (DecodeParams(block_m=64, block_n=64, warps_m=2, warps_n=4, kv_stages=2, min_split_blocks=2)
+              if sys.argv[1:] == ["w2x4"] else default_decode_params(spec, 128, profile))
+    sketch = Path(__file__).resolve().parents[1] / "tl" / "sketches" / "decode" / "mla_paged.tl"
+    gk = generate(parse(sketch.read_text()).program, params, profile, spec)
+    compiled = compile_kernel(gk, profile.nvcc_arch, cache_dir=default_cache_dir())
+    kernel = load_decode_kernel(compiled.cubin, gk.meta())
+    x = make_mla_inputs(MLAPoint(64, 8192))
+    for _ in range(3):
+        kernel(x["q"], x["k"], None, cache_seqlens=x["seqused_k"], page_table=x["page_table"])
+    torch.cuda.synchronize()
+    print("ran", gk.name)
+
+
+if __name__ == "__main__":
+    main()
