@@ -415,3 +415,14 @@ def test_kernels_sharing_one_cubin_load_as_themselves(tmp_path):
     close(out, naive(q, kc, vc, lens, None, True)[0])
     names = sorted(k.meta["name"] for k in attn._kernels.values())
     assert names == ["k_dense", "k_paged"]
+
+
+def test_v_cache_none_means_absorbed_mla_values_and_nothing_else(decoded):
+    from tuner.serving.decode import absorbed_mla_values
+
+    q, kc = torch.zeros(2, 1, 16, 576), torch.zeros(10, 64, 1, 576)
+    v = absorbed_mla_values(q, kc)
+    assert v.shape == (10, 64, 1, 512) and v.data_ptr() == kc.data_ptr() and v.stride() == kc.stride()
+    q, kc, vc, lens, table = decode_case([30, 50], seed=6)
+    with pytest.raises(ValueError, match="v_cache is required"):
+        decoded.flash_attn_with_kvcache(q, kc, None, cache_seqlens=lens, block_table=table, causal=True)

@@ -85,6 +85,19 @@ def decode_input_errors(q, k_cache, v_cache, cache_seqlens, page_table) -> list[
     return errors
 
 
+def absorbed_mla_values(q, k_cache):
+    """``v_cache=None``: absorbed MLA's values, the first 512 columns of the 576-wide latent rows (FlashMLA's
+    layout), as a view of ``k_cache``; any other call needs its ``v_cache``."""
+    from translate.decode.params import MLA_DECODE_D_QK, MLA_DECODE_D_V
+
+    if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4 and k_cache.shape[3] == MLA_DECODE_D_QK \
+            and k_cache.shape[2] == 1 and isinstance(q, torch.Tensor) and q.shape[-1] == MLA_DECODE_D_QK:
+        return k_cache[..., :MLA_DECODE_D_V]
+    raise ValueError(f"flash_attn_with_kvcache: v_cache is required; None means absorbed MLA's values (one latent "
+                     f"KV head of {MLA_DECODE_D_QK} columns, V its first {MLA_DECODE_D_V}), got k_cache "
+                     f"{tuple(getattr(k_cache, 'shape', ()))}")
+
+
 class DecodeCalls:
     """Mixed into ExportedAttention: uses its ``_table_or_fallback``, ``_fallback``, ``_routes``, ``kernel``,
     ``stats``, ``reasons``, ``last_*``; ``_decode_tables`` ({"paged"|"dense": per device dispatch tables of the
@@ -196,6 +209,8 @@ class DecodeCalls:
         if block_table is not None and page_table is not None and block_table is not page_table:
             raise ValueError("flash_attn_with_kvcache: block_table and page_table name the same thing; give one")
         table = block_table if block_table is not None else page_table
+        if v_cache is None:
+            v_cache = absorbed_mla_values(q, k_cache)
         errors = decode_input_errors(q, k_cache, v_cache, cache_seqlens, table)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
             errors.append(f"num_splits must be an int >= 0 (0: the kernel's split rule), got {num_splits!r}")
