@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numbers
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import get_type_hints
 
 from hardware_profiles import Profile
@@ -27,6 +27,10 @@ class KernelParams:
     pingpong: bool = False          # two consumer warpgroups take turns issuing GEMMs (warp-specialised)
     producer_regs: int = 24         # setmaxnreg of the producer warpgroup; the consumers get the rest
     persistent: bool = False        # warp-specialised: one CTA per SM walks the tiles (else one per tile)
+    # Hopper softmax: keep a row's running max until a tile raises it by more than this many log2 units (then
+    # the output's rescale is skipped); 0 rescales every tile (attn_sm90.cuh softmax_tile)
+    # (not in the repr: the kernels' sources, whose hash keys the caches, stay as they were; the key says it)
+    rescale_threshold: int = field(default=0, repr=False)
 
     @property
     def num_threads(self) -> int:
@@ -58,6 +62,8 @@ class KernelParams:
         if (self.pv_operand, self.pingpong, self.producer_regs, self.persistent) != ("rs", False, 24, False):
             key += (f"_pv{self.pv_operand}{'_pp' if self.pingpong else ''}_pr{self.producer_regs}"
                     f"{'_per' if self.persistent else ''}")
+        if self.rescale_threshold:   # (keys of the kernels that rescale every tile are as they were)
+            key += f"_rt{self.rescale_threshold}"
         return key
 
 
@@ -114,9 +120,10 @@ def validate(params: KernelParams, profile: Profile, problem: Problem,
         from translate.params_sm90 import validate_sm90
         return validate_sm90(params, profile, problem, bool(warp_specialized))
     errors: list[str] = []
-    if (params.pv_operand, params.pingpong, params.producer_regs, params.persistent) != ("rs", False, 24, False):
-        errors.append("pv_operand, pingpong, producer_regs and persistent apply to Hopper kernels "
-                      "(mma_atom SM90_GMMA) only")
+    if (params.pv_operand, params.pingpong, params.producer_regs, params.persistent,
+            params.rescale_threshold) != ("rs", False, 24, False, 0):
+        errors.append("pv_operand, pingpong, producer_regs, persistent and rescale_threshold apply to Hopper "
+                      "kernels (mma_atom SM90_GMMA) only")
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores (supports {', '.join(profile.dtypes)})")
     if params.g2s_atom == "SM90_TMA":

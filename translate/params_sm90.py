@@ -66,6 +66,11 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
     return (q + kv + p) * 2 + barriers
 
 
+# The softmax's conditional rescale (attn_sm90.cuh softmax_tile): 0 = every tile; FA4 keeps a row's max until it
+# grows by 8 log2 units (P <= 256).
+RESCALE_THRESHOLDS = (0, 2, 4, 8)
+
+
 def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: bool) -> list[str]:
     errors: list[str] = []
     if not params.is_gmma:
@@ -74,6 +79,9 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         return [f"wgmma (mma_atom SM90_GMMA) needs an sm_90a GPU; {profile.name} is sm{profile.sm}"]
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores")
+    if params.rescale_threshold not in RESCALE_THRESHOLDS:
+        errors.append(f"rescale_threshold {params.rescale_threshold} must be one of {RESCALE_THRESHOLDS}: 0 rescales "
+                      "every tile; up to 8 log2 units of growth keep P within bf16/fp16 and the sums exact in fp32")
     if params.block_m not in GMMA_BLOCK_M:
         errors.append(f"block_m {params.block_m} must be 64 x consumer warpgroups (64, 128 or 192): a warpgroup's "
                       "wgmma covers 64 rows")

@@ -106,3 +106,13 @@ def test_plain_wgmma_tiles_must_fit_the_cp_async_copy_steps():
     assert any("block_n 128 must be a multiple of 48" in e for e in bad)
     assert not validate(KernelParams(block_m=128, block_n=128, num_warps=8, **base), profile, problem)
     assert not validate(KernelParams(block_m=192, block_n=144, num_warps=12, **base), profile, problem)
+
+
+def test_the_conditional_rescale_is_a_hopper_knob_with_legal_thresholds():
+    assert not validate(ws(rescale_threshold=8), H100, problem(), warp_specialized=True)
+    why = validate(ws(rescale_threshold=9), H100, problem(), warp_specialized=True)
+    assert why and "rescale_threshold 9 must be one of (0, 2, 4, 8)" in why[0]
+    fa2 = KernelParams(rescale_threshold=8)
+    assert any("rescale_threshold apply to Hopper kernels" in e for e in validate(fa2, H100, problem()))
+    assert KernelParams(rescale_threshold=8).key().endswith("_rt8") and "_rt" not in KernelParams().key()
+    assert "rescale_threshold" not in repr(KernelParams())

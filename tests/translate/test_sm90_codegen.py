@@ -165,3 +165,13 @@ def test_a_warp_specialised_sketch_refuses_sm80_parameters():
     with pytest.raises(translate.TranslationError, match="needs wgmma"):
         translate.generate(tl.parse_program(tl.load_sketch("mha", True, "ws_overlap")), default_params(H100, spec),
                            H100, spec)
+
+
+def test_the_conditional_rescale_is_a_template_argument_only_when_asked():
+    """rescale_threshold 0 (every tile rescales) leaves the source exactly as before: the caches keyed by it stay
+    valid; N > 0 keeps a row's max until it grows by N log2 units and skips O's multiply warp by warp."""
+    spec = KernelSpec("mha", 128, 128, False, "bf16")
+    plain, conditional = ws(spec).source, ws(spec, rescale_threshold=8).source
+    assert "softmax_tile(acc_S" in plain and "rescale_rows(acc_" in plain and "rescale_threshold" not in plain
+    assert "softmax_tile<8>(acc_S" in conditional and "rescale_rows<true>(acc_" in conditional
+    assert ws(spec, rescale_threshold=8).name == ws(spec).name.replace("_ws", "_rt8_ws")

@@ -97,7 +97,11 @@ __forceinline__ __device__ void ordering_point(bool never) {
 // the quad reduction waits for the epilogue), and the factor exp2((m_old - m_new) * scale_log2) that the
 // output accumulator must be multiplied by before its next GEMM (rescale_rows). A row with no visible
 // key keeps max -inf and is treated as max 0, so that P = 0, never NaN.
-template <typename TS, typename TMax, typename TSum, typename TScale>
+// kRescaleThreshold > 0 (FA4's conditional rescaling): a row keeps its running max while the tile's max exceeds
+// it by at most that many log2 units, so its factor is exactly 1 and rescale_rows<true> can skip the output's
+// multiply; P and the sums are then up to 2^threshold (exact in fp32, bf16/fp16 hold it), and the final
+// normalisation divides it out: the same softmax, fewer instructions once the running max has settled.
+template <int kRescaleThreshold = 0, typename TS, typename TMax, typename TSum, typename TScale>
 __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row_sum, TScale& rescale,
                                              float scale_log2) {
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
@@ -109,9 +113,13 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
     m = attn_tl::quad_max(m);
+    if constexpr (kRescaleThreshold > 0) {   // (all four threads of a row see the same maxima: one decision)
+      if (m_old != -INFINITY && (m - m_old) * scale_log2 <= float(kRescaleThreshold)) { m = m_old; }
+    }
     row_max(mi) = m;
     const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
-    const float factor = attn_tl::fast_exp2(m_old * scale_log2 - m_scaled);
+    const float factor = (kRescaleThreshold > 0 && m == m_old) ? 1.f
+                                                                : attn_tl::fast_exp2(m_old * scale_log2 - m_scaled);
     rescale(mi) = factor;
     float sum = 0.f;
     CUTE_UNROLL
@@ -123,9 +131,16 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
   }
 }
 
-// Second half: the output accumulator's rows times their factors.
-template <typename TO, typename TScale>
+// Second half: the output accumulator's rows times their factors. kSkipUnit (with softmax_tile's threshold):
+// a warp none of whose rows moved its max skips the multiply (one vote instead of a multiply per element).
+template <bool kSkipUnit = false, typename TO, typename TScale>
 __forceinline__ __device__ void rescale_rows(TO& acc_o, TScale const& rescale) {
+  if constexpr (kSkipUnit) {
+    bool moved = false;
+    CUTE_UNROLL
+    for (int mi = 0; mi < size(rescale); ++mi) { moved |= rescale(mi) != 1.f; }
+    if (!__any_sync(0xffffffffu, moved)) { return; }
+  }
   Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(o); ++mi) {

@@ -144,8 +144,17 @@ def emit_mask(op: Op, ctx: Ctx) -> list[str]:
 
 def emit_softmax(op: Op, ctx: Ctx) -> list[str]:
     t = op.data["target"]
-    return [f"attn_sm90::softmax_tile(acc_{t}, {op.data['max']}, {op.data['sum']}, rescale_o, kScaleLog2);"
-            f"  // O's rescale is deferred to its next use"]
+    return [f"attn_sm90::softmax_tile{_threshold(ctx.params)}(acc_{t}, {op.data['max']}, {op.data['sum']}, "
+            f"rescale_o, kScaleLog2);  // O's rescale is deferred to its next use"]
+
+
+def _threshold(params) -> str:
+    """softmax_tile's template argument: none (every tile rescales, the source as it always was) or <N>."""
+    return f"<{params.rescale_threshold}>" if params.rescale_threshold else ""
+
+
+def _skip_unit(params) -> str:
+    return "<true>" if params.rescale_threshold else ""
 
 
 def emit_reshape(op: Op, ctx: Ctx) -> list[str]:
@@ -252,7 +261,8 @@ def sync_lines(op: Op, ctx: Ctx) -> list[str]:
         out.append(f"if ({gid}_pending) {{ attn_sm90::release_stage(&{buf}_empty[{gid}_slot], mma_tidx); "
                    f"{gid}_pending = false; }}  // stage back to the producer (TL {g.line})")
     for acc in op.rescale:
-        out.append(f"attn_sm90::rescale_rows(acc_{acc}, rescale_o);  // the softmax's deferred factor")
+        out.append(f"attn_sm90::rescale_rows{_skip_unit(ctx.params)}(acc_{acc}, rescale_o);  // the softmax's "
+                   "deferred factor")
     if op.data.get("release_q"):
         out.append("if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
                    "  // no GEMM reads Q any more in this tile: the producer may load the next tile's")

@@ -92,8 +92,10 @@ def emit_softmax(op: Op, ctx: EmitContext) -> list[str]:
     acc = ctx.reg(op.data["acc"], op.line)
     mx, sm = ctx.reg(op.data["max"], op.line), ctx.reg(op.data["sum"], op.line)
     scale = "kLog2e" if op.data["target"] in ctx.prescaled else "kScaleLog2"
-    return [f"attn_sm90::softmax_tile({s}, {mx}, {sm}, {mx}_rescale, {scale});",
-            f"attn_sm90::rescale_rows({acc}, {mx}_rescale);  // {op.data['acc']} *= exp2((max_old - max_new) * scale)"]
+    t = ctx.params.rescale_threshold
+    return [f"attn_sm90::softmax_tile{f'<{t}>' if t else ''}({s}, {mx}, {sm}, {mx}_rescale, {scale});",
+            f"attn_sm90::rescale_rows{'<true>' if t else ''}({acc}, {mx}_rescale);  "
+            f"// {op.data['acc']} *= exp2((max_old - max_new) * scale)"]
 
 
 def emit_reshape(op: Op, ctx: EmitContext) -> list[str]:
