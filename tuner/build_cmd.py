@@ -106,7 +106,6 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input (a page size the kernel's block
     N cannot tile included: tuner.paging) or missing toolchain."""
     import translate
-    from translate import nvcc
     from translate.defaults import default_params, probe_problem
     from tuner.paging import compatible_page_sizes, page_misfit, page_size_error
 
@@ -154,29 +153,10 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         return 1
 
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{kernel.name}.cu").write_text(kernel.source)
-    except OSError as exc:
-        err.print(f"tune build: error: cannot write to {out}: {exc.strerror or exc}", markup=False)
-        return 2
-    result = nvcc.compile_kernels([kernel], profile.nvcc_arch, cache_dir=cache_dir or nvcc.default_cache_dir(),
-                                  batch_size=1, jobs=1)[0]
-    if not result.ok:
-        (out / f"{kernel.name}.log").write_text(result.log)
-        err.print(result.log[-4000:], markup=False, highlight=False)
-        err.print(f"nvcc: {result.error_kind} for {kernel.name} ({profile.nvcc_arch}); "
-                  f"log in {out / (kernel.name + '.log')}", markup=False)
-        return 2 if result.error_kind == "nvcc-missing" else 1
-
-    cubin_path = out / f"{kernel.name}.cubin"
-    cubin_path.write_bytes(result.cubin)
-    try:
-        sass = nvcc.sass_summary(cubin_path, kernel.name)
-    except (RuntimeError, ValueError, OSError) as exc:
-        sass = {"error": str(exc)}
-    if sass is None:
-        sass = {"error": "cuobjdump not available"}
+    built = compile_into(kernel, profile, out, err, cache_dir)
+    if isinstance(built, int):
+        return built
+    result, sass = built
     record = build_record(kernel, result, profile, spec, kernel_params, sass)
     if layout == "paged":   # the page size is a run-time argument: every size block N tiles works
         record["page_size"] = page_size
@@ -194,6 +174,35 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
                       markup=False, highlight=False)
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}}", markup=False, highlight=False)
     return 0
+
+
+def compile_into(kernel, profile: Profile, out: Path, err: Console, cache_dir: Optional[Path] = None):
+    """Write ``kernel``'s source to ``out``, compile it, write the cubin: (the compile result, its SASS summary),
+    or the exit code after saying why (2: ``out`` cannot be written or nvcc is missing; 1: nvcc failed, its log
+    beside the source)."""
+    from translate import nvcc
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{kernel.name}.cu").write_text(kernel.source)
+    except OSError as exc:
+        err.print(f"tune build: error: cannot write to {out}: {exc.strerror or exc}", markup=False)
+        return 2
+    result = nvcc.compile_kernels([kernel], profile.nvcc_arch, cache_dir=cache_dir or nvcc.default_cache_dir(),
+                                  batch_size=1, jobs=1)[0]
+    if not result.ok:
+        (out / f"{kernel.name}.log").write_text(result.log)
+        err.print(result.log[-4000:], markup=False, highlight=False)
+        err.print(f"nvcc: {result.error_kind} for {kernel.name} ({profile.nvcc_arch}); "
+                  f"log in {out / (kernel.name + '.log')}", markup=False)
+        return 2 if result.error_kind == "nvcc-missing" else 1
+    cubin_path = out / f"{kernel.name}.cubin"
+    cubin_path.write_bytes(result.cubin)
+    try:
+        sass = nvcc.sass_summary(cubin_path, kernel.name)
+    except (RuntimeError, ValueError, OSError) as exc:
+        sass = {"error": str(exc)}
+    return result, sass if sass is not None else {"error": "cuobjdump not available"}
 
 
 def build_record(kernel, result, profile: Profile, spec: KernelSpec, params: KernelParams, sass: dict) -> dict:

@@ -28,13 +28,12 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
                      layout: Optional[str] = None, page_size: Optional[int] = None, schedule: Optional[str] = None,
                      console: Optional[Console] = None, cache_dir: Optional[Path] = None) -> int:
     import tl
-    from translate import nvcc
     from translate.compiler import generate
     from translate.decode import validate_decode
     from translate.decode.params import default_decode_params
     from translate.kernel import TranslationError
     from tuner.bench_decode_cmd import resolve_decode_target
-    from tuner.build_cmd import UsageError, build_record, load_checked_program, parse_params_arg
+    from tuner.build_cmd import UsageError, build_record, compile_into, load_checked_program, parse_params_arg
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
@@ -68,27 +67,11 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
         err.print(f"translation failed: {exc}", markup=False, highlight=False)
         return 1
     out = Path(out)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{kernel.name}.cu").write_text(kernel.source)
-    except OSError as exc:
-        err.print(f"tune build: error: cannot write to {out}: {exc.strerror or exc}", markup=False)
-        return 2
-    result = nvcc.compile_kernels([kernel], profile.nvcc_arch, cache_dir=cache_dir or nvcc.default_cache_dir(),
-                                  batch_size=1, jobs=1)[0]
-    if not result.ok:
-        (out / f"{kernel.name}.log").write_text(result.log)
-        err.print(result.log[-4000:], markup=False, highlight=False)
-        err.print(f"nvcc: {result.error_kind} for {kernel.name} ({profile.nvcc_arch}); "
-                  f"log in {out / (kernel.name + '.log')}", markup=False)
-        return 2 if result.error_kind == "nvcc-missing" else 1
-    cubin_path = out / f"{kernel.name}.cubin"
-    cubin_path.write_bytes(result.cubin)
-    try:
-        sass = nvcc.sass_summary(cubin_path, kernel.name)
-    except (RuntimeError, ValueError, OSError) as exc:
-        sass = {"error": str(exc)}
-    record = build_record(kernel, result, profile, spec, decode_params, sass or {"error": "cuobjdump not available"})
+    built = compile_into(kernel, profile, out, err, cache_dir)
+    if isinstance(built, int):
+        return built
+    result, sass = built
+    record = build_record(kernel, result, profile, spec, decode_params, sass)
     record["schedule"] = schedule
     if spec.layout == "paged":   # any power-of-two page: one table lookup per key row
         record["page_size"] = page_size
@@ -96,7 +79,7 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
                   f"{result.registers} regs, {result.spill_stores} B spill stores, {kernel.smem_bytes} B dynamic smem, "
                   f"{kernel.num_threads} threads, {'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; "
-                  f"HMMA {(sass or {}).get('HMMA', '?')}, LDGSTS {(sass or {}).get('LDGSTS', '?')}")
+                  f"HMMA {sass.get('HMMA', '?')}, LDGSTS {sass.get('LDGSTS', '?')}")
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}} (entry points {kernel.name}, {kernel.name}_combine)",
                   markup=False, highlight=False)
     return 0

@@ -37,3 +37,19 @@ def test_absorbed_mla_is_built_by_tune_build_phase_decode(tmp_path):
     result = runner.invoke(app, ["build", "--gpu", "h100", "--variant", "mla", "--phase", "decode", "--schedule",
                                  "decode_late", "-o", str(tmp_path)])
     assert result.exit_code == 2 and "no decode_late sketch for mla" in result.output
+
+
+@pytest.mark.slow
+def test_tune_build_phase_decode_writes_both_entry_points(tmp_path):
+    """`tune build --phase decode` compiles the split kernel and its combine into one cubin, with the record."""
+    import json
+
+    result = runner.invoke(app, ["build", "--gpu", "h100", "--variant", "gqa", "--phase", "decode", "--layout",
+                                 "dense", "--schedule", "decode_late", "-o", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    (record_path,) = tmp_path.glob("*.json")
+    record = json.loads(record_path.read_text())
+    assert record["schedule"] == "decode_late" and record["spec"]["phase"] == "decode"
+    assert record["meta"]["grid"] == "decode" and record["resources"]["spill_stores"] == 0
+    cubin = record_path.with_suffix(".cubin").read_bytes()
+    assert record["name"].encode() in cubin and (record["name"] + "_combine").encode() in cubin
