@@ -128,7 +128,11 @@ using Element = Cfg::Element;
 alignas(1024) static Element buf[1 << 17];
 static unsigned units(const Element* p) { return unsigned((reinterpret_cast<uintptr_t>(p) >> 4) & 0x3FFF); }
 template <class D> static unsigned start(D const& d) { return GmmaDescriptor(d).bitfield.start_address_; }
-template <class D> static uint64_t rest(D const& d) { GmmaDescriptor x(d); x.bitfield.start_address_ = 0; return x.desc_; }
+template <class D> static uint64_t rest(D const& d) {
+  GmmaDescriptor x(d);
+  x.bitfield.start_address_ = 0;
+  return x.desc_;
+}
 // warpgroup 1's descriptors are warpgroup 0's (CuTe's partition of a tile at the buffer's start) at its slice's
 // start; each k-block's start is the sub-tile's element (0, 16 kk) (on the host the base address reads as 0)
 template <class Frag, class Sub>
