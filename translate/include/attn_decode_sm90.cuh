@@ -15,6 +15,8 @@
 // Barriers per tile: top of loop (the slot landed for everyone; every warpgroup's wgmmas of the previous tile
 // completed, so its slot and the P tile are free), the max exchange, the P tile. The cp.async writes (generic
 // proxy) reach the wgmmas (async proxy) through a fence.proxy.async by every thread before the top barrier.
+// Overlap (the sketch's prefetch-first order): the next tile's gathers are issued between this tile's score
+// wgmmas and their wait, and each thread waits for its cp.async groups of the next tile while P.V runs.
 // Shared memory: Q | kStages K slots | P | s_x (2 x 64 fp32), every tile 1024-byte aligned (128-byte swizzle);
 // after the loop the epilogue's merge buffer (64 x 512 fp32 O, max and sum per group and row) reuses it from
 // the start, as split_kv's split-d_v mode does (translate/decode/params.py: decode_smem_bytes).
@@ -115,8 +117,10 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
   clear(row_sum);
 
   for (int it = 0; it < n_tiles; ++it) {
-    cp_async_wait<kStages - 2>();
-    cutlass::arch::fence_view_async_shared();   // this thread's cp.async writes, visible to the wgmmas
+    if (!Cfg::kPrefetchFirst || it == 0) {   // prefetch-first: done at the end of iteration it - 1, beside P.V
+      cp_async_wait<kStages - 2>();
+      cutlass::arch::fence_view_async_shared();   // this thread's cp.async writes, visible to the wgmmas
+    }
     __syncthreads();   // tile `it` landed for every thread; every wgmma of tile it - 1 completed
     auto issue_next = [&]() {
       const int nxt = it + kStages - 1;
@@ -126,7 +130,6 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
       }
       cp_async_commit();
     };
-    if constexpr (Cfg::kPrefetchFirst) { issue_next(); }
     Element* slot = smem_k + (it % kStages) * kTileK;
     Tensor sK = make_tensor(make_smem_ptr(slot), typename Cfg::GmmaLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(slot), typename Cfg::GmmaLayoutVt{});
@@ -137,6 +140,9 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
     // 1. scores of this warpgroup's kBlockNW keys
     Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockNW>>{});
     attn_sm90::gemm_issue<true>(mma_qk, tSrQ, tSrK, acc_s);
+    // the next tile's gathers go out while the tensor cores run this tile's scores: its slot's readers (the
+    // wgmmas of tile it - 1) completed before the top barrier
+    if constexpr (Cfg::kPrefetchFirst) { issue_next(); }
     warpgroup_wait<0>();
     warpgroup_fence_operand(acc_s);
     const int col0 = (blk_begin + it) * kBlockN + wg * kBlockNW;
@@ -186,9 +192,18 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
 
     // 3. O slice += P . V slice (completes before the next top barrier: the slot and P are rewritten after it)
     attn_sm90::gemm_issue<false>(mma_pv, tOsP, tOrV, acc_o);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(acc_o);
-    if constexpr (!Cfg::kPrefetchFirst) { issue_next(); }
+    if constexpr (!Cfg::kPrefetchFirst) {   // the sketch's order: the gathers once this tile's GEMMs are done
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+      issue_next();   // into the slot of tile it - 1, whose wgmmas completed before the top barrier
+    } else {   // while P.V runs: the next tile's own cp.async groups landed (the top of the loop waits for nothing)
+      if (it + 1 < n_tiles) {
+        cp_async_wait<kStages - 2>();
+        cutlass::arch::fence_view_async_shared();
+      }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(acc_o);
+    }
   }
   cp_async_wait<0>();
   __syncthreads();   // the ring is free: it becomes the merge buffer
