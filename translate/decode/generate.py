@@ -21,7 +21,11 @@ from the spec, not the sketch: TL has no column slice of a tile, so an MLA sketc
 the kernel serves from the K stage instead of a second gather (translate/decode/params.py: v_from_k).
 
 The device code is translate/include/attn_decode.cuh; this module emits its configuration and the two entry
-points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`` by value.
+points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`` by value. With
+``DecodeParams.mma == "sm90_wgmma"`` (Hopper, absorbed MLA split-d_v only) the split kernel is
+attn_decode_sm90.cuh's split_kv_wgmma: the same Args, split rule, workspace and combine kernel, its GEMMs as SS
+warpgroup MMAs (the Cfg adds the two TiledMMAs and the GMMA views of Q, K, V and P). The default's source is
+unchanged by that option (compile caches are keyed by source).
 """
 from __future__ import annotations
 
