@@ -96,7 +96,9 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
                   f"{result.registers} regs, {result.spill_stores} B spill stores, {kernel.smem_bytes} B dynamic smem, "
                   f"{kernel.num_threads} threads, {'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; "
-                  f"HMMA {(sass or {}).get('HMMA', '?')}, LDGSTS {(sass or {}).get('LDGSTS', '?')}")
+                  f"{'HGMMA' if decode_params.mma == 'sm90_wgmma' else 'HMMA'} "
+                  f"{(sass or {}).get('HGMMA' if decode_params.mma == 'sm90_wgmma' else 'HMMA', '?')}, "
+                  f"LDGSTS {(sass or {}).get('LDGSTS', '?')}")
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}} (entry points {kernel.name}, {kernel.name}_combine)",
                   markup=False, highlight=False)
     return 0
