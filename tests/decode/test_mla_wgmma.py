@@ -99,7 +99,7 @@ def test_the_wgmma_kernel_compiles_without_spills_or_serialisation(compiled, whi
     k, result = pairs[which]
     assert result.ok, result.log[-2000:]
     assert result.spill_stores == 0 and result.spill_loads == 0, (result.registers, result.spill_stores)
-    assert result.registers <= 232, result.registers     # 206 with nvcc 13.0 (2026-11-24)
+    assert result.registers <= 232, result.registers     # 208 with nvcc 13.0 (2026-11-24)
     # ptxas says when it serialises the wgmma (C7510: a call or a register dependency between arrive and commit)
     assert "C7510" not in result.log and "serialized" not in result.log, result.log[-3000:]
     try:
