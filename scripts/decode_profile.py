@@ -5,7 +5,7 @@
         python3 scripts/decode_profile.py [w2x4]
 
 The MLA default (translate.decode.default_decode_params), or with `w2x4` the campaign's favourite (64 rows, 2 x 4
-warps). Three calls; the profiler skips the first.
+warps), or with `wgmma` the default tile on Hopper warpgroup MMAs (mma = sm90_wgmma: attn_decode_sm90.cuh). Three calls; the profiler skips the first.
 """
 import sys
 from pathlib import Path
@@ -29,6 +29,8 @@ def main() -> None:
     spec = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
     params = (DecodeParams(block_m=64, block_n=64, warps_m=2, warps_n=4, kv_stages=2, min_split_blocks=2)
               if sys.argv[1:] == ["w2x4"] else default_decode_params(spec, 128, profile))
+    if sys.argv[1:] == ["wgmma"]:
+        params = DecodeParams(**{**params.to_dict(), "mma": "sm90_wgmma"})
     sketch = Path(__file__).resolve().parents[1] / "tl" / "sketches" / "decode" / "mla_paged.tl"
     gk = generate(parse(sketch.read_text()).program, params, profile, spec)
     compiled = compile_kernel(gk, profile.nvcc_arch, cache_dir=default_cache_dir())

@@ -76,10 +76,11 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     if spec.layout == "paged":   # any power-of-two page: one table lookup per key row
         record["page_size"] = page_size
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
+    tensor_op = "HGMMA" if decode_params.mma == "sm90_wgmma" else "HMMA"
     console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
                   f"{result.registers} regs, {result.spill_stores} B spill stores, {kernel.smem_bytes} B dynamic smem, "
                   f"{kernel.num_threads} threads, {'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; "
-                  f"HMMA {sass.get('HMMA', '?')}, LDGSTS {sass.get('LDGSTS', '?')}")
+                  f"{tensor_op} {sass.get(tensor_op, '?')}, LDGSTS {sass.get('LDGSTS', '?')}")
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}} (entry points {kernel.name}, {kernel.name}_combine)",
                   markup=False, highlight=False)
     return 0

@@ -2,7 +2,9 @@
 (tl/sketches/decode/mla_{paged,dense}.tl, V read from the latent cache's first 512 columns) pass the decode gate
 (tuner/verify_decode.py: 128 and 16 heads, KV lengths 1/63/64/65/4097, uneven batches, shuffled 64-token pages
 beside NaN pages, NaN workspace, forced split counts, 1..16 causal query tokens, v_cache None or the view of K), a
-kernel that drops the causal mask is caught, and a separate V tensor or more than one KV head is refused."""
+kernel that drops the causal mask is caught, and a separate V tensor or more than one KV head is refused. On Hopper
+the wgmma variant (DecodeParams.mma = "sm90_wgmma", translate/include/attn_decode_sm90.cuh) passes the same gate:
+its 64-row tile serves 128 heads and, padded, 16."""
 import dataclasses
 from pathlib import Path
 
@@ -32,6 +34,14 @@ CASES = [
      DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=3)),
     ("paged_w4x4", PAGED, DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=4, kv_stages=2)),
 ]
+WGMMA = dataclasses.replace(default_decode_params(PAGED, 128), mma="sm90_wgmma")
+WGMMA_CASES = [
+    ("wgmma_paged", PAGED, WGMMA),
+    ("wgmma_dense", dataclasses.replace(PAGED, layout="dense"), WGMMA),
+    ("wgmma_paged_noncausal_fp16", KernelSpec("mla", 576, 512, False, "fp16", "paged", "decode"), WGMMA),
+]
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
+                            reason="the wgmma kernel needs an sm90 GPU")
 
 
 def profile_here():
@@ -58,6 +68,22 @@ def test_mla_decode_kernels_pass_the_gate(name, spec, params):
     for page in ((64, 16) if spec.layout == "paged" else (None,)):
         report = verify_decode(k, spec, page_size=page)
         assert report.passed, report.reason
+
+
+@hopper
+@pytest.mark.parametrize("name,spec,params", WGMMA_CASES, ids=[c[0] for c in WGMMA_CASES])
+def test_wgmma_mla_decode_kernels_pass_the_gate(name, spec, params):
+    # verify_decode's MLA cases run 128 heads and 16 (one padded 64-row tile), pages of 64 and 16
+    test_mla_decode_kernels_pass_the_gate(name, spec, params)
+
+
+@hopper
+def test_a_wgmma_kernel_that_drops_the_causal_mask_is_caught():
+    profile = profile_here()
+    gk = kernel_for(PAGED, WGMMA, profile)
+    k = compile_and_load(_broken(gk, "kCausal = true", "kCausal = false", "_nomask"), profile)
+    report = verify_decode(k, PAGED, cases=[DecodeCase((700, 16, 9), seqlen_q=4, heads=MLA_HEADS)])
+    assert not report.passed and "error" in report.reason
 
 
 def _broken(gk, old, new, tag):

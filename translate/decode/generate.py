@@ -21,7 +21,11 @@ from the spec, not the sketch: TL has no column slice of a tile, so an MLA sketc
 the kernel serves from the K stage instead of a second gather (translate/decode/params.py: v_from_k).
 
 The device code is translate/include/attn_decode.cuh; this module emits its configuration and the two entry
-points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`` by value.
+points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`` by value. With
+``DecodeParams.mma == "sm90_wgmma"`` (Hopper, absorbed MLA split-d_v only) the split kernel is
+attn_decode_sm90.cuh's split_kv_wgmma: the same Args, split rule, workspace and combine kernel, its GEMMs as SS
+warpgroup MMAs (the Cfg adds the two TiledMMAs and the GMMA views of Q, K, V and P). The default's source is
+unchanged by that option (compile caches are keyed by source).
 """
 from __future__ import annotations
 
@@ -43,6 +47,8 @@ _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 PREAMBLE = ("// Generated from a decode TL program by translate (github: this repository); do not edit.\n"
             "#include <cute/tensor.hpp>\n"
             "#include \"attn_decode.cuh\"\n")
+# mma "sm90_wgmma": the split-d_v kernel with Hopper warpgroup MMAs (attn_decode_sm90.cuh), sm_90a only
+PREAMBLE_WGMMA = PREAMBLE.replace('"attn_decode.cuh"', '"attn_decode_sm90.cuh"')
 
 
 def _loop_flow(loop: For) -> tuple[bool, bool, list[str]]:
@@ -108,8 +114,11 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
     if problems:
         raise TranslationError("parameters rejected: " + "; ".join(problems))
     name = f"attn_{spec.label()}_{params.key()}_dec{sketch_hash(program)}"
-    body = _body(name, params, spec, layout == "paged", prefetch_first, q_in_regs, split_dv)
-    return GeneratedKernel(name=name, preamble=PREAMBLE, body=body, num_threads=params.num_threads,
+    wgmma = params.mma == "sm90_wgmma"
+    body = (_body_wgmma if wgmma else _body)(name, params, spec, layout == "paged", prefetch_first, q_in_regs,
+                                              split_dv)
+    return GeneratedKernel(name=name, preamble=PREAMBLE_WGMMA if wgmma else PREAMBLE, body=body,
+                           num_threads=params.num_threads,
                            smem_bytes=decode_smem_bytes(params, spec, split_dv=split_dv), block_m=params.block_m,
                            block_n=params.block_n, spec=spec, params=params, extra_args=DECODE_ARGS, grid="decode")
 
@@ -162,6 +171,55 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         f'extern "C" __global__ void __launch_bounds__({p.num_threads}) {name}(const attn_decode::Args args) {{',
         "  extern __shared__ __align__(128) char smem[];",
         f"  attn_decode::split_kv<{name}_ns::Cfg>(args, smem);",
+        "}",
+        "",
+        f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '
+        "args) {",
+        f"  attn_decode::combine<{name}_ns::Cfg::Element, {spec.d_v}>(args);",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_first: bool,
+                q_in_regs: bool, split_dv: bool) -> str:
+    """The Cfg of attn_decode::split_kv_wgmma (validate_decode has checked: split-d_v, V from K, 64 x 64 tiles,
+    two warpgroups, Q in shared memory): the cp.async writes' layouts as _body's, the two SS wgmma TiledMMAs of
+    one warpgroup and the GMMA views of Q, K, V (MN-major, the K slot's first d_v columns) and P."""
+    b = lambda v: "true" if v else "false"   # noqa: E731
+    gmma_k = "GMMA::Layout_K_SW128_Atom<Element>{}"
+    lines = [
+        f"namespace {name}_ns {{",
+        "using namespace cute;",
+        "struct Cfg {",
+        f"  using Element = {_ELEMENT[spec.dtype]};",
+        f"  static constexpr int kBlockM = {p.block_m}, kBlockN = {p.block_n}, kStages = {p.kv_stages};",
+        f"  static constexpr int kWarpsM = {p.warps_m}, kWarpsN = {p.warps_n}, kThreads = {p.num_threads};",
+        f"  static constexpr int kHeadDimQK = {spec.d_qk}, kHeadDimV = {spec.d_v};",
+        f"  static constexpr bool kCausal = {b(spec.causal)}, kPaged = {b(paged)}, kPackGqa = {b(p.pack_gqa)};",
+        f"  static constexpr bool kPrefetchFirst = {b(prefetch_first)}, kQInRegs = {b(q_in_regs)};",
+        f"  static constexpr bool kSplitDV = {b(split_dv)}, kVFromK = {b(v_from_k(spec))};",
+        "  // the cp.async writes (Swizzle<3, 3, 3> over 8 x 64 atoms: the bytes of the 128-byte GMMA swizzle)",
+        f"  using SmemAtom = {_atom(64, p.swizzle)};",
+        "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
+        "  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));",
+        "  // wgmma, one warpgroup each: S = Q . K_wg^T (its kBlockN / 2 keys), O_wg += P . V_wg (its d_v / 2 columns)",
+        "  using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
+        "Shape<_64, Int<kBlockN / 2>, Int<kHeadDimQK>>>()));",
+        "  using TiledMmaPV = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
+        "Shape<_64, Int<kHeadDimV / 2>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>()));",
+        f"  using GmmaLayoutQ = decltype(tile_to_shape({gmma_k}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{{}}));",
+        f"  using GmmaLayoutK = decltype(tile_to_shape({gmma_k}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{{}}));",
+        "  // V^T: the K slot's first d_v columns read MN-major (keys 8-row atoms first, then 64-column chunks)",
+        "  using GmmaLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, "
+        "Shape<Int<kHeadDimV>, Int<kBlockN>>{}, Step<_2, _1>{}));",
+        f"  using GmmaLayoutP = decltype(tile_to_shape({gmma_k}, Shape<Int<kBlockM>, Int<kBlockN>>{{}}));",
+        "};",
+        f"}}  // namespace {name}_ns",
+        "",
+        f'extern "C" __global__ void __launch_bounds__({p.num_threads}, 1) {name}(const attn_decode::Args args) {{',
+        "  extern __shared__ __align__(1024) char smem[];",
+        f"  attn_decode::split_kv_wgmma<{name}_ns::Cfg>(args, smem);",
         "}",
         "",
         f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '

@@ -26,6 +26,9 @@ class DecodeParams:
     pack_gqa: bool = True        # one CTA reads a K/V tile once for every query head of its group
     min_split_blocks: int = 2    # split rule (translate/decode/splits.py): the fewest key tiles one split takes
     swizzle: int = 3
+    # The tensor-core instructions: "sm80" (ldmatrix + mma.sync, every sm80+ GPU) or "sm90_wgmma" (Hopper
+    # warpgroup MMAs reading Q, K, V and P from shared memory: attn_decode_sm90.cuh; MLA split-d_v, sm_90a).
+    mma: str = "sm80"
 
     @property
     def num_warps(self) -> int:
@@ -45,6 +48,10 @@ class DecodeParams:
         if unknown:
             raise ValueError(f"unknown decode parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
         for name, value in data.items():
+            if known[name] in (str, "str"):
+                if not isinstance(value, str):
+                    raise ValueError(f"{name} must be a string, got {value!r}")
+                continue
             want_bool = known[name] in (bool, "bool")
             ok = isinstance(value, bool) if want_bool else (isinstance(value, numbers.Integral)
                                                               and not isinstance(value, bool))
@@ -54,7 +61,12 @@ class DecodeParams:
 
     def key(self) -> str:
         return (f"dm{self.block_m}n{self.block_n}w{self.warps_m}x{self.warps_n}s{self.kv_stages}"
-                f"{'p' if self.pack_gqa else 'h'}_b{self.min_split_blocks}_sw{self.swizzle}")
+                f"{'p' if self.pack_gqa else 'h'}_b{self.min_split_blocks}_sw{self.swizzle}"
+                f"{'' if self.mma == 'sm80' else '_' + MMA_KEYS.get(self.mma, self.mma)}")
+
+
+MMA_CHOICES = ("sm80", "sm90_wgmma")
+MMA_KEYS = {"sm90_wgmma": "wg"}   # key() suffix of a non-default mma (the default's key is unchanged)
 
 
 # MLA decode is the absorbed form (DeepSeek-V3): q and the one latent KV head carry 512 latent + 64 rotary columns,
@@ -169,7 +181,35 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *,
         errors.append(f"shared memory {smem // 1024} KB (Q, {params.kv_stages} {what} of {params.block_n} keys"
                       f"{', the P tile' if split_dv else ''}) exceeds the {profile.smem_per_block_kb} KB per-block "
                       f"limit of {profile.name}")
+    if params.mma not in MMA_CHOICES:
+        errors.append(f"mma must be one of {', '.join(MMA_CHOICES)}, got {params.mma!r}")
+    elif params.mma == "sm90_wgmma":
+        errors += _wgmma_reasons(params, profile, spec, split_dv, q_in_regs)
     if spec.variant == "mla" and (spec.d_qk, spec.d_v) != (MLA_DECODE_D_QK, MLA_DECODE_D_V):
         errors.append(f"MLA decode is the absorbed form: d_qk {MLA_DECODE_D_QK} (512 latent + 64 rotary), d_v "
                       f"{MLA_DECODE_D_V} read from the same rows; got {spec.d_qk}/{spec.d_v} (MLA 192/128 is prefill)")
+    return errors
+
+
+def _wgmma_reasons(params: DecodeParams, profile: Profile, spec: KernelSpec, split_dv: bool,
+                   q_in_regs: bool) -> list[str]:
+    """What attn_decode::split_kv_wgmma (attn_decode_sm90.cuh) needs beyond the split-d_v kernel's rules: one
+    CTA of two consumer warpgroups over a 64-row x 64-key tile (each scores 32 keys, then multiplies all of P
+    by its d_v / 2 columns: wgmma N <= 256), V read from K's rows, Q and P in shared memory, an sm_90a GPU."""
+    errors = []
+    if profile.sm != 90:
+        errors.append(f"mma sm90_wgmma issues Hopper warpgroup MMAs (sm_90a): {profile.name} is sm{profile.sm}")
+    if not split_dv or not v_from_k(spec):
+        errors.append("mma sm90_wgmma is the split-d_v kernel with V read from K's rows (absorbed MLA decode)")
+    if q_in_regs:
+        errors.append("mma sm90_wgmma reads Q from shared memory (a sketch without `Copy Q_shared from shared to "
+                      "register`)")
+    if (params.block_m, params.block_n, params.warps_m, params.warps_n) != (64, 64, 4, 2):
+        errors.append(f"mma sm90_wgmma takes block_m 64, block_n 64, warps 4 x 2 (two warpgroups); got block_m "
+                      f"{params.block_m}, block_n {params.block_n}, warps {params.warps_m} x {params.warps_n}")
+    if params.swizzle != 3:
+        errors.append(f"mma sm90_wgmma reads 128-byte swizzled tiles: swizzle 3, got {params.swizzle}")
+    if spec.d_v % 128 or spec.d_v // 2 > 256:
+        errors.append(f"mma sm90_wgmma: d_v {spec.d_v} must split into two slices of at most 256 columns (wgmma "
+                      "N), multiples of 64")
     return errors
