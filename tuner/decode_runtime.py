@@ -49,11 +49,14 @@ class DecodeArgs(ctypes.Structure):
 class DecodePlan:
     args: DecodeArgs
     pointer: Any            # (c_void_p * 1) -> args: cuLaunchKernel's parameter array
-    grid: tuple
-    combine_grid: tuple
+    pointers_address: int   # its address, as cuLaunchKernel takes it
+    split_launch: tuple     # (function, grid x/y/z, block x/y/z, shared memory): cuLaunchKernel's first arguments
+    combine_launch: tuple
     num_splits: int
     rows: int               # b * seqlen_q * hq
     out_shape: tuple
+    workspace_o: int        # fp32 elements of the partial outputs (splits, rows, d_v)
+    workspace_lse: int      # and of their log2-sum-exps (splits, rows)
     lock: Any
 
 
@@ -128,33 +131,31 @@ class DecodeKernel:
             out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((plan.out_shape[0], plan.out_shape[2], plan.out_shape[1]), dtype=torch.float32,
                           device=q.device) if return_lse else None
-        o_partial = lse_partial = None
+        o_partial_ptr = lse_partial_ptr = None
         if plan.num_splits > 1:
             if workspace is not None:
                 o_partial, lse_partial = workspace
-                if o_partial.numel() < plan.num_splits * plan.rows * self.spec["d_v"] or \
-                        lse_partial.numel() < plan.num_splits * plan.rows:
+                if o_partial.numel() < plan.workspace_o or lse_partial.numel() < plan.workspace_lse:
                     raise ValueError("workspace too small for this call's splits")
-            else:
-                o_partial = torch.empty((plan.num_splits, plan.rows, self.spec["d_v"]), dtype=torch.float32,
-                                        device=q.device)
-                lse_partial = torch.empty((plan.num_splits, plan.rows), dtype=torch.float32, device=q.device)
-        pointers = [t.data_ptr() for t in (q, k_cache, v_cache, out)]
-        if any(x & 15 for x in pointers):
+                o_partial_ptr, lse_partial_ptr = o_partial.data_ptr(), lse_partial.data_ptr()
+            else:   # one allocation: the partial outputs, then the log2-sum-exps (the kernels take pointers only)
+                buffer = torch.empty(plan.workspace_o + plan.workspace_lse, dtype=torch.float32, device=q.device)
+                o_partial_ptr = buffer.data_ptr()
+                lse_partial_ptr = o_partial_ptr + 4 * plan.workspace_o
+        pointers = (q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr())
+        if (pointers[0] | pointers[1] | pointers[2] | pointers[3]) & 15:
             raise ValueError("q, k_cache, v_cache and out must be 16-byte aligned (128-bit loads)")
+        stream = self._stream()
         with plan.lock:
             a = plan.args
             a.q, a.k, a.v, a.o = pointers
-            a.o_partial = o_partial.data_ptr() if o_partial is not None else None
-            a.lse_partial = lse_partial.data_ptr() if lse_partial is not None else None
+            a.o_partial, a.lse_partial = o_partial_ptr, lse_partial_ptr
             a.lse = lse.data_ptr() if lse is not None else None
             a.page_table = page_table.data_ptr() if page_table is not None else None
             a.seqused_k = cache_seqlens.data_ptr() if cache_seqlens is not None else None
-            stream = self._stream()
-            self._launch(self.base._function, plan.grid, self.base.meta["num_threads"], self.base.meta["smem_bytes"],
-                         stream, plan.pointer)
+            self._launch(plan.split_launch, stream, plan.pointers_address)
             if plan.num_splits > 1:
-                self._launch(self._combine, plan.combine_grid, 32 * COMBINE_WARPS, 0, stream, plan.pointer)
+                self._launch(plan.combine_launch, stream, plan.pointers_address)
         return (out, lse) if return_lse else out
 
     def _values(self, k_cache, v_cache):
@@ -188,16 +189,17 @@ class DecodeKernel:
             stream = self._streams[handle] = rt._driver().CUstream(init_value=int(handle))
         return stream
 
-    def _launch(self, function, grid, threads, smem, stream, pointer) -> None:
-        driver = rt._driver()
-        index = self.base.device_index
-        err = int(driver.cuLaunchKernel(function, *grid, threads, 1, 1, smem, stream, ctypes.addressof(pointer), 0)[0])
+    def _launch(self, prefix: tuple, stream, pointers_address: int) -> None:
+        """cuLaunchKernel(*prefix, stream, params, 0): ``prefix`` (function, grid, block, shared memory) is the
+        plan's, built once; a thread without the context current gets the primary one and tries again."""
+        launch = rt._LAUNCH or rt._bind_launch()
+        err = int(launch(*prefix, stream, pointers_address, 0)[0])
         if err == rt._CUDA_ERROR_INVALID_CONTEXT:
-            rt._check(driver.cuCtxSetCurrent(rt.primary_context(index)), "cuCtxSetCurrent")
-            err = int(driver.cuLaunchKernel(function, *grid, threads, 1, 1, smem, stream, ctypes.addressof(pointer),
-                                            0)[0])
+            rt._check(rt._driver().cuCtxSetCurrent(rt.primary_context(self.base.device_index)), "cuCtxSetCurrent")
+            err = int(launch(*prefix, stream, pointers_address, 0)[0])
         if err:
-            raise rt.KernelLaunchError(f"launch of {self.name} failed: {driver.cuGetErrorName(err)[1]!r} ({err})")
+            raise rt.KernelLaunchError(f"launch of {self.name} failed: {rt._driver().cuGetErrorName(err)[1]!r} "
+                                       f"({err})")
 
     def _plan(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out) -> DecodePlan:
         key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
@@ -254,9 +256,12 @@ class DecodeKernel:
         a.scale_log2 = float(scale) * _LOG2E
         rows = b * sq * hq
         pointer = (ctypes.c_void_p * 1)(ctypes.addressof(a))
-        return DecodePlan(a, pointer, (split.num_splits, units * m_blocks, b),
-                          (combine_grid(rows), 1, 1), split.num_splits, rows, out_shape,
-                          threading.Lock())
+        meta = self.base.meta
+        split_launch = (self.base._function, split.num_splits, units * m_blocks, b, meta["num_threads"], 1, 1,
+                        meta["smem_bytes"])
+        combine_launch = (self._combine, combine_grid(rows), 1, 1, 32 * COMBINE_WARPS, 1, 1, 0)
+        return DecodePlan(a, pointer, ctypes.addressof(pointer), split_launch, combine_launch, split.num_splits, rows,
+                          out_shape, split.num_splits * rows * spec["d_v"], split.num_splits * rows, threading.Lock())
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, spec: dict, paged: bool,
