@@ -174,6 +174,38 @@ __forceinline__ __device__ void gemm_pv_slice(TiledMma const& mma, TAcc& acc, TA
   }
 }
 
+// What one CTA of a split kernel works on (both kernels: split_kv, attn_decode_sm90.cuh's split_kv_wgmma): grid
+// x = split, y = (unit, row block), z = sequence; its packed rows (token t, head g: row t * pack + g), its KV head,
+// the sequence's keys, and the key tiles of its split (causal: none past the block's last token's diagonal).
+struct CtaWork {
+  int split, b, pack, head0, kvh, rows, row0, seqlen_k, causal_offset, blk_begin, n_tiles;
+};
+
+template <class Cfg>
+__forceinline__ __device__ CtaWork cta_work(const Args& a) {
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN;
+  CtaWork w;
+  w.split = blockIdx.x;
+  const int unit = blockIdx.y / a.m_blocks, m_block = blockIdx.y % a.m_blocks;
+  w.b = blockIdx.z;
+  w.pack = Cfg::kPackGqa ? a.group : 1;
+  w.head0 = Cfg::kPackGqa ? unit * a.group : unit;
+  w.kvh = w.head0 / a.group;
+  w.rows = a.seqlen_q * w.pack;
+  w.row0 = m_block * kBlockM;
+  w.seqlen_k = a.seqused_k ? a.seqused_k[w.b] : a.seqlen_k;
+  w.causal_offset = w.seqlen_k - a.seqlen_q;
+  int blk_end = (w.seqlen_k + kBlockN - 1) / kBlockN;
+  if (Cfg::kCausal) {   // the block's last token sees the most keys
+    const int t_last = min(a.seqlen_q - 1, (w.row0 + kBlockM - 1) / w.pack);
+    blk_end = min(blk_end, max(0, (t_last + w.causal_offset + kBlockN) / kBlockN));
+  }
+  w.blk_begin = w.split * a.blocks_per_split;
+  blk_end = min(blk_end, w.blk_begin + a.blocks_per_split);
+  w.n_tiles = max(0, blk_end - w.blk_begin);
+  return w;
+}
+
 // The split kernel. Cfg: Element, kBlockM, kBlockN, kWarpsM, kWarpsN, kThreads, kStages, kHeadDimQK, kHeadDimV,
 // kCausal, kPaged, kPackGqa, kPrefetchFirst (the next tile's gathers go out before this tile's GEMMs, as the
 // sketch orders them), kSplitDV, kVFromK, TiledMma, SmemLayoutQ/K/V/Vt/VtNoSwizzle, S2RAtomQK, S2RAtomV, and with
@@ -192,22 +224,9 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
   const int tid = threadIdx.x;
   const int wg = tid / kGroupThreads, tg = tid % kGroupThreads;
 
-  const int split = blockIdx.x, unit = blockIdx.y / a.m_blocks, m_block = blockIdx.y % a.m_blocks;
-  const int b = blockIdx.z;
-  const int pack = Cfg::kPackGqa ? a.group : 1;
-  const int head0 = Cfg::kPackGqa ? unit * a.group : unit;
-  const int kvh = head0 / a.group;
-  const int rows = a.seqlen_q * pack, row0 = m_block * kBlockM;
-  const int seqlen_k = a.seqused_k ? a.seqused_k[b] : a.seqlen_k;
-  const int causal_offset = seqlen_k - a.seqlen_q;
-  int blk_end = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (Cfg::kCausal) {   // the block's last token sees the most keys
-    const int t_last = min(a.seqlen_q - 1, (row0 + kBlockM - 1) / pack);
-    blk_end = min(blk_end, max(0, (t_last + causal_offset + kBlockN) / kBlockN));
-  }
-  const int blk_begin = split * a.blocks_per_split;
-  blk_end = min(blk_end, blk_begin + a.blocks_per_split);
-  const int n_tiles = max(0, blk_end - blk_begin);
+  const CtaWork w = cta_work<Cfg>(a);
+  const int split = w.split, b = w.b, pack = w.pack, head0 = w.head0, kvh = w.kvh, rows = w.rows, row0 = w.row0;
+  const int seqlen_k = w.seqlen_k, causal_offset = w.causal_offset, blk_begin = w.blk_begin, n_tiles = w.n_tiles;
 
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_k = smem_q + cosize(typename Cfg::SmemLayoutQ{});

@@ -47,22 +47,9 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
   const int tid = threadIdx.x;
   const int wg = tid / 128, tg = tid % 128;
 
-  const int split = blockIdx.x, unit = blockIdx.y / a.m_blocks, m_block = blockIdx.y % a.m_blocks;
-  const int b = blockIdx.z;
-  const int pack = Cfg::kPackGqa ? a.group : 1;
-  const int head0 = Cfg::kPackGqa ? unit * a.group : unit;
-  const int kvh = head0 / a.group;
-  const int rows = a.seqlen_q * pack, row0 = m_block * kBlockM;
-  const int seqlen_k = a.seqused_k ? a.seqused_k[b] : a.seqlen_k;
-  const int causal_offset = seqlen_k - a.seqlen_q;
-  int blk_end = (seqlen_k + kBlockN - 1) / kBlockN;
-  if (Cfg::kCausal) {   // the block's last token sees the most keys
-    const int t_last = min(a.seqlen_q - 1, (row0 + kBlockM - 1) / pack);
-    blk_end = min(blk_end, max(0, (t_last + causal_offset + kBlockN) / kBlockN));
-  }
-  const int blk_begin = split * a.blocks_per_split;
-  blk_end = min(blk_end, blk_begin + a.blocks_per_split);
-  const int n_tiles = max(0, blk_end - blk_begin);
+  const CtaWork w = cta_work<Cfg>(a);
+  const int split = w.split, b = w.b, pack = w.pack, head0 = w.head0, kvh = w.kvh, rows = w.rows, row0 = w.row0;
+  const int seqlen_k = w.seqlen_k, causal_offset = w.causal_offset, blk_begin = w.blk_begin, n_tiles = w.n_tiles;
 
   constexpr int kTileQ = kBlockM * Cfg::kHeadDimQK, kTileK = kBlockN * Cfg::kHeadDimQK;
   static_assert((kTileQ * 2) % 1024 == 0 && (kTileK * 2) % 1024 == 0, "128-byte swizzle: 1024-byte aligned tiles");
