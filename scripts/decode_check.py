@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import tl  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 from tl.parser import parse  # noqa: E402
 from translate.compiler import generate  # noqa: E402
@@ -51,8 +52,8 @@ MLA_CANDIDATES = [(128, default_decode_params(MLA, 128)), (16, default_decode_pa
 def build(specs_params, profile):
     kernels = []
     for spec, params in specs_params:
-        sketch = Path("tl/sketches/decode") / f"{'mla' if spec.variant == 'mla' else 'gqa'}_{spec.layout}.tl"
-        kernels.append(generate(parse(sketch.read_text()).program, params, profile, spec))
+        kernels.append(generate(parse(tl.load_sketch(spec.variant, spec.causal, "decode", spec.layout)).program,
+                                params, profile, spec))
     results = compile_kernels(kernels, profile.nvcc_arch, cache_dir=default_cache_dir(), jobs=8)
     return list(zip(kernels, results))
 

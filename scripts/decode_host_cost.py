@@ -38,6 +38,7 @@ def main() -> int:
 
     import torch
 
+    import tl
     from hardware_profiles import load_profile
     from tl.parser import parse
     from translate.compiler import generate
@@ -53,16 +54,15 @@ def main() -> int:
     from tuner.store import KernelRecord, KernelStore
 
     profile, device = load_profile("h100"), torch.cuda.get_device_name()
-    sketches = Path(__file__).resolve().parents[1] / "tl" / "sketches" / "decode"
-    cases = [("gqa p16", KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode"), DecodeParams(), "gqa",
+    cases = [("gqa p16", KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode"), DecodeParams(),
               make_decode_inputs(DecodePoint(1, 2048)), "d-b1-kv2k-p16"),
-             ("mla h16 p64", KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode"), None, "mla",
+             ("mla h16 p64", KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode"), None,
               make_mla_inputs(MLAPoint(1, 2048, heads_q=16)), "d-b1-kv2k-p64")]
     print(f"{device}: host µs per call ({a.calls} calls, no sync) against the GPU time of one call")
     print("| case | GPU µs | direct host µs | served host µs |")
-    for label, spec, params, family, x, bucket in cases:
+    for label, spec, params, x, bucket in cases:
         params = params or default_decode_params(spec, 16, profile)
-        text = (sketches / f"{family}_paged.tl").read_text()
+        text = tl.load_sketch(spec.variant, True, "decode", "paged")
         gk = generate(parse(text).program, params, profile, spec)
         compiled = compile_kernel(gk, profile.nvcc_arch, cache_dir=default_cache_dir())
         kernel = load_decode_kernel(compiled.cubin, gk.meta())

@@ -14,6 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+import tl  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 from tl.parser import parse  # noqa: E402
 from translate.compiler import generate  # noqa: E402
@@ -31,8 +32,7 @@ def main() -> None:
               if sys.argv[1:] == ["w2x4"] else default_decode_params(spec, 128, profile))
     if sys.argv[1:] == ["wgmma"]:
         params = DecodeParams(**{**params.to_dict(), "mma": "sm90_wgmma"})
-    sketch = Path(__file__).resolve().parents[1] / "tl" / "sketches" / "decode" / "mla_paged.tl"
-    gk = generate(parse(sketch.read_text()).program, params, profile, spec)
+    gk = generate(parse(tl.load_sketch("mla", True, "decode", "paged")).program, params, profile, spec)
     compiled = compile_kernel(gk, profile.nvcc_arch, cache_dir=default_cache_dir())
     kernel = load_decode_kernel(compiled.cubin, gk.meta())
     x = make_mla_inputs(MLAPoint(64, 8192))

@@ -13,7 +13,6 @@ from typing import Optional
 from rich.console import Console
 from rich.table import Table
 
-DECODE_SKETCHES = Path(__file__).resolve().parents[1] / "tl" / "sketches" / "decode"
 DECODE_LAYOUTS = ("paged", "dense")
 
 
@@ -69,6 +68,7 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
 def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, causal, layout, page_size,
                      out_json, console: Optional[Console] = None, cache_dir=None,
                      batches=None, kv_lens=None) -> int:
+    import tl
     from translate.decode import default_decode_params
     from tuner.bench import device_problem, environment_record, write_record
     from tuner.build_cmd import UsageError, parse_params_arg
@@ -84,9 +84,8 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         profile, spec, heads, page_size, model_name = resolve_decode_target(gpu, variant, model, head_dim, dtype,
                                                                            causal, layout, page_size)
         decode_params = parse_params_arg(params, default_decode_params(spec, heads[0], profile))
-        family = "mla" if spec.variant == "mla" else "gqa"
         text = Path(sketch).read_text() if sketch is not None else \
-            (DECODE_SKETCHES / f"{family}_{spec.layout}.tl").read_text()
+            tl.load_sketch(spec.variant, spec.causal, "decode", spec.layout)
     except (UsageError, OSError) as exc:
         return usage(str(exc))
     from translate.decode import validate_decode

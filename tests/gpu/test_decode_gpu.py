@@ -3,7 +3,6 @@ gate (tuner/verify_decode.py: KV lengths 1/63/64/65/4097, uneven batches, shuffl
 workspace, split counts 1..64, 1..16 query tokens with causal, GQA/MQA/MHA), a wrong kernel is caught, and a bad
 call is refused before any launch."""
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -12,6 +11,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8,
                                  reason="needs an sm80+ GPU")]
 
+import tl  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 from tl.parser import parse  # noqa: E402
 from translate import nvcc  # noqa: E402
@@ -21,7 +21,6 @@ from translate.problem import KernelSpec  # noqa: E402
 from tuner.decode_runtime import load_decode_kernel  # noqa: E402
 from tuner.verify_decode import DecodeCase, verify_decode  # noqa: E402
 
-SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"
 CASES = [
     ("gqa_paged_causal", KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode"), DecodeParams()),
     ("gqa_paged_noncausal_bn128", KernelSpec("gqa", 128, 128, False, "bf16", "paged", "decode"),
@@ -45,7 +44,8 @@ def compile_and_load(gk, profile):
 
 
 def kernel_for(spec, params, profile, text=None):
-    text = text or (SKETCHES / f"gqa_{spec.layout}.tl").read_text()
+    """The kernel of ``text``, else of the reference decode sketch of the spec's variant and cache (MLA's own)."""
+    text = text or tl.load_sketch(spec.variant, spec.causal, "decode", spec.layout)
     return generate(parse(text).program, params, profile, spec)
 
 

@@ -6,7 +6,6 @@ kernel that drops the causal mask is caught, and a separate V tensor or more tha
 the wgmma variant (DecodeParams.mma = "sm90_wgmma", translate/include/attn_decode_sm90.cuh) passes the same gate:
 its 64-row tile serves 128 heads and, padded, 16."""
 import dataclasses
-from pathlib import Path
 
 import pytest
 
@@ -15,16 +14,13 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 8,
                                  reason="needs an sm80+ GPU")]
 
-from hardware_profiles import load_profile  # noqa: E402
-from tl.parser import parse  # noqa: E402
+from test_decode_gpu import kernel_for, profile_here  # noqa: E402
 from translate import nvcc  # noqa: E402
-from translate.compiler import generate  # noqa: E402
 from translate.decode import DecodeParams, default_decode_params  # noqa: E402
 from translate.problem import KernelSpec  # noqa: E402
 from tuner.decode_runtime import load_decode_kernel  # noqa: E402
 from tuner.verify_decode import MLA_HEADS, DecodeCase, verify_decode  # noqa: E402
 
-SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"
 PAGED = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
 CASES = [
     ("paged_h128_default", PAGED, default_decode_params(PAGED, 128)),
@@ -44,21 +40,11 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
                             reason="the wgmma kernel needs an sm90 GPU")
 
 
-def profile_here():
-    name = torch.cuda.get_device_name().lower()
-    return load_profile("h200" if "h200" in name else "h100" if "h100" in name else "a100")
-
-
 def compile_and_load(gk, profile):
     result = nvcc.compile_kernel(gk, profile.nvcc_arch, cache_dir=nvcc.default_cache_dir())
     assert result.ok, result.log[-2000:]
     assert result.spill_stores == 0, f"{gk.name} spills {result.spill_stores} B"
     return load_decode_kernel(result.cubin, gk.meta())
-
-
-def kernel_for(spec, params, profile, text=None):
-    text = text or (SKETCHES / f"mla_{spec.layout}.tl").read_text()
-    return generate(parse(text).program, params, profile, spec)
 
 
 @pytest.mark.parametrize("name,spec,params", CASES, ids=[c[0] for c in CASES])
