@@ -23,7 +23,8 @@ DECODE_RULE = "decode"
 _NAME = re.compile(r"^d-b([1-9][0-9]*)-kv([1-9][0-9]*)k(?:-p([1-9][0-9]*))?$")
 
 
-def _edge(value: int, edges: tuple[int, ...]) -> int:
+def class_edge(value: int, edges: tuple[int, ...]) -> int:
+    """The smallest edge holding ``value``, else the last (a plain loop: torch.compile traces it)."""
     for edge in edges:
         if value <= edge:
             return edge
@@ -36,7 +37,7 @@ def decode_bucket(batch: int, kv_capacity: int, page_size: int | None = None) ->
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     page = f"-p{page_size}" if page_size else ""
-    return f"d-b{_edge(batch, BATCH_EDGES)}-kv{_edge(kv_capacity, KV_EDGES) // 1024}k{page}"
+    return f"d-b{class_edge(batch, BATCH_EDGES)}-kv{class_edge(kv_capacity, KV_EDGES) // 1024}k{page}"
 
 
 def is_decode_bucket(name) -> bool:

@@ -13,11 +13,6 @@ def is_dense(problem) -> bool:
     return not hasattr(problem, "layout")
 
 
-def is_serving(problem) -> bool:
-    """A packed serving mix (varlen or paged prefill)."""
-    return hasattr(problem, "layout") and not is_decode(problem)
-
-
 def problem_key(problem) -> str:
     """A dense problem's seqlen ("4096"), a serving mix's name ("8x2k")."""
     return str(problem.seqlen_k) if is_dense(problem) else problem.key

@@ -18,15 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuner.decode_buckets import BATCH_EDGES, KV_EDGES, parse_decode_bucket
-
-
-def class_edge(value: int, edges: tuple) -> int:
-    """The smallest edge holding ``value``, else the last (``decode_buckets._edge``; a plain loop: traceable)."""
-    for edge in edges:
-        if value <= edge:
-            return edge
-    return edges[-1]
+from tuner.decode_buckets import BATCH_EDGES, KV_EDGES, class_edge, parse_decode_bucket
 
 
 def decode_distance(batch: int, kv: int, other_batch: int, other_kv: int) -> float:
