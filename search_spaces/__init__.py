@@ -163,7 +163,18 @@ class SearchSpace:
         return values
 
     def domains(self, profile, head_dim: int, dtype: str) -> dict[str, tuple]:
-        return {p.name: self.domain(p.name, profile, head_dim, dtype) for p in self.params}
+        """The domain of every parameter the profile can search (one whose ``schedule`` condition names no
+        schedule the profile builds, e.g. a Hopper producer's copy on a T4, is left out)."""
+        schedules = None
+        if any(p.name == SCHEDULE for p in self.params):
+            schedules = set(self.domain(SCHEDULE, profile, head_dim, dtype))
+        out = {}
+        for p in self.params:
+            needs = dict(p.when).get(SCHEDULE)
+            if schedules is not None and needs is not None and not schedules & set(needs):
+                continue
+            out[p.name] = self.domain(p.name, profile, head_dim, dtype)
+        return out
 
     @staticmethod
     def active(spec, values: dict[str, Any]) -> bool:

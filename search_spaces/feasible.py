@@ -192,10 +192,15 @@ def candidate_errors(space: SearchSpace, params, profile, shape, base: str, layo
 
 
 def layout_reasons(params, base: str, layout: str = "dense", page_size: int | None = None) -> list[str]:
-    """Why a parameter set cannot build a serving layout (tl/layout.py); empty for dense. Pure."""
+    """Why a parameter set cannot build a layout (tl/layout.py): a serving layout's needs, and the K/V copy
+    (cp.async producers read paged caches only). Pure."""
+    tma = params.g2s_atom == "SM90_TMA"
+    if layout != "paged" and base.startswith("ws_") and not tma:
+        return [f"g2s_atom {params.g2s_atom}: the producer copies K/V with cp.async only from a paged cache; "
+                f"the {layout} layout loads them with TMA"]
     if layout == "dense":
         return []
-    from translate.defaults import SERVING_PRODUCER_REGS
+    from translate.defaults import CP_ASYNC_PRODUCER_REGS, SERVING_PRODUCER_REGS
 
     reasons = []
     if not base.startswith("ws_"):
@@ -204,9 +209,13 @@ def layout_reasons(params, base: str, layout: str = "dense", page_size: int | No
     if params.producer_regs < need:
         reasons.append(f"producer_regs {params.producer_regs} < {need}: the {layout} producer (sequence walk"
                        f"{', page lookups' if layout == 'paged' else ''}) spills below it (translate/defaults.py)")
-    if layout == "paged" and page_size and page_size % params.block_n and params.block_n % page_size:
+    elif not tma and params.producer_regs < CP_ASYNC_PRODUCER_REGS:
+        reasons.append(f"producer_regs {params.producer_regs} < {CP_ASYNC_PRODUCER_REGS}: the cp.async producer "
+                       "(every thread's row offsets) spills below it (translate/defaults.py)")
+    if layout == "paged" and tma and page_size and page_size % params.block_n and params.block_n % page_size:
         reasons.append(f"page size {page_size} neither divides block_n {params.block_n} nor is a multiple of it: "
-                       "a K/V tile is read by TMA in boxes of min(block_n, page size) rows within one page")
+                       "a K/V tile is read by TMA in boxes of min(block_n, page size) rows within one page "
+                       "(the cp.async producer reads any multiple of 8)")
     return reasons
 
 

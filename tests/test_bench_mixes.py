@@ -227,9 +227,10 @@ def _stand_in_command(monkeypatch, tmp_path, verified=True):
     @dataclass(frozen=True)
     class Params:
         block_n: int = 128
+        g2s_atom: str = "SM90_TMA"
 
         def to_dict(self):
-            return {"block_n": self.block_n}
+            return {"block_n": self.block_n, "g2s_atom": self.g2s_atom}
 
         def key(self):
             return "stand-in"
@@ -349,3 +350,12 @@ def test_bench_varlen_on_one_mix_end_to_end(monkeypatch, tmp_path):
         assert row["fa4_max_abs_diff"] < 0.05 and row["ours/fa4"] == pytest.approx(row["ours"] / row["fa4"], rel=1e-2)
     assert all(k["verified"] for k in record["kernels"].values())
     assert math.isfinite(row["flops"]) and "TFLOPS" in result.stdout
+
+
+def test_the_cp_async_producer_reads_any_multiple_of_8_and_the_tma_one_what_its_tile_divides():
+    from tuner.paging import compatible_page_sizes, page_misfit
+
+    assert page_misfit(48, 128) is not None and page_misfit(48, 128, "SM80_CP_ASYNC_CACHEGLOBAL") is None
+    assert "multiple of 8" in page_misfit(12, 128, "SM80_CP_ASYNC_CACHEGLOBAL")
+    assert compatible_page_sizes(176, "SM80_CP_ASYNC_CACHEGLOBAL") == (16, 32, 64, 128, 256)
+    assert compatible_page_sizes(176) == (16,)   # 176 = 11 boxes of 16

@@ -26,7 +26,7 @@ from tuner import bench
 from tuner.mix_baselines import BASELINES, Baseline, Unavailable
 from tuner.mix_inputs import make_mix_inputs
 from tuner.mixes import ServingProblem, serving_problems
-from tuner.paging import compatible_page_sizes, page_misfit, page_size_error
+from tuner.paging import TMA_KV, compatible_page_sizes, page_misfit, page_size_error
 
 DEFAULT_PAGE_SIZES = (16, 128)
 CROSS_CHECK_ORDER = ("sdpa", "fa4", "flashinfer")
@@ -187,30 +187,30 @@ def results_table(rows: Sequence[dict], title: str, baselines: Sequence[str] = t
 # -- the command --------------------------------------------------------------------------------------
 
 
-def _fitting_check_mixes(spec, block_n: int):
-    """verify_varlen's mixes a kernel can read: paged ones only at page sizes its block N tiles."""
-    from tuner.verify_varlen import CHECK_MIXES, CHECK_PAGED_MIXES
+def _fitting_check_mixes(spec, block_n: int, g2s_atom: str = TMA_KV):
+    """verify_varlen's mixes a kernel can read: paged ones only at page sizes its K/V copy reads (tuner.paging)."""
+    from tuner.verify_varlen import CHECK_MIXES, readable_paged_mixes
 
     if spec.layout != "paged":
         return CHECK_MIXES
-    return tuple(m for m in CHECK_PAGED_MIXES if page_misfit(m.page_size, block_n) is None)
+    return readable_paged_mixes(block_n, g2s_atom)
 
 
 def resolve_page_sizes(layout: str, page_size: Optional[int], block_n: int,
-                       defaults: Sequence[int] = DEFAULT_PAGE_SIZES) -> tuple:
+                       defaults: Sequence[int] = DEFAULT_PAGE_SIZES, g2s_atom: str = TMA_KV) -> tuple:
     """The cache page sizes to time (``(None,)`` for varlen): ``page_size``, which must fit block N (ValueError
     naming both), else those of ``defaults`` that fit (ValueError when none does)."""
     if layout != "paged":
         return (None,)
     if page_size is not None:
-        misfit = page_misfit(page_size, block_n)
+        misfit = page_misfit(page_size, block_n, g2s_atom)
         if misfit is not None:
             raise ValueError(misfit)
         return (page_size,)
-    sizes = tuple(p for p in defaults if page_misfit(p, block_n) is None)
+    sizes = tuple(p for p in defaults if page_misfit(p, block_n, g2s_atom) is None)
     if not sizes:
         raise ValueError(f"none of the page sizes {', '.join(map(str, defaults))} fits block N {block_n}; give "
-                         f"--page-size, one of {', '.join(map(str, compatible_page_sizes(block_n)))}")
+                         f"--page-size, one of {', '.join(map(str, compatible_page_sizes(block_n, g2s_atom)))}")
     return sizes
 
 
@@ -244,9 +244,9 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
         if problem is not None:
             raise UsageError(problem)
         # The page sizes are checked against the kernel's block N before anything is compiled.
-        block_ns = {parse_params_arg(params, default_params(prof, spec, "ws_overlap")).block_n
-                    for prof, spec in targets}
-        sizes = {bn: resolve_page_sizes(layout, page_size, bn, page_sizes or DEFAULT_PAGE_SIZES) for bn in block_ns}
+        copies = {(p.block_n, p.g2s_atom) for p in (parse_params_arg(params, default_params(prof, spec, "ws_overlap"))
+                                                    for prof, spec in targets)}
+        sizes = {c: resolve_page_sizes(layout, page_size, c[0], page_sizes or DEFAULT_PAGE_SIZES, c[1]) for c in copies}
     except (UsageError, ValueError) as exc:
         return usage(str(exc))
     problem = bench.device_problem(profile, err)
@@ -267,7 +267,7 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
     heads = target.heads or _grid_heads(target.variant, target.head_dim)
     rows: list[dict] = []
     for b, kernel in zip(built, kernels):
-        problems = [p for size in sizes[b.params.block_n]
+        problems = [p for size in sizes[(b.params.block_n, b.params.g2s_atom)]
                     for p in serving_problems(layout, target.variant, heads[0], heads[1], b.spec.d_qk, b.spec.d_v,
                                               b.spec.causal, b.spec.dtype, size)]
         console.print(f"[bold]{b.spec.label()}[/bold]: {b.kernel.name} {b.params.key()} "
@@ -309,7 +309,7 @@ def _load_and_verify(built):
         report, reason = None, ""
         try:
             kernel = load_kernel(b.compiled.cubin, b.kernel.meta())
-            report = verify_varlen(kernel, b.spec, mixes=_fitting_check_mixes(b.spec, b.params.block_n))
+            report = verify_varlen(kernel, b.spec, mixes=_fitting_check_mixes(b.spec, b.params.block_n, b.params.g2s_atom))
             reason = report.reason or ""
         except Exception as exc:  # noqa: BLE001 - a kernel that cannot load or run fails verification
             kernel, reason = None, f"{type(exc).__name__}: {bench._first_line(exc)}"

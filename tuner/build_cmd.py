@@ -129,7 +129,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         warp_specialized = has_roles(program.statements)
         base = default_params(profile, spec, "ws_overlap" if warp_specialized else "fa2")
         kernel_params = parse_params_arg(params, base)
-        misfit = page_misfit(page_size, kernel_params.block_n) if page_size is not None else None
+        misfit = page_misfit(page_size, kernel_params.block_n, kernel_params.g2s_atom) if page_size is not None else None
         if misfit is not None:
             raise UsageError(misfit)
     except UsageError as exc:
@@ -160,7 +160,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     record = build_record(kernel, result, profile, spec, kernel_params, sass)
     if layout == "paged":   # the page size is a run-time argument: every size block N tiles works
         record["page_size"] = page_size
-        record["page_sizes"] = list(compatible_page_sizes(kernel_params.block_n))
+        record["page_sizes"] = list(compatible_page_sizes(kernel_params.block_n, kernel_params.g2s_atom))
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
     tensor_ops = (f"HGMMA {sass.get('HGMMA', '?')}, UTMALDG {sass.get('UTMALDG', '?')}" if kernel_params.is_gmma
                   else f"HMMA {sass.get('HMMA', '?')}")

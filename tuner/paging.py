@@ -1,8 +1,10 @@
 """Which page sizes a paged kernel can read (issue 14), and `--page-size` on the command line.
 
 A paged kernel takes its page size at run time (the cache's shape), so one cubin serves every page size its
-block N can tile: the producer reads a K/V tile as TMA boxes of min(block N, page size) rows, each box within
-one page, so a page must divide the tile (several boxes a tile) or be a multiple of it (several tiles a page).
+K/V copy can read. A TMA producer (g2s_atom SM90_TMA) reads a K/V tile as boxes of min(block N, page size) rows,
+each box within one page, so a page must divide the tile (several boxes a tile) or be a multiple of it (several
+tiles a page). The indexed producer (cp.async, attn_sm90.cuh cp_async_load_paged) looks pages up itself, once
+per 8 rows: any multiple of 8.
 `--page-size` on `tune build` checks one size against the kernel before compiling; on `tune bench` it picks
 the cache's page size.
 """
@@ -16,16 +18,25 @@ RULE = ("the page size must divide block N or be a multiple of it (a K/V tile is
         "min(block N, page size) rows, each within one page)")
 
 
-def page_misfit(page_size: int, block_n: int) -> Optional[str]:
-    """Why a kernel of ``block_n`` cannot read pages of ``page_size`` keys; None when it can."""
+TMA_KV = "SM90_TMA"   # the g2s_atom of a TMA producer; any other (cp.async) reads rows by index
+
+
+def page_misfit(page_size: int, block_n: int, g2s_atom: str = TMA_KV) -> Optional[str]:
+    """Why a kernel of ``block_n`` whose producer copies with ``g2s_atom`` cannot read pages of ``page_size``
+    keys; None when it can."""
+    if g2s_atom != TMA_KV:
+        if page_size >= 8 and page_size % 8 == 0:
+            return None
+        return (f"page size {page_size} is not a multiple of 8: the cp.async producer copies a K/V tile in groups "
+                "of 8 rows, each within one page")
     if page_size >= 1 and block_n >= 1 and (page_size % block_n == 0 or block_n % page_size == 0):
         return None
     return f"page size {page_size} does not fit block N {block_n}: {RULE}"
 
 
-def compatible_page_sizes(block_n: int) -> tuple[int, ...]:
+def compatible_page_sizes(block_n: int, g2s_atom: str = TMA_KV) -> tuple[int, ...]:
     """The supported page sizes (tuner.mixes.PAGE_SIZES) a kernel of ``block_n`` reads."""
-    return tuple(p for p in PAGE_SIZES if page_misfit(p, block_n) is None)
+    return tuple(p for p in PAGE_SIZES if page_misfit(p, block_n, g2s_atom) is None)
 
 
 def page_size_error(layout: str, page_size: Optional[int]) -> Optional[str]:

@@ -92,7 +92,16 @@ CHECK_PAGED_MIXES = (
     PagedMix((64, 2000, 1, 0), (64, 2100, 900, 50), 128, (128, 2176, 1024, 128)),
     PagedMix((300, 129), (1000, 129), 256, (1024, 256)),
     PagedMix((40, 64, 9), (100, 0, 9), 64),
+    PagedMix((200, 33), (700, 100), 48),   # a size only the indexed (cp.async) producer reads: rows across pages
 )
+
+
+def readable_paged_mixes(block_n: int, g2s_atom: str = "SM90_TMA") -> tuple:
+    """CHECK_PAGED_MIXES at the page sizes a kernel of ``block_n`` whose producer copies with ``g2s_atom``
+    reads (tuner.paging)."""
+    from tuner.paging import page_misfit
+
+    return tuple(m for m in CHECK_PAGED_MIXES if page_misfit(m.page_size, block_n, g2s_atom) is None)
 
 
 def _packed_case(spec: KernelSpec, mix, gen, device):
@@ -209,7 +218,11 @@ def verify_varlen(kernel, spec: KernelSpec, mixes: Optional[Sequence] = None, se
     seed = int.from_bytes(os.urandom(4), "little") if seed is None else seed
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
-    default = CHECK_PAGED_MIXES if spec.layout == "paged" else CHECK_MIXES
+    default = CHECK_MIXES
+    if spec.layout == "paged":   # those the kernel reads (a CPU stand-in without meta: all)
+        meta = getattr(kernel, "meta", None) or {}
+        default = (readable_paged_mixes(int(meta["block_n"]), meta.get("params", {}).get("g2s_atom", "SM90_TMA"))
+                   if "block_n" in meta else CHECK_PAGED_MIXES)
     checks = tuple(check_mix(kernel, spec, m, gen, device) for m in (mixes or default))
     bad = [c for c in checks if not c.passed]
     reason = f"{len(bad)} of {len(checks)} mixes failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""

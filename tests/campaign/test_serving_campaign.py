@@ -46,10 +46,39 @@ def test_the_feasible_space_of_a_paged_layout_keeps_only_what_builds_it():
                            (("ws_overlap", "ws_overlap"), ("fa2", "fa2")), "paged", 128)
     assert space.points and all(p.sketch == "ws_overlap" for p in space.points)
     assert all(p.params.producer_regs >= 40 for p in space.points)
-    assert all(128 % p.params.block_n == 0 or p.params.block_n % 128 == 0 for p in space.points)
-    why = layout_reasons(KernelParams(block_m=128, block_n=176, num_warps=8, producer_regs=40), "ws_overlap",
-                         "paged", 128)
+    # the K/V copy is a dimension here: TMA tiles the pages in boxes, cp.async any multiple of 8 (and its
+    # producer keeps 56 registers)
+    tma = [p.params for p in space.points if p.params.g2s_atom == "SM90_TMA"]
+    indexed = [p.params for p in space.points if p.params.g2s_atom == "SM80_CP_ASYNC_CACHEGLOBAL"]
+    assert tma and indexed and len(tma) + len(indexed) == len(space.points)
+    assert all(128 % p.block_n == 0 or p.block_n % 128 == 0 for p in tma)
+    assert any(128 % p.block_n and p.block_n % 128 for p in indexed)
+    assert all(p.producer_regs >= 56 for p in indexed)
+    why = layout_reasons(KernelParams(block_m=128, block_n=176, num_warps=8, producer_regs=40, g2s_atom="SM90_TMA"),
+                         "ws_overlap", "paged", 128)
     assert why and "page size 128 neither divides block_n 176" in why[0]
+    indexed = KernelParams(block_m=128, block_n=176, num_warps=8, producer_regs=56, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")
+    assert layout_reasons(indexed, "ws_overlap", "paged", 128) == []
+    assert "spills below it" in layout_reasons(KernelParams(**{**indexed.to_dict(), "producer_regs": 40}),
+                                               "ws_overlap", "paged", 16)[0]
+
+
+@pytest.mark.parametrize("layout", ["dense", "varlen"])
+def test_only_a_paged_layout_searches_the_cp_async_producer(layout):
+    """Dense and varlen studies keep TMA: the copy dimension is set, not suggested (no Optuna name changes for
+    them), and a cp.async point is rejected with the reason."""
+    from search_spaces import load_space
+    from search_spaces.feasible import feasible_space, layout_reasons
+    from translate.params import KernelParams
+
+    (combo,) = expand_combinations(load_profile("h100"), "gqa", None, None, None, None, layout)
+    space = feasible_space(load_space("gqa"), load_profile("h100"), 128, "bf16", combo.shapes(),
+                           (("ws_overlap", "ws_overlap"),), layout)
+    assert {p.params.g2s_atom for p in space.points} == {"SM90_TMA"}
+    assert all(step.name != "hopper_kv_copy" or len(step.allowed) == 1 for step in space.tree.values())
+    indexed = KernelParams(block_m=128, block_n=128, num_warps=8, producer_regs=56, g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL",
+                           mma_atom="SM90_GMMA", kv_stages=2)
+    assert "only from a paged cache" in layout_reasons(indexed, "ws_overlap", layout)[0]
 
 
 @pytest.mark.slow

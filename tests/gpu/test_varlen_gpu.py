@@ -20,6 +20,7 @@ from translate.defaults import default_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
 from tuner.problem import KernelSpec  # noqa: E402
 
+CP_ASYNC = {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56}
 # (id, spec, parameter changes on top of the Hopper defaults)
 CASES = [
     ("gqa128c", KernelSpec("gqa", 128, 128, True, "bf16", "varlen"), {}),
@@ -30,6 +31,10 @@ CASES = [
     ("paged_gqa128c", KernelSpec("gqa", 128, 128, True, "bf16", "paged"), {}),
     ("paged_gqa128n", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), {}),
     ("paged_mla_c_fp16", KernelSpec("mla", 192, 128, True, "fp16", "paged"), {}),
+    # the indexed producer (cp.async through the page table): any multiple of 8 keys a page, 48 included
+    ("paged_gqa128c_cpasync", KernelSpec("gqa", 128, 128, True, "bf16", "paged"), CP_ASYNC),
+    ("paged_mha64n_cpasync", KernelSpec("mha", 64, 64, False, "bf16", "paged"), CP_ASYNC),
+    ("paged_gqa128n_cpasync_n176", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), {**CP_ASYNC, "block_n": 176}),
 ]
 
 

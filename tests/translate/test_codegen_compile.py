@@ -1,6 +1,7 @@
 """Real nvcc builds of translated sketches (slow: ~15-40 s per compile): the cubin exists and its SASS holds
 the instructions the schedule stands for: tensor-core MMAs (HMMA) with cp.async (LDGSTS) and ldmatrix (LDSM)
 on sm80+; on Hopper wgmma (HGMMA), TMA (UTMALDG/UTMASTG) and setmaxnreg (USETMAXREG)."""
+import dataclasses
 import tempfile
 from pathlib import Path
 
@@ -139,3 +140,43 @@ def test_a_declared_wgmma_op_builds_the_sass_of_cutes_extended_shapes_and_shares
     assert any(i.startswith("HGMMA.64x128x16") for i in in_unit[kernels[2].name])
 
 
+
+
+def test_paged_kernel_with_the_cp_async_producer_copies_k_and_v_by_row():
+    """The indexed paged producer (g2s_atom SM80_CP_ASYNC_CACHEGLOBAL): K and V come by cp.async from the
+    whole producer warpgroup, each thread's copies signalled on the stage's barrier (cp.async.mbarrier.arrive,
+    ARRIVES.LDGSTSBAR); only Q is still a TMA load; the consumers' wgmma are those of the TMA kernel."""
+    from translate.defaults import CP_ASYNC_PRODUCER_REGS, hopper_params
+
+    _need_toolchain(sass=True)
+    profile, spec = load_profile("h100"), KernelSpec("gqa", 128, 128, True, "bf16", "paged")
+    program = tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", "paged"))
+    params = dataclasses.replace(hopper_params(profile, spec), g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL",
+                                 producer_regs=CP_ASYNC_PRODUCER_REGS)
+    gen = translate.generate(program, params, profile, spec)
+    assert "cp_async_load_paged<kHeadDimQK, kBlockN>" in gen.body and "kKVFullArrivals = 128" in gen.body
+    result = nvcc.compile_kernel(gen, profile.nvcc_arch, timeout=600)
+    assert result.ok, result.log[-3000:]
+    assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]
+    # ptxas keeps a few producer values per tile in local memory at 56 registers (none inside the copies)
+    assert result.spill_stores <= 32, result.spill_stores
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(result.cubin)
+        lines = nvcc.sass_instructions(path)[gen.name]
+        counts = nvcc.sass_summary(path, gen.name)
+    # unrolled: 16 copies a thread per 128-row tile of K and of V, twice (tiles of keys only, without a predicate
+    # per copy, and a sequence's last tile; ptxas merges a few tails)
+    assert counts["HGMMA"] == 32 and 96 <= counts["LDGSTS"] <= 128, counts
+    assert counts["UTMALDG"] == 2, counts                                # Q's two 64-column boxes
+    assert sum("ARRIVES.LDGSTSBAR" in ln for ln in lines) == 2           # one per K and per V stage filled
+
+
+def test_the_cp_async_producer_reads_paged_caches_only():
+    from translate.defaults import hopper_params
+
+    profile, spec = load_profile("h100"), KernelSpec("gqa", 128, 128, True, "bf16", "varlen")
+    program = tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", "varlen"))
+    params = dataclasses.replace(hopper_params(profile, spec), g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", producer_regs=56)
+    with pytest.raises(translate.TranslationError, match="only from a paged cache"):
+        translate.generate(program, params, profile, spec)

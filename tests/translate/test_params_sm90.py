@@ -43,7 +43,7 @@ def test_fa3_and_fa4_published_tiles_fit_the_register_model():
     (dict(block_n=256), True, "needs about 280 registers"),
     (dict(block_m=192, num_warps=12, block_n=192), True, "but has the consumers' 160"),
     (dict(kv_stages=4), True, "exceeds the 227 KB per-block limit"),
-    (dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL"), True, "the warp-specialised producer loads with TMA"),
+    (dict(g2s_atom="UniversalCopy128"), True, "the warp-specialised producer loads K/V with TMA"),
     (dict(producer_regs=48), True, "producer_regs must be one of"),
     (dict(pingpong=True, block_m=64, num_warps=4), True, "ping-pong takes turns between two or three"),
     (dict(q_in_regs=True), True, "q_in_regs does not apply"),

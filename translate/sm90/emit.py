@@ -22,6 +22,11 @@ INDENT = "  "
 # the ping-pong turn of each consumer warpgroup (2 or 3 take turns in a ring).
 EPILOGUE_BARRIER = 1
 PINGPONG_BARRIER = 5
+# The indexed (cp.async) producer's warpgroup: the next tile's number, from thread 0 to the others.
+PRODUCER_BARRIER = 4
+# Producer threads that copy K/V with cp.async (the whole producer warpgroup, as FA3's paged path): each
+# arrives on a stage's full barrier once its own copies landed.
+CP_ASYNC_PRODUCER_THREADS = 128
 
 
 @dataclass
@@ -34,6 +39,7 @@ class Ctx:
     separate_o: bool = False                 # O has its own shared tile (else it reuses Q's)
     varlen: bool = False                     # packed sequences (tl/layout.py): rows found by cu_seqlens
     paged: bool = False                      # keys and values through a page table (tl/layout.py)
+    kv_cp_async: bool = False                # K/V copied by the producer warpgroup's threads (else one thread's TMA)
     loop_vars: list = field(default_factory=list)
     gemm_names: dict = field(default_factory=dict)
 
@@ -69,12 +75,31 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     q_row, k_row = ("q_row0 + m_block * kBlockM", "k_row0 + n_block * kBlockN") if ctx.varlen else \
         ("m_block * kBlockM", "n_block * kBlockN")
     if role == "q":
-        return ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
-                f"attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, {q_row}, "
-                "bidh, bidb);"]
+        lines = ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
+                 f"attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, {q_row}, "
+                 "bidh, bidb);"]
+        if ctx.kv_cp_async:   # the whole warpgroup runs the producer: Q is still one thread's TMA
+            return ["if (tidx == 0) {  // one thread loads Q"] + _indent(lines) + ["}"]
+        return lines
     tile = ctx.expr(op.data["tile"], op.line)
     x = role   # k or v
     dim = "kHeadDimQK" if x == "k" else "kHeadDimV"
+    if ctx.kv_cp_async:
+        return [
+            "{",
+            f"{INDENT}const int slot = {x}_write % kStages;",
+            f"{INDENT}const int n_block = n_tiles - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
+            f"{INDENT}const int64_t rows_at = attn_sm90::paged_group_offset<kBlockN>(n_block * kBlockN, seqlen_k, "
+            f"pages, page_size, {x}_batch_stride, {x}_row_stride, tidx);  // the table read overlaps the wait",
+            f"{INDENT}attn_sm90::wait_barrier(&{x}_empty[slot], ((({x}_write / kStages) & 1) ^ 1));"
+            "  // the consumers handed the stage back",
+            f"{INDENT}++{x}_write;",
+            f"{INDENT}attn_sm90::cp_async_load_paged<{dim}, kBlockN>(smem_{x} + slot * "
+            f"kTile{x.upper()}Elems, {x}_ptr + bidh_kv * {x}_head_stride, rows_at, {x}_row_stride, "
+            "n_block * kBlockN, seqlen_k, tidx);",
+            f"{INDENT}attn_sm90::cp_async_arrive(&{x}_full[slot]);  // this thread's part of the stage, once it landed",
+            "}",
+        ]
     if ctx.paged:
         load = (f"{INDENT}attn_sm90::tma_load_paged<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
@@ -418,6 +443,8 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
         f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
         f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
         f"constexpr int kProducerRegs = {params.producer_regs};",
+        *([f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  // per K/V stage: every producer thread "
+           "(cp.async)"] if kv_cp_async(params) else []),
         f"constexpr int kConsumerRegs = {consumer_registers(params)};",
         "",
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
@@ -449,6 +476,11 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     return lines
 
 
+def kv_cp_async(params) -> bool:
+    """The producer copies K and V with cp.async (a paged cache read row by row) instead of TMA."""
+    return params.g2s_atom != "SM90_TMA"
+
+
 def kernel_signature(name: str, varlen: bool = False, paged: bool = False) -> list[str]:
     args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
     if varlen:
@@ -460,8 +492,9 @@ def kernel_signature(name: str, varlen: bool = False, paged: bool = False) -> li
     return base.kernel_signature(name, args)
 
 
-def kernel_setup() -> list[str]:
+def kernel_setup(params) -> list[str]:
     """What every thread does once: the tile count, the shared-memory plan and the mbarriers."""
+    kv_arrivals = "kKVFullArrivals" if kv_cp_async(params) else "1"   # (a TMA kernel's source as it always was)
     return [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
@@ -488,8 +521,8 @@ def kernel_setup() -> list[str]:
         "  attn_sm90::FullBarrier::init(q_full, 1);",
         "  attn_sm90::EmptyBarrier::init(q_empty, kConsumerWGs);",
         "  for (int s = 0; s < kStages; ++s) {",
-        "    attn_sm90::FullBarrier::init(&k_full[s], 1);",
-        "    attn_sm90::FullBarrier::init(&v_full[s], 1);",
+        f"    attn_sm90::FullBarrier::init(&k_full[s], {kv_arrivals});",
+        f"    attn_sm90::FullBarrier::init(&v_full[s], {kv_arrivals});",
         "    attn_sm90::EmptyBarrier::init(&k_empty[s], kConsumerWGs);  // one thread per consumer warpgroup hands back",
         "    attn_sm90::EmptyBarrier::init(&v_empty[s], kConsumerWGs);",
         "  }",

@@ -51,8 +51,14 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     if pingpong and params.block_m < 128:
         raise TranslationError("ping-pong takes turns between two or three consumer warpgroups (block_m 128 or 192)")
     varlen, paged = spec.layout in ("varlen", "paged"), spec.layout == "paged"
+    cp_async = em.kv_cp_async(params)
+    if cp_async and not paged:
+        raise TranslationError(f"g2s_atom {params.g2s_atom}: the warp-specialised producer copies K/V with cp.async "
+                               f"only from a paged cache (layout paged); the {spec.layout} layout loads them with TMA "
+                               "(g2s_atom SM90_TMA)")
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
-                 buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen, paged=paged)
+                 buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen, paged=paged,
+                 kv_cp_async=cp_async)
     # the sketch is part of the kernel: two schedules with the same parameters are two kernels
     name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash(program)}"
 
@@ -71,16 +77,29 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     # The producer hands out the tiles: the first is blockIdx.x; a persistent CTA takes the next from a
     # global counter (dynamic: a CTA that finished early takes more), published to the consumers in
     # shared memory with the tile's Q (q_full). A number >= num_tiles tells them to stop.
-    next_tile = ("atomicAdd(tile_counter, 1) + int(gridDim.x);  // the next free tile" if params.persistent
-                 else "num_tiles;  // one tile per CTA")
+    # With cp.async K/V the whole producer warpgroup runs this loop (every thread copies its share of each
+    # K/V tile); thread 0 alone takes tile numbers, loads Q and talks to the consumers, and hands each tile
+    # number to the other producer threads through shared memory (two slots: a slot is written again only after
+    # every producer thread passed the next tile's barrier, so after it read the slot).
+    one = "if (tidx == 0) " if cp_async else ""
+    if not params.persistent:
+        next_tile = ["tile = num_tiles;  // one tile per CTA"]
+    elif cp_async:
+        next_tile = ["if (tidx == 0) { producer_tile[q_iter & 1] = atomicAdd(tile_counter, 1) + int(gridDim.x); }"
+                     "  // the next free tile",
+                     f"cutlass::arch::NamedBarrier::sync({em.CP_ASYNC_PRODUCER_THREADS}, {em.PRODUCER_BARRIER});"
+                     "  // ... for every producer thread",
+                     "tile = producer_tile[q_iter & 1];"]
+    else:
+        next_tile = ["tile = atomicAdd(tile_counter, 1) + int(gridDim.x);  // the next free tile"]
     if varlen:   # the producer finds the tile's sequence and hands its lengths over with the tile number
         hand_out = [
             f"{I}attn_sm90::VarlenTile vt;",
             f"{I}if (tile >= num_tiles || !attn_sm90::varlen_tile(tile, cursor, cu_seqlens_q, cu_seqlens_k, seqused_k, "
             "batch, heads_q, kBlockM, kCausal, vt)) { tile = attn_sm90::kNoTile; }  // num_tiles: from the longest",
-            f"{I}*tile_slot = tile;",
-            f"{I}*tile_info = vt;",
-            f"{I}if (tile == attn_sm90::kNoTile) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
+            f"{I}{one}{{ *tile_slot = tile; *tile_info = vt; }}" if cp_async else f"{I}*tile_slot = tile;",
+            *([] if cp_async else [f"{I}*tile_info = vt;"]),
+            f"{I}if (tile == attn_sm90::kNoTile) {{ {one}attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
             *em._indent(em.tile_setup(True, "vt"), 1),
             *([f"{I}const int* pages = page_table + vt.seq * page_table_stride;  // the sequence's pages"]
               if paged else [])]
@@ -95,15 +114,15 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_empty, (q_iter & 1) ^ 1);  // the consumers are done with the last Q",
         *hand_out,
-        f"{I}if (n_tiles <= 0) {{ attn_sm90::FullBarrier::arrive(q_full); }} else {{",
+        f"{I}if (n_tiles <= 0) {{ {one}attn_sm90::FullBarrier::arrive(q_full); }} else {{",
         *em._indent(producer_lines, 2),
         f"{I}}}",
         f"{I}++q_iter;",
-        f"{I}tile = {next_tile}",
+        *em._indent(next_tile),
         "}",
     ]
     if params.persistent:   # the last CTA to finish with the counter resets it for the next launch
-        producer += ["if (atomicAdd(tile_counter + 1, 1) == int(gridDim.x) - 1) { tile_counter[0] = 0; "
+        producer += [f"{one}if (atomicAdd(tile_counter + 1, 1) == int(gridDim.x) - 1) {{ tile_counter[0] = 0; "
                      "tile_counter[1] = 0; }"]
     if varlen:
         # `>= num_tiles`, not `== kNoTile`: compared with a constant, ptxas kept the consumers to the launch's
@@ -125,7 +144,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     kernel = [
         "if (tidx < 128) {  // producer warpgroup",
         *([f"{I}cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();"] if use_setmaxnreg else []),
-        f"{I}if (tidx == 0) {{  // one thread issues every TMA load",
+        (f"{I}{{  // the whole warpgroup: every thread copies K/V with cp.async; thread 0 loads Q (TMA)" if cp_async
+         else f"{I}if (tidx == 0) {{  // one thread issues every TMA load"),
         f"{I * 2}int k_write = 0, v_write = 0, q_iter = 0;  // tiles put into each ring so far; tiles handed out",
         *em._indent(producer, 2),
         f"{I}}}",
@@ -142,9 +162,11 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     body_lines = header + em.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
     body_lines += em.kernel_signature(name, varlen, paged)
-    setup = em.kernel_setup()
+    setup = em.kernel_setup(params)
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
+    if cp_async:   # after the VarlenTile (7 ints from tile_slot + 2), within smem_bytes_ws's 48 bytes
+        setup.append("[[maybe_unused]] int* producer_tile = tile_slot + 10;  // the next tile, for the producer threads")
     body_lines += em._indent(setup + [""] + kernel)
     body_lines += ["}", "", f"}}  // namespace {name}_ns", ""]
     smem = smem_bytes_ws(params, spec, lowered.stages, separate_o)

@@ -1,0 +1,144 @@
+"""The paged producer's two K/V copies side by side: one thread's TMA boxes (g2s_atom SM90_TMA) against the
+producer warpgroup's cp.async through the page table (SM80_CP_ASYNC_CACHEGLOBAL), and FlashAttention-4's
+paged ``flash_attn_varlen_func``, on issue 14's paged mixes (llama3-8b heads, d128, causal, bf16; pages of 16
+and 128 in a shuffled cache), in one process.
+
+Each kernel passes tuner.verify_varlen first (the mixes it reads, NaN spare pages; a failure is exit 1 and
+nothing of it is timed) and must agree with FA4 on the benchmark inputs (tuner.bench.CROSS_CHECK_REL_ERR).
+Timing: `--rounds` interleaved rounds, each timing every kernel and FA4 once per mix with tuner.bench.time_ms
+(triton's do_bench median, L2 flushed), so clock and power drift fall on all alike; the table gives each one's
+median TFLOPS [min, max] over the rounds and the median of the per-round ratios to FA4.
+
+    python scripts/paged_copy_check.py --out $OUT/paged_copy.json [--rounds 5] [--cache-dir .kcache]
+        [--variants '{"tma": {}, "cp_async": {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56}}']
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+CP_ASYNC = {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56}
+DEFAULT_VARIANTS = {"tma": {}, "cp_async": CP_ASYNC}
+PAGE_SIZES = (16, 128)
+
+
+def build(variants: dict, cache_dir: Path, gpu: str):
+    """{name: (GeneratedKernel, CompileResult)} for the llama3-8b paged spec, the defaults plus each change."""
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from translate import nvcc
+    from translate.defaults import default_params
+    from translate.params import KernelParams
+    from tuner.problem import KernelSpec
+
+    profile = load_profile(gpu)
+    spec = KernelSpec("gqa", 128, 128, True, "bf16", "paged")
+    program = tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", "paged"))
+    base = default_params(profile, spec, "ws_overlap").to_dict()
+    gens = {name: translate.generate(program, KernelParams.from_dict({**base, **change}), profile, spec)
+            for name, change in variants.items()}
+    results = nvcc.compile_kernels(list(gens.values()), profile.nvcc_arch, batch_size=1, cache_dir=cache_dir)
+    return spec, {name: (gen, res) for (name, gen), res in zip(gens.items(), results)}
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from tuner import bench
+    from tuner.bench_mixes import ours_call
+    from tuner.mix_baselines import BASELINES
+    from tuner.mix_inputs import make_mix_inputs
+    from tuner.mixes import serving_problems
+    from tuner.models import load_models
+    from tuner.runtime import load_kernel
+    from tuner.verify_varlen import verify_varlen
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="h100")
+    ap.add_argument("--out", default="paged_copy.json")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cache-dir", default=".kcache")
+    ap.add_argument("--variants", default=None, help="JSON {name: parameter changes}")
+    ap.add_argument("--mix", default=None, help="only this mix (tuner/mixes.toml name)")
+    ap.add_argument("--page-size", type=int, default=None, help="only this page size")
+    ap.add_argument("--profile", action="store_true",
+                    help="for ncu: no timing; each kernel's benchmark call runs once inside the NVTX range "
+                         "'profile' (ncu --nvtx --nvtx-include 'profile/')")
+    args = ap.parse_args(argv)
+    variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
+
+    spec, built = build(variants, Path(args.cache_dir), args.gpu)
+    kernels, record = {}, {"device": torch.cuda.get_device_name(), "rounds": args.rounds, "kernels": {}, "rows": []}
+    for name, (gen, res) in built.items():
+        info = {"name": gen.name, "params": gen.params.to_dict(), "ok": res.ok, "registers": res.registers,
+                "spill_stores": res.spill_stores}
+        if res.ok:
+            kernel = load_kernel(res.cubin, gen.meta())
+            report = verify_varlen(kernel, spec)
+            info.update(verified=bool(report.passed), reason=report.reason,
+                        mixes=[c.problem for c in report.checks])
+            if report.passed:
+                kernels[name] = kernel
+        record["kernels"][name] = info
+        print(f"{name}: {gen.name} regs {res.registers} spills {res.spill_stores} "
+              f"verified={info.get('verified')} {info.get('reason') or ''}", flush=True)
+    if len(kernels) != len(built):
+        Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+        return 1
+
+    model = load_models()["llama3-8b"]
+    fa4 = next(b for b in BASELINES if b.name == "fa4")
+    for page in (args.page_size,) if args.page_size else PAGE_SIZES:
+        names = [args.mix] if args.mix else None
+        for problem in serving_problems("paged", "gqa", model.heads_q, model.heads_kv, 128, 128, True, "bf16", page,
+                                        names=names):
+            x = make_mix_inputs(problem, "cuda")
+            calls = {name: ours_call(kernel, problem, x) for name, kernel in kernels.items()}
+            prep = fa4.prepare(problem, x)
+            theirs = prep.packed(prep.call()).float()
+            row = {"mix": problem.name, "page_size": page, "flops": problem.flops}
+            for name, call in calls.items():   # agreement on the benchmark inputs before any timing
+                out = call().float()
+                rel = ((out - theirs).norm() / theirs.norm()).item()
+                row[f"{name}_rel_err_vs_fa4"] = rel
+                if not rel <= bench.CROSS_CHECK_REL_ERR:
+                    print(f"{name} differs from FA4 on {problem.name} p{page}: rel err {rel:.3g}", flush=True)
+                    return 1
+            if args.profile:
+                torch.cuda.synchronize()
+                for name, call in calls.items():
+                    with torch.cuda.nvtx.range("profile"):
+                        call()
+                    torch.cuda.synchronize()
+                continue
+            calls["fa4"] = prep.call
+            tflops = {name: [] for name in calls}
+            for _ in range(args.rounds):
+                for name, call in calls.items():
+                    tflops[name].append(problem.flops / (bench.time_ms(call) * 1e-3) / 1e12)
+            for name, values in tflops.items():
+                row[name] = values
+                if name != "fa4":
+                    row[f"{name}/fa4"] = statistics.median(a / b for a, b in zip(values, tflops["fa4"]))
+            record["rows"].append(row)
+            cells = "  ".join(f"{n} {statistics.median(v):.1f} [{min(v):.1f}, {max(v):.1f}]" for n, v in tflops.items())
+            ratios = "  ".join(f"{n}/fa4 {row[f'{n}/fa4']:.3f}" for n in kernels)
+            print(f"{problem.name:<14} p{page:<4} {cells}  |  {ratios}", flush=True)
+            x = theirs = prep = calls = None   # the mix's tensors go before the next mix's
+            torch.cuda.empty_cache()
+    Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+    print("\nmix            page  " + "  ".join(f"{n:>10}" for n in kernels) + "   (median ratio to FA4 over "
+          f"{args.rounds} interleaved rounds)")
+    for row in record["rows"]:
+        print(f"{row['mix']:<14} {row['page_size']:<5} " + "  ".join(f"{row[f'{n}/fa4']:>10.3f}" for n in kernels))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
