@@ -23,12 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 CP_ASYNC = {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56}
-DEFAULT_VARIANTS = {"tma": {}, "cp_async": CP_ASYNC}
+DEFAULT_VARIANTS = {"tma": {"g2s_atom": "SM90_TMA", "producer_regs": 40}, "cp_async": CP_ASYNC}
 PAGE_SIZES = (16, 128)
 
 
-def build(variants: dict, cache_dir: Path, gpu: str):
-    """{name: (GeneratedKernel, CompileResult)} for the llama3-8b paged spec, the defaults plus each change."""
+def build(variants: dict, cache_dir: Path, gpu: str, layout: str = "paged"):
+    """(spec, {name: (GeneratedKernel, CompileResult)}) for llama3-8b's spec in ``layout``, the defaults plus each
+    change."""
     import tl
     import translate
     from hardware_profiles import load_profile
@@ -38,8 +39,8 @@ def build(variants: dict, cache_dir: Path, gpu: str):
     from tuner.problem import KernelSpec
 
     profile = load_profile(gpu)
-    spec = KernelSpec("gqa", 128, 128, True, "bf16", "paged")
-    program = tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", "paged"))
+    spec = KernelSpec("gqa", 128, 128, True, "bf16", layout)
+    program = tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", layout))
     base = default_params(profile, spec, "ws_overlap").to_dict()
     gens = {name: translate.generate(program, KernelParams.from_dict({**base, **change}), profile, spec)
             for name, change in variants.items()}

@@ -51,6 +51,10 @@ SERVING_PRODUCER_REGS = {"varlen": 32, "paged": 40}
 # rows' cache offsets and swizzle: gqa d128 128x128 spilled 116 bytes in 40 registers, 20 in 56 (a few values
 # once a tile, outside the copies; nvcc 13.0).
 CP_ASYNC_PRODUCER_REGS = 56
+# A paged kernel's default K/V copy is the cp.async producer: on the H100 (scripts/paged_copy_check.py, llama3-8b
+# heads, 128 x 128, BENCHMARKS.md 2026-11-24) it ran 0.91-1.15x FA4 with pages of 16, where TMA boxes of 16 rows
+# ran 0.43-0.75x; with pages of 128 TMA leads it by 1-11% (0.90-1.10x FA4 against 0.83-1.09x). Pages of 16 are
+# vLLM's default, and cp.async reads any multiple of 8; a campaign searches both (hopper_kv_copy).
 
 
 def _hopper_seeds(spec: KernelSpec) -> list[dict]:
@@ -78,15 +82,19 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
     tried = []
     for seed in _hopper_seeds(spec):
         base = dict(num_warps=seed["block_m"] // 16, kv_stages=2, mma_atom="SM90_GMMA", pv_operand="rs")
+        copies = [dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")]
         if warp_specialized:
-            base.update(g2s_atom="SM90_TMA", persistent=True, producer_regs=seed.get("producer_regs", 24))
-        else:
-            base.update(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL")
-        params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base)
-        errors = validate(params, profile, probe, warp_specialized=warp_specialized)
-        if not errors:
-            return params
-        tried.append(f"{params.key()}: {'; '.join(errors)}")
+            regs = seed.get("producer_regs", 24)
+            copies = [dict(g2s_atom="SM90_TMA", persistent=True, producer_regs=regs)]
+            if spec.layout == "paged":   # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA)
+                copies.insert(0, dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True,
+                                      producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
+        for copy in copies:
+            params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy)
+            errors = validate(params, profile, probe, warp_specialized=warp_specialized)
+            if not errors:
+                return params
+            tried.append(f"{params.key()}: {'; '.join(errors)}")
     raise ValueError(f"no Hopper candidate fits {profile.name} for {spec.label()}:\n  " + "\n  ".join(tried))
 
 

@@ -31,6 +31,9 @@ class KernelParams:
     # the output's rescale is skipped); 0 rescales every tile (attn_sm90.cuh softmax_tile)
     # (not in the repr: the kernels' sources, whose hash keys the caches, stay as they were; the key says it)
     rescale_threshold: int = field(default=0, repr=False)
+    # Packed sequences (varlen, paged): the persistent scheduler hands out the sequences with the most keys first
+    # (attn_sm90.cuh order_sequences); False walks them in the order given (not in the repr, as above)
+    longest_first: bool = field(default=True, repr=False)
 
     @property
     def num_threads(self) -> int:
@@ -64,6 +67,8 @@ class KernelParams:
                     f"{'_per' if self.persistent else ''}")
         if self.rescale_threshold:   # (keys of the kernels that rescale every tile are as they were)
             key += f"_rt{self.rescale_threshold}"
+        if not self.longest_first:
+            key += "_given"
         return key
 
 

@@ -20,21 +20,23 @@ from translate.defaults import default_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
 from tuner.problem import KernelSpec  # noqa: E402
 
-CP_ASYNC = {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56}
+TMA = {"g2s_atom": "SM90_TMA", "producer_regs": 40}
 # (id, spec, parameter changes on top of the Hopper defaults)
 CASES = [
     ("gqa128c", KernelSpec("gqa", 128, 128, True, "bf16", "varlen"), {}),
     ("gqa128n", KernelSpec("gqa", 128, 128, False, "bf16", "varlen"), {}),
+    ("gqa128c_given", KernelSpec("gqa", 128, 128, True, "bf16", "varlen"), {"longest_first": False}),
     ("mha128c_fp16_tiles", KernelSpec("mha", 128, 128, True, "fp16", "varlen"), {"persistent": False}),
     ("mha64c", KernelSpec("mha", 64, 64, True, "bf16", "varlen"), {}),
     ("mla_c", KernelSpec("mla", 192, 128, True, "bf16", "varlen"), {}),
+    # paged: the default producer copies with cp.async through the page table (any multiple of 8 keys a page,
+    # 48 included); TMA boxes of min(block N, page size) rows as the other choice, and for MLA's head dims
     ("paged_gqa128c", KernelSpec("gqa", 128, 128, True, "bf16", "paged"), {}),
-    ("paged_gqa128n", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), {}),
+    ("paged_gqa128n_tma", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), TMA),
+    ("paged_gqa128c_tma", KernelSpec("gqa", 128, 128, True, "bf16", "paged"), TMA),
     ("paged_mla_c_fp16", KernelSpec("mla", 192, 128, True, "fp16", "paged"), {}),
-    # the indexed producer (cp.async through the page table): any multiple of 8 keys a page, 48 included
-    ("paged_gqa128c_cpasync", KernelSpec("gqa", 128, 128, True, "bf16", "paged"), CP_ASYNC),
-    ("paged_mha64n_cpasync", KernelSpec("mha", 64, 64, False, "bf16", "paged"), CP_ASYNC),
-    ("paged_gqa128n_cpasync_n176", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), {**CP_ASYNC, "block_n": 176}),
+    ("paged_mha64n", KernelSpec("mha", 64, 64, False, "bf16", "paged"), {}),
+    ("paged_gqa128n_n176", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), {"block_n": 176}),
 ]
 
 
@@ -126,3 +128,22 @@ def test_a_paged_kernel_that_ignores_the_page_table_is_rejected(built, monkeypat
 
     monkeypatch.setattr(kernel, "paged", identity_table)
     assert not verify_varlen(kernel, gen.spec).passed
+
+
+@pytest.mark.parametrize("count", [9, 150])
+def test_the_sequence_order_changes_which_cta_runs_a_tile_not_its_result(built, count):
+    """Longest first (attn_sm90::order_sequences) against the order given, on a mix whose longest sequence is
+    last: bit for bit the same output (a tile's arithmetic does not depend on its CTA). 150 sequences is past
+    kMaxOrderedSeqs: the order given, in both."""
+    from tuner.runtime import load_kernel
+
+    kernels = [load_kernel(built[c][1].cubin, built[c][0].meta()) for c in ("gqa128c", "gqa128c_given")]
+    gen = torch.Generator().manual_seed(count)
+    lengths = [int(x) for x in torch.randint(0, 300, (count - 1,), generator=gen)] + [2500]
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32).cuda()
+    total = int(cu[-1])
+    q = torch.randn(total, 8, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(total, 2, 128, device="cuda", dtype=torch.bfloat16)
+    ordered, given = (kern.varlen(q, k, v, cu, cu, max(lengths), max(lengths)) for kern in kernels)
+    assert torch.isfinite(ordered).all() and torch.equal(ordered, given)

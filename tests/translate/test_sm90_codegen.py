@@ -175,3 +175,26 @@ def test_the_conditional_rescale_is_a_template_argument_only_when_asked():
     assert "softmax_tile(acc_S" in plain and "rescale_rows(acc_" in plain and "rescale_threshold" not in plain
     assert "softmax_tile<8>(acc_S" in conditional and "rescale_rows<true>(acc_" in conditional
     assert ws(spec, rescale_threshold=8).name == ws(spec).name.replace("_ws", "_rt8_ws")
+
+
+def _packed(spec, **changes):
+    params = KernelParams.from_dict({**default_params(H100, spec, "ws_overlap").to_dict(), **changes})
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap", spec.layout))
+    return translate.generate(program, params, H100, spec)
+
+
+@pytest.mark.parametrize("layout", ["varlen", "paged"])
+def test_packed_kernels_hand_out_the_sequences_with_most_keys_first(layout):
+    """The producer warpgroup ranks the sequences once (order_sequences, in the shared memory the kernel asks
+    for) and the tile walk follows that order; longest_first=False keeps the order given, under its own name.
+    Dense kernels have no sequences to order."""
+    from translate.sm90.generate import ORDER_BYTES
+
+    spec = KernelSpec("gqa", 128, 128, True, "bf16", layout)
+    ordered, given = _packed(spec), _packed(spec, longest_first=False)
+    assert "attn_sm90::order_sequences<128>(seq_order" in ordered.body and ", vt, order))" in ordered.body
+    assert "order_sequences" not in given.body and ", vt)) {" in given.body
+    assert ordered.smem_bytes == given.smem_bytes + ORDER_BYTES <= H100.smem_per_block_bytes
+    assert given.name == ordered.name.replace("_ws", "_given_ws")
+    dense = ws(KernelSpec("gqa", 128, 128, True, "bf16"))
+    assert "order_sequences" not in dense.body

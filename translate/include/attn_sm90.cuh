@@ -276,12 +276,19 @@ struct VarlenCursor {
 };
 constexpr int kNoTile = 0x7fffffff;   // what the producer hands out when no tile is left
 
+__forceinline__ __device__ int sequence_keys(int seq, int const* cu_seqlens_k, int const* seqused_k) {
+  return seqused_k != nullptr ? seqused_k[seq] : cu_seqlens_k[seq + 1] - cu_seqlens_k[seq];
+}
+
+// `order` (null: the sequences as given) lists the sequences in the order their tiles are handed out.
 __forceinline__ __device__ bool varlen_tile(int tile, VarlenCursor& cur, int const* cu_seqlens_q,
                                             int const* cu_seqlens_k, int const* seqused_k, int batch, int heads,
-                                            int block_m, bool longest_first, VarlenTile& t) {
+                                            int block_m, bool longest_first, VarlenTile& t,
+                                            int const* order = nullptr) {
   while (cur.seq < batch) {
-    const int q_row0 = cu_seqlens_q[cur.seq];
-    const int seqlen_q = cu_seqlens_q[cur.seq + 1] - q_row0;
+    const int seq = order != nullptr ? order[cur.seq] : cur.seq;
+    const int q_row0 = cu_seqlens_q[seq];
+    const int seqlen_q = cu_seqlens_q[seq + 1] - q_row0;
     const int blocks = (seqlen_q + block_m - 1) / block_m;   // a sequence of length 0 has no tile
     if (tile < cur.first_tile + blocks * heads) {
       const int local = tile - cur.first_tile;
@@ -290,15 +297,40 @@ __forceinline__ __device__ bool varlen_tile(int tile, VarlenCursor& cur, int con
       t.bidh = local - block * heads;
       t.seqlen_q = seqlen_q;
       t.q_row0 = q_row0;
-      t.k_row0 = cu_seqlens_k != nullptr ? cu_seqlens_k[cur.seq] : 0;   // paged: rows are found by page
-      t.seqlen_k = seqused_k != nullptr ? seqused_k[cur.seq] : cu_seqlens_k[cur.seq + 1] - t.k_row0;
-      t.seq = cur.seq;
+      t.k_row0 = cu_seqlens_k != nullptr ? cu_seqlens_k[seq] : 0;   // paged: rows are found by page
+      t.seqlen_k = sequence_keys(seq, cu_seqlens_k, seqused_k);
+      t.seq = seq;
       return true;
     }
     cur.first_tile += blocks * heads;
     ++cur.seq;
   }
   return false;
+}
+
+// The persistent scheduler's sequence order (issue 14: long sequences first). A sequence's heaviest tile sees all
+// its keys (its last query block, causal or not), so the sequences go by keys, most first (ties: as given): the
+// grid ends with the light tiles of short sequences instead of a long one's heavy tiles started last. The producer
+// warpgroup ranks them once per CTA into shared memory (order[rank] = sequence; `keys` is scratch), up to
+// kMaxOrderedSeqs sequences: a rank is a count over all of them, and past that many the tiles are fine-grained
+// enough that the order given is kept.
+constexpr int kMaxOrderedSeqs = 128;
+
+template <int kThreads>
+__forceinline__ __device__ void order_sequences(int* order, int* keys, int const* cu_seqlens_k, int const* seqused_k,
+                                                int batch, int thread, int barrier_id) {
+  for (int i = thread; i < batch; i += kThreads) { keys[i] = sequence_keys(i, cu_seqlens_k, seqused_k); }
+  cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
+  for (int i = thread; i < batch; i += kThreads) {
+    const int mine = keys[i];
+    int rank = 0;
+    for (int j = 0; j < batch; ++j) {
+      const int other = keys[j];
+      rank += (other > mine || (other == mine && j < i)) ? 1 : 0;
+    }
+    order[rank] = i;
+  }
+  cutlass::arch::NamedBarrier::sync(kThreads, barrier_id);
 }
 
 // Varlen epilogue: a warpgroup's 64 rows of the O tile, shared -> global in 16-byte stores, rows at or past

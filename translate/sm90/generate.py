@@ -52,6 +52,9 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         raise TranslationError("ping-pong takes turns between two or three consumer warpgroups (block_m 128 or 192)")
     varlen, paged = spec.layout in ("varlen", "paged"), spec.layout == "paged"
     cp_async = em.kv_cp_async(params)
+    # packed sequences, longest first (attn_sm90::order_sequences): the order's room, where the tiles leave it
+    ordered = varlen and params.longest_first and \
+        smem_bytes_ws(params, spec, lowered.stages, separate_o, True) <= profile.smem_per_block_bytes
     if cp_async and not paged:
         raise TranslationError(f"g2s_atom {params.g2s_atom}: the warp-specialised producer copies K/V with cp.async "
                                f"only from a paged cache (layout paged); the {spec.layout} layout loads them with TMA "
@@ -96,7 +99,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         hand_out = [
             f"{I}attn_sm90::VarlenTile vt;",
             f"{I}if (tile >= num_tiles || !attn_sm90::varlen_tile(tile, cursor, cu_seqlens_q, cu_seqlens_k, seqused_k, "
-            "batch, heads_q, kBlockM, kCausal, vt)) { tile = attn_sm90::kNoTile; }  // num_tiles: from the longest",
+            f"batch, heads_q, kBlockM, kCausal, vt{', order' if ordered else ''})) {{ tile = attn_sm90::kNoTile; }}"
+            "  // num_tiles: from the longest",
             f"{I}{one}{{ *tile_slot = tile; *tile_info = vt; }}" if cp_async else f"{I}*tile_slot = tile;",
             *([] if cp_async else [f"{I}*tile_info = vt;"]),
             f"{I}if (tile == attn_sm90::kNoTile) {{ {one}attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
@@ -141,9 +145,16 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         *em._indent(per_tile + body + ["++q_iter;"]),
         "}",
     ]
+    order_lines = [
+        f"{I}const bool ordered = batch <= attn_sm90::kMaxOrderedSeqs;  // (else the order given)",
+        f"{I}if (ordered) {{ attn_sm90::order_sequences<128>(seq_order, seq_keys, cu_seqlens_k, seqused_k, batch, "
+        f"tidx, {em.PRODUCER_BARRIER}); }}",
+        f"{I}const int* order = ordered ? seq_order : nullptr;  // the sequences, most keys first",
+    ] if ordered else []
     kernel = [
         "if (tidx < 128) {  // producer warpgroup",
         *([f"{I}cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();"] if use_setmaxnreg else []),
+        *order_lines,
         (f"{I}{{  // the whole warpgroup: every thread copies K/V with cp.async; thread 0 loads Q (TMA)" if cp_async
          else f"{I}if (tidx == 0) {{  // one thread issues every TMA load"),
         f"{I * 2}int k_write = 0, v_write = 0, q_iter = 0;  // tiles put into each ring so far; tiles handed out",
@@ -167,9 +178,12 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
     if cp_async:   # after the VarlenTile (7 ints from tile_slot + 2), within smem_bytes_ws's 48 bytes
         setup.append("[[maybe_unused]] int* producer_tile = tile_slot + 10;  // the next tile, for the producer threads")
+    if ordered:    # then the sequence order and its scratch (smem_bytes_ws's ORDER_BYTES)
+        setup += ["int* seq_order = tile_slot + 12;  // order[rank] = sequence (attn_sm90::order_sequences)",
+                  "int* seq_keys = seq_order + attn_sm90::kMaxOrderedSeqs;"]
     body_lines += em._indent(setup + [""] + kernel)
     body_lines += ["}", "", f"}}  // namespace {name}_ns", ""]
-    smem = smem_bytes_ws(params, spec, lowered.stages, separate_o)
+    smem = smem_bytes_ws(params, spec, lowered.stages, separate_o, ordered)
     return GeneratedKernel(name=name, preamble=HOPPER_PREAMBLE, body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
                            block_n=params.block_n, spec=spec, params=params, extra_args=extra_args(spec.layout),
@@ -185,14 +199,18 @@ def WsLowering_buffer_roles(lowered) -> dict:
     return {f"{n}_shared": r for n, r in lowered.roles.items() if r != "o"}
 
 
-def smem_bytes_ws(params, spec, stages: int, separate_o: bool) -> int:
+ORDER_BYTES = 2 * 4 * 128   # attn_sm90::kMaxOrderedSeqs ranks and keys (int32)
+
+
+def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = False) -> int:
     """Q + stages x (K + V) + P (SS only) + O (its own tile, else in Q's) + the mbarriers, as laid out."""
     q = params.block_m * max(spec.d_qk, spec.d_v)
     kv = stages * params.block_n * (spec.d_qk + spec.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
     o = params.block_m * spec.d_v if separate_o else 0
     info = 32 if spec.layout != "dense" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
-    return (q + kv + p + o) * 2 + (2 + 4 * stages) * 8 + 16 + info   # + the tile number
+    order = ORDER_BYTES if ordered else 0
+    return (q + kv + p + o) * 2 + (2 + 4 * stages) * 8 + 16 + info + order   # + the tile number
 
 
 def tensor_map_boxes(params, spec) -> dict:
