@@ -227,7 +227,7 @@ def _stand_in_command(monkeypatch, tmp_path, verified=True):
     @dataclass(frozen=True)
     class Params:
         block_n: int = 128
-        g2s_atom: str = "SM90_TMA"
+        g2s_atom: str = "SM80_CP_ASYNC_CACHEGLOBAL"   # the paged default's copy (translate/defaults.py)
 
         def to_dict(self):
             return {"block_n": self.block_n, "g2s_atom": self.g2s_atom}
@@ -294,7 +294,7 @@ def test_a_failed_verification_exits_1_with_the_reason_and_times_nothing(monkeyp
     (("--layout", "paged", "--page-size", "24"),
      "--page-size: page size 24 is not supported; choose one of: 16, 32, 64, 128, 256"),
     (("--layout", "ragged"), "unknown layout 'ragged'; choose one of: dense, varlen, paged"),
-    (("--layout", "paged", "--page-size", "64", "--params", '{"block_n": 96}'),
+    (("--layout", "paged", "--page-size", "64", "--params", '{"block_n": 96, "g2s_atom": "SM90_TMA"}'),
      "page size 64 does not fit block N 96: the page size must divide block N or be a multiple of it"),
 ])
 def test_bad_layout_and_page_size_exit_2_with_the_reason(command, args, message, tmp_path):
