@@ -69,11 +69,44 @@ __forceinline__ __device__ long long key_row(const Args& a, int b, int key, long
   }
 }
 
-// One K and one V tile (kBlockN keys from key0) into a ring slot; rows past seqlen_k are zero-filled, so masked
-// columns of P multiply zeros, never stale shared memory.
+// The fast gather of load_kv, where the tile splits evenly: a warp-wide cp.async copies one 64-column block of
+// 4 rows (lane: row lane / 8 of the 4, 16-byte chunk lane % 8 of the block), and each warp takes every kWarps-th
+// group of 4 rows. So a thread's rows and chunk are fixed: it finds each of its rows once (page lookup, 64-bit
+// offsets) and then issues the row's copies block after block from the same two addresses plus constants (the
+// swizzle acts within an 8 x 64 atom, and 64-column blocks lie kBlockN x 64 elements apart in SmemLayoutK/V:
+// tests/decode/test_gather_layout.py checks both). The generic gather (load_kv_chunks) did a division, a table read,
+// the 64-bit offset and the swizzled address per 16-byte copy: the busiest pipe of the MLA kernel was that arithmetic
+// (ncu, BENCHMARKS.md).
+template <class Cfg>
+constexpr bool kRowGather = Cfg::kHeadDimQK % 64 == 0 && Cfg::kHeadDimV % 64 == 0 &&
+                            Cfg::kBlockN % (4 * (Cfg::kThreads / 32)) == 0;
+
+template <class Cfg, int kBlocks, class SX>
+__forceinline__ __device__ void gather_rows(const typename Cfg::Element* x, const Args& a, int b, int kvh, int key0,
+                                            int seqlen_k, long long batch_stride, long long row_stride,
+                                            long long head_stride, SX& sX, int tid) {
+  constexpr int kWarps = Cfg::kThreads / 32, kRowsPerThread = Cfg::kBlockN / (4 * kWarps);
+  const int warp = tid / 32, lane = tid % 32, q = lane % 8;
+  const int* table = Cfg::kPaged ? a.page_table + b * a.page_table_stride : nullptr;
+  CUTE_UNROLL
+  for (int k = 0; k < kRowsPerThread; ++k) {
+    const int r = 4 * (warp + kWarps * k) + lane / 8;
+    const int key = key0 + r;
+    const bool valid = key < seqlen_k;
+    const int page = (Cfg::kPaged && valid) ? __ldg(table + (key >> a.page_shift)) : 0;
+    const long long off = valid ? key_row<Cfg::kPaged>(a, b, key, batch_stride, row_stride, head_stride, kvh, page)
+                                : 0;
+    const typename Cfg::Element* src = x + off + q * 8;
+    typename Cfg::Element* dst = &sX(r, q * 8);
+    CUTE_UNROLL
+    for (int blk = 0; blk < kBlocks; ++blk) { cp_async_16(dst + blk * Cfg::kBlockN * 64, src + blk * 64, valid); }
+  }
+}
+
+// The generic gather: chunk by chunk over the tile, each with its own row's lookup.
 template <class Cfg, class SK, class SV>
-__forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0, int seqlen_k, SK& sK, SV& sV,
-                                        int tid) {
+__forceinline__ __device__ void load_kv_chunks(const Args& a, int b, int kvh, int key0, int seqlen_k, SK& sK,
+                                               SV& sV, int tid) {
   using Element = typename Cfg::Element;
   constexpr int kChunksK = Cfg::kHeadDimQK / 8, kChunksV = Cfg::kVFromK ? 0 : Cfg::kHeadDimV / 8;
   constexpr int kChunks = kChunksK > kChunksV ? kChunksK : kChunksV;
@@ -98,6 +131,24 @@ __forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0,
     }
   }
 }
+
+// One K and one V tile (kBlockN keys from key0) into a ring slot; rows past seqlen_k are zero-filled, so masked
+// columns of P multiply zeros, never stale shared memory.
+template <class Cfg, class SK, class SV>
+__forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0, int seqlen_k, SK& sK, SV& sV,
+                                        int tid) {
+  if constexpr (kRowGather<Cfg>) {
+    gather_rows<Cfg, Cfg::kHeadDimQK / 64>(static_cast<const typename Cfg::Element*>(a.k), a, b, kvh, key0, seqlen_k,
+                                           a.k_batch_stride, a.k_row_stride, a.k_head_stride, sK, tid);
+    if constexpr (!Cfg::kVFromK) {   // kVFromK: the K tile holds V's columns, read once
+      gather_rows<Cfg, Cfg::kHeadDimV / 64>(static_cast<const typename Cfg::Element*>(a.v), a, b, kvh, key0,
+                                            seqlen_k, a.v_batch_stride, a.v_row_stride, a.v_head_stride, sV, tid);
+    }
+  } else {
+    load_kv_chunks<Cfg>(a, b, kvh, key0, seqlen_k, sK, sV, tid);
+  }
+}
+
 
 // -inf where the key is past the sequence or, causal, past the bottom-right diagonal of the row's token
 // (token t of seqlen_q sees keys <= t + seqlen_k - seqlen_q).

@@ -1,0 +1,105 @@
+"""Two builds of the same decode kernels side by side, in one process: each folder holds what `tune build
+--phase decode --out DIR` wrote (a .cubin and its .json per kernel); kernels of the same name in both folders are
+timed against each other, interleaved over `--rounds` rounds (tuner.bench.time_ms: triton's do_bench median, L2
+flushed), GQA ones with FA4's paged decode beside them, MLA ones against the copy bandwidth.
+
+Both builds of a kernel must agree on every point (max |a - b| <= 2e-2 on bf16 outputs of unit-normal inputs; the
+gate itself is tuner/verify_decode, run by tests/gpu) before anything is timed.
+
+    python3 scripts/decode_ab_check.py BEFORE_DIR AFTER_DIR --out $OUT/decode_ab.json [--rounds 5]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+AGREE = 2e-2
+
+
+def load_pairs(before: Path, after: Path) -> dict:
+    from tuner.runtime import load_kernel
+
+    pairs = {}
+    for record in sorted(after.glob("*.json")):
+        twin = before / record.name
+        if not twin.exists():
+            continue
+        meta_a, meta_b = json.loads(twin.read_text())["meta"], json.loads(record.read_text())["meta"]
+        pairs[meta_b["name"]] = (load_kernel((before / f"{record.stem}.cubin").read_bytes(), meta_a),
+                                 load_kernel((after / f"{record.stem}.cubin").read_bytes(), meta_b), meta_b)
+    return pairs
+
+
+def points(meta: dict) -> list:
+    from tuner.bench_decode import DecodePoint, MLAPoint
+
+    if meta["spec"]["variant"] == "mla":
+        return [MLAPoint(b, kv, heads_q=h) for h in (128, 16) for b, kv in ((64, 4096), (128, 8192), (64, 16384))]
+    return [DecodePoint(b, kv) for b, kv in ((1, 8192), (8, 32768), (64, 8192), (128, 2048))]
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from tuner.bench import time_ms
+    from tuner.bench_decode import (MLAPoint, copy_bandwidth_gbs, fa4_decode_call, make_decode_inputs,
+                                    make_mla_inputs)
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path)
+    ap.add_argument("after", type=Path)
+    ap.add_argument("--out", default="decode_ab.json")
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args(argv)
+
+    copy = copy_bandwidth_gbs()
+    record = {"device": torch.cuda.get_device_name(), "copy_gbs": copy, "rounds": args.rounds, "rows": []}
+    print(f"copy bandwidth {copy:.0f} GB/s", flush=True)
+    for name, (before, after, meta) in load_pairs(args.before, args.after).items():
+        print(name, flush=True)
+        for p in points(meta):
+            mla = isinstance(p, MLAPoint)
+            x = make_mla_inputs(p) if mla else make_decode_inputs(p)
+            v = None if mla else x["v"]
+            calls = {label: (lambda k: lambda: k(x["q"], x["k"], v, cache_seqlens=x["seqused_k"],
+                                                 page_table=x["page_table"]))(kern)
+                     for label, kern in (("before", before), ("after", after))}
+            a, b = calls["before"](), calls["after"]()
+            diff = float((a.float() - b.float()).abs().max())
+            if not diff <= AGREE:
+                print(f"  {p.label()}: the builds disagree (max |a - b| {diff:.3g})", flush=True)
+                return 1
+            if not mla:
+                try:
+                    fa = fa4_decode_call(p, x)
+                    fa()
+                    calls["fa4"] = fa
+                except Exception as exc:  # noqa: BLE001 - FA4 missing: the two builds are still compared
+                    print(f"  fa4 not timed: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+            gbs = {label: [] for label in calls}
+            for r in range(args.rounds):
+                order = list(calls) if r % 2 == 0 else list(reversed(calls))   # neither always runs first
+                for label in order:
+                    gbs[label].append(p.kv_bytes / time_ms(calls[label]) / 1e6)
+            row = {"kernel": name, "point": p.label(), "max_diff": diff, **gbs,
+                   "after/before": statistics.median(y / z for y, z in zip(gbs["after"], gbs["before"]))}
+            if "fa4" in gbs:
+                row["after/fa4"] = statistics.median(y / z for y, z in zip(gbs["after"], gbs["fa4"]))
+            record["rows"].append(row)
+            cells = "  ".join(f"{k} {statistics.median(g):.0f} [{min(g):.0f}, {max(g):.0f}]" for k, g in gbs.items())
+            extra = f"  after/fa4 {row['after/fa4']:.3f}" if "after/fa4" in row else ""
+            print(f"  {p.label():<28} GB/s {cells}  after/before {row['after/before']:.3f}  "
+                  f"after/copy {statistics.median(gbs['after']) / copy:.2f}{extra}", flush=True)
+            x = calls = a = b = None
+            torch.cuda.empty_cache()
+    Path(args.out).write_text(json.dumps(record, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
