@@ -1,6 +1,7 @@
 """MLA absorbed decode (576/512, one latent KV head, V = the first 512 columns of K's rows) on the CPU: the sketch
 chooses split-d_v mode, the parameters' reasons, the shared-memory count, the defaults, and (with nvcc) the
 compiled kernels of both default configs: no spills, cp.async gathers, ldmatrix and tensor-core MMAs."""
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -33,7 +34,10 @@ def test_defaults_gqa_unchanged_and_mla_per_head_count():
     assert validate_decode(H128, H100, MLA) == [] and validate_decode(H16, H100, MLA) == []
     a100 = load_profile("a100")
     assert validate_decode(default_decode_params(MLA, 128, a100), a100, MLA) == []
-    assert default_decode_params(MLA, 128, a100).block_n == 32 and default_decode_params(MLA, 128, H100) == H128
+    assert default_decode_params(MLA, 128, a100).block_n == 32 and default_decode_params(MLA, 128, a100).mma == "sm80"
+    # Hopper: the 128-head tile on warpgroup MMAs; the 16-head one (16 rows: no wgmma) stays on mma.sync
+    assert default_decode_params(MLA, 128, H100) == dataclasses.replace(H128, mma="sm90_wgmma")
+    assert default_decode_params(MLA, 16, H100) == H16
     assert v_from_k(MLA) and not v_from_k(GQA)
 
 

@@ -107,7 +107,8 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     d_v (O slice 16 x 256 per warp: 128 registers), 64 keys x 2 stages (Q 72 KB + K 144 KB + P 8 KB = 225 KB,
     one CTA per SM: the kernel is bound by its tensor cores there, 241 FLOP per cache byte); 16 heads (a
     tensor-parallel shard, 8x fewer FLOP per byte) one 16-row tile, 4 warps over d_v, 64 keys x 2 stages. Where
-    ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages."""
+    ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages; on Hopper the 64-row tile's GEMMs are
+    warpgroup MMAs (mma sm90_wgmma)."""
     if spec.variant != "mla":
         return DecodeParams()
     if heads_q is not None and heads_q <= 16:
@@ -116,6 +117,11 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
         p = DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=2, kv_stages=2)
     if profile is not None and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:
         p = DecodeParams(**{**p.to_dict(), "block_n": 32})
+    if profile is not None and profile.sm >= 90 and p.block_m == 64 and not validate_decode(
+            DecodeParams(**{**p.to_dict(), "mma": "sm90_wgmma"}), profile, spec):
+        # Hopper: the same tile on warpgroup MMAs, 1.4-1.7x the mma.sync kernel's bandwidth at 128 heads with the
+        # row gather (scripts/decode_ab_check.py, H100, BENCHMARKS.md 2026-11-24: 1632-1800 against 1041-1133 GB/s)
+        p = DecodeParams(**{**p.to_dict(), "mma": "sm90_wgmma"})
     return p
 
 
