@@ -4,8 +4,9 @@
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
         python3 scripts/decode_profile.py [w2x4]
 
-The MLA default (translate.decode.default_decode_params), or with `w2x4` the campaign's favourite (64 rows, 2 x 4
-warps), or with `wgmma` the default tile on Hopper warpgroup MMAs (mma = sm90_wgmma: attn_decode_sm90.cuh). Three calls; the profiler skips the first.
+The MLA default on the H100 (translate.decode.default_decode_params: the 64 x 64 tile on warpgroup MMAs,
+attn_decode_sm90.cuh), or with `w2x4` the campaign's favourite of the mma.sync kernel (64 rows, 2 x 4 warps), or with
+`wgmma` the default tile forced onto warpgroup MMAs. Three calls; the profiler skips the first.
 """
 import sys
 from pathlib import Path

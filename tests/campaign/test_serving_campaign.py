@@ -93,6 +93,9 @@ def test_a_serving_campaign_measures_the_mixes_and_decides_per_serving_bucket(ra
     assert measured and all(set(t.user_attrs["tflops"]) == mixes for t in measured
                             if not t.user_attrs.get("early_stop"))
     assert all(t.user_attrs["schedule"].startswith("ws_") for t in study.trials if t.user_attrs.get("schedule"))
+    # the layout's own default is a seed (paged: the cp.async producer, which no published seed has)
+    (own,) = [t for t in study.trials if t.user_attrs.get("source") == f"the {layout} layout's default"]
+    assert own.number == 0
     summary = json.loads((tmp_path / name / "summary.json").read_text())
     buckets = {w["bucket"] for w in summary["winners"]}
     suffix = f"-p{page}" if page else ""

@@ -307,6 +307,13 @@ def _enqueue_seeds(camp: Campaign) -> None:
     decode = camp.spec.phase == "decode"
     proposals = [(s.params.to_dict(), s.source, getattr(s, "rationale", "")) for s in camp.llm_seeds]
     published = []
+    if not decode and camp.spec.layout != "dense":
+        # a serving layout's own default first: what `tune build --layout` gives (for paged, the cp.async producer,
+        # which the published dense seeds do not have), so the seeds a winner must beat include it
+        from translate.defaults import default_params
+
+        own_default = default_params(camp.profile, camp.spec, "ws_overlap").to_dict()
+        published.append(({**own_default, SCHEDULE: "ws_overlap"}, f"the {camp.spec.layout} layout's default", ""))
     for seed in camp.space.seeds_for(hd):
         raw = dict(seed.params)
         schedule = raw.pop(SCHEDULE, "decode" if decode else "fa2")
