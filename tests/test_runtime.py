@@ -173,3 +173,35 @@ def test_check_meta_names_what_is_missing():
         runtime.check_meta({"abi": 7})
     with pytest.raises(runtime.KernelLoadError, match="lacks 'smem_bytes'"):
         runtime.check_meta({"abi": 2, "name": "k", "num_threads": 128, "block_m": 64, "spec": {}})
+
+
+def test_tile_counters_come_from_blocks_reserved_outside_captures(hopper_kernel, monkeypatch):
+    """One counter per stream, from blocks allocated outside CUDA-graph captures: a capture on a new stream takes
+    a reserved one (never allocates: torch.compile's CUDA graphs refuse an allocation that outlives the capture),
+    the reserve is refilled outside captures, and a capture that finds none left says what to do."""
+    blocks = []
+
+    def reserve(self):
+        base = 0x7000_0000 + 0x1000 * len(blocks)
+        blocks.append(base)
+        self._free_counters.extend(base + 8 * i for i in reversed(range(runtime.COUNTER_BLOCK)))
+
+    capturing = [False]
+    monkeypatch.setattr(runtime.AttentionKernel, "reserve_counters", reserve)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    kernel = hopper_kernel
+    first = kernel._tile_counter(1)
+    assert first == blocks[0] and len(blocks) == 1
+    taken = {first} | {kernel._tile_counter(stream) for stream in range(2, runtime.COUNTER_BLOCK - runtime.COUNTER_SPARE + 1)}
+    assert len(taken) == runtime.COUNTER_BLOCK - runtime.COUNTER_SPARE         # distinct, 8 bytes apart in one block
+    assert taken == {blocks[0] + 8 * i for i in range(len(taken))}
+    kernel._tile_counter(1000)                      # below the spare: a second block, outside the capture
+    assert len(blocks) == 2
+    capturing[0] = True
+    for stream in range(2000, 2000 + len(kernel._free_counters)):
+        kernel._tile_counter(stream)                # captures take reserved counters and allocate nothing
+    assert len(blocks) == 2 and not kernel._free_counters
+    with pytest.raises(runtime.KernelLaunchError, match="while a CUDA graph is captured"):
+        kernel._tile_counter(9999)
+    capturing[0] = False
+    assert kernel._tile_counter(9999) and len(blocks) == 3

@@ -128,6 +128,13 @@ class _Current:
         _driver().cuCtxPopCurrent()
 
 
+# Persistent kernels' tile counters (one per stream) come in blocks of COUNTER_BLOCK (512 bytes); a new block is
+# allocated, outside captures, whenever fewer than COUNTER_SPARE are left for streams not seen yet (a CUDA-graph
+# capture runs on a stream of its own and cannot allocate one).
+COUNTER_BLOCK = 64
+COUNTER_SPARE = 8
+
+
 def load_kernel(binary: bytes | str | Path, meta: dict, device: int | None = None):
     """Load ``binary`` (cubin or PTX bytes, or a path to one) into GPU ``device`` (default: torch's current
     device) and return a launchable kernel. ``meta`` is ``GeneratedKernel.meta()``: a decode kernel's (grid
@@ -167,7 +174,10 @@ def load_attention_kernel(binary: bytes | str | Path, meta: dict, device: int | 
         sms = _check(driver.cuDeviceGetAttribute(
             driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, _device(index)[0]),
             "cuDeviceGetAttribute")
-    return AttentionKernel(meta=dict(meta), device_index=index, _module=module, _function=function, _sm_count=sms)
+    kernel = AttentionKernel(meta=dict(meta), device_index=index, _module=module, _function=function, _sm_count=sms)
+    if any(name == "tile_counter" for name, _ in kernel.args) and not torch.cuda.is_current_stream_capturing():
+        kernel.reserve_counters()     # before any capture: the counters of the streams to come
+    return kernel
 
 
 @dataclass
@@ -180,6 +190,7 @@ class AttentionKernel:
     _plans: Any = None       # call key -> LaunchPlan
     _counters: dict = field(default_factory=dict)          # stream handle -> tile counter address
     _counter_tensors: list = field(default_factory=list)   # what keeps those counters allocated
+    _free_counters: list = field(default_factory=list)     # zeroed counters no stream has taken yet
     _streams: dict = field(default_factory=dict)            # stream handle -> CUstream
 
     @property
@@ -356,13 +367,37 @@ class AttentionKernel:
 
     def _tile_counter(self, stream_handle: int) -> int:
         """A zeroed pair of ints per stream for a persistent kernel's tile counter; the kernel leaves it
-        zeroed for the next launch (its last CTA resets it). Two streams never share one."""
+        zeroed for the next launch (its last CTA resets it). Two streams never share one.
+
+        Counters come from blocks allocated outside any CUDA-graph capture (``reserve_counters``, called at
+        load and whenever few are left): a counter allocated while a stream is captured would live in the
+        graph's private pool beyond the capture, which torch.compile's CUDA graphs (mode="reduce-overhead")
+        refuse ("tensor(s) in the cudagraph pool not tracked as outputs")."""
         import torch
 
-        tensor = torch.zeros(2, dtype=torch.int32, device=f"cuda:{self.device_index}")
-        self._counter_tensors.append(tensor)
-        pointer = self._counters[stream_handle] = tensor.data_ptr()
+        capturing = torch.cuda.is_current_stream_capturing()
+        if not self._free_counters:
+            if capturing:
+                raise KernelLaunchError(f"{self.name}: every one of its {len(self._counters)} tile counters is taken "
+                                        "by another stream and none can be allocated while a CUDA graph is "
+                                        "captured; run the kernel once on the capturing stream before the capture")
+            self.reserve_counters()
+        pointer = self._counters[stream_handle] = self._free_counters.pop()
+        if not capturing and len(self._free_counters) < COUNTER_SPARE:
+            self.reserve_counters()
         return pointer
+
+    def reserve_counters(self) -> None:
+        """Allocate a block of COUNTER_BLOCK zeroed tile counters (2 ints each) and wait for the zeros, so that a
+        launch on any stream finds them written."""
+        import torch
+
+        with torch.cuda.device(self.device_index):
+            tensor = torch.zeros(2 * COUNTER_BLOCK, dtype=torch.int32, device=f"cuda:{self.device_index}")
+            torch.cuda.current_stream().synchronize()
+        self._counter_tensors.append(tensor)
+        base = tensor.data_ptr()
+        self._free_counters.extend(base + 8 * i for i in reversed(range(COUNTER_BLOCK)))
 
     def _point_map(self, plan: LaunchPlan, slot: MapSlot, address: int) -> None:
         """A descriptor's global address to this call's tensor: one 8-byte write where tma.address_offset

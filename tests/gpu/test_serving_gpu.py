@@ -1,5 +1,6 @@
 """The exported kernels inside models, on a Hopper GPU (marker gpu; skipped elsewhere): the custom op under
-torch.compile(fullgraph=True), CUDA-graph capture and replay with new inputs, two streams at once,
+torch.compile(fullgraph=True), CUDA-graph capture and replay with new inputs (by hand and by torch.compile's
+mode="reduce-overhead"), two streams at once,
 packed-qkv strides, autograd against the fp32 reference, any softmax scale, a cubin for another GPU
 refused, and a Llama-style transformers model whose logits match SDPA's, eager and compiled."""
 import os
@@ -92,6 +93,23 @@ def test_cuda_graph_capture_and_replay_with_new_inputs(attn):
         graph.replay()
         torch.cuda.synchronize()
         _check(out, *fresh, True)
+
+
+def test_torch_compile_with_cuda_graphs_replays_new_inputs(attn):
+    """mode="reduce-overhead": torch.compile's CUDA graphs (cudagraph trees) capture the op on a stream of their
+    own and replay it with each call's inputs copied in. Nothing the op allocates while captured may outlive
+    the capture: a persistent kernel's tile counter for the capture stream once did ("tensor(s) in the
+    cudagraph pool not tracked as outputs")."""
+    def f(q, k, v):
+        return attn(q, k, v, causal=True) * 1.0
+
+    compiled = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):                       # warm-up, capture, then replays
+        q, k, v = _qkv(b=1, s=777, seed=20 + seed)
+        out = compiled(q, k, v).clone()
+        torch.cuda.synchronize()
+        _check(out, q, k, v, True)
+    assert attn.last_path == "kernel"
 
 
 def test_two_streams_at_once(attn):
