@@ -57,6 +57,16 @@ CP_ASYNC_PRODUCER_REGS = 56
 # vLLM's default, and cp.async reads any multiple of 8; a campaign searches both (hopper_kv_copy).
 
 
+# The softmax's conditional rescale (FA4's rule: a row's O is rescaled only when a tile raised its max by more than
+# 8 log2 units; KernelParams.rescale_threshold) by (head dim, causal), dense layout. scripts/param_ab_check.py on
+# the H100 (BENCHMARKS.md 2026-11-25; paper grid 1k-16k, 15 paired rounds against rescaling every tile):
+# non-causal d128 x1.010-1.031 (MHA and GQA, 10 of 10 points ahead, 8 outside the spread), causal d128
+# x1.000-1.028 (none behind), non-causal d64 x1.013-1.026 (3 of 5 outside the spread). Causal d64 keeps every
+# tile: x0.976-0.991 at 1k-4k, and ptxas spills 4 bytes of its 128-register consumers. Serving layouts and MLA
+# are not measured yet.
+RESCALE_THRESHOLD_DEFAULTS = {(128, False): 8, (128, True): 8, (64, False): 8}
+
+
 def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     """(block_m, block_n, producer registers) in order of preference: FA4's, then FA3's and smaller."""
     d = max(spec.d_qk, spec.d_v)
@@ -90,12 +100,20 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
                 copies.insert(0, dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True,
                                       producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
         for copy in copies:
-            params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy)
+            params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy,
+                                  rescale_threshold=_rescale_threshold(spec) if warp_specialized else 0)
             errors = validate(params, profile, probe, warp_specialized=warp_specialized)
             if not errors:
                 return params
             tried.append(f"{params.key()}: {'; '.join(errors)}")
     raise ValueError(f"no Hopper candidate fits {profile.name} for {spec.label()}:\n  " + "\n  ".join(tried))
+
+
+def _rescale_threshold(spec: KernelSpec) -> int:
+    """RESCALE_THRESHOLD_DEFAULTS' value for a dense spec whose head dims are equal; 0 (every tile) otherwise."""
+    if spec.layout != "dense" or spec.d_qk != spec.d_v:
+        return 0
+    return RESCALE_THRESHOLD_DEFAULTS.get((spec.d_qk, spec.causal), 0)
 
 
 def probe_problem(spec: KernelSpec, seqlen: int = 1024) -> Problem:

@@ -171,10 +171,23 @@ def test_the_conditional_rescale_is_a_template_argument_only_when_asked():
     """rescale_threshold 0 (every tile rescales) leaves the source exactly as before: the caches keyed by it stay
     valid; N > 0 keeps a row's max until it grows by N log2 units and skips O's multiply warp by warp."""
     spec = KernelSpec("mha", 128, 128, False, "bf16")
-    plain, conditional = ws(spec).source, ws(spec, rescale_threshold=8).source
+    plain, conditional = ws(spec, rescale_threshold=0).source, ws(spec, rescale_threshold=8).source
     assert "softmax_tile(acc_S" in plain and "rescale_rows(acc_" in plain and "rescale_threshold" not in plain
     assert "softmax_tile<8>(acc_S" in conditional and "rescale_rows<true>(acc_" in conditional
-    assert ws(spec, rescale_threshold=8).name == ws(spec).name.replace("_ws", "_rt8_ws")
+    assert ws(spec, rescale_threshold=8).name == ws(spec, rescale_threshold=0).name.replace("_ws", "_rt8_ws")
+
+
+@pytest.mark.parametrize("variant,d,causal,layout,want", [
+    ("mha", 128, False, "dense", 8), ("gqa", 128, True, "dense", 8), ("mha", 64, False, "dense", 8),
+    ("mha", 64, True, "dense", 0), ("mqa", 64, True, "dense", 0), ("mla", 192, True, "dense", 0),
+    ("gqa", 128, True, "paged", 0), ("gqa", 128, True, "varlen", 0)])
+def test_the_default_rescale_threshold_follows_the_measured_table(variant, d, causal, layout, want):
+    """translate.defaults.RESCALE_THRESHOLD_DEFAULTS (paired re-timing on the H100): threshold 8 where it was ahead,
+    every tile where it was behind (causal d64) or not measured (serving layouts, MLA); the plain wgmma schedule
+    has no threshold."""
+    spec = KernelSpec(variant, d, 128 if variant == "mla" else d, causal, "bf16", layout)
+    assert default_params(H100, spec, "ws_overlap").rescale_threshold == want
+    assert default_params(H100, spec, "fa2").rescale_threshold == 0
 
 
 def _packed(spec, **changes):
