@@ -194,7 +194,9 @@ def candidate_errors(space: SearchSpace, params, profile, shape, base: str, layo
 def layout_reasons(params, base: str, layout: str = "dense", page_size: int | None = None) -> list[str]:
     """Why a parameter set cannot build a layout (tl/layout.py): a serving layout's needs, and the K/V copy
     (cp.async producers read paged caches only). Pure."""
-    tma = params.g2s_atom == "SM90_TMA"
+    from translate.params_sm90 import kv_cp_async
+
+    tma = not kv_cp_async(params)
     if layout != "paged" and base.startswith("ws_") and not tma:
         return [f"g2s_atom {params.g2s_atom}: the producer copies K/V with cp.async only from a paged cache; "
                 f"the {layout} layout loads them with TMA"]

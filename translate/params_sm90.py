@@ -16,7 +16,13 @@ GMMA_BLOCK_M = (64, 128, 192)
 PRODUCER_REGS = (24, 32, 40, 56)
 # How the warp-specialised producer reads K and V: one thread's TMA boxes, or (a paged cache only:
 # search_spaces.feasible.layout_reasons) the whole producer warpgroup's cp.async, row by row through the table.
-WS_KV_COPIES = ("SM90_TMA", "SM80_CP_ASYNC_CACHEGLOBAL")
+TMA_KV = "SM90_TMA"
+WS_KV_COPIES = (TMA_KV, "SM80_CP_ASYNC_CACHEGLOBAL")
+
+
+def kv_cp_async(params) -> bool:
+    """The warp-specialised producer copies K and V with cp.async (a paged cache, row by row) instead of TMA."""
+    return params.g2s_atom != TMA_KV
 MAX_WGMMA_N = 256
 # Registers a consumer thread needs besides the tiles (addresses, descriptors, loop state, softmax
 # statistics): FA4's feasibility model (sm90_config_search.py) keeps 24 of 240 with two consumer
@@ -111,7 +117,7 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         if params.g2s_atom not in WS_KV_COPIES:
             errors.append(f"the warp-specialised producer loads K/V with TMA (g2s_atom SM90_TMA) or, from a paged "
                           f"cache, with cp.async (SM80_CP_ASYNC_CACHEGLOBAL), not {params.g2s_atom}")
-        elif params.g2s_atom != "SM90_TMA":
+        elif kv_cp_async(params):
             for d in sorted({problem.d_qk, problem.d_v}):
                 if d % 64 == 0 and 32 % (d // 8):
                     errors.append(f"head dim {d}: the cp.async producer copies whole rows a warp at a time (32 lanes "

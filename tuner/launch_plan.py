@@ -199,7 +199,7 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
     must divide block N or be a multiple of it: a tile is read in boxes of min(block N, page size) rows."""
     import torch
 
-    from tuner.paging import page_misfit
+    from tuner.paging import kv_copy_of, page_misfit
 
     spec = kernel.meta["spec"]
     if spec.get("layout", "dense") != "paged":
@@ -215,7 +215,7 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
         raise ValueError(f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} differ in pages, "
                          "page size or heads")
     page_size, block_n = int(k_cache.shape[1]), int(kernel.meta["block_n"])
-    misfit = page_misfit(page_size, block_n, kernel.meta.get("params", {}).get("g2s_atom", "SM90_TMA"))
+    misfit = page_misfit(page_size, block_n, kv_copy_of(kernel.meta))
     if misfit is not None:
         raise ValueError(misfit)
     q4 = _Packed(q)

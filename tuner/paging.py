@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from typing import Optional
 
+from translate.params_sm90 import TMA_KV   # the g2s_atom of a TMA producer; any other (cp.async) reads by row
 from tuner.mixes import PAGE_SIZES, MixError, check_page_size
 
 RULE = ("the page size must divide block N or be a multiple of it (a K/V tile is read as whole TMA boxes of "
         "min(block N, page size) rows, each within one page)")
 
 
-TMA_KV = "SM90_TMA"   # the g2s_atom of a TMA producer; any other (cp.async) reads rows by index
+def kv_copy_of(meta: dict) -> str:
+    """The g2s_atom of a loaded kernel (its meta sidecar); TMA for sidecars from before the choice existed."""
+    return meta.get("params", {}).get("g2s_atom", TMA_KV)
 
 
 def page_misfit(page_size: int, block_n: int, g2s_atom: str = TMA_KV) -> Optional[str]:

@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from tuner.paging import TMA_KV, kv_copy_of, page_misfit
 from tuner.problem import KernelSpec
 from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
 
@@ -96,11 +97,9 @@ CHECK_PAGED_MIXES = (
 )
 
 
-def readable_paged_mixes(block_n: int, g2s_atom: str = "SM90_TMA") -> tuple:
+def readable_paged_mixes(block_n: int, g2s_atom: str = TMA_KV) -> tuple:
     """CHECK_PAGED_MIXES at the page sizes a kernel of ``block_n`` whose producer copies with ``g2s_atom``
     reads (tuner.paging)."""
-    from tuner.paging import page_misfit
-
     return tuple(m for m in CHECK_PAGED_MIXES if page_misfit(m.page_size, block_n, g2s_atom) is None)
 
 
@@ -221,8 +220,8 @@ def verify_varlen(kernel, spec: KernelSpec, mixes: Optional[Sequence] = None, se
     default = CHECK_MIXES
     if spec.layout == "paged":   # those the kernel reads (a CPU stand-in without meta: all)
         meta = getattr(kernel, "meta", None) or {}
-        default = (readable_paged_mixes(int(meta["block_n"]), meta.get("params", {}).get("g2s_atom", "SM90_TMA"))
-                   if "block_n" in meta else CHECK_PAGED_MIXES)
+        default = readable_paged_mixes(int(meta["block_n"]), kv_copy_of(meta)) if "block_n" in meta \
+            else CHECK_PAGED_MIXES
     checks = tuple(check_mix(kernel, spec, m, gen, device) for m in (mixes or default))
     bad = [c for c in checks if not c.passed]
     reason = f"{len(bad)} of {len(checks)} mixes failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""

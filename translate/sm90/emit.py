@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from translate import emitters as base
 from translate.kernel import TranslationError
-from translate.params_sm90 import consumer_registers
+from translate.params_sm90 import consumer_registers, kv_cp_async
 from translate.sm90 import wgmma_ops
 from translate.sm90.ir import Cond, Loop, Op
 from translate.ir import expr_to_cpp
@@ -474,11 +474,6 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
         "kTileOElems) * int(sizeof(Element));",
     ]
     return lines
-
-
-def kv_cp_async(params) -> bool:
-    """The producer copies K and V with cp.async (a paged cache read row by row) instead of TMA."""
-    return params.g2s_atom != "SM90_TMA"
 
 
 def kernel_signature(name: str, varlen: bool = False, paged: bool = False) -> list[str]:

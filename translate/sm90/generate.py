@@ -3,8 +3,8 @@
 Warpgroup 0 runs the producer block: one thread issues the TMA loads (Q once, then K and V tile by tile
 into a ring of ``kStages`` stages, each behind a full/empty mbarrier pair) after giving most of its
 registers back (setmaxnreg); with a paged cache and g2s_atom cp.async, the whole warpgroup copies K and V
-row by row through the page table and thread 0 keeps Q, the tile numbers and the hand-over. Warpgroups 1..W run the consumer block with the registers the producer
-gave up: wgmma GEMMs issued asynchronously, the waits the dependency pass placed, the online softmax on
+row by row through the page table and thread 0 keeps Q, the tile numbers and the hand-over. Warpgroups 1..W
+run the consumer block with the registers the producer gave up: wgmma GEMMs issued asynchronously, the waits the dependency pass placed, the online softmax on
 the accumulator layout, and an epilogue through shared memory and a TMA store.
 """
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
+from translate.params_sm90 import kv_cp_async
 from translate.sm90 import emit as em
 from translate.sm90.ir import Op
 from translate.sm90.lower import WsLowering, stmt_text
@@ -52,7 +53,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     if pingpong and params.block_m < 128:
         raise TranslationError("ping-pong takes turns between two or three consumer warpgroups (block_m 128 or 192)")
     varlen, paged = spec.layout in ("varlen", "paged"), spec.layout == "paged"
-    cp_async = em.kv_cp_async(params)
+    cp_async = kv_cp_async(params)
     # packed sequences, longest first (attn_sm90::order_sequences): the order's room, where the tiles leave it
     ordered = varlen and params.longest_first and \
         smem_bytes_ws(params, spec, lowered.stages, separate_o, True) <= profile.smem_per_block_bytes
