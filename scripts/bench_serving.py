@@ -256,6 +256,32 @@ def _kernel_kind(name: str) -> str:
     return "other"
 
 
+def _cudnn_call(q, k, v):
+    """``() -> out``: torch SDPA's cuDNN backend, causal, GQA, on (b, h, s, d) tensors."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def call():
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    return call
+
+
+def against_cudnn(call, q, k, v, rounds: int = 15) -> dict:
+    """``call`` against cuDNN on the same q/k/v in the confirm rule's paired rounds (the order flipped every
+    round): the verdict of cuDNN's µs over the call's, with both medians."""
+    from tuner.campaign.confirm import ConfirmRule, verdict
+
+    cudnn, rule = _cudnn_call(q, k, v), ConfirmRule(rounds=rounds)
+    mine, theirs = [], []
+    for r in range(rule.rounds):
+        pair = [(mine, call), (theirs, cudnn)]
+        for times, fn in pair if r % 2 == 0 else pair[::-1]:
+            times.append(gpu_us(fn, reps=20))
+    return {**verdict(mine, theirs, rule).to_dict(), "ours_us": statistics.median(mine),
+            "cudnn_us": statistics.median(theirs)}
+
+
 def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path(".kcache")) -> list[dict]:
     """GPU µs of one attention call at the model's shapes: ours (the export), SDPA's backends given is_causal,
     and each of ``variants`` (parameter changes to the H100 default, built here and passed through the gate
@@ -263,8 +289,6 @@ def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path
     cuDNN's time over the kernel's, 95% interval)."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    from tuner.campaign.confirm import ConfirmRule, verdict
 
     kernels = _variant_kernels(variants, cache_dir) if variants else {}
     out = []
@@ -294,17 +318,8 @@ def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path
             except RuntimeError as exc:
                 row[name] = str(exc).splitlines()[0][:120]
         if isinstance(row.get("sdpa_cudnn"), float):
-            def cudnn():
-                with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-            rule = ConfirmRule(rounds=15)
             for name, call in calls.items():
-                mine, theirs = [], []
-                for r in range(rule.rounds):
-                    pair = [(mine, call), (theirs, cudnn)]
-                    for times, fn in pair if r % 2 == 0 else pair[::-1]:
-                        times.append(gpu_us(fn, reps=20))
-                row[f"{name}_vs_cudnn"] = verdict(mine, theirs, rule).to_dict()
+                row[f"{name}_vs_cudnn"] = against_cudnn(call, q, k, v)
         out.append(row)
         print(f"attention kernel {row}", flush=True)
     return out
@@ -347,13 +362,10 @@ def _attention_on_activations(attn, model, ids) -> dict:
     """Ours against cuDNN on the first layer's own query/key/value (random-weight activations, in the memory
     layout the model hands over), the confirm rule's paired rounds: whether the kernels' ratio on random
     inputs holds on a model's."""
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
 
-    from tuner.campaign.confirm import ConfirmRule, verdict
     from tuner.serving import hf
 
     seen = []
@@ -376,23 +388,12 @@ def _attention_on_activations(attn, model, ids) -> dict:
         model.config._attn_implementation = before
     q, k, v = seen[0]
 
-    def cudnn():
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-
     def ours():
         return attn(q, k, v, causal=True, layout="bhsd")
 
-    assert (ours().float() - cudnn().float()).abs().max().item() < 5e-2
-    rule = ConfirmRule(rounds=15)
-    mine, theirs = [], []
-    for r in range(rule.rounds):
-        pair = [(mine, ours), (theirs, cudnn)]
-        for times, fn in pair if r % 2 == 0 else pair[::-1]:
-            times.append(gpu_us(fn, reps=20))
-    result = verdict(mine, theirs, rule).to_dict()
-    result.update(strides=[list(t.stride()) for t in (q, k, v)], ours_us=statistics.median(mine),
-                  cudnn_us=statistics.median(theirs))
+    assert (ours().float() - _cudnn_call(q, k, v)().float()).abs().max().item() < 5e-2
+    result = against_cudnn(ours, q, k, v)
+    result["strides"] = [list(t.stride()) for t in (q, k, v)]
     print(f"attention on the model's activations {tuple(q.shape)}: {result}", flush=True)
     return result
 
