@@ -109,6 +109,11 @@ if [ "$DRY" != 1 ] && [ "$FAKE_GPU" != 1 ] && [ "$PHASE" != check ]; then
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits -l 1 > "$WORK/gpu_util.csv" 2>/dev/null &
   UTIL_PID=$!
 fi
+CPU_PID=""
+if [ "$PHASE" != check ]; then   # CPU busy share and compiler processes: short of CPUs, or of work?
+  python3 scripts/cpu_sampler.py "$WORK/cpu.csv" --every 2 &
+  CPU_PID=$!
+fi
 say "campaign: command limit ${CMD_LIMIT}s, search budget --timeout ${LOOP_LIMIT}s"
 C0=$(date +%s)
 if [ "$PHASE" != check ]; then
@@ -121,6 +126,7 @@ STEP[campaign_s]=$(( $(date +%s) - C0 ))
 [ -n "${KEEP:-}" ] && echo "${STEP[campaign_rc]} ${STEP[campaign_s]}" > "$WORK/campaign_rc"
 else read -r STEP[campaign_rc] STEP[campaign_s] < "$WORK/campaign_rc"; cp "$WORK/campaign.log" "$OUT/" 2>/dev/null; fi
 [ -n "$UTIL_PID" ] && kill "$UTIL_PID" 2>/dev/null
+[ -n "$CPU_PID" ] && kill "$CPU_PID" 2>/dev/null
 if [ -n "$RAY_PID" ]; then kill -TERM -- "-$RAY_PID" 2>/dev/null; wait "$RAY_PID" 2>/dev/null; fi
 say "campaign exit ${STEP[campaign_rc]} after ${STEP[campaign_s]}s; last lines:"
 tail -n 25 "$OUT/campaign.log" | sed 's/^/  | /'
@@ -164,11 +170,11 @@ for f in /tmp/ray/session_latest/logs/worker-*.err /tmp/ray/session_latest/logs/
 done
 save_steps
 tar -C "$WORK" --exclude='compiled' --exclude='nvcc-cache' -czf "$OUT/study.tgz" \
-  $(cd "$WORK" && ls -d studies exported gpu_util.csv ray_errors steps.json ray_head.log 2>/dev/null)
+  $(cd "$WORK" && ls -d studies exported gpu_util.csv cpu.csv ray_errors steps.json ray_head.log 2>/dev/null)
 [ -f "$OUT/study.tgz" ] && STEP[tgz_kb]=$(( $(stat -c %s "$OUT/study.tgz") / 1024 ))
 save_steps
 timeout 15 python3 scripts/device_report.py summary "$STUDY/summary.json" "$OUT/check.json" "$STEPS" \
-  "$WORK/gpu_util.csv" > "$OUT/summary.txt" 2>&1
+  "$WORK/gpu_util.csv" "$WORK/cpu.csv" > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 [ -z "${KEEP:-}" ] && rm -rf "$WORK"
 [ "${STEP[campaign_rc]}" = 0 ] && { [ "$DRY" = 1 ] || [ "${STEP[check_rc]:-1}" = 0 ]; }

@@ -142,6 +142,39 @@ def _util(csv_path: str | None, window: tuple[float, float] | None = None) -> di
             "busy_share": round(sum(1 for v in vals if v > 0) / len(vals), 3)}
 
 
+def _cpu(csv_path: str | None, window: tuple[float, float] | None = None) -> dict:
+    """Means of scripts/cpu_sampler.py's samples (all, or those inside ``window``): the busy share of the
+    host's CPUs, compiler processes alive and on a CPU, other processes on a CPU."""
+    try:
+        lines = Path(csv_path).read_text().splitlines()[1:] if csv_path else []
+    except OSError:
+        return {}
+    rows = []
+    for line in lines:
+        try:
+            t, cpus, busy, procs, running, other = line.split(",")
+            rows.append((float(t), int(cpus), float(busy), int(procs), int(running), int(other)))
+        except ValueError:
+            continue
+    if window is not None:
+        rows = [r for r in rows if window[0] <= r[0] <= window[1]]
+    if not rows:
+        return {}
+    n = len(rows)
+    return {"samples": n, "cpus": rows[0][1], "busy_pct": round(100 * sum(r[2] for r in rows) / n, 1),
+            "compiler_procs": round(sum(r[3] for r in rows) / n, 1),
+            "compiler_running": round(sum(r[4] for r in rows) / n, 1),
+            "other_running": round(sum(r[5] for r in rows) / n, 1)}
+
+
+def _cpu_line(label: str, cpu: dict) -> str:
+    if not cpu:
+        return f"{label}: no CPU samples"
+    return (f"{label}: CPUs busy {cpu['busy_pct']}% of {cpu['cpus']} ({cpu['samples']} samples); compiler "
+            f"processes alive {cpu['compiler_procs']}, on a CPU {cpu['compiler_running']}; other processes on a "
+            f"CPU {cpu['other_running']}")
+
+
 def _num(x) -> float | None:
     try:
         return float(x)
@@ -164,6 +197,10 @@ def _window_line(label: str, occ: dict | None, util_csv: str | None) -> str:
                f"{util['samples']} samples" if util else "; no timestamped utilization samples in the window"))
 
 
+def _window(occ: dict | None) -> tuple[float, float] | None:
+    return (occ["from"], occ["to"]) if occ and occ.get("from") and occ.get("to") else None
+
+
 def _steady_line(steady: dict | None, util_csv: str | None) -> str:
     if not steady:
         return "steady state: no trial held a GPU"
@@ -181,7 +218,8 @@ def _pipeline_line(p: dict | None) -> str:
             f"take {_f(p.get('gpus_take_per_s'), '.3f')}/s")
 
 
-def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str | None = None) -> int:
+def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str | None = None,
+            cpu_csv: str | None = None) -> int:
     s, c, steps = _load(summary_json), _load(check_json), _load(steps_json)
     util = _util(util_csv)
     t = s.get("trials", {})
@@ -209,6 +247,8 @@ def summary(summary_json: str, check_json: str, steps_json: str, util_csv: str |
             + (f"; nvidia-smi utilization mean {util['mean_pct']}%, >0 in {util['busy_share'] * 100:.0f}% of "
                f"{util['samples']} samples (whole script)" if util else ""),
             _steady_line(s.get("steady_state"), util_csv),
+            _cpu_line("host CPUs, whole campaign", _cpu(cpu_csv)),
+            _cpu_line("host CPUs, first lock to last release", _cpu(cpu_csv, _window(s.get("steady_state")))),
             _pipeline_line(s.get("compile_pipeline")),
             f"measured trials per GPU-hour: {_f(s.get('measured_per_gpu_hour'))} over the loop; "
             f"stage seconds (sums) {s.get('stage_seconds')}",
@@ -263,6 +303,6 @@ if __name__ == "__main__":
         model = args[args.index("--model") + 1] if "--model" in args else None
         sys.exit(check(args[1], args[2], fake_gpu="--fake-gpu" in args[3:], model=model))
     if args[:1] == ["summary"] and len(args) >= 4:
-        sys.exit(summary(*args[1:5]))
+        sys.exit(summary(*args[1:6]))
     print(__doc__, file=sys.stderr)
     sys.exit(2)
