@@ -8,13 +8,14 @@ def test_before_any_measurement_the_floor_and_the_compile_slots_are_filled():
     assert p.room(in_compile=0, ready=0) == 20 and p.room(in_compile=15, ready=3) == 2
 
 
-def test_then_littles_law_sets_the_lookahead_and_the_ready_queue_is_capped():
+def test_then_littles_law_sets_the_lookahead_counting_the_kernels_waiting():
     p = Pacer(n_gpus=1, gpu_slots=4, compile_slots=12)
     p.note_compile(26.0)          # a batch of 4 Hopper kernels
     p.note_trial(1.6)             # one trial's hold of the GPU
     assert p.target() == 21       # 1.25 x (1 / 1.6 s) x 26 s, rounded up
     assert p.room(in_compile=10, ready=5) == 6
-    assert p.room(in_compile=0, ready=8) == 0          # 2 x GPU slots compiled and waiting: ask nothing
+    assert p.room(in_compile=0, ready=8) == 13         # kernels waiting count against the target, no cap of their own
+    assert p.room(in_compile=0, ready=21) == 0 and p.room(in_compile=4, ready=20) < 0
     fast = Pacer(n_gpus=1, gpu_slots=4)
     fast.note_compile(1.0)
     fast.note_trial(1.0)
@@ -94,3 +95,46 @@ def test_one_kernel_short_of_the_pacers_target_a_full_unit_is_built():
     in_compile = p.target() - 1
     assert p.room(in_compile, 0) == 1
     assert unit_size(p.room(in_compile, 0), p.room(in_compile, 0, seconds_left=600), 4) == 4
+
+
+def _gpu_busy_share(pacer: Pacer, slots: int = 12, unit: int = 8, compile_s: float = 35.0, trial_s: float = 0.9,
+                    seconds: float = 900.0, settle: float = 200.0) -> float:
+    """The campaign loop's pacing in a discrete-time model (0.1-s steps): a unit takes ``compile_s`` whatever
+    its size, one GPU measures one kernel per ``trial_s``; the GPU's busy share after ``settle`` seconds."""
+    from tuner.campaign.pacing import unit_size
+
+    dt, t = 0.1, 0.0
+    compiling: list[tuple[float, int]] = []        # (done at, kernels)
+    ready, gpu_free_at, busy = 0, 0.0, 0.0
+    while t < seconds:
+        for done in [c for c in compiling if c[0] <= t]:
+            compiling.remove(done)
+            ready += done[1]
+            pacer.note_compile(compile_s)
+        while len(compiling) < slots:
+            in_compile = sum(k for _, k in compiling)
+            size = unit_size(pacer.room(in_compile, ready), pacer.room(in_compile, ready, None), unit)
+            if size <= 0:
+                break
+            compiling.append((t + compile_s, size))
+        if ready and gpu_free_at <= t:
+            ready -= 1
+            gpu_free_at = t + trial_s
+            pacer.note_trial(trial_s)
+            if t >= settle:
+                busy += min(trial_s, seconds - t)
+        t += dt
+    return busy / (seconds - settle)
+
+
+def test_compiles_flow_without_waves_when_the_cpus_could_feed_the_gpu():
+    # 12 slots of 8-kernel units every 35 s could build 2.7 kernels/s against the GPU's 1.2/s: the pacer
+    # must keep the GPU busy. A cap of 2 x the GPU slots on the kernels waiting (the pacer before
+    # 2026-11-25) made the units start and end together in waves, and the GPU waited between them.
+    assert _gpu_busy_share(Pacer(n_gpus=1, gpu_slots=4, compile_slots=12)) > 0.97
+
+    class CappedReady(Pacer):
+        def room(self, in_compile, ready, seconds_left=None):
+            return 0 if ready >= 2 * self.gpu_slots else super().room(in_compile, ready, seconds_left)
+
+    assert _gpu_busy_share(CappedReady(n_gpus=1, gpu_slots=4, compile_slots=12)) < 0.85

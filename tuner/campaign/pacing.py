@@ -4,7 +4,14 @@ Bounded lookahead. A sampler asked far ahead of its results proposes blindly (H2
 asks, 132 compiled and never measured). So the loop asks only when a compile slot is free and the kernels
 compiling or compiled-and-waiting are fewer than the GPUs need next: Little's law, the GPUs' measured
 rate (trials per second) times a compile batch's measured latency, with a floor of 2 x the GPU trial
-slots before either is known; the kernels compiled and waiting never exceed 2 x the GPU trial slots.
+slots before either is known.
+
+No separate cap on the kernels compiled and waiting: that bound is the target itself. A cap of 2 x the GPU
+trial slots (8 on one H100) made the compiles run in waves (device run of 2026-11-25, units of 8 on 12
+compile slots): a wave of units finished together, its ~60-90 kernels held the cap for the ~60 s the GPU
+took to drain them, no compile started meanwhile, and the next wave arrived ~35 s after the queue ran dry.
+The host's CPUs were busy 54% of the campaign (12 compilers at a time, then none for 30-40 s), the GPU
+lock 55%.
 """
 from __future__ import annotations
 
@@ -33,10 +40,6 @@ class Pacer:
         if seconds > 0:
             self.trial_s = seconds if self.trial_s is None else (1 - EWMA) * self.trial_s + EWMA * seconds
 
-    @property
-    def ready_cap(self) -> int:
-        return 2 * self.gpu_slots
-
     def target(self) -> int:
         floor = 2 * self.gpu_slots
         if self.compile_s is None or self.trial_s is None:
@@ -52,8 +55,6 @@ class Pacer:
         measure after they compile (so the budget does not end with compiled kernels never measured)."""
         if self.n_gpus == 0:           # dry run: the compile slots are the only bound
             return 1 << 30
-        if ready >= self.ready_cap:
-            return 0
         room = self.target() - in_compile - ready
         if seconds_left is not None and self.compile_s is not None and self.trial_s is not None:
             can_measure = int(self.n_gpus * (seconds_left - self.compile_s) / self.trial_s)
