@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+# The main script of the process that owns the fork server, for the server to run once (see _preload_main).
+MAIN_PATH_ENV = "TUNER_FORKSERVER_MAIN"
 # Set by tests (and the device rehearsal) to install CPU stand-ins for the GPU in every trial process:
 # "package.module:function" or "package.module.function", called in each child before its job.
 SETUP_HOOK_ENV = "TUNER_TRIAL_SETUP_HOOK"
@@ -56,7 +58,7 @@ class FreshProcesses:
     def __post_init__(self) -> None:
         self._ctx = multiprocessing.get_context("forkserver")
         # The preload list belongs to the (one) fork server of this process: set it before it starts.
-        self._ctx.set_forkserver_preload(list(self.preload) or ["tuner.campaign.trialproc"])
+        self._ctx.set_forkserver_preload([*(self.preload or ("tuner.campaign.trialproc",)), _preload_main()])
 
     def boot(self) -> float:
         """Start the fork server now (its imports take seconds) by running an empty job; returns seconds."""
@@ -124,6 +126,25 @@ class FreshProcesses:
     def _outcome(kind: str, proc, started: float, locked: float | None, **kw) -> ProcessOutcome:
         return ProcessOutcome(kind, pid=proc.pid, locked_after_s=None if locked is None else round(locked - started, 3),
                               seconds=round(time.monotonic() - started, 3), **kw)
+
+
+def _preload_main() -> str:
+    """The preload entry that has the fork server run this process's main script once, so that no trial
+    process does. multiprocessing re-runs the parent's main script (as ``__mp_main__``) in every child it
+    starts, unless the child's ``__main__`` is that script already; the fork server's ``"__main__"``
+    preload that would do this once never does on Python 3.11 (it looks for a ``main_path`` key that the
+    preparation data does not have). In a Ray GPU worker the main script is Ray's default_worker.py, which
+    imports ray: 0.33 s per trial process on an idle 2-core machine (scripts/trialproc_overhead.py), and on
+    the H100 campaign of 2026-11-25 a trial process took 1.47 s (median) from its start to its job, while 4
+    trial slots bounded the GPU at 0.72 trials/s (lock held 61%, kernels compiled and waiting)."""
+    from multiprocessing import spawn
+
+    path = spawn.get_preparation_data("trial").get("init_main_from_path")
+    if path:
+        os.environ[MAIN_PATH_ENV] = path     # the fork server, started later, inherits it
+    else:
+        os.environ.pop(MAIN_PATH_ENV, None)
+    return "tuner.campaign.forkmain"
 
 
 def _kill(proc) -> None:

@@ -1,0 +1,8 @@
+"""Imported by a trial fork server only (trialproc._preload_main): runs its owner's main script once, as
+multiprocessing would in every child, and makes it the server's ``__main__``, so the children skip it."""
+import os
+from multiprocessing import spawn
+
+_path = os.environ.get("TUNER_FORKSERVER_MAIN")
+if _path and os.path.isfile(_path):
+    spawn.import_main_path(_path)
