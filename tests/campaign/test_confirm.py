@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from tuner.campaign.confirm import ConfirmRule, median_interval, round_ratios, verdict
+from tuner.campaign.confirm import ConfirmRule, median_interval, round_ratios, verdict, verdict_across
 from tuner.campaign.winners import Contender, Contest, decide
 from tuner.problem import Problem
 
@@ -136,3 +136,24 @@ def test_a_contender_that_cannot_be_timed_again_cannot_win():
     broken = {"ms": {"seed": [1.0] * 9, "stored": [1.0] * 9}, "failed": {"challenger": "wrong result"}}
     d = decide(contest, broken)
     assert d.winner is SEED and not d.search_beat_seeds and "the challenger could not be timed again" in d.note
+
+
+def test_a_win_must_hold_in_every_fresh_process():
+    faster, tied = ([1.0] * 9, [1.02] * 9), ([1.0, 1.01, 0.99] * 3, [1.0] * 9)
+    assert verdict_across([faster, faster]).confirmed
+    both = verdict_across([faster, tied])
+    assert not both.confirmed and both.rounds == 18
+    assert both.low == verdict(*tied).low and both.high == verdict(*faster).high   # the processes' span
+    assert verdict_across([faster]) == verdict(*faster)
+    with pytest.raises(ValueError, match="processes"):
+        ConfirmRule(processes=0)
+
+
+def test_the_seed_stands_when_a_second_process_does_not_confirm_the_challenger():
+    contest = Contest("s4096", PROBLEM, CHALLENGER, SEED, None)
+    first, second = _retimed(challenger=1.0, seed=1.02), _retimed(challenger=1.0, seed=1.0)
+    first["pid"], second["pid"] = 11, 12
+    d = decide(contest, [first, second])
+    assert d.winner is SEED and not d.search_beat_seeds and not d.vs_seed.confirmed
+    assert "2 fresh processes" in d.note and d.to_dict()["retimed"]["pids"] == [11, 12]
+    assert decide(contest, [first, dict(first)]).search_beat_seeds

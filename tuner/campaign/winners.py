@@ -28,7 +28,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from . import study as st
-from .confirm import DEFAULT_RULE, ConfirmRule, Verdict, verdict
+from .confirm import DEFAULT_RULE, ConfirmRule, Verdict, verdict_across
 from .problems import bucket_of, problem_key, problem_order, record_key
 
 ROLES = ("challenger", "seed", "stored")
@@ -107,6 +107,7 @@ class Decision:
             lock = self.retimed.get("gpu_lock") or {}
             retimed = {"tflops": self.retimed.get("tflops"), "failed": self.retimed.get("failed") or {},
                        "rounds": len(self.retimed.get("order") or []), "pid": self.retimed.get("pid"),
+                       "pids": self.retimed.get("pids"),
                        "held_s": round(lock["released_at"] - lock["acquired_at"], 3)
                        if lock.get("released_at") and lock.get("acquired_at") else None}
         from dataclasses import asdict
@@ -197,12 +198,14 @@ def contests(camp, best: dict) -> list[Contest]:
 
 # ---- the decision (pure) ----------------------------------------------------------------------------------
 
-def decide(contest: Contest, retimed: dict | None, error: str | None = None,
+def decide(contest: Contest, retimed: dict | list[dict] | None, error: str | None = None,
            rule: ConfirmRule = DEFAULT_RULE) -> Decision:
-    """The bucket's decision from its re-timing (``retimed``: retime.py's result), or without one (``error``
-    says why; None when none was needed)."""
+    """The bucket's decision from its re-timings (``retimed``: retime.py's result, one per fresh process: a
+    verdict must hold in each, confirm.verdict_across), or without one (``error`` says why; None when none
+    was needed)."""
     c, s, k = contest.challenger, contest.seed, contest.stored
-    if retimed is None:
+    runs = [retimed] if isinstance(retimed, dict) else list(retimed or [])
+    if not runs:
         winner = s if s is not None else c
         if s is not None:
             base = f"not re-timed ({error}): the best seed stands"
@@ -214,40 +217,50 @@ def decide(contest: Contest, retimed: dict | None, error: str | None = None,
             return Decision(contest, winner, None, None, False, f"{base}; already stored")
         return Decision(contest, winner, None, None, False, f"{base}; not re-timed against the stored kernel "
                                                             f"({error}): it stays")
-    failed = retimed.get("failed") or {}
-    times = {}
-    for cont in contest.contenders():   # a role that is another's kernel shares its times
-        twin = next(x for x in contest.timed() if x.sha256 == cont.sha256)
-        times[cont.role] = retimed.get("ms", {}).get(twin.role)
+    failed = {role: why for run in runs for role, why in (run.get("failed") or {}).items()}
+    per_run = []
+    for run in runs:   # a role that is another's kernel shares its times
+        per_run.append({cont.role: run.get("ms", {}).get(next(x for x in contest.timed()
+                                                               if x.sha256 == cont.sha256).role)
+                        for cont in contest.contenders()})
+
+    def timed(role: str) -> bool:
+        return all(times[role] for times in per_run)
+
+    def against(role: str, incumbent: str) -> Verdict:
+        return verdict_across([(times[role], times[incumbent]) for times in per_run], rule)
+
+    record = {**runs[0], "pids": [run.get("pid") for run in runs]}
+    where = f" ({len(runs)} fresh processes)" if len(runs) > 1 else ""
     notes = []
     vs_seed = None
     winner = c
     if s is not None:
-        if times["challenger"] and times["seed"]:
-            vs_seed = verdict(times["challenger"], times["seed"], rule)
+        if timed("challenger") and timed("seed"):
+            vs_seed = against("challenger", "seed")
             winner = c if vs_seed.confirmed else s
-            notes.append(f"challenger {vs_seed.text()} the best seed: "
+            notes.append(f"challenger {vs_seed.text()} the best seed{where}: "
                          + ("clearly faster" if vs_seed.confirmed else "not clearly faster, the seed stands"))
-        elif not times["challenger"]:
+        elif not timed("challenger"):
             winner = s
             notes.append(f"the challenger could not be timed again ({failed.get('challenger', 'no times')}): "
                          "the seed stands")
         else:
             notes.append(f"the best seed could not be timed again ({failed.get('seed', 'no times')})")
     if k is None:
-        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes + ["the store held nothing for the bucket: stored"]), retimed)
+        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes + ["the store held nothing for the bucket: stored"]), record)
     if k.sha256 == winner.sha256:
-        return Decision(contest, winner, vs_seed, None, False, "; ".join(notes + ["already stored"]), retimed)
-    if not times["stored"]:
+        return Decision(contest, winner, vs_seed, None, False, "; ".join(notes + ["already stored"]), record)
+    if not timed("stored"):
         notes.append(f"the stored kernel could not be timed here ({failed.get('stored', 'no times')}): replaced")
-        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes), retimed)
-    if not times[winner.role]:
+        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes), record)
+    if not timed(winner.role):
         return Decision(contest, winner, vs_seed, None, False, "; ".join(notes + ["the stored kernel stays"]),
-                        retimed)
-    vs_stored = verdict(times[winner.role], times["stored"], rule)
-    notes.append(f"{winner.role} {vs_stored.text()} the stored kernel: "
+                        record)
+    vs_stored = against(winner.role, "stored")
+    notes.append(f"{winner.role} {vs_stored.text()} the stored kernel{where}: "
                  + ("replaces it" if vs_stored.confirmed else "not clearly faster, the stored kernel stays"))
-    return Decision(contest, winner, vs_seed, vs_stored, vs_stored.confirmed, "; ".join(notes), retimed)
+    return Decision(contest, winner, vs_seed, vs_stored, vs_stored.confirmed, "; ".join(notes), record)
 
 
 # ---- the re-timing jobs -----------------------------------------------------------------------------------
@@ -273,6 +286,7 @@ def retime_all(camps, wait_s: float, rule: ConfirmRule = DEFAULT_RULE) -> None:
     import ray
 
     pending: dict = {}
+    runs: dict = {}       # (campaign name, bucket) -> the re-timings back so far, or the first error
     for camp in camps:
         camp.contests = contests(camp, best_per_bucket(camp.study, camp.problems))
         camp.decisions = {}
@@ -280,12 +294,17 @@ def retime_all(camps, wait_s: float, rule: ConfirmRule = DEFAULT_RULE) -> None:
             if not contest.needs_retiming():
                 camp.decisions[contest.bucket] = decide(contest, None, None, rule)
                 continue
-            ref, slot = camp.workers.submit_retime(payload(camp, contest, rule), camp.options.trial_timeout, wait_s)
-            pending[ref] = (camp, contest, slot)
+            runs[(camp.name, contest.bucket)] = []
+            for process in range(rule.processes):
+                job = payload(camp, contest, rule)
+                job["nonce"] = f"{job['nonce']}#{process}"
+                ref, slot = camp.workers.submit_retime(job, camp.options.trial_timeout, wait_s)
+                pending[ref] = (camp, contest, slot)
     if not pending:
         return
-    camps[0].console.print(f"re-timing {len(pending)} bucket winner(s) against their incumbents: {rule.rounds} "
-                           "interleaved rounds each, in a fresh process on the GPU", markup=False)
+    camps[0].console.print(f"re-timing {len(runs)} bucket winner(s) against their incumbents: {rule.rounds} "
+                           f"interleaved rounds each, in each of {rule.processes} fresh process(es) on the GPU",
+                           markup=False)
     deadline = time.monotonic() + wait_s + camps[0].options.trial_timeout
     try:
         while pending:
@@ -296,13 +315,23 @@ def retime_all(camps, wait_s: float, rule: ConfirmRule = DEFAULT_RULE) -> None:
                 camp, contest, slot = pending.pop(ref)
                 camp.workers.release(slot)
                 value, error = _outcome(ref)
-                camp.decisions[contest.bucket] = decide(contest, value, error, rule)
+                got = runs[(camp.name, contest.bucket)]
+                if isinstance(got, str):          # an earlier process of the contest failed: decided already
+                    continue
+                if value is None:                 # one process without times decides nothing
+                    runs[(camp.name, contest.bucket)] = error
+                    camp.decisions[contest.bucket] = decide(contest, None, error, rule)
+                    continue
+                got.append(value)
+                if len(got) == rule.processes:
+                    camp.decisions[contest.bucket] = decide(contest, got, None, rule)
         reason = "no answer in time"
     except KeyboardInterrupt:
         reason = "interrupted"
     for ref, (camp, contest, _) in pending.items():
         ray.cancel(ref, force=True)
-        camp.decisions[contest.bucket] = decide(contest, None, reason, rule)
+        if contest.bucket not in camp.decisions:
+            camp.decisions[contest.bucket] = decide(contest, None, reason, rule)
 
 
 def _outcome(ref) -> tuple[dict | None, str | None]:
