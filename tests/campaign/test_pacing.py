@@ -45,7 +45,8 @@ def test_a_trial_is_taken_for_hung_at_ten_typical_holds_with_a_floor():
 
 def test_start_up_batches_are_small_then_full():
     sizes = [batch_size(8, sent, n_gpus=1, compile_slots=12) for sent in range(14)]
-    assert sizes == [1] * 6 + [2] * 6 + [8, 8]
+    assert sizes == [1] * 4 + [2] * 4 + [4] * 4 + [8, 8]
+    assert [batch_size(2, sent, n_gpus=1, compile_slots=3) for sent in range(4)] == [1, 2, 2, 2]
     assert batch_size(8, 0, n_gpus=0, compile_slots=12) == 8   # a dry run has no GPU to wait
 
 
@@ -138,3 +139,11 @@ def test_compiles_flow_without_waves_when_the_cpus_could_feed_the_gpu():
             return 0 if ready >= 2 * self.gpu_slots else super().room(in_compile, ready, seconds_left)
 
     assert _gpu_busy_share(CappedReady(n_gpus=1, gpu_slots=4, compile_slots=12)) < 0.85
+
+
+def test_before_any_measurement_the_first_round_of_units_is_asked_in_full():
+    from tuner.campaign.pacing import first_round
+
+    assert first_round(8, n_gpus=1, compile_slots=12) == 4 * 1 + 4 * 2 + 4 * 4
+    p = Pacer(n_gpus=1, gpu_slots=4, compile_slots=12, first_round=first_round(8, 1, 12))
+    assert p.room(in_compile=0, ready=0) == 2 * 4 + 28

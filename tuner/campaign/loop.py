@@ -33,7 +33,7 @@ from .cache import from_result, measurement_key
 from .cluster import compile_pool
 from .driver import WORKER_GRACE_S, Campaign, Tally
 from .earlystop import DEFAULT_EARLY_STOP
-from .pacing import Pacer, batch_size, one_unit_each, unit_size
+from .pacing import Pacer, batch_size, first_round, one_unit_each, unit_size
 from .problems import probe_problem, problem_key
 from .telling import (compile_outcomes, count_outcome, held_seconds, lock_record, measured_value, note_span,
                       save_kernel, tell_infra, tell_measurement)
@@ -80,7 +80,8 @@ class Loop:
         self.compile_slots = self.compile_pool.slots
         if self.compile_pool.dedicated:
             self.console.print(f"compiles: {self.compile_pool.describe()}")
-        self.pacer = Pacer(self.n_gpus, gpu_slots, self.compile_slots)
+        self.pacer = Pacer(self.n_gpus, gpu_slots, self.compile_slots,
+                           first_round(self.opts.compile_batch, self.n_gpus, self.compile_slots))
         self.batches_sent = 0
         self.compiling: dict[Any, tuple[list[Candidate], float]] = {}
         self.filling: dict[str, tuple[list[Candidate], float]] = {}   # camp -> a unit being asked, since when

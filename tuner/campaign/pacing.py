@@ -28,8 +28,10 @@ HANG_FLOOR_S = 20.0
 class Pacer:
     """How many kernels should be compiling or compiled-and-waiting (see the module doc)."""
 
-    def __init__(self, n_gpus: int, gpu_slots: int, compile_slots: int = 0):
+    def __init__(self, n_gpus: int, gpu_slots: int, compile_slots: int = 0, first_round: int | None = None):
         self.n_gpus, self.gpu_slots, self.compile_slots = n_gpus, gpu_slots, compile_slots
+        # kernels in the first round of compile units (batch_size's ramp); one a slot when not given
+        self.first_round = compile_slots if first_round is None else first_round
         self.compile_s: float | None = None     # one batch, submit to result
         self.trial_s: float | None = None       # one trial's hold of its GPU
 
@@ -46,7 +48,7 @@ class Pacer:
             # Before the first measurements the sampler proposes its start-up points and the seeds, which
             # no result would change: fill the compile slots too, so the GPUs do not wait on the ramp-up
             # (the H100 run of 2026-11-23 measured 15 trials in its first 77 s with the floor alone).
-            return floor + self.compile_slots
+            return floor + self.first_round
         rate = self.n_gpus / self.trial_s
         return max(floor, math.ceil(1.25 * rate * self.compile_s))
 
@@ -69,17 +71,24 @@ class Pacer:
 
 
 def batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> int:
-    """While the GPUs wait for their first kernels, the first round of compile slots gets small batches (half
-    of them one kernel, then two): a lone Hopper kernel builds in ~6 s, four of different tiles in one unit
-    in ~14 s on a 2-core machine (BENCHMARKS.md, 2026-11-24), so the first trials start sooner; then ``full``
-    for throughput (eight of different tiles: 2.7 s a kernel, against 3.5 s in units of four)."""
+    """While the GPUs wait for their first kernels, the first round of compile slots gets small units, a third
+    each of one, two and four kernels, so the first trials start soon and kernels keep arriving until the
+    first full units are built; then ``full`` for throughput (eight of different tiles: 2.7 s a kernel,
+    against 3.5 s in units of four and ~6 s alone on a 2-core machine, BENCHMARKS.md 2026-11-24). With halves
+    of one and two (before 2026-11-25) the H100's 12 slots built 18 kernels in the first wave, ~18 s of GPU
+    work, and the GPU was locked 28 s of the campaign's first 70 s while the first units of eight compiled."""
     if n_gpus == 0:
         return full
-    if sent < max(1, compile_slots // 2):
-        return 1
-    if sent < max(2, compile_slots):
-        return min(full, 2)
+    third = max(1, compile_slots // 3)
+    for size, until in ((1, third), (2, 2 * third), (4, max(3 * third, compile_slots))):
+        if sent < until:
+            return min(full, size)
     return full
+
+
+def first_round(full: int, n_gpus: int, compile_slots: int) -> int:
+    """Kernels in the first round of compile units, one unit a slot (batch_size's ramp)."""
+    return sum(batch_size(full, sent, n_gpus, compile_slots) for sent in range(compile_slots))
 
 
 def unit_size(room: int, end_room: int, planned: int) -> int:
