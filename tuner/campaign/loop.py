@@ -43,6 +43,11 @@ DRAIN_S = 30.0            # after --timeout, how long the trials already on a GP
 # The driver asks at most this long before it launches and collects again: with many cache hits TPE is asked
 # hundreds of times in a row (591 in the llama3-8b run of 2026-11-23), and GPUs must not wait on that.
 ASK_SLICE_S = 0.5
+# Between two slices of asking the loop waits for a result this long when it still has kernels to ask for (0.5 s
+# otherwise). Waiting 0.5 s each time halved the asking: late in the H100 campaign of 2026-11-25, 85% of the
+# asks were cache hits (TPE over ~1000 trials re-proposing measured points) and the loop asked ~3 times a
+# second, 0.4-0.6 new kernels/s against the GPU's 1.1, and the GPU was locked 30-50% of its last 3 minutes.
+ASK_WAIT_S = 0.02
 # A unit short of its size when an ask slice ends waits for the next slices this long before it is compiled as
 # it is. Device run 14 (2026-11-24): each ask (TPE over ~500 trials, translation, ~2 of 3 asks cache hits) takes
 # long enough that a 0.5 s slice often ended a unit at 1-3 kernels; 86 of 277 were built alone at 19.6 s of
@@ -295,12 +300,17 @@ class Loop:
                             self.filling[camp.name] = (batch, since)   # the slice ended: fill it in the next
                             break
                         self._send_unit(camp, batch)
+                    # the slice ran out while the GPUs still wanted kernels: ask on after a glance at the
+                    # results, instead of waiting for one (see ASK_WAIT_S)
+                    asking = (self.stop_reason is None and time.monotonic() >= until
+                              and len(self.compiling) < self.compile_slots)
                     self._launch_ready()
                     if self._finished():
                         break
                     # 3. wait for anything
                     refs = list(self.compiling) + list(self.measuring) + list(self.baseline_refs)
-                    done, _ = ray.wait(refs, num_returns=1, timeout=0.5) if refs else ([], [])
+                    wait_s = ASK_WAIT_S if asking else 0.5
+                    done, _ = ray.wait(refs, num_returns=1, timeout=wait_s) if refs else ([], [])
                     if done:  # collect everything that is ready without waiting again
                         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                     for ref in done:
