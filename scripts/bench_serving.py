@@ -327,25 +327,14 @@ def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path
 
 def _variant_kernels(variants: dict, cache_dir: Path) -> dict:
     """{name: loaded kernel} of the H100 default for GQA d128 causal bf16 with each change, each verified."""
-    import tl
-    import translate
-    from hardware_profiles import load_profile
-    from translate import nvcc
-    from translate.defaults import default_params
-    from translate.params import KernelParams
+    from tuner.default_export import compile_changes
     from tuner.problem import KernelSpec
     from tuner.runtime import load_kernel
     from tuner.verify import verify
 
-    profile = load_profile("h100")
     spec = KernelSpec("gqa", 128, 128, True, "bf16")
-    program = tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap"))
-    base = default_params(profile, spec, "ws_overlap").to_dict()
-    gens = {name: translate.generate(program, KernelParams.from_dict({**base, **change}), profile, spec)
-            for name, change in variants.items()}
-    results = nvcc.compile_kernels(list(gens.values()), profile.nvcc_arch, batch_size=1, cache_dir=cache_dir)
     kernels = {}
-    for (name, gen), res in zip(gens.items(), results):
+    for name, (gen, res) in compile_changes("h100", [(spec, variants)], cache_dir)[0].items():
         if not res.ok:
             print(f"variant {name}: does not build: {res.log[-300:]}", flush=True)
             continue

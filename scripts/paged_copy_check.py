@@ -30,22 +30,11 @@ PAGE_SIZES = (16, 128)
 def build(variants: dict, cache_dir: Path, gpu: str, layout: str = "paged"):
     """(spec, {name: (GeneratedKernel, CompileResult)}) for llama3-8b's spec in ``layout``, the defaults plus each
     change."""
-    import tl
-    import translate
-    from hardware_profiles import load_profile
-    from translate import nvcc
-    from translate.defaults import default_params
-    from translate.params import KernelParams
+    from tuner.default_export import compile_changes
     from tuner.problem import KernelSpec
 
-    profile = load_profile(gpu)
     spec = KernelSpec("gqa", 128, 128, True, "bf16", layout)
-    program = tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", layout))
-    base = default_params(profile, spec, "ws_overlap").to_dict()
-    gens = {name: translate.generate(program, KernelParams.from_dict({**base, **change}), profile, spec)
-            for name, change in variants.items()}
-    results = nvcc.compile_kernels(list(gens.values()), profile.nvcc_arch, batch_size=1, cache_dir=cache_dir)
-    return spec, {name: (gen, res) for (name, gen), res in zip(gens.items(), results)}
+    return spec, compile_changes(gpu, [(spec, variants)], cache_dir)[0]
 
 
 def main(argv=None) -> int:

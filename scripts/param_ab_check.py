@@ -41,26 +41,10 @@ def parse_spec(text: str):
 
 def build(gpu: str, specs: list, change: dict, cache_dir: Path):
     """{spec label: {"default": (gen, result), "changed": (gen, result)}}, compiled in one pool."""
-    import tl
-    import translate
-    from hardware_profiles import load_profile
-    from translate import nvcc
-    from translate.defaults import default_params
-    from translate.params import KernelParams
+    from tuner.default_export import compile_changes
 
-    profile = load_profile(gpu)
-    gens = []
-    for label, spec in specs:
-        program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap"))
-        base = default_params(profile, spec, "ws_overlap")
-        changed = KernelParams.from_dict({**base.to_dict(), **change})
-        gens += [(label, "default", translate.generate(program, base, profile, spec)),
-                 (label, "changed", translate.generate(program, changed, profile, spec))]
-    results = nvcc.compile_kernels([g for _, _, g in gens], profile.nvcc_arch, batch_size=1, cache_dir=cache_dir)
-    built: dict = {}
-    for (label, role, gen), res in zip(gens, results):
-        built.setdefault(label, {})[role] = (gen, res)
-    return built
+    built = compile_changes(gpu, [(spec, {"default": {}, "changed": change}) for _, spec in specs], cache_dir)
+    return {label: kernels for (label, _), kernels in zip(specs, built)}
 
 
 def main(argv=None) -> int:

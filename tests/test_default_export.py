@@ -70,3 +70,20 @@ def test_the_paged_timing_inputs_hold_every_key():
     kernel = ShapeKernel()
     serving_call(kernel, problem, device="cpu")()
     assert kernel.calls == [("paged", 4096, 16, 2048)]
+
+
+def test_compile_changes_builds_each_specs_default_with_each_change_in_one_pool(monkeypatch):
+    from translate import nvcc
+    from tuner.default_export import compile_changes
+
+    pools = []
+    monkeypatch.setattr(nvcc, "compile_kernels",
+                        lambda gens, arch, **kw: pools.append((arch, kw["batch_size"], [g.name for g in gens]))
+                        or [f"result {g.name}" for g in gens])
+    dense, paged = KernelSpec("gqa", 128, 128, True, "bf16"), KernelSpec("gqa", 128, 128, True, "bf16", "paged")
+    built = compile_changes("h100", [(dense, {"default": {}, "n176": {"block_n": 176}}), (paged, {"default": {}})])
+    assert len(pools) == 1 and pools[0][:2] == ("sm_90a", 1)          # one pool, a kernel a unit
+    assert [list(b) for b in built] == [["default", "n176"], ["default"]]
+    gen, result = built[0]["n176"]
+    assert gen.params.block_n == 176 and result == f"result {gen.name}"
+    assert built[0]["default"][0].params.block_n != 176 and built[1]["default"][0].spec.layout == "paged"

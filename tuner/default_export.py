@@ -58,6 +58,33 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
                                                                                               results)]
 
 
+def compile_changes(gpu: str, items: Sequence[tuple[KernelSpec, dict[str, dict]]], cache_dir: Path | None = None,
+                    schedule: str = "ws_overlap") -> list[dict[str, tuple]]:
+    """The profile's default kernel of each spec with each named change of its KernelParams fields (``{}``: the
+    default itself), translated from ``schedule``'s sketch and compiled in one nvcc pool, a kernel a unit (each
+    its own cubin); per item, ``{name: (GeneratedKernel, CompileResult)}`` in the order given. The A/B scripts
+    (param_ab_check, paged_copy_check, bench_serving --variants) build their kernels here; CPU only."""
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from translate import nvcc
+    from translate.defaults import default_params
+    from translate.params import KernelParams
+
+    profile = load_profile(gpu)
+    gens: list[tuple[int, str, object]] = []
+    for i, (spec, changes) in enumerate(items):
+        program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout))
+        base = default_params(profile, spec, schedule).to_dict()
+        gens += [(i, name, translate.generate(program, KernelParams.from_dict({**base, **change}), profile, spec))
+                 for name, change in changes.items()]
+    results = nvcc.compile_kernels([g for _, _, g in gens], profile.nvcc_arch, batch_size=1, cache_dir=cache_dir)
+    built: list[dict[str, tuple]] = [{} for _ in items]
+    for (i, name, gen), res in zip(gens, results):
+        built[i][name] = (gen, res)
+    return built
+
+
 def _heads(variant: str) -> tuple[int, int]:
     return 16, 16 if variant == "mha" else 2     # what the dense kernels were always timed with
 
