@@ -102,6 +102,14 @@ def wait_for_node(accel: str, timeout: float = 60) -> str:
 STUDY = "h100-mha-bf16-d128-causal"
 
 
+def paced_grid(path: Path, seconds: float) -> Path:
+    """The recorded grid with each replayed trial holding its GPU ``seconds`` (``_meta.measure_seconds``)."""
+    rows = [json.loads(line) for line in gzip.open(GRID, "rt")]
+    rows = [{"_meta": dict(r["_meta"], measure_seconds=seconds)} if "_meta" in r else r for r in rows]
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    return path
+
+
 def replay_options(study_dir, **changes):
     """A campaign on the session's fake-GPU cluster, replaying the recorded grid (a few trials, fast limits)."""
     from tuner.campaign import CampaignOptions

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 
 from tuner.campaign import run_campaign
 
-from .conftest import (GRID, REPO, STUDY, campaign_seed_keys, load_study, replay_options, start_node,
+from .conftest import (GRID, REPO, STUDY, campaign_seed_keys, load_study, paced_grid, replay_options, start_node,
                        wait_for_node, write_replay)
 
 pytestmark = pytest.mark.slow
@@ -149,10 +149,13 @@ def test_resume_keeps_completed_trials_and_does_not_enqueue_seeds_again(faulty_r
 
 
 def test_timeout_stops_the_campaign_and_queues_unfinished_trials(ray_cluster, tmp_path):
+    # each trial holds its GPU 0.5 s, so kernels are still compiled and waiting when the budget ends (an
+    # unpaced replay can drain them all first on a fast loop, and then nothing is left to queue)
+    replay = paced_grid(tmp_path / "paced.jsonl", 0.5)
     started = time.monotonic()
-    assert run_campaign(options(tmp_path, trials=200, timeout=8.0)) == 0
+    assert run_campaign(options(tmp_path / "s", trials=200, timeout=8.0, backend=f"replay:{replay}")) == 0
     assert time.monotonic() - started < 40
-    study = load(tmp_path)
+    study = load(tmp_path / "s")
     cut = [t for t in study.trials if t.state == TrialState.FAIL]
     assert cut and all("not finished: the --timeout budget ran out" in t.user_attrs["infra_failure"] for t in cut)
     queued = [t for t in study.trials if t.state == TrialState.WAITING]

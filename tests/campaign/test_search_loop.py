@@ -2,7 +2,6 @@
 counts measured candidates only, the lookahead is bounded, the measurement cache answers what was measured
 (within a study and across the studies of a study dir) unless --remeasure, several combinations share one
 run fairly, and a model preset expands to its own shapes."""
-import gzip
 import json
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from optuna.trial import TrialState
 from tuner.campaign import run_campaign
 from tuner.campaign.study import make_storage
 
-from .conftest import GRID, STUDY, load_study, replay_options
+from .conftest import STUDY, load_study, paced_grid, replay_options
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +32,6 @@ def counted(study):
     """What --trials counts: finished, neither answered from the cache nor refused before compiling."""
     return [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
             and not t.user_attrs.get("cache_hit") and t.user_attrs.get("stage") != "validate"]
-
-
-def _paced(path: Path, seconds: float) -> Path:
-    rows = [json.loads(line) for line in gzip.open(GRID, "rt")]
-    rows = [{"_meta": dict(r["_meta"], measure_seconds=seconds)} if "_meta" in r else r for r in rows]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
 
 
 def test_cache_answers_what_a_study_of_the_dir_measured_and_remeasure_measures_again(ray_cluster, tmp_path):
@@ -87,7 +79,7 @@ def test_sets_refused_before_compiling_do_not_use_up_the_trials(ray_cluster, tmp
 
 
 def test_lookahead_is_bounded_and_a_timeout_leaves_few_compiled_unmeasured(ray_cluster, tmp_path):
-    replay = _paced(tmp_path / "paced.jsonl", 0.4)
+    replay = paced_grid(tmp_path / "paced.jsonl", 0.4)
     assert run_campaign(options(tmp_path / "s", backend=f"replay:{replay}", trials=400, timeout=14.0,
                                 gpu_overlap=2)) == 0
     study = load(tmp_path / "s")
