@@ -149,15 +149,19 @@ def test_resume_keeps_completed_trials_and_does_not_enqueue_seeds_again(faulty_r
 
 
 def test_timeout_stops_the_campaign_and_queues_unfinished_trials(ray_cluster, tmp_path):
-    # each trial holds its GPU 0.5 s, so kernels are still compiled and waiting when the budget ends (an
-    # unpaced replay can drain them all first on a fast loop, and then nothing is left to queue)
+    # Each trial holds its GPU 0.5 s: 200 trials cannot finish in the 8-s budget. Near the end the pacer
+    # compiles only what the GPUs can still measure (pacing.Pacer.room), so whether any kernel is still
+    # compiling or waiting at the stop depends on how well it estimated (a loaded 2-core CI machine: none);
+    # whatever was cut is queued again with the reason, and nothing is left running.
     replay = paced_grid(tmp_path / "paced.jsonl", 0.5)
     started = time.monotonic()
     assert run_campaign(options(tmp_path / "s", trials=200, timeout=8.0, backend=f"replay:{replay}")) == 0
     assert time.monotonic() - started < 40
     study = load(tmp_path / "s")
+    measured = [t for t in study.trials if t.state == TrialState.COMPLETE and not t.user_attrs.get("cache_hit")]
+    assert 0 < len(measured) < 200                                   # the budget stopped it, not --trials
     cut = [t for t in study.trials if t.state == TrialState.FAIL]
-    assert cut and all("not finished: the --timeout budget ran out" in t.user_attrs["infra_failure"] for t in cut)
+    assert all("not finished: the --timeout budget ran out" in t.user_attrs["infra_failure"] for t in cut)
     queued = [t for t in study.trials if t.state == TrialState.WAITING]
     assert len(queued) >= len(cut)            # seeds not yet asked, plus every cut trial's parameters
     assert not [t for t in study.trials if t.state == TrialState.RUNNING]

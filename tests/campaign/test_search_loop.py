@@ -168,3 +168,34 @@ def test_the_llm_sketch_variants_are_a_choice_of_the_study_and_a_resume_keeps_th
         assert len(stub.chat_requests) == sent                  # resumed: the study's sketches, the cached seeds
         assert [s["name"] for s in load(tmp_path).user_attrs["sketches"]] == list(sketches)
         assert stub.failures == []
+
+
+def test_at_the_stop_kernels_compiling_or_waiting_are_queued_again_with_the_reason():
+    """The requeue of loop._leftovers, deterministically (the e2e --timeout test may stop with none in flight)."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    import optuna
+
+    from tuner.campaign.driver import Tally
+    from tuner.campaign.loop import Candidate, Loop
+
+    study = optuna.create_study(direction="maximize")
+    camp = SimpleNamespace(study=study, tally=Tally(), inflight=2)
+    filling, ready = study.ask({"block_n": optuna.distributions.CategoricalDistribution([64, 128])}), \
+        study.ask({"block_n": optuna.distributions.CategoricalDistribution([64, 128])})
+    loop = Loop.__new__(Loop)
+    loop.stop_reason, loop.workers = "the --timeout budget ran out", None
+    loop.compiling, loop.compile_node, loop.measuring = {}, {}, {}
+    loop.filling = {"c": ([Candidate(camp, filling, None, "ws_overlap", "k1")], 0.0)}
+    loop.ready, loop.waiting = deque([Candidate(camp, ready, None, "ws_overlap", "k2")]), {}
+    loop.console = SimpleNamespace(print=lambda *a, **k: None)
+    loop._leftovers()
+    trials = study.get_trials(deepcopy=False)
+    cut = [t for t in trials if t.state == TrialState.FAIL]
+    assert {t.number for t in cut} == {filling.number, ready.number}
+    assert all(t.user_attrs["infra_failure"] == "not finished: the --timeout budget ran out" for t in cut)
+    queued = [t.system_attrs["fixed_params"] for t in trials if t.state == TrialState.WAITING]
+    assert sorted(q["block_n"] for q in queued) == sorted(t.params["block_n"] for t in cut)   # queued for --resume
+    assert camp.tally.failed == 2 and camp.tally.unmeasured == 1 and camp.inflight == 0
+    assert not loop.ready and not loop.filling
