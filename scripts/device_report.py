@@ -189,7 +189,7 @@ def _f(x, spec=".1f") -> str:
 def _window_line(label: str, occ: dict | None, util_csv: str | None) -> str:
     if not occ:
         return f"{label}: none"
-    window = (occ["from"], occ["to"]) if occ.get("from") and occ.get("to") else None
+    window = _window(occ)
     util = _util(util_csv, window) if window else {}
     return (f"{label} ({occ['window_s']} s, {occ['trials']} trials): GPU locked {_f((occ.get('held_fraction') or 0) * 100)}%, "
             f"{_f(occ.get('measured_per_gpu_hour'))} measured trials per GPU-hour"

@@ -18,11 +18,6 @@ PRODUCER_REGS = (24, 32, 40, 56)
 # search_spaces.feasible.layout_reasons) the whole producer warpgroup's cp.async, row by row through the table.
 TMA_KV = "SM90_TMA"
 WS_KV_COPIES = (TMA_KV, "SM80_CP_ASYNC_CACHEGLOBAL")
-
-
-def kv_cp_async(params) -> bool:
-    """The warp-specialised producer copies K and V with cp.async (a paged cache, row by row) instead of TMA."""
-    return params.g2s_atom != TMA_KV
 MAX_WGMMA_N = 256
 # Registers a consumer thread needs besides the tiles (addresses, descriptors, loop state, softmax
 # statistics): FA4's feasibility model (sm90_config_search.py) keeps 24 of 240 with two consumer
@@ -30,6 +25,11 @@ MAX_WGMMA_N = 256
 REGISTER_OVERHEAD = {1: 24, 2: 24, 3: 32}
 SETMAXNREG_CAP = 240        # FA3's largest consumer allocation with two consumer warpgroups
 PLAIN_THREAD_REGS = 255     # no register reallocation: the compiler's per-thread limit
+
+
+def kv_cp_async(params) -> bool:
+    """The warp-specialised producer copies K and V with cp.async (a paged cache, row by row) instead of TMA."""
+    return params.g2s_atom != TMA_KV
 
 
 def consumer_warpgroups(block_m: int) -> int:

@@ -4,8 +4,9 @@ Warpgroup 0 runs the producer block: one thread issues the TMA loads (Q once, th
 into a ring of ``kStages`` stages, each behind a full/empty mbarrier pair) after giving most of its
 registers back (setmaxnreg); with a paged cache and g2s_atom cp.async, the whole warpgroup copies K and V
 row by row through the page table and thread 0 keeps Q, the tile numbers and the hand-over. Warpgroups 1..W
-run the consumer block with the registers the producer gave up: wgmma GEMMs issued asynchronously, the waits the dependency pass placed, the online softmax on
-the accumulator layout, and an epilogue through shared memory and a TMA store.
+run the consumer block with the registers the producer gave up: wgmma GEMMs issued asynchronously, the waits
+the dependency pass placed, the online softmax on the accumulator layout, and an epilogue through shared
+memory and a TMA store.
 """
 from __future__ import annotations
 

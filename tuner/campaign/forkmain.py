@@ -3,6 +3,8 @@ multiprocessing would in every child, and makes it the server's ``__main__``, so
 import os
 from multiprocessing import spawn
 
-_path = os.environ.get("TUNER_FORKSERVER_MAIN")
+from tuner.campaign.trialproc import MAIN_PATH_ENV
+
+_path = os.environ.get(MAIN_PATH_ENV)
 if _path and os.path.isfile(_path):
     spawn.import_main_path(_path)
