@@ -218,11 +218,10 @@ def decide(contest: Contest, retimed: dict | list[dict] | None, error: str | Non
         return Decision(contest, winner, None, None, False, f"{base}; not re-timed against the stored kernel "
                                                             f"({error}): it stays")
     failed = {role: why for run in runs for role, why in (run.get("failed") or {}).items()}
-    per_run = []
-    for run in runs:   # a role that is another's kernel shares its times
-        per_run.append({cont.role: run.get("ms", {}).get(next(x for x in contest.timed()
-                                                               if x.sha256 == cont.sha256).role)
-                        for cont in contest.contenders()})
+    # a role that is another's kernel shares its times
+    timed_as = {cont.role: next(x for x in contest.timed() if x.sha256 == cont.sha256).role
+                for cont in contest.contenders()}
+    per_run = [{role: run.get("ms", {}).get(twin) for role, twin in timed_as.items()} for run in runs]
 
     def timed(role: str) -> bool:
         return all(times[role] for times in per_run)
@@ -286,7 +285,7 @@ def retime_all(camps, wait_s: float, rule: ConfirmRule = DEFAULT_RULE) -> None:
     import ray
 
     pending: dict = {}
-    runs: dict = {}       # (campaign name, bucket) -> the re-timings back so far, or the first error
+    runs: dict = {}       # (campaign name, bucket) -> the re-timings back so far
     for camp in camps:
         camp.contests = contests(camp, best_per_bucket(camp.study, camp.problems))
         camp.decisions = {}
@@ -315,13 +314,12 @@ def retime_all(camps, wait_s: float, rule: ConfirmRule = DEFAULT_RULE) -> None:
                 camp, contest, slot = pending.pop(ref)
                 camp.workers.release(slot)
                 value, error = _outcome(ref)
-                got = runs[(camp.name, contest.bucket)]
-                if isinstance(got, str):          # an earlier process of the contest failed: decided already
+                if contest.bucket in camp.decisions:   # an earlier process of the contest failed: decided
                     continue
-                if value is None:                 # one process without times decides nothing
-                    runs[(camp.name, contest.bucket)] = error
+                if value is None:                      # one process without times decides nothing
                     camp.decisions[contest.bucket] = decide(contest, None, error, rule)
                     continue
+                got = runs[(camp.name, contest.bucket)]
                 got.append(value)
                 if len(got) == rule.processes:
                     camp.decisions[contest.bucket] = decide(contest, got, None, rule)
