@@ -126,15 +126,33 @@ class FeasibleSpace:
                 out.append(other)
         return out
 
-    def unasked_neighbour(self, point: SpacePoint, asked: set, rng) -> SpacePoint | None:
-        """A random neighbour of ``point`` whose ``(sketch, params key)`` is not in ``asked`` (then added to
-        it, so it is proposed once), or None: what the campaign enqueues when the sampler repeats itself."""
-        fresh = [n for n in self.neighbours(point) if (n.sketch, n.params.key()) not in asked]
-        if not fresh:
+    def unasked_neighbour(self, point: SpacePoint, asked: set, rng,
+                          max_distance: int | None = 1) -> SpacePoint | None:
+        """A random point among the nearest to ``point`` (fewest choices apart, at most ``max_distance``;
+        None: any) whose ``(sketch, params key)`` is not in ``asked`` (then added to it, so it is proposed
+        once), or None: what the campaign enqueues when the sampler repeats itself."""
+        if max_distance is None:
+            max_distance = float("inf")
+        mine = dict(point.choices)
+        by_distance: dict[int, list[SpacePoint]] = {}
+        for other, choices, key in self._indexed():
+            d = sum(mine.get(k, _MISSING) != v for k, v in choices.items()) + len(mine.keys() - choices.keys())
+            if 0 < d <= max_distance and key not in asked:
+                by_distance.setdefault(d, []).append(other)
+        if not by_distance:
             return None
-        near = rng.choice(fresh)
+        near = rng.choice(by_distance[min(by_distance)])
         asked.add((near.sketch, near.params.key()))
         return near
+
+    def _indexed(self) -> list[tuple[SpacePoint, dict, tuple]]:
+        """Each point with its choices as a dict and its (sketch, params key), built once (a campaign asks
+        for neighbours hundreds of times over a few thousand points)."""
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = [(p, dict(p.choices), (p.sketch, p.params.key())) for p in self.points]
+            object.__setattr__(self, "_index", index)
+        return index
 
     def project(self, params: dict, profile, head_dim: int, dtype: str, problems=()) -> tuple[dict, list[str]]:
         """The Optuna parameters (by their names in this tree) that make the full parameter dict ``params``
@@ -165,6 +183,12 @@ class FeasibleSpace:
                 chosen[step.optuna_name] = value
             prefix += ((step.name, value),)
         return chosen, []
+
+
+def choice_distance(a: SpacePoint, b: SpacePoint) -> int:
+    """How many parameters two points choose differently (one that only one of them chooses counts)."""
+    mine, theirs = dict(a.choices), dict(b.choices)
+    return sum(mine.get(k, _MISSING) != theirs.get(k, _MISSING) for k in mine.keys() | theirs.keys())
 
 
 def default_sketches(space: SearchSpace, profile, head_dim: int, dtype: str) -> tuple[tuple[str, str], ...]:

@@ -27,7 +27,7 @@ from tuner.campaign.backends import _replay_measure, replay_key
 from tuner.campaign.earlystop import DEFAULT_EARLY_STOP, EarlyStop, TrialCost
 from tuner.problem import grid_problems
 
-from .search_efficiency import FIXTURE, MEASURED, _quiet_study, sm80_class_h100
+from .search_efficiency import FIXTURE, MEASURED, _quiet_study, answer_repeat, sm80_class_h100
 
 TIMING = {"warmup_ms": 25.0, "rep_ms": 100.0, "rotate": 3}    # a campaign trial's (CampaignOptions' defaults)
 PROBLEMS = grid_problems("mha", 128, "bf16", True)
@@ -134,6 +134,7 @@ def search_replay(seed: int, budget: int, path: Path = FIXTURE, rule: EarlyStop 
             study.enqueue_trial(fs.optuna_params(by_key[key]))
     replay = Replay(path, rows, seeds, rule)
     told: dict[str, float | None] = {}
+    first: dict[str, int] = {}
     asked: set = set()
     rng = random.Random(seed)
     asks = 0
@@ -143,11 +144,13 @@ def search_replay(seed: int, budget: int, path: Path = FIXTURE, rule: EarlyStop 
         point = fs.suggest(trial)
         asked.add((point.sketch, point.params.key()))
         key = replay_key(point.params, point.sketch if keyed else None)
-        if key in told:   # a re-proposal: the loop enqueues a valid neighbour not asked yet (loop._propose_near)
-            near = fs.unasked_neighbour(point, asked, rng)
+        if key in told:   # a re-proposal: the loop enqueues the nearest point not asked yet (loop._propose_near)
+            answer_repeat(study, trial, first[key])
+            near = fs.unasked_neighbour(point, asked, rng, st.NEIGHBOUR_MAX_DISTANCE)
             if near is not None:
                 study.enqueue_trial(fs.optuna_params(near))
         else:
+            first[key] = trial.number
             out = replay.measure(key, len(replay.measured))
             told[key] = None if out.get("early_stop") else st.geomean(out["tflops"].values())
             if told[key] is None:
@@ -193,6 +196,7 @@ def kernels_to_target(seed: int, early_stop: bool, within: float = 0.03) -> tupl
     study = _quiet_study("tpe", seed)
     replay = Replay(MEASURED, rows, [], DEFAULT_EARLY_STOP)
     told: dict = {}
+    first: dict = {}
     asked: set = set()
     rng = random.Random(seed)
     for _ in range(5000):
@@ -201,10 +205,12 @@ def kernels_to_target(seed: int, early_stop: bool, within: float = 0.03) -> tupl
         asked.add((point.sketch, point.params.key()))
         key = replay_key(point.params, point.sketch)
         if key in told:
-            near = fs.unasked_neighbour(point, asked, rng)
+            answer_repeat(study, trial, first[key])
+            near = fs.unasked_neighbour(point, asked, rng, st.NEIGHBOUR_MAX_DISTANCE)
             if near is not None:
                 study.enqueue_trial(fs.optuna_params(near))
         else:
+            first[key] = trial.number
             if not early_stop:
                 replay.incumbent = None     # no incumbent: measured in full
             out = replay.measure(key, len(replay.measured))

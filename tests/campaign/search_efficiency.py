@@ -22,6 +22,7 @@ from search_spaces import load_space, suggest
 from translate.params import validate
 from tuner.campaign import study as st
 from tuner.campaign.backends import load_replay
+from tuner.campaign.distinct import CACHED_FROM
 from tuner.problem import grid_problems, spec_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h100_mha_d128_bf16_causal.jsonl.gz"
@@ -42,12 +43,14 @@ def grid_values(path: Path = FIXTURE) -> dict[str, float]:
     return {k: st.geomean(e["tflops"].values()) for k, e in data.entries.items() if "tflops" in e}
 
 
-def _quiet_study(sampler_kind: str, seed: int) -> optuna.Study:
-    """An in-memory study of the campaign's sampler, without Optuna's per-trial logs and warnings."""
+def _quiet_study(sampler_kind: str, seed: int, distinct: bool = True) -> optuna.Study:
+    """An in-memory study of the campaign's sampler (``distinct``: as the campaign makes it, blind to cache
+    repeats; else the bare Optuna sampler), without Optuna's per-trial logs and warnings."""
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return optuna.create_study(direction="maximize", sampler=st.make_sampler(sampler_kind, seed))
+        sampler = st.make_sampler(sampler_kind, seed) if distinct else st._optuna_sampler(sampler_kind, seed)
+        return optuna.create_study(direction="maximize", sampler=sampler)
 
 
 def trials_to_target(sampler_kind: str, seed: int, values: dict[str, float], budget: int,
@@ -101,9 +104,12 @@ def main() -> None:
         best = max(values.values())
         print(f"measured grid: {len(values)} configurations ({len(fs.points)} in the space), best {best:.1f} "
               f"TFLOPS (geomean over seqlens), {sum(v >= 0.97 * best for v in values.values())} within 3%")
-        for enqueue, near in ((False, False), (True, False), (False, True)):
-            label = "seeds enqueued" if enqueue else ("neighbour on repeat" if near else "sampler alone")
-            for kind, r in compare_measured(a.samplers.split(","), range(a.seeds), len(values), enqueue, near).items():
+        # Optuna's sampler alone (repeats told and seen), then as the campaign runs it: blind to repeats, the
+        # nearest unasked point enqueued after each (without that TPE blind to repeats stalls), seeds or not
+        for label, enqueue, near in (("sampler alone", False, False), ("campaign, seeds", True, True),
+                                     ("campaign", False, True)):
+            for kind, r in compare_measured(a.samplers.split(","), range(a.seeds), len(values), enqueue, near,
+                                            distinct=near).items():
                 print(f"{label:>19} {kind:>7}: mean {r['mean']:.1f} trials "
                       f"({100 * r['mean'] / len(values):.1f}% of the grid), median {r['median']:.1f}, "
                       f"missed {r['missed']}/{a.seeds}, mean asks {r['mean_asks']:.1f}; runs {r['runs']}")
@@ -158,17 +164,20 @@ def published_seeds(fs):
 
 
 def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqueue_seeds: bool = False,
-                              within: float = 0.03, grid=None, near: bool = False, asks: list | None = None) -> int | None:
+                              within: float = 0.03, grid=None, near: bool = False, asks: list | None = None,
+                              distinct: bool = True, max_distance: int | None = st.NEIGHBOUR_MAX_DISTANCE) -> int | None:
     """As the campaign counts: distinct kernels measured until one is within ``within`` of the grid's best;
-    a re-proposed kernel is answered from the measurement cache and costs nothing. ``near``: as the campaign
-    loop does, a re-proposal enqueues a valid neighbour not asked yet (tuner/campaign/loop.py _propose_near).
-    ``asks`` gets the number of asks the run took."""
+    a re-proposed kernel is answered from the measurement cache and costs nothing (told as the loop tells
+    it). ``near``: as the campaign loop does, a re-proposal enqueues the nearest valid point (at most
+    ``max_distance`` choices away) that was not asked yet (tuner/campaign/loop.py _propose_near).
+    ``distinct``: the sampler reads the study without its repeats, as the campaign's does. ``asks`` gets
+    the number of asks the run took."""
     import random
 
     fs, values = grid or measured_grid()
     rng = random.Random(seed)
     target = (1.0 - within) * max(values.values())
-    study = _quiet_study(sampler_kind, seed)
+    study = _quiet_study(sampler_kind, seed, distinct)
     if enqueue_seeds:
         for chosen in published_seeds(fs):
             study.enqueue_trial(chosen)
@@ -185,12 +194,13 @@ def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqu
         value = values[key]
         if key in measured:
             idle += 1
-            pick = fs.unasked_neighbour(point, asked, rng) if near else None
+            answer_repeat(study, trial, measured[key][1])
+            pick = fs.unasked_neighbour(point, asked, rng, max_distance) if near else None
             if pick is not None:
                 study.enqueue_trial(fs.optuna_params(pick))
         else:
             idle = 0
-            measured[key] = value
+            measured[key] = (value, trial.number)
             if value >= target:
                 result = len(measured)
                 break
@@ -200,14 +210,57 @@ def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqu
     return result
 
 
+def asks_to_measure(kernels: int, seed: int, *, distinct: bool = True, near: bool = True,
+                    max_distance: int | None = st.NEIGHBOUR_MAX_DISTANCE, grid=None, ask_limit: int = 5000) -> dict:
+    """Late in a campaign: asks until ``kernels`` distinct kernels of the measured grid are measured (None if
+    ``ask_limit`` asks do not get there: the sampler stalled), the best found as a fraction of the grid's,
+    and the mean time of an ask the sampler answered (not an enqueued point)."""
+    import random
+    import time
+
+    fs, values = grid or measured_grid()
+    rng, study = random.Random(seed), _quiet_study("tpe", seed, distinct)
+    measured: dict = {}
+    asked: set = set()
+    sampler_s = sampler_asks = n = 0
+    while len(measured) < kernels and n < ask_limit:
+        n += 1
+        start = time.perf_counter()
+        trial = study.ask()
+        point = fs.suggest(trial)
+        if not trial._fixed_params:   # the sampler chose it (an enqueued point costs no sampling)
+            sampler_s += time.perf_counter() - start
+            sampler_asks += 1
+        key = (point.sketch, point.params.key())
+        asked.add(key)
+        if key in measured:
+            answer_repeat(study, trial, measured[key])
+            pick = fs.unasked_neighbour(point, asked, rng, max_distance) if near else None
+            if pick is not None:
+                study.enqueue_trial(fs.optuna_params(pick))
+        else:
+            measured[key] = trial.number
+        study.tell(trial, values[key])
+    best = max(values[k] for k in measured) / max(values.values())
+    return {"asks": n if len(measured) >= kernels else None, "best": best,
+            "sampler_ms": 1000 * sampler_s / max(sampler_asks, 1)}
+
+
+def answer_repeat(study: optuna.Study, trial, first: int) -> None:
+    """Mark ``trial`` as the loop marks a re-proposal answered from the cache: the campaign's sampler then
+    leaves it out of what it reads (tuner/campaign/distinct.py)."""
+    trial.set_user_attr(CACHED_FROM, {"study": study.study_name, "trial": first})
+
+
 def compare_measured(samplers=("tpe", "random"), seeds=range(10), budget: int = 380, enqueue_seeds: bool = False,
-                     near: bool = False):
+                     near: bool = False, distinct: bool = True):
     grid = measured_grid()
     out = {}
     for kind in samplers:
         asks: list = []
         out[kind] = summarise([measured_trials_to_target(kind, s, budget, enqueue_seeds=enqueue_seeds, grid=grid,
-                                                         near=near, asks=asks) for s in seeds], budget)
+                                                         near=near, asks=asks, distinct=distinct)
+                                  for s in seeds], budget)
         out[kind]["mean_asks"] = statistics.mean(asks)
     return out
 

@@ -159,3 +159,28 @@ def test_neighbours_differ_in_one_choice_and_enqueue_as_themselves():
     picked = [fs.unasked_neighbour(point, asked, random.Random(0)) for _ in near]
     assert sorted(map(id, picked)) == sorted(map(id, near))
     assert fs.unasked_neighbour(point, asked, random.Random(0)) is None
+
+
+def test_the_nearest_unasked_point_is_picked_at_any_distance_when_asked_for():
+    """With one choice away asked already, the loop takes the nearest point further out (nearest first, each
+    once); within a bound it gets None when the bound is used up."""
+    import random
+
+    from search_spaces.feasible import choice_distance
+
+    fs = _setup("h100", "mha", 128, "bf16")[3]
+    point = fs.points[len(fs.points) // 2]
+    asked = {(p.sketch, p.params.key()) for p in [point, *fs.neighbours(point)]}
+    assert fs.unasked_neighbour(point, set(asked), random.Random(0)) is None        # default: one choice away
+    rng = random.Random(1)
+    distances = []
+    for _ in range(40):
+        near = fs.unasked_neighbour(point, asked, rng, None)
+        distances.append(choice_distance(point, near))
+    assert distances == sorted(distances) and distances[0] == 2, distances
+    assert len(asked) == len(fs.neighbours(point)) + 1 + 40                     # each proposed once, then asked
+    everything = {(p.sketch, p.params.key()) for p in fs.points}
+    assert fs.unasked_neighbour(point, everything, rng, None) is None           # the whole space asked
+    bounded = {(p.sketch, p.params.key()) for p in fs.points if choice_distance(point, p) <= 2}
+    assert fs.unasked_neighbour(point, bounded, rng, 2) is None
+    assert choice_distance(point, fs.unasked_neighbour(point, bounded, rng, 3)) == 3

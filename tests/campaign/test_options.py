@@ -75,3 +75,15 @@ def test_the_cli_exits_2_with_one_message_and_no_study(tmp_path, args, message):
     assert result.exit_code == 2, result.output
     assert message in result.stderr and "Traceback" not in result.output
     assert not study_dir.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_a_sampler_whose_package_is_missing_is_refused_before_anything_starts(monkeypatch):
+    """Optuna imports CMA-ES's and the GP sampler's packages on the first ask: a campaign without them would
+    fail every trial. Refused up front, with the install line."""
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "cmaes" else real(name, *a))
+    assert option_problems(options(sampler="cmaes")) == [
+        "--sampler cmaes needs the cmaes package(s): pip install cmaes"]
+    assert option_problems(options(sampler="tpe")) == []

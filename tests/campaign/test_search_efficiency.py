@@ -24,12 +24,13 @@ def test_a_run_stops_counting_at_the_target():
 
 def test_on_the_measured_hopper_grid_tpe_needs_under_15_percent_and_half_of_randoms_trials():
     """Issue 9's bar on a grid measured point by point on the H100 (380 warp-specialised kernels, 2 within 3%
-    of the best): distinct kernels measured until one is within 3%, 10 sampler seeds each."""
+    of the best): distinct kernels measured until one is within 3%, 10 sampler seeds each, each sampler as the
+    campaign runs it (the nearest unasked point after a repeat)."""
     from .search_efficiency import compare_measured, measured_grid
 
     fs, values = measured_grid()
     assert len(values) == len(fs.points) == 380            # exhaustive: every valid point of the space measured
-    result = compare_measured(("tpe", "random"), seeds=range(10), budget=len(values))
+    result = compare_measured(("tpe", "random"), seeds=range(10), budget=len(values), near=True)
     tpe, rnd = result["tpe"], result["random"]
     assert tpe["missed"] == 0 and tpe["mean"] <= 0.15 * len(values), result
     assert tpe["mean"] * 2 <= rnd["mean"], result
@@ -43,13 +44,16 @@ def test_the_published_seeds_are_points_of_the_measured_grid():
     assert measured_trials_to_target("tpe", 0, 380, enqueue_seeds=True, grid=grid) is not None
 
 
-def test_a_neighbour_for_each_repeat_keeps_tpe_under_the_bar_with_fewer_asks():
-    """The loop's answer to a re-proposal (a valid neighbour not asked yet, enqueued): on the measured grid it
-    must not cost kernels measured (same bar) and must cut the asks that bring nothing new."""
+def test_the_campaigns_search_needs_fewer_kernels_and_asks_than_optunas_tpe_alone():
+    """The loop's answer to a re-proposal (the nearest valid point not asked yet, enqueued) with TPE reading
+    the study without its repeats, against Optuna's TPE alone (repeats told and seen, nothing enqueued): on
+    the measured grid it must not cost kernels measured and must cut the asks that bring nothing new
+    (measured over 10 seeds: 26.5 kernels and 34.7 asks against 35.9 and 74.5)."""
     from .search_efficiency import compare_measured, measured_grid
 
     budget = len(measured_grid()[1])
-    plain = compare_measured(("tpe",), seeds=range(10), budget=budget)["tpe"]
+    plain = compare_measured(("tpe",), seeds=range(10), budget=budget, distinct=False)["tpe"]
     near = compare_measured(("tpe",), seeds=range(10), budget=budget, near=True)["tpe"]
     assert near["missed"] == 0 and near["mean"] <= 0.15 * budget, near
-    assert near["mean_asks"] < 0.8 * plain["mean_asks"], (near, plain)
+    assert near["mean"] <= plain["mean"], (near, plain)
+    assert near["mean_asks"] < 0.6 * plain["mean_asks"], (near, plain)

@@ -1,6 +1,7 @@
 """The options of one campaign, as the CLI gives them (frozen; checked by ``resolve``)."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import numbers
 from dataclasses import dataclass
@@ -8,6 +9,8 @@ from pathlib import Path
 from typing import Optional, Union
 
 SAMPLERS = ("tpe", "random", "qmc", "gp", "cmaes")
+# Optuna imports these samplers' packages on the first ask: without them a campaign would fail every trial.
+SAMPLER_PACKAGES = {"cmaes": ("cmaes",), "gp": ("scipy", "torch")}
 MAX_GPU_OVERLAP = 8     # more waiting processes only hold CUDA contexts and CPUs
 MAX_LLM_SKETCHES = 8
 SEED_LIMIT = 2 ** 32    # the samplers seed numpy's RandomState: 0 <= seed < 2**32
@@ -98,6 +101,10 @@ def option_problems(o: CampaignOptions) -> list[str]:
          o.llm_sketches)
     need(o.seed is None or _count(o.seed, 0, SEED_LIMIT - 1), "--seed", f"an integer from 0 to {SEED_LIMIT - 1}",
          o.seed)
+    missing = [p for p in SAMPLER_PACKAGES.get(o.sampler, ()) if importlib.util.find_spec(p) is None]
+    if missing:
+        problems.append(f"--sampler {o.sampler} needs the {', '.join(missing)} package(s): pip install "
+                        + " ".join(missing))
     need(o.seqlens is None or (len(o.seqlens) > 0 and all(_count(s, 1) for s in o.seqlens)), "--seqlens",
          "a list of positive integers", o.seqlens)
     from tl.layout import LAYOUTS
