@@ -102,10 +102,20 @@ def wait_for_node(accel: str, timeout: float = 60) -> str:
 STUDY = "h100-mha-bf16-d128-causal"
 
 
-def paced_grid(path: Path, seconds: float) -> Path:
-    """The recorded grid with each replayed trial holding its GPU ``seconds`` (``_meta.measure_seconds``)."""
-    rows = [json.loads(line) for line in gzip.open(GRID, "rt")]
-    rows = [{"_meta": dict(r["_meta"], measure_seconds=seconds)} if "_meta" in r else r for r in rows]
+def paced_grid(path: Path, seconds: float, faults: dict | None = None) -> Path:
+    """The recorded grid with each replayed trial holding its GPU ``seconds`` (``_meta.measure_seconds``);
+    ``faults`` ({params key: (KernelParams, fault)}) replace those rows with planted faults."""
+    from translate.params import KernelParams
+
+    faults = faults or {}
+    rows = []
+    for r in (json.loads(line) for line in gzip.open(GRID, "rt")):
+        if "_meta" in r:
+            r = {"_meta": dict(r["_meta"], measure_seconds=seconds)}
+        elif KernelParams.from_dict(r["params"]).key() in faults:
+            continue
+        rows.append(r)
+    rows += [{"params": p.to_dict(), "fault": f} for p, f in faults.values()]
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     return path
 

@@ -1,14 +1,12 @@
 """--gpu-overlap K: K trial processes per GPU, timed sections serialised by the per-GPU flock (gpulock.py).
 Campaigns on the session's fake-GPU Ray cluster with a paced replay (each trial holds its GPU 0.4 s)."""
 import fcntl
-import gzip
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import optuna
 import pytest
@@ -18,26 +16,9 @@ from tuner.campaign import CampaignOptions, run_campaign
 from tuner.campaign.gpulock import gpu_lock, lock_dir
 from tuner.campaign.study import make_storage
 
-from .conftest import GRID, REPO, campaign_seed_keys
+from .conftest import REPO, campaign_seed_keys, paced_grid
 
 STUDY = "h100-mha-bf16-d128-causal"
-
-
-def _paced_replay(path: Path, seconds: float, faults: dict | None = None) -> Path:
-    """The recorded grid, each trial holding its GPU ``seconds`` (``_meta.measure_seconds``), faults planted."""
-    from translate.params import KernelParams
-
-    faults = faults or {}
-    rows = []
-    for r in (json.loads(line) for line in gzip.open(GRID, "rt")):
-        if "_meta" in r:
-            r = {"_meta": dict(r["_meta"], measure_seconds=seconds)}
-        elif KernelParams.from_dict(r["params"]).key() in faults:
-            continue
-        rows.append(r)
-    rows += [{"params": p.to_dict(), "fault": f} for p, f in faults.values()]
-    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    return path
 
 
 def _run(tmp_path, replay, **changes):
@@ -97,7 +78,7 @@ def test_lock_excludes_a_second_holder_and_a_killed_holder_frees_it(tmp_path):
 
 @pytest.mark.slow
 def test_two_trials_per_gpu_never_overlap_their_timed_sections(ray_cluster, tmp_path):
-    replay = _paced_replay(tmp_path / "paced.jsonl", 0.4)
+    replay = paced_grid(tmp_path / "paced.jsonl", 0.4)
     rc, study, summary = _run(tmp_path / "studies", replay, gpu_overlap=2)
     assert rc == 0 and summary["gpu_overlap"] == 2
     measured = [t for t in study.trials if t.user_attrs.get("gpu_lock")]
@@ -115,7 +96,7 @@ def test_two_trials_per_gpu_never_overlap_their_timed_sections(ray_cluster, tmp_
 
 @pytest.mark.slow
 def test_gpu_overlap_1_runs_one_trial_per_gpu(ray_cluster, tmp_path):
-    replay = _paced_replay(tmp_path / "paced.jsonl", 0.2)
+    replay = paced_grid(tmp_path / "paced.jsonl", 0.2)
     rc, study, summary = _run(tmp_path / "studies", replay, gpu_overlap=1, trials=5)
     assert rc == 0 and summary["gpu_overlap"] == 1
     measured = [t for t in study.trials if t.user_attrs.get("gpu_lock")]
@@ -137,7 +118,7 @@ def test_a_hung_trial_is_cancelled_and_frees_its_gpu_for_the_trial_waiting_on_it
     keys, by_key = campaign_seed_keys()
     # 2 s per trial: while the hang holds one GPU, the other GPU's two slots stay busy long enough that a
     # ready candidate must take the hung GPU's free slot (with 0.3 s the other GPU drained them all once, CI)
-    replay = _paced_replay(tmp_path / "paced.jsonl", 2.0, {keys[0]: (by_key[keys[0]], "hang")})
+    replay = paced_grid(tmp_path / "paced.jsonl", 2.0, {keys[0]: (by_key[keys[0]], "hang")})
     started = time.monotonic()
     rc, study, summary = _run(tmp_path / "studies", replay, gpu_overlap=2, trials=6, trial_timeout=6.0)
     assert rc == 0 and time.monotonic() - started < 120
