@@ -123,8 +123,11 @@ timeout -k 15 "$CMD_LIMIT" python3 -m tuner --gpu "$GPU" "${WHAT[@]}" --trials "
   > "$OUT/campaign.log" 2>&1
 STEP[campaign_rc]=$?
 STEP[campaign_s]=$(( $(date +%s) - C0 ))
-[ -n "${KEEP:-}" ] && echo "${STEP[campaign_rc]} ${STEP[campaign_s]}" > "$WORK/campaign_rc"
-else read -r STEP[campaign_rc] STEP[campaign_s] < "$WORK/campaign_rc"; cp "$WORK/campaign.log" "$OUT/" 2>/dev/null; fi
+[ -n "${KEEP:-}" ] && echo "${STEP[campaign_rc]} ${STEP[campaign_s]} $CMD_LIMIT $LOOP_LIMIT" > "$WORK/campaign_rc"
+else   # the campaign phase's outcome and limits (this call's own limits are the check's, not the campaign's)
+  read -r STEP[campaign_rc] STEP[campaign_s] STEP[campaign_limit_s] STEP[loop_timeout_s] < "$WORK/campaign_rc"
+  cp "$WORK/campaign.log" "$OUT/" 2>/dev/null
+fi
 [ -n "$UTIL_PID" ] && kill "$UTIL_PID" 2>/dev/null
 [ -n "$CPU_PID" ] && kill "$CPU_PID" 2>/dev/null
 if [ -n "$RAY_PID" ]; then kill -TERM -- "-$RAY_PID" 2>/dev/null; wait "$RAY_PID" 2>/dev/null; fi
