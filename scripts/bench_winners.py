@@ -1,7 +1,9 @@
-"""`tune bench --layout ...` of each distinct bucket winner of a serving campaign, against FA4 / FlashInfer /
-padded SDPA in one process per kernel (issue 14's "≥ 1.0× FA4 after a campaign").
+"""`tune bench` of each distinct bucket winner of a campaign, in one process per kernel: a serving campaign's
+(`--layout varlen|paged`) against FA4 / FlashInfer / padded SDPA (issue 14's "≥ 1.0× FA4 after a campaign"), a
+dense one's at the seqlens it won against FA4 and cuDNN (issue 16's).
 
     python scripts/bench_winners.py STUDY_DIR --layout paged --page-size 16 --model llama3-8b --out DIR
+    python scripts/bench_winners.py STUDY_DIR --layout dense --variant mha --head-dim 64 --causal --out DIR
 
 Reads the study's summary.json winners (bucket, the winner's params and schedule), runs one `tune bench` per
 distinct kernel (its JSON to DIR/bench-<n>.json) and prints, per mix, the bucket's own winner against the
@@ -33,8 +35,14 @@ def main(argv=None) -> int:
     ap.add_argument("--layout", required=True)
     ap.add_argument("--page-size", type=int)
     ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--variant", help="dense: the study's variant (instead of --model)")
+    ap.add_argument("--head-dim", type=int)
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--gpu", default="h100")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    dense = args.layout == "dense"
     Path(args.out).mkdir(parents=True, exist_ok=True)
     kernels: dict[str, dict] = {}
     for w in winners(args.study_dir):
@@ -42,9 +50,11 @@ def main(argv=None) -> int:
     rows = []
     for n, (name, k) in enumerate(kernels.items()):
         target = Path(args.out) / f"bench-{n}.json"
-        cmd = [sys.executable, "-m", "tuner", "bench", "--gpu", "h100", "--model", args.model, "--layout", args.layout,
-               "--params", json.dumps(k["params"]), "--schedule", k["schedule"],
-               "--causal", "--json", str(target)]
+        what = (["--variant", args.variant, "--head-dim", str(args.head_dim), "--dtype", args.dtype,
+                 "--seqlens", ",".join(b.removeprefix("s") for b in k["buckets"])] if dense
+                else ["--model", args.model, "--layout", args.layout])
+        cmd = [sys.executable, "-m", "tuner", "bench", "--gpu", args.gpu, *what, "--params", json.dumps(k["params"]),
+               "--schedule", k["schedule"], "--causal" if args.causal else "--no-causal", "--json", str(target)]
         if args.page_size:
             cmd += ["--page-size", str(args.page_size)]
         print(f"== {name} (buckets {', '.join(k['buckets'])})", flush=True)
@@ -52,6 +62,15 @@ def main(argv=None) -> int:
         print(proc.stdout[-3000:], proc.stderr[-1500:], flush=True)
         if target.exists():
             rows.append((k, json.loads(target.read_text())))
+    if dense:
+        print("\nper seqlen, the bucket's own winner (TFLOPS; ratio = ours / library):")
+        for k, record in rows:
+            for r in record.get("rows", []):
+                libs = {x: r.get(x) for x in ("fa4", "cudnn")}
+                ratios = "  ".join(f"{x} {v:.1f} ({r['ours'] / v:.3f})" for x, v in libs.items()
+                                   if isinstance(v, (int, float)) and v and isinstance(r.get("ours"), (int, float)))
+                print(f"s{r.get('seqlen')!s:<8}{k['kernel_name'][-60:]:<62}ours {r.get('ours')}  {ratios}")
+        return 0
     print("\nper mix, the bucket's own winner (TFLOPS; ratio = ours / library):")
     for k, record in rows:
         for r in record.get("rows", []):
