@@ -112,19 +112,8 @@ class FeasibleSpace:
     def neighbours(self, point: SpacePoint) -> list[SpacePoint]:
         """The valid points that differ from ``point`` in exactly one choice (same parameters chosen)."""
         mine = dict(point.choices)
-        out = []
-        for other in self.points:
-            if len(other.choices) != len(mine):
-                continue
-            differ = 0
-            for name, value in other.choices:
-                if mine.get(name, _MISSING) != value:
-                    differ += 1
-                    if differ > 1:
-                        break
-            if differ == 1:
-                out.append(other)
-        return out
+        return [other for other, choices, _ in self._indexed()
+                if choices.keys() == mine.keys() and _choices_apart(mine, choices) == 1]
 
     def unasked_neighbour(self, point: SpacePoint, asked: set, rng,
                           max_distance: int | None = 1) -> SpacePoint | None:
@@ -136,7 +125,7 @@ class FeasibleSpace:
         mine = dict(point.choices)
         by_distance: dict[int, list[SpacePoint]] = {}
         for other, choices, key in self._indexed():
-            d = sum(mine.get(k, _MISSING) != v for k, v in choices.items()) + len(mine.keys() - choices.keys())
+            d = _choices_apart(mine, choices)
             if 0 < d <= max_distance and key not in asked:
                 by_distance.setdefault(d, []).append(other)
         if not by_distance:
@@ -187,8 +176,12 @@ class FeasibleSpace:
 
 def choice_distance(a: SpacePoint, b: SpacePoint) -> int:
     """How many parameters two points choose differently (one that only one of them chooses counts)."""
-    mine, theirs = dict(a.choices), dict(b.choices)
-    return sum(mine.get(k, _MISSING) != theirs.get(k, _MISSING) for k in mine.keys() | theirs.keys())
+    return _choices_apart(dict(a.choices), dict(b.choices))
+
+
+def _choices_apart(mine: dict, theirs: dict) -> int:
+    """choice_distance on the points' choices as dicts (the neighbour searches keep them built)."""
+    return sum(mine.get(k, _MISSING) != v for k, v in theirs.items()) + len(mine.keys() - theirs.keys())
 
 
 def default_sketches(space: SearchSpace, profile, head_dim: int, dtype: str) -> tuple[tuple[str, str], ...]:
