@@ -145,10 +145,7 @@ def search_replay(seed: int, budget: int, path: Path = FIXTURE, rule: EarlyStop 
         asked.add((point.sketch, point.params.key()))
         key = replay_key(point.params, point.sketch if keyed else None)
         if key in told:   # a re-proposal: the loop enqueues the nearest point not asked yet (loop._propose_near)
-            answer_repeat(study, trial, first[key])
-            near = fs.unasked_neighbour(point, asked, rng, st.NEIGHBOUR_MAX_DISTANCE)
-            if near is not None:
-                study.enqueue_trial(fs.optuna_params(near))
+            answer_repeat(study, trial, first[key], fs, point, asked, rng)
         else:
             first[key] = trial.number
             out = replay.measure(key, len(replay.measured))
@@ -205,10 +202,7 @@ def kernels_to_target(seed: int, early_stop: bool, within: float = 0.03) -> tupl
         asked.add((point.sketch, point.params.key()))
         key = replay_key(point.params, point.sketch)
         if key in told:
-            answer_repeat(study, trial, first[key])
-            near = fs.unasked_neighbour(point, asked, rng, st.NEIGHBOUR_MAX_DISTANCE)
-            if near is not None:
-                study.enqueue_trial(fs.optuna_params(near))
+            answer_repeat(study, trial, first[key], fs, point, asked, rng)
         else:
             first[key] = trial.number
             if not early_stop:

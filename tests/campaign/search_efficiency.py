@@ -194,10 +194,7 @@ def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqu
         value = values[key]
         if key in measured:
             idle += 1
-            answer_repeat(study, trial, measured[key][1])
-            pick = fs.unasked_neighbour(point, asked, rng, max_distance) if near else None
-            if pick is not None:
-                study.enqueue_trial(fs.optuna_params(pick))
+            answer_repeat(study, trial, measured[key][1], fs if near else None, point, asked, rng, max_distance)
         else:
             idle = 0
             measured[key] = (value, trial.number)
@@ -234,10 +231,7 @@ def asks_to_measure(kernels: int, seed: int, *, distinct: bool = True, near: boo
         key = (point.sketch, point.params.key())
         asked.add(key)
         if key in measured:
-            answer_repeat(study, trial, measured[key])
-            pick = fs.unasked_neighbour(point, asked, rng, max_distance) if near else None
-            if pick is not None:
-                study.enqueue_trial(fs.optuna_params(pick))
+            answer_repeat(study, trial, measured[key], fs if near else None, point, asked, rng, max_distance)
         else:
             measured[key] = trial.number
         study.tell(trial, values[key])
@@ -246,10 +240,15 @@ def asks_to_measure(kernels: int, seed: int, *, distinct: bool = True, near: boo
             "sampler_ms": 1000 * sampler_s / max(sampler_asks, 1)}
 
 
-def answer_repeat(study: optuna.Study, trial, first: int) -> None:
-    """Mark ``trial`` as the loop marks a re-proposal answered from the cache: the campaign's sampler then
-    leaves it out of what it reads (tuner/campaign/distinct.py)."""
+def answer_repeat(study: optuna.Study, trial, first: int, fs=None, point=None, asked: set = frozenset(),
+                  rng=None, max_distance: int | None = st.NEIGHBOUR_MAX_DISTANCE) -> None:
+    """As the loop answers a re-proposal from the cache: mark ``trial`` (the campaign's sampler then leaves
+    it out of what it reads: tuner/campaign/distinct.py) and, given the feasible space ``fs``, enqueue the
+    nearest point to ``point`` not asked yet (loop._propose_near)."""
     trial.set_user_attr(CACHED_FROM, {"study": study.study_name, "trial": first})
+    pick = fs.unasked_neighbour(point, asked, rng, max_distance) if fs is not None else None
+    if pick is not None:
+        study.enqueue_trial(fs.optuna_params(pick))
 
 
 def compare_measured(samplers=("tpe", "random"), seeds=range(10), budget: int = 380, enqueue_seeds: bool = False,
