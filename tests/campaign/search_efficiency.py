@@ -165,7 +165,8 @@ def published_seeds(fs):
 
 def measured_trials_to_target(sampler_kind: str, seed: int, budget: int, *, enqueue_seeds: bool = False,
                               within: float = 0.03, grid=None, near: bool = False, asks: list | None = None,
-                              distinct: bool = True, max_distance: int | None = st.NEIGHBOUR_MAX_DISTANCE) -> int | None:
+                              distinct: bool = True,
+                              max_distance: int | None = st.NEIGHBOUR_MAX_DISTANCE) -> int | None:
     """As the campaign counts: distinct kernels measured until one is within ``within`` of the grid's best;
     a re-proposed kernel is answered from the measurement cache and costs nothing (told as the loop tells
     it). ``near``: as the campaign loop does, a re-proposal enqueues the nearest valid point (at most
