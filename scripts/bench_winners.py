@@ -29,6 +29,13 @@ def winners(study_dir: str) -> list[dict]:
     return out
 
 
+def _ratios(row: dict, libraries) -> str:
+    """Each library's TFLOPS in ``row`` with ours / it, for the libraries that were timed."""
+    ours = row.get("ours")
+    return "  ".join(f"{x} {row[x]:.1f} ({ours / row[x]:.3f})" for x in libraries
+                     if isinstance(row.get(x), (int, float)) and row[x] and isinstance(ours, (int, float)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("study_dir")
@@ -66,19 +73,15 @@ def main(argv=None) -> int:
         print("\nper seqlen, the bucket's own winner (TFLOPS; ratio = ours / library):")
         for k, record in rows:
             for r in record.get("rows", []):
-                libs = {x: r.get(x) for x in ("fa4", "cudnn")}
-                ratios = "  ".join(f"{x} {v:.1f} ({r['ours'] / v:.3f})" for x, v in libs.items()
-                                   if isinstance(v, (int, float)) and v and isinstance(r.get("ours"), (int, float)))
-                print(f"s{r.get('seqlen')!s:<8}{k['kernel_name'][-60:]:<62}ours {r.get('ours')}  {ratios}")
+                print(f"s{r.get('seqlen')!s:<8}{k['kernel_name'][-60:]:<62}ours {r.get('ours')}  "
+                      f"{_ratios(r, ('fa4', 'cudnn'))}")
         return 0
     print("\nper mix, the bucket's own winner (TFLOPS; ratio = ours / library):")
     for k, record in rows:
         for r in record.get("rows", []):
             if r.get("bucket") in k["buckets"]:
-                libs = {x: r.get(x) for x in ("fa4", "flashinfer", "sdpa")}
-                ratios = "  ".join(f"{x} {v:.1f} ({r['ours'] / v:.3f})" for x, v in libs.items()
-                                   if isinstance(v, (int, float)) and v and isinstance(r.get("ours"), (int, float)))
-                print(f"{r.get('mix', '?'):<22}{r.get('bucket', '?'):<18}ours {r.get('ours')}  {ratios}")
+                print(f"{r.get('mix', '?'):<22}{r.get('bucket', '?'):<18}ours {r.get('ours')}  "
+                      f"{_ratios(r, ('fa4', 'flashinfer', 'sdpa'))}")
     return 0
 
 
