@@ -21,16 +21,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 AGREE = 2e-2
 
 
-def load_pairs(before: Path, after: Path) -> dict:
+def _spec_key(record: Path) -> tuple:
+    spec = json.loads(record.read_text())["meta"]["spec"]
+    return tuple(sorted((k, str(v)) for k, v in spec.items()))
+
+
+def load_pairs(before: Path, after: Path, by_spec: bool = False) -> dict:
+    """Kernels of the same name in both folders; ``by_spec``: the kernel of the same spec (two parameter choices of
+    one problem, e.g. DecodeParams.mma), each folder holding one kernel per spec."""
     from tuner.runtime import load_kernel
 
     pairs = {}
+    twins = {_spec_key(r): r for r in before.glob("*.json")} if by_spec else {}
     for record in sorted(after.glob("*.json")):
-        twin = before / record.name
-        if not twin.exists():
+        twin = twins.get(_spec_key(record)) if by_spec else before / record.name
+        if twin is None or not twin.exists():
             continue
         meta_a, meta_b = json.loads(twin.read_text())["meta"], json.loads(record.read_text())["meta"]
-        pairs[meta_b["name"]] = (load_kernel((before / f"{record.stem}.cubin").read_bytes(), meta_a),
+        pairs[meta_b["name"]] = (load_kernel((before / f"{twin.stem}.cubin").read_bytes(), meta_a),
                                  load_kernel((after / f"{record.stem}.cubin").read_bytes(), meta_b), meta_b)
     return pairs
 
@@ -39,7 +47,8 @@ def points(meta: dict) -> list:
     from tuner.bench_decode import DecodePoint, MLAPoint
 
     if meta["spec"]["variant"] == "mla":
-        return [MLAPoint(b, kv, heads_q=h) for h in (128, 16) for b, kv in ((64, 4096), (128, 8192), (64, 16384))]
+        return [MLAPoint(b, kv, heads_q=h) for h in (128, 16) for b, kv in ((64, 4096), (128, 8192), (64, 16384))] + [
+            MLAPoint(64, 8192, heads_q=128, seqlen_q=sq) for sq in (2, 4)]   # compute-bound: TFLOPS vs FlashMLA
     return [DecodePoint(b, kv) for b, kv in ((1, 8192), (8, 32768), (64, 8192), (128, 2048))]
 
 
@@ -55,12 +64,16 @@ def main(argv=None) -> int:
     ap.add_argument("after", type=Path)
     ap.add_argument("--out", default="decode_ab.json")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--time-only", action="store_true",
+                    help="time builds that are not meant to agree (a measurement variant): report, do not stop")
+    ap.add_argument("--by-spec", action="store_true",
+                    help="pair the kernels of the same spec (their names differ: two parameter choices)")
     args = ap.parse_args(argv)
 
     copy = copy_bandwidth_gbs()
     record = {"device": torch.cuda.get_device_name(), "copy_gbs": copy, "rounds": args.rounds, "rows": []}
     print(f"copy bandwidth {copy:.0f} GB/s", flush=True)
-    for name, (before, after, meta) in load_pairs(args.before, args.after).items():
+    for name, (before, after, meta) in load_pairs(args.before, args.after, args.by_spec).items():
         print(name, flush=True)
         for p in points(meta):
             mla = isinstance(p, MLAPoint)
@@ -73,7 +86,8 @@ def main(argv=None) -> int:
             diff = float((a.float() - b.float()).abs().max())
             if not diff <= AGREE:
                 print(f"  {p.label()}: the builds disagree (max |a - b| {diff:.3g})", flush=True)
-                return 1
+                if not args.time_only:
+                    return 1
             if not mla:
                 try:
                     fa = fa4_decode_call(p, x)
@@ -93,6 +107,8 @@ def main(argv=None) -> int:
             record["rows"].append(row)
             cells = "  ".join(f"{k} {statistics.median(g):.0f} [{min(g):.0f}, {max(g):.0f}]" for k, g in gbs.items())
             extra = f"  after/fa4 {row['after/fa4']:.3f}" if "after/fa4" in row else ""
+            if mla:   # FLOP per cache byte is fixed by the point: TFLOPS = GB/s x that
+                extra += f"  after TFLOPS {statistics.median(gbs['after']) * p.flops / p.kv_bytes / 1e3:.0f}"
             print(f"  {p.label():<28} GB/s {cells}  after/before {row['after/before']:.3f}  "
                   f"after/copy {statistics.median(gbs['after']) / copy:.2f}{extra}", flush=True)
             x = calls = a = b = None

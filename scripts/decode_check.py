@@ -44,6 +44,7 @@ MLA = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
 _WGMMA = DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=2, kv_stages=2, mma="sm90_wgmma")
 MLA_CANDIDATES = [(128, default_decode_params(MLA, 128)), (16, default_decode_params(MLA, 16)),
                   (128, _WGMMA), (16, _WGMMA),   # warpgroup MMAs (Hopper's 128-head default; 16 heads padded to 64)
+                  (128, DecodeParams(**{**_WGMMA.to_dict(), "mma": "sm90_seesaw"})),   # the warpgroups out of step
                   (128, DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=3)),
                   (128, DecodeParams(block_m=64, block_n=32, warps_m=4, warps_n=2, kv_stages=4)),
                   (128, DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=4, kv_stages=2)),

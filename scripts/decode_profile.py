@@ -6,8 +6,11 @@
 
 The MLA default on the H100 (translate.decode.default_decode_params: the 64 x 64 tile on warpgroup MMAs,
 attn_decode_sm90.cuh), or with `w2x4` the campaign's favourite of the mma.sync kernel (64 rows, 2 x 4 warps), or with
-`wgmma` the default tile forced onto warpgroup MMAs. Three calls; the profiler skips the first.
+`wgmma` the default tile forced onto warpgroup MMAs, `seesaw` onto the out-of-step warpgroups
+(attn_decode_sm90_seesaw.cuh), or with a folder of `tune build --phase decode` output its kernel (no compiler needed).
+Three calls; the profiler skips the first.
 """
+import json
 import sys
 from pathlib import Path
 
@@ -31,16 +34,24 @@ def main() -> None:
     spec = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
     params = (DecodeParams(block_m=64, block_n=64, warps_m=2, warps_n=4, kv_stages=2, min_split_blocks=2)
               if sys.argv[1:] == ["w2x4"] else default_decode_params(spec, 128, profile))
-    if sys.argv[1:] == ["wgmma"]:
-        params = DecodeParams(**{**params.to_dict(), "mma": "sm90_wgmma"})
-    gk = generate(parse(tl.load_sketch("mla", True, "decode", "paged")).program, params, profile, spec)
-    compiled = compile_kernel(gk, profile.nvcc_arch, cache_dir=default_cache_dir())
-    kernel = load_decode_kernel(compiled.cubin, gk.meta())
+    if sys.argv[1:] in (["wgmma"], ["seesaw"]):
+        params = DecodeParams(**{**params.to_dict(), "mma": {"wgmma": "sm90_wgmma", "seesaw": "sm90_seesaw"}[sys.argv[1]]})
+    built = Path(sys.argv[1]) if sys.argv[1:] else None
+    if built is not None and built.is_dir():
+        record = next(built.glob("*.json"))
+        meta = json.loads(record.read_text())["meta"]
+        kernel = load_decode_kernel(record.with_suffix(".cubin").read_bytes(), meta)
+        name = meta["name"]
+    else:
+        gk = generate(parse(tl.load_sketch("mla", True, "decode", "paged")).program, params, profile, spec)
+        compiled = compile_kernel(gk, profile.nvcc_arch, cache_dir=default_cache_dir())
+        kernel = load_decode_kernel(compiled.cubin, gk.meta())
+        name = gk.name
     x = make_mla_inputs(MLAPoint(64, 8192))
     for _ in range(3):
         kernel(x["q"], x["k"], None, cache_seqlens=x["seqused_k"], page_table=x["page_table"])
     torch.cuda.synchronize()
-    print("ran", gk.name)
+    print("ran", name)
 
 
 if __name__ == "__main__":

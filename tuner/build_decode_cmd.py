@@ -30,7 +30,7 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     import tl
     from translate.compiler import generate
     from translate.decode import validate_decode
-    from translate.decode.params import default_decode_params
+    from translate.decode.params import WGMMA_KINDS, default_decode_params
     from translate.kernel import TranslationError
     from tuner.bench_decode_cmd import resolve_decode_target
     from tuner.build_cmd import UsageError, build_record, compile_into, load_checked_program, parse_params_arg
@@ -76,7 +76,7 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     if spec.layout == "paged":   # any power-of-two page: one table lookup per key row
         record["page_size"] = page_size
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
-    tensor_op = "HGMMA" if decode_params.mma == "sm90_wgmma" else "HMMA"
+    tensor_op = "HGMMA" if decode_params.mma in WGMMA_KINDS else "HMMA"
     console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
                   f"{result.registers} regs, {result.spill_stores} B spill stores, {kernel.smem_bytes} B dynamic smem, "
                   f"{kernel.num_threads} threads, {'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; "

@@ -3,8 +3,9 @@
 (tuner/verify_decode.py: 128 and 16 heads, KV lengths 1/63/64/65/4097, uneven batches, shuffled 64-token pages
 beside NaN pages, NaN workspace, forced split counts, 1..16 causal query tokens, v_cache None or the view of K), a
 kernel that drops the causal mask is caught, and a separate V tensor or more than one KV head is refused. On Hopper
-the wgmma variant (DecodeParams.mma = "sm90_wgmma", translate/include/attn_decode_sm90.cuh) passes the same gate:
-its 64-row tile serves 128 heads and, padded, 16."""
+the wgmma variants (DecodeParams.mma = "sm90_wgmma", translate/include/attn_decode_sm90.cuh, and "sm90_seesaw", its
+warpgroups out of step: attn_decode_sm90_seesaw.cuh) pass the same gate: the 64-row tile serves 128 heads and,
+padded, 16."""
 import dataclasses
 
 import pytest
@@ -36,6 +37,12 @@ WGMMA_CASES = [
     ("wgmma_dense", dataclasses.replace(PAGED, layout="dense"), WGMMA),
     ("wgmma_paged_noncausal_fp16", KernelSpec("mla", 576, 512, False, "fp16", "paged", "decode"), WGMMA),
 ]
+SEESAW = dataclasses.replace(WGMMA, mma="sm90_seesaw")
+WGMMA_CASES += [
+    ("seesaw_paged", PAGED, SEESAW),
+    ("seesaw_dense", dataclasses.replace(PAGED, layout="dense"), SEESAW),
+    ("seesaw_paged_noncausal_fp16", KernelSpec("mla", 576, 512, False, "fp16", "paged", "decode"), SEESAW),
+]
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                             reason="the wgmma kernel needs an sm90 GPU")
 
@@ -64,9 +71,10 @@ def test_wgmma_mla_decode_kernels_pass_the_gate(name, spec, params):
 
 
 @hopper
-def test_a_wgmma_kernel_that_drops_the_causal_mask_is_caught():
+@pytest.mark.parametrize("params", [WGMMA, SEESAW], ids=["wgmma", "seesaw"])
+def test_a_wgmma_kernel_that_drops_the_causal_mask_is_caught(params):
     profile = profile_here()
-    gk = kernel_for(PAGED, WGMMA, profile)
+    gk = kernel_for(PAGED, params, profile)
     k = compile_and_load(_broken(gk, "kCausal = true", "kCausal = false", "_nomask"), profile)
     report = verify_decode(k, PAGED, cases=[DecodeCase((700, 16, 9), seqlen_q=4, heads=MLA_HEADS)])
     assert not report.passed and "error" in report.reason

@@ -34,7 +34,7 @@ import math
 from tl.ast import Compute, Copy, For, Program, Reshape, walk
 from tl.layout import layout_of
 from tl.phase import combines, split_loops
-from translate.decode.params import DecodeParams, decode_smem_bytes, v_from_k, validate_decode
+from translate.decode.params import WGMMA_KINDS, DecodeParams, decode_smem_bytes, v_from_k, validate_decode
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.problem import KernelSpec
 
@@ -47,8 +47,10 @@ _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 PREAMBLE = ("// Generated from a decode TL program by translate (github: this repository); do not edit.\n"
             "#include <cute/tensor.hpp>\n"
             "#include \"attn_decode.cuh\"\n")
-# mma "sm90_wgmma": the split-d_v kernel with Hopper warpgroup MMAs (attn_decode_sm90.cuh), sm_90a only
+# mma "sm90_wgmma": the split-d_v kernel with Hopper warpgroup MMAs (attn_decode_sm90.cuh), sm_90a only;
+# "sm90_seesaw": the same with the warpgroups out of step (attn_decode_sm90_seesaw.cuh)
 PREAMBLE_WGMMA = PREAMBLE.replace('"attn_decode.cuh"', '"attn_decode_sm90.cuh"')
+PREAMBLE_SEESAW = PREAMBLE.replace('"attn_decode.cuh"', '"attn_decode_sm90_seesaw.cuh"')
 
 
 def _loop_flow(loop: For) -> tuple[bool, bool, list[str]]:
@@ -114,10 +116,11 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
     if problems:
         raise TranslationError("parameters rejected: " + "; ".join(problems))
     name = f"attn_{spec.label()}_{params.key()}_dec{sketch_hash(program)}"
-    wgmma = params.mma == "sm90_wgmma"
+    wgmma = params.mma in WGMMA_KINDS
     body = (_body_wgmma if wgmma else _body)(name, params, spec, layout == "paged", prefetch_first, q_in_regs,
                                               split_dv)
-    return GeneratedKernel(name=name, preamble=PREAMBLE_WGMMA if wgmma else PREAMBLE, body=body,
+    preamble = {"sm90_wgmma": PREAMBLE_WGMMA, "sm90_seesaw": PREAMBLE_SEESAW}.get(params.mma, PREAMBLE)
+    return GeneratedKernel(name=name, preamble=preamble, body=body,
                            num_threads=params.num_threads,
                            smem_bytes=decode_smem_bytes(params, spec, split_dv=split_dv), block_m=params.block_m,
                            block_n=params.block_n, spec=spec, params=params, extra_args=DECODE_ARGS, grid="decode")
@@ -188,6 +191,29 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
     one warpgroup and the GMMA views of Q, K, V (MN-major, the K slot's first d_v columns) and P."""
     b = lambda v: "true" if v else "false"   # noqa: E731
     gmma_k = "GMMA::Layout_K_SW128_Atom<Element>{}"
+    seesaw = p.mma == "sm90_seesaw"
+    if seesaw:   # each warpgroup scores a whole tile, 64 columns of d_qk a chunk (the last chunk's Q in registers)
+        mmas = [
+            "  // wgmma, one warpgroup each: S = Q . K^T of its own tile by 64-column chunks (SS, the last chunk RS),",
+            "  // O_wg += P . V_wg (its d_v / 2 columns): its own P from registers (RS), the other's from shared (SS)",
+            "  using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
+            "Shape<_64, Int<kBlockN>, _64>>()));",
+            "  using TiledMmaQKrs = decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, "
+            "Shape<_64, Int<kBlockN>, _64>>()));",
+            "  using TiledMmaPV = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
+            "Shape<_64, Int<kHeadDimV / 2>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>()));",
+            "  using TiledMmaPVrs = decltype(make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, "
+            "Shape<_64, Int<kHeadDimV / 2>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>()));",
+        ]
+    else:
+        mmas = [
+            "  // wgmma, one warpgroup each: S = Q . K_wg^T (its kBlockN / 2 keys), O_wg += P . V_wg (its d_v / 2 "
+            "columns)",
+            "  using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
+            "Shape<_64, Int<kBlockN / 2>, Int<kHeadDimQK>>>()));",
+            "  using TiledMmaPV = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
+            "Shape<_64, Int<kHeadDimV / 2>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>()));",
+        ]
     lines = [
         f"namespace {name}_ns {{",
         "using namespace cute;",
@@ -203,11 +229,7 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         f"  using SmemAtom = {_atom(64, p.swizzle)};",
         "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
         "  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));",
-        "  // wgmma, one warpgroup each: S = Q . K_wg^T (its kBlockN / 2 keys), O_wg += P . V_wg (its d_v / 2 columns)",
-        "  using TiledMmaQK = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
-        "Shape<_64, Int<kBlockN / 2>, Int<kHeadDimQK>>>()));",
-        "  using TiledMmaPV = decltype(make_tiled_mma(GMMA::ss_op_selector<Element, Element, float, "
-        "Shape<_64, Int<kHeadDimV / 2>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>()));",
+        *mmas,
         f"  using GmmaLayoutQ = decltype(tile_to_shape({gmma_k}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{{}}));",
         f"  using GmmaLayoutK = decltype(tile_to_shape({gmma_k}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{{}}));",
         "  // V^T: the K slot's first d_v columns read MN-major (keys 8-row atoms first, then 64-column chunks)",
@@ -219,7 +241,7 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         "",
         f'extern "C" __global__ void __launch_bounds__({p.num_threads}, 1) {name}(const attn_decode::Args args) {{',
         "  extern __shared__ __align__(1024) char smem[];",
-        f"  attn_decode::split_kv_wgmma<{name}_ns::Cfg>(args, smem);",
+        f"  attn_decode::{'split_kv_seesaw' if seesaw else 'split_kv_wgmma'}<{name}_ns::Cfg>(args, smem);",
         "}",
         "",
         f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '

@@ -27,7 +27,9 @@ class DecodeParams:
     min_split_blocks: int = 2    # split rule (translate/decode/splits.py): the fewest key tiles one split takes
     swizzle: int = 3
     # The tensor-core instructions: "sm80" (ldmatrix + mma.sync, every sm80+ GPU) or "sm90_wgmma" (Hopper
-    # warpgroup MMAs reading Q, K, V and P from shared memory: attn_decode_sm90.cuh; MLA split-d_v, sm_90a).
+    # warpgroup MMAs reading Q, K, V and P from shared memory: attn_decode_sm90.cuh; MLA split-d_v, sm_90a), or
+    # "sm90_seesaw" (the same instructions, the two warpgroups scoring alternate tiles out of step:
+    # attn_decode_sm90_seesaw.cuh).
     mma: str = "sm80"
 
     @property
@@ -65,8 +67,9 @@ class DecodeParams:
                 f"{'' if self.mma == 'sm80' else '_' + MMA_KEYS.get(self.mma, self.mma)}")
 
 
-MMA_CHOICES = ("sm80", "sm90_wgmma")
-MMA_KEYS = {"sm90_wgmma": "wg"}   # key() suffix of a non-default mma (the default's key is unchanged)
+MMA_CHOICES = ("sm80", "sm90_wgmma", "sm90_seesaw")
+MMA_KEYS = {"sm90_wgmma": "wg", "sm90_seesaw": "ss"}   # key() suffix of a non-default mma (the default's is unchanged)
+WGMMA_KINDS = ("sm90_wgmma", "sm90_seesaw")   # the Hopper warpgroup-MMA kernels (MLA split-d_v, sm_90a)
 
 
 # MLA decode is the absorbed form (DeepSeek-V3): q and the one latent KV head carry 512 latent + 64 rotary columns,
@@ -91,6 +94,8 @@ def decode_smem_bytes(params: DecodeParams, spec: KernelSpec, split_dv: bool | N
     warp group, one O for split-d_v, and a max and a sum per group and row). attn_decode.cuh lays it out so."""
     split_dv = split_dv_default(spec) if split_dv is None else split_dv
     q = params.block_m * spec.d_qk * 2
+    if params.mma == "sm90_seesaw":   # Q | two slots | P0 (P1 in Q's last chunk) | max, two scales | 4 mbarriers
+        return q + 2 * params.block_n * spec.d_qk * 2 + params.block_m * params.block_n * 2 + 3 * params.block_m * 4 + 32
     ring = params.kv_stages * params.block_n * (spec.d_qk + (0 if v_from_k(spec) else spec.d_v)) * 2
     if split_dv:
         ring += params.block_m * params.block_n * 2 + params.warps_n * params.block_m * 4
@@ -189,7 +194,7 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *,
                       f"limit of {profile.name}")
     if params.mma not in MMA_CHOICES:
         errors.append(f"mma must be one of {', '.join(MMA_CHOICES)}, got {params.mma!r}")
-    elif params.mma == "sm90_wgmma":
+    elif params.mma in WGMMA_KINDS:
         errors += _wgmma_reasons(params, profile, spec, split_dv, q_in_regs)
     if spec.variant == "mla" and (spec.d_qk, spec.d_v) != (MLA_DECODE_D_QK, MLA_DECODE_D_V):
         errors.append(f"MLA decode is the absorbed form: d_qk {MLA_DECODE_D_QK} (512 latent + 64 rotary), d_v "
@@ -203,19 +208,21 @@ def _wgmma_reasons(params: DecodeParams, profile: Profile, spec: KernelSpec, spl
     CTA of two consumer warpgroups over a 64-row x 64-key tile (each scores 32 keys, then multiplies all of P
     by its d_v / 2 columns: wgmma N <= 256), V read from K's rows, Q and P in shared memory, an sm_90a GPU."""
     errors = []
+    if params.mma == "sm90_seesaw" and params.kv_stages != 2:
+        errors.append(f"mma sm90_seesaw holds two tiles, one a warpgroup (kv_stages 2), got {params.kv_stages}")
     if profile.sm != 90:
-        errors.append(f"mma sm90_wgmma issues Hopper warpgroup MMAs (sm_90a): {profile.name} is sm{profile.sm}")
+        errors.append(f"mma {params.mma} issues Hopper warpgroup MMAs (sm_90a): {profile.name} is sm{profile.sm}")
     if not split_dv or not v_from_k(spec):
-        errors.append("mma sm90_wgmma is the split-d_v kernel with V read from K's rows (absorbed MLA decode)")
+        errors.append(f"mma {params.mma} is the split-d_v kernel with V read from K's rows (absorbed MLA decode)")
     if q_in_regs:
-        errors.append("mma sm90_wgmma reads Q from shared memory (a sketch without `Copy Q_shared from shared to "
+        errors.append(f"mma {params.mma} reads Q from shared memory (a sketch without `Copy Q_shared from shared to "
                       "register`)")
     if (params.block_m, params.block_n, params.warps_m, params.warps_n) != (64, 64, 4, 2):
-        errors.append(f"mma sm90_wgmma takes block_m 64, block_n 64, warps 4 x 2 (two warpgroups); got block_m "
+        errors.append(f"mma {params.mma} takes block_m 64, block_n 64, warps 4 x 2 (two warpgroups); got block_m "
                       f"{params.block_m}, block_n {params.block_n}, warps {params.warps_m} x {params.warps_n}")
     if params.swizzle != 3:
-        errors.append(f"mma sm90_wgmma reads 128-byte swizzled tiles: swizzle 3, got {params.swizzle}")
+        errors.append(f"mma {params.mma} reads 128-byte swizzled tiles: swizzle 3, got {params.swizzle}")
     if spec.d_v % 128 or spec.d_v // 2 > 256:
-        errors.append(f"mma sm90_wgmma: d_v {spec.d_v} must split into two slices of at most 256 columns (wgmma "
+        errors.append(f"mma {params.mma}: d_v {spec.d_v} must split into two slices of at most 256 columns (wgmma "
                       "N), multiples of 64")
     return errors

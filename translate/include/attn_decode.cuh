@@ -81,11 +81,14 @@ template <class Cfg>
 constexpr bool kRowGather = Cfg::kHeadDimQK % 64 == 0 && Cfg::kHeadDimV % 64 == 0 &&
                             Cfg::kBlockN % (4 * (Cfg::kThreads / 32)) == 0;
 
-template <class Cfg, int kBlocks, class SX>
+// kBlock0 / kWarps: a subset of the row's 64-column blocks, [kBlock0, kBlocks), by kWarps warps whose first thread is
+// tid 0 (attn_decode_sm90_seesaw.cuh: each warpgroup reloads the columns it read last).
+template <class Cfg, int kBlocks, int kBlock0 = 0, int kWarps = Cfg::kThreads / 32, class SX>
 __forceinline__ __device__ void gather_rows(const typename Cfg::Element* x, const Args& a, int b, int kvh, int key0,
                                             int seqlen_k, long long batch_stride, long long row_stride,
                                             long long head_stride, SX& sX, int tid) {
-  constexpr int kWarps = Cfg::kThreads / 32, kRowsPerThread = Cfg::kBlockN / (4 * kWarps);
+  static_assert(Cfg::kBlockN % (4 * kWarps) == 0, "whole 4-row groups per warp");
+  constexpr int kRowsPerThread = Cfg::kBlockN / (4 * kWarps);
   const int warp = tid / 32, lane = tid % 32, q = lane % 8;
   const int* table = Cfg::kPaged ? a.page_table + b * a.page_table_stride : nullptr;
   CUTE_UNROLL
@@ -99,7 +102,7 @@ __forceinline__ __device__ void gather_rows(const typename Cfg::Element* x, cons
     const typename Cfg::Element* src = x + off + q * 8;
     typename Cfg::Element* dst = &sX(r, q * 8);
     CUTE_UNROLL
-    for (int blk = 0; blk < kBlocks; ++blk) { cp_async_16(dst + blk * Cfg::kBlockN * 64, src + blk * 64, valid); }
+    for (int blk = kBlock0; blk < kBlocks; ++blk) { cp_async_16(dst + blk * Cfg::kBlockN * 64, src + blk * 64, valid); }
   }
 }
 

@@ -31,6 +31,72 @@
 namespace attn_decode {
 using namespace cute;
 
+// The epilogue of the split-d_v wgmma kernels (split_kv's split-d_v mode, as a function): each warpgroup's O slice
+// (fp32, its kDV / 2 columns; coordinates tOcO) with, per row the thread holds, the row r, its max in scaled log2
+// units m2 and its quad-reduced sum l, goes through one fp32 O tile from the start of shared memory (the caller's
+// K ring and Q are dead), then out as the normalised output (one split) or the partial O and log2-sum-exp.
+// Each warpgroup's (max, sum) pair is kept; the store merges them, so the warpgroups may hold different maxima.
+template <class Cfg, int kRows, class TO, class TC>
+__forceinline__ __device__ void store_split_dv(const Args& a, const CtaWork& w, char* smem, TO const& acc_o,
+                                               TC const& tOcO, const float (&m2)[kRows], const float (&l)[kRows],
+                                               const int (&r)[kRows], int wg, int tg) {
+  using Element = typename Cfg::Element;
+  constexpr int kBlockM = Cfg::kBlockM, kDV = Cfg::kHeadDimV, kWarpsN = 2, kDVW = kDV / kWarpsN;
+  const int tid = threadIdx.x, rows = w.rows, row0 = w.row0, b = w.b, split = w.split, pack = w.pack;
+  const int head0 = w.head0;
+  float* s_o = reinterpret_cast<float*>(smem);   // (kBlockM, kDV)
+  float* s_m = s_o + kBlockM * kDV;              // (kWarpsN, kBlockM)
+  float* s_l = s_m + kWarpsN * kBlockM;
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_o); i += 2) {   // two neighbouring columns a register pair
+    *reinterpret_cast<float2*>(s_o + get<0>(tOcO(i)) * kDV + wg * kDVW + get<1>(tOcO(i))) =
+        make_float2(acc_o(i), acc_o(i + 1));
+  }
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    if (tg % 4 == 0) {
+      s_m[wg * kBlockM + r[mi]] = m2[mi];
+      s_l[wg * kBlockM + r[mi]] = l[mi];
+    }
+  }
+  __syncthreads();
+
+  Element* o = static_cast<Element*>(a.o);
+  const long long rows_all = (long long)a.batch * a.seqlen_q * a.heads_q;
+  constexpr int kVec = 4;
+  for (int i = tid; i < kBlockM * (kDV / kVec); i += Cfg::kThreads) {
+    const int row = i / (kDV / kVec), c = (i % (kDV / kVec)) * kVec, gr = row0 + row;
+    if (gr >= rows) { continue; }
+    float mx = -INFINITY;
+    CUTE_UNROLL
+    for (int g = 0; g < kWarpsN; ++g) { mx = fmaxf(mx, s_m[g * kBlockM + row]); }
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int g = 0; g < kWarpsN; ++g) {
+      sum += (mx == -INFINITY ? 0.f : attn_tl::fast_exp2(s_m[g * kBlockM + row] - mx)) * s_l[g * kBlockM + row];
+    }
+    // each warpgroup's columns in units of the common max (its own slice only: the other's weight is its own)
+    const int wc = c / kDVW;
+    const float f = mx == -INFINITY ? 0.f : attn_tl::fast_exp2(s_m[wc * kBlockM + row] - mx);
+    const float inv = sum > 0.f ? f / sum : 0.f;
+    const float4 x = *reinterpret_cast<const float4*>(s_o + row * kDV + c);
+    const float acc[kVec] = {x.x * inv, x.y * inv, x.z * inv, x.w * inv};
+    const int t = gr / pack, h = head0 + gr % pack;
+    const float lse2 = sum > 0.f ? mx + __log2f(sum) : -INFINITY;
+    if (a.num_splits == 1) {
+      Element* dst = o + b * a.o_batch_stride + t * a.o_row_stride + h * a.o_head_stride + c;
+      CUTE_UNROLL
+      for (int j = 0; j < kVec; ++j) { dst[j] = Element(acc[j]); }
+      if (a.lse && c == 0) { a.lse[((long long)b * a.heads_q + h) * a.seqlen_q + t] = lse2 * 0.6931471805599453f; }
+    } else {
+      const long long row = ((long long)b * a.seqlen_q + t) * a.heads_q + h;
+      *reinterpret_cast<float4*>(a.o_partial + (split * rows_all + row) * kDV + c) =
+          make_float4(acc[0], acc[1], acc[2], acc[3]);
+      if (c == 0) { a.lse_partial[split * rows_all + row] = lse2; }
+    }
+  }
+}
+
 // Cfg: as split_kv's (Element, kBlockM 64, kBlockN 64, kWarpsN 2, kThreads 256, kStages, kHeadDimQK, kHeadDimV,
 // kCausal, kPaged, kPackGqa, kPrefetchFirst, kVFromK = true, SmemLayoutQ/K: the cp.async writes' layouts) plus
 // TiledMmaQK (64 x kBlockN / 2 x d_qk, SS), TiledMmaPV (64 x d_v / 2 x kBlockN, SS, B MN-major) and the GMMA
@@ -195,60 +261,16 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
   cp_async_wait<0>();
   __syncthreads();   // the ring is free: it becomes the merge buffer
 
-  // the epilogue of split_kv's split-d_v mode: one O tile in fp32 from the start of shared memory, each
-  // warpgroup its own kDVW columns; the warpgroups' maxima are equal and their row sums add up
-  float* s_o = reinterpret_cast<float*>(smem);   // (kBlockM, kDV)
-  float* s_m = s_o + kBlockM * kDV;              // (kWarpsN, kBlockM)
-  float* s_l = s_m + kWarpsN * kBlockM;
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDVW>>{}));
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_o); i += 2) {   // two neighbouring columns a register pair
-    *reinterpret_cast<float2*>(s_o + get<0>(tOcO(i)) * kDV + wg * kDVW + get<1>(tOcO(i))) =
-        make_float2(acc_o(i), acc_o(i + 1));
-  }
+  float m2[kRows], l[kRows];
+  int r[kRows];
   CUTE_UNROLL
   for (int mi = 0; mi < kRows; ++mi) {
-    const float l = attn_tl::quad_sum(row_sum(mi));
-    if (tg % 4 == 0) {
-      const int r = get<0>(cS_rc(mi, 0));
-      s_m[wg * kBlockM + r] = row_max(mi) == -INFINITY ? -INFINITY : row_max(mi) * a.scale_log2;
-      s_l[wg * kBlockM + r] = l;
-    }
+    r[mi] = get<0>(cS_rc(mi, 0));
+    m2[mi] = row_max(mi) == -INFINITY ? -INFINITY : row_max(mi) * a.scale_log2;
+    l[mi] = attn_tl::quad_sum(row_sum(mi));
   }
-  __syncthreads();
-
-  Element* o = static_cast<Element*>(a.o);
-  const long long rows_all = (long long)a.batch * a.seqlen_q * a.heads_q;
-  constexpr int kVec = 4;
-  for (int i = tid; i < kBlockM * (kDV / kVec); i += Cfg::kThreads) {
-    const int r = i / (kDV / kVec), c = (i % (kDV / kVec)) * kVec, gr = row0 + r;
-    if (gr >= rows) { continue; }
-    float mx = -INFINITY;
-    CUTE_UNROLL
-    for (int w = 0; w < kWarpsN; ++w) { mx = fmaxf(mx, s_m[w * kBlockM + r]); }
-    float l = 0.f;
-    CUTE_UNROLL
-    for (int w = 0; w < kWarpsN; ++w) {
-      l += (mx == -INFINITY ? 0.f : attn_tl::fast_exp2(s_m[w * kBlockM + r] - mx)) * s_l[w * kBlockM + r];
-    }
-    const float f = mx == -INFINITY ? 0.f : 1.f;   // equal maxima: every group's weight is 1
-    const float inv = l > 0.f ? f / l : 0.f;
-    const float4 x = *reinterpret_cast<const float4*>(s_o + r * kDV + c);
-    const float acc[kVec] = {x.x * inv, x.y * inv, x.z * inv, x.w * inv};
-    const int t = gr / pack, h = head0 + gr % pack;
-    const float lse2 = l > 0.f ? mx + __log2f(l) : -INFINITY;
-    if (a.num_splits == 1) {
-      Element* dst = o + b * a.o_batch_stride + t * a.o_row_stride + h * a.o_head_stride + c;
-      CUTE_UNROLL
-      for (int j = 0; j < kVec; ++j) { dst[j] = Element(acc[j]); }
-      if (a.lse && c == 0) { a.lse[((long long)b * a.heads_q + h) * a.seqlen_q + t] = lse2 * 0.6931471805599453f; }
-    } else {
-      const long long row = ((long long)b * a.seqlen_q + t) * a.heads_q + h;
-      *reinterpret_cast<float4*>(a.o_partial + (split * rows_all + row) * kDV + c) =
-          make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (c == 0) { a.lse_partial[split * rows_all + row] = lse2; }
-    }
-  }
+  store_split_dv<Cfg, kRows>(a, w, smem, acc_o, tOcO, m2, l, r, wg, tg);
 }
 
 }  // namespace attn_decode

@@ -1,0 +1,94 @@
+"""The out-of-step ("seesaw") variant of the Hopper MLA decode kernel (DecodeParams.mma = "sm90_seesaw",
+translate/include/attn_decode_sm90_seesaw.cuh) on the CPU: its validation reasons, key, shared-memory plan and
+generated configuration, and with nvcc the compiled kernel: no spills, no wgmma serialisation, the score GEMM as
+SS wgmmas plus RS ones for Q's last chunk, mbarrier waits instead of cp.async group waits. Its results are checked
+on a GPU by tests/gpu/test_mla_decode_gpu.py (the decode gate)."""
+import dataclasses
+import shutil
+from pathlib import Path
+
+import pytest
+
+from hardware_profiles import load_profile
+from tl.parser import parse
+from translate.compiler import generate
+from translate.decode import DecodeParams, default_decode_params, validate_decode
+from translate.decode.params import decode_smem_bytes
+from translate.kernel import TranslationError
+from translate.problem import KernelSpec
+
+H100, A100 = load_profile("h100"), load_profile("a100")
+SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"
+MLA = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
+SEESAW = dataclasses.replace(default_decode_params(MLA, 128), mma="sm90_seesaw")
+HAVE_NVCC = shutil.which("nvcc") is not None
+
+
+def kernel(params=SEESAW, spec=MLA, profile=H100):
+    return generate(parse((SKETCHES / f"mla_{spec.layout}.tl").read_text()).program, params, profile, spec)
+
+
+def test_the_key_names_the_schedule_and_round_trips():
+    assert SEESAW.key() == "dm64n64w4x2s2p_b2_sw3_ss"
+    assert DecodeParams.from_dict(SEESAW.to_dict()) == SEESAW
+
+
+def test_the_seesaw_is_legal_on_hopper_only_with_two_slots():
+    assert validate_decode(SEESAW, H100, MLA) == []
+    assert validate_decode(SEESAW, load_profile("h200"), dataclasses.replace(MLA, layout="dense")) == []
+    assert any("sm_90a" in r for r in validate_decode(SEESAW, A100, MLA))
+    assert any("kv_stages 2" in r for r in validate_decode(dataclasses.replace(SEESAW, kv_stages=3), H100, MLA))
+    assert any("block_m 64, block_n 64" in r
+               for r in validate_decode(dataclasses.replace(SEESAW, block_n=32), H100, MLA))
+    with pytest.raises(TranslationError, match="sm_90a"):
+        kernel(profile=A100)
+
+
+def test_shared_memory_holds_q_two_slots_and_one_p_tile():
+    # Q 72 KB + two 72 KB slots + P0 8 KB + max and two scales (64 fp32 each) + 4 mbarriers; P1 reuses Q's last
+    # chunk, which is what keeps it under the 227 KB of an H100 block
+    assert decode_smem_bytes(SEESAW, MLA) == 3 * 64 * 576 * 2 + 64 * 64 * 2 + 3 * 64 * 4 + 32 == 230176
+    assert decode_smem_bytes(SEESAW, MLA) <= H100.smem_per_block_bytes
+    assert decode_smem_bytes(SEESAW, MLA) + 64 * 64 * 2 > H100.smem_per_block_bytes   # no room for a second P tile
+
+
+def test_the_generated_source_is_the_seesaw_config():
+    k = kernel()
+    src = k.source
+    assert '#include "attn_decode_sm90_seesaw.cuh"' in src and "attn_decode::split_kv_seesaw<" in src
+    assert "GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, _64>>" in src
+    assert "GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, _64>>" in src
+    assert "Shape<_64, Int<kHeadDimV / 2>, Int<kBlockN>>, GMMA::Major::K, GMMA::Major::MN>" in src
+    assert k.smem_bytes == 230176 and k.num_threads == 256 and "_sw3_ss_dec" in k.name
+    wg = kernel(dataclasses.replace(SEESAW, mma="sm90_wgmma"))
+    assert "seesaw" not in wg.source and "split_kv_wgmma<" in wg.source
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    if not HAVE_NVCC:
+        pytest.skip("nvcc not on PATH")
+    from translate.nvcc import compile_kernels
+    out = tmp_path_factory.mktemp("mla_seesaw")
+    k = kernel()
+    return out, k, compile_kernels([k], "sm_90a", cache_dir=out, jobs=1)[0]
+
+
+def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
+    from translate.nvcc import find_cuobjdump, sass_summary
+
+    out, k, result = compiled
+    assert result.ok, result.log[-2000:]
+    assert result.spill_stores == 0 and result.spill_loads == 0, (result.registers, result.spill_stores)
+    assert "C7510" not in result.log and "serialized" not in result.log, result.log[-3000:]
+    try:
+        find_cuobjdump()
+    except Exception:
+        pytest.skip("cuobjdump not installed")
+    cubin = out / "seesaw.cubin"
+    cubin.write_bytes(result.cubin)
+    sass = sass_summary(cubin, k.name)
+    # scores: 32 SS + 4 RS k-steps a tile, issued in the prologue by each warpgroup and once in each one's loop
+    # body; P.V: 4 RS (own P) + 4 SS (the other's P) in each loop body
+    assert sass["HGMMA"] == 2 * 36 + 2 * (36 + 8), sass
+    assert sass["HMMA"] == 0 and sass["LDGSTS"] > 0, sass

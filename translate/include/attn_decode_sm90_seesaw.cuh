@@ -1,0 +1,382 @@
+// The absorbed MLA decode on Hopper with the two warpgroups out of step ("seesaw", DecodeParams.mma =
+// "sm90_seesaw"): the same Args, split rule, workspace, combine kernel and epilogue as split_kv_wgmma
+// (attn_decode_sm90.cuh), a different schedule. There, both warpgroups score half of every tile, exchange row
+// maxima and P behind three CTA barriers a tile, so the tensor cores idle through every softmax and barrier
+// (ncu: 0.54-0.60 of the copy bandwidth at 128 heads, BENCHMARKS.md 2026-11-24). Here the tiles go in pairs:
+// warpgroup 0 scores the even tile (slot 0), warpgroup 1 the odd one (slot 1), each over all 64 keys, and each
+// owns half of O's 512 columns (128 fp32 registers a thread). Per pair (j0, j1), with m the shared running max:
+//   wg0: softmax of S(j0) against m -> m0, scale0 | O_L *= scale0, O_L += P0 . V0_L (RS: P0 in registers)
+//   wg1: (waits for scale0) softmax of S(j1) against m0 -> m1, scale1 | O_R *= scale0 scale1,
+//        O_R += P1 . V1_R (RS), P1 to shared memory
+//   wg0: (waits for scale1) P0 * scale1 to shared memory | O_L *= scale1, O_L += P1 . V1_L (SS)
+//   wg1: (waits for P0) O_R += P0 . V0_R (SS)
+//   each then scores its next tile (j0 + 2, j1 + 2) while the other runs its softmax: the tensor cores have
+//   the other warpgroup's GEMMs to run through each softmax.
+// Learnt from FlashMLA's sm90 decode kernel (deepseek-ai/FlashMLA, its "seesaw" schedule); written anew
+// on this project's gathers: there TMA loads whole pages, here cp.async gathers rows through the page table
+// (any page size, dense caches) and signals an mbarrier per half slot (cp.async.mbarrier.arrive.noinc).
+//
+// Loads: each warpgroup reloads the K columns it read last, as soon as its GEMM reading them completed, so two
+// slots suffice with the next pair's loads in flight during this pair's GEMMs: warpgroup 0 columns [0, 256)
+// (V_L, read last by its P.V), warpgroup 1 columns [256, 576) (V_R and the rotary part, read last by its P.V).
+// full[2 * slot + half] completes once per tile loaded into the slot (128 cp.async arrivals, no increment).
+// cp.async writes are generic-proxy writes and wgmma reads through the async proxy: the reader fences
+// (fence.proxy.async) after its mbarrier wait.
+//
+// Shared memory (230,176 B): Q (64 x 576) | slot 0 | slot 1 (64 keys x 576 each) | P0 (64 x 64) | m, scale0,
+// scale1 (64 fp32 each) | 4 mbarriers. P1 lives in Q's last 64-column chunk: that chunk of Q is read into
+// registers once (the score GEMM's last 4 k-steps are RS wgmmas), which frees its 8 KB (FlashMLA's trick; the
+// 227 KB limit holds Q, two slots and one P tile only). After the loop the epilogue's merge buffer reuses the
+// start of shared memory, as split_kv_wgmma's does.
+#ifndef ATTN_DECODE_SM90_SEESAW_CUH
+#define ATTN_DECODE_SM90_SEESAW_CUH
+
+#include "attn_decode_sm90.cuh"
+
+namespace attn_decode {
+using namespace cute;
+
+namespace seesaw {
+// named barriers between the two warpgroups (cutlass::arch::NamedBarrier ids, past CUTLASS's reserved ones)
+enum Barrier : uint32_t { kScale0Ready = 0, kScale1Ready = 1 };
+constexpr uint32_t kBoth = 256;
+__forceinline__ __device__ void arrive(Barrier b) { cutlass::arch::NamedBarrier::arrive(kBoth, b); }
+__forceinline__ __device__ void sync(Barrier b) { cutlass::arch::NamedBarrier::sync(kBoth, b); }
+
+// The score GEMM S (+)= Q . K^T over the 64-column chunks [kC0, kC1) of d_qk: SS wgmmas for every chunk but the
+// last, whose Q is in registers (rQ_last) and whose k-steps are RS wgmmas. One commit group.
+template <int kC0, int kC1, int kChunks, class MmaSS, class MmaRS, class TQ, class TK, class TQL, class TKL, class TC>
+__forceinline__ __device__ void score_issue(MmaSS& ss, MmaRS& rs, TQ const& tQ, TK const& tK, TQL const& rQ_last,
+                                            TKL const& tK_last, TC& acc) {
+  constexpr bool kWithLast = kC1 == kChunks;
+  if constexpr (kWithLast) { warpgroup_fence_operand(const_cast<TQL&>(rQ_last)); }
+  warpgroup_fence_operand(acc);
+  warpgroup_arrive();
+  ss.accumulate_ = kC0 == 0 ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int c = kC0; c < (kWithLast ? kC1 - 1 : kC1); ++c) {
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tQ); ++k) {
+      cute::gemm(ss, tQ(_, _, k, c), tK(_, _, k, c), acc);
+      ss.accumulate_ = GMMA::ScaleOut::One;
+    }
+  }
+  if constexpr (kWithLast) {
+    rs.accumulate_ = (kC0 == kChunks - 1) ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(rQ_last); ++k) {
+      cute::gemm(rs, rQ_last(_, _, k), tK_last(_, _, k), acc);
+      rs.accumulate_ = GMMA::ScaleOut::One;
+    }
+  }
+  warpgroup_commit_batch();
+  warpgroup_fence_operand(acc);
+  if constexpr (kWithLast) { warpgroup_fence_operand(const_cast<TQL&>(rQ_last)); }
+}
+}  // namespace seesaw
+
+// Cfg: as split_kv_wgmma's (Element, kBlockM 64, kBlockN 64, kThreads 256, kHeadDimQK, kHeadDimV, kCausal, kPaged,
+// kPackGqa, kVFromK = true, SmemLayoutQ/K: the cp.async writes' layouts, GmmaLayoutQ/K/Vt/P) with TiledMmaQK /
+// TiledMmaQKrs (64 x kBlockN x 64 per chunk, SS and RS), TiledMmaPV / TiledMmaPVrs (64 x d_v / 2 x kBlockN, B
+// MN-major, SS and RS).
+template <class Cfg>
+__forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
+  using Element = typename Cfg::Element;
+  using seesaw::arrive;
+  using seesaw::sync;
+  constexpr int kBlockM = Cfg::kBlockM, kBlockN = Cfg::kBlockN, kDQK = Cfg::kHeadDimQK, kDV = Cfg::kHeadDimV;
+  constexpr int kDVW = kDV / 2;           // O columns per warpgroup
+  constexpr int kChunks = kDQK / 64;      // 64-column chunks of Q and K
+  constexpr int kLeftChunks = kDVW / 64;  // K chunks [0, kLeftChunks): warpgroup 0 reloads them, the rest warpgroup 1
+  static_assert(kBlockM == 64 && kBlockN == 64 && Cfg::kThreads == 256 && Cfg::kVFromK);
+  static_assert(kDQK % 64 == 0 && kDV % 128 == 0 && kDVW <= 256 && kDV < kDQK,
+                "V is the first d_v columns of K, Q's last chunk (P1's bytes) is past them");
+  const int tid = threadIdx.x;
+  const int wg = tid / 128, tg = tid % 128;
+
+  const CtaWork w = cta_work<Cfg>(a);
+  const int b = w.b, pack = w.pack, head0 = w.head0, kvh = w.kvh, rows = w.rows, row0 = w.row0;
+  const int seqlen_k = w.seqlen_k, causal_offset = w.causal_offset, blk_begin = w.blk_begin, n_tiles = w.n_tiles;
+
+  constexpr int kTileQ = kBlockM * kDQK, kTileK = kBlockN * kDQK, kChunkQ = kBlockM * 64;
+  Element* smem_q = reinterpret_cast<Element*>(smem);
+  Element* smem_k0 = smem_q + kTileQ;
+  Element* smem_k1 = smem_k0 + kTileK;
+  Element* smem_p0 = smem_k1 + kTileK;
+  Element* smem_p1 = smem_q + (kChunks - 1) * kChunkQ;   // Q's last chunk, once it is in registers
+  float* s_m = reinterpret_cast<float*>(smem_p0 + kBlockM * kBlockN);   // running row max, scaled log2 units
+  float* s_scale0 = s_m + kBlockM;
+  float* s_scale1 = s_scale0 + kBlockM;
+  uint64_t* full = reinterpret_cast<uint64_t*>(s_scale1 + kBlockM);   // full[2 * slot + half]
+
+  if (tid == 0) {
+    CUTE_UNROLL
+    for (int i = 0; i < 4; ++i) { cutlass::arch::ClusterBarrier::init(&full[i], 128); }
+  }
+  if (tid < kBlockM) { s_m[tid] = -INFINITY; }
+  cutlass::arch::fence_barrier_init();
+
+  // Q: the unit's packed rows (token t, head head0 + g), zero past the last row; one commit group
+  {
+    Tensor sQw = make_tensor(make_smem_ptr(smem_q), typename Cfg::SmemLayoutQ{});
+    const Element* q = static_cast<const Element*>(a.q);
+    constexpr int kQChunks = kDQK / 8;
+    for (int i = tid; i < kBlockM * kQChunks; i += Cfg::kThreads) {
+      const int r = i / kQChunks, c = i % kQChunks, gr = row0 + r;
+      const bool valid = gr < rows;
+      const long long off = valid ? b * a.q_batch_stride + (gr / pack) * a.q_row_stride +
+                                        (head0 + gr % pack) * a.q_head_stride : 0;
+      cp_async_16(&sQw(r, c * 8), q + off + c * 8, valid);
+    }
+    cp_async_commit();
+  }
+  __syncthreads();   // the mbarriers are initialised before anyone arrives on them
+
+  const Element* kbase = static_cast<const Element*>(a.k);
+  // this warpgroup's columns of local tile j (key tiles blk_begin + j) into slot j % 2, then its arrival
+  auto load_half = [&](int j) {
+    Element* slot = (j & 1) ? smem_k1 : smem_k0;
+    Tensor sK = make_tensor(make_smem_ptr(slot), typename Cfg::SmemLayoutK{});
+    const int key0 = (blk_begin + j) * kBlockN;
+    if (wg == 0) {
+      gather_rows<Cfg, kLeftChunks, 0, 4>(kbase, a, b, kvh, key0, seqlen_k, a.k_batch_stride, a.k_row_stride,
+                                          a.k_head_stride, sK, tg);
+    } else {
+      gather_rows<Cfg, kChunks, kLeftChunks, 4>(kbase, a, b, kvh, key0, seqlen_k, a.k_batch_stride,
+                                                a.k_row_stride, a.k_head_stride, sK, tg);
+    }
+    cutlass::arch::cpasync_barrier_arrive_noinc(&full[2 * (j & 1) + wg]);
+  };
+  // half h of local tile j landed (its slot's (j / 2)-th fill), visible to this thread's wgmmas
+  auto wait_half = [&](int j, int h) {
+    cutlass::arch::ClusterBarrier::wait(&full[2 * (j & 1) + h], (j >> 1) & 1);
+  };
+  if (n_tiles > 0) { load_half(0); }
+  if (n_tiles > 1) { load_half(1); }
+  cp_async_commit();
+
+  typename Cfg::TiledMmaQK mma_qk;
+  typename Cfg::TiledMmaQKrs mma_qk_rs;
+  typename Cfg::TiledMmaPV mma_pv;
+  typename Cfg::TiledMmaPVrs mma_pv_rs;
+  auto thr_qk = mma_qk.get_thread_slice(tg);
+  auto thr_qk_rs = mma_qk_rs.get_thread_slice(tg);
+  auto thr_pv = mma_pv.get_thread_slice(tg);
+  auto thr_pv_rs = mma_pv_rs.get_thread_slice(tg);
+
+  auto chunks = [](Element* base, auto layout) {   // (64, 64, kChunks): the 64-column chunks of a tile
+    return flat_divide(make_tensor(make_smem_ptr(base), layout), Shape<_64, _64>{})(_, _, _0{}, _);
+  };
+  Tensor sQc = chunks(smem_q, typename Cfg::GmmaLayoutQ{});
+  Tensor tSsQ = thr_qk.partition_fragment_A(sQc);                        // (MMA, 1, 4, kChunks) descriptors
+  Tensor tSrQl = thr_qk_rs.partition_fragment_A(sQc(_, _, kChunks - 1));  // (MMA, 1, 4) registers
+  // this warpgroup scores the tiles of its own slot
+  Element* own_slot = wg ? smem_k1 : smem_k0;
+  Tensor sKc = chunks(own_slot, typename Cfg::GmmaLayoutK{});
+  Tensor tSsK = thr_qk.partition_fragment_B(sKc);
+  Tensor tSsKl = thr_qk_rs.partition_fragment_B(sKc(_, _, kChunks - 1));
+  // P . V: its own P from registers times V of its own slot; the other's P from shared memory times V of the
+  // other slot; always its own kDVW columns of V (MN-major views of the slots' first d_v columns)
+  auto v_half = [&](Element* slot) {
+    return local_tile(make_tensor(make_smem_ptr(slot), typename Cfg::GmmaLayoutVt{}),
+                      Shape<Int<kDVW>, Int<kBlockN>>{}, make_coord(wg, 0));
+  };
+  Tensor tOsVown = thr_pv_rs.partition_fragment_B(v_half(own_slot));
+  Tensor tOsVother = thr_pv.partition_fragment_B(v_half(wg ? smem_k0 : smem_k1));
+  Tensor tOsPother = thr_pv.partition_fragment_A(
+      make_tensor(make_smem_ptr(wg ? smem_p0 : smem_p1), typename Cfg::GmmaLayoutP{}));
+  Element* own_p = wg ? smem_p1 : smem_p0;
+
+  cp_async_wait<1>();                         // this thread's Q copies landed
+  cutlass::arch::fence_view_async_shared();   // visible to the wgmmas
+  __syncthreads();                            // everyone's
+  {
+    Tensor tSsQl = thr_qk_rs.partition_A(sQc(_, _, kChunks - 1));
+    CUTE_UNROLL
+    for (int i = 0; i < size(tSrQl); ++i) { tSrQl(i) = tSsQl(i); }
+  }
+  __syncthreads();   // Q's last chunk is in everyone's registers: its bytes may become P1
+
+  Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+  Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDVW>>{});
+  clear(acc_o);
+  Tensor cS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+  Tensor cS_rc = make_tensor(cS.data(), attn_sm90::rowcol_layout(cS.layout()));
+  constexpr int kRows = decltype(size<0>(cS_rc))::value;   // rows a thread holds (2: r and r + 8)
+  Tensor s = make_tensor(acc_s.data(), attn_sm90::rowcol_layout(acc_s.layout()));
+  Tensor o = make_tensor(acc_o.data(), attn_sm90::rowcol_layout(acc_o.layout()));
+  float row_sum[kRows];
+  int row[kRows];
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    row_sum[mi] = 0.f;
+    row[mi] = get<0>(cS_rc(mi, 0));
+  }
+
+  auto score = [&](int j) {   // S = Q . K(j)^T of this warpgroup's slot, all chunks, waited
+    wait_half(j, 0);
+    wait_half(j, 1);
+    cutlass::arch::fence_view_async_shared();
+    seesaw::score_issue<0, kChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
+    warpgroup_wait<0>();
+  };
+  auto mask = [&](int j) {   // -inf past the sequence (and the diagonal) on a tile that reaches them
+    const int blk = blk_begin + j;
+    if ((blk + 1) * kBlockN > (Cfg::kCausal ? causal_offset + 1 : seqlen_k)) {
+      mask_tile<Cfg::kCausal>(acc_s, cS, row0, pack, blk * kBlockN, seqlen_k, causal_offset);
+    }
+  };
+  auto row_max = [&](int mi) {
+    float m = -INFINITY;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+    return attn_tl::quad_max(m);
+  };
+  // P = exp2(S scale - m) in place (m -inf: a row that saw no key, P = 0), its row sums
+  auto exponentiate = [&](int mi, float m_use) {
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      s(mi, ni) = attn_tl::fast_exp2(s(mi, ni) * a.scale_log2 - m_use);
+      sum += s(mi, ni);
+    }
+    return sum;
+  };
+  auto scale_o = [&](int mi, float f) {
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= f; }
+  };
+
+  if (wg == 0 && n_tiles > 0) { score(0); }
+  if (wg == 1 && n_tiles > 1) { score(1); }
+
+  for (int j0 = 0; j0 < n_tiles; j0 += 2) {
+    const int j1 = j0 + 1;
+    const bool has1 = j1 < n_tiles, has2 = j0 + 2 < n_tiles, has3 = j0 + 3 < n_tiles;
+    if (wg == 0) {
+      // softmax of S(j0) against the running max m -> m0; P0 (units of m0) to shared memory for warpgroup 1
+      mask(j0);
+      float m_use[kRows], scale0[kRows], m_new[kRows];
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const float m_old = s_m[row[mi]];
+        m_new[mi] = fmaxf(m_old, row_max(mi) * a.scale_log2);
+        m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
+        scale0[mi] = attn_tl::fast_exp2(m_old - m_use[mi]);
+      }
+      __syncwarp();   // the quad's reads of m before its leader's write
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        if (tg % 4 == 0) {
+          s_m[row[mi]] = m_new[mi];
+          s_scale0[row[mi]] = scale0[mi];
+        }
+        row_sum[mi] = row_sum[mi] * scale0[mi] + exponentiate(mi, m_use[mi]);
+      }
+      {
+        Tensor rP = attn_tl::convert_type<Element>(acc_s);
+        attn_sm90::store_o_tile<kBlockM, kBlockN>(rP, own_p, tg);
+      }
+      cutlass::arch::fence_view_async_shared();
+      arrive(seesaw::kScale0Ready);   // m0, scale0 and P0 are out
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) { scale_o(mi, scale0[mi]); }
+      {   // O_L += P0 . V0_L, P0 from registers
+        Tensor rP = make_tensor<Element>(attn_sm90::acc_to_a_layout(acc_s.layout()));
+        attn_sm90::convert_into(rP, acc_s);
+        attn_sm90::gemm_issue<false>(mma_pv_rs, rP, tOsVown, acc_o);
+        warpgroup_wait<0>();
+      }
+      if (has2) { load_half(j0 + 2); }   // slot 0's columns [0, 256): last read by that GEMM
+      if (has1) {   // O_L to m1, O_L += P1 . V1_L (P1 in units of m1, from shared memory)
+        sync(seesaw::kScale1Ready);
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          const float f = s_scale1[row[mi]];
+          row_sum[mi] *= f;
+          scale_o(mi, f);
+        }
+        cutlass::arch::fence_view_async_shared();   // V1_L: gathered by this warpgroup, waited for by the other
+        attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
+      }
+      if (has2) {   // S(j0 + 2): its left columns first (this warpgroup loaded them a while ago)
+        wait_half(j0 + 2, 0);
+        cutlass::arch::fence_view_async_shared();
+        seesaw::score_issue<0, kLeftChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
+        warpgroup_wait<1>();   // O_L += P1 . V1_L completed: slot 1's columns [0, 256) are free
+        if (has3) { load_half(j0 + 3); }
+        wait_half(j0 + 2, 1);
+        cutlass::arch::fence_view_async_shared();
+        seesaw::score_issue<kLeftChunks, kChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
+      }
+      warpgroup_wait<0>();
+    } else {
+      sync(seesaw::kScale0Ready);
+      // O_R to m0, O_R += P0 . V0_R (P0 from shared memory), while the softmax of S(j1) runs
+      float scale0[kRows];
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        scale0[mi] = s_scale0[row[mi]];
+        row_sum[mi] *= scale0[mi];
+        scale_o(mi, scale0[mi]);
+      }
+      cutlass::arch::fence_view_async_shared();   // V0_R: gathered by this warpgroup, waited for by the other
+      attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
+      if (has1) {   // softmax of S(j1) against m0 -> m1; P1 (units of m1) to shared memory for warpgroup 0
+        mask(j1);
+        float m_use[kRows], scale1[kRows], m_new[kRows];
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          const float m0 = s_m[row[mi]];
+          m_new[mi] = fmaxf(m0, row_max(mi) * a.scale_log2);
+          m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
+          scale1[mi] = attn_tl::fast_exp2(m0 - m_use[mi]);
+        }
+        __syncwarp();
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          if (tg % 4 == 0) {
+            s_m[row[mi]] = m_new[mi];
+            s_scale1[row[mi]] = scale1[mi];
+          }
+          row_sum[mi] = row_sum[mi] * scale1[mi] + exponentiate(mi, m_use[mi]);
+        }
+        {
+          Tensor rP = attn_tl::convert_type<Element>(acc_s);
+          attn_sm90::store_o_tile<kBlockM, kBlockN>(rP, own_p, tg);
+        }
+        cutlass::arch::fence_view_async_shared();
+        arrive(seesaw::kScale1Ready);   // m1, scale1 and P1 are out
+        warpgroup_wait<0>();   // O_R += P0 . V0_R completed
+        if (has2) { load_half(j0 + 2); }   // slot 0's columns [256, 576): last read by that GEMM
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) { scale_o(mi, scale1[mi]); }
+        Tensor rP = make_tensor<Element>(attn_sm90::acc_to_a_layout(acc_s.layout()));
+        attn_sm90::convert_into(rP, acc_s);
+        attn_sm90::gemm_issue<false>(mma_pv_rs, rP, tOsVown, acc_o);   // O_R += P1 . V1_R
+        warpgroup_wait<0>();
+        if (has3) {   // slot 1's columns [256, 576) are free: tile j0 + 3, then its scores
+          load_half(j0 + 3);
+          score(j0 + 3);
+        }
+      } else {
+        warpgroup_wait<0>();
+      }
+    }
+  }
+  __syncthreads();   // every GEMM and load is done: the slots and Q become the merge buffer
+
+  Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDVW>>{}));
+  float m2[kRows], l[kRows];
+  CUTE_UNROLL
+  for (int mi = 0; mi < kRows; ++mi) {
+    m2[mi] = s_m[row[mi]];   // both warpgroups end in units of the last max
+    l[mi] = attn_tl::quad_sum(row_sum[mi]);
+  }
+  __syncthreads();   // s_m is read before the merge buffer (which does not reach it) is written: kept simple
+  store_split_dv<Cfg, kRows>(a, w, smem, acc_o, tOcO, m2, l, row, wg, tg);
+}
+
+}  // namespace attn_decode
+
+#endif  // ATTN_DECODE_SM90_SEESAW_CUH
