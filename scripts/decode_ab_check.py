@@ -43,9 +43,11 @@ def load_pairs(before: Path, after: Path, by_spec: bool = False) -> dict:
     return pairs
 
 
-def points(meta: dict) -> list:
+def points(meta: dict, grid: bool = False) -> list:
     from tuner.bench_decode import DecodePoint, MLAPoint
 
+    if meta["spec"]["variant"] == "mla" and grid:   # the decode buckets' corners at 128 heads, 1 token
+        return [MLAPoint(b, kv) for b in (1, 8, 32, 128) for kv in (2048, 8192, 32768)]
     if meta["spec"]["variant"] == "mla":
         return [MLAPoint(b, kv, heads_q=h) for h in (128, 16) for b, kv in ((64, 4096), (128, 8192), (64, 16384))] + [
             MLAPoint(64, 8192, heads_q=128, seqlen_q=sq) for sq in (2, 4)]   # compute-bound: TFLOPS vs FlashMLA
@@ -66,6 +68,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--time-only", action="store_true",
                     help="time builds that are not meant to agree (a measurement variant): report, do not stop")
+    ap.add_argument("--grid", action="store_true", help="MLA: batch 1-128 x 2k-32k keys at 128 heads instead")
     ap.add_argument("--by-spec", action="store_true",
                     help="pair the kernels of the same spec (their names differ: two parameter choices)")
     args = ap.parse_args(argv)
@@ -75,7 +78,7 @@ def main(argv=None) -> int:
     print(f"copy bandwidth {copy:.0f} GB/s", flush=True)
     for name, (before, after, meta) in load_pairs(args.before, args.after, args.by_spec).items():
         print(name, flush=True)
-        for p in points(meta):
+        for p in points(meta, args.grid):
             mla = isinstance(p, MLAPoint)
             x = make_mla_inputs(p) if mla else make_decode_inputs(p)
             v = None if mla else x["v"]

@@ -4,10 +4,11 @@
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section WarpStateStats \
         python3 scripts/decode_profile.py [w2x4]
 
-The MLA default on the H100 (translate.decode.default_decode_params: the 64 x 64 tile on warpgroup MMAs,
-attn_decode_sm90.cuh), or with `w2x4` the campaign's favourite of the mma.sync kernel (64 rows, 2 x 4 warps), or with
-`wgmma` the default tile forced onto warpgroup MMAs, `seesaw` onto the out-of-step warpgroups
-(attn_decode_sm90_seesaw.cuh), or with a folder of `tune build --phase decode` output its kernel (no compiler needed).
+The MLA default on the H100 (translate.decode.default_decode_params: the 64 x 64 tile on warpgroup MMAs out of
+step, attn_decode_sm90_seesaw.cuh), or with `w2x4` the campaign's favourite of the mma.sync kernel (64 rows, 2 x 4
+warps), or with `wgmma` the default tile on the lockstep warpgroups (attn_decode_sm90.cuh), `seesaw` forced onto the
+out-of-step ones (the default on Hopper), or with a folder of `tune build --phase decode` output its kernel (no
+compiler needed).
 Three calls; the profiler skips the first.
 """
 import json
@@ -35,7 +36,8 @@ def main() -> None:
     params = (DecodeParams(block_m=64, block_n=64, warps_m=2, warps_n=4, kv_stages=2, min_split_blocks=2)
               if sys.argv[1:] == ["w2x4"] else default_decode_params(spec, 128, profile))
     if sys.argv[1:] in (["wgmma"], ["seesaw"]):
-        params = DecodeParams(**{**params.to_dict(), "mma": {"wgmma": "sm90_wgmma", "seesaw": "sm90_seesaw"}[sys.argv[1]]})
+        mma = {"wgmma": "sm90_wgmma", "seesaw": "sm90_seesaw"}[sys.argv[1]]
+        params = DecodeParams(**{**params.to_dict(), "mma": mma})
     built = Path(sys.argv[1]) if sys.argv[1:] else None
     if built is not None and built.is_dir():
         record = next(built.glob("*.json"))

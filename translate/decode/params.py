@@ -68,7 +68,7 @@ class DecodeParams:
 
 
 MMA_CHOICES = ("sm80", "sm90_wgmma", "sm90_seesaw")
-MMA_KEYS = {"sm90_wgmma": "wg", "sm90_seesaw": "ss"}   # key() suffix of a non-default mma (the default's is unchanged)
+MMA_KEYS = {"sm90_wgmma": "wg", "sm90_seesaw": "ss"}   # key() suffix of a non-default mma (the default has none)
 WGMMA_KINDS = ("sm90_wgmma", "sm90_seesaw")   # the Hopper warpgroup-MMA kernels (MLA split-d_v, sm_90a)
 
 
@@ -95,7 +95,8 @@ def decode_smem_bytes(params: DecodeParams, spec: KernelSpec, split_dv: bool | N
     split_dv = split_dv_default(spec) if split_dv is None else split_dv
     q = params.block_m * spec.d_qk * 2
     if params.mma == "sm90_seesaw":   # Q | two slots | P0 (P1 in Q's last chunk) | max, two scales | 4 mbarriers
-        return q + 2 * params.block_n * spec.d_qk * 2 + params.block_m * params.block_n * 2 + 3 * params.block_m * 4 + 32
+        slots = 2 * params.block_n * spec.d_qk * 2
+        return q + slots + params.block_m * params.block_n * 2 + 3 * params.block_m * 4 + 4 * 8
     ring = params.kv_stages * params.block_n * (spec.d_qk + (0 if v_from_k(spec) else spec.d_v)) * 2
     if split_dv:
         ring += params.block_m * params.block_n * 2 + params.warps_n * params.block_m * 4
@@ -113,7 +114,7 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     one CTA per SM: the kernel is bound by its tensor cores there, 241 FLOP per cache byte); 16 heads (a
     tensor-parallel shard, 8x fewer FLOP per byte) one 16-row tile, 4 warps over d_v, 64 keys x 2 stages. Where
     ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages; on Hopper the 64-row tile's GEMMs are
-    warpgroup MMAs (mma sm90_wgmma)."""
+    warpgroup MMAs with the two warpgroups out of step (mma sm90_seesaw)."""
     if spec.variant != "mla":
         return DecodeParams()
     if heads_q is not None and heads_q <= 16:
@@ -123,10 +124,12 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     if profile is not None and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:
         p = DecodeParams(**{**p.to_dict(), "block_n": 32})
     if profile is not None and profile.sm >= 90 and p.block_m == 64 and not validate_decode(
-            DecodeParams(**{**p.to_dict(), "mma": "sm90_wgmma"}), profile, spec):
+            DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw"}), profile, spec):
         # Hopper: the same tile on warpgroup MMAs, 1.4-1.7x the mma.sync kernel's bandwidth at 128 heads with the
-        # row gather (scripts/decode_ab_check.py, H100, BENCHMARKS.md 2026-11-24: 1632-1800 against 1041-1133 GB/s)
-        p = DecodeParams(**{**p.to_dict(), "mma": "sm90_wgmma"})
+        # row gather (sm90_wgmma: scripts/decode_ab_check.py, H100, BENCHMARKS.md 2026-11-24: 1632-1800 against
+        # 1041-1133 GB/s), and out of step 1.01-1.13x that at every point of batch 1-128 x 2k-32k keys and 2-4
+        # tokens (sm90_seesaw: the same script, --by-spec [--grid], BENCHMARKS.md 2026-11-25)
+        p = DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw"})
     return p
 
 

@@ -82,13 +82,29 @@ constexpr bool kRowGather = Cfg::kHeadDimQK % 64 == 0 && Cfg::kHeadDimV % 64 == 
                             Cfg::kBlockN % (4 * (Cfg::kThreads / 32)) == 0;
 
 // kBlock0 / kWarps: a subset of the row's 64-column blocks, [kBlock0, kBlocks), by kWarps warps whose first thread is
-// tid 0 (attn_decode_sm90_seesaw.cuh: each warpgroup reloads the columns it read last).
+// tid 0 (attn_decode_sm90_seesaw.cuh: each warpgroup reloads the columns it read last). `pages`: the rows' pages
+// looked up ahead of time by gather_pages (the table read's latency off the path to the copies), else null.
+template <class Cfg, int kWarps = Cfg::kThreads / 32>
+constexpr int kGatherRowsPerThread = Cfg::kBlockN / (4 * kWarps);
+
+template <class Cfg, int kWarps = Cfg::kThreads / 32>
+__forceinline__ __device__ void gather_pages(const Args& a, int b, int key0, int seqlen_k, int tid,
+                                             int (&pages)[kGatherRowsPerThread<Cfg, kWarps>]) {
+  const int warp = tid / 32, lane = tid % 32;
+  const int* table = a.page_table + b * a.page_table_stride;
+  CUTE_UNROLL
+  for (int k = 0; k < kGatherRowsPerThread<Cfg, kWarps>; ++k) {
+    const int key = key0 + 4 * (warp + kWarps * k) + lane / 8;
+    pages[k] = (Cfg::kPaged && key < seqlen_k) ? __ldg(table + (key >> a.page_shift)) : 0;
+  }
+}
+
 template <class Cfg, int kBlocks, int kBlock0 = 0, int kWarps = Cfg::kThreads / 32, class SX>
 __forceinline__ __device__ void gather_rows(const typename Cfg::Element* x, const Args& a, int b, int kvh, int key0,
                                             int seqlen_k, long long batch_stride, long long row_stride,
-                                            long long head_stride, SX& sX, int tid) {
+                                            long long head_stride, SX& sX, int tid, const int* pages = nullptr) {
   static_assert(Cfg::kBlockN % (4 * kWarps) == 0, "whole 4-row groups per warp");
-  constexpr int kRowsPerThread = Cfg::kBlockN / (4 * kWarps);
+  constexpr int kRowsPerThread = kGatherRowsPerThread<Cfg, kWarps>;
   const int warp = tid / 32, lane = tid % 32, q = lane % 8;
   const int* table = Cfg::kPaged ? a.page_table + b * a.page_table_stride : nullptr;
   CUTE_UNROLL
@@ -96,13 +112,15 @@ __forceinline__ __device__ void gather_rows(const typename Cfg::Element* x, cons
     const int r = 4 * (warp + kWarps * k) + lane / 8;
     const int key = key0 + r;
     const bool valid = key < seqlen_k;
-    const int page = (Cfg::kPaged && valid) ? __ldg(table + (key >> a.page_shift)) : 0;
+    const int page = !(Cfg::kPaged && valid) ? 0 : pages ? pages[k] : __ldg(table + (key >> a.page_shift));
     const long long off = valid ? key_row<Cfg::kPaged>(a, b, key, batch_stride, row_stride, head_stride, kvh, page)
                                 : 0;
     const typename Cfg::Element* src = x + off + q * 8;
     typename Cfg::Element* dst = &sX(r, q * 8);
     CUTE_UNROLL
-    for (int blk = kBlock0; blk < kBlocks; ++blk) { cp_async_16(dst + blk * Cfg::kBlockN * 64, src + blk * 64, valid); }
+    for (int blk = kBlock0; blk < kBlocks; ++blk) {
+      cp_async_16(dst + blk * Cfg::kBlockN * 64, src + blk * 64, valid);
+    }
   }
 }
 

@@ -5,23 +5,26 @@
 // (ncu: 0.54-0.60 of the copy bandwidth at 128 heads, BENCHMARKS.md 2026-11-24). Here the tiles go in pairs:
 // warpgroup 0 scores the even tile (slot 0), warpgroup 1 the odd one (slot 1), each over all 64 keys, and each
 // owns half of O's 512 columns (128 fp32 registers a thread). Per pair (j0, j1), with m the shared running max:
-//   wg0: softmax of S(j0) against m -> m0, scale0 | O_L *= scale0, O_L += P0 . V0_L (RS: P0 in registers)
-//   wg1: (waits for scale0) softmax of S(j1) against m0 -> m1, scale1 | O_R *= scale0 scale1,
-//        O_R += P1 . V1_R (RS), P1 to shared memory
-//   wg0: (waits for scale1) P0 * scale1 to shared memory | O_L *= scale1, O_L += P1 . V1_L (SS)
-//   wg1: (waits for P0) O_R += P0 . V0_R (SS)
-//   each then scores its next tile (j0 + 2, j1 + 2) while the other runs its softmax: the tensor cores have
-//   the other warpgroup's GEMMs to run through each softmax.
+//   wg0: softmax of S(j0) against m -> m0, scale0; P0 (units of m0) to shared memory; [scale0 ready]
+//        O_L *= scale0, O_L += P0 . V0_L (RS: P0 from registers)
+//   wg1: [scale0 ready] O_R *= scale0, O_R += P0 . V0_R (SS) while it runs the softmax of S(j1) against m0 -> m1,
+//        scale1; P1 (units of m1) to shared memory; [scale1 ready] O_R *= scale1, O_R += P1 . V1_R (RS)
+//   wg0: [scale1 ready] O_L *= scale1, O_L += P1 . V1_L (SS)
+//   each then scores its next tile (j0 + 2, j1 + 2): the tensor cores run one warpgroup's GEMMs through the
+//   other's softmax. Two named barriers a pair (the lockstep kernel has three CTA barriers a tile).
 // Learnt from FlashMLA's sm90 decode kernel (deepseek-ai/FlashMLA, its "seesaw" schedule); written anew
 // on this project's gathers: there TMA loads whole pages, here cp.async gathers rows through the page table
 // (any page size, dense caches) and signals an mbarrier per half slot (cp.async.mbarrier.arrive.noinc).
 //
 // Loads: each warpgroup reloads the K columns it read last, as soon as its GEMM reading them completed, so two
-// slots suffice with the next pair's loads in flight during this pair's GEMMs: warpgroup 0 columns [0, 256)
-// (V_L, read last by its P.V), warpgroup 1 columns [256, 576) (V_R and the rotary part, read last by its P.V).
-// full[2 * slot + half] completes once per tile loaded into the slot (128 cp.async arrivals, no increment).
-// cp.async writes are generic-proxy writes and wgmma reads through the async proxy: the reader fences
-// (fence.proxy.async) after its mbarrier wait.
+// slots suffice: warpgroup 0 columns [0, 256) (V_L, read last by its P.V), warpgroup 1 columns [256, 576) (V_R and
+// the rotary part, read last by its P.V). full[2 * slot + half] completes once per tile loaded into the slot (128
+// cp.async arrivals, no increment); the pages of the rows are looked up a pair ahead. cp.async writes are
+// generic-proxy writes and wgmma reads through the async proxy: the reader fences (fence.proxy.async) after its
+// mbarrier wait. Measured on the H100 (BENCHMARKS.md, 2026-11-25) and left out: an mbarrier per 64-column chunk, so
+// that the score GEMM starts on the first chunks (0.90-0.95x: a wait, a fence and a commit group per chunk), and an
+// L2 bulk prefetch of the pair after next (0.91-0.97x at 128 heads, 0.70x at 16). Without any gathers this kernel
+// runs 1.45-1.54x faster: the slot reloads, late in each pair, are what is left to hide.
 //
 // Shared memory (230,176 B): Q (64 x 576) | slot 0 | slot 1 (64 keys x 576 each) | P0 (64 x 64) | m, scale0,
 // scale1 (64 fp32 each) | 4 mbarriers. P1 lives in Q's last 64-column chunk: that chunk of Q is read into
@@ -133,17 +136,23 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
   __syncthreads();   // the mbarriers are initialised before anyone arrives on them
 
   const Element* kbase = static_cast<const Element*>(a.k);
+  // the pages of this thread's rows of a tile, looked up a pair ahead: a table read in front of every gather put
+  // its latency on the critical path (ncu: long-scoreboard stalls on the address arithmetic, BENCHMARKS.md)
+  using Pages = int[kGatherRowsPerThread<Cfg, 4>];
+  auto lookup = [&](int j, Pages& pages) {
+    if constexpr (Cfg::kPaged) { gather_pages<Cfg, 4>(a, b, (blk_begin + j) * kBlockN, seqlen_k, tg, pages); }
+  };
   // this warpgroup's columns of local tile j (key tiles blk_begin + j) into slot j % 2, then its arrival
-  auto load_half = [&](int j) {
+  auto load_half = [&](int j, const Pages& pages) {
     Element* slot = (j & 1) ? smem_k1 : smem_k0;
     Tensor sK = make_tensor(make_smem_ptr(slot), typename Cfg::SmemLayoutK{});
     const int key0 = (blk_begin + j) * kBlockN;
     if (wg == 0) {
       gather_rows<Cfg, kLeftChunks, 0, 4>(kbase, a, b, kvh, key0, seqlen_k, a.k_batch_stride, a.k_row_stride,
-                                          a.k_head_stride, sK, tg);
+                                          a.k_head_stride, sK, tg, pages);
     } else {
       gather_rows<Cfg, kChunks, kLeftChunks, 4>(kbase, a, b, kvh, key0, seqlen_k, a.k_batch_stride,
-                                                a.k_row_stride, a.k_head_stride, sK, tg);
+                                                a.k_row_stride, a.k_head_stride, sK, tg, pages);
     }
     cutlass::arch::cpasync_barrier_arrive_noinc(&full[2 * (j & 1) + wg]);
   };
@@ -151,9 +160,12 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
   auto wait_half = [&](int j, int h) {
     cutlass::arch::ClusterBarrier::wait(&full[2 * (j & 1) + h], (j >> 1) & 1);
   };
-  if (n_tiles > 0) { load_half(0); }
-  if (n_tiles > 1) { load_half(1); }
+  Pages pages_even = {}, pages_odd = {};   // of tiles j0 + 2 and j0 + 3 while pair j0 runs
+  if (n_tiles > 0) { lookup(0, pages_even); load_half(0, pages_even); }
+  if (n_tiles > 1) { lookup(1, pages_odd); load_half(1, pages_odd); }
   cp_async_commit();
+  if (n_tiles > 2) { lookup(2, pages_even); }
+  if (n_tiles > 3) { lookup(3, pages_odd); }
 
   typename Cfg::TiledMmaQK mma_qk;
   typename Cfg::TiledMmaQKrs mma_qk_rs;
@@ -287,7 +299,8 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
         attn_sm90::gemm_issue<false>(mma_pv_rs, rP, tOsVown, acc_o);
         warpgroup_wait<0>();
       }
-      if (has2) { load_half(j0 + 2); }   // slot 0's columns [0, 256): last read by that GEMM
+      if (has2) { load_half(j0 + 2, pages_even); }   // slot 0's columns [0, 256): last read by that GEMM
+      if (j0 + 4 < n_tiles) { lookup(j0 + 4, pages_even); }
       if (has1) {   // O_L to m1, O_L += P1 . V1_L (P1 in units of m1, from shared memory)
         sync(seesaw::kScale1Ready);
         CUTE_UNROLL
@@ -304,7 +317,8 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
         cutlass::arch::fence_view_async_shared();
         seesaw::score_issue<0, kLeftChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
         warpgroup_wait<1>();   // O_L += P1 . V1_L completed: slot 1's columns [0, 256) are free
-        if (has3) { load_half(j0 + 3); }
+        if (has3) { load_half(j0 + 3, pages_odd); }
+        if (j0 + 5 < n_tiles) { lookup(j0 + 5, pages_odd); }
         wait_half(j0 + 2, 1);
         cutlass::arch::fence_view_async_shared();
         seesaw::score_issue<kLeftChunks, kChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
@@ -348,7 +362,8 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
         cutlass::arch::fence_view_async_shared();
         arrive(seesaw::kScale1Ready);   // m1, scale1 and P1 are out
         warpgroup_wait<0>();   // O_R += P0 . V0_R completed
-        if (has2) { load_half(j0 + 2); }   // slot 0's columns [256, 576): last read by that GEMM
+        if (has2) { load_half(j0 + 2, pages_even); }   // slot 0's columns [256, 576): last read by that GEMM
+        if (j0 + 4 < n_tiles) { lookup(j0 + 4, pages_even); }
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) { scale_o(mi, scale1[mi]); }
         Tensor rP = make_tensor<Element>(attn_sm90::acc_to_a_layout(acc_s.layout()));
@@ -356,7 +371,8 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
         attn_sm90::gemm_issue<false>(mma_pv_rs, rP, tOsVown, acc_o);   // O_R += P1 . V1_R
         warpgroup_wait<0>();
         if (has3) {   // slot 1's columns [256, 576) are free: tile j0 + 3, then its scores
-          load_half(j0 + 3);
+          load_half(j0 + 3, pages_odd);
+          if (j0 + 5 < n_tiles) { lookup(j0 + 5, pages_odd); }
           score(j0 + 3);
         }
       } else {
