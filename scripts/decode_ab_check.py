@@ -26,20 +26,28 @@ def _spec_key(record: Path) -> tuple:
     return tuple(sorted((k, str(v)) for k, v in spec.items()))
 
 
+def pair_records(before: Path, after: Path, by_spec: bool = False) -> list[tuple[Path, Path]]:
+    """(before record, after record) of the kernels to compare: the same file name in both folders, or with
+    ``by_spec`` the same spec (two parameter choices of one problem, e.g. DecodeParams.mma). A spec held by two
+    kernels of one folder is ambiguous and refused."""
+    if not by_spec:
+        return [(before / r.name, r) for r in sorted(after.glob("*.json")) if (before / r.name).exists()]
+    for folder in (before, after):
+        keys = [_spec_key(r) for r in folder.glob("*.json")]
+        if len(keys) != len(set(keys)):
+            raise SystemExit(f"{folder} holds two kernels of one spec: --by-spec cannot tell which to pair")
+    twins = {_spec_key(r): r for r in before.glob("*.json")}
+    return [(twins[_spec_key(r)], r) for r in sorted(after.glob("*.json")) if _spec_key(r) in twins]
+
+
 def load_pairs(before: Path, after: Path, by_spec: bool = False) -> dict:
-    """Kernels of the same name in both folders; ``by_spec``: the kernel of the same spec (two parameter choices of
-    one problem, e.g. DecodeParams.mma), each folder holding one kernel per spec."""
     from tuner.runtime import load_kernel
 
     pairs = {}
-    twins = {_spec_key(r): r for r in before.glob("*.json")} if by_spec else {}
-    for record in sorted(after.glob("*.json")):
-        twin = twins.get(_spec_key(record)) if by_spec else before / record.name
-        if twin is None or not twin.exists():
-            continue
+    for twin, record in pair_records(before, after, by_spec):
         meta_a, meta_b = json.loads(twin.read_text())["meta"], json.loads(record.read_text())["meta"]
-        pairs[meta_b["name"]] = (load_kernel((before / f"{twin.stem}.cubin").read_bytes(), meta_a),
-                                 load_kernel((after / f"{record.stem}.cubin").read_bytes(), meta_b), meta_b)
+        pairs[meta_b["name"]] = (load_kernel(twin.with_suffix(".cubin").read_bytes(), meta_a),
+                                 load_kernel(record.with_suffix(".cubin").read_bytes(), meta_b), meta_b)
     return pairs
 
 
