@@ -23,7 +23,8 @@
 // generic-proxy writes and wgmma reads through the async proxy: the reader fences (fence.proxy.async) after its
 // mbarrier wait. Measured on the H100 (BENCHMARKS.md, 2026-11-25) and left out: an mbarrier per 64-column chunk, so
 // that the score GEMM starts on the first chunks (0.90-0.95x: a wait, a fence and a commit group per chunk), and an
-// L2 bulk prefetch of the pair after next (0.91-0.97x at 128 heads, 0.70x at 16). Without any gathers this kernel
+// L2 bulk prefetch of the pair after next (0.91-0.97x at 128 heads, 0.70x at 16), and the rotary chunk in a third
+// half-slot reloaded a pair ahead by its scorer (0.97-0.99x). Without any gathers this kernel
 // runs 1.45-1.54x faster: the slot reloads, late in each pair, are what is left to hide.
 //
 // Shared memory (230,176 B): Q (64 x 576) | slot 0 | slot 1 (64 keys x 576 each) | P0 (64 x 64) | m, scale0,
