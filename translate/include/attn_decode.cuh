@@ -278,6 +278,22 @@ __forceinline__ __device__ CtaWork cta_work(const Args& a) {
   return w;
 }
 
+// Q of one CTA (every split kernel): the unit's packed rows (token t, head head0 + g) into sQ (the cp.async view of
+// the Q tile), zero past the last row; the caller commits the group.
+template <class Cfg, class SQ>
+__forceinline__ __device__ void load_q(const Args& a, const CtaWork& w, SQ& sQ, int tid) {
+  using Element = typename Cfg::Element;
+  const Element* q = static_cast<const Element*>(a.q);
+  constexpr int kChunks = Cfg::kHeadDimQK / 8;
+  for (int i = tid; i < Cfg::kBlockM * kChunks; i += Cfg::kThreads) {
+    const int r = i / kChunks, c = i % kChunks, gr = w.row0 + r;
+    const bool valid = gr < w.rows;
+    const long long off = valid ? w.b * a.q_batch_stride + (gr / w.pack) * a.q_row_stride +
+                                      (w.head0 + gr % w.pack) * a.q_head_stride : 0;
+    cp_async_16(&sQ(r, c * 8), q + off + c * 8, valid);
+  }
+}
+
 // The split kernel. Cfg: Element, kBlockM, kBlockN, kWarpsM, kWarpsN, kThreads, kStages, kHeadDimQK, kHeadDimV,
 // kCausal, kPaged, kPackGqa, kPrefetchFirst (the next tile's gathers go out before this tile's GEMMs, as the
 // sketch orders them), kSplitDV, kVFromK, TiledMma, SmemLayoutQ/K/V/Vt/VtNoSwizzle, S2RAtomQK, S2RAtomV, and with
@@ -311,18 +327,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
   float* s_x = reinterpret_cast<float*>(smem_p + (Cfg::kSplitDV ? kBlockM * kBlockN : 0));
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Cfg::SmemLayoutQ{});
 
-  // Q: the unit's packed rows (token t, head head0 + g), zero past the last row
-  {
-    const Element* q = static_cast<const Element*>(a.q);
-    constexpr int kChunks = Cfg::kHeadDimQK / 8;
-    for (int i = tid; i < kBlockM * kChunks; i += Cfg::kThreads) {
-      const int r = i / kChunks, c = i % kChunks, gr = row0 + r;
-      const bool valid = gr < rows;
-      const long long off = valid ? b * a.q_batch_stride + (gr / pack) * a.q_row_stride +
-                                        (head0 + gr % pack) * a.q_head_stride : 0;
-      cp_async_16(&sQ(r, c * 8), q + off + c * 8, valid);
-    }
-  }
+  load_q<Cfg>(a, w, sQ, tid);
   auto slot_k = [&](int s) { return make_tensor(make_smem_ptr(smem_k + s * kTileK), typename Cfg::SmemLayoutK{}); };
   auto slot_v = [&](int s) { return make_tensor(make_smem_ptr(smem_v + s * kTileV), typename Cfg::SmemLayoutV{}); };
   // prologue: the first kStages - 1 tiles in flight (Q rides in the first group)

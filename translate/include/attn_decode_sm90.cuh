@@ -114,7 +114,7 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
   const int wg = tid / 128, tg = tid % 128;
 
   const CtaWork w = cta_work<Cfg>(a);
-  const int split = w.split, b = w.b, pack = w.pack, head0 = w.head0, kvh = w.kvh, rows = w.rows, row0 = w.row0;
+  const int b = w.b, pack = w.pack, kvh = w.kvh, row0 = w.row0;
   const int seqlen_k = w.seqlen_k, causal_offset = w.causal_offset, blk_begin = w.blk_begin, n_tiles = w.n_tiles;
 
   constexpr int kTileQ = kBlockM * Cfg::kHeadDimQK, kTileK = kBlockN * Cfg::kHeadDimQK;
@@ -125,18 +125,7 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
   float* s_x = reinterpret_cast<float*>(smem_p + kBlockM * kBlockN);   // (kWarpsN, kBlockM) row maxima
   Tensor sQw = make_tensor(make_smem_ptr(smem_q), typename Cfg::SmemLayoutQ{});   // cp.async's view
 
-  // Q: the unit's packed rows (token t, head head0 + g), zero past the last row
-  {
-    const Element* q = static_cast<const Element*>(a.q);
-    constexpr int kChunks = Cfg::kHeadDimQK / 8;
-    for (int i = tid; i < kBlockM * kChunks; i += Cfg::kThreads) {
-      const int r = i / kChunks, c = i % kChunks, gr = row0 + r;
-      const bool valid = gr < rows;
-      const long long off = valid ? b * a.q_batch_stride + (gr / pack) * a.q_row_stride +
-                                        (head0 + gr % pack) * a.q_head_stride : 0;
-      cp_async_16(&sQw(r, c * 8), q + off + c * 8, valid);
-    }
-  }
+  load_q<Cfg>(a, w, sQw, tid);
   auto slot_k = [&](int s) { return make_tensor(make_smem_ptr(smem_k + s * kTileK), typename Cfg::SmemLayoutK{}); };
   CUTE_UNROLL
   for (int s = 0; s < kStages - 1; ++s) {   // the first kStages - 1 tiles in flight (Q rides in the first group)
