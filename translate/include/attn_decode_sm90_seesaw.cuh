@@ -250,32 +250,6 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= f; }
   };
-  // The softmax of this warpgroup's (masked) scores against the running max in s_m: the new max (m -inf: a row that
-  // saw no key, P = 0) and the factor from the old one, which the quad leaders write (the factor to s_scale_out),
-  // P = exp2(S scale - m) in place, the row sums rescaled and extended; then P (16-bit, units of the new max) into
-  // this warpgroup's shared P tile, fenced for the other warpgroup's wgmmas. O is left to the caller.
-  auto softmax_to_shared = [&](float* s_scale_out, float (&scale)[kRows]) {
-    float m_use[kRows], m_new[kRows];
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      const float m_old = s_m[row[mi]];
-      m_new[mi] = fmaxf(m_old, row_max(mi) * a.scale_log2);
-      m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
-      scale[mi] = attn_tl::fast_exp2(m_old - m_use[mi]);
-    }
-    __syncwarp();   // the quad's reads of m before its leader's write
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      if (tg % 4 == 0) {
-        s_m[row[mi]] = m_new[mi];
-        s_scale_out[row[mi]] = scale[mi];
-      }
-      row_sum[mi] = row_sum[mi] * scale[mi] + exponentiate(mi, m_use[mi]);
-    }
-    Tensor rP = attn_tl::convert_type<Element>(acc_s);
-    attn_sm90::store_o_tile<kBlockM, kBlockN>(rP, own_p, tg);
-    cutlass::arch::fence_view_async_shared();
-  };
 
   if (wg == 0 && n_tiles > 0) { score(0); }
   if (wg == 1 && n_tiles > 1) { score(1); }
@@ -286,8 +260,28 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
     if (wg == 0) {
       // softmax of S(j0) against the running max m -> m0; P0 (units of m0) to shared memory for warpgroup 1
       mask(j0);
-      float scale0[kRows];
-      softmax_to_shared(s_scale0, scale0);
+      float m_use[kRows], scale0[kRows], m_new[kRows];
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        const float m_old = s_m[row[mi]];
+        m_new[mi] = fmaxf(m_old, row_max(mi) * a.scale_log2);
+        m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
+        scale0[mi] = attn_tl::fast_exp2(m_old - m_use[mi]);
+      }
+      __syncwarp();   // the quad's reads of m before its leader's write
+      CUTE_UNROLL
+      for (int mi = 0; mi < kRows; ++mi) {
+        if (tg % 4 == 0) {
+          s_m[row[mi]] = m_new[mi];
+          s_scale0[row[mi]] = scale0[mi];
+        }
+        row_sum[mi] = row_sum[mi] * scale0[mi] + exponentiate(mi, m_use[mi]);
+      }
+      {
+        Tensor rP = attn_tl::convert_type<Element>(acc_s);
+        attn_sm90::store_o_tile<kBlockM, kBlockN>(rP, own_p, tg);
+      }
+      cutlass::arch::fence_view_async_shared();
       arrive(seesaw::kScale0Ready);   // m0, scale0 and P0 are out
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) { scale_o(mi, scale0[mi]); }
@@ -336,8 +330,28 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
       attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
       if (has1) {   // softmax of S(j1) against m0 -> m1; P1 (units of m1) to shared memory for warpgroup 0
         mask(j1);
-        float scale1[kRows];
-        softmax_to_shared(s_scale1, scale1);
+        float m_use[kRows], scale1[kRows], m_new[kRows];
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          const float m0 = s_m[row[mi]];
+          m_new[mi] = fmaxf(m0, row_max(mi) * a.scale_log2);
+          m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
+          scale1[mi] = attn_tl::fast_exp2(m0 - m_use[mi]);
+        }
+        __syncwarp();
+        CUTE_UNROLL
+        for (int mi = 0; mi < kRows; ++mi) {
+          if (tg % 4 == 0) {
+            s_m[row[mi]] = m_new[mi];
+            s_scale1[row[mi]] = scale1[mi];
+          }
+          row_sum[mi] = row_sum[mi] * scale1[mi] + exponentiate(mi, m_use[mi]);
+        }
+        {
+          Tensor rP = attn_tl::convert_type<Element>(acc_s);
+          attn_sm90::store_o_tile<kBlockM, kBlockN>(rP, own_p, tg);
+        }
+        cutlass::arch::fence_view_async_shared();
         arrive(seesaw::kScale1Ready);   // m1, scale1 and P1 are out
         warpgroup_wait<0>();   // O_R += P0 . V0_R completed
         if (has2) { load_half(j0 + 2, pages_even); }   // slot 0's columns [256, 576): last read by that GEMM
