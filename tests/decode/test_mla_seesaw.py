@@ -2,7 +2,9 @@
 translate/include/attn_decode_sm90_seesaw.cuh) on the CPU: its validation reasons, key, shared-memory plan and
 generated configuration, and with nvcc the compiled kernel: no spills, no wgmma serialisation, the score GEMM as
 SS wgmmas plus RS ones for Q's last chunk, mbarrier waits instead of cp.async group waits. Its results are checked
-on a GPU by tests/gpu/test_mla_decode_gpu.py (the decode gate)."""
+on a GPU by tests/gpu/test_mla_decode_gpu.py (the decode gate). A host check (slow) proves the shared-memory
+claims the kernel rests on: the cp.async views are the GMMA views, P1 addresses exactly Q's last chunk, and the
+register copy of that chunk reads each element once."""
 import dataclasses
 import shutil
 from pathlib import Path
@@ -92,3 +94,55 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     # body; P.V: 4 RS (own P) + 4 SS (the other's P) in each loop body
     assert sass["HGMMA"] == 2 * 36 + 2 * (36 + 8), sass
     assert sass["HMMA"] == 0 and sass["LDGSTS"] > 0, sass
+
+
+HOST_CHECK = r"""
+using namespace cute;
+using Element = Cfg::Element;
+alignas(1024) static Element buf[1 << 17];
+static int seen[64 * 576];
+int main() {
+  int bad = 0;
+  constexpr int kLast = Cfg::kHeadDimQK - 64;   // Q's last chunk: its first column
+  auto gq = make_tensor(make_smem_ptr(buf), Cfg::GmmaLayoutQ{});
+  auto wq = make_tensor(make_smem_ptr(buf), Cfg::SmemLayoutQ{});
+  auto gk = make_tensor(make_smem_ptr(buf), Cfg::GmmaLayoutK{});
+  auto wk = make_tensor(make_smem_ptr(buf), Cfg::SmemLayoutK{});
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < Cfg::kHeadDimQK; ++c) { bad += &wq(r, c) != &gq(r, c); bad += &wk(r, c) != &gk(r, c); }
+  // the score GEMM's chunks: chunk c of the flat_divide is columns [64 c, 64 c + 64)
+  auto qc = flat_divide(gq, Shape<_64, _64>{})(_, _, _0{}, _);
+  for (int c = 0; c < Cfg::kHeadDimQK / 64; ++c)
+    for (int r = 0; r < 64; ++r)
+      for (int k = 0; k < 64; ++k) bad += &qc(r, k, c) != &gq(r, 64 * c + k);
+  // P1 lives in Q's last chunk: the P tile's layout at that chunk's start addresses exactly its elements
+  auto gp1 = make_tensor(make_smem_ptr(buf + (Cfg::kHeadDimQK / 64 - 1) * 64 * 64), Cfg::GmmaLayoutP{});
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 64; ++c) bad += &gp1(r, c) != &gq(r, kLast + c);
+  // the register copy of that chunk (the RS score k-steps' A operand) reads each of its elements exactly once
+  typename Cfg::TiledMmaQKrs mma_rs;
+  for (int t = 0; t < 128; ++t) {
+    auto part = mma_rs.get_thread_slice(t).partition_A(qc(_, _, Cfg::kHeadDimQK / 64 - 1));
+    for (int i = 0; i < size(part); ++i) ++seen[&part(i) - &gq(0, 0)];
+  }
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 64; ++c) bad += seen[&gq(r, kLast + c) - &gq(0, 0)] != 1;
+  std::printf("%s seesaw decode layouts (%d mismatches)\n", bad ? "FAIL" : "OK", bad);
+  return bad ? 1 : 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_p1_lives_in_q_last_chunk_which_the_registers_hold_whole(tmp_path):
+    import re
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translate"))
+    from host_checks import run_host_checks
+
+    body = kernel().body
+    ns = body[:body.index("}  // namespace") + len("}  // namespace")]
+    name = re.match(r"namespace (\S+) \{", ns).group(1)
+    program = ("#include <cstdio>\n#include <cute/tensor.hpp>\n#include \"attn_sm90.cuh\"\n" + ns + "\n"
+               f"using Cfg = {name}::Cfg;\n" + HOST_CHECK)
+    run_host_checks(program, "mla_seesaw_layouts", tmp_path, 1, opt="-O0", arch="sm_90a")
