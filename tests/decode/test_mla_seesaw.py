@@ -94,6 +94,12 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     # body; P.V: 4 RS (own P) + 4 SS (the other's P) in each loop body
     assert sass["HGMMA"] == 2 * 36 + 2 * (36 + 8), sass
     assert sass["HMMA"] == 0 and sass["LDGSTS"] > 0, sass
+    # the gathers signal mbarriers (cp.async.mbarrier.arrive) that the warpgroups try-wait on; the only cp.async
+    # group wait is Q's, once
+    from translate.nvcc import sass_instructions
+    lines = sass_instructions(cubin)[k.name]
+    assert sum("SYNCS.PHASECHK" in line for line in lines) >= 8, "no mbarrier waits"
+    assert sum("DEPBAR.LE SB0" in line for line in lines) == 1, "more than Q's cp.async group wait"
 
 
 HOST_CHECK = r"""
