@@ -186,9 +186,11 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
 
 def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_first: bool,
                 q_in_regs: bool, split_dv: bool) -> str:
-    """The Cfg of attn_decode::split_kv_wgmma (validate_decode has checked: split-d_v, V from K, 64 x 64 tiles,
-    two warpgroups, Q in shared memory): the cp.async writes' layouts as _body's, the two SS wgmma TiledMMAs of
-    one warpgroup and the GMMA views of Q, K, V (MN-major, the K slot's first d_v columns) and P."""
+    """The Cfg of attn_decode::split_kv_wgmma, or with mma sm90_seesaw of split_kv_seesaw (validate_decode has
+    checked: split-d_v, V from K, 64 x 64 tiles, two warpgroups, Q in shared memory): the cp.async writes' layouts
+    as _body's, the wgmma TiledMMAs of one warpgroup (lockstep: SS over half a tile's keys; seesaw: a whole tile's
+    keys by 64-column chunks, plus the RS ones for Q's last chunk and its own P) and the GMMA views of Q, K, V
+    (MN-major, the K slot's first d_v columns) and P."""
     b = lambda v: "true" if v else "false"   # noqa: E731
     gmma_k = "GMMA::Layout_K_SW128_Atom<Element>{}"
     seesaw = p.mma == "sm90_seesaw"
