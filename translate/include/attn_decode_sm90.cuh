@@ -89,10 +89,10 @@ __forceinline__ __device__ void store_split_dv(const Args& a, const CtaWork& w, 
       for (int j = 0; j < kVec; ++j) { dst[j] = Element(acc[j]); }
       if (a.lse && c == 0) { a.lse[((long long)b * a.heads_q + h) * a.seqlen_q + t] = lse2 * 0.6931471805599453f; }
     } else {
-      const long long row = ((long long)b * a.seqlen_q + t) * a.heads_q + h;
-      *reinterpret_cast<float4*>(a.o_partial + (split * rows_all + row) * kDV + c) =
+      const long long out_row = ((long long)b * a.seqlen_q + t) * a.heads_q + h;   // of the partial O (splits, rows)
+      *reinterpret_cast<float4*>(a.o_partial + (split * rows_all + out_row) * kDV + c) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (c == 0) { a.lse_partial[split * rows_all + row] = lse2; }
+      if (c == 0) { a.lse_partial[split * rows_all + out_row] = lse2; }
     }
   }
 }
