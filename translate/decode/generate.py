@@ -47,10 +47,10 @@ _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
 PREAMBLE = ("// Generated from a decode TL program by translate (github: this repository); do not edit.\n"
             "#include <cute/tensor.hpp>\n"
             "#include \"attn_decode.cuh\"\n")
-# mma "sm90_wgmma": the split-d_v kernel with Hopper warpgroup MMAs (attn_decode_sm90.cuh), sm_90a only;
-# "sm90_seesaw": the same with the warpgroups out of step (attn_decode_sm90_seesaw.cuh)
-PREAMBLE_WGMMA = PREAMBLE.replace('"attn_decode.cuh"', '"attn_decode_sm90.cuh"')
-PREAMBLE_SEESAW = PREAMBLE.replace('"attn_decode.cuh"', '"attn_decode_sm90_seesaw.cuh"')
+# (header, split entry point) of each Hopper warpgroup-MMA kernel (translate.decode.params.WGMMA_KINDS, sm_90a only):
+# "sm90_wgmma" the split-d_v kernel with Hopper warpgroup MMAs, "sm90_seesaw" the same with the warpgroups out of step
+_WGMMA_KERNELS = {"sm90_wgmma": ("attn_decode_sm90.cuh", "split_kv_wgmma"),
+                  "sm90_seesaw": ("attn_decode_sm90_seesaw.cuh", "split_kv_seesaw")}
 
 
 def _loop_flow(loop: For) -> tuple[bool, bool, list[str]]:
@@ -119,7 +119,7 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
     wgmma = params.mma in WGMMA_KINDS
     body = (_body_wgmma if wgmma else _body)(name, params, spec, layout == "paged", prefetch_first, q_in_regs,
                                               split_dv)
-    preamble = {"sm90_wgmma": PREAMBLE_WGMMA, "sm90_seesaw": PREAMBLE_SEESAW}.get(params.mma, PREAMBLE)
+    preamble = PREAMBLE.replace('"attn_decode.cuh"', f'"{_WGMMA_KERNELS[params.mma][0]}"') if wgmma else PREAMBLE
     return GeneratedKernel(name=name, preamble=preamble, body=body,
                            num_threads=params.num_threads,
                            smem_bytes=decode_smem_bytes(params, spec, split_dv=split_dv), block_m=params.block_m,
@@ -243,7 +243,7 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         "",
         f'extern "C" __global__ void __launch_bounds__({p.num_threads}, 1) {name}(const attn_decode::Args args) {{',
         "  extern __shared__ __align__(1024) char smem[];",
-        f"  attn_decode::{'split_kv_seesaw' if seesaw else 'split_kv_wgmma'}<{name}_ns::Cfg>(args, smem);",
+        f"  attn_decode::{_WGMMA_KERNELS[p.mma][1]}<{name}_ns::Cfg>(args, smem);",
         "}",
         "",
         f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '
