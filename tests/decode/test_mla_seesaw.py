@@ -6,28 +6,23 @@ on a GPU by tests/gpu/test_mla_decode_gpu.py (the decode gate). A host check (sl
 claims the kernel rests on: the cp.async views are the GMMA views, P1 addresses exactly Q's last chunk, and the
 register copy of that chunk reads each element once."""
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
 
 from hardware_profiles import load_profile
-from tl.parser import parse
-from translate.compiler import generate
 from translate.decode import DecodeParams, default_decode_params, validate_decode
 from translate.decode.params import decode_smem_bytes
 from translate.kernel import TranslationError
-from translate.problem import KernelSpec
 
-H100, A100 = load_profile("h100"), load_profile("a100")
-SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"
-MLA = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
+# the wgmma tests' profiles, spec, generator and host-program builder
+from test_mla_wgmma import A100, H100, HAVE_NVCC, MLA, host_program, kernel as wgmma_kernel  # noqa: E402
+
 SEESAW = dataclasses.replace(default_decode_params(MLA, 128), mma="sm90_seesaw")
-HAVE_NVCC = shutil.which("nvcc") is not None
 
 
 def kernel(params=SEESAW, spec=MLA, profile=H100):
-    return generate(parse((SKETCHES / f"mla_{spec.layout}.tl").read_text()).program, params, profile, spec)
+    return wgmma_kernel(params, spec, profile)
 
 
 def test_the_key_names_the_schedule_and_round_trips():
@@ -141,14 +136,8 @@ int main() {
 
 @pytest.mark.slow
 def test_p1_lives_in_q_last_chunk_which_the_registers_hold_whole(tmp_path):
-    import re
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translate"))
     from host_checks import run_host_checks
 
-    body = kernel().body
-    ns = body[:body.index("}  // namespace") + len("}  // namespace")]
-    name = re.match(r"namespace (\S+) \{", ns).group(1)
-    program = ("#include <cstdio>\n#include <cute/tensor.hpp>\n#include \"attn_sm90.cuh\"\n" + ns + "\n"
-               f"using Cfg = {name}::Cfg;\n" + HOST_CHECK)
-    run_host_checks(program, "mla_seesaw_layouts", tmp_path, 1, opt="-O0", arch="sm_90a")
+    run_host_checks(host_program(kernel(), HOST_CHECK), "mla_seesaw_layouts", tmp_path, 1, opt="-O0", arch="sm_90a")

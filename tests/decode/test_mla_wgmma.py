@@ -115,11 +115,13 @@ def test_the_wgmma_kernel_compiles_without_spills_or_serialisation(compiled, whi
     assert sass_summary(cubin, k.name + "_combine")["instructions"] > 0
 
 
-def _host_program(k) -> str:
+def host_program(k, check: str) -> str:
+    """A host program of ``check`` (C++ using ``Cfg``) over the configuration namespace of generated kernel ``k``
+    (tests/decode/test_mla_seesaw.py uses it too)."""
     ns = k.body[:k.body.index("}  // namespace") + len("}  // namespace")]
     name = re.match(r"namespace (\S+) \{", ns).group(1)
     return ("#include <cstdio>\n#include <cute/tensor.hpp>\n#include \"attn_sm90.cuh\"\n" + ns + "\n"
-            f"using Cfg = {name}::Cfg;\n" + HOST_CHECK)
+            f"using Cfg = {name}::Cfg;\n" + check)
 
 
 HOST_CHECK = r"""
@@ -186,4 +188,4 @@ int main() {
 def test_the_cp_async_writes_land_where_the_gmma_views_read(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translate"))
     from host_checks import run_host_checks
-    run_host_checks(_host_program(kernel()), "mla_wgmma_layouts", tmp_path, 1, opt="-O0", arch="sm_90a")
+    run_host_checks(host_program(kernel(), HOST_CHECK), "mla_wgmma_layouts", tmp_path, 1, opt="-O0", arch="sm_90a")
