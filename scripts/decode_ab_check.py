@@ -32,12 +32,15 @@ def pair_records(before: Path, after: Path, by_spec: bool = False) -> list[tuple
     kernels of one folder is ambiguous and refused."""
     if not by_spec:
         return [(before / r.name, r) for r in sorted(after.glob("*.json")) if (before / r.name).exists()]
-    for folder in (before, after):
-        keys = [_spec_key(r) for r in folder.glob("*.json")]
-        if len(keys) != len(set(keys)):
-            raise SystemExit(f"{folder} holds two kernels of one spec: --by-spec cannot tell which to pair")
-    twins = {_spec_key(r): r for r in before.glob("*.json")}
-    return [(twins[_spec_key(r)], r) for r in sorted(after.glob("*.json")) if _spec_key(r) in twins]
+    by_key = []
+    for folder in (before, after):   # each record read once: {spec key: record}
+        keyed = {}
+        for r in sorted(folder.glob("*.json")):
+            if keyed.setdefault(_spec_key(r), r) is not r:
+                raise SystemExit(f"{folder} holds two kernels of one spec: --by-spec cannot tell which to pair")
+        by_key.append(keyed)
+    twins, records = by_key
+    return [(twins[key], r) for key, r in records.items() if key in twins]
 
 
 def load_pairs(before: Path, after: Path, by_spec: bool = False) -> dict:
