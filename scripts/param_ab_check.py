@@ -1,16 +1,19 @@
-"""One parameter change of the dense Hopper defaults, re-timed against the defaults (issue 16: defaults from
+"""Parameter changes of the dense Hopper defaults, re-timed against the defaults (issue 16: defaults from
 measurement, not from one pass of single measurements).
 
     python scripts/param_ab_check.py --gpu h100 --change '{"rescale_threshold": 8}' \
         [--specs gqa128c,mha128n,mha64c] [--seqlens 1024,2048,4096,8192,16384] [--rounds 15] [--out ab.json]
+    python scripts/param_ab_check.py --gpu h100 --changes '{"n96": {"block_n": 96}, "pp": {"pingpong": true}}' ...
 
 For each spec (variant, head dim, c = causal / n = not; bf16) it builds what `tune build` gives (the profile's
-default, warp-specialised) and the same kernel with CHANGE, passes both through the verification gate
-(tuner.verify), then at each paper-grid point times the two and cuDNN in paired rounds on the same rotating
-inputs (the order of the two kernels flipped every round; the confirm rule's do_bench windows). Per point: the
-default's ms over the changed kernel's, median of the rounds with the confirm rule's 95% interval
-(tuner/campaign/confirm.py), and each kernel's TFLOPS over cuDNN's. Prints a table last; exit 1 when a kernel
-does not build or does not pass the gate.
+default, warp-specialised) and the same kernel with each CHANGE (``--change``: one, named "changed";
+``--changes``: several by name, in one set of rounds), passes them through the verification gate
+(tuner.verify), then at each paper-grid point times the default, every changed kernel, cuDNN and FA4 (when
+importable) in paired rounds on the same rotating inputs (the kernels' order rotated every round; the confirm
+rule's do_bench windows). Per point and change: the default's ms over the changed kernel's, median of the
+rounds with the confirm rule's 95% interval (tuner/campaign/confirm.py), and each kernel's time against cuDNN's
+and FA4's (medians of per-round ratios). A change that does not validate for a spec is skipped there, with its
+reasons. Prints a table last; exit 1 when a kernel does not build or does not pass the gate.
 """
 from __future__ import annotations
 
@@ -39,18 +42,81 @@ def parse_spec(text: str):
     return KernelSpec(variant, head_dim, head_dim, causal == "c", "bf16")
 
 
-def build(gpu: str, specs: list, change: dict, cache_dir: Path):
-    """{spec label: {"default": (gen, result), "changed": (gen, result)}}, compiled in one pool."""
+def parse_changes(change: str | None, changes: str | None) -> dict[str, dict]:
+    """{name: KernelParams changes} from ``--change`` (one JSON object, named "changed") or ``--changes`` (JSON
+    object of named objects, or @FILE holding one); ValueError saying what is wrong."""
+    from translate.params import KernelParams
+
+    if (change is None) == (changes is None):
+        raise ValueError("give exactly one of --change and --changes")
+    if changes is not None and changes.startswith("@"):
+        try:
+            changes = Path(changes[1:]).read_text()
+        except OSError as exc:
+            raise ValueError(f"cannot read {changes[1:]}: {exc.strerror or exc}") from None
+    named = {"changed": json.loads(change)} if change is not None else json.loads(changes)
+    if not isinstance(named, dict) or not named:
+        raise ValueError("--changes must be a non-empty JSON object of named changes")
+    fields = set(KernelParams.__dataclass_fields__)
+    for name, fields_changed in named.items():
+        if name in ("default", "cudnn", "fa4"):
+            raise ValueError(f"a change may not be named {name!r} (a column of the table)")
+        if not isinstance(fields_changed, dict) or not fields_changed:
+            raise ValueError(f"change {name!r} must be a non-empty JSON object of KernelParams fields")
+        unknown = sorted(set(fields_changed) - fields)
+        if unknown:
+            raise ValueError(f"change {name!r}: not KernelParams fields: {', '.join(unknown)}")
+    return named
+
+
+def legal_changes(gpu: str, spec, named: dict[str, dict]) -> tuple[dict[str, dict], dict[str, list[str]]]:
+    """The changes that validate on the spec's default (warp-specialised), and the reasons of those that do not."""
+    from hardware_profiles import load_profile
+    from translate.defaults import default_params, probe_problem
+    from translate.params import KernelParams, validate
+
+    profile = load_profile(gpu)
+    base = default_params(profile, spec, "ws_overlap").to_dict()
+    legal, refused = {}, {}
+    for name, change in named.items():
+        reasons = validate(KernelParams.from_dict({**base, **change}), profile, probe_problem(spec),
+                           warp_specialized=True)
+        if reasons:
+            refused[name] = reasons
+        else:
+            legal[name] = change
+    return legal, refused
+
+
+def build(gpu: str, specs: list, changes: dict[str, dict[str, dict]], cache_dir: Path):
+    """{spec label: {"default": (gen, result), name: (gen, result), ...}}, compiled in one pool; ``changes``
+    holds each spec's legal changes."""
     from tuner.default_export import compile_changes
 
-    built = compile_changes(gpu, [(spec, {"default": {}, "changed": change}) for _, spec in specs], cache_dir)
+    built = compile_changes(gpu, [(spec, {"default": {}, **changes[label]}) for label, spec in specs], cache_dir)
     return {label: kernels for (label, _), kernels in zip(specs, built)}
+
+
+def _fa4_call(problem):
+    """FA4's ``call(q, k, v)`` for the problem, or None when it is not importable or cannot run it."""
+    from tuner import bench, fa4
+
+    try:
+        call = fa4.attention_call(problem)
+        inputs = bench.make_inputs(problem, 1)
+        call(*inputs[0])
+        bench._sync()
+        return call
+    except Exception as exc:  # noqa: BLE001 - not installed, or this shape: the column stays empty
+        print(f"FA4: {bench._first_line(exc)}", flush=True)
+        return None
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="h100")
-    ap.add_argument("--change", required=True, help="JSON object of KernelParams fields")
+    ap.add_argument("--change", help="JSON object of KernelParams fields (named \"changed\")")
+    ap.add_argument("--changes", help="JSON object (or @FILE): name -> object of KernelParams fields")
     ap.add_argument("--specs", default=DEFAULT_SPECS)
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
     ap.add_argument("--rounds", type=int, default=15)
@@ -58,14 +124,11 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", default=".kcache")
     args = ap.parse_args(argv)
     try:
-        change = json.loads(args.change)
+        named = parse_changes(args.change, args.changes)
         specs = [(text, parse_spec(text)) for text in args.specs.split(",")]
         seqlens = tuple(int(s) for s in args.seqlens.split(","))
     except (ValueError, json.JSONDecodeError) as exc:
         print(f"bad input: {exc}", file=sys.stderr)
-        return 2
-    if not isinstance(change, dict) or not change:
-        print("bad input: --change must be a non-empty JSON object", file=sys.stderr)
         return 2
 
     import torch
@@ -79,9 +142,14 @@ def main(argv=None) -> int:
 
     rule = ConfirmRule(rounds=args.rounds)
     timing = bench.Timing(**rule.timing())
-    built = build(args.gpu, specs, change, Path(args.cache_dir))
-    record = {"device": torch.cuda.get_device_name(), "change": change, "rule": rule.to_dict(), "kernels": {},
-              "rows": []}
+    per_spec, record = {}, {"device": torch.cuda.get_device_name(), "changes": named, "rule": rule.to_dict(),
+                            "kernels": {}, "refused": {}, "rows": []}
+    for label, spec in specs:
+        per_spec[label], refused = legal_changes(args.gpu, spec, named)
+        for name, reasons in refused.items():
+            record["refused"][f"{label}/{name}"] = reasons
+            print(f"{label} {name}: not legal, skipped ({'; '.join(reasons)})", flush=True)
+    built = build(args.gpu, specs, per_spec, Path(args.cache_dir))
     kernels: dict = {}
     for label, spec in specs:
         for role, (gen, res) in built[label].items():
@@ -95,42 +163,58 @@ def main(argv=None) -> int:
             record["kernels"][f"{label}/{role}"] = info
             print(f"{label} {role}: {gen.name} regs {res.registers} spills {res.spill_stores} "
                   f"verified={info.get('verified')} {info.get('reason') or ''}", flush=True)
-    if len(kernels) != 2 * len(specs):
+    if len(kernels) != sum(1 + len(per_spec[label]) for label, _ in specs):
         Path(args.out).write_text(json.dumps(record, indent=1, default=str))
         return 1
 
     for label, spec in specs:
+        roles = ["default", *per_spec[label]]
         for problem in grid_problems(spec.variant, spec.d_qk if spec.variant != "mla" else 192, "bf16", spec.causal,
                                      seqlens=seqlens):
             inputs = bench.make_inputs(problem, timing.rotate)
-            calls = {role: bench._rotating(kernels[(label, role)], inputs) for role in ("default", "changed")}
+            calls = {role: bench._rotating(kernels[(label, role)], inputs) for role in roles}
             sdpa = bench._rotating(bench._sdpa_call(problem), inputs)
-            ms = {"default": [], "changed": [], "cudnn": []}
+            fa4 = _fa4_call(problem)
+            fa4 = bench._rotating(fa4, inputs) if fa4 is not None else None
+            ms = {role: [] for role in [*roles, "cudnn", "fa4"]}
             for r in range(rule.rounds):
-                order = ("default", "changed") if r % 2 == 0 else ("changed", "default")
-                for role in order:
+                for role in roles[r % len(roles):] + roles[:r % len(roles)]:
                     ms[role].append(bench.time_ms(calls[role], timing=timing))
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                     ms["cudnn"].append(bench.time_ms(sdpa, timing=timing))
-            v = verdict(ms["changed"], ms["default"], rule)
-            row = {"spec": label, "seqlen": problem.seqlen_q, "verdict": v.to_dict(), "ms": ms,
-                   "default_over_cudnn": statistics.median(c / d for d, c in zip(ms["default"], ms["cudnn"])),
-                   "changed_over_cudnn": statistics.median(c / d for d, c in zip(ms["changed"], ms["cudnn"])),
-                   "default_tflops": bench.tflops(problem, statistics.median(ms["default"]))}
+                if fa4 is not None:
+                    ms["fa4"].append(bench.time_ms(fa4, timing=timing))
+
+            def over(lib, role):
+                return statistics.median(c / d for d, c in zip(ms[role], ms[lib])) if ms[lib] else None
+
+            row = {"spec": label, "seqlen": problem.seqlen_q, "ms": ms,
+                   "default_tflops": bench.tflops(problem, statistics.median(ms["default"])),
+                   "over_cudnn": {role: over("cudnn", role) for role in roles},
+                   "over_fa4": {role: over("fa4", role) for role in roles},
+                   "verdicts": {role: verdict(ms[role], ms["default"], rule).to_dict() for role in roles[1:]}}
             record["rows"].append(row)
-            print(f"{label} s{problem.seqlen_q}: changed {v.text()}  default/cuDNN {row['default_over_cudnn']:.3f} "
-                  f"changed/cuDNN {row['changed_over_cudnn']:.3f}", flush=True)
-            inputs = calls = sdpa = None
+            print(f"{label} s{problem.seqlen_q}: " + "  ".join(
+                f"{role} x{v['ratio']:.3f} [{v['low']:.3f}, {v['high']:.3f}]" for role, v in row["verdicts"].items()),
+                flush=True)
+            inputs = calls = sdpa = fa4 = None
             torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(record, indent=1, default=str))
-    print(f"\n{record['device']}: {json.dumps(change)} against the default, {rule.rounds} paired rounds "
-          "(default ms / changed ms, median [95%])")
-    print(f"{'spec':<10}{'seqlen':>7}  {'changed':<26}{'default/cuDNN':>14}{'changed/cuDNN':>14}{'TFLOPS':>8}")
+    print(f"\n{record['device']}: changes against the default, {rule.rounds} paired rounds (default ms / changed "
+          "ms, median [95%], * = above 1.001); cuDNN's and FA4's ms over each kernel's")
+    for name, change in named.items():
+        print(f"  {name}: {json.dumps(change)}")
+    print(f"{'spec':<9}{'seqlen':>7} {'change':<10}{'x default':<25}{'/cuDNN':>8}{'/FA4':>7}{'TFLOPS':>8}")
+
+    def fmt(x):
+        return f"{x:.3f}" if x is not None else "-"
+
     for row in record["rows"]:
-        v = row["verdict"]
-        print(f"{row['spec']:<10}{row['seqlen']:>7}  x{v['ratio']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
-              f"{'*' if v['confirmed'] else ' ':<5}{row['default_over_cudnn']:>14.3f}{row['changed_over_cudnn']:>14.3f}"
-              f"{row['default_tflops']:>8.0f}")
+        print(f"{row['spec']:<9}{row['seqlen']:>7} {'default':<10}{'':<25}{fmt(row['over_cudnn']['default']):>8}"
+              f"{fmt(row['over_fa4']['default']):>7}{row['default_tflops']:>8.0f}")
+        for role, v in row["verdicts"].items():
+            print(f"{'':<16} {role:<10}x{v['ratio']:.3f} [{v['low']:.3f}, {v['high']:.3f}]"
+                  f"{'*' if v['confirmed'] else ' ':<3}{fmt(row['over_cudnn'][role]):>8}{fmt(row['over_fa4'][role]):>7}")
     return 0
 
 
