@@ -341,6 +341,7 @@ class _Built:
     params: object
     kernel: object          # GeneratedKernel
     compiled: object        # CompileResult
+    seqlens: Optional[tuple[int, ...]] = None   # the seqlens this kernel serves (a bucket default's); None: all
 
 
 def _results_table(rows: Sequence[dict], title: str) -> Table:
@@ -440,7 +441,7 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
         return usage(problem)
     device_name = torch.cuda.get_device_name()
 
-    built, code = _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule)
+    built, code = _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule, seqlen_list)
     if built is None:
         return code
 
@@ -450,8 +451,9 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
     all_rows: list[dict] = []
     kernels_info = {}
     for b in built:
-        label = b.spec.label()
-        problems = bench_problems(variant, head_dim, b.spec.dtype, b.spec.causal, seqlen_list, target.heads)
+        label = b.spec.label() if b.seqlens is None else f"{b.spec.label()}@{','.join(map(str, b.seqlens))}"
+        problems = bench_problems(variant, head_dim, b.spec.dtype, b.spec.causal, b.seqlens or seqlen_list,
+                                  target.heads)
         kernel, verified, reason, report = None, False, "", None
         try:
             kernel = load_kernel(b.compiled.cubin, b.kernel.meta())
@@ -494,14 +496,18 @@ def write_record(path: Path, record: dict) -> Optional[str]:
     return None
 
 
-def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule: str = "fa2"):
+def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule: str = "fa2",
+                   seqlens: Optional[Sequence[int]] = None):
     """Translate and compile one kernel per (spec) in one batched nvcc call, each from the reference sketch of
-    its spec's layout unless a sketch file is given. (built, exit code)."""
+    its spec's layout unless a sketch file is given. With neither --params nor a sketch file and ``seqlens``
+    given, a warp-specialised dense spec gets one kernel per distinct bucket default of those seqlens
+    (tuner/bucket_defaults.py), each serving its own seqlens. (built, exit code)."""
     import translate
     from translate import nvcc
     from translate.defaults import default_params, probe_problem
     from translate.params import validate
     from tl.pipelines import has_roles
+    from tuner.bucket_defaults import applies_to, group_by_params
     from tuner.build_cmd import UsageError, load_checked_program, parse_params_arg
 
     pending = []
@@ -511,30 +517,37 @@ def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, sc
                                                                   spec.layout)
             warp_specialized = program is not None and has_roles(program.statements)
             kp = parse_params_arg(params, default_params(prof, spec, "ws_overlap" if warp_specialized else "fa2"))
+            groups = [(kp, None)]
+            if (params is None and sketch is None and seqlens is not None and warp_specialized
+                    and applies_to(spec, "ws_overlap")):
+                grouped = group_by_params(prof, spec, seqlens)
+                groups = [(g, tuple(s)) for g, s in grouped] if len(grouped) > 1 else [(grouped[0][0], None)]
         except UsageError as exc:
             err.print(f"tune bench: error: {exc}", markup=False, highlight=False)
             return None, 2
-        except ValueError as exc:
+        except ValueError as exc:   # no default fits the profile, or a bucket table it refuses (BucketTableError)
             err.print(f"tune bench: error: {exc}", markup=False, highlight=False)
             return None, 1
         if diagnostics or program is None:
             for d in diagnostics:
                 err.print(str(d), markup=False, highlight=False)
             return None, 1
-        reasons = validate(kp, prof, probe_problem(spec), warp_specialized=warp_specialized)
-        if reasons:
-            err.print(f"parameters {kp.key()} are not legal for {spec.label()}: " + "; ".join(reasons), markup=False)
-            return None, 1
-        try:
-            pending.append((spec, kp, translate.generate(program, kp, prof, spec)))
-        except translate.TranslationError as exc:
-            err.print(f"translation failed for {spec.label()}: {exc}", markup=False, highlight=False)
-            return None, 1
-    compiled = nvcc.compile_kernels([k for _, _, k in pending], profile.nvcc_arch,
+        for kp, served in groups:
+            reasons = validate(kp, prof, probe_problem(spec), warp_specialized=warp_specialized)
+            if reasons:
+                err.print(f"parameters {kp.key()} are not legal for {spec.label()}: " + "; ".join(reasons),
+                          markup=False)
+                return None, 1
+            try:
+                pending.append((spec, kp, translate.generate(program, kp, prof, spec), served))
+            except translate.TranslationError as exc:
+                err.print(f"translation failed for {spec.label()}: {exc}", markup=False, highlight=False)
+                return None, 1
+    compiled = nvcc.compile_kernels([k for _, _, k, _ in pending], profile.nvcc_arch,
                                     cache_dir=cache_dir or nvcc.default_cache_dir())
-    for (spec, _, k), res in zip(pending, compiled):
+    for (spec, _, k, _), res in zip(pending, compiled):
         if not res.ok:
             err.print(res.log[-3000:], markup=False, highlight=False)
             err.print(f"nvcc: {res.error_kind} for {k.name}", markup=False)
             return None, 2 if res.error_kind == "nvcc-missing" else 1
-    return [_Built(spec, kp, k, res) for (spec, kp, k), res in zip(pending, compiled)], 0
+    return [_Built(spec, kp, k, res, served) for (spec, kp, k, served), res in zip(pending, compiled)], 0

@@ -102,9 +102,12 @@ def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], sch
 def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[str], head_dim: Optional[int],
               dtype: Optional[str], causal: bool, out: Path, console: Optional[Console] = None,
               cache_dir: Optional[Path] = None, schedule: Optional[str] = None, layout: str = "dense",
-              page_size: Optional[int] = None) -> int:
+              page_size: Optional[int] = None, seqlen: Optional[int] = None) -> int:
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input (a page size the kernel's block
-    N cannot tile included: tuner.paging) or missing toolchain."""
+    N cannot tile included: tuner.paging) or missing toolchain. ``seqlen``: the key length the kernel is for;
+    the base parameters are then the profile's default for that bucket (tuner/bucket_defaults.py)."""
+    from tuner.bucket_defaults import BucketTableError, applies_to, bucket_change, params_for_seqlen
+    from tuner.buckets import bucket_for
     import translate
     from translate.defaults import default_params, probe_problem
     from tuner.paging import compatible_page_sizes, page_misfit, page_size_error
@@ -127,7 +130,15 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
             err.print(f"{label}: {len(diagnostics)} problem(s); nothing built", markup=False)
             return 1
         warp_specialized = has_roles(program.statements)
-        base = default_params(profile, spec, "ws_overlap" if warp_specialized else "fa2")
+        kind = "ws_overlap" if warp_specialized else "fa2"
+        if seqlen is not None:
+            if isinstance(seqlen, bool) or not isinstance(seqlen, int) or seqlen < 1:
+                raise UsageError(f"--seqlen must be a positive integer, got {seqlen!r}")
+            if layout != "dense":
+                raise UsageError(f"--seqlen picks a dense bucket's default; the {layout} layout's buckets are "
+                                 "chosen per call from the mix")
+        base = (params_for_seqlen(profile, spec, seqlen, kind) if seqlen is not None
+                else default_params(profile, spec, kind))
         kernel_params = parse_params_arg(params, base)
         misfit = page_misfit(page_size, kernel_params.block_n, kernel_params.g2s_atom) if page_size is not None else None
         if misfit is not None:
@@ -135,6 +146,9 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     except UsageError as exc:
         err.print(f"tune build: error: {exc}", markup=False, highlight=False)
         return 2
+    except BucketTableError as exc:
+        err.print(f"tune build: error: {exc}", markup=False, highlight=False)
+        return 1
     except ValueError as exc:  # no default candidate fits the profile
         err.print(f"tune build: error: {exc}", markup=False, highlight=False)
         return 1
@@ -172,6 +186,11 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         console.print(f"  paged: reads pages of {', '.join(map(str, record['page_sizes']))} keys (chosen at run time; "
                       f"block N {kernel_params.block_n})" + (f", checked for {page_size}" if page_size else ""),
                       markup=False, highlight=False)
+    if seqlen is not None:
+        entry = bucket_change(profile, spec, bucket_for(seqlen), kind) if applies_to(spec, kind) else None
+        console.print(f"  default of bucket {bucket_for(seqlen)}: " + (
+            f"{entry.as_dict()} over the per-spec default ({entry.measured})" if entry is not None
+            else "the per-spec default"), markup=False, highlight=False)
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}}", markup=False, highlight=False)
     return 0
 

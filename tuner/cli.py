@@ -181,6 +181,9 @@ def build(
     phase: str = typer.Option("prefill", "--phase", help="prefill, or decode: the split-KV decode kernel "
                                                          "(--schedule decode or decode_late; --layout paged, the "
                                                          "default, or dense)."),
+    seqlen: Optional[int] = typer.Option(None, "--seqlen", help="Key length the kernel is for: the default is "
+                                         "the profile's for its bucket (hardware_profiles/bucket_defaults/; "
+                                         "--params change that one). Dense prefill only."),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.build_cmd import run_build
@@ -190,6 +193,10 @@ def build(
         typer.echo(f"tune build: error: --phase must be prefill or decode, got {phase!r}", err=True)
         raise typer.Exit(2)
     if phase == "decode":
+        if seqlen is not None:
+            typer.echo("tune build: error: --seqlen picks a dense prefill bucket's default; a decode kernel's "
+                       "split is chosen per call", err=True)
+            raise typer.Exit(2)
         from tuner.build_decode_cmd import run_decode_build
 
         raise typer.Exit(run_decode_build(gpu, variant, sketch, params, head_dim, dtype, causal, out,
@@ -198,7 +205,7 @@ def build(
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
                                dtype=dtype, causal=causal, out=out, schedule=schedule, layout=layout,
-                               page_size=page_size))
+                               page_size=page_size, seqlen=seqlen))
 
 
 @app.command()

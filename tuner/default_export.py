@@ -29,33 +29,40 @@ class DefaultKernel:
     tl_text: str
     cubin: bytes | None
     log: str
+    buckets: tuple[str, ...] | None = None   # the dense buckets whose default this is; None: every bucket asked
 
 
 def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | None = None,
-                     jobs: int | None = None) -> list[DefaultKernel]:
+                     jobs: int | None = None, buckets: Sequence[str] | None = None) -> list[DefaultKernel]:
     """Translate and compile the profile's default kernel of each spec (the Hopper default is the
-    warp-specialised schedule); CPU only."""
+    warp-specialised schedule); with ``buckets``, a warp-specialised dense spec gets one kernel per distinct
+    default of those buckets (tuner/bucket_defaults.py). CPU only."""
     import tl
     import translate
     from hardware_profiles import load_profile
     from tl.pipelines import has_roles
     from translate import nvcc
     from translate.defaults import default_params
+    from tuner.bucket_defaults import applies_to, group_buckets
     from tuner.build_cmd import resolve_schedule
 
     profile = load_profile(gpu)
     schedule = resolve_schedule(None, profile)
-    gens, texts = [], []
+    items = []   # (spec, generated, sketch text, buckets served)
     for spec in specs:
         text = tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout)
         program = tl.parse_program(text)
         kind = "ws_overlap" if has_roles(program.statements) else "fa2"
-        gens.append(translate.generate(program, default_params(profile, spec, kind), profile, spec))
-        texts.append(text)
-    results = nvcc.compile_kernels(gens, profile.nvcc_arch, jobs=jobs or os.cpu_count() or 2, batch_size=1,
-                                   cache_dir=cache_dir)
-    return [DefaultKernel(spec, g, t, r.cubin if r.ok else None, r.log) for spec, g, t, r in zip(specs, gens, texts,
-                                                                                              results)]
+        if buckets is None or not applies_to(spec, kind):
+            items.append((spec, translate.generate(program, default_params(profile, spec, kind), profile, spec), text,
+                          None))
+            continue
+        for params, served in group_buckets(profile, spec, buckets, kind):
+            items.append((spec, translate.generate(program, params, profile, spec), text, tuple(served)))
+    results = nvcc.compile_kernels([g for _, g, _, _ in items], profile.nvcc_arch, jobs=jobs or os.cpu_count() or 2,
+                                   batch_size=1, cache_dir=cache_dir)
+    return [DefaultKernel(spec, g, t, r.cubin if r.ok else None, r.log, served)
+            for (spec, g, t, served), r in zip(items, results)]
 
 
 def compile_changes(gpu: str, items: Sequence[tuple[KernelSpec, dict[str, dict]]], cache_dir: Path | None = None,
@@ -145,7 +152,8 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
                     buckets: Sequence[str] = ("s1024", "s4096"), page_sizes: Sequence[int] = (16,),
                     study_dir: Path | None = None) -> list[Path]:
     """Compile, verify (the campaign's gate), time, store under ``study_dir`` and export to ``out_dir`` the
-    default kernel of each spec: a dense one for every bucket in ``buckets``, a varlen or paged one for the
+    default kernel of each spec: a dense one for every bucket in ``buckets`` (each bucket's own default where the
+    profile's bucket table changes it: tuner/bucket_defaults.py), a varlen or paged one for the
     serving bucket of each mix of its layout (paged: at each page size of ``page_sizes``). RuntimeError naming
     the kernel when one fails to compile or verify: nothing unverified is exported."""
     import torch
@@ -161,14 +169,14 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
     profile = load_profile(gpu)
     device_name = torch.cuda.get_device_name()
     store = KernelStore(Path(study_dir) if study_dir is not None else Path(out_dir).parent / "default-studies")
-    for k in compile_defaults(gpu, specs, cache_dir):
+    for k in compile_defaults(gpu, specs, cache_dir, buckets=buckets):
         if k.cubin is None:
             raise RuntimeError(f"{k.generated.name} did not compile: {k.log[-2000:]}")
         kernel = runtime.load_kernel(k.cubin, k.generated.meta())
         report = verify_varlen(kernel, k.spec) if k.spec.layout in SERVING_LAYOUTS else verify(kernel, k.spec)
         if not report.passed:
             raise RuntimeError(f"{k.generated.name} failed verification: {report.reason}")
-        for bucket, value, problem in _measurements(kernel, k.spec, buckets, page_sizes):
+        for bucket, value, problem in _measurements(kernel, k.spec, k.buckets or buckets, page_sizes):
             store.offer(KernelRecord(
                 arch=profile.arch_family, gpu=profile.name, device_name=device_name, variant=k.spec.variant,
                 dtype=k.spec.dtype, d_qk=k.spec.d_qk, d_v=k.spec.d_v, causal=k.spec.causal, bucket=bucket,

@@ -314,6 +314,8 @@ def _enqueue_seeds(camp: Campaign) -> None:
 
         own_default = default_params(camp.profile, camp.spec, "ws_overlap").to_dict()
         published.append(({**own_default, SCHEDULE: "ws_overlap"}, f"the {camp.spec.layout} layout's default", ""))
+    if not decode and camp.spec.layout == "dense":
+        published += bucket_default_seeds(camp.profile, camp.spec)
     for seed in camp.space.seeds_for(hd):
         raw = dict(seed.params)
         schedule = raw.pop(SCHEDULE, "decode" if decode else "fa2")
@@ -358,6 +360,23 @@ def _enqueue_seeds(camp: Campaign) -> None:
         camp.console.print(f"{camp.label}: {other_schedule} seed(s) of the sm80-class schedules left out: the "
                            f"{camp.spec.layout} layout is built by the warp-specialised ones", markup=False)
     camp.console.print(f"{camp.label}: enqueued {count} seed(s)", markup=False)
+
+
+def bucket_default_seeds(profile, spec) -> list[tuple[dict, str, str]]:
+    """The profile's measured per-bucket defaults (tuner/bucket_defaults.py) that differ from the per-spec one, as
+    (params, source, rationale) seeds: a campaign's winner of a bucket must beat what `tune build --seqlen` gives."""
+    from translate.defaults import default_params
+    from tuner.bucket_defaults import bucket_change, group_buckets, load_table
+    from tuner.buckets import BUCKETS, bucket_name
+
+    if profile.sm < 90 or not load_table(profile.name):
+        return []
+    base = default_params(profile, spec, "ws_overlap").key()
+    return [({**params.to_dict(), SCHEDULE: "ws_overlap"},
+             f"{profile.name} default for {','.join(buckets)} (hardware_profiles/bucket_defaults)",
+             bucket_change(profile, spec, buckets[0]).measured)
+            for params, buckets in group_buckets(profile, spec, [bucket_name(e) for e in BUCKETS])
+            if params.key() != base]
 
 
 def serving_seed(params: dict, layout: str) -> dict:

@@ -1,0 +1,234 @@
+"""Per-bucket defaults (tuner/bucket_defaults.py, hardware_profiles/bucket_defaults/): the table's checks, which
+kernel each bucket gets, and the consumers (`tune build --seqlen`, `tune bench`'s grouping, the default export,
+a campaign's seeds). No GPU."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware_profiles import available_profiles, load_profile
+from translate.defaults import default_params, probe_problem
+from translate.params import validate
+from tuner.bucket_defaults import (BucketTableError, bucket_change, bucket_defaults, bucket_params, group_by_params,
+                                   load_table, parse_table, params_for_seqlen)
+from tuner.buckets import BUCKETS, bucket_name
+from tuner.cli import app
+from tuner.problem import KernelSpec
+
+H100 = load_profile("h100")
+MHA64C = KernelSpec("mha", 64, 64, True, "bf16")
+GQA128N = KernelSpec("gqa", 128, 128, False, "bf16")
+ALL_BUCKETS = [bucket_name(e) for e in BUCKETS]
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+
+
+def entry(**over):
+    base = dict(variants=["mha"], head_dim=64, causal=True, buckets=["s512"], change={"block_n": 96},
+                measured="paired rounds, run 1")
+    return {**base, **over}
+
+
+# -- the table's checks -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bad,words", [
+    (entry(variants=["mlp"]), "variants must be"),
+    (entry(variants=[]), "variants must be"),
+    (entry(head_dim=0), "head_dim must be"),
+    (entry(causal="yes"), "causal must be"),
+    (entry(buckets=["s3000"]), "buckets must be among"),
+    (entry(buckets=["4096"]), "bucket names"),
+    (entry(change={}), "non-empty table"),
+    (entry(change={"block_q": 64}), "KernelParams does not have: block_q"),
+    (entry(measured=" "), "measured must say"),
+    ({k: v for k, v in entry().items() if k != "measured"}, "missing measured"),
+    (entry(reason="x"), "unknown keys reason"),
+])
+def test_a_malformed_entry_is_refused_with_its_number_and_reason(bad, words):
+    with pytest.raises(BucketTableError) as exc:
+        parse_table({"change": [entry(), bad]}, "t.toml")
+    assert "t.toml: change 2:" in str(exc.value) and words in str(exc.value)
+
+
+def test_two_entries_for_one_bucket_are_refused():
+    with pytest.raises(BucketTableError, match="change 2 and change 1 both set mha d64 causal s512"):
+        parse_table({"change": [entry(), entry(variants=["mqa", "mha"], change={"block_n": 112})]}, "t.toml")
+
+
+def test_unknown_top_level_keys_and_bad_toml_are_refused(tmp_path):
+    with pytest.raises(BucketTableError, match="unknown top-level keys defaults"):
+        parse_table({"defaults": []}, "t.toml")
+    (tmp_path / "zz.toml").write_text("[[change]\n")
+    with pytest.raises(BucketTableError, match="not valid TOML"):
+        load_table("zz", tmp_path)
+    assert load_table("nothing-here", tmp_path) == ()
+
+
+def test_a_change_the_profile_refuses_is_an_error_naming_the_reasons(monkeypatch):
+    import tuner.bucket_defaults as bd
+
+    table = parse_table({"change": [entry(buckets=["s1024"], change={"block_n": 176, "pingpong": True})]}, "t.toml")
+    monkeypatch.setattr(bd, "load_table", lambda gpu: table)
+    with pytest.raises(BucketTableError, match="not legal: .*registers"):
+        bucket_params(H100, MHA64C, "s1024")
+    assert bucket_params(H100, MHA64C, "s2048") == default_params(H100, MHA64C, "ws_overlap")
+
+
+# -- the shipped tables ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gpu", available_profiles())
+def test_every_shipped_bucket_default_is_legal_on_its_profile(gpu):
+    profile = load_profile(gpu)
+    for item in load_table(gpu):
+        for variant in item.variants:
+            spec = KernelSpec(variant, item.head_dim, item.head_dim, item.causal, "bf16")
+            for bucket in item.buckets:
+                params = bucket_params(profile, spec, bucket)
+                assert validate(params, profile, probe_problem(spec), warp_specialized=True) == []
+                assert params != default_params(profile, spec, "ws_overlap"), (gpu, variant, bucket)
+
+
+def test_the_h100_table_gives_the_measured_kernels_per_bucket():
+    d64c = bucket_defaults(H100, MHA64C)
+    assert {b: (p.block_m, p.block_n, p.rescale_threshold) for b, p in d64c.items()} == {
+        "s512": (128, 128, 0), "s1024": (128, 128, 0),
+        **{b: (192, 96, 8) for b in ("s2048", "s4096", "s8192", "s16384")}}
+    assert d64c["s512"].num_warps == 8
+    gqa = bucket_defaults(H100, GQA128N)
+    assert [b for b, p in gqa.items() if p.pingpong and p.producer_regs == 56] == ["s512", "s1024", "s4096"]
+    assert (gqa["s16384"].block_n, gqa["s16384"].persistent, gqa["s16384"].rescale_threshold) == (176, False, 0)
+    assert gqa["s2048"] == gqa["s8192"] == default_params(H100, GQA128N, "ws_overlap")
+    assert "run 3" in bucket_change(H100, GQA128N, "s1024").measured
+
+
+@pytest.mark.parametrize("spec", [
+    KernelSpec("gqa", 64, 64, True, "bf16"),                        # GQA d64 was not measured
+    KernelSpec("mha", 64, 64, True, "bf16", "paged"),               # serving layouts keep their defaults
+    KernelSpec("mla", 192, 128, True, "bf16"),
+])
+def test_specs_the_table_does_not_cover_keep_the_per_spec_default_everywhere(spec):
+    assert set(p.key() for p in bucket_defaults(H100, spec).values()) == {default_params(H100, spec,
+                                                                                          "ws_overlap").key()}
+
+
+def test_other_gpus_and_the_fa2_schedule_keep_the_per_spec_default():
+    h200 = load_profile("h200")
+    assert load_table("h200") == ()
+    assert bucket_params(h200, MHA64C, "s512") == default_params(h200, MHA64C, "ws_overlap")
+    assert bucket_params(H100, MHA64C, "s512", "fa2") == default_params(H100, MHA64C, "fa2")
+    with pytest.raises(ValueError, match="not a shape bucket"):
+        bucket_params(H100, MHA64C, "4096")
+
+
+def test_seqlens_fall_into_their_buckets_and_group_by_kernel():
+    assert params_for_seqlen(H100, MHA64C, 700).block_m == 128           # s1024
+    assert params_for_seqlen(H100, MHA64C, 100000).block_n == 96         # past the last edge: s16384
+    groups = group_by_params(H100, MHA64C, [512, 1024, 2048, 4096])
+    assert [(p.block_m, s) for p, s in groups] == [(128, [512, 1024]), (192, [2048, 4096])]
+    (only,) = group_by_params(H100, KernelSpec("mha", 128, 128, True, "bf16"), [2048, 4096, 8192])
+    assert only[1] == [2048, 4096, 8192] and only[0] == default_params(H100, KernelSpec("mha", 128, 128, True,
+                                                                                         "bf16"), "ws_overlap")
+
+
+# -- consumers -----------------------------------------------------------------------------------------------------
+
+@needs_nvcc
+def test_tune_build_seqlen_builds_that_buckets_default(tmp_path):
+    res = CliRunner().invoke(app, ["build", "--gpu", "h100", "--variant", "mha", "--head-dim", "64", "--causal",
+                                   "--dtype", "bf16", "--seqlen", "4096", "-o", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
+    assert record["params"]["block_n"] == 96 and record["params"]["rescale_threshold"] == 8
+    assert "default of bucket s4096" in res.output
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--seqlen", "0"], "--seqlen must be a positive integer"),
+    (["--seqlen", "1024", "--layout", "varlen"], "picks a dense bucket's default"),
+    (["--seqlen", "1024", "--phase", "decode"], "split is chosen per call"),
+])
+def test_tune_build_seqlen_refuses_what_it_cannot_mean(tmp_path, args, words):
+    res = CliRunner().invoke(app, ["build", "--gpu", "h100", "--variant", "mha", "--head-dim", "64", "--causal",
+                                   "-o", str(tmp_path), *args])
+    assert res.exit_code == 2 and words in res.output
+
+
+def test_tune_bench_builds_one_kernel_per_bucket_default(monkeypatch):
+    from rich.console import Console
+
+    from translate import nvcc
+    from tuner.bench import _build_kernels
+
+    monkeypatch.setattr(nvcc, "compile_kernels", lambda gens, arch, **kw: [type("R", (), {"ok": True})()
+                                                                           for _ in gens])
+    targets = [(H100, MHA64C), (H100, KernelSpec("mha", 128, 128, True, "bf16"))]
+    built, code = _build_kernels(targets, "mha", None, None, H100, Console(), None, "ws_overlap",
+                                 [512, 1024, 2048, 16384])
+    assert code == 0
+    assert [(b.spec.d_qk, b.params.block_m, b.params.pingpong, b.params.persistent, b.seqlens) for b in built] == [
+        (64, 128, False, True, (512, 1024)), (64, 192, False, True, (2048, 16384)),
+        (128, 128, True, True, (512, 1024)), (128, 128, False, True, (2048,)), (128, 128, False, False, (16384,))]
+    built, _ = _build_kernels(targets[1:], "mha", None, None, H100, Console(), None, "ws_overlap", [2048, 4096])
+    assert [b.seqlens for b in built] == [None]      # one default serves them all: one kernel, as before
+    built, _ = _build_kernels(targets[:1], "mha", '{"block_n": 112}', None, H100, Console(), None, "ws_overlap",
+                              [512, 2048])
+    assert [(b.params.block_m, b.params.block_n, b.seqlens) for b in built] == [(192, 112, None)]   # --params: one
+
+
+def test_the_default_export_compiles_each_buckets_kernel_once(monkeypatch):
+    from translate import nvcc
+    from tuner.default_export import compile_defaults
+
+    seen = []
+    monkeypatch.setattr(nvcc, "compile_kernels", lambda gens, arch, **kw: seen.extend(g.name for g in gens) or [
+        type("R", (), {"ok": True, "cubin": b"x", "log": ""})() for _ in gens])
+    kernels = compile_defaults("h100", [MHA64C, KernelSpec("gqa", 128, 128, True, "bf16", "paged")],
+                               buckets=("s512", "s1024", "s4096"))
+    assert [(k.spec.layout, k.generated.params.block_m, k.buckets) for k in kernels] == [
+        ("dense", 128, ("s512", "s1024")), ("dense", 192, ("s4096",)), ("paged", 128, None)]
+    assert len(seen) == 3
+    (one,) = compile_defaults("h100", [MHA64C])      # no buckets asked: the per-spec default, as before
+    assert one.buckets is None and one.generated.params == default_params(H100, MHA64C, "ws_overlap")
+
+
+def test_a_dense_campaign_is_seeded_with_the_bucket_defaults():
+    from tuner.campaign.driver import bucket_default_seeds
+
+    seeds = bucket_default_seeds(H100, MHA64C)
+    assert [(p["block_m"], p["block_n"], p["schedule"]) for p, _, _ in seeds] == [(128, 128, "ws_overlap"),
+                                                                                  (192, 96, "ws_overlap")]
+    assert "s512,s1024" in seeds[0][1] and "run 3" in seeds[0][2]
+    assert bucket_default_seeds(load_profile("a100"), MHA64C) == []
+    assert bucket_default_seeds(H100, KernelSpec("mla", 192, 128, True, "bf16")) == []
+
+
+# -- scripts/param_ab_check.py's inputs ----------------------------------------------------------------------------
+
+def _ab():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import param_ab_check
+
+    return param_ab_check
+
+
+def test_param_ab_check_reads_one_or_several_named_changes(tmp_path):
+    ab = _ab()
+    assert ab.parse_changes('{"block_n": 96}', None) == {"changed": {"block_n": 96}}
+    (tmp_path / "c.json").write_text('{"a": {"block_n": 96}, "b": {"pingpong": true}}')
+    assert list(ab.parse_changes(None, f"@{tmp_path / 'c.json'}")) == ["a", "b"]
+    for change, changes, words in [(None, None, "exactly one"), ("{}", None, "non-empty JSON object"),
+                                   (None, '{"default": {"block_n": 96}}', "may not be named"),
+                                   (None, '{"a": {"block_q": 1}}', "not KernelParams fields: block_q"),
+                                   (None, "@/nonexistent/c.json", "cannot read")]:
+        with pytest.raises(ValueError, match=words):
+            ab.parse_changes(change, changes)
+
+
+def test_param_ab_check_skips_the_changes_a_spec_cannot_take():
+    ab = _ab()
+    legal, refused = ab.legal_changes("h100", MHA64C, {"n96": {"block_n": 96}, "n176": {"block_n": 176}})
+    assert list(legal) == ["n96"] and "registers" in refused["n176"][0]

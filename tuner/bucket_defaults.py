@@ -1,0 +1,191 @@
+"""A GPU profile's default kernel per key-length bucket: measured changes to the per-spec default.
+
+``translate.defaults`` gives one default per spec (FA4's tile for the head dim). The best tile depends on the
+key length as well (BENCHMARKS.md, issue 16: on the H100, causal d64 runs 8-15% faster on 128 x 128 with two
+consumer warpgroups at 512-1k keys and slower on it from 2k). So a profile may carry a table of changes per
+(variants, head dim, causal, buckets), as data: ``hardware_profiles/bucket_defaults/<gpu>.toml``. Each entry
+names its measurement (``measured``): a change goes in only with a paired, re-timed win over the per-spec
+default (scripts/param_ab_check.py). A GPU without a table, a serving layout, a decode spec or a schedule other
+than the warp-specialised one keeps the per-spec default in every bucket.
+
+``bucket_params(profile, spec, bucket)`` is what `tune build --seqlen`, `tune bench`, the default export and a
+campaign's seeds use. A broken table is a ``BucketTableError`` naming the file and the entry, raised when it is
+read, never a wrong kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tuner.buckets import BUCKETS, bucket_for, bucket_name, is_bucket_name
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+TABLE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "bucket_defaults"
+ENTRY_KEYS = {"variants", "head_dim", "causal", "buckets", "change", "measured"}
+VARIANTS = ("mha", "gqa", "mqa", "mla")
+
+
+class BucketTableError(ValueError):
+    """A bucket-defaults table that cannot be used; the message names the file and the entry."""
+
+
+@dataclass(frozen=True)
+class BucketChange:
+    """One entry: these KernelParams changes for these specs in these buckets, and the measurement behind them."""
+
+    variants: tuple[str, ...]
+    head_dim: int
+    causal: bool
+    buckets: tuple[str, ...]
+    change: tuple[tuple[str, Any], ...]      # sorted (field, value) pairs: hashable, frozen
+    measured: str
+
+    def applies(self, spec, bucket: str) -> bool:
+        return (spec.variant in self.variants and spec.d_qk == self.head_dim == spec.d_v
+                and spec.causal == self.causal and bucket in self.buckets)
+
+    def as_dict(self) -> dict:
+        return dict(self.change)
+
+
+def entry_reasons(entry: Any, fields: set[str]) -> list[str]:
+    """Why one table entry is malformed (empty: it is well-formed). ``fields``: the KernelParams field names."""
+    if not isinstance(entry, dict):
+        return ["an entry must be a table"]
+    reasons = []
+    missing, unknown = ENTRY_KEYS - set(entry), set(entry) - ENTRY_KEYS
+    if missing:
+        reasons.append(f"missing {', '.join(sorted(missing))}")
+    if unknown:
+        reasons.append(f"unknown keys {', '.join(sorted(unknown))} (an entry has {', '.join(sorted(ENTRY_KEYS))})")
+    variants = entry.get("variants", [])
+    if not (isinstance(variants, list) and variants and all(v in VARIANTS for v in variants)):
+        reasons.append(f"variants must be a non-empty list of {', '.join(VARIANTS)}, got {variants!r}")
+    head_dim = entry.get("head_dim")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
+        reasons.append(f"head_dim must be a positive integer, got {head_dim!r}")
+    if not isinstance(entry.get("causal"), bool):
+        reasons.append(f"causal must be true or false, got {entry.get('causal')!r}")
+    buckets = entry.get("buckets", [])
+    if not (isinstance(buckets, list) and buckets and all(is_bucket_name(b) for b in buckets)):
+        reasons.append(f"buckets must be a non-empty list of bucket names (s512 ... s16384), got {buckets!r}")
+    elif any(b not in {bucket_name(e) for e in BUCKETS} for b in buckets):
+        reasons.append(f"buckets must be among {', '.join(bucket_name(e) for e in BUCKETS)}, got {buckets!r}")
+    change = entry.get("change", {})
+    if not (isinstance(change, dict) and change):
+        reasons.append("change must be a non-empty table of KernelParams fields")
+    elif set(change) - fields:
+        reasons.append(f"change names fields KernelParams does not have: {', '.join(sorted(set(change) - fields))}")
+    if not (isinstance(entry.get("measured"), str) and entry.get("measured", "").strip()):
+        reasons.append("measured must say which measurement the change comes from")
+    return reasons
+
+
+def parse_table(data: dict, source: str) -> tuple[BucketChange, ...]:
+    """The entries of one table (``[[change]]`` arrays), checked: well-formed, and no two of them for the same
+    (variant, head dim, causal, bucket)."""
+    from translate.params import KernelParams
+
+    fields = set(KernelParams.__dataclass_fields__)
+    extra = set(data) - {"change"}
+    if extra:
+        raise BucketTableError(f"{source}: unknown top-level keys {', '.join(sorted(extra))} (only [[change]])")
+    entries = data.get("change", [])
+    if not isinstance(entries, list):
+        raise BucketTableError(f"{source}: [[change]] must be an array of tables")
+    out: list[BucketChange] = []
+    owner: dict[tuple, int] = {}
+    for i, entry in enumerate(entries, 1):
+        reasons = entry_reasons(entry, fields)
+        if reasons:
+            raise BucketTableError(f"{source}: change {i}: " + "; ".join(reasons))
+        item = BucketChange(tuple(entry["variants"]), entry["head_dim"], entry["causal"], tuple(entry["buckets"]),
+                            tuple(sorted(entry["change"].items())), entry["measured"].strip())
+        for key in ((v, item.head_dim, item.causal, b) for v in item.variants for b in item.buckets):
+            if key in owner:
+                raise BucketTableError(f"{source}: change {i} and change {owner[key]} both set {key[0]} d{key[1]} "
+                                       f"{'causal' if key[2] else 'non-causal'} {key[3]}")
+            owner[key] = i
+        out.append(item)
+    return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def load_table(gpu: str, directory: Path = TABLE_DIR) -> tuple[BucketChange, ...]:
+    """The GPU's table (empty when it has none)."""
+    path = Path(directory) / f"{gpu}.toml"
+    if not path.is_file():
+        return ()
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise BucketTableError(f"{path}: not valid TOML: {exc}") from None
+    return parse_table(data, str(path))
+
+
+def applies_to(spec, schedule: str) -> bool:
+    """Whether bucket defaults exist for this kind of kernel: dense prefill, warp-specialised."""
+    return spec.layout == "dense" and spec.phase == "prefill" and schedule.startswith("ws_")
+
+
+def bucket_change(profile, spec, bucket: str, schedule: str = "ws_overlap") -> BucketChange | None:
+    """The table entry that sets this spec's default in ``bucket``, or None (the per-spec default holds)."""
+    if not is_bucket_name(bucket):
+        raise ValueError(f"not a shape bucket name: {bucket!r} (expected s<seqlen>, e.g. s4096)")
+    if not applies_to(spec, schedule):
+        return None
+    return next((c for c in load_table(profile.name) if c.applies(spec, bucket)), None)
+
+
+def bucket_params(profile, spec, bucket: str, schedule: str = "ws_overlap"):
+    """The default KernelParams of ``spec`` in ``bucket``: the per-spec default with the table's change for the
+    bucket, if any. A change the profile's validation refuses is a BucketTableError with the reasons."""
+    from translate.defaults import default_params, probe_problem
+    from translate.params import KernelParams, validate
+
+    base = default_params(profile, spec, schedule)
+    entry = bucket_change(profile, spec, bucket, schedule)
+    if entry is None:
+        return base
+    params = KernelParams.from_dict({**base.to_dict(), **entry.as_dict()})
+    reasons = validate(params, profile, probe_problem(spec), warp_specialized=True)
+    if reasons:
+        raise BucketTableError(f"{profile.name} bucket default for {spec.label()} {bucket} ({entry.as_dict()}) is "
+                               "not legal: " + "; ".join(reasons))
+    return params
+
+
+def params_for_seqlen(profile, spec, seqlen_k: int, schedule: str = "ws_overlap"):
+    """``bucket_params`` of the bucket ``seqlen_k`` falls into."""
+    return bucket_params(profile, spec, bucket_for(seqlen_k), schedule)
+
+
+def bucket_defaults(profile, spec, buckets=None, schedule: str = "ws_overlap") -> dict[str, Any]:
+    """{bucket: KernelParams} over ``buckets`` (default: every bucket)."""
+    names = buckets if buckets is not None else [bucket_name(e) for e in BUCKETS]
+    return {b: bucket_params(profile, spec, b, schedule) for b in names}
+
+
+def _group(items, params_of) -> list[tuple[Any, list]]:
+    groups: dict[str, tuple[Any, list]] = {}
+    for item in items:
+        params = params_of(item)
+        groups.setdefault(params.key(), (params, []))[1].append(item)
+    return list(groups.values())
+
+
+def group_by_params(profile, spec, seqlens, schedule: str = "ws_overlap") -> list[tuple[Any, list[int]]]:
+    """The seqlens grouped by the bucket default that serves them: [(KernelParams, [seqlen, ...])], in order of
+    first appearance; one group when the table changes nothing for this spec."""
+    return _group(seqlens, lambda s: params_for_seqlen(profile, spec, s, schedule))
+
+
+def group_buckets(profile, spec, buckets, schedule: str = "ws_overlap") -> list[tuple[Any, list[str]]]:
+    """``buckets`` grouped by their default: [(KernelParams, [bucket, ...])], in order of first appearance."""
+    return _group(buckets, lambda b: bucket_params(profile, spec, b, schedule))
