@@ -11,6 +11,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
 from hardware_profiles import available_profiles, load_profile
 from translate.defaults import default_params, probe_problem
 from translate.params import validate
@@ -232,3 +237,79 @@ def test_param_ab_check_skips_the_changes_a_spec_cannot_take():
     ab = _ab()
     legal, refused = ab.legal_changes("h100", MHA64C, {"n96": {"block_n": 96}, "n176": {"block_n": 176}})
     assert list(legal) == ["n96"] and "registers" in refused["n176"][0]
+
+
+# -- scripts/bucket_table.py: the table re-derived from its records -------------------------------------------------
+
+RECORDS = Path(__file__).resolve().parents[1] / "hardware_profiles" / "bucket_defaults" / "records"
+
+
+def _table_script():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import bucket_table
+
+    return bucket_table
+
+
+def _record(changes, rows):
+    """A param_ab_check --changes record: rows of (spec, seqlen, {name: (ratio, confirmed)})."""
+    return {"changes": changes, "rows": [
+        {"spec": spec, "seqlen": seqlen,
+         "verdicts": {n: {"ratio": r, "low": r - 0.01, "high": r + 0.01, "confirmed": ok} for n, (r, ok) in v.items()}}
+        for spec, seqlen, v in rows]}
+
+
+def test_a_change_needs_a_confirmed_win_in_every_process_and_at_least_two():
+    bt = _table_script()
+    a, b = {"n96": {"block_n": 96}, "pp": {"pingpong": True}}, {"x": {"block_n": 96}}
+    records = [_record(a, [("mha64c", 2048, {"n96": (1.03, True), "pp": (1.05, True)}),
+                           ("mha64c", 4096, {"n96": (1.02, True), "pp": (0.98, False)}),
+                           ("mha64c", 3000, {"n96": (1.09, True), "pp": (1.0, False)})]),
+               _record(b, [("mha64c", 2048, {"x": (1.04, True)}),            # the same change, named otherwise
+                           ("mha64c", 4096, {"x": (1.01, False)}),
+                           ("mha64c", 3000, {"x": (1.09, True)})])]
+    chosen, notes = bt.choose(bt.collect(records))
+    assert {k: c for k, (c, _) in chosen.items()} == {("mha64c", "s2048"): {"block_n": 96}}   # pp: one process
+    assert any("s2048" in n and "pingpong" in n and "1 of 1" in n for n in notes)
+    assert any("s4096" in n and "1 of 2" in n for n in notes)
+    assert any("3000: not a bucket edge" in n for n in notes)
+    assert bt.choose(bt.collect(records), min_processes=1)[0][("mha64c", "s2048")][0] == {"pingpong": True}
+
+
+def test_the_best_worst_process_ratio_wins_and_entries_merge_buckets_and_variants():
+    bt = _table_script()
+    ch = {"m128": {"block_m": 128, "num_warps": 8}, "n96": {"block_n": 96}}
+    rows = [(spec, s, {"m128": (1.10, True), "n96": (1.04, True)})
+            for spec in ("mha64c", "mqa64c") for s in (512, 1024)]
+    rows += [("mha64c", 2048, {"m128": (0.97, False), "n96": (1.03, True)})]
+    chosen, _ = bt.choose(bt.collect([_record(ch, rows), _record(ch, rows)]))
+    items = bt.entries(chosen)
+    assert [(e["variants"], e["buckets"], e["change"]) for e in items] == [
+        (["mha", "mqa"], ["s512", "s1024"], {"block_m": 128, "num_warps": 8}),
+        (["mha"], ["s2048"], {"block_n": 96})]
+    assert items[0]["measured"] == ("MHA s512 x1.100 x1.100, s1024 x1.100 x1.100; "
+                                    "MQA s512 x1.100 x1.100, s1024 x1.100 x1.100")
+    parsed = parse_table(tomllib.loads(bt.to_toml(items)), "derived")
+    assert bt.differences(bt.assignments(items), bt.assignments(parsed)) == []
+
+
+def test_the_h100_table_is_what_its_records_give(capsys):
+    bt = _table_script()
+    files = sorted((RECORDS / "h100").glob("*.json"))
+    assert len(files) == 11
+    assert bt.main([*map(str, files), "--check", "h100"]) == 0
+    assert "h100: matches the 11 records" in capsys.readouterr().out
+    # one entry edited by hand, and the check names it
+    table = bt.assignments(load_table("h100"))
+    table[("mha", 64, True, "s2048")] = {"block_n": 112}
+    derived = bt.assignments(bt.entries(bt.choose(bt.collect([json.loads(f.read_text()) for f in files]))[0]))
+    assert bt.differences(derived, table) == [
+        "('mha', 64, True, 's2048'): records give {'block_n': 96, 'rescale_threshold': 8}, the table has "
+        "{'block_n': 112}"]
+
+
+def test_bucket_table_refuses_a_record_of_the_old_single_change_form(tmp_path, capsys):
+    bt = _table_script()
+    (tmp_path / "old.json").write_text(json.dumps({"change": {"block_n": 96}, "rows": []}))
+    assert bt.main([str(tmp_path / "old.json")]) == 2
+    assert "not a param_ab_check --changes record" in capsys.readouterr().err

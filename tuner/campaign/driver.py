@@ -26,7 +26,6 @@ from rich.console import Console
 from hardware_profiles import ProfileError, load_profile
 from search_spaces import SCHEDULE, SpaceError, load_space
 from search_spaces.feasible import FeasibleSpace, default_sketches, feasible_space
-from translate.params import KernelParams
 
 from . import sketches as sk
 from . import study as st

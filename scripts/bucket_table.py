@@ -1,0 +1,171 @@
+"""The per-bucket defaults that recorded A/B runs support, by the table's rule (hardware_profiles/bucket_defaults/).
+
+    python scripts/bucket_table.py RECORD.json [RECORD.json ...] [--min-processes 2] [--check GPU]
+
+Each RECORD is one fresh process of `scripts/param_ab_check.py --changes` (its --out JSON). A change enters the
+table for (spec, bucket) only when it was timed at that bucket's edge in at least ``--min-processes`` records and
+the confirm rule held in every one of them (the lower bound of the median's 95% interval above 1 + min_gain,
+tuner/campaign/confirm.py); among several such changes, the one with the best worst-process ratio. The records are
+kept beside the table (``hardware_profiles/bucket_defaults/records/<gpu>/``), so the table can be re-derived.
+
+Prints the derived entries as TOML (``[[change]]`` tables, ``measured`` filled from the ratios), and the changes that
+won in fewer processes as comments. ``--check GPU`` instead compares the derivation with that GPU's table
+(variants, head dim, causal, bucket -> change) and exits 1 on any difference, naming it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tuner.buckets import BUCKETS, bucket_for, bucket_name  # noqa: E402
+
+VARIANTS = ("mha", "gqa", "mqa", "mla")
+
+
+def spec_parts(label: str) -> tuple[str, int, bool]:
+    """``gqa128c`` -> ("gqa", 128, True); ValueError otherwise (param_ab_check's spec labels)."""
+    body, mark = label[:-1], label[-1:]
+    variant = body.rstrip("0123456789")
+    if mark not in ("c", "n") or variant not in VARIANTS or not body[len(variant):].isdigit():
+        raise ValueError(f"not a param_ab_check spec label: {label!r}")
+    return variant, int(body[len(variant):]), mark == "c"
+
+
+def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]:
+    """{(spec label, seqlen): {change as canonical JSON: [one verdict per record that timed it]}}."""
+    out: dict[tuple[str, int], dict[str, list[dict]]] = {}
+    for i, record in enumerate(records):
+        changes = record.get("changes")
+        if not isinstance(changes, dict):
+            raise ValueError(f"record {i + 1} has no 'changes' (not a param_ab_check --changes record)")
+        for row in record.get("rows", []):
+            for name, verdict in row["verdicts"].items():
+                key = json.dumps(changes[name], sort_keys=True)
+                out.setdefault((row["spec"], row["seqlen"]), {}).setdefault(key, []).append(verdict)
+    return out
+
+
+def choose(collected, min_processes: int = 2) -> tuple[dict, list[str]]:
+    """({(spec, bucket): (change dict, verdicts)} for the changes the rule takes; notes on those it does not)."""
+    chosen, notes = {}, []
+    edges = {bucket_name(e) for e in BUCKETS}
+    for (spec, seqlen), by_change in sorted(collected.items()):
+        bucket = bucket_for(seqlen)
+        if bucket_name(seqlen) != bucket or bucket not in edges:
+            notes.append(f"{spec} {seqlen}: not a bucket edge, not used")
+            continue
+        taken = []
+        for key, verdicts in by_change.items():
+            won = [v for v in verdicts if v["confirmed"]]
+            if len(verdicts) >= min_processes and len(won) == len(verdicts):
+                taken.append((min(v["ratio"] for v in verdicts), key, verdicts))
+            elif won:
+                ratios = ", ".join(f"x{v['ratio']:.3f}" for v in verdicts)
+                notes.append(f"{spec} {bucket} {key}: won in {len(won)} of {len(verdicts)} process(es) ({ratios})")
+        if taken:
+            _, key, verdicts = max(taken)
+            chosen[(spec, bucket)] = (json.loads(key), verdicts)
+    return chosen, notes
+
+
+def entries(chosen) -> list[dict]:
+    """Table entries: per (head dim, causal, change, buckets) with the variants that share them."""
+    per_spec: dict[tuple, dict] = {}
+    for (spec, bucket), (change, verdicts) in chosen.items():
+        variant, head_dim, causal = spec_parts(spec)
+        key = (variant, head_dim, causal, json.dumps(change, sort_keys=True))
+        per_spec.setdefault(key, {"buckets": [], "measured": []})
+        per_spec[key]["buckets"].append(bucket)
+        per_spec[key]["measured"].append(f"{bucket} " + " ".join(f"x{v['ratio']:.3f}" for v in verdicts))
+    order = {bucket_name(e): i for i, e in enumerate(BUCKETS)}
+    merged: dict[tuple, dict] = {}
+    for (variant, head_dim, causal, change), item in per_spec.items():
+        buckets = tuple(sorted(item["buckets"], key=order.get))
+        entry = merged.setdefault((head_dim, causal, change, buckets), {
+            "variants": [], "head_dim": head_dim, "causal": causal, "buckets": list(buckets),
+            "change": json.loads(change), "measured": []})
+        entry["variants"].append(variant)
+        entry["measured"].append(f"{variant.upper()} " + ", ".join(sorted(item["measured"], key=lambda m: order[
+            m.split()[0]])))
+    out = []
+    for entry in merged.values():
+        entry["variants"] = [v for v in VARIANTS if v in entry["variants"]]
+        entry["measured"] = "; ".join(entry["measured"])
+        out.append(entry)
+    return sorted(out, key=lambda e: (e["head_dim"], e["causal"], order[e["buckets"][0]], e["variants"]))
+
+
+def to_toml(items: list[dict]) -> str:
+    def value(v):
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, str):
+            return json.dumps(v)
+        if isinstance(v, list):
+            return "[" + ", ".join(value(x) for x in v) + "]"
+        if isinstance(v, dict):
+            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
+        return str(v)
+
+    blocks = []
+    for e in items:
+        blocks.append("[[change]]\n" + "".join(f"{k} = {value(e[k])}\n" for k in
+                                                ("variants", "head_dim", "causal", "buckets", "change", "measured")))
+    return "\n".join(blocks)
+
+
+def assignments(items) -> dict[tuple, dict]:
+    """{(variant, head dim, causal, bucket): change} of table entries (dicts or tuner.bucket_defaults.BucketChange)."""
+    out = {}
+    for e in items:
+        get = e.get if isinstance(e, dict) else (lambda k, e=e: getattr(e, k))
+        change = get("change")
+        change = dict(change) if not isinstance(change, dict) else change
+        for variant in get("variants"):
+            for bucket in get("buckets"):
+                out[(variant, get("head_dim"), get("causal"), bucket)] = change
+    return out
+
+
+def differences(derived: dict, table: dict) -> list[str]:
+    """What the table says that the records do not, and the other way round."""
+    out = []
+    for key in sorted(set(derived) | set(table), key=str):
+        if derived.get(key) != table.get(key):
+            out.append(f"{key}: records give {derived.get(key)}, the table has {table.get(key)}")
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("records", nargs="+", type=Path)
+    ap.add_argument("--min-processes", type=int, default=2)
+    ap.add_argument("--check", metavar="GPU", help="compare with hardware_profiles/bucket_defaults/GPU.toml")
+    args = ap.parse_args(argv)
+    try:
+        records = [json.loads(p.read_text()) for p in args.records]
+        chosen, notes = choose(collect(records), args.min_processes)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"bad input: {exc}", file=sys.stderr)
+        return 2
+    items = entries(chosen)
+    if args.check:
+        from tuner.bucket_defaults import load_table
+
+        diff = differences(assignments(items), assignments(load_table(args.check)))
+        for line in diff:
+            print(line)
+        print(f"{args.check}: {'differs from' if diff else 'matches'} the {len(args.records)} records")
+        return 1 if diff else 0
+    print(to_toml(items))
+    for note in notes:
+        print(f"# {note}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
