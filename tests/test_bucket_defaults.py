@@ -148,6 +148,8 @@ def test_tune_build_seqlen_builds_that_buckets_default(tmp_path):
     assert res.exit_code == 0, res.output
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert record["params"]["block_n"] == 96 and record["params"]["rescale_threshold"] == 8
+    assert record["bucket_default"]["bucket"] == "s4096" and record["bucket_default"]["change"] == {
+        "block_n": 96, "rescale_threshold": 8} and "run 3" in record["bucket_default"]["measured"]
     assert "default of bucket s4096" in res.output
 
 

@@ -175,6 +175,12 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     if layout == "paged":   # the page size is a run-time argument: every size block N tiles works
         record["page_size"] = page_size
         record["page_sizes"] = list(compatible_page_sizes(kernel_params.block_n, kernel_params.g2s_atom))
+    entry = None
+    if seqlen is not None:   # which bucket's default the base was, and the measurement behind its change
+        entry = bucket_change(profile, spec, bucket_for(seqlen), kind) if applies_to(spec, kind) else None
+        record["bucket_default"] = {"seqlen": seqlen, "bucket": bucket_for(seqlen),
+                                    "change": entry.as_dict() if entry else {},
+                                    "measured": entry.measured if entry else None}
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
     tensor_ops = (f"HGMMA {sass.get('HGMMA', '?')}, UTMALDG {sass.get('UTMALDG', '?')}" if kernel_params.is_gmma
                   else f"HMMA {sass.get('HMMA', '?')}")
@@ -187,7 +193,6 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
                       f"block N {kernel_params.block_n})" + (f", checked for {page_size}" if page_size else ""),
                       markup=False, highlight=False)
     if seqlen is not None:
-        entry = bucket_change(profile, spec, bucket_for(seqlen), kind) if applies_to(spec, kind) else None
         console.print(f"  default of bucket {bucket_for(seqlen)}: " + (
             f"{entry.as_dict()} over the per-spec default ({entry.measured})" if entry is not None
             else "the per-spec default"), markup=False, highlight=False)
