@@ -3,10 +3,13 @@
     python scripts/bucket_table.py RECORD.json [RECORD.json ...] [--min-processes 2] [--check GPU]
 
 Each RECORD is one fresh process of `scripts/param_ab_check.py --changes` (its --out JSON). A change enters the
-table for (spec, bucket) only when it was timed at that bucket's edge in at least ``--min-processes`` records and
-the confirm rule held in every one of them (the lower bound of the median's 95% interval above 1 + min_gain,
-tuner/campaign/confirm.py); among several such changes, the one with the best worst-process ratio. The records are
-kept beside the table (``hardware_profiles/bucket_defaults/records/<gpu>/``), so the table can be re-derived.
+table for (spec, bucket) only when, at that bucket's edge, the confirm rule held (the lower bound of the median's
+95% interval above 1 + min_gain, tuner/campaign/confirm.py) in at least ``--min-processes`` records and no record
+timed it slower than the default (a median ratio below 1). With two records that is the campaign's rule, "in each
+of two fresh processes"; more records can only add evidence, never take a confirmed win away for one process that
+was merely inconclusive. Among several such changes, the one with the best median of its records' ratios. The
+records are kept beside the table (``hardware_profiles/bucket_defaults/records/<gpu>/``), so the table can be
+re-derived.
 
 Prints the derived entries as TOML (``[[change]]`` tables, ``measured`` filled from the ratios), and the changes that
 won in fewer processes as comments. ``--check GPU`` instead compares the derivation with that GPU's table
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -61,8 +65,8 @@ def choose(collected, min_processes: int = 2) -> tuple[dict, list[str]]:
         taken = []
         for key, verdicts in by_change.items():
             won = [v for v in verdicts if v["confirmed"]]
-            if len(verdicts) >= min_processes and len(won) == len(verdicts):
-                taken.append((min(v["ratio"] for v in verdicts), key, verdicts))
+            if len(won) >= min_processes and all(v["ratio"] >= 1.0 for v in verdicts):
+                taken.append((statistics.median(v["ratio"] for v in verdicts), key, verdicts))
             elif won:
                 ratios = ", ".join(f"x{v['ratio']:.3f}" for v in verdicts)
                 notes.append(f"{spec} {bucket} {key}: won in {len(won)} of {len(verdicts)} process(es) ({ratios})")

@@ -132,8 +132,9 @@ def test_other_gpus_and_the_fa2_schedule_keep_the_per_spec_default():
 def test_seqlens_fall_into_their_buckets_and_group_by_kernel():
     assert params_for_seqlen(H100, MHA64C, 700).block_m == 128           # s1024
     assert params_for_seqlen(H100, MHA64C, 100000).block_n == 96         # past the last edge: s16384
-    groups = group_by_params(H100, MHA64C, [512, 1024, 2048, 4096])
-    assert [(p.block_m, s) for p, s in groups] == [(128, [512, 1024]), (192, [2048, 4096])]
+    groups = group_by_params(H100, MHA64C, [512, 1024, 2048, 4096, 8192])
+    assert [(p.block_m, p.kv_stages, s) for p, s in groups] == [(128, 2, [512, 1024]), (192, 3, [2048]),
+                                                                 (192, 2, [4096, 8192])]
     (only,) = group_by_params(H100, KernelSpec("mha", 128, 128, True, "bf16"), [2048, 4096, 8192])
     assert only[1] == [2048, 4096, 8192] and only[0] == default_params(H100, KernelSpec("mha", 128, 128, True,
                                                                                          "bf16"), "ws_overlap")
@@ -149,7 +150,7 @@ def test_tune_build_seqlen_builds_that_buckets_default(tmp_path):
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert record["params"]["block_n"] == 96 and record["params"]["rescale_threshold"] == 8
     assert record["bucket_default"]["bucket"] == "s4096" and record["bucket_default"]["change"] == {
-        "block_n": 96, "rescale_threshold": 8} and "run 3" in record["bucket_default"]["measured"]
+        "block_n": 96, "rescale_threshold": 8} and "MHA 4k-16k x1.020" in record["bucket_default"]["measured"]
     assert "default of bucket s4096" in res.output
 
 
@@ -177,7 +178,7 @@ def test_tune_bench_builds_one_kernel_per_bucket_default(monkeypatch):
                                  [512, 1024, 2048, 16384])
     assert code == 0
     assert [(b.spec.d_qk, b.params.block_m, b.params.pingpong, b.params.persistent, b.seqlens) for b in built] == [
-        (64, 128, False, True, (512, 1024)), (64, 192, False, True, (2048, 16384)),
+        (64, 128, False, True, (512, 1024)), (64, 192, False, True, (2048,)), (64, 192, False, True, (16384,)),
         (128, 128, True, True, (512, 1024)), (128, 128, False, True, (2048,)), (128, 128, False, False, (16384,))]
     built, _ = _build_kernels(targets[1:], "mha", None, None, H100, Console(), None, "ws_overlap", [2048, 4096])
     assert [b.seqlens for b in built] == [None]      # one default serves them all: one kernel, as before
@@ -206,8 +207,8 @@ def test_a_dense_campaign_is_seeded_with_the_bucket_defaults():
     from tuner.campaign.driver import bucket_default_seeds
 
     seeds = bucket_default_seeds(H100, MHA64C)
-    assert [(p["block_m"], p["block_n"], p["schedule"]) for p, _, _ in seeds] == [(128, 128, "ws_overlap"),
-                                                                                  (192, 96, "ws_overlap")]
+    assert [(p["block_m"], p["block_n"], p["kv_stages"], p["schedule"]) for p, _, _ in seeds] == [
+        (128, 128, 2, "ws_overlap"), (192, 96, 3, "ws_overlap"), (192, 96, 2, "ws_overlap")]
     assert "s512,s1024" in seeds[0][1] and "run 3" in seeds[0][2]
     assert bucket_default_seeds(load_profile("a100"), MHA64C) == []
     assert bucket_default_seeds(H100, KernelSpec("mla", 192, 128, True, "bf16")) == []
@@ -278,7 +279,21 @@ def test_a_change_needs_a_confirmed_win_in_every_process_and_at_least_two():
     assert bt.choose(bt.collect(records), min_processes=1)[0][("mha64c", "s2048")][0] == {"pingpong": True}
 
 
-def test_the_best_worst_process_ratio_wins_and_entries_merge_buckets_and_variants():
+def test_more_processes_add_evidence_and_a_slower_one_vetoes():
+    bt = _table_script()
+    ch = {"n96": {"block_n": 96}}
+
+    def proc(ratio, confirmed):
+        return _record(ch, [("mha64c", 4096, {"n96": (ratio, confirmed)})])
+
+    inconclusive = [proc(1.03, True), proc(1.004, False), proc(1.02, True)]
+    assert ("mha64c", "s4096") in bt.choose(bt.collect(inconclusive))[0]      # two confirm, none slower
+    slower = [proc(1.03, True), proc(0.99, False), proc(1.02, True)]
+    chosen, notes = bt.choose(bt.collect(slower))
+    assert not chosen and "won in 2 of 3" in notes[0]
+
+
+def test_the_best_median_ratio_wins_and_entries_merge_buckets_and_variants():
     bt = _table_script()
     ch = {"m128": {"block_m": 128, "num_warps": 8}, "n96": {"block_n": 96}}
     rows = [(spec, s, {"m128": (1.10, True), "n96": (1.04, True)})
@@ -298,15 +313,15 @@ def test_the_best_worst_process_ratio_wins_and_entries_merge_buckets_and_variant
 def test_the_h100_table_is_what_its_records_give(capsys):
     bt = _table_script()
     files = sorted((RECORDS / "h100").glob("*.json"))
-    assert len(files) == 11
+    assert len(files) == 13
     assert bt.main([*map(str, files), "--check", "h100"]) == 0
-    assert "h100: matches the 11 records" in capsys.readouterr().out
+    assert "h100: matches the 13 records" in capsys.readouterr().out
     # one entry edited by hand, and the check names it
     table = bt.assignments(load_table("h100"))
-    table[("mha", 64, True, "s2048")] = {"block_n": 112}
+    table[("mha", 64, True, "s4096")] = {"block_n": 112}
     derived = bt.assignments(bt.entries(bt.choose(bt.collect([json.loads(f.read_text()) for f in files]))[0]))
     assert bt.differences(derived, table) == [
-        "('mha', 64, True, 's2048'): records give {'block_n': 96, 'rescale_threshold': 8}, the table has "
+        "('mha', 64, True, 's4096'): records give {'block_n': 96, 'rescale_threshold': 8}, the table has "
         "{'block_n': 112}"]
 
 
