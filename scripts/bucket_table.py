@@ -25,18 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from param_ab_check import parse_spec  # noqa: E402  (this folder: the spec labels the records carry)
+from tuner.bucket_defaults import parse_table  # noqa: E402
 from tuner.buckets import BUCKETS, bucket_for, bucket_name  # noqa: E402
+from tuner.problem import VARIANTS  # noqa: E402
 
-VARIANTS = ("mha", "gqa", "mqa", "mla")
-
-
-def spec_parts(label: str) -> tuple[str, int, bool]:
-    """``gqa128c`` -> ("gqa", 128, True); ValueError otherwise (param_ab_check's spec labels)."""
-    body, mark = label[:-1], label[-1:]
-    variant = body.rstrip("0123456789")
-    if mark not in ("c", "n") or variant not in VARIANTS or not body[len(variant):].isdigit():
-        raise ValueError(f"not a param_ab_check spec label: {label!r}")
-    return variant, int(body[len(variant):]), mark == "c"
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 
 def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]:
@@ -80,8 +77,8 @@ def entries(chosen) -> list[dict]:
     """Table entries: per (head dim, causal, change, buckets) with the variants that share them."""
     per_spec: dict[tuple, dict] = {}
     for (spec, bucket), (change, verdicts) in chosen.items():
-        variant, head_dim, causal = spec_parts(spec)
-        key = (variant, head_dim, causal, json.dumps(change, sort_keys=True))
+        parsed = parse_spec(spec)
+        key = (parsed.variant, parsed.d_qk, parsed.causal, json.dumps(change, sort_keys=True))
         per_spec.setdefault(key, {"buckets": [], "measured": []})
         per_spec[key]["buckets"].append(bucket)
         per_spec[key]["measured"].append(f"{bucket} " + " ".join(f"x{v['ratio']:.3f}" for v in verdicts))
@@ -122,17 +119,15 @@ def to_toml(items: list[dict]) -> str:
     return "\n".join(blocks)
 
 
-def assignments(items) -> dict[tuple, dict]:
-    """{(variant, head dim, causal, bucket): change} of table entries (dicts or tuner.bucket_defaults.BucketChange)."""
-    out = {}
-    for e in items:
-        get = e.get if isinstance(e, dict) else (lambda k, e=e: getattr(e, k))
-        change = get("change")
-        change = dict(change) if not isinstance(change, dict) else change
-        for variant in get("variants"):
-            for bucket in get("buckets"):
-                out[(variant, get("head_dim"), get("causal"), bucket)] = change
-    return out
+def as_table(items: list[dict]):
+    """The derived entries as the table parser reads them (tuner.bucket_defaults.parse_table): checked alike."""
+    return parse_table(tomllib.loads(to_toml(items)), "derived")
+
+
+def assignments(table) -> dict[tuple, dict]:
+    """{(variant, head dim, causal, bucket): change} of a parsed table (tuner.bucket_defaults.BucketChange)."""
+    return {(variant, e.head_dim, e.causal, bucket): e.as_dict()
+            for e in table for variant in e.variants for bucket in e.buckets}
 
 
 def differences(derived: dict, table: dict) -> list[str]:
@@ -160,7 +155,7 @@ def main(argv=None) -> int:
     if args.check:
         from tuner.bucket_defaults import load_table
 
-        diff = differences(assignments(items), assignments(load_table(args.check)))
+        diff = differences(assignments(as_table(items)), assignments(load_table(args.check)))
         for line in diff:
             print(line)
         print(f"{args.check}: {'differs from' if diff else 'matches'} the {len(args.records)} records")

@@ -307,7 +307,7 @@ def test_the_best_median_ratio_wins_and_entries_merge_buckets_and_variants():
     assert items[0]["measured"] == ("MHA s512 x1.100 x1.100, s1024 x1.100 x1.100; "
                                     "MQA s512 x1.100 x1.100, s1024 x1.100 x1.100")
     parsed = parse_table(tomllib.loads(bt.to_toml(items)), "derived")
-    assert bt.differences(bt.assignments(items), bt.assignments(parsed)) == []
+    assert bt.differences(bt.assignments(bt.as_table(items)), bt.assignments(parsed)) == []
 
 
 def test_the_h100_table_is_what_its_records_give(capsys):
@@ -319,7 +319,8 @@ def test_the_h100_table_is_what_its_records_give(capsys):
     # one entry edited by hand, and the check names it
     table = bt.assignments(load_table("h100"))
     table[("mha", 64, True, "s4096")] = {"block_n": 112}
-    derived = bt.assignments(bt.entries(bt.choose(bt.collect([json.loads(f.read_text()) for f in files]))[0]))
+    derived = bt.assignments(bt.as_table(bt.entries(bt.choose(bt.collect([json.loads(f.read_text())
+                                                                            for f in files]))[0])))
     assert bt.differences(derived, table) == [
         "('mha', 64, True, 's4096'): records give {'block_n': 96, 'rescale_threshold': 8}, the table has "
         "{'block_n': 112}"]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.buckets import BUCKETS, bucket_for, bucket_name, is_bucket_name
+from tuner.problem import VARIANTS
 
 try:
     import tomllib
@@ -28,7 +29,6 @@ except ModuleNotFoundError:  # Python 3.10
 
 TABLE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "bucket_defaults"
 ENTRY_KEYS = {"variants", "head_dim", "causal", "buckets", "change", "measured"}
-VARIANTS = ("mha", "gqa", "mqa", "mla")
 
 
 class BucketTableError(ValueError):

@@ -106,7 +106,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input (a page size the kernel's block
     N cannot tile included: tuner.paging) or missing toolchain. ``seqlen``: the key length the kernel is for;
     the base parameters are then the profile's default for that bucket (tuner/bucket_defaults.py)."""
-    from tuner.bucket_defaults import BucketTableError, applies_to, bucket_change, params_for_seqlen
+    from tuner.bucket_defaults import BucketTableError, bucket_change, bucket_params
     from tuner.buckets import bucket_for
     import translate
     from translate.defaults import default_params, probe_problem
@@ -131,13 +131,16 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
             return 1
         warp_specialized = has_roles(program.statements)
         kind = "ws_overlap" if warp_specialized else "fa2"
+        bucket = entry = None   # with --seqlen: its bucket, and the table's entry for it (None: the per-spec default)
         if seqlen is not None:
             if isinstance(seqlen, bool) or not isinstance(seqlen, int) or seqlen < 1:
                 raise UsageError(f"--seqlen must be a positive integer, got {seqlen!r}")
             if layout != "dense":
                 raise UsageError(f"--seqlen picks a dense bucket's default; the {layout} layout's buckets are "
                                  "chosen per call from the mix")
-        base = (params_for_seqlen(profile, spec, seqlen, kind) if seqlen is not None
+            bucket = bucket_for(seqlen)
+            entry = bucket_change(profile, spec, bucket, kind)
+        base = (bucket_params(profile, spec, bucket, kind) if bucket is not None
                 else default_params(profile, spec, kind))
         kernel_params = parse_params_arg(params, base)
         misfit = page_misfit(page_size, kernel_params.block_n, kernel_params.g2s_atom) if page_size is not None else None
@@ -175,10 +178,8 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     if layout == "paged":   # the page size is a run-time argument: every size block N tiles works
         record["page_size"] = page_size
         record["page_sizes"] = list(compatible_page_sizes(kernel_params.block_n, kernel_params.g2s_atom))
-    entry = None
-    if seqlen is not None:   # which bucket's default the base was, and the measurement behind its change
-        entry = bucket_change(profile, spec, bucket_for(seqlen), kind) if applies_to(spec, kind) else None
-        record["bucket_default"] = {"seqlen": seqlen, "bucket": bucket_for(seqlen),
+    if bucket is not None:   # which bucket's default the base was, and the measurement behind its change
+        record["bucket_default"] = {"seqlen": seqlen, "bucket": bucket,
                                     "change": entry.as_dict() if entry else {},
                                     "measured": entry.measured if entry else None}
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
@@ -192,8 +193,8 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         console.print(f"  paged: reads pages of {', '.join(map(str, record['page_sizes']))} keys (chosen at run time; "
                       f"block N {kernel_params.block_n})" + (f", checked for {page_size}" if page_size else ""),
                       markup=False, highlight=False)
-    if seqlen is not None:
-        console.print(f"  default of bucket {bucket_for(seqlen)}: " + (
+    if bucket is not None:
+        console.print(f"  default of bucket {bucket}: " + (
             f"{entry.as_dict()} over the per-spec default ({entry.measured})" if entry is not None
             else "the per-spec default"), markup=False, highlight=False)
     console.print(f"  {out / kernel.name}.{{cu,cubin,json}}", markup=False, highlight=False)
