@@ -45,6 +45,8 @@ def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]
             raise ValueError(f"record {i + 1} has no 'changes' (not a param_ab_check --changes record)")
         for row in record.get("rows", []):
             for name, verdict in row["verdicts"].items():
+                if name not in changes:   # "before" (--before): an earlier translator's kernel, not a change
+                    continue
                 key = json.dumps(changes[name], sort_keys=True)
                 out.setdefault((row["spec"], row["seqlen"]), {}).setdefault(key, []).append(verdict)
     return out

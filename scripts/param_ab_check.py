@@ -13,7 +13,9 @@ importable) in paired rounds on the same rotating inputs (the kernels' order rot
 rule's do_bench windows). Per point and change: the default's ms over the changed kernel's, median of the
 rounds with the confirm rule's 95% interval (tuner/campaign/confirm.py), and each kernel's time against cuDNN's
 and FA4's (medians of per-round ratios). A change that does not validate for a spec is skipped there, with its
-reasons. Prints a table last; exit 1 when a kernel does not build or does not pass the gate.
+reasons. ``--before DIR`` adds the change "before": the spec's kernel among DIR's `tune build` outputs (cubin and
+JSON sidecar), built by an earlier translator, so a change to the translator itself is timed against the kernel it
+replaces in the same rounds. Prints a table last; exit 1 when a kernel does not build or does not pass the gate.
 """
 from __future__ import annotations
 
@@ -97,6 +99,28 @@ def build(gpu: str, specs: list, changes: dict[str, dict[str, dict]], cache_dir:
     return {label: kernels for (label, _), kernels in zip(specs, built)}
 
 
+def load_before(folder: Path, specs: list) -> dict:
+    """{spec label: (name, cubin path, meta)} of the `tune build` outputs in ``folder`` whose spec is one of
+    ``specs`` (one each); ValueError naming what is missing or doubled."""
+    found: dict = {}
+    for sidecar in sorted(folder.glob("**/*.json")):
+        data = json.loads(sidecar.read_text())
+        if not isinstance(data, dict) or "meta" not in data or not sidecar.with_suffix(".cubin").is_file():
+            continue
+        want = data["spec"]
+        for label, spec in specs:
+            if (want["variant"], want["d_qk"], want["d_v"], want["causal"], want["dtype"], want.get("layout", "dense"),
+                    want.get("phase", "prefill")) == (spec.variant, spec.d_qk, spec.d_v, spec.causal, spec.dtype,
+                                                      spec.layout, spec.phase):
+                if label in found:
+                    raise ValueError(f"--before {folder}: two kernels for {label} ({found[label][0]}, {data['name']})")
+                found[label] = (data["name"], sidecar.with_suffix(".cubin"), data["meta"])
+    missing = [label for label, _ in specs if label not in found]
+    if missing:
+        raise ValueError(f"--before {folder}: no `tune build` output for {', '.join(missing)}")
+    return found
+
+
 def _fa4_call(problem):
     """FA4's ``call(q, k, v)`` for the problem, or None when it is not importable or cannot run it."""
     from tuner import bench, fa4
@@ -122,12 +146,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default="param_ab.json")
     ap.add_argument("--cache-dir", default=".kcache")
+    ap.add_argument("--before", help="folder of `tune build` outputs of an earlier translator, timed as 'before'")
     args = ap.parse_args(argv)
     try:
         named = parse_changes(args.change, args.changes)
         specs = [(text, parse_spec(text)) for text in args.specs.split(",")]
         seqlens = tuple(int(s) for s in args.seqlens.split(","))
-    except (ValueError, json.JSONDecodeError) as exc:
+        before = load_before(Path(args.before), specs) if args.before else {}
+    except (ValueError, json.JSONDecodeError, OSError) as exc:
         print(f"bad input: {exc}", file=sys.stderr)
         return 2
 
@@ -163,12 +189,20 @@ def main(argv=None) -> int:
             record["kernels"][f"{label}/{role}"] = info
             print(f"{label} {role}: {gen.name} regs {res.registers} spills {res.spill_stores} "
                   f"verified={info.get('verified')} {info.get('reason') or ''}", flush=True)
-    if len(kernels) != sum(1 + len(per_spec[label]) for label, _ in specs):
+        if label in before:   # the earlier translator's kernel: through the same gate
+            name, cubin, meta = before[label]
+            report = verify(load_kernel(cubin, meta), spec)
+            record["kernels"][f"{label}/before"] = {"name": name, "verified": bool(report.passed),
+                                                    "reason": report.reason}
+            if report.passed:
+                kernels[(label, "before")] = load_kernel(cubin, meta)
+            print(f"{label} before: {name} verified={report.passed} {report.reason or ''}", flush=True)
+    if len(kernels) != sum(1 + len(per_spec[label]) + (label in before) for label, _ in specs):
         Path(args.out).write_text(json.dumps(record, indent=1, default=str))
         return 1
 
     for label, spec in specs:
-        roles = ["default", *per_spec[label]]
+        roles = ["default", *per_spec[label], *(["before"] if label in before else [])]
         for problem in grid_problems(spec.variant, spec.d_qk if spec.variant != "mla" else 192, "bf16", spec.causal,
                                      seqlens=seqlens):
             inputs = bench.make_inputs(problem, timing.rotate)
@@ -204,6 +238,8 @@ def main(argv=None) -> int:
           "ms, median [95%], * = above 1.001); cuDNN's and FA4's ms over each kernel's")
     for name, change in named.items():
         print(f"  {name}: {json.dumps(change)}")
+    if before:
+        print(f"  before: the kernels of {args.before}")
     print(f"{'spec':<9}{'seqlen':>7} {'change':<10}{'x default':<25}{'/cuDNN':>8}{'/FA4':>7}{'TFLOPS':>8}")
 
     def fmt(x):

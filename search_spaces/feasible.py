@@ -219,6 +219,9 @@ def layout_reasons(params, base: str, layout: str = "dense", page_size: int | No
                 f"the {layout} layout loads them with TMA"]
     if layout == "dense":
         return []
+    if params.pack_gqa:
+        return [f"pack_gqa packs a KV head's query heads into a dense tile's rows; the {layout} layout finds its "
+                "rows by sequence, one query head a tile"]
     from translate.defaults import CP_ASYNC_PRODUCER_REGS, SERVING_PRODUCER_REGS
 
     reasons = []

@@ -313,9 +313,9 @@ def test_the_best_median_ratio_wins_and_entries_merge_buckets_and_variants():
 def test_the_h100_table_is_what_its_records_give(capsys):
     bt = _table_script()
     files = sorted((RECORDS / "h100").glob("*.json"))
-    assert len(files) == 13
+    assert len(files) == 18
     assert bt.main([*map(str, files), "--check", "h100"]) == 0
-    assert "h100: matches the 13 records" in capsys.readouterr().out
+    assert "h100: matches the 18 records" in capsys.readouterr().out
     # one entry edited by hand, and the check names it
     table = bt.assignments(load_table("h100"))
     table[("mha", 64, True, "s4096")] = {"block_n": 112}
@@ -331,3 +331,34 @@ def test_bucket_table_refuses_a_record_of_the_old_single_change_form(tmp_path, c
     (tmp_path / "old.json").write_text(json.dumps({"change": {"block_n": 96}, "rows": []}))
     assert bt.main([str(tmp_path / "old.json")]) == 2
     assert "not a param_ab_check --changes record" in capsys.readouterr().err
+
+
+def test_an_earlier_translators_kernel_is_not_a_change_of_the_table():
+    """param_ab_check --before times the previous translator's kernel as 'before': a record keeps its verdicts,
+    and the table's rule leaves them out (it is no parameter change of the default)."""
+    bt = _table_script()
+    ch = {"pk": {"pack_gqa": True}}
+    rows = [("mqa64c", 512, {"pk": (1.30, True), "before": (1.05, True)})]
+    chosen, _ = bt.choose(bt.collect([_record(ch, rows), _record(ch, rows)]))
+    assert [e["change"] for e in bt.entries(chosen)] == [{"pack_gqa": True}]
+
+
+def test_param_ab_check_finds_each_specs_earlier_kernel_in_a_build_folder(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import param_ab_check as ab
+
+    specs = [("mqa64c", ab.parse_spec("mqa64c")), ("gqa128c", ab.parse_spec("gqa128c"))]
+    spec = {"variant": "mqa", "d_qk": 64, "d_v": 64, "causal": True, "dtype": "bf16", "layout": "dense",
+            "phase": "prefill"}
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "k1.json").write_text(json.dumps({"name": "k1", "spec": spec, "meta": {"m": 1}}))
+    (tmp_path / "a" / "k1.cubin").write_bytes(b"\0")
+    with pytest.raises(ValueError, match="no `tune build` output for gqa128c"):
+        ab.load_before(tmp_path, specs)
+    found = ab.load_before(tmp_path, specs[:1])
+    assert found["mqa64c"][0] == "k1" and found["mqa64c"][2] == {"m": 1}
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "k2.json").write_text(json.dumps({"name": "k2", "spec": spec, "meta": {}}))
+    (tmp_path / "b" / "k2.cubin").write_bytes(b"\0")
+    with pytest.raises(ValueError, match="two kernels for mqa64c"):
+        ab.load_before(tmp_path, specs[:1])

@@ -154,6 +154,40 @@ def test_an_abi_1_kernel_takes_only_its_compiled_scale(hopper_kernel, monkeypatc
         runtime.build_plan(old, q, q, q, None, 0.2)
 
 
+def _packed(kernel):
+    """The fixture's GQA kernel as if built with pack_gqa (its Q and O maps heads first)."""
+    maps = {t: dict(box, **({"heads_first": True} if t in "qo" else {})) for t, box in kernel.meta["tensor_maps"].items()}
+    return runtime.AttentionKernel(meta=dict(kernel.meta, tensor_maps=maps), device_index=0, _module=None,
+                                   _function=None, _sm_count=132)
+
+
+@pytest.mark.parametrize("grid", ["persistent", "tiles"])
+def test_a_packed_heads_plan_sizes_the_grid_by_kv_heads_and_maps_heads_first(hopper_kernel, monkeypatch, grid):
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
+    packed = _packed(hopper_kernel)
+    packed.meta["grid"] = grid
+    b, sq, hq, hkv = 3, 1000, 16, 2                      # group 8: a 128-row tile is 16 tokens of 8 heads
+    q = FakeTensor((b, sq, hq, 128), 0x1000_0000)
+    k = FakeTensor((b, 1200, hkv, 128), 0x2000_0000)
+    plan = runtime.build_plan(packed, q, k, k, None, None)
+    tiles = -(-sq // (packed.meta["block_m"] // 8)) * hkv * b
+    assert plan.grid == ((min(tiles, 132) if grid == "persistent" else tiles), 1, 1)
+    by_tensor = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
+    assert by_tensor["q"].box == (64, 8, packed.meta["block_m"] // 8, 1) and by_tensor["q"].dims == (128, hq, sq, b)
+    assert by_tensor["o"].box == (64, 8, 64 // 8, 1)
+    assert by_tensor["k"].box == (64, packed.meta["block_n"], 1, 1)   # K and V: one KV head a box, as always
+
+
+def test_a_packed_heads_kernel_refuses_a_group_that_does_not_divide_its_warpgroups_rows(hopper_kernel, monkeypatch):
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    packed = _packed(hopper_kernel)
+    q, k = FakeTensor((1, 64, 6, 128), 0x1000_0000), FakeTensor((1, 64, 2, 128), 0x2000_0000)
+    with pytest.raises(ValueError, match=r"group \(heads_q / heads_kv = 3\) must divide 64"):
+        runtime.build_plan(packed, q, k, k, None, None)
+    runtime.build_plan(hopper_kernel, q, k, k, None, None)   # the same call on the unpacked kernel
+
+
 def test_the_descriptor_address_offset_is_proven_not_assumed():
     spec = tma.tensor_map_spec(0x1000, (1, 64, 4, 128), (64 * 4 * 128, 4 * 128, 128, 1), 2, rows=64)
     assert tma.address_offset(spec, "bf16", encode=_fake_encoding) == 56

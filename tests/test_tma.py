@@ -28,3 +28,20 @@ def test_a_transposed_view_keeps_its_strides():
 def test_what_tma_cannot_address_is_refused_with_the_reason(address, shape, strides, rows, fragment):
     with pytest.raises(TensorMapError, match=fragment):
         tensor_map_spec(address, shape, strides, 2, rows)
+
+
+def test_a_packed_heads_map_puts_the_heads_first():
+    # pack_gqa: Q (b=2, s=1000, h=16, d=64); a box of 192 rows is the group's 8 heads x 24 tokens, heads fastest
+    spec = tensor_map_spec(0x10000, (2, 1000, 16, 64), (1000 * 16 * 64, 16 * 64, 64, 1), 2, rows=192, heads_per_box=8)
+    assert spec.dims == (64, 16, 1000, 2)                           # (dim, heads, seqlen, batch)
+    assert spec.strides_bytes == (64 * 2, 16 * 64 * 2, 1000 * 16 * 64 * 2)   # heads, seqlen, batch
+    assert spec.box == (64, 8, 24, 1)
+    plain = tensor_map_spec(0x10000, (2, 1000, 16, 64), (1000 * 16 * 64, 16 * 64, 64, 1), 2, rows=192)
+    assert plain.box == (64, 192, 1, 1) and plain.dims == (64, 1000, 16, 2)
+
+
+@pytest.mark.parametrize("shape,rows,heads", [((1, 64, 6, 64), 64, 3), ((1, 64, 12, 64), 64, 12)])
+def test_a_packed_box_holds_whole_tokens_of_whole_groups(shape, rows, heads):
+    b, s, h, d = shape
+    with pytest.raises(TensorMapError, match="whole tokens"):
+        tensor_map_spec(0x10000, shape, (s * h * d, h * d, d, 1), 2, rows=rows, heads_per_box=heads)

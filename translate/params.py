@@ -34,6 +34,10 @@ class KernelParams:
     # Packed sequences (varlen, paged): the persistent scheduler hands out the sequences with the most keys first
     # (attn_sm90.cuh order_sequences); False walks them in the order given (not in the repr, as above)
     longest_first: bool = field(default=True, repr=False)
+    # GQA/MQA, dense: the query heads of one KV head share a tile's rows (row = token x group + head; FA3/FA4's
+    # PackGQA), so a causal tile spans block_m / group tokens and wastes less of the diagonal; False: one query head
+    # a tile (not in the repr, as above)
+    pack_gqa: bool = field(default=False, repr=False)
 
     @property
     def num_threads(self) -> int:
@@ -69,6 +73,8 @@ class KernelParams:
             key += f"_rt{self.rescale_threshold}"
         if not self.longest_first:
             key += "_given"
+        if self.pack_gqa:
+            key += "_pk"
         return key
 
 
@@ -126,9 +132,9 @@ def validate(params: KernelParams, profile: Profile, problem: Problem,
         return validate_sm90(params, profile, problem, bool(warp_specialized))
     errors: list[str] = []
     if (params.pv_operand, params.pingpong, params.producer_regs, params.persistent,
-            params.rescale_threshold) != ("rs", False, 24, False, 0):
-        errors.append("pv_operand, pingpong, producer_regs, persistent and rescale_threshold apply to Hopper "
-                      "kernels (mma_atom SM90_GMMA) only")
+            params.rescale_threshold, params.pack_gqa) != ("rs", False, 24, False, 0, False):
+        errors.append("pv_operand, pingpong, producer_regs, persistent, pack_gqa and rescale_threshold apply to "
+                      "Hopper kernels (mma_atom SM90_GMMA) only")
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores (supports {', '.join(profile.dtypes)})")
     if params.g2s_atom == "SM90_TMA":

@@ -75,6 +75,24 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
     return (q + kv + p) * 2 + barriers
 
 
+# pack_gqa: a tile's rows are (token, query head) pairs of one KV head, heads fastest. Each consumer warpgroup stores
+# its 64 rows as one TMA box of (group heads x 64 / group tokens), so the group must divide 64.
+PACK_ROWS = 64
+
+
+def pack_gqa_reasons(params, problem: Problem) -> list[str]:
+    """Why this problem cannot take a kernel that packs the query heads of a KV head into its tile's rows."""
+    if not params.pack_gqa:
+        return []
+    if problem.group < 2:
+        return [f"pack_gqa packs the query heads that share a KV head into a tile's rows; {problem.variant} has "
+                f"group {problem.group} (GQA or MQA only)"]
+    if PACK_ROWS % problem.group:
+        return [f"pack_gqa: group {problem.group} (heads_q {problem.heads_q} / heads_kv {problem.heads_kv}) must "
+                f"divide {PACK_ROWS}: a consumer warpgroup's {PACK_ROWS} rows are whole tokens of the group's heads"]
+    return []
+
+
 # The softmax's conditional rescale (attn_sm90.cuh softmax_tile): 0 = every tile; FA4 keeps a row's max until it
 # grows by 8 log2 units (P <= 256).
 RESCALE_THRESHOLDS = (0, 2, 4, 8)
@@ -126,14 +144,15 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
             errors.append(f"producer_regs must be one of {PRODUCER_REGS}, got {params.producer_regs}")
         if params.pingpong and params.block_m < 128:
             errors.append("ping-pong takes turns between two or three consumer warpgroups: block_m 128 or 192")
+        errors += pack_gqa_reasons(params, problem)
         budget = consumer_registers(params)
         where = f"the consumers' {budget} (setmaxnreg after the producer keeps {params.producer_regs})"
     else:
         if params.g2s_atom not in ("SM80_CP_ASYNC_CACHEGLOBAL", "SM80_CP_ASYNC_CACHEALWAYS"):
             errors.append(f"g2s_atom {params.g2s_atom}: without warpgroup roles every warpgroup loads with cp.async "
                           "(TMA loads come with the warp-specialised producer)")
-        if params.pingpong or params.producer_regs != 24 or params.persistent:
-            errors.append("pingpong, producer_regs and persistent apply to warp-specialised sketches "
+        if params.pingpong or params.producer_regs != 24 or params.persistent or params.pack_gqa:
+            errors.append("pingpong, producer_regs, persistent and pack_gqa apply to warp-specialised sketches "
                           "(warpgroup roles) only")
         # Every warpgroup copies with cp.async: a step covers threads / copy_row_threads rows, which must
         # divide the tiles (else the last step writes past the tile: the H100 campaign of 2026-11-23 saw

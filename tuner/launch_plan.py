@@ -118,10 +118,31 @@ def _check_out(out, out_shape, dtype, device) -> None:
         _check_layout("out", out)
 
 
-def _grid(kernel, batch: int, heads_q: int, seqlen_q: int) -> tuple:
+# A packed-heads kernel's consumer warpgroup holds 64 rows, whole tokens of the group (translate/params_sm90.py
+# PACK_ROWS; the runtime does not import the translator).
+PACK_ROWS = 64
+
+
+def packed_heads(meta: dict) -> bool:
+    """The kernel packs the query heads of a KV head into its tiles' rows (pack_gqa: its Q map is heads first)."""
+    return bool(meta.get("tensor_maps", {}).get("q", {}).get("heads_first"))
+
+
+def pack_refusal(meta: dict, group: int) -> str | None:
+    """Why a packed-heads kernel cannot take a call with this group (None: it can)."""
+    if packed_heads(meta) and PACK_ROWS % group:
+        return (f"this kernel packs the query heads of a KV head into its rows (pack_gqa): the group "
+                f"(heads_q / heads_kv = {group}) must divide {PACK_ROWS}")
+    return None
+
+
+def _grid(kernel, batch: int, heads_q: int, seqlen_q: int, group: int = 1) -> tuple:
     block_m = int(kernel.meta["block_m"])
     m_blocks = (seqlen_q + block_m - 1) // block_m
     grid_kind = kernel.meta.get("grid")
+    if packed_heads(kernel.meta):   # a tile: block_m / group tokens of the group's heads, one per KV head
+        tokens = block_m // group
+        m_blocks, heads_q = (seqlen_q + tokens - 1) // tokens, heads_q // group
     if grid_kind in ("tiles", "persistent"):
         tiles = m_blocks * heads_q * batch
         return (min(tiles, kernel._sm_count) if grid_kind == "persistent" else tiles, 1, 1)
@@ -146,10 +167,14 @@ def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
     _, sk, hkv, _ = k.shape
     out_shape = (b, sq, hq, spec["d_v"])
     _check_out(out, out_shape, dtype, q.device)
+    refusal = pack_refusal(kernel.meta, hq // hkv)
+    if refusal:
+        raise ValueError(f"{kernel.name}: {refusal}")
     values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
               "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E}
     probe_out = out if out is not None else _ContiguousShape(out_shape, q.element_size())
-    return _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq), out_shape)
+    return _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq, hq // hkv),
+                      out_shape)
 
 
 VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")   # written per call, like the data pointers
@@ -276,7 +301,8 @@ def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tupl
     for name, kind in args:
         at = offsets[name]
         if kind.startswith("tensormap:"):
-            maps.append(_first_map(kernel.meta, params, at, kind.split(":", 1)[1], tensors, boxes))
+            maps.append(_first_map(kernel.meta, params, at, kind.split(":", 1)[1], tensors, boxes,
+                                   int(values.get("group", 1))))
         elif name not in ("q", "k", "v", "o", "tile_counter") and name not in dynamic:
             if name not in values:
                 raise PlanError(f"{kernel.name} takes an argument {name!r} this runtime does not know")
@@ -294,13 +320,13 @@ def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tupl
                       lock=threading.Lock(), dynamic_offsets=tuple(offsets[name] for name in dynamic))
 
 
-def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: dict) -> "MapSlot":
+def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: dict, group: int = 1) -> "MapSlot":
     from tuner import tma
 
     t = tensors[tensor]
     try:
         spec = tma.tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(),
-                                   int(boxes[tensor]["rows"]))
+                                   int(boxes[tensor]["rows"]), group if boxes[tensor].get("heads_first") else 0)
     except tma.TensorMapError as exc:
         raise ValueError(f"{tensor}: {exc}") from None
     dtype = meta["spec"]["dtype"]

@@ -29,18 +29,25 @@ class TensorMapError(ValueError):
 
 @dataclass(frozen=True)
 class TensorMapSpec:
-    dims: tuple[int, int, int, int]          # (dim, seqlen, heads, batch)
-    strides_bytes: tuple[int, int, int]      # of seqlen, heads, batch
-    box: tuple[int, int, int, int]           # (64, rows, 1, 1)
+    dims: tuple[int, int, int, int]          # (dim, seqlen, heads, batch); heads first: (dim, heads, seqlen, batch)
+    strides_bytes: tuple[int, int, int]      # of seqlen, heads, batch (heads first: heads, seqlen, batch)
+    box: tuple[int, int, int, int]           # (64, rows, 1, 1); heads first: (64, heads, rows / heads, 1)
     element_bytes: int
     address: int
 
 
-def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int) -> TensorMapSpec:
-    """The map of a (batch, seqlen, heads, dim) tensor with element ``strides`` (dim contiguous)."""
+def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int,
+                    heads_per_box: int = 0) -> TensorMapSpec:
+    """The map of a (batch, seqlen, heads, dim) tensor with element ``strides`` (dim contiguous).
+    ``heads_per_box`` > 0 (a kernel that packs the query heads of a KV head into its rows): the map is
+    (dim, heads, seqlen, batch) and a box of ``rows`` rows is heads_per_box heads x rows / heads_per_box
+    tokens, heads fastest, landing as rows x 128 bytes like any box."""
     b, s, h, d = (int(x) for x in shape)
     sb, ss, sh, sd = (int(x) for x in strides)
     problems = []
+    if heads_per_box and (rows % heads_per_box or h % heads_per_box):
+        problems.append(f"a box of {rows} rows cannot hold whole tokens of {heads_per_box} heads each "
+                        f"(of the tensor's {h})")
     if sd != 1:
         problems.append(f"the head dim must be contiguous (stride 1), got {sd}")
     if d % BOX_COLUMNS:
@@ -55,6 +62,9 @@ def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int)
             problems.append(f"the {name} stride ({value} bytes) must be a positive multiple of 16 below 2^40")
     if problems:
         raise TensorMapError("; ".join(problems))
+    if heads_per_box:
+        return TensorMapSpec((d, h, s, b), (strides_bytes[1], strides_bytes[0], strides_bytes[2]),
+                             (BOX_COLUMNS, heads_per_box, rows // heads_per_box, 1), element_bytes, int(address))
     return TensorMapSpec((d, s, h, b), strides_bytes, (BOX_COLUMNS, rows, 1, 1), element_bytes, int(address))
 
 

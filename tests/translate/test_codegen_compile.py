@@ -64,14 +64,16 @@ def test_sm75_build_uses_turing_mma_without_cp_async():
     assert counts.get("HMMA", 0) > 0 and counts.get("LDGSTS", 0) == 0, sass
 
 
-def _build_hopper(spec: KernelSpec, schedule: str):
+def _build_hopper(spec: KernelSpec, schedule: str, **changes):
     from translate.defaults import hopper_params
+    from translate.params import KernelParams
 
     _need_toolchain()
     profile = load_profile("h100")
     ws = schedule.startswith("ws_")
     program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, schedule))
-    gen = translate.generate(program, hopper_params(profile, spec, warp_specialized=ws), profile, spec)
+    params = KernelParams.from_dict({**hopper_params(profile, spec, warp_specialized=ws).to_dict(), **changes})
+    gen = translate.generate(program, params, profile, spec)
     result = nvcc.compile_kernel(gen, profile.nvcc_arch, timeout=600)
     assert result.ok, result.log[-3000:]
     # ptxas says when it serialises wgmma (C7510) or ignores setmaxnreg (C7508): both cost the schedule
@@ -88,6 +90,16 @@ def test_warp_specialised_hopper_kernel_uses_wgmma_tma_and_register_reallocation
     assert counts["HGMMA"] == 32 and counts["HMMA"] == 0, counts      # 4 GEMM statements x 8 k-blocks of 16
     assert counts["UTMALDG"] > 0 and counts["UTMASTG"] > 0 and counts["USETMAXREG"] > 0, counts
     assert counts["LDGSTS"] == 0 and counts["LDSM"] == 0, counts
+
+
+def test_a_packed_heads_kernel_keeps_the_gemms_and_tma_of_its_unpacked_twin():
+    """pack_gqa changes only coordinates, the tile count and the mask's row -> token: the same 32 wgmma, TMA loads
+    and stores, no spill and no serialised wgmma (_build_hopper checks the last two)."""
+    gen, result = _build_hopper(KernelSpec("gqa", 128, 128, True, "bf16"), "ws_overlap", pack_gqa=True)
+    counts = _sass(result, gen.name)
+    if counts is None:
+        pytest.skip("cuobjdump not installed")
+    assert counts["HGMMA"] == 32 and counts["UTMALDG"] > 0 and counts["UTMASTG"] > 0, counts
 
 
 def test_plain_hopper_kernel_uses_wgmma_with_cp_async():

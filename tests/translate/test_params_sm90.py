@@ -1,4 +1,6 @@
 """Hopper parameter validation: pure, before any compile, every reason stated."""
+import re
+
 import pytest
 
 from hardware_profiles import load_profile
@@ -116,3 +118,29 @@ def test_the_conditional_rescale_is_a_hopper_knob_with_legal_thresholds():
     assert any("rescale_threshold apply to Hopper kernels" in e for e in validate(fa2, H100, problem()))
     assert KernelParams(rescale_threshold=8).key().endswith("_rt8") and "_rt" not in KernelParams().key()
     assert "rescale_threshold" not in repr(KernelParams())
+
+
+@pytest.mark.parametrize("variant,hq,hkv,fragment", [
+    ("mha", 16, 16, "GQA or MQA only"),
+    ("gqa", 12, 4, "group 3 .* must divide 64"),
+    ("mqa", 96, 1, "group 96 .* must divide 64"),
+])
+def test_packed_heads_need_a_group_that_divides_a_warpgroups_rows(variant, hq, hkv, fragment):
+    p = Problem(variant, 1, hq, hkv, 1024, 1024, 128, 128, True, "bf16")
+    errors = validate(ws(pack_gqa=True), H100, p, warp_specialized=True)
+    assert len(errors) == 1 and re.search(fragment, errors[0]), errors
+
+
+@pytest.mark.parametrize("hq,hkv", [(16, 2), (16, 1), (32, 8), (64, 1), (8, 4)])
+def test_packed_heads_are_legal_for_groups_dividing_64(hq, hkv):
+    p = Problem("mqa" if hkv == 1 else "gqa", 1, hq, hkv, 1024, 1024, 128, 128, True, "bf16")
+    assert validate(ws(pack_gqa=True), H100, p, warp_specialized=True) == []
+
+
+def test_packed_heads_belong_to_the_warp_specialised_hopper_kernels():
+    p = Problem("gqa", 1, 16, 2, 1024, 1024, 128, 128, True, "bf16")
+    plain = KernelParams(block_m=128, block_n=128, num_warps=8, mma_atom="SM90_GMMA", pack_gqa=True)
+    assert any("pack_gqa apply to warp-specialised" in e for e in validate(plain, H100, p, warp_specialized=False))
+    sm80 = KernelParams(block_m=128, block_n=64, num_warps=4, pack_gqa=True)
+    assert any("pack_gqa and rescale_threshold apply to Hopper" in e for e in validate(sm80, A100, p))
+    assert ws(pack_gqa=True).key().endswith("_pk") and not ws().key().endswith("_pk")

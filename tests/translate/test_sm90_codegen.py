@@ -211,3 +211,34 @@ def test_packed_kernels_hand_out_the_sequences_with_most_keys_first(layout):
     assert given.name == ordered.name.replace("_ws", "_given_ws")
     dense = ws(KernelSpec("gqa", 128, 128, True, "bf16"))
     assert "order_sequences" not in dense.body
+
+
+def test_packed_heads_walk_kv_heads_and_find_a_rows_token_and_head():
+    """pack_gqa: a tile is (query block, KV head, batch) of block_m / group tokens x the group's heads, heads
+    fastest; Q and O move as heads-first boxes, the causal mask and the diagonal's tile count go by tokens, and a
+    tile with no visible key zeroes each row of its own head. Without it the source is exactly as before."""
+    spec = KernelSpec("gqa", 128, 128, True, "bf16")
+    packed, plain = ws(spec, pack_gqa=True), ws(spec)
+    src = packed.source
+    assert "const int num_tiles = m_blocks * heads_kv * batch;" in src
+    assert "const int m_blocks = (seqlen_q + tile_tokens - 1) / tile_tokens;" in src
+    assert "tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, bidh * group, m_block * tile_tokens, bidb)" in src
+    assert "smem_o + wg * 64 * 64, bidh * group, m_block * tile_tokens + wg * (64 / group), bidb)" in src
+    assert "apply_mask_packed<kCausal>(acc_S, tScS, m_block * kBlockM" in src and "apply_mask<" not in src
+    assert "((m_block + 1) * tile_tokens + causal_offset + kBlockN - 1) / kBlockN" in src
+    assert "n_tiles - min(n_tiles, max(0, (m_block * tile_tokens + causal_offset) / kBlockN))" in src
+    assert "const int head = bidh * group + (idx / row_chunks) % group;" in src
+    assert packed.meta()["tensor_maps"]["q"]["heads_first"] and packed.meta()["tensor_maps"]["o"]["heads_first"]
+    assert "heads_first" not in packed.meta()["tensor_maps"]["k"]
+    assert "tile_tokens" not in plain.source and "heads_first" not in plain.meta()["tensor_maps"]["q"]
+    assert "n_tiles - min(n_tiles, max(0, (m_block * kBlockM + causal_offset) / kBlockN))" in plain.source
+    assert packed.name == plain.name.replace("_ws", "_pk_ws")
+
+
+@pytest.mark.parametrize("spec,fragment", [
+    (KernelSpec("gqa", 128, 128, True, "bf16", "varlen"), "the varlen layout finds its rows by sequence"),
+    (KernelSpec("mha", 128, 128, True, "bf16"), "mha has group 1 \\(GQA or MQA only\\)"),
+])
+def test_packed_heads_are_refused_where_a_tile_holds_one_query_head(spec, fragment):
+    with pytest.raises(translate.TranslationError, match=fragment):
+        _packed(spec, pack_gqa=True)

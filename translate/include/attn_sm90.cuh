@@ -131,6 +131,23 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
   }
 }
 
+// The mask of a tile whose rows are (token, query head) pairs of one KV head, heads fastest (pack_gqa): row r of
+// the tile is token (row0 + r) / pack. Per row, not per element: one division for each of a thread's rows.
+template <bool kCausal, typename TS, typename TC>
+__forceinline__ __device__ void apply_mask_packed(TS& acc_s, TC const& coord, int row0, int col0, int seqlen_k,
+                                                  int causal_offset, int pack) {
+  Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+  Tensor c = make_tensor(coord.data(), rowcol_layout(coord.layout()));
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const int last_key = kCausal ? min(seqlen_k - 1, (row0 + get<0>(c(mi, 0))) / pack + causal_offset) : seqlen_k - 1;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      if (col0 + get<1>(c(mi, ni)) > last_key) { s(mi, ni) = -INFINITY; }
+    }
+  }
+}
+
 // Second half: the output accumulator's rows times their factors. kSkipUnit (with softmax_tile's threshold):
 // a warp none of whose rows moved its max skips the multiply (one vote instead of a multiply per element).
 template <bool kSkipUnit = false, typename TO, typename TScale>

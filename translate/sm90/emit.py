@@ -40,6 +40,7 @@ class Ctx:
     varlen: bool = False                     # packed sequences (tl/layout.py): rows found by cu_seqlens
     paged: bool = False                      # keys and values through a page table (tl/layout.py)
     kv_cp_async: bool = False                # K/V copied by the producer warpgroup's threads (else one thread's TMA)
+    pack: bool = False                       # pack_gqa: a tile's rows are (token, query head) of one KV head
     loop_vars: list = field(default_factory=list)
     gemm_names: dict = field(default_factory=dict)
 
@@ -75,9 +76,11 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     q_row, k_row = ("q_row0 + m_block * kBlockM", "k_row0 + n_block * kBlockN") if ctx.varlen else \
         ("m_block * kBlockM", "n_block * kBlockN")
     if role == "q":
+        # packed heads: Q's map is (d, heads, seqlen, batch) and its box the group's heads x the tile's tokens
+        at = "bidh * group, m_block * tile_tokens, bidb" if ctx.pack else f"{q_row}, bidh, bidb"
         lines = ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
-                 f"attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, {q_row}, "
-                 "bidh, bidb);"]
+                 f"attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, {at});"
+                 + ("  // heads fastest" if ctx.pack else "")]
         if ctx.kv_cp_async:   # the whole warpgroup runs the producer: Q is still one thread's TMA
             return ["if (tidx == 0) {  // one thread loads Q"] + _indent(lines) + ["}"]
         return lines
@@ -161,6 +164,11 @@ def emit_gemm(op: Op, ctx: Ctx) -> list[str]:
 def emit_mask(op: Op, ctx: Ctx) -> list[str]:
     t = op.data["target"]
     causal = "kCausal" if op.data["causal"] else "false"
+    if ctx.pack:   # a row's token is its tile row / group (rows are token x group + head)
+        return [f"if (tile_{t} < n_masked) {{  // the diagonal / ragged tiles come first",
+                f"{INDENT}attn_sm90::apply_mask_packed<{causal}>(acc_{t}, tScS, m_block * kBlockM, "
+                f"(n_tiles - 1 - tile_{t}) * kBlockN, seqlen_k, causal_offset, group);",
+                "}"]
     return [f"if (tile_{t} < n_masked) {{  // the diagonal / ragged tiles come first",
             f"{INDENT}attn_tl::apply_mask<{causal}>(acc_{t}, tScS, m_block * kBlockM, "
             f"(n_tiles - 1 - tile_{t}) * kBlockN, seqlen_k, causal_offset);",
@@ -204,6 +212,9 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
     if ctx.varlen:
         return _store_o_varlen(op, ctx)
     acc = op.data["src"]
+    # packed heads: O's map is (d, heads, seqlen, batch); a warpgroup's 64 rows are 64 / group tokens of the group
+    at = ("bidh * group, m_block * tile_tokens + wg * (64 / group), bidb" if ctx.pack
+          else "m_block * kBlockM + wg * 64, bidh, bidb")
     release_q = ["if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
                  "  // Q's buffer to the producer (next tile)"]
     lines = ["{  // registers -> shared (stmatrix) -> TMA store of this warpgroup's rows (rows past seqlen_q are clipped)"]
@@ -219,8 +230,7 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
         "cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
         f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
         "if (mma_tidx % 128 == 0) {",
-        f"{INDENT}attn_sm90::tma_store_rows<kHeadDimV / 64, kBlockM>(&tma_o, smem_o + wg * 64 * 64, "
-        "m_block * kBlockM + wg * 64, bidh, bidb);",
+        f"{INDENT}attn_sm90::tma_store_rows<kHeadDimV / 64, kBlockM>(&tma_o, smem_o + wg * 64 * 64, {at});",
     ])
     if not ctx.separate_o:   # O sits in Q's tile: Q goes back only once the store has read it
         lines += _indent([f"{INDENT}tma_store_wait<0>();", "}"] + release_q)
@@ -487,16 +497,29 @@ def kernel_signature(name: str, varlen: bool = False, paged: bool = False) -> li
     return base.kernel_signature(name, args)
 
 
-def kernel_setup(params) -> list[str]:
+def tile_grid(pack: bool = False) -> list[str]:
+    """The tile count. Packed heads (pack_gqa): a tile is (query block, KV head, batch) and holds block_m / group
+    tokens of each of the group's query heads (the host checks that the group divides 64)."""
+    if not pack:
+        return ["const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;",
+                "const int num_tiles = m_blocks * heads_q * batch;  // (query block, head, batch); gridDim.x CTAs walk them",
+                "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, group, "
+                "heads_q * batch);"]
+    return ["const int tile_tokens = kBlockM / group;  // packed heads: row = token x group + query head of the group",
+            "const int heads_kv = heads_q / group;",
+            "const int m_blocks = (seqlen_q + tile_tokens - 1) / tile_tokens;",
+            "const int num_tiles = m_blocks * heads_kv * batch;  // (query block, KV head, batch); gridDim.x CTAs walk them",
+            "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, 1, heads_kv * batch);"]
+
+
+def kernel_setup(params, pack: bool = False) -> list[str]:
     """What every thread does once: the tile count, the shared-memory plan and the mbarriers."""
     kv_arrivals = "kKVFullArrivals" if kv_cp_async(params) else "1"   # (a TMA kernel's source as it always was)
     return [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
         *base.scale_setup(),
-        "const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;",
-        "const int num_tiles = m_blocks * heads_q * batch;  // (query block, head, batch); gridDim.x CTAs walk them",
-        "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, group, heads_q * batch);",
+        *tile_grid(pack),
         "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right: row r sees key c iff c <= r + offset",
         "",
         "// shared-memory plan: Q | K stages | V stages | P (SS only) | O (when it fits) | mbarriers",
@@ -527,7 +550,7 @@ def kernel_setup(params) -> list[str]:
     ]
 
 
-def tile_setup(varlen: bool = False, source: str = "") -> list[str]:
+def tile_setup(varlen: bool = False, source: str = "", pack: bool = False) -> list[str]:
     """The start of one tile, the same in both roles: its coordinates and the KV tiles it visits. Varlen:
     the sequence's lengths and first rows from ``source`` (an attn_sm90::VarlenTile), which shadow the
     kernel's arguments for this tile (those carry the longest sequence's)."""
@@ -536,6 +559,14 @@ def tile_setup(varlen: bool = False, source: str = "") -> list[str]:
                   f"const int seqlen_q = {source}.seqlen_q, seqlen_k = {source}.seqlen_k;  // this sequence's",
                   f"const int q_row0 = {source}.q_row0, k_row0 = {source}.k_row0;  // its first rows in the packed tensors",
                   "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right within the sequence"]
+    elif pack:   # bidh is the KV head; its query heads are bidh * group + (row % group)
+        return ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_kv, section_heads, "
+                "heads_kv * batch, kCausal);",
+                "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;",
+                "const int bidh_kv = bidh;  // packed heads: the tile's head is the KV head",
+                "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
+                "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * tile_tokens + causal_offset + kBlockN - 1) "
+                "/ kBlockN); }"]
     else:
         coords = ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_q, section_heads, "
                   "heads_q * batch, kCausal);",
@@ -547,6 +578,17 @@ def tile_setup(varlen: bool = False, source: str = "") -> list[str]:
     ]
 
 
+def tile_masking(pack: bool = False) -> list[str]:
+    """Which K tiles of this query tile need the mask (dense layout; iteration order: the last K tile first):
+    causal, those from the first holding a key past the tile's first row's diagonal; and a ragged last K tile.
+    Counted per tile: a bound from the tile's height alone masked one tile too many at 192 x 128 and 192 x 96
+    (d64), and up to two with packed heads."""
+    first_row = "m_block * tile_tokens" if pack else "m_block * kBlockM"
+    return [
+        f"int n_masked = kCausal ? n_tiles - min(n_tiles, max(0, ({first_row} + causal_offset) / kBlockN)) : 0;",
+        "if (n_tiles * kBlockN > seqlen_k) { n_masked = max(n_masked, 1); }  // the ragged last K tile"]
+
+
 def varlen_masking() -> list[str]:
     """Which K tiles need the mask depends on the lengths: per tile for packed sequences (consumer_setup
     computes it once for the dense layout)."""
@@ -556,18 +598,25 @@ def varlen_masking() -> list[str]:
             ": (seqlen_k % kBlockN != 0 ? 1 : 0);"]
 
 
-def zero_tile(varlen: bool = False) -> list[str]:
+def zero_tile(varlen: bool = False, pack: bool = False) -> list[str]:
     """Causal with seqlen_q > seqlen_k (or no key at all): a query tile that sees no key writes zeros
     (consumer threads)."""
     base_row = "(int64_t(q_row0) + row) * o_row_stride" if varlen else "bidb * o_batch_stride + row * o_row_stride"
+    if pack:   # tile row r is token r / group of query head bidh * group + r % group
+        rows = ["    const int row = m_block * tile_tokens + idx / row_chunks / group;",
+                "    const int head = bidh * group + (idx / row_chunks) % group;"]
+        head = "head"
+    else:
+        rows = ["    const int row = m_block * kBlockM + idx / row_chunks;"]
+        head = "bidh"
     return [
         "if (n_tiles <= 0) {  // no key is visible to any row of this query tile -> O rows are 0",
         "  const int row_chunks = kHeadDimV / 8;",
         "  for (int idx = mma_tidx; idx < kBlockM * row_chunks; idx += kConsumerThreads) {",
-        "    const int row = m_block * kBlockM + idx / row_chunks;",
+        *rows,
         "    if (row < seqlen_q) {",
         f"      *reinterpret_cast<cute::uint128_t*>(o_ptr + {base_row} + "
-        "bidh * o_head_stride + (idx % row_chunks) * 8) = cute::uint128_t(0, 0);",
+        f"{head} * o_head_stride + (idx % row_chunks) * 8) = cute::uint128_t(0, 0);",
         "    }",
         "  }",
         "  if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }  // the slot goes back",
@@ -590,12 +639,6 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
         gmma_operand_line("tSrK", "smem_k", gmma_operand("k", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
         gmma_operand_line("tOrV", "smem_v", gmma_operand("v", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
         "Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));  // (row, col)",
-        "const bool tile_aligned = seqlen_k % kBlockN == 0 && (seqlen_k - seqlen_q) % kBlockN == 0 "
-        "&& kBlockM % kBlockN == 0;",
-        "// tiles that need the mask come first: causal, the diagonal spans ceil(BM/BN) tiles (one more when it",
-        "// is not tile-aligned); non-causal, only a ragged last K tile",
-        "const int n_masked = kCausal ? (kBlockM + kBlockN - 1) / kBlockN + (tile_aligned ? 0 : 1) "
-        ": (seqlen_k % kBlockN != 0 ? 1 : 0);",
         "int k_read = 0, v_read = 0;  // tiles taken from each ring so far (across this CTA's tiles)",
         "const bool never = seqlen_k < 0;  // false, unknown to the compiler: see attn_sm90::ordering_point",
     ]

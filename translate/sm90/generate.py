@@ -62,9 +62,16 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         raise TranslationError(f"g2s_atom {params.g2s_atom}: the warp-specialised producer copies K/V with cp.async "
                                f"only from a paged cache (layout paged); the {spec.layout} layout loads them with TMA "
                                "(g2s_atom SM90_TMA)")
+    pack = bool(params.pack_gqa)
+    if pack and spec.layout != "dense":
+        raise TranslationError(f"pack_gqa packs the query heads of a KV head into the rows of a dense tile; the "
+                               f"{spec.layout} layout finds its rows by sequence (one query head a tile)")
+    if pack and spec.variant not in ("gqa", "mqa"):
+        raise TranslationError(f"pack_gqa packs the query heads that share a KV head: a GQA or MQA kernel, not "
+                               f"{spec.variant}")
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
                  buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen, paged=paged,
-                 kv_cp_async=cp_async)
+                 kv_cp_async=cp_async, pack=pack)
     # the sketch is part of the kernel: two schedules with the same parameters are two kernels
     name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash(program)}"
 
@@ -114,7 +121,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         hand_out = [
             f"{I}*tile_slot = tile;",
             f"{I}if (tile >= num_tiles) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more: tell them",
-            *em._indent(em.tile_setup(), 1)]
+            *em._indent(em.tile_setup(pack=pack), 1)]
     producer = [
         "int tile = blockIdx.x;",
         *(["attn_sm90::VarlenCursor cursor;  // the sequence this CTA's tiles have reached"] if varlen else []),
@@ -140,7 +147,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     else:
         take = [f"{I}const int tile = *tile_slot;",
                 f"{I}if (tile >= num_tiles) {{ break; }}",
-                *em._indent(em.tile_setup() + em.zero_tile())]
+                *em._indent(em.tile_setup(pack=pack) + em.tile_masking(pack) + em.zero_tile(pack=pack))]
     consumer_loop = [
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_full, q_iter & 1);  // this tile's number (and its Q) arrived",
@@ -170,13 +177,14 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     ]
     header = [f"// kernel {name}", f"// spec: {spec}", f"// params: {params}",
               f"// target: {profile.name} ({profile.nvcc_arch}); warp-specialised, {wgs} consumer warpgroup(s), "
-              f"{lowered.stages} stage(s), P·V {params.pv_operand.upper()}" + (", ping-pong" if pingpong else ""),
+              f"{lowered.stages} stage(s), P·V {params.pv_operand.upper()}" + (", ping-pong" if pingpong else "")
+              + (", query heads packed" if pack else ""),
               "// TL program:"]
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
     body_lines = header + em.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
     body_lines += em.kernel_signature(name, varlen, paged)
-    setup = em.kernel_setup(params)
+    setup = em.kernel_setup(params, pack)
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
     if cp_async:   # after the VarlenTile (7 ints from tile_slot + 2), within smem_bytes_ws's 48 bytes
@@ -218,9 +226,12 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = F
 
 def tensor_map_boxes(params, spec) -> dict:
     """What the host encodes per tensor (runtime.py): a 4-D map (head dim, seqlen, heads, batch) of the
-    (batch, seqlen, heads, dim) tensor, 128-byte swizzle, a box of 64 columns x ``rows``."""
-    return {"q": {"rows": params.block_m, "dim": "d_qk"}, "k": {"rows": params.block_n, "dim": "d_qk"},
-            "v": {"rows": params.block_n, "dim": "d_v"}, "o": {"rows": 64, "dim": "d_v"}}
+    (batch, seqlen, heads, dim) tensor, 128-byte swizzle, a box of 64 columns x ``rows``. ``heads_first``
+    (pack_gqa's Q and O): the map is (head dim, heads, seqlen, batch) and the box's ``rows`` are the group's
+    heads x rows / group tokens, heads fastest (the group is the call's: tuner/tma.py)."""
+    packed = {"heads_first": True} if params.pack_gqa else {}
+    return {"q": {"rows": params.block_m, "dim": "d_qk", **packed}, "k": {"rows": params.block_n, "dim": "d_qk"},
+            "v": {"rows": params.block_n, "dim": "d_v"}, "o": {"rows": 64, "dim": "d_v", **packed}}
 
 
 def _program_lines(stmts, depth: int = 0) -> list[str]:
