@@ -15,6 +15,7 @@ from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.params_sm90 import kv_cp_async
 from translate.sm90 import emit as em
+from translate.sm90 import tiles
 from translate.sm90.ir import Op
 from translate.sm90.lower import WsLowering, stmt_text
 from translate.sm90.preamble import HOPPER_PREAMBLE
@@ -114,14 +115,14 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
             f"{I}{one}{{ *tile_slot = tile; *tile_info = vt; }}" if cp_async else f"{I}*tile_slot = tile;",
             *([] if cp_async else [f"{I}*tile_info = vt;"]),
             f"{I}if (tile == attn_sm90::kNoTile) {{ {one}attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
-            *em._indent(em.tile_setup(True, "vt"), 1),
+            *em._indent(tiles.tile_setup(True, "vt"), 1),
             *([f"{I}const int* pages = page_table + vt.seq * page_table_stride;  // the sequence's pages"]
               if paged else [])]
     else:
         hand_out = [
             f"{I}*tile_slot = tile;",
             f"{I}if (tile >= num_tiles) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more: tell them",
-            *em._indent(em.tile_setup(pack=pack), 1)]
+            *em._indent(tiles.tile_setup(pack=pack), 1)]
     producer = [
         "int tile = blockIdx.x;",
         *(["attn_sm90::VarlenCursor cursor;  // the sequence this CTA's tiles have reached"] if varlen else []),
@@ -143,11 +144,11 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         # 168 registers after setmaxnreg (344 bytes of spills; nvcc 13.0, checked in tests/translate)
         take = [f"{I}if (*tile_slot >= num_tiles) {{ break; }}  // kNoTile: no tile left",
                 f"{I}const attn_sm90::VarlenTile vt = *tile_info;  // the sequence's lengths, from the producer",
-                *em._indent(em.tile_setup(True, "vt") + em.varlen_masking() + em.zero_tile(True))]
+                *em._indent(tiles.tile_setup(True, "vt") + tiles.varlen_masking() + tiles.zero_tile(True))]
     else:
         take = [f"{I}const int tile = *tile_slot;",
                 f"{I}if (tile >= num_tiles) {{ break; }}",
-                *em._indent(em.tile_setup(pack=pack) + em.tile_masking(pack) + em.zero_tile(pack=pack))]
+                *em._indent(tiles.tile_setup(pack=pack) + tiles.tile_masking(pack) + tiles.zero_tile(pack=pack))]
     consumer_loop = [
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_full, q_iter & 1);  // this tile's number (and its Q) arrived",

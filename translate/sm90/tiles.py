@@ -1,0 +1,96 @@
+"""The tile walk of the warp-specialised Hopper kernel, the same in both roles: how many tiles a launch has,
+a tile's coordinates and the K tiles it visits, which of those need the mask, and the zeros of a tile that sees
+no key. Dense tiles are (query block, head, batch), or (query block, KV head, batch) with packed query heads
+(pack_gqa: rows are token x group + head); varlen tiles come from the producer's sequence walk."""
+from __future__ import annotations
+
+
+def tile_grid(pack: bool = False) -> list[str]:
+    """The tile count. Packed heads (pack_gqa): a tile is (query block, KV head, batch) and holds block_m / group
+    tokens of each of the group's query heads (the host checks that the group divides 64)."""
+    if not pack:
+        return ["const int m_blocks = (seqlen_q + kBlockM - 1) / kBlockM;",
+                "const int num_tiles = m_blocks * heads_q * batch;  // (query block, head, batch); gridDim.x CTAs walk them",
+                "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, group, "
+                "heads_q * batch);"]
+    return ["const int tile_tokens = kBlockM / group;  // packed heads: row = token x group + query head of the group",
+            "const int heads_kv = heads_q / group;",
+            "const int m_blocks = (seqlen_q + tile_tokens - 1) / tile_tokens;",
+            "const int num_tiles = m_blocks * heads_kv * batch;  // (query block, KV head, batch); gridDim.x CTAs walk them",
+            "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, 1, heads_kv * batch);"]
+
+
+def tile_setup(varlen: bool = False, source: str = "", pack: bool = False) -> list[str]:
+    """The start of one tile, the same in both roles: its coordinates and the KV tiles it visits. Varlen:
+    the sequence's lengths and first rows from ``source`` (an attn_sm90::VarlenTile), which shadow the
+    kernel's arguments for this tile (those carry the longest sequence's)."""
+    if varlen:
+        coords = [f"const int m_block = {source}.m_block, bidh = {source}.bidh, bidb = 0;  // packed: one 'batch'",
+                  f"const int seqlen_q = {source}.seqlen_q, seqlen_k = {source}.seqlen_k;  // this sequence's",
+                  f"const int q_row0 = {source}.q_row0, k_row0 = {source}.k_row0;  // its first rows in the packed tensors",
+                  "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right within the sequence"]
+    elif pack:   # bidh is the KV head; its query heads are bidh * group + (row % group)
+        return ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_kv, section_heads, "
+                "heads_kv * batch, kCausal);",
+                "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;",
+                "const int bidh_kv = bidh;  // packed heads: the tile's head is the KV head",
+                "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
+                "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * tile_tokens + causal_offset + kBlockN - 1) "
+                "/ kBlockN); }"]
+    else:
+        coords = ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_q, section_heads, "
+                  "heads_q * batch, kCausal);",
+                  "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;"]
+    return coords + [
+        "const int bidh_kv = bidh / group;  // GQA/MQA: KV head = query head // group",
+        "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
+        "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * kBlockM + causal_offset + kBlockN - 1) / kBlockN); }",
+    ]
+
+
+def tile_masking(pack: bool = False) -> list[str]:
+    """Which K tiles of this query tile need the mask (dense layout; iteration order: the last K tile first):
+    causal, those from the first holding a key past the tile's first row's diagonal; and a ragged last K tile.
+    Counted per tile: a bound from the tile's height alone masked one tile too many at 192 x 128 and 192 x 96
+    (d64), and up to two with packed heads."""
+    first_row = "m_block * tile_tokens" if pack else "m_block * kBlockM"
+    return [
+        f"int n_masked = kCausal ? n_tiles - min(n_tiles, max(0, ({first_row} + causal_offset) / kBlockN)) : 0;",
+        "if (n_tiles * kBlockN > seqlen_k) { n_masked = max(n_masked, 1); }  // the ragged last K tile"]
+
+
+def varlen_masking() -> list[str]:
+    """Which K tiles need the mask depends on the lengths: per tile for packed sequences (consumer_setup
+    computes it once for the dense layout)."""
+    return ["const bool tile_aligned = seqlen_k % kBlockN == 0 && (seqlen_k - seqlen_q) % kBlockN == 0 "
+            "&& kBlockM % kBlockN == 0;",
+            "const int n_masked = kCausal ? (kBlockM + kBlockN - 1) / kBlockN + (tile_aligned ? 0 : 1) "
+            ": (seqlen_k % kBlockN != 0 ? 1 : 0);"]
+
+
+def zero_tile(varlen: bool = False, pack: bool = False) -> list[str]:
+    """Causal with seqlen_q > seqlen_k (or no key at all): a query tile that sees no key writes zeros
+    (consumer threads)."""
+    base_row = "(int64_t(q_row0) + row) * o_row_stride" if varlen else "bidb * o_batch_stride + row * o_row_stride"
+    if pack:   # tile row r is token r / group of query head bidh * group + r % group
+        rows = ["    const int row = m_block * tile_tokens + idx / row_chunks / group;",
+                "    const int head = bidh * group + (idx / row_chunks) % group;"]
+        head = "head"
+    else:
+        rows = ["    const int row = m_block * kBlockM + idx / row_chunks;"]
+        head = "bidh"
+    return [
+        "if (n_tiles <= 0) {  // no key is visible to any row of this query tile -> O rows are 0",
+        "  const int row_chunks = kHeadDimV / 8;",
+        "  for (int idx = mma_tidx; idx < kBlockM * row_chunks; idx += kConsumerThreads) {",
+        *rows,
+        "    if (row < seqlen_q) {",
+        f"      *reinterpret_cast<cute::uint128_t*>(o_ptr + {base_row} + "
+        f"{head} * o_head_stride + (idx % row_chunks) * 8) = cute::uint128_t(0, 0);",
+        "    }",
+        "  }",
+        "  if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }  // the slot goes back",
+        "  ++q_iter;",
+        "  continue;",
+        "}",
+    ]
