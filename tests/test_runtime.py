@@ -179,13 +179,21 @@ def test_a_packed_heads_plan_sizes_the_grid_by_kv_heads_and_maps_heads_first(hop
     assert by_tensor["k"].box == (64, packed.meta["block_n"], 1, 1)   # K and V: one KV head a box, as always
 
 
-def test_a_packed_heads_kernel_refuses_a_group_that_does_not_divide_its_warpgroups_rows(hopper_kernel, monkeypatch):
+def test_a_packed_heads_kernel_runs_a_group_that_does_not_divide_64_one_head_a_tile(hopper_kernel, monkeypatch):
+    """Group 3 (6/2; Qwen2's 28/4 is 7): its tokens cannot fill a warpgroup's 64 rows, so the launch passes pack 1
+    and the same kernel walks one query head a tile, its maps heads first with one head a box."""
+    from tuner import launch_plan
+
     monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
     packed = _packed(hopper_kernel)
-    q, k = FakeTensor((1, 64, 6, 128), 0x1000_0000), FakeTensor((1, 64, 2, 128), 0x2000_0000)
-    with pytest.raises(ValueError, match=r"group \(heads_q / heads_kv = 3\) must divide 64"):
-        runtime.build_plan(packed, q, k, k, None, None)
-    runtime.build_plan(hopper_kernel, q, k, k, None, None)   # the same call on the unpacked kernel
+    q, k = FakeTensor((1, 1000, 6, 128), 0x1000_0000), FakeTensor((1, 1000, 2, 128), 0x2000_0000)
+    plan = runtime.build_plan(packed, q, k, k, None, None)
+    assert plan.grid == runtime.build_plan(hopper_kernel, q, k, k, None, None).grid   # as many tiles as unpacked
+    by_tensor = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
+    assert by_tensor["q"].box == (64, 1, packed.meta["block_m"], 1) and by_tensor["q"].dims == (128, 6, 1000, 1)
+    assert launch_plan.heads_per_tile(packed.meta, 3) == 1 and launch_plan.heads_per_tile(packed.meta, 8) == 8
+    assert launch_plan.heads_per_tile(hopper_kernel.meta, 8) == 1
 
 
 def test_the_descriptor_address_offset_is_proven_not_assumed():

@@ -76,7 +76,8 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
 
 
 # pack_gqa: a tile's rows are (token, query head) pairs of one KV head, heads fastest. Each consumer warpgroup stores
-# its 64 rows as one TMA box of (group heads x 64 / group tokens), so the group must divide 64.
+# its 64 rows as one TMA box of (group heads x 64 / group tokens), so the group must divide 64; a kernel built with it
+# runs a call whose group does not one query head a tile (the unpacked walk: tuner/launch_plan.py heads_per_tile).
 PACK_ROWS = 64
 
 
@@ -89,7 +90,8 @@ def pack_gqa_reasons(params, problem: Problem) -> list[str]:
                 f"group {problem.group} (GQA or MQA only)"]
     if PACK_ROWS % problem.group:
         return [f"pack_gqa: group {problem.group} (heads_q {problem.heads_q} / heads_kv {problem.heads_kv}) must "
-                f"divide {PACK_ROWS}: a consumer warpgroup's {PACK_ROWS} rows are whole tokens of the group's heads"]
+                f"divide {PACK_ROWS}: a consumer warpgroup's {PACK_ROWS} rows are whole tokens of the group's heads "
+                "(the kernel would run this group one query head a tile, unpacked)"]
     return []
 
 

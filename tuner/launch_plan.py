@@ -118,8 +118,8 @@ def _check_out(out, out_shape, dtype, device) -> None:
         _check_layout("out", out)
 
 
-# A packed-heads kernel's consumer warpgroup holds 64 rows, whole tokens of the group (translate/params_sm90.py
-# PACK_ROWS; the runtime does not import the translator).
+# A packed-heads kernel's consumer warpgroup holds 64 rows, whole tokens of the heads a tile holds
+# (translate/params_sm90.py PACK_ROWS; the runtime does not import the translator).
 PACK_ROWS = 64
 
 
@@ -128,21 +128,18 @@ def packed_heads(meta: dict) -> bool:
     return bool(meta.get("tensor_maps", {}).get("q", {}).get("heads_first"))
 
 
-def pack_refusal(meta: dict, group: int) -> str | None:
-    """Why a packed-heads kernel cannot take a call with this group (None: it can)."""
-    if packed_heads(meta) and PACK_ROWS % group:
-        return (f"this kernel packs the query heads of a KV head into its rows (pack_gqa): the group "
-                f"(heads_q / heads_kv = {group}) must divide {PACK_ROWS}")
-    return None
+def heads_per_tile(meta: dict, group: int) -> int:
+    """The query heads one tile of the kernel holds for a call with this group: a packed-heads kernel takes the
+    whole group where it divides 64, else one head a tile (the unpacked walk, in the same kernel); others one."""
+    return group if packed_heads(meta) and PACK_ROWS % group == 0 else 1
 
 
 def _grid(kernel, batch: int, heads_q: int, seqlen_q: int, group: int = 1) -> tuple:
     block_m = int(kernel.meta["block_m"])
-    m_blocks = (seqlen_q + block_m - 1) // block_m
+    pack = heads_per_tile(kernel.meta, group)
+    tokens = block_m // pack   # a tile: block_m / pack tokens of its pack heads
+    m_blocks, heads_q = (seqlen_q + tokens - 1) // tokens, heads_q // pack
     grid_kind = kernel.meta.get("grid")
-    if packed_heads(kernel.meta):   # a tile: block_m / group tokens of the group's heads, one per KV head
-        tokens = block_m // group
-        m_blocks, heads_q = (seqlen_q + tokens - 1) // tokens, heads_q // group
     if grid_kind in ("tiles", "persistent"):
         tiles = m_blocks * heads_q * batch
         return (min(tiles, kernel._sm_count) if grid_kind == "persistent" else tiles, 1, 1)
@@ -167,10 +164,8 @@ def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
     _, sk, hkv, _ = k.shape
     out_shape = (b, sq, hq, spec["d_v"])
     _check_out(out, out_shape, dtype, q.device)
-    refusal = pack_refusal(kernel.meta, hq // hkv)
-    if refusal:
-        raise ValueError(f"{kernel.name}: {refusal}")
     values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
+              "pack": heads_per_tile(kernel.meta, hq // hkv),
               "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E}
     probe_out = out if out is not None else _ContiguousShape(out_shape, q.element_size())
     return _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq, hq // hkv),
@@ -302,7 +297,7 @@ def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tupl
         at = offsets[name]
         if kind.startswith("tensormap:"):
             maps.append(_first_map(kernel.meta, params, at, kind.split(":", 1)[1], tensors, boxes,
-                                   int(values.get("group", 1))))
+                                   int(values.get("pack", 1))))
         elif name not in ("q", "k", "v", "o", "tile_counter") and name not in dynamic:
             if name not in values:
                 raise PlanError(f"{kernel.name} takes an argument {name!r} this runtime does not know")
@@ -320,13 +315,13 @@ def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tupl
                       lock=threading.Lock(), dynamic_offsets=tuple(offsets[name] for name in dynamic))
 
 
-def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: dict, group: int = 1) -> "MapSlot":
+def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: dict, pack: int = 1) -> "MapSlot":
     from tuner import tma
 
     t = tensors[tensor]
     try:
         spec = tma.tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(),
-                                   int(boxes[tensor]["rows"]), group if boxes[tensor].get("heads_first") else 0)
+                                   int(boxes[tensor]["rows"]), pack if boxes[tensor].get("heads_first") else 0)
     except tma.TensorMapError as exc:
         raise ValueError(f"{tensor}: {exc}") from None
     dtype = meta["spec"]["dtype"]

@@ -214,23 +214,26 @@ def test_packed_kernels_hand_out_the_sequences_with_most_keys_first(layout):
 
 
 def test_packed_heads_walk_kv_heads_and_find_a_rows_token_and_head():
-    """pack_gqa: a tile is (query block, KV head, batch) of block_m / group tokens x the group's heads, heads
-    fastest; Q and O move as heads-first boxes, the causal mask and the diagonal's tile count go by tokens, and a
-    tile with no visible key zeroes each row of its own head. Without it the source is exactly as before."""
+    """pack_gqa: a tile is (query block, head block, batch) of block_m / pack tokens x pack query heads (pack, a launch
+    argument: the group, or 1 where it does not divide 64), heads fastest; Q and O move as heads-first boxes, the
+    causal mask and the diagonal's tile count go by tokens, and a tile with no visible key zeroes each row of its own
+    head. Without it the source is exactly as before."""
     spec = KernelSpec("gqa", 128, 128, True, "bf16")
     packed, plain = ws(spec, pack_gqa=True), ws(spec)
     src = packed.source
-    assert "const int num_tiles = m_blocks * heads_kv * batch;" in src
+    assert "const int num_tiles = m_blocks * tile_heads * batch;" in src and "const int pack" in src
     assert "const int m_blocks = (seqlen_q + tile_tokens - 1) / tile_tokens;" in src
-    assert "tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, bidh * group, m_block * tile_tokens, bidb)" in src
-    assert "smem_o + wg * 64 * 64, bidh * group, m_block * tile_tokens + wg * (64 / group), bidb)" in src
+    assert "tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, bidh * pack, m_block * tile_tokens, bidb)" in src
+    assert "smem_o + wg * 64 * 64, bidh * pack, m_block * tile_tokens + wg * (64 / pack), bidb)" in src
+    assert "const int bidh_kv = kv_of_block.div(bidh);" in src
     assert "apply_mask_packed<kCausal>(acc_S, tScS, m_block * kBlockM" in src and "apply_mask<" not in src
     assert "((m_block + 1) * tile_tokens + causal_offset + kBlockN - 1) / kBlockN" in src
     assert "n_tiles - min(n_tiles, max(0, (m_block * tile_tokens + causal_offset) / kBlockN))" in src
-    assert "const int head = bidh * group + (idx / row_chunks) % group;" in src
+    assert "const int head = bidh * pack + (idx / row_chunks) % pack;" in src
     assert packed.meta()["tensor_maps"]["q"]["heads_first"] and packed.meta()["tensor_maps"]["o"]["heads_first"]
     assert "heads_first" not in packed.meta()["tensor_maps"]["k"]
     assert "tile_tokens" not in plain.source and "heads_first" not in plain.meta()["tensor_maps"]["q"]
+    assert ["pack", "i32"] in packed.meta()["args"] and ["pack", "i32"] not in plain.meta()["args"]
     assert "n_tiles - min(n_tiles, max(0, (m_block * kBlockM + causal_offset) / kBlockN))" in plain.source
     assert packed.name == plain.name.replace("_ws", "_pk_ws")
 

@@ -77,8 +77,8 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     q_row, k_row = ("q_row0 + m_block * kBlockM", "k_row0 + n_block * kBlockN") if ctx.varlen else \
         ("m_block * kBlockM", "n_block * kBlockN")
     if role == "q":
-        # packed heads: Q's map is (d, heads, seqlen, batch) and its box the group's heads x the tile's tokens
-        at = "bidh * group, m_block * tile_tokens, bidb" if ctx.pack else f"{q_row}, bidh, bidb"
+        # packed heads: Q's map is (d, heads, seqlen, batch) and its box the tile's heads x its tokens
+        at = "bidh * pack, m_block * tile_tokens, bidb" if ctx.pack else f"{q_row}, bidh, bidb"
         lines = ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
                  f"attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, {at});"
                  + ("  // heads fastest" if ctx.pack else "")]
@@ -165,10 +165,10 @@ def emit_gemm(op: Op, ctx: Ctx) -> list[str]:
 def emit_mask(op: Op, ctx: Ctx) -> list[str]:
     t = op.data["target"]
     causal = "kCausal" if op.data["causal"] else "false"
-    if ctx.pack:   # a row's token is its tile row / group (rows are token x group + head)
+    if ctx.pack:   # a row's token is its tile row / pack (rows are token x pack + head)
         return [f"if (tile_{t} < n_masked) {{  // the diagonal / ragged tiles come first",
                 f"{INDENT}attn_sm90::apply_mask_packed<{causal}>(acc_{t}, tScS, m_block * kBlockM, "
-                f"(n_tiles - 1 - tile_{t}) * kBlockN, seqlen_k, causal_offset, group);",
+                f"(n_tiles - 1 - tile_{t}) * kBlockN, seqlen_k, causal_offset, pack);",
                 "}"]
     return [f"if (tile_{t} < n_masked) {{  // the diagonal / ragged tiles come first",
             f"{INDENT}attn_tl::apply_mask<{causal}>(acc_{t}, tScS, m_block * kBlockM, "
@@ -213,8 +213,8 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
     if ctx.varlen:
         return _store_o_varlen(op, ctx)
     acc = op.data["src"]
-    # packed heads: O's map is (d, heads, seqlen, batch); a warpgroup's 64 rows are 64 / group tokens of the group
-    at = ("bidh * group, m_block * tile_tokens + wg * (64 / group), bidb" if ctx.pack
+    # packed heads: O's map is (d, heads, seqlen, batch); a warpgroup's 64 rows are 64 / pack tokens of the tile's heads
+    at = ("bidh * pack, m_block * tile_tokens + wg * (64 / pack), bidb" if ctx.pack
           else "m_block * kBlockM + wg * 64, bidh, bidb")
     release_q = ["if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
                  "  // Q's buffer to the producer (next tile)"]
@@ -487,8 +487,10 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     return lines
 
 
-def kernel_signature(name: str, varlen: bool = False, paged: bool = False) -> list[str]:
+def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack: bool = False) -> list[str]:
     args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
+    if pack:   # the query heads a tile holds: the group where it divides 64, else 1 (tuner/launch_plan.py)
+        args.append("const int pack")
     if varlen:
         args += ["const int* __restrict__ cu_seqlens_q", "const int* __restrict__ cu_seqlens_k",
                  "const int* __restrict__ seqused_k"]

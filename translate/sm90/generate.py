@@ -35,9 +35,13 @@ VARLEN_ARGS = (("cu_seqlens_q", "ptr"), ("cu_seqlens_k", "ptr"), ("seqused_k", "
 PAGED_ARGS = (("page_table", "ptr"), ("page_table_stride", "i64"), ("page_size", "i32"))
 
 
-def extra_args(layout: str) -> tuple:
+# Packed query heads (pack_gqa): the query heads a tile holds, after the tile counter.
+PACK_ARGS = (("pack", "i32"),)
+
+
+def extra_args(layout: str, pack: bool = False) -> tuple:
     if layout == "dense":
-        return EXTRA_ARGS
+        return EXTRA_ARGS[:3] + PACK_ARGS + EXTRA_ARGS[3:] if pack else EXTRA_ARGS
     return EXTRA_ARGS[:3] + VARLEN_ARGS + (PAGED_ARGS if layout == "paged" else ()) + EXTRA_ARGS[3:]
 
 
@@ -184,7 +188,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
     body_lines = header + em.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
-    body_lines += em.kernel_signature(name, varlen, paged)
+    body_lines += em.kernel_signature(name, varlen, paged, pack)
     setup = em.kernel_setup(params, pack)
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
@@ -198,7 +202,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     smem = smem_bytes_ws(params, spec, lowered.stages, separate_o, ordered)
     return GeneratedKernel(name=name, preamble=HOPPER_PREAMBLE, body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
-                           block_n=params.block_n, spec=spec, params=params, extra_args=extra_args(spec.layout),
+                           block_n=params.block_n, spec=spec, params=params, extra_args=extra_args(spec.layout, pack),
                            tensor_maps=tensor_map_boxes(params, spec),
                            grid="persistent" if params.persistent else "tiles")
 
@@ -228,8 +232,8 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = F
 def tensor_map_boxes(params, spec) -> dict:
     """What the host encodes per tensor (runtime.py): a 4-D map (head dim, seqlen, heads, batch) of the
     (batch, seqlen, heads, dim) tensor, 128-byte swizzle, a box of 64 columns x ``rows``. ``heads_first``
-    (pack_gqa's Q and O): the map is (head dim, heads, seqlen, batch) and the box's ``rows`` are the group's
-    heads x rows / group tokens, heads fastest (the group is the call's: tuner/tma.py)."""
+    (pack_gqa's Q and O): the map is (head dim, heads, seqlen, batch) and the box's ``rows`` are the tile's
+    heads x rows / heads tokens, heads fastest (the call's ``pack``: tuner/launch_plan.py)."""
     packed = {"heads_first": True} if params.pack_gqa else {}
     return {"q": {"rows": params.block_m, "dim": "d_qk", **packed}, "k": {"rows": params.block_n, "dim": "d_qk"},
             "v": {"rows": params.block_n, "dim": "d_v"}, "o": {"rows": 64, "dim": "d_v", **packed}}

@@ -13,7 +13,7 @@ REASONS = {
     "no-variant": "no exported variant serves this head layout",
     "scale": "the softmax scale is not a positive finite number",
     "kernel-unloadable": "the kernel cannot be loaded (its warning says why)",
-    "inputs-refused": "the kernel refused the inputs' layout (strides, alignment, a group its packed heads cannot hold)",
+    "inputs-refused": "the kernel refused the inputs' layout (strides, alignment)",
     "mask": "an attention mask (the kernels take none)",
     "dropout": "dropout (the kernels have none)",
     "window": "a sliding window (the kernels attend to every visible key)",
