@@ -245,3 +245,16 @@ def test_packed_heads_walk_kv_heads_and_find_a_rows_token_and_head():
 def test_packed_heads_are_refused_where_a_tile_holds_one_query_head(spec, fragment):
     with pytest.raises(translate.TranslationError, match=fragment):
         _packed(spec, pack_gqa=True)
+
+
+@pytest.mark.parametrize("pack", [False, True])
+def test_dense_consumers_take_the_tiles_coordinates_the_producer_decoded(pack):
+    """The tile number's divisions (2-4 a tile) run on the producer's one thread; the consumer warpgroups read
+    (m_block, bidh, bidb) from the shared memory beside the tile number. Varlen tiles travel as a VarlenTile."""
+    src = ws(KernelSpec("gqa", 128, 128, True, "bf16"), pack_gqa=pack).source
+    producer, consumer = src.split("consumer warpgroups", 1)
+    assert "decode_tile(tile" in producer and "tile_slot[1] = m_block; tile_slot[2] = bidh; tile_slot[3] = bidb;" in producer
+    assert "decode_tile" not in consumer
+    assert "const int m_block = tile_slot[1], bidh = tile_slot[2], bidb = tile_slot[3];" in consumer
+    varlen = _packed(KernelSpec("gqa", 128, 128, True, "bf16", "varlen")).source
+    assert "tile_slot[1]" not in varlen

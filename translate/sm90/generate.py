@@ -126,7 +126,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         hand_out = [
             f"{I}*tile_slot = tile;",
             f"{I}if (tile >= num_tiles) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more: tell them",
-            *em._indent(tiles.tile_setup(pack=pack), 1)]
+            *em._indent(tiles.tile_setup(pack=pack) + [tiles.DECODED_COORDS], 1)]
     producer = [
         "int tile = blockIdx.x;",
         *(["attn_sm90::VarlenCursor cursor;  // the sequence this CTA's tiles have reached"] if varlen else []),
@@ -152,7 +152,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     else:
         take = [f"{I}const int tile = *tile_slot;",
                 f"{I}if (tile >= num_tiles) {{ break; }}",
-                *em._indent(tiles.tile_setup(pack=pack) + tiles.tile_masking(pack) + tiles.zero_tile(pack=pack))]
+                *em._indent(tiles.tile_setup(pack=pack, decoded=True) + tiles.tile_masking(pack)
+                            + tiles.zero_tile(pack=pack))]
     consumer_loop = [
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_full, q_iter & 1);  // this tile's number (and its Q) arrived",

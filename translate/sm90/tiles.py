@@ -26,23 +26,34 @@ def tile_grid(pack: bool = False) -> list[str]:
             "const cutlass::FastDivmod kv_of_block(group / pack);"]
 
 
-def tile_setup(varlen: bool = False, source: str = "", pack: bool = False) -> list[str]:
+# Dense tiles: the producer decodes the tile number and leaves (m_block, bidh, bidb) in shared memory beside it
+# (tile_slot[1..3], within the 16 bytes the tile number has: translate/sm90/generate.py smem_bytes_ws), so that the
+# consumer threads do no division a tile: 2-4 integer divisions, where one measured 1.5-2.5% of a 512-key kernel.
+DECODED_COORDS = "tile_slot[1] = m_block; tile_slot[2] = bidh; tile_slot[3] = bidb;  // for the consumers"
+
+
+def tile_setup(varlen: bool = False, source: str = "", pack: bool = False, decoded: bool = False) -> list[str]:
     """The start of one tile, the same in both roles: its coordinates and the KV tiles it visits. Varlen:
     the sequence's lengths and first rows from ``source`` (an attn_sm90::VarlenTile), which shadow the
-    kernel's arguments for this tile (those carry the longest sequence's)."""
+    kernel's arguments for this tile (those carry the longest sequence's). ``decoded`` (dense consumers): the
+    coordinates the producer decoded (DECODED_COORDS)."""
+    decode = ["const int m_block = tile_slot[1], bidh = tile_slot[2], bidb = tile_slot[3];  // decoded by the producer"]
     if varlen:
         coords = [f"const int m_block = {source}.m_block, bidh = {source}.bidh, bidb = 0;  // packed: one 'batch'",
                   f"const int seqlen_q = {source}.seqlen_q, seqlen_k = {source}.seqlen_k;  // this sequence's",
                   f"const int q_row0 = {source}.q_row0, k_row0 = {source}.k_row0;  // its first rows in the packed tensors",
                   "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right within the sequence"]
     elif pack:   # bidh is the head block; its query heads are bidh * pack + (row % pack)
-        return ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, tile_heads, section_heads, "
-                "tile_heads * batch, kCausal);",
-                "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;",
+        return (decode if decoded else
+                ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, tile_heads, section_heads, "
+                 "tile_heads * batch, kCausal);",
+                 "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;"]) + [
                 "const int bidh_kv = kv_of_block.div(bidh);  // the block's KV head",
                 "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
                 "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * tile_tokens + causal_offset + kBlockN - 1) "
                 "/ kBlockN); }"]
+    elif decoded:
+        coords = decode
     else:
         coords = ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_q, section_heads, "
                   "heads_q * batch, kCausal);",
