@@ -71,9 +71,6 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     if pack and spec.layout != "dense":
         raise TranslationError(f"pack_gqa packs the query heads of a KV head into the rows of a dense tile; the "
                                f"{spec.layout} layout finds its rows by sequence (one query head a tile)")
-    if pack and spec.variant not in ("gqa", "mqa"):
-        raise TranslationError(f"pack_gqa packs the query heads that share a KV head: a GQA or MQA kernel, not "
-                               f"{spec.variant}")
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
                  buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen, paged=paged,
                  kv_cp_async=cp_async, pack=pack)

@@ -36,32 +36,25 @@ def tile_setup(varlen: bool = False, source: str = "", pack: bool = False, decod
     """The start of one tile, the same in both roles: its coordinates and the KV tiles it visits. Varlen:
     the sequence's lengths and first rows from ``source`` (an attn_sm90::VarlenTile), which shadow the
     kernel's arguments for this tile (those carry the longest sequence's). ``decoded`` (dense consumers): the
-    coordinates the producer decoded (DECODED_COORDS)."""
-    decode = ["const int m_block = tile_slot[1], bidh = tile_slot[2], bidb = tile_slot[3];  // decoded by the producer"]
+    coordinates the producer decoded (DECODED_COORDS). Packed heads: bidh is the head block, its query heads are
+    bidh * pack + (row % pack), and the tile spans tile_tokens tokens."""
+    heads, tokens = ("tile_heads", "tile_tokens") if pack else ("heads_q", "kBlockM")
     if varlen:
         coords = [f"const int m_block = {source}.m_block, bidh = {source}.bidh, bidb = 0;  // packed: one 'batch'",
                   f"const int seqlen_q = {source}.seqlen_q, seqlen_k = {source}.seqlen_k;  // this sequence's",
                   f"const int q_row0 = {source}.q_row0, k_row0 = {source}.k_row0;  // its first rows in the packed tensors",
                   "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right within the sequence"]
-    elif pack:   # bidh is the head block; its query heads are bidh * pack + (row % pack)
-        return (decode if decoded else
-                ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, tile_heads, section_heads, "
-                 "tile_heads * batch, kCausal);",
-                 "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;"]) + [
-                "const int bidh_kv = kv_of_block.div(bidh);  // the block's KV head",
-                "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
-                "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * tile_tokens + causal_offset + kBlockN - 1) "
-                "/ kBlockN); }"]
     elif decoded:
-        coords = decode
+        coords = ["const int m_block = tile_slot[1], bidh = tile_slot[2], bidb = tile_slot[3];  // decoded by the producer"]
     else:
-        coords = ["const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, heads_q, section_heads, "
-                  "heads_q * batch, kCausal);",
+        coords = [f"const attn_sm90::TileCoord coord = attn_sm90::decode_tile(tile, m_blocks, {heads}, section_heads, "
+                  f"{heads} * batch, kCausal);",
                   "const int m_block = coord.m_block, bidh = coord.bidh, bidb = coord.bidb;"]
     return coords + [
+        "const int bidh_kv = kv_of_block.div(bidh);  // the block's KV head" if pack else
         "const int bidh_kv = bidh / group;  // GQA/MQA: KV head = query head // group",
         "int n_tiles = (seqlen_k + kBlockN - 1) / kBlockN;  // TL N: KV tiles this query tile visits",
-        "if (kCausal) { n_tiles = min(n_tiles, ((m_block + 1) * kBlockM + causal_offset + kBlockN - 1) / kBlockN); }",
+        f"if (kCausal) {{ n_tiles = min(n_tiles, ((m_block + 1) * {tokens} + causal_offset + kBlockN - 1) / kBlockN); }}",
     ]
 
 
@@ -77,8 +70,8 @@ def tile_masking(pack: bool = False) -> list[str]:
 
 
 def varlen_masking() -> list[str]:
-    """Which K tiles need the mask depends on the lengths: per tile for packed sequences (consumer_setup
-    computes it once for the dense layout)."""
+    """Which K tiles of a packed sequence's query tile need the mask: a bound from the tile's height and the
+    lengths (dense tiles count them exactly: tile_masking)."""
     return ["const bool tile_aligned = seqlen_k % kBlockN == 0 && (seqlen_k - seqlen_q) % kBlockN == 0 "
             "&& kBlockM % kBlockN == 0;",
             "const int n_masked = kCausal ? (kBlockM + kBlockN - 1) / kBlockN + (tile_aligned ? 0 : 1) "
