@@ -61,7 +61,7 @@ def parse_changes(change: str | None, changes: str | None) -> dict[str, dict]:
         raise ValueError("--changes must be a non-empty JSON object of named changes")
     fields = set(KernelParams.__dataclass_fields__)
     for name, fields_changed in named.items():
-        if name in ("default", "cudnn", "fa4"):
+        if name in ("default", "before", "cudnn", "fa4"):
             raise ValueError(f"a change may not be named {name!r} (a column of the table)")
         if not isinstance(fields_changed, dict) or not fields_changed:
             raise ValueError(f"change {name!r} must be a non-empty JSON object of KernelParams fields")
@@ -102,16 +102,16 @@ def build(gpu: str, specs: list, changes: dict[str, dict[str, dict]], cache_dir:
 def load_before(folder: Path, specs: list) -> dict:
     """{spec label: (name, cubin path, meta)} of the `tune build` outputs in ``folder`` whose spec is one of
     ``specs`` (one each); ValueError naming what is missing or doubled."""
+    from tuner.problem import KernelSpec
+
     found: dict = {}
     for sidecar in sorted(folder.glob("**/*.json")):
         data = json.loads(sidecar.read_text())
         if not isinstance(data, dict) or "meta" not in data or not sidecar.with_suffix(".cubin").is_file():
             continue
-        want = data["spec"]
+        built_for = KernelSpec(**data["spec"])   # (a sidecar's spec is KernelSpec's fields)
         for label, spec in specs:
-            if (want["variant"], want["d_qk"], want["d_v"], want["causal"], want["dtype"], want.get("layout", "dense"),
-                    want.get("phase", "prefill")) == (spec.variant, spec.d_qk, spec.d_v, spec.causal, spec.dtype,
-                                                      spec.layout, spec.phase):
+            if built_for == spec:
                 if label in found:
                     raise ValueError(f"--before {folder}: two kernels for {label} ({found[label][0]}, {data['name']})")
                 found[label] = (data["name"], sidecar.with_suffix(".cubin"), data["meta"])
@@ -191,11 +191,12 @@ def main(argv=None) -> int:
                   f"verified={info.get('verified')} {info.get('reason') or ''}", flush=True)
         if label in before:   # the earlier translator's kernel: through the same gate
             name, cubin, meta = before[label]
-            report = verify(load_kernel(cubin, meta), spec)
+            kernel = load_kernel(cubin, meta)
+            report = verify(kernel, spec)
             record["kernels"][f"{label}/before"] = {"name": name, "verified": bool(report.passed),
                                                     "reason": report.reason}
             if report.passed:
-                kernels[(label, "before")] = load_kernel(cubin, meta)
+                kernels[(label, "before")] = kernel
             print(f"{label} before: {name} verified={report.passed} {report.reason or ''}", flush=True)
     if len(kernels) != sum(1 + len(per_spec[label]) + (label in before) for label, _ in specs):
         Path(args.out).write_text(json.dumps(record, indent=1, default=str))

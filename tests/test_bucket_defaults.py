@@ -234,6 +234,7 @@ def test_param_ab_check_reads_one_or_several_named_changes(tmp_path):
     assert list(ab.parse_changes(None, f"@{tmp_path / 'c.json'}")) == ["a", "b"]
     for change, changes, words in [(None, None, "exactly one"), ("{}", None, "non-empty JSON object"),
                                    (None, '{"default": {"block_n": 96}}', "may not be named"),
+                                   (None, '{"before": {"block_n": 96}}', "may not be named"),   # --before's row
                                    (None, '{"a": {"block_q": 1}}', "not KernelParams fields: block_q"),
                                    (None, "@/nonexistent/c.json", "cannot read")]:
         with pytest.raises(ValueError, match=words):
