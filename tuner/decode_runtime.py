@@ -45,10 +45,57 @@ class DecodeArgs(ctypes.Structure):
                 + [("scale_log2", ctypes.c_float)])
 
 
+def k_map_spec(address: int, shape, strides, element_bytes: int, paged: bool, block_n: int):
+    """The TMA map a kv_load tma kernel reads whole key tiles through (attn_decode_sm90_seesaw.cuh): the cache
+    (pages or sequences, rows, heads, d) as tuner.tma's 4-D map with boxes of ``block_n`` rows. None where no tile
+    can come by TMA, so the kernel never reads the descriptor: pages smaller than a tile (it gathers them) or a
+    dense cache shorter than one. TensorMapError for a cache the TMA unit cannot address."""
+    from tuner import tma
+
+    rows = int(shape[1])
+    if rows < block_n or (paged and rows % block_n):
+        return None
+    return tma.tensor_map_spec(address, shape, strides, element_bytes, block_n)
+
+
+@dataclass
+class KMap:
+    """A kv_load tma kernel's second parameter: the K cache's descriptor, kept pointing at the call's k_cache
+    (one 8-byte write where tuner.tma.address_offset proved the place, else a full encode)."""
+    buffer: Any             # (c_uint64 * 16): the 128 bytes cuLaunchKernel copies; zeros while spec is None
+    spec: Any               # tuner.tma.TensorMapSpec, or None (k_map_spec: the kernel never reads it)
+    dtype: str
+    address_offset: Any     # int | None
+
+    def point(self, address: int) -> None:
+        from tuner import tma
+
+        if self.spec is None or address == self.spec.address:
+            return
+        self.spec = tma.with_address(self.spec, address)
+        if self.address_offset is not None:
+            ctypes.c_uint64.from_buffer(self.buffer, self.address_offset).value = address
+        else:
+            ctypes.memmove(ctypes.addressof(self.buffer), tma.encode_bytes(self.spec, self.dtype), 128)
+
+
+def build_k_map(k_cache, paged: bool, block_n: int, dtype: str) -> KMap:
+    from tuner import tma
+
+    spec = k_map_spec(k_cache.data_ptr(), k_cache.shape, k_cache.stride(), k_cache.element_size(), paged, block_n)
+    buffer = (ctypes.c_uint64 * 16)()
+    offset = None
+    if spec is not None:
+        ctypes.memmove(ctypes.addressof(buffer), tma.encode_bytes(spec, dtype), 128)
+        offset = tma.address_offset(spec, dtype)
+    return KMap(buffer, spec, dtype, offset)
+
+
 @dataclass
 class DecodePlan:
     args: DecodeArgs
-    pointer: Any            # (c_void_p * 1) -> args: cuLaunchKernel's parameter array
+    pointer: Any            # (c_void_p * n) -> args [, k_map]: cuLaunchKernel's parameter array (the combine
+                            # kernel reads the first)
     pointers_address: int   # its address, as cuLaunchKernel takes it
     split_launch: tuple     # (function, grid x/y/z, block x/y/z, shared memory): cuLaunchKernel's first arguments
     combine_launch: tuple
@@ -58,6 +105,7 @@ class DecodePlan:
     workspace_o: int        # fp32 elements of the partial outputs (splits, rows, d_v)
     workspace_lse: int      # and of their log2-sum-exps (splits, rows)
     lock: Any
+    k_map: Any = None       # KMap of a kv_load tma kernel
 
 
 def load_decode_kernel(binary, meta: dict, device: int | None = None) -> "DecodeKernel":
@@ -153,6 +201,8 @@ class DecodeKernel:
             a.lse = lse.data_ptr() if lse is not None else None
             a.page_table = page_table.data_ptr() if page_table is not None else None
             a.seqused_k = cache_seqlens.data_ptr() if cache_seqlens is not None else None
+            if plan.k_map is not None:
+                plan.k_map.point(pointers[1])
             self._launch(plan.split_launch, stream, plan.pointers_address)
             if plan.num_splits > 1:
                 self._launch(plan.combine_launch, stream, plan.pointers_address)
@@ -255,13 +305,24 @@ class DecodeKernel:
         a.num_splits, a.blocks_per_split, a.m_blocks = split.num_splits, split.blocks_per_split, m_blocks
         a.scale_log2 = float(scale) * _LOG2E
         rows = b * sq * hq
-        pointer = (ctypes.c_void_p * 1)(ctypes.addressof(a))
         meta = self.base.meta
+        k_map = None
+        if self.params.get("kv_load", "gather") == "tma":
+            from tuner import tma
+
+            try:
+                k_map = build_k_map(k_cache, self.paged, int(self.params["block_n"]), spec["dtype"])
+            except tma.TensorMapError as exc:
+                raise ValueError(f"{self.name} reads whole key tiles by TMA and k_cache cannot be mapped: {exc}") \
+                    from None
+        params = [ctypes.addressof(a)] + ([ctypes.addressof(k_map.buffer)] if k_map is not None else [])
+        pointer = (ctypes.c_void_p * len(params))(*params)
         split_launch = (self.base._function, split.num_splits, units * m_blocks, b, meta["num_threads"], 1, 1,
                         meta["smem_bytes"])
         combine_launch = (self._combine, combine_grid(rows), 1, 1, 32 * COMBINE_WARPS, 1, 1, 0)
         return DecodePlan(a, pointer, ctypes.addressof(pointer), split_launch, combine_launch, split.num_splits, rows,
-                          out_shape, split.num_splits * rows * spec["d_v"], split.num_splits * rows, threading.Lock())
+                          out_shape, split.num_splits * rows * spec["d_v"], split.num_splits * rows, threading.Lock(),
+                          k_map)
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, spec: dict, paged: bool,

@@ -5,7 +5,8 @@ beside NaN pages, NaN workspace, forced split counts, 1..16 causal query tokens,
 kernel that drops the causal mask is caught, and a separate V tensor or more than one KV head is refused. On Hopper
 the wgmma variants (DecodeParams.mma = "sm90_wgmma", translate/include/attn_decode_sm90.cuh, and "sm90_seesaw", its
 warpgroups out of step: attn_decode_sm90_seesaw.cuh) pass the same gate: the 64-row tile serves 128 heads and,
-padded, 16."""
+padded, 16; with kv_load tma (whole tiles as TMA boxes) at pages of 64, 128 and 16 (gathered) and on dense
+caches."""
 import dataclasses
 
 import pytest
@@ -43,6 +44,12 @@ WGMMA_CASES += [
     ("seesaw_dense", dataclasses.replace(PAGED, layout="dense"), SEESAW),
     ("seesaw_paged_noncausal_fp16", KernelSpec("mla", 576, 512, False, "fp16", "paged", "decode"), SEESAW),
 ]
+SEESAW_TMA = dataclasses.replace(SEESAW, kv_load="tma")
+WGMMA_CASES += [
+    ("seesaw_tma_paged", PAGED, SEESAW_TMA),
+    ("seesaw_tma_dense", dataclasses.replace(PAGED, layout="dense"), SEESAW_TMA),
+    ("seesaw_tma_paged_noncausal_fp16", KernelSpec("mla", 576, 512, False, "fp16", "paged", "decode"), SEESAW_TMA),
+]
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                             reason="the wgmma kernel needs an sm90 GPU")
 
@@ -58,7 +65,9 @@ def compile_and_load(gk, profile):
 def test_mla_decode_kernels_pass_the_gate(name, spec, params):
     profile = profile_here()
     k = compile_and_load(kernel_for(spec, params, profile), profile)
-    for page in ((64, 16) if spec.layout == "paged" else (None,)):
+    # kv_load tma: pages of one tile and of two by TMA, pages of 16 gathered by the same kernel
+    pages = (64, 128, 16) if params.kv_load == "tma" else (64, 16)
+    for page in (pages if spec.layout == "paged" else (None,)):
         report = verify_decode(k, spec, page_size=page)
         assert report.passed, report.reason
 

@@ -40,6 +40,9 @@ from translate.problem import KernelSpec
 
 # cuLaunchKernel takes the one struct (tuner/decode_runtime.py packs it): the argument list names it.
 DECODE_ARGS = (("args", "struct:attn_decode::Args"),)
+# kv_load tma: the split kernel also takes the K cache's TMA descriptor (encoded per call shape, its address
+# written per call: tuner/decode_runtime.py); the combine kernel takes the struct alone.
+DECODE_TMA_ARGS = DECODE_ARGS + (("k_map", "tensormap:k"),)
 COMBINE_WARPS = 4      # rows merged per combine CTA (one warp each)
 
 _MMA = {"fp16": "SM80_16x8x16_F32F16F16F32_TN", "bf16": "SM80_16x8x16_F32BF16BF16F32_TN"}
@@ -123,7 +126,8 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
     return GeneratedKernel(name=name, preamble=preamble, body=body,
                            num_threads=params.num_threads,
                            smem_bytes=decode_smem_bytes(params, spec, split_dv=split_dv), block_m=params.block_m,
-                           block_n=params.block_n, spec=spec, params=params, extra_args=DECODE_ARGS, grid="decode")
+                           block_n=params.block_n, spec=spec, params=params,
+                           extra_args=DECODE_TMA_ARGS if params.kv_load == "tma" else DECODE_ARGS, grid="decode")
 
 
 def _atom(width: int, swizzle: int) -> str:
@@ -194,6 +198,7 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
     b = lambda v: "true" if v else "false"   # noqa: E731
     gmma_k = "GMMA::Layout_K_SW128_Atom<Element>{}"
     seesaw = p.mma == "sm90_seesaw"
+    tma = p.kv_load == "tma"   # validate_decode: seesaw only
     if seesaw:   # each warpgroup scores a whole tile, 64 columns of d_qk a chunk (the last chunk's Q in registers)
         mmas = [
             "  // wgmma, one warpgroup each: S = Q . K^T of its own tile by 64-column chunks (SS, the last chunk RS),",
@@ -227,6 +232,8 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         f"  static constexpr bool kCausal = {b(spec.causal)}, kPaged = {b(paged)}, kPackGqa = {b(p.pack_gqa)};",
         f"  static constexpr bool kPrefetchFirst = {b(prefetch_first)}, kQInRegs = {b(q_in_regs)};",
         f"  static constexpr bool kSplitDV = {b(split_dv)}, kVFromK = {b(v_from_k(spec))};",
+        *(["  static constexpr bool kTmaLoad = true;   // whole tiles as TMA boxes (kv_load tma)"]
+          if tma else []),
         "  // the cp.async writes (Swizzle<3, 3, 3> over 8 x 64 atoms: the bytes of the 128-byte GMMA swizzle)",
         f"  using SmemAtom = {_atom(64, p.swizzle)};",
         "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
@@ -241,9 +248,10 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         "};",
         f"}}  // namespace {name}_ns",
         "",
-        f'extern "C" __global__ void __launch_bounds__({p.num_threads}, 1) {name}(const attn_decode::Args args) {{',
+        f'extern "C" __global__ void __launch_bounds__({p.num_threads}, 1) {name}(const attn_decode::Args args'
+        + (", const __grid_constant__ CUtensorMap k_map) {" if tma else ") {"),
         "  extern __shared__ __align__(1024) char smem[];",
-        f"  attn_decode::{_WGMMA_KERNELS[p.mma][1]}<{name}_ns::Cfg>(args, smem);",
+        f"  attn_decode::{_WGMMA_KERNELS[p.mma][1]}<{name}_ns::Cfg>(args, smem{', &k_map' if tma else ''});",
         "}",
         "",
         f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '

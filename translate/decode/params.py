@@ -31,6 +31,10 @@ class DecodeParams:
     # "sm90_seesaw" (the same instructions, the two warpgroups scoring alternate tiles out of step:
     # attn_decode_sm90_seesaw.cuh).
     mma: str = "sm80"
+    # How a key tile reaches shared memory: "gather" (cp.async by rows through the page table, any page size) or
+    # "tma" (sm90_seesaw only: a whole tile of keys within one page, or of a dense cache, as TMA boxes issued by one
+    # thread a warpgroup; a sequence's last, partial tile and pages smaller than block_n still gather, zero-filled).
+    kv_load: str = "gather"
 
     @property
     def num_warps(self) -> int:
@@ -64,12 +68,14 @@ class DecodeParams:
     def key(self) -> str:
         return (f"dm{self.block_m}n{self.block_n}w{self.warps_m}x{self.warps_n}s{self.kv_stages}"
                 f"{'p' if self.pack_gqa else 'h'}_b{self.min_split_blocks}_sw{self.swizzle}"
-                f"{'' if self.mma == 'sm80' else '_' + MMA_KEYS.get(self.mma, self.mma)}")
+                f"{'' if self.mma == 'sm80' else '_' + MMA_KEYS.get(self.mma, self.mma)}"
+                f"{'' if self.kv_load == 'gather' else '_' + self.kv_load}")
 
 
 MMA_CHOICES = ("sm80", "sm90_wgmma", "sm90_seesaw")
 MMA_KEYS = {"sm90_wgmma": "wg", "sm90_seesaw": "ss"}   # key() suffix of a non-default mma (the default has none)
 WGMMA_KINDS = ("sm90_wgmma", "sm90_seesaw")   # the Hopper warpgroup-MMA kernels (MLA split-d_v, sm_90a)
+KV_LOADS = ("gather", "tma")
 
 
 # MLA decode is the absorbed form (DeepSeek-V3): q and the one latent KV head carry 512 latent + 64 rotary columns,
@@ -114,7 +120,7 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     one CTA per SM: the kernel is bound by its tensor cores there, 241 FLOP per cache byte); 16 heads (a
     tensor-parallel shard, 8x fewer FLOP per byte) one 16-row tile, 4 warps over d_v, 64 keys x 2 stages. Where
     ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages; on Hopper the 64-row tile's GEMMs are
-    warpgroup MMAs with the two warpgroups out of step (mma sm90_seesaw)."""
+    warpgroup MMAs with the two warpgroups out of step (mma sm90_seesaw) and whole key tiles come by TMA."""
     if spec.variant != "mla":
         return DecodeParams()
     if heads_q is not None and heads_q <= 16:
@@ -129,7 +135,11 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
         # row gather (sm90_wgmma: scripts/decode_ab_check.py, H100, BENCHMARKS.md 2026-11-24: 1632-1800 against
         # 1041-1133 GB/s), and out of step 1.01-1.13x that at every point of batch 1-128 x 2k-32k keys and 2-4
         # tokens (sm90_seesaw: the same script, --by-spec [--grid], BENCHMARKS.md 2026-11-25)
-        p = DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw"})
+        # Whole tiles by TMA (kv_load tma): 1.033-1.061x the seesaw's row gathers at 128 heads, batch 64-128 x
+        # 4k-16k keys and 2-4 tokens, 1.001-1.059x over batch 1-128 x 2k-32k (scripts/decode_ab_check.py --by-spec,
+        # H100, BENCHMARKS.md 2026-11-26); an L2 prefetch (TMA tensor prefetch) of the
+        # tiles one or two pairs after the ones each pair loads was 0.88-0.95x of it.
+        p = DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw", "kv_load": "tma"})
     return p
 
 
@@ -199,6 +209,11 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *,
         errors.append(f"mma must be one of {', '.join(MMA_CHOICES)}, got {params.mma!r}")
     elif params.mma in WGMMA_KINDS:
         errors += _wgmma_reasons(params, profile, spec, split_dv, q_in_regs)
+    if params.kv_load not in KV_LOADS:
+        errors.append(f"kv_load must be one of {', '.join(KV_LOADS)}, got {params.kv_load!r}")
+    elif params.kv_load == "tma" and params.mma != "sm90_seesaw":
+        errors.append(f"kv_load tma: the TMA tile loads are written for the seesaw kernel (mma sm90_seesaw), not "
+                      f"mma {params.mma}, which gathers with cp.async")
     if spec.variant == "mla" and (spec.d_qk, spec.d_v) != (MLA_DECODE_D_QK, MLA_DECODE_D_V):
         errors.append(f"MLA decode is the absorbed form: d_qk {MLA_DECODE_D_QK} (512 latent + 64 rotary), d_v "
                       f"{MLA_DECODE_D_V} read from the same rows; got {spec.d_qk}/{spec.d_v} (MLA 192/128 is prefill)")

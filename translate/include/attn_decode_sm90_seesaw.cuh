@@ -27,6 +27,16 @@
 // half-slot reloaded a pair ahead by its scorer (0.97-0.99x). Without any gathers this kernel
 // runs 1.45-1.54x faster: the slot reloads, late in each pair, are what is left to hide.
 //
+// kv_load tma (Cfg::kTmaLoad): a tile of whole keys within one page (or of a dense cache) comes as TMA boxes, 64
+// columns x 64 keys each, issued by one thread of the reloading warpgroup (its 4 or 5 chunks, expect_tx on the
+// half-slot's mbarrier; the other 127 threads arrive plainly, so the barrier counts 128 arrivals either way). The
+// boxes land in the layout the gathers write (128-byte swizzle, chunk c at c x 64 x 64 elements). A sequence's last,
+// partial tile and pages smaller than a tile still gather: zero-filled rows, never a page's poisoned tail (P = 0
+// times a NaN row of V would be NaN). FlashMLA's sm90 kernel loads its 64-token pages by TMA too. Measured on the
+// H100 (BENCHMARKS.md, 2026-11-26): 1.033-1.061x the gathers at 128 heads; TMA tensor prefetches into L2 of the tiles
+// one or two pairs after those a pair loads, on top, made it 0.88-0.95x (the prefetches queue in the TMA unit ahead
+// of the loads that are needed now, a likely reason not measured).
+//
 // Shared memory (230,176 B): Q (64 x 576) | slot 0 | slot 1 (64 keys x 576 each) | P0 (64 x 64) | m, scale0,
 // scale1 (64 fp32 each) | 4 mbarriers. P1 lives in Q's last 64-column chunk: that chunk of Q is read into
 // registers once (the score GEMM's last 4 k-steps are RS wgmmas), which frees its 8 KB (FlashMLA's trick; the
@@ -79,12 +89,18 @@ __forceinline__ __device__ void score_issue(MmaSS& ss, MmaRS& rs, TQ const& tQ, 
 }
 }  // namespace seesaw
 
+// Cfg::kTmaLoad where the Cfg states it (kv_load tma), else false: the gather kernels' sources stay as they were
+template <class Cfg, class = void>
+struct TmaLoadOf : cute::false_type {};
+template <class Cfg>
+struct TmaLoadOf<Cfg, cute::void_t<decltype(Cfg::kTmaLoad)>> : cute::bool_constant<Cfg::kTmaLoad> {};
+
 // Cfg: as split_kv_wgmma's (Element, kBlockM 64, kBlockN 64, kThreads 256, kHeadDimQK, kHeadDimV, kCausal, kPaged,
 // kPackGqa, kVFromK = true, SmemLayoutQ/K: the cp.async writes' layouts, GmmaLayoutQ/K/Vt/P) with TiledMmaQK /
 // TiledMmaQKrs (64 x kBlockN x 64 per chunk, SS and RS), TiledMmaPV / TiledMmaPVrs (64 x d_v / 2 x kBlockN, B
 // MN-major, SS and RS).
 template <class Cfg>
-__forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
+__forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const CUtensorMap* k_map = nullptr) {
   using Element = typename Cfg::Element;
   using seesaw::arrive;
   using seesaw::sync;
@@ -92,6 +108,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
   constexpr int kDVW = kDV / 2;           // O columns per warpgroup
   constexpr int kChunks = kDQK / 64;      // 64-column chunks of Q and K
   constexpr int kLeftChunks = kDVW / 64;  // K chunks [0, kLeftChunks): warpgroup 0 reloads them, the rest warpgroup 1
+  constexpr bool kTma = TmaLoadOf<Cfg>::value;
   static_assert(kBlockM == 64 && kBlockN == 64 && Cfg::kThreads == 256 && Cfg::kVFromK);
   static_assert(kDQK % 64 == 0 && kDV % 128 == 0 && kDVW <= 256 && kDV < kDQK,
                 "V is the first d_v columns of K, Q's last chunk (P1's bytes) is past them");
@@ -131,14 +148,49 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem) {
   // the pages of this thread's rows of a tile, looked up a pair ahead: a table read in front of every gather put
   // its latency on the critical path (ncu: long-scoreboard stalls on the address arithmetic, BENCHMARKS.md)
   using Pages = int[kGatherRowsPerThread<Cfg, 4>];
+  // local tile j comes by TMA: whole keys (no zero fill needed) within one page (a page is a multiple of the tile)
+  auto by_tma = [&](int j) {
+    if constexpr (!kTma) {
+      return false;
+    } else {
+      return (blk_begin + j + 1) * kBlockN <= seqlen_k && (!Cfg::kPaged || (1 << a.page_shift) >= kBlockN);
+    }
+  };
   auto lookup = [&](int j, Pages& pages) {
-    if constexpr (Cfg::kPaged) { gather_pages<Cfg, 4>(a, b, (blk_begin + j) * kBlockN, seqlen_k, tg, pages); }
+    if constexpr (Cfg::kPaged) {
+      const int key0 = (blk_begin + j) * kBlockN;
+      if (by_tma(j)) {   // one page for the tile, read by the thread that issues its boxes
+        if (tg == 0) { pages[0] = __ldg(a.page_table + b * a.page_table_stride + (key0 >> a.page_shift)); }
+      } else {
+        gather_pages<Cfg, 4>(a, b, key0, seqlen_k, tg, pages);
+      }
+    }
   };
   // this warpgroup's columns of local tile j (key tiles blk_begin + j) into slot j % 2, then its arrival
   auto load_half = [&](int j, const Pages& pages) {
     Element* slot = (j & 1) ? smem_k1 : smem_k0;
     Tensor sK = make_tensor(make_smem_ptr(slot), typename Cfg::SmemLayoutK{});
     const int key0 = (blk_begin + j) * kBlockN;
+    if constexpr (kTma) {
+      if (by_tma(j)) {
+        uint64_t* bar = &full[2 * (j & 1) + wg];
+        if (tg == 0) {
+          const int c0 = wg ? kLeftChunks : 0, c1 = wg ? kChunks : kLeftChunks;
+          cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
+              bar, uint32_t((c1 - c0) * kBlockN * 64 * sizeof(Element)));
+          // (columns, row in the page or sequence, KV head, page or sequence): the map of tuner/decode_runtime.py
+          const int row = Cfg::kPaged ? (key0 & ((1 << a.page_shift) - 1)) : key0;
+          const int outer = Cfg::kPaged ? pages[0] : b;
+          for (int c = c0; c < c1; ++c) {
+            SM90_TMA_LOAD_4D::copy(k_map, bar, uint64_t(TMA::CacheHintSm90::EVICT_FIRST), slot + c * kBlockN * 64,
+                                   c * 64, row, kvh, outer);
+          }
+        } else {
+          cutlass::arch::ClusterBarrier::arrive(bar);
+        }
+        return;
+      }
+    }
     if (wg == 0) {
       gather_rows<Cfg, kLeftChunks, 0, 4>(kbase, a, b, kvh, key0, seqlen_k, a.k_batch_stride, a.k_row_stride,
                                           a.k_head_stride, sK, tg, pages);
