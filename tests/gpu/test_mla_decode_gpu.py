@@ -118,3 +118,40 @@ def test_a_separate_v_tensor_and_wrong_heads_are_refused():
     a = k(q, cache, None, lens, table)
     b = k(q, cache, cache[..., :512], lens, table)
     assert a.shape == (2, 1, 16, 512) and torch.equal(a, b)
+
+
+@hopper
+def test_the_tma_kernel_follows_each_calls_cache_and_replays_in_a_cuda_graph():
+    """kv_load tma: the launch writes the call's cache address into the descriptor (tuner/decode_runtime.py KMap), so
+    two caches of one shape, called in turn, each give their own result; a captured graph replays the descriptor it
+    captured, reading the cache's new contents."""
+    from tuner.bench_decode import MLAPoint, make_mla_inputs
+    from tuner.serving.decode_sdpa import decode_reference
+
+    profile = profile_here()
+    k = compile_and_load(kernel_for(PAGED, SEESAW_TMA, profile), profile)
+    point = MLAPoint(batch=3, kv_len=1000, heads_q=128)
+    xs = [make_mla_inputs(point, seed=s) for s in (1, 2)]
+    assert xs[0]["k"].shape == xs[1]["k"].shape and xs[0]["k"].data_ptr() != xs[1]["k"].data_ptr()
+
+    def call(x, out=None):
+        return k(x["q"], x["k"], None, cache_seqlens=x["seqused_k"], page_table=x["page_table"], out=out)
+
+    def check(out, x):
+        ref, _ = decode_reference(x["q"].float(), x["k"].float(), x["k"][..., :512].float(), x["seqused_k"],
+                                  x["page_table"], causal=True)
+        assert (out.float() - ref.float()).abs().max().item() <= 2e-2
+
+    for x in (xs[0], xs[1], xs[0]):   # one plan, its descriptor re-pointed per call
+        check(call(x), x)
+    x = xs[0]
+    out = torch.empty(3, 1, 128, 512, device="cuda", dtype=torch.bfloat16)
+    call(x, out)   # the plan exists before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(x, out)
+    x["k"].copy_(torch.randn_like(x["k"]))
+    x["q"].copy_(torch.randn_like(x["q"]))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(out, x)
