@@ -62,9 +62,13 @@ CP_ASYNC_PRODUCER_REGS = 56
 # the H100 (BENCHMARKS.md 2026-11-25; paper grid 1k-16k, 15 paired rounds against rescaling every tile):
 # non-causal d128 x1.010-1.031 (MHA and GQA, 10 of 10 points ahead, 8 outside the spread), causal d128
 # x1.000-1.028 (none behind), non-causal d64 x1.013-1.026 (3 of 5 outside the spread). Causal d64 keeps every
-# tile: x0.976-0.991 at 1k-4k, and ptxas spills 4 bytes of its 128-register consumers. Serving layouts and MLA
+# tile: x0.976-0.991 at 1k-4k, and ptxas spills 4 bytes of its 128-register consumers. The paged layout takes the
+# same table: llama3-8b's paged kernel (d128 causal, scripts/paged_copy_check.py, BENCHMARKS.md 2026-11-26) with
+# threshold 8 against every tile, in two processes, against FA4: 2x(2k on 6k) 0.939 -> 0.960 and 0.941 -> 0.969 with
+# pages of 16, 1x8k+32x256 0.953 -> 0.993 and 0.963 -> 0.986; the short mixes within 1% either way. Varlen and MLA
 # are not measured yet.
 RESCALE_THRESHOLD_DEFAULTS = {(128, False): 8, (128, True): 8, (64, False): 8}
+RESCALE_THRESHOLD_LAYOUTS = ("dense", "paged")
 
 
 def _hopper_seeds(spec: KernelSpec) -> list[dict]:
@@ -110,8 +114,9 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
 
 
 def _rescale_threshold(spec: KernelSpec) -> int:
-    """RESCALE_THRESHOLD_DEFAULTS' value for a dense spec whose head dims are equal; 0 (every tile) otherwise."""
-    if spec.layout != "dense" or spec.d_qk != spec.d_v:
+    """RESCALE_THRESHOLD_DEFAULTS' value for a dense or paged spec whose head dims are equal; 0 (every tile)
+    otherwise."""
+    if spec.layout not in RESCALE_THRESHOLD_LAYOUTS or spec.d_qk != spec.d_v:
         return 0
     return RESCALE_THRESHOLD_DEFAULTS.get((spec.d_qk, spec.causal), 0)
 

@@ -180,10 +180,11 @@ def test_the_conditional_rescale_is_a_template_argument_only_when_asked():
 @pytest.mark.parametrize("variant,d,causal,layout,want", [
     ("mha", 128, False, "dense", 8), ("gqa", 128, True, "dense", 8), ("mha", 64, False, "dense", 8),
     ("mha", 64, True, "dense", 0), ("mqa", 64, True, "dense", 0), ("mla", 192, True, "dense", 0),
-    ("gqa", 128, True, "paged", 0), ("gqa", 128, True, "varlen", 0)])
+    ("gqa", 128, True, "paged", 8), ("gqa", 64, True, "paged", 0), ("gqa", 128, True, "varlen", 0)])
 def test_the_default_rescale_threshold_follows_the_measured_table(variant, d, causal, layout, want):
     """translate.defaults.RESCALE_THRESHOLD_DEFAULTS (paired re-timing on the H100): threshold 8 where it was ahead,
-    every tile where it was behind (causal d64) or not measured (serving layouts, MLA); the plain wgmma schedule
+    every tile where it was behind (causal d64) or not measured (varlen, MLA; paged follows the dense table); the
+    plain wgmma schedule
     has no threshold."""
     spec = KernelSpec(variant, d, 128 if variant == "mla" else d, causal, "bf16", layout)
     assert default_params(H100, spec, "ws_overlap").rescale_threshold == want
