@@ -9,7 +9,7 @@ Timing: `--rounds` interleaved rounds, each timing every kernel and FA4 once per
 (triton's do_bench median, L2 flushed), so clock and power drift fall on all alike; the table gives each one's
 median TFLOPS [min, max] over the rounds and the median of the per-round ratios to FA4.
 
-    python scripts/paged_copy_check.py --out $OUT/paged_copy.json [--rounds 5] [--cache-dir .kcache]
+    python scripts/paged_copy_check.py --out $OUT/paged_copy.json [--rounds 5] [--cache-dir .kcache] [--layout varlen]
         [--variants '{"tma": {}, "cp_async": {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56}}']
 """
 from __future__ import annotations
@@ -57,13 +57,16 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=None, help="JSON {name: parameter changes}")
     ap.add_argument("--mix", default=None, help="only this mix (tuner/mixes.toml name)")
     ap.add_argument("--page-size", type=int, default=None, help="only this page size")
+    ap.add_argument("--layout", default="paged", choices=("paged", "varlen"),
+                    help="varlen: the same comparison on the packed-sequence mixes (no pages), e.g. for a variant "
+                         "that is not about the copy")
     ap.add_argument("--profile", action="store_true",
                     help="for ncu: no timing; each kernel's benchmark call runs once inside the NVTX range "
                          "'profile' (ncu --nvtx --nvtx-include 'profile/')")
     args = ap.parse_args(argv)
     variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
 
-    spec, built = build(variants, Path(args.cache_dir), args.gpu)
+    spec, built = build(variants, Path(args.cache_dir), args.gpu, args.layout)
     kernels, record = {}, {"device": torch.cuda.get_device_name(), "rounds": args.rounds, "kernels": {}, "rows": []}
     for name, (gen, res) in built.items():
         info = {"name": gen.name, "params": gen.params.to_dict(), "ok": res.ok, "registers": res.registers,
@@ -84,9 +87,10 @@ def main(argv=None) -> int:
 
     model = load_models()["llama3-8b"]
     fa4 = next(b for b in BASELINES if b.name == "fa4")
-    for page in (args.page_size,) if args.page_size else PAGE_SIZES:
+    pages = (None,) if args.layout == "varlen" else (args.page_size,) if args.page_size else PAGE_SIZES
+    for page in pages:
         names = [args.mix] if args.mix else None
-        for problem in serving_problems("paged", "gqa", model.heads_q, model.heads_kv, 128, 128, True, "bf16", page,
+        for problem in serving_problems(args.layout, "gqa", model.heads_q, model.heads_kv, 128, 128, True, "bf16", page,
                                         names=names):
             x = make_mix_inputs(problem, "cuda")
             calls = {name: ours_call(kernel, problem, x) for name, kernel in kernels.items()}
@@ -119,14 +123,14 @@ def main(argv=None) -> int:
             record["rows"].append(row)
             cells = "  ".join(f"{n} {statistics.median(v):.1f} [{min(v):.1f}, {max(v):.1f}]" for n, v in tflops.items())
             ratios = "  ".join(f"{n}/fa4 {row[f'{n}/fa4']:.3f}" for n in kernels)
-            print(f"{problem.name:<14} p{page:<4} {cells}  |  {ratios}", flush=True)
+            print(f"{problem.name:<14} p{page or '-':<4} {cells}  |  {ratios}", flush=True)
             x = theirs = prep = calls = None   # the mix's tensors go before the next mix's
             torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(record, indent=2, default=str))
     print("\nmix            page  " + "  ".join(f"{n:>10}" for n in kernels) + "   (median ratio to FA4 over "
           f"{args.rounds} interleaved rounds)")
     for row in record["rows"]:
-        print(f"{row['mix']:<14} {row['page_size']:<5} " + "  ".join(f"{row[f'{n}/fa4']:>10.3f}" for n in kernels))
+        print(f"{row['mix']:<14} {row['page_size'] or '-':<5} " + "  ".join(f"{row[f'{n}/fa4']:>10.3f}" for n in kernels))
     return 0
 
 

@@ -65,8 +65,9 @@ CP_ASYNC_PRODUCER_REGS = 56
 # tile: x0.976-0.991 at 1k-4k, and ptxas spills 4 bytes of its 128-register consumers. The paged layout takes the
 # same table: llama3-8b's paged kernel (d128 causal, scripts/paged_copy_check.py, BENCHMARKS.md 2026-11-26) with
 # threshold 8 against every tile, in two processes, against FA4: 2x(2k on 6k) 0.939 -> 0.960 and 0.941 -> 0.969 with
-# pages of 16, 1x8k+32x256 0.953 -> 0.993 and 0.963 -> 0.986; the short mixes within 1% either way. Varlen and MLA
-# are not measured yet.
+# pages of 16, 1x8k+32x256 0.953 -> 0.993 and 0.963 -> 0.986; the short mixes within 1% either way. Varlen keeps
+# every tile: the same script with --layout varlen, two processes, was mixed (8x2k 1.056 -> 1.035 and 1.058 ->
+# 1.052, 1x8k+32x256 1.010 -> 1.027 and 1.005 -> 1.017, 64 random even). MLA is not measured yet.
 RESCALE_THRESHOLD_DEFAULTS = {(128, False): 8, (128, True): 8, (64, False): 8}
 RESCALE_THRESHOLD_LAYOUTS = ("dense", "paged")
 
