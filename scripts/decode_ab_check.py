@@ -68,7 +68,7 @@ def points(meta: dict, grid: bool = False) -> list:
 def main(argv=None) -> int:
     import torch
 
-    from tuner.bench import time_ms
+    from tuner.bench import alternating_rounds
     from tuner.bench_decode import (MLAPoint, copy_bandwidth_gbs, fa4_decode_call, make_decode_inputs,
                                     make_mla_inputs)
 
@@ -109,11 +109,8 @@ def main(argv=None) -> int:
                     calls["fa4"] = fa
                 except Exception as exc:  # noqa: BLE001 - FA4 missing: the two builds are still compared
                     print(f"  fa4 not timed: {type(exc).__name__}: {str(exc)[:120]}", flush=True)
-            gbs = {label: [] for label in calls}
-            for r in range(args.rounds):
-                order = list(calls) if r % 2 == 0 else list(reversed(calls))   # neither always runs first
-                for label in order:
-                    gbs[label].append(p.kv_bytes / time_ms(calls[label]) / 1e6)
+            gbs = {label: [p.kv_bytes / t / 1e6 for t in ms]
+                   for label, ms in alternating_rounds(calls, args.rounds).items()}
             row = {"kernel": name, "point": p.label(), "max_diff": diff, **gbs,
                    "after/before": statistics.median(y / z for y, z in zip(gbs["after"], gbs["before"]))}
             if "fa4" in gbs:

@@ -75,7 +75,7 @@ def flashmla_call(lib, x: dict, scale: float, causal: bool):
 def main(argv=None) -> int:
     import torch
 
-    from tuner.bench import time_ms
+    from tuner.bench import alternating_rounds
     from tuner.bench_decode import MLAPoint, copy_bandwidth_gbs, make_mla_inputs
     from tuner.decode_runtime import load_decode_kernel
 
@@ -118,10 +118,7 @@ def main(argv=None) -> int:
             print(f"  {p.label()}: ours and FlashMLA disagree (max |a - b| {diff:.3g}); not timed", flush=True)
             result["rows"].append({"point": p.label(), "max_diff": diff, "agree": False})
             continue
-        gbs = {k: [] for k in calls}
-        for r in range(args.rounds):
-            for label in (list(calls) if r % 2 == 0 else list(reversed(calls))):
-                gbs[label].append(p.kv_bytes / time_ms(calls[label]) / 1e6)
+        gbs = {label: [p.kv_bytes / t / 1e6 for t in ms] for label, ms in alternating_rounds(calls, args.rounds).items()}
         ratio = statistics.median(o / f for o, f in zip(gbs["ours"], gbs["flashmla"]))
         row = {"point": p.label(), "max_diff": diff, **gbs, "ours/flashmla": ratio,
                "ours_tflops": statistics.median(gbs["ours"]) * p.flops / p.kv_bytes / 1e3,

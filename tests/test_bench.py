@@ -184,3 +184,14 @@ def test_bench_on_gpu_reports_ours_and_baselines(tmp_path):
     for r in rows:
         assert r["ours"] > 0 and r["flash"] > 0
         assert r["ours/flash"] == pytest.approx(r["ours"] / r["flash"], rel=1e-2)
+
+
+def test_alternating_rounds_reverse_the_order_every_other_round(monkeypatch):
+    import tuner.bench as bench
+
+    order = []
+    monkeypatch.setattr(bench, "time_ms", lambda fn: fn())
+    calls = {name: (lambda n=name, t=t: order.append(n) or t) for name, t in (("a", 1.0), ("b", 2.0), ("c", 3.0))}
+    ms = bench.alternating_rounds(calls, 3)
+    assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
+    assert ms == {"a": [1.0] * 3, "b": [2.0] * 3, "c": [3.0] * 3}

@@ -166,6 +166,16 @@ def time_ms(fn: Callable[[], object], warmup: int = 10, reps: int = 50, *, timin
     return statistics.median(times)
 
 
+def alternating_rounds(calls: dict, rounds: int) -> dict:
+    """{label: [ms of each round]}: every call timed once a round (time_ms), the order reversed every other round so
+    that none always runs first (clock and power drift fall on all alike)."""
+    ms = {label: [] for label in calls}
+    for r in range(rounds):
+        for label in (list(calls) if r % 2 == 0 else list(reversed(calls))):
+            ms[label].append(time_ms(calls[label]))
+    return ms
+
+
 def _rotating(call: Callable, inputs: Sequence[tuple]) -> Callable[[], object]:
     cycle = itertools.cycle(inputs)
     return lambda: call(*next(cycle))

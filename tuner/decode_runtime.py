@@ -27,6 +27,7 @@ from translate.decode.params import v_from_k
 from translate.problem import KernelSpec
 from translate.decode.splits import plan_splits
 from tuner import runtime as rt
+from tuner.launch_plan import place_map, point_map
 
 _LOG2E = math.log2(math.e)
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -60,35 +61,20 @@ def k_map_spec(address: int, shape, strides, element_bytes: int, paged: bool, bl
 
 @dataclass
 class KMap:
-    """A kv_load tma kernel's second parameter: the K cache's descriptor, kept pointing at the call's k_cache
-    (one 8-byte write where tuner.tma.address_offset proved the place, else a full encode)."""
-    buffer: Any             # (c_uint64 * 16): the 128 bytes cuLaunchKernel copies; zeros while spec is None
-    spec: Any               # tuner.tma.TensorMapSpec, or None (k_map_spec: the kernel never reads it)
-    dtype: str
-    address_offset: Any     # int | None
+    """A kv_load tma kernel's second parameter: the K cache's descriptor in its own buffer, and the slot that keeps
+    it pointing at the call's k_cache (tuner.launch_plan.point_map, as the prefill plans' descriptors)."""
+    buffer: Any             # (c_uint64 * 16): the 128 bytes cuLaunchKernel copies; zeros while slot is None
+    slot: Any               # tuner.launch_plan.MapSlot, or None (k_map_spec: the kernel never reads it)
 
     def point(self, address: int) -> None:
-        from tuner import tma
-
-        if self.spec is None or address == self.spec.address:
-            return
-        self.spec = tma.with_address(self.spec, address)
-        if self.address_offset is not None:
-            ctypes.c_uint64.from_buffer(self.buffer, self.address_offset).value = address
-        else:
-            ctypes.memmove(ctypes.addressof(self.buffer), tma.encode_bytes(self.spec, self.dtype), 128)
+        if self.slot is not None and address != self.slot.address:
+            point_map(self.buffer, self.slot, address)
 
 
 def build_k_map(k_cache, paged: bool, block_n: int, dtype: str) -> KMap:
-    from tuner import tma
-
     spec = k_map_spec(k_cache.data_ptr(), k_cache.shape, k_cache.stride(), k_cache.element_size(), paged, block_n)
     buffer = (ctypes.c_uint64 * 16)()
-    offset = None
-    if spec is not None:
-        ctypes.memmove(ctypes.addressof(buffer), tma.encode_bytes(spec, dtype), 128)
-        offset = tma.address_offset(spec, dtype)
-    return KMap(buffer, spec, dtype, offset)
+    return KMap(buffer, place_map(buffer, 0, 1, spec, dtype) if spec is not None else None)
 
 
 @dataclass

@@ -324,10 +324,30 @@ def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: d
                                    int(boxes[tensor]["rows"]), pack if boxes[tensor].get("heads_first") else 0)
     except tma.TensorMapError as exc:
         raise ValueError(f"{tensor}: {exc}") from None
-    dtype = meta["spec"]["dtype"]
+    return place_map(params, at, "qkvo".index(tensor), spec, meta["spec"]["dtype"])
+
+
+def place_map(params, at: int, index: int, spec, dtype: str) -> MapSlot:
+    """``spec``'s descriptor encoded into the ctypes buffer ``params`` at byte ``at``, and the slot that keeps it
+    pointing at the call's tensor ``index`` of (q, k, v, out) (point_map)."""
+    from tuner import tma
+
     ctypes.memmove(ctypes.addressof(params) + at, tma.encode_bytes(spec, dtype), 128)
-    return MapSlot(offset=at, index="qkvo".index(tensor), spec=spec, dtype=dtype, address=spec.address,
-                    address_offset=tma.address_offset(spec, dtype))
+    return MapSlot(offset=at, index=index, spec=spec, dtype=dtype, address=spec.address,
+                   address_offset=tma.address_offset(spec, dtype))
+
+
+def point_map(params, slot: MapSlot, address: int) -> None:
+    """A descriptor's global address to this call's tensor: one 8-byte write where tma.address_offset proved the
+    place, else a full encode (cached by address)."""
+    if slot.address_offset is not None:
+        POINTER.pack_into(params, slot.offset + slot.address_offset, address)
+    else:
+        from tuner import tma
+
+        ctypes.memmove(ctypes.addressof(params) + slot.offset,
+                       tma.encode_bytes(tma.with_address(slot.spec, address), slot.dtype), 128)
+    slot.address = address
 
 
 

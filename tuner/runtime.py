@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.launch_plan import (FOUR_POINTERS, POINTER, LaunchPlan, MapSlot, build_paged_plan, build_plan,
+from tuner.launch_plan import (FOUR_POINTERS, POINTER, LaunchPlan, build_paged_plan, build_plan, point_map,
                                 build_varlen_plan)
 
 ABI_VERSION = 2                 # what translate emits now (translate/kernel.py)
@@ -359,7 +359,7 @@ class AttentionKernel:
         for slot in plan.maps:
             address = pointers[slot.index]
             if address != slot.address:
-                self._point_map(plan, slot, address)
+                point_map(params, slot, address)
 
     def _stream(self, handle: int):
         stream = self._streams[handle] = _driver().CUstream(init_value=int(handle))
@@ -398,18 +398,6 @@ class AttentionKernel:
         self._counter_tensors.append(tensor)
         base = tensor.data_ptr()
         self._free_counters.extend(base + 8 * i for i in reversed(range(COUNTER_BLOCK)))
-
-    def _point_map(self, plan: LaunchPlan, slot: MapSlot, address: int) -> None:
-        """A descriptor's global address to this call's tensor: one 8-byte write where tma.address_offset
-        proved the place, else a full encode (cached by address)."""
-        if slot.address_offset is not None:
-            POINTER.pack_into(plan.params, slot.offset + slot.address_offset, address)
-        else:
-            from tuner import tma
-
-            ctypes.memmove(ctypes.addressof(plan.params) + slot.offset,
-                           tma.encode_bytes(tma.with_address(slot.spec, address), slot.dtype), 128)
-        slot.address = address
 
 _LAUNCH = None    # cuda-python's cuLaunchKernel, bound at the first launch
 

@@ -61,17 +61,18 @@ def test_the_generated_source_is_the_seesaw_config():
     assert "seesaw" not in wg.source and "split_kv_wgmma<" in wg.source
 
 
-@pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compile_one(tmp_path_factory, k, tag):
+    """(folder, kernel, CompileResult) of ``k`` compiled for sm_90a into a fresh folder; skipped without nvcc."""
     if not HAVE_NVCC:
         pytest.skip("nvcc not on PATH")
     from translate.nvcc import compile_kernels
-    out = tmp_path_factory.mktemp("mla_seesaw")
-    k = kernel()
+    out = tmp_path_factory.mktemp(tag)
     return out, k, compile_kernels([k], "sm_90a", cache_dir=out, jobs=1)[0]
 
 
-def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
+def clean_sass(compiled, tag):
+    """The checks every seesaw build passes (compiled, no spills, no wgmma serialisation), then (its SASS summary,
+    its cubin's path); skipped without cuobjdump."""
     from translate.nvcc import find_cuobjdump, sass_summary
 
     out, k, result = compiled
@@ -82,9 +83,19 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
         find_cuobjdump()
     except Exception:
         pytest.skip("cuobjdump not installed")
-    cubin = out / "seesaw.cubin"
+    cubin = out / f"{tag}.cubin"
     cubin.write_bytes(result.cubin)
-    sass = sass_summary(cubin, k.name)
+    return sass_summary(cubin, k.name), cubin
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    return compile_one(tmp_path_factory, kernel(), "mla_seesaw")
+
+
+def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
+    k = compiled[1]
+    sass, cubin = clean_sass(compiled, "seesaw")
     # scores: 32 SS + 4 RS k-steps a tile, issued in the prologue by each warpgroup and once in each one's loop
     # body; P.V: 4 RS (own P) + 4 SS (the other's P) in each loop body
     assert sass["HGMMA"] == 2 * 36 + 2 * (36 + 8), sass

@@ -16,9 +16,10 @@ from translate.decode.generate import DECODE_ARGS, DECODE_TMA_ARGS
 from translate.kernel import TranslationError
 from tuner import tma
 from tuner.decode_runtime import KMap, k_map_spec
+from tuner.launch_plan import MapSlot
 
-from test_mla_seesaw import SEESAW, kernel  # noqa: E402
-from test_mla_wgmma import A100, H100, HAVE_NVCC, MLA, host_program  # noqa: E402
+from test_mla_seesaw import SEESAW, clean_sass, compile_one, kernel  # noqa: E402
+from test_mla_wgmma import A100, H100, MLA, host_program  # noqa: E402
 
 TMA = dataclasses.replace(SEESAW, kv_load="tma")
 
@@ -93,41 +94,27 @@ def test_a_cache_the_tma_unit_cannot_address_is_refused():
 def test_the_map_follows_the_calls_cache_by_one_write():
     spec = tma.tensor_map_spec(0x1000, (40, 64, 1, 576), (64 * 576, 576, 576, 1), 2, 64)
     buffer = (ctypes.c_uint64 * 16)(*range(16))
-    m = KMap(buffer, spec, "bf16", address_offset=16)
+    m = KMap(buffer, MapSlot(offset=0, index=1, spec=spec, dtype="bf16", address=0x1000, address_offset=16))
     m.point(0x1000)   # the address it holds: nothing written
     assert list(buffer) == list(range(16))
     m.point(0xABCDE000)
     assert buffer[2] == 0xABCDE000 and [buffer[i] for i in range(16) if i != 2] == [i for i in range(16) if i != 2]
-    assert m.spec.address == 0xABCDE000
-    unmapped = KMap((ctypes.c_uint64 * 16)(), None, "bf16", None)
+    assert m.slot.address == 0xABCDE000
+    unmapped = KMap((ctypes.c_uint64 * 16)(), None)
     unmapped.point(0x2000)   # no map (pages smaller than a tile): nothing to keep
     assert list(unmapped.buffer) == [0] * 16
 
 
 @pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
-    if not HAVE_NVCC:
-        pytest.skip("nvcc not on PATH")
-    from translate.nvcc import compile_kernels
-    out = tmp_path_factory.mktemp("mla_tma")
-    k = kernel(TMA)
-    return out, k, compile_kernels([k], "sm_90a", cache_dir=out, jobs=1)[0]
+    return compile_one(tmp_path_factory, kernel(TMA), "mla_tma")
 
 
 def test_the_tma_kernel_compiles_to_tma_loads_beside_the_gathers(compiled):
-    from translate.nvcc import find_cuobjdump, sass_instructions, sass_summary
+    from translate.nvcc import sass_instructions
 
-    out, k, result = compiled
-    assert result.ok, result.log[-2000:]
-    assert result.spill_stores == 0 and result.spill_loads == 0, (result.registers, result.spill_stores)
-    assert "C7510" not in result.log and "serialized" not in result.log, result.log[-3000:]
-    try:
-        find_cuobjdump()
-    except Exception:
-        pytest.skip("cuobjdump not installed")
-    cubin = out / "tma.cubin"
-    cubin.write_bytes(result.cubin)
-    sass = sass_summary(cubin, k.name)
+    k = compiled[1]
+    sass, cubin = clean_sass(compiled, "tma")
     assert sass["HGMMA"] == 2 * 36 + 2 * (36 + 8), sass   # the GEMMs are the gather kernel's
     lines = sass_instructions(cubin)[k.name]
     assert sum("UTMALDG" in line for line in lines) >= 9, "no TMA loads of a tile's 9 chunks"
