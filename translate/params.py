@@ -38,6 +38,14 @@ class KernelParams:
     # PackGQA), so a causal tile spans block_m / group tokens and wastes less of the diagonal; False: one query head
     # a tile (not in the repr, as above)
     pack_gqa: bool = field(default=False, repr=False)
+    # Hopper softmax: how many of every 8 exponentials of a row run as a polynomial on the FMA pipe instead of
+    # MUFU.EX2 (attn_sm90.cuh exp2_poly; at head dim 64 the MUFU's time equals the tensor cores'); 0: every one
+    # on MUFU (not in the repr, as above)
+    exp2_poly: int = field(default=0, repr=False)
+    # Hopper, P from registers: where a consumer waits for its P.V GEMM in flight before converting the next P:
+    # "after" the whole softmax (the softmax overlaps the GEMM), or "mid", once the row maxima are known (FA4's
+    # order: the exponentials, P's conversion and the output's rescale then interleave) (not in the repr, as above)
+    pv_wait: str = field(default="after", repr=False)
 
     @property
     def num_threads(self) -> int:
@@ -75,8 +83,17 @@ class KernelParams:
             key += "_given"
         if self.pack_gqa:
             key += "_pk"
+        if self.exp2_poly:
+            key += f"_ep{self.exp2_poly}"
+        if self.pv_wait != "after":
+            key += f"_w{self.pv_wait}"
         return key
 
+
+# The fields only the Hopper (wgmma) kernels read; an sm80-class candidate must leave them at their defaults.
+HOPPER_ONLY = ("pv_operand", "pingpong", "producer_regs", "persistent", "rescale_threshold", "pack_gqa", "exp2_poly",
+               "pv_wait")
+_DEFAULTS = {f.name: f.default for f in fields(KernelParams)}
 
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a string"}
 _FIELD_TYPES = get_type_hints(KernelParams)
@@ -131,10 +148,10 @@ def validate(params: KernelParams, profile: Profile, problem: Problem,
         from translate.params_sm90 import validate_sm90
         return validate_sm90(params, profile, problem, bool(warp_specialized))
     errors: list[str] = []
-    if (params.pv_operand, params.pingpong, params.producer_regs, params.persistent,
-            params.rescale_threshold, params.pack_gqa) != ("rs", False, 24, False, 0, False):
-        errors.append("pv_operand, pingpong, producer_regs, persistent, pack_gqa and rescale_threshold apply to "
-                      "Hopper kernels (mma_atom SM90_GMMA) only")
+    hopper_only = [name for name in HOPPER_ONLY if getattr(params, name) != _DEFAULTS[name]]
+    if hopper_only:
+        errors.append(f"{', '.join(hopper_only)} appl{'ies' if len(hopper_only) == 1 else 'y'} to Hopper kernels "
+                      "(mma_atom SM90_GMMA) only")
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores (supports {', '.join(profile.dtypes)})")
     if params.g2s_atom == "SM90_TMA":

@@ -98,6 +98,12 @@ def pack_gqa_reasons(params, problem: Problem) -> list[str]:
 # The softmax's conditional rescale (attn_sm90.cuh softmax_tile): 0 = every tile; FA4 keeps a row's max until it
 # grows by 8 log2 units (P <= 256).
 RESCALE_THRESHOLDS = (0, 2, 4, 8)
+# Exponentials of every 8 a row's softmax takes on the FMA pipe (attn_sm90.cuh exp2_poly): at most half, past
+# which the 8 FP32 instructions an exponential costs outweigh the MUFU time they free.
+EXP2_POLY_SHARES = (0, 1, 2, 3, 4)
+# Where a consumer waits for its P.V GEMM before converting the next P (KernelParams.pv_wait; emit.py
+# emit_softmax_split).
+PV_WAITS = ("after", "mid")
 
 
 def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: bool) -> list[str]:
@@ -111,6 +117,14 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
     if params.rescale_threshold not in RESCALE_THRESHOLDS:
         errors.append(f"rescale_threshold {params.rescale_threshold} must be one of {RESCALE_THRESHOLDS}: 0 rescales "
                       "every tile; up to 8 log2 units of growth keep P within bf16/fp16 and the sums exact in fp32")
+    if params.exp2_poly not in EXP2_POLY_SHARES:
+        errors.append(f"exp2_poly {params.exp2_poly} must be one of {EXP2_POLY_SHARES}: the exponentials of every 8 "
+                      "that the FMA pipe's polynomial takes from MUFU.EX2, at most half of them")
+    if params.pv_wait not in PV_WAITS:
+        errors.append(f"pv_wait {params.pv_wait!r} must be one of {', '.join(PV_WAITS)}: after the whole softmax, or "
+                      "once its row maxima are known")
+    elif params.pv_wait != "after" and params.pv_operand != "rs":
+        errors.append("pv_wait 'mid' moves the wait before P's conversion into registers: it needs pv_operand rs")
     if params.block_m not in GMMA_BLOCK_M:
         errors.append(f"block_m {params.block_m} must be 64 x consumer warpgroups (64, 128 or 192): a warpgroup's "
                       "wgmma covers 64 rows")

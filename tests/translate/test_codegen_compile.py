@@ -102,6 +102,21 @@ def test_a_packed_heads_kernel_keeps_the_gemms_and_tma_of_its_unpacked_twin():
     assert counts["HGMMA"] == 32 and counts["UTMALDG"] > 0 and counts["UTMASTG"] > 0, counts
 
 
+def test_the_softmax_candidates_build_clean_and_the_polynomial_takes_exponentials_off_mufu():
+    """exp2_poly 2 (2 of every 8 exponentials on the FMA pipe) with pv_wait "mid" (the softmax split around the wait
+    for the P.V GEMM): no spill, no serialised wgmma (_build_hopper), the same GEMMs, and a quarter of the loops'
+    MUFU.EX2 gone (the output factors' exponentials stay on MUFU)."""
+    spec = KernelSpec("mha", 64, 64, False, "bf16")
+    gen, result = _build_hopper(spec, "ws_overlap")
+    base = _sass(result, gen.name)
+    if base is None:
+        pytest.skip("cuobjdump not installed")
+    gen, result = _build_hopper(spec, "ws_overlap", exp2_poly=2, pv_wait="mid")
+    both = _sass(result, gen.name)
+    assert both["HGMMA"] == base["HGMMA"] and both["UTMALDG"] == base["UTMALDG"], (base, both)
+    assert both["MUFU.EX2"] < 0.8 * base["MUFU.EX2"], (base, both)
+
+
 def test_plain_hopper_kernel_uses_wgmma_with_cp_async():
     gen, result = _build_hopper(KernelSpec("mla", 192, 128, False, "bf16"), "fa2")
     counts = _sass(result, gen.name)

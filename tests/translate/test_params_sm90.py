@@ -52,6 +52,9 @@ def test_fa3_and_fa4_published_tiles_fit_the_register_model():
     (dict(swizzle=2), True, "s2r_atom and swizzle do not apply"),
     (dict(), False, "without warpgroup roles every warpgroup loads with cp.async"),
     (dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True), False, "apply to warp-specialised sketches"),
+    (dict(exp2_poly=5), True, "exp2_poly 5 must be one of (0, 1, 2, 3, 4)"),
+    (dict(pv_wait="early"), True, "pv_wait 'early' must be one of after, mid"),
+    (dict(pv_wait="mid", pv_operand="ss"), True, "it needs pv_operand rs"),
 ])
 def test_illegal_hopper_candidates_are_rejected_with_the_reason(changes, warp_specialized, fragment):
     errors = validate(ws(**changes), H100, problem(), warp_specialized=warp_specialized)
@@ -61,7 +64,9 @@ def test_illegal_hopper_candidates_are_rejected_with_the_reason(changes, warp_sp
 def test_wgmma_needs_a_hopper_gpu_and_sm80_kernels_refuse_hopper_knobs():
     assert any("needs an sm_90a GPU" in e for e in validate(ws(), A100, problem(), warp_specialized=True))
     sm80 = KernelParams(block_m=128, block_n=64, num_warps=4, pingpong=True)
-    assert any("apply to Hopper kernels" in e for e in validate(sm80, H100, problem()))
+    assert any(e.startswith("pingpong applies to Hopper kernels") for e in validate(sm80, H100, problem()))
+    both = KernelParams(block_m=128, block_n=64, num_warps=4, exp2_poly=2, pv_wait="mid")
+    assert any(e.startswith("exp2_poly, pv_wait apply to Hopper kernels") for e in validate(both, H100, problem()))
     assert any("needs wgmma" in e for e in validate(KernelParams(), H100, problem(), warp_specialized=True))
 
 
@@ -115,7 +120,7 @@ def test_the_conditional_rescale_is_a_hopper_knob_with_legal_thresholds():
     why = validate(ws(rescale_threshold=9), H100, problem(), warp_specialized=True)
     assert why and "rescale_threshold 9 must be one of (0, 2, 4, 8)" in why[0]
     fa2 = KernelParams(rescale_threshold=8)
-    assert any("rescale_threshold apply to Hopper kernels" in e for e in validate(fa2, H100, problem()))
+    assert any("rescale_threshold applies to Hopper kernels" in e for e in validate(fa2, H100, problem()))
     assert KernelParams(rescale_threshold=8).key().endswith("_rt8") and "_rt" not in KernelParams().key()
     assert "rescale_threshold" not in repr(KernelParams())
 
@@ -142,5 +147,5 @@ def test_packed_heads_belong_to_the_warp_specialised_hopper_kernels():
     plain = KernelParams(block_m=128, block_n=128, num_warps=8, mma_atom="SM90_GMMA", pack_gqa=True)
     assert any("pack_gqa apply to warp-specialised" in e for e in validate(plain, H100, p, warp_specialized=False))
     sm80 = KernelParams(block_m=128, block_n=64, num_warps=4, pack_gqa=True)
-    assert any("pack_gqa and rescale_threshold apply to Hopper" in e for e in validate(sm80, A100, p))
+    assert any(e.startswith("pack_gqa applies to Hopper") for e in validate(sm80, A100, p))
     assert ws(pack_gqa=True).key().endswith("_pk") and not ws().key().endswith("_pk")

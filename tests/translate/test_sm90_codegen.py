@@ -104,6 +104,10 @@ def test_pingpong_brackets_each_turn_of_gemm_issues():
     sync, arrive = loop.index("NamedBarrier::sync(2 * 128"), loop.index("NamedBarrier::arrive(2 * 128")
     assert sync < loop.index("tiled_mma_qk") < loop.index("tiled_mma_pv") < arrive
     assert loop.count("NamedBarrier::sync(2 * 128") == 1
+    # the turn's K tile is waited for before the turn is taken (a late TMA load must not hold the turn: x1.02-1.07
+    # over waiting inside it, BENCHMARKS.md 2026-11-26); V's wait stays inside, after the QK^T issue
+    assert loop.index("wait_barrier(&k_full") < sync < loop.index("tiled_mma_qk") < loop.index("wait_barrier(&v_full")
+    assert loop.count("wait_barrier(&k_full") == 1
 
 
 def test_persistent_kernels_take_tiles_from_a_counter():
@@ -175,6 +179,34 @@ def test_the_conditional_rescale_is_a_template_argument_only_when_asked():
     assert "softmax_tile(acc_S" in plain and "rescale_rows(acc_" in plain and "rescale_threshold" not in plain
     assert "softmax_tile<8>(acc_S" in conditional and "rescale_rows<true>(acc_" in conditional
     assert ws(spec, rescale_threshold=8).name == ws(spec, rescale_threshold=0).name.replace("_ws", "_rt8_ws")
+
+
+def test_the_polynomial_exponentials_are_a_template_argument_and_a_key_suffix():
+    """exp2_poly N: N of every 8 exponentials of a row by attn_sm90::exp2_poly; 0 leaves the source as it was."""
+    spec = KernelSpec("mha", 64, 64, False, "bf16")
+    plain, poly = ws(spec, rescale_threshold=8), ws(spec, rescale_threshold=8, exp2_poly=2)
+    assert "softmax_tile<8>(acc_S" in plain.source and "softmax_tile<8, 2>(acc_S" in poly.source
+    assert "softmax_tile<0, 2>(acc_S" in ws(spec, rescale_threshold=0, exp2_poly=2).source
+    assert poly.name == plain.name.replace("_rt8_ws", "_rt8_ep2_ws")
+
+
+def test_pv_wait_mid_splits_the_loops_softmax_around_the_wait_for_the_pv_gemm():
+    """pv_wait "mid": maxima and scaled scores, the ordering point and the wait for the P.V GEMM, then the
+    exponentials, P's conversion and the deferred rescale, in that order; the first tile (no P.V GEMM in flight)
+    keeps the whole softmax; "after" leaves the source as it was."""
+    spec = KernelSpec("mha", 64, 64, False, "bf16")
+    after, mid = ws(spec, rescale_threshold=8), ws(spec, rescale_threshold=8, pv_wait="mid")
+    assert "softmax_scores" not in after.source and "softmax_exp" not in after.source
+    loop = consumer_loop(mid.source)
+    order = [loop.index(t) for t in ("softmax_scores<8>(acc_S, Smax, rescale_o, kScaleLog2)",
+                                     "attn_sm90::ordering_point(never);\n", "warpgroup_wait<0>()",
+                                     "softmax_exp(acc_S, Ssum, rescale_o)", "convert_into(rP_P, acc_S)",
+                                     "rescale_rows<true>(acc_O_register, rescale_o)")]
+    assert order == sorted(order), order
+    assert "softmax_tile" not in loop
+    first_tile = mid.source[mid.source.index("consumer warpgroups"):mid.source.index(loop.splitlines()[0])]
+    assert "softmax_tile<8>(acc_S" in first_tile
+    assert mid.name == after.name.replace("_rt8_ws", "_rt8_wmid_ws")
 
 
 @pytest.mark.parametrize("variant,d,causal,layout,want", [

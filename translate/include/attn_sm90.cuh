@@ -92,6 +92,28 @@ __forceinline__ __device__ void ordering_point(bool never) {
 }
 
 // ---- softmax --------------------------------------------------------------------------------------
+// 2^x on the FMA pipe, no MUFU (issue 16: at head dim 64 a tile's MUFU.EX2 time equals its tensor-core time, 16
+// exponentials a clock per SM against 4096 FLOP, so the softmax can move part of them to the idle FP32 pipe; FA4
+// does this on sm100). x = floor + frac: a round-down add of 1.5 * 2^23 leaves floor(x) in the low mantissa bits,
+// 2^frac is a degree-3 polynomial (minimax relative error 8.6e-5: below bf16's and fp16's rounding), and floor
+// goes into the exponent field by an integer add. x <= -127 (a masked -inf too) gives exactly 0: floor -127, frac 0,
+// p = 1.0, whose exponent field the add empties. 8 FP32/integer instructions in place of one MUFU.
+__forceinline__ __device__ float exp2_poly(float x) {
+  const float xc = fmaxf(x, -127.f);
+  float rounded;
+  asm("add.rm.f32 %0, %1, 0f4B400000;" : "=f"(rounded) : "f"(xc));
+  const float frac = xc - (rounded - 12582912.f);
+  const float p = fmaf(fmaf(fmaf(0.0770672411f, frac, 0.227644980f), frac, 0.695116639f), frac, 1.f);
+  return __int_as_float(__float_as_int(p) + (__float_as_int(rounded) << 23));
+}
+
+// Which of a row's exponentials take exp2_poly: kPoly of every 8 (0: none), the last of each group of 8 columns
+// first, so MUFU and FMA instructions interleave.
+template <int kPoly>
+__forceinline__ __device__ constexpr bool poly_slot(int ni) {
+  return kPoly > 0 && (ni % 8) >= 8 - kPoly;
+}
+
 // Online softmax of one score tile, first half: new running row max, P = exp2(S * scale_log2 -
 // max * scale_log2) in place (one FFMA + MUFU.EX2 each), row sums rescaled and extended (thread-local:
 // the quad reduction waits for the epilogue), and the factor exp2((m_old - m_new) * scale_log2) that the
@@ -101,7 +123,8 @@ __forceinline__ __device__ void ordering_point(bool never) {
 // it by at most that many log2 units, so its factor is exactly 1 and rescale_rows<true> can skip the output's
 // multiply; P and the sums are then up to 2^threshold (exact in fp32, bf16/fp16 hold it), and the final
 // normalisation divides it out: the same softmax, fewer instructions once the running max has settled.
-template <int kRescaleThreshold = 0, typename TS, typename TMax, typename TSum, typename TScale>
+// kExp2Poly > 0: that many of every 8 exponentials of a row by exp2_poly (the FMA pipe) instead of MUFU.EX2.
+template <int kRescaleThreshold = 0, int kExp2Poly = 0, typename TS, typename TMax, typename TSum, typename TScale>
 __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row_sum, TScale& rescale,
                                              float scale_log2) {
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
@@ -124,10 +147,54 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
     float sum = 0.f;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) {
-      s(mi, ni) = attn_tl::fast_exp2(s(mi, ni) * scale_log2 - m_scaled);
+      const float x = s(mi, ni) * scale_log2 - m_scaled;
+      s(mi, ni) = poly_slot<kExp2Poly>(ni) ? exp2_poly(x) : attn_tl::fast_exp2(x);
       sum += s(mi, ni);
     }
     row_sum(mi) = row_sum(mi) * factor + sum;
+  }
+}
+
+// softmax_tile in two halves, for a wait between them (pv_wait "mid": the P.V GEMM in flight is waited for once
+// the maxima are known, FA4's order, so that the exponentials, P's conversion and the output's rescale share one
+// basic block and ptxas interleaves their FP32 and F2FP instructions with the MUFU stream). First half: the new
+// running max and the output's factor per row, and S * scale_log2 - max * scale_log2 in place.
+template <int kRescaleThreshold = 0, typename TS, typename TMax, typename TScale>
+__forceinline__ __device__ void softmax_scores(TS& acc_s, TMax& row_max, TScale& rescale, float scale_log2) {
+  Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+  static_assert(decltype(size<0>(s))::value == decltype(size(row_max))::value);
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const float m_old = row_max(mi);
+    float m = m_old;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+    m = attn_tl::quad_max(m);
+    if constexpr (kRescaleThreshold > 0) {
+      if (m_old != -INFINITY && (m - m_old) * scale_log2 <= float(kRescaleThreshold)) { m = m_old; }
+    }
+    row_max(mi) = m;
+    const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+    rescale(mi) = (kRescaleThreshold > 0 && m == m_old) ? 1.f : attn_tl::fast_exp2(m_old * scale_log2 - m_scaled);
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { s(mi, ni) = s(mi, ni) * scale_log2 - m_scaled; }
+  }
+}
+
+// Second half: P = exp2 of the first half's values in place, and the row sums rescaled and extended.
+template <int kExp2Poly = 0, typename TS, typename TSum, typename TScale>
+__forceinline__ __device__ void softmax_exp(TS& acc_s, TSum& row_sum, TScale const& rescale) {
+  Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+  static_assert(decltype(size<0>(s))::value == decltype(size(row_sum))::value);
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    float sum = 0.f;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      s(mi, ni) = poly_slot<kExp2Poly>(ni) ? exp2_poly(s(mi, ni)) : attn_tl::fast_exp2(s(mi, ni));
+      sum += s(mi, ni);
+    }
+    row_sum(mi) = row_sum(mi) * rescale(mi) + sum;
   }
 }
 

@@ -136,15 +136,25 @@ def emit_alloc_acc(op: Op, ctx: Ctx) -> list[str]:
     return lines
 
 
-def emit_gemm(op: Op, ctx: Ctx) -> list[str]:
+def gemm_stage_wait(op: Op, ctx: Ctx) -> list[str]:
+    """The wait for the K or V stage a GEMM reads (its slot chosen from the ring's count)."""
+    g = ctx.gemm_id(op)
+    if op.data["mma"] == "qk":
+        return [f"{g}_slot = k_read % kStages;",
+                f"attn_sm90::wait_barrier(&k_full[{g}_slot], (k_read / kStages) & 1);  // the K tile landed"]
+    return [f"{g}_slot = v_read % kStages;",
+            f"attn_sm90::wait_barrier(&v_full[{g}_slot], (v_read / kStages) & 1);  // the V tile landed"]
+
+
+def emit_gemm(op: Op, ctx: Ctx, stage_waited: bool = False) -> list[str]:
+    """A GEMM batch: the wait for its stage (unless ``stage_waited``: the caller emitted gemm_stage_wait before),
+    the issue, and its pending flag."""
     g = ctx.gemm_id(op)
     mma, zero = op.data["mma"], "true" if op.data["zero_init"] else "false"
-    lines = ["{"]
+    lines = ["{"] + ([] if stage_waited else [INDENT + line for line in gemm_stage_wait(op, ctx)])
     if mma == "qk":
         x, res = "k", op.data["result"]
         lines += [
-            f"{INDENT}{g}_slot = k_read % kStages;",
-            f"{INDENT}attn_sm90::wait_barrier(&k_full[{g}_slot], (k_read / kStages) & 1);  // the K tile landed",
             f"{INDENT}tile_{res} = k_read++ - k_tile0;  // numbered within this tile",
             f"{INDENT}attn_sm90::gemm_issue<{zero}>(tiled_mma_qk, tSrQ, tSrK(_, _, _, {g}_slot), acc_{res});",
         ]
@@ -152,8 +162,6 @@ def emit_gemm(op: Op, ctx: Ctx) -> list[str]:
         x = "v"
         a = "tOsP" if ctx.params.pv_operand == "ss" else f"rP_{op.data['a']}"
         lines += [
-            f"{INDENT}{g}_slot = v_read % kStages;",
-            f"{INDENT}attn_sm90::wait_barrier(&v_full[{g}_slot], (v_read / kStages) & 1);  // the V tile landed",
             f"{INDENT}++v_read;",
             f"{INDENT}attn_sm90::gemm_issue<{zero}>(tiled_mma_pv, {a}, tOrV(_, _, _, {g}_slot), acc_{op.data['result']});",
         ]
@@ -178,12 +186,15 @@ def emit_mask(op: Op, ctx: Ctx) -> list[str]:
 
 def emit_softmax(op: Op, ctx: Ctx) -> list[str]:
     t = op.data["target"]
-    return [f"attn_sm90::softmax_tile{_threshold(ctx.params)}(acc_{t}, {op.data['max']}, {op.data['sum']}, "
+    return [f"attn_sm90::softmax_tile{softmax_template(ctx.params)}(acc_{t}, {op.data['max']}, {op.data['sum']}, "
             f"rescale_o, kScaleLog2);  // O's rescale is deferred to its next use"]
 
 
-def _threshold(params) -> str:
-    """softmax_tile's template argument: none (every tile rescales, the source as it always was) or <N>."""
+def softmax_template(params) -> str:
+    """softmax_tile's template arguments: none (every tile rescales, MUFU for every exponential: the source as it
+    always was), <threshold>, or <threshold, exponentials of every 8 by the FMA pipe's polynomial>."""
+    if params.exp2_poly:
+        return f"<{params.rescale_threshold}, {params.exp2_poly}>"
     return f"<{params.rescale_threshold}>" if params.rescale_threshold else ""
 
 
@@ -282,7 +293,9 @@ EMITTERS = {
 }
 
 
-def sync_lines(op: Op, ctx: Ctx) -> list[str]:
+def sync_lines(op: Op, ctx: Ctx, deferred: bool = False) -> list[str]:
+    """The wait, stage releases and (unless ``deferred``: the caller emits them after the op) output rescales that
+    go before ``op``."""
     out = []
     if op.wait is not None:
         out += [f"// dependency pass: {r}" for r in op.reasons]
@@ -296,13 +309,38 @@ def sync_lines(op: Op, ctx: Ctx) -> list[str]:
         buf = "k" if g.data["mma"] == "qk" else "v"
         out.append(f"if ({gid}_pending) {{ attn_sm90::release_stage(&{buf}_empty[{gid}_slot], mma_tidx); "
                    f"{gid}_pending = false; }}  // stage back to the producer (TL {g.line})")
-    for acc in op.rescale:
-        out.append(f"attn_sm90::rescale_rows{_skip_unit(ctx.params)}(acc_{acc}, rescale_o);  // the softmax's "
-                   "deferred factor")
+    if not deferred:
+        out += rescale_lines(op, ctx)
     if op.data.get("release_q"):
         out.append("if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
                    "  // no GEMM reads Q any more in this tile: the producer may load the next tile's")
     return out
+
+
+def softmax_wait_split(op: Op, nxt, ctx: Ctx) -> bool:
+    """pv_wait "mid": a softmax followed by P's conversion (RS) that must first wait for the P.V GEMM in flight."""
+    return (ctx.params.pv_wait == "mid" and op.kind == "softmax" and ctx.params.pv_operand == "rs"
+            and isinstance(nxt, Op) and nxt.kind == "reshape" and nxt.wait is not None)
+
+
+def emit_softmax_split(softmax: Op, reshape: Op, ctx: Ctx) -> list[str]:
+    """The softmax in two halves around the conversion's wait for the P.V GEMM (FA4's order): maxima and scaled
+    scores, then the wait (kept there by the ordering point), then the exponentials, P's conversion and the
+    output's deferred rescale in one basic block (the rescale's skip is a branch: last)."""
+    t, p = softmax.data["target"], ctx.params
+    out = [comment(softmax)] + sync_lines(softmax, ctx)
+    out.append(f"attn_sm90::softmax_scores{f'<{p.rescale_threshold}>' if p.rescale_threshold else ''}(acc_{t}, "
+               f"{softmax.data['max']}, rescale_o, kScaleLog2);  // maxima first; the exponentials after the wait")
+    out += [comment(reshape)] + sync_lines(reshape, ctx, deferred=True)
+    out.append(f"attn_sm90::softmax_exp{f'<{p.exp2_poly}>' if p.exp2_poly else ''}(acc_{t}, {softmax.data['sum']}, "
+               "rescale_o);")
+    out += EMITTERS["reshape"](reshape, ctx)
+    return out + rescale_lines(reshape, ctx)
+
+
+def rescale_lines(op: Op, ctx: Ctx) -> list[str]:
+    return [f"attn_sm90::rescale_rows{_skip_unit(ctx.params)}(acc_{acc}, rescale_o);  // the softmax's deferred factor"
+            for acc in op.rescale]
 
 
 # ---- blocks ---------------------------------------------------------------------------------------------
@@ -321,16 +359,23 @@ def emit_nodes(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
                 run.append(nodes[k + len(run)])
             out.append(comment(node))
             out += sync_lines(node, ctx)
+            # the turn's first stage is waited for before the turn is taken (FA4's order): a warpgroup whose K tile
+            # has not landed lets the others issue meanwhile instead of holding the tensor cores' turn idle
+            out += gemm_stage_wait(node, ctx)
             out.append(f"if (wg != 0 || !pp_first) {{ cutlass::arch::NamedBarrier::sync(2 * 128, {PINGPONG_BARRIER} + wg); }}"
                        "  // ping-pong: our turn to issue GEMMs (warpgroup 0 opens each tile)")
             out.append("pp_first = false;")
             for i, g in enumerate(run):
                 if i:
                     out.append(comment(g))
-                out += EMITTERS["gemm"](g, ctx)
+                out += emit_gemm(g, ctx, stage_waited=(i == 0))
             out.append(f"cutlass::arch::NamedBarrier::arrive(2 * 128, {PINGPONG_BARRIER} + (wg + 1) % kConsumerWGs);"
                        "  // the next warpgroup's turn")
             k += len(run)
+            continue
+        if isinstance(node, Op) and k + 1 < len(nodes) and softmax_wait_split(node, nodes[k + 1], ctx):
+            out += emit_softmax_split(node, nodes[k + 1], ctx)
+            k += 2
             continue
         if isinstance(node, Op):
             out.append(comment(node))

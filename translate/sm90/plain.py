@@ -15,7 +15,7 @@ from translate import emitters as em
 from translate.emitters import INDENT, EmitContext, _gmem_copy, G2S_OPS
 from translate.ir import Op
 from translate.kernel import TranslationError
-from translate.sm90.emit import _k_major_atom, gemm_ops
+from translate.sm90.emit import _k_major_atom, gemm_ops, softmax_template
 
 
 
@@ -93,7 +93,7 @@ def emit_softmax(op: Op, ctx: EmitContext) -> list[str]:
     mx, sm = ctx.reg(op.data["max"], op.line), ctx.reg(op.data["sum"], op.line)
     scale = "kLog2e" if op.data["target"] in ctx.prescaled else "kScaleLog2"
     t = ctx.params.rescale_threshold
-    return [f"attn_sm90::softmax_tile{f'<{t}>' if t else ''}({s}, {mx}, {sm}, {mx}_rescale, {scale});",
+    return [f"attn_sm90::softmax_tile{softmax_template(ctx.params)}({s}, {mx}, {sm}, {mx}_rescale, {scale});",
             f"attn_sm90::rescale_rows{'<true>' if t else ''}({acc}, {mx}_rescale);  "
             f"// {op.data['acc']} *= exp2((max_old - max_new) * scale)"]
 
