@@ -29,6 +29,7 @@ from param_ab_check import parse_spec  # noqa: E402  (this folder: the spec labe
 from tuner.bucket_defaults import parse_table  # noqa: E402
 from tuner.buckets import BUCKETS, bucket_for, bucket_name  # noqa: E402
 from tuner.problem import VARIANTS  # noqa: E402
+from translate.sm90.emit import PINGPONG_REVISION  # noqa: E402
 
 try:
     import tomllib
@@ -36,8 +37,15 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 
+def superseded(change: dict, record: dict) -> bool:
+    """Whether ``record`` timed ``change`` with a ping-pong kernel the translator no longer builds (its
+    pingpong_revision, 1 where the record predates the field, below translate.sm90.emit.PINGPONG_REVISION)."""
+    return bool(change.get("pingpong")) and record.get("pingpong_revision", 1) < PINGPONG_REVISION
+
+
 def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]:
-    """{(spec label, seqlen): {change as canonical JSON: [one verdict per record that timed it]}}."""
+    """{(spec label, seqlen): {change as canonical JSON: [one verdict per record that timed it]}}, leaving out the
+    timings of superseded ping-pong kernels."""
     out: dict[tuple[str, int], dict[str, list[dict]]] = {}
     for i, record in enumerate(records):
         changes = record.get("changes")
@@ -45,7 +53,8 @@ def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]
             raise ValueError(f"record {i + 1} has no 'changes' (not a param_ab_check --changes record)")
         for row in record.get("rows", []):
             for name, verdict in row["verdicts"].items():
-                if name not in changes:   # "before" (--before): an earlier translator's kernel, not a change
+                if name not in changes or superseded(changes[name], record):
+                    # "before" (--before): an earlier translator's kernel, not a change; or an old ping-pong
                     continue
                 key = json.dumps(changes[name], sort_keys=True)
                 out.setdefault((row["spec"], row["seqlen"]), {}).setdefault(key, []).append(verdict)

@@ -99,19 +99,20 @@ def test_every_shipped_bucket_default_is_legal_on_its_profile(gpu):
 
 def test_the_h100_table_gives_the_measured_kernels_per_bucket():
     d64c = bucket_defaults(H100, MHA64C)
-    assert {b: (p.block_m, p.block_n, p.rescale_threshold) for b, p in d64c.items()} == {
-        "s512": (128, 128, 0), "s1024": (128, 128, 0),
-        **{b: (192, 96, 8) for b in ("s2048", "s4096", "s8192", "s16384")}}
-    assert d64c["s512"].num_warps == 8
+    assert {b: (p.block_m, p.block_n, p.rescale_threshold, p.pingpong) for b, p in d64c.items()} == {
+        "s512": (128, 128, 0, True), "s1024": (128, 128, 0, True), "s8192": (192, 128, 0, True),
+        **{b: (192, 96, 8, False) for b in ("s2048", "s4096", "s16384")}}
+    assert d64c["s512"].num_warps == 8 and d64c["s2048"].kv_stages == 3
     gqa = bucket_defaults(H100, GQA128N)
     assert [b for b, p in gqa.items() if p.pingpong and p.producer_regs == 56 and p.pack_gqa] == \
-        ["s512", "s1024", "s2048", "s4096"]
-    assert (gqa["s16384"].block_n, gqa["s16384"].persistent, gqa["s16384"].rescale_threshold) == (176, False, 0)
-    assert gqa["s8192"] == default_params(H100, GQA128N, "ws_overlap")
-    assert "runs 12, 13" in bucket_change(H100, GQA128N, "s1024").measured
+        ["s512", "s2048", "s4096", "s16384"]
+    assert gqa["s1024"].pack_gqa and not gqa["s1024"].pingpong
+    assert gqa["s8192"].pingpong and not gqa["s8192"].pack_gqa
+    assert "s2048 x1.036 x1.036" in bucket_change(H100, GQA128N, "s2048").measured
     gqa64 = bucket_defaults(H100, KernelSpec("gqa", 64, 64, True, "bf16"))   # packed heads, except 8k
     assert [b for b, p in gqa64.items() if p.pack_gqa] == ["s512", "s1024", "s2048", "s4096", "s16384"]
     assert gqa64["s8192"].block_n == 96 and not gqa64["s8192"].pack_gqa
+    assert all(p.pingpong for p in bucket_defaults(H100, KernelSpec("mha", 64, 64, False, "bf16")).values())
 
 
 @pytest.mark.parametrize("spec", [
@@ -137,11 +138,11 @@ def test_seqlens_fall_into_their_buckets_and_group_by_kernel():
     assert params_for_seqlen(H100, MHA64C, 700).block_m == 128           # s1024
     assert params_for_seqlen(H100, MHA64C, 100000).block_n == 96         # past the last edge: s16384
     groups = group_by_params(H100, MHA64C, [512, 1024, 2048, 4096, 8192])
-    assert [(p.block_m, p.kv_stages, s) for p, s in groups] == [(128, 2, [512, 1024]), (192, 3, [2048]),
-                                                                 (192, 2, [4096, 8192])]
-    (only,) = group_by_params(H100, KernelSpec("mha", 128, 128, True, "bf16"), [2048, 4096, 8192])
-    assert only[1] == [2048, 4096, 8192] and only[0] == default_params(H100, KernelSpec("mha", 128, 128, True,
-                                                                                         "bf16"), "ws_overlap")
+    assert [(p.block_m, p.kv_stages, p.pingpong, s) for p, s in groups] == [
+        (128, 2, True, [512, 1024]), (192, 3, False, [2048]), (192, 2, False, [4096]), (192, 2, True, [8192])]
+    mla = KernelSpec("mla", 192, 128, True, "bf16")   # not in the table: one group, the per-spec default
+    (only,) = group_by_params(H100, mla, [2048, 4096, 8192])
+    assert only[1] == [2048, 4096, 8192] and only[0] == default_params(H100, mla, "ws_overlap")
 
 
 # -- consumers -----------------------------------------------------------------------------------------------------
@@ -154,7 +155,7 @@ def test_tune_build_seqlen_builds_that_buckets_default(tmp_path):
     (record,) = [json.loads(p.read_text()) for p in tmp_path.glob("*.json")]
     assert record["params"]["block_n"] == 96 and record["params"]["rescale_threshold"] == 8
     assert record["bucket_default"]["bucket"] == "s4096" and record["bucket_default"]["change"] == {
-        "block_n": 96, "rescale_threshold": 8} and "MHA 4k-16k x1.020" in record["bucket_default"]["measured"]
+        "block_n": 96, "rescale_threshold": 8} and "MHA s4096 x1.020" in record["bucket_default"]["measured"]
     assert "default of bucket s4096" in res.output
 
 
@@ -182,8 +183,8 @@ def test_tune_bench_builds_one_kernel_per_bucket_default(monkeypatch):
                                  [512, 1024, 2048, 16384])
     assert code == 0
     assert [(b.spec.d_qk, b.params.block_m, b.params.pingpong, b.params.persistent, b.seqlens) for b in built] == [
-        (64, 128, False, True, (512, 1024)), (64, 192, False, True, (2048,)), (64, 192, False, True, (16384,)),
-        (128, 128, True, True, (512, 1024)), (128, 128, False, True, (2048,)), (128, 128, False, False, (16384,))]
+        (64, 128, True, True, (512, 1024)), (64, 192, False, True, (2048,)), (64, 192, False, True, (16384,)),
+        (128, 128, True, True, (512, 1024, 2048)), (128, 128, False, False, (16384,))]
     built, _ = _build_kernels(targets[1:], "mha", None, None, H100, Console(), None, "ws_overlap", [2048, 4096])
     assert [b.seqlens for b in built] == [None]      # one default serves them all: one kernel, as before
     built, _ = _build_kernels(targets[:1], "mha", '{"block_n": 112}', None, H100, Console(), None, "ws_overlap",
@@ -212,8 +213,9 @@ def test_a_dense_campaign_is_seeded_with_the_bucket_defaults():
 
     seeds = bucket_default_seeds(H100, MHA64C)
     assert [(p["block_m"], p["block_n"], p["kv_stages"], p["schedule"]) for p, _, _ in seeds] == [
-        (128, 128, 2, "ws_overlap"), (192, 96, 3, "ws_overlap"), (192, 96, 2, "ws_overlap")]
-    assert "s512,s1024" in seeds[0][1] and "run 3" in seeds[0][2]
+        (128, 128, 2, "ws_overlap"), (192, 96, 3, "ws_overlap"), (192, 96, 2, "ws_overlap"),
+        (192, 128, 2, "ws_overlap")]
+    assert "s512,s1024" in seeds[0][1] and "s512 x1.081" in seeds[0][2] and seeds[3][0]["pingpong"]
     assert bucket_default_seeds(load_profile("a100"), MHA64C) == []
     assert bucket_default_seeds(H100, KernelSpec("mla", 192, 128, True, "bf16")) == []
 
@@ -259,9 +261,12 @@ def _table_script():
     return bucket_table
 
 
-def _record(changes, rows):
-    """A param_ab_check --changes record: rows of (spec, seqlen, {name: (ratio, confirmed)})."""
-    return {"changes": changes, "rows": [
+def _record(changes, rows, pingpong_revision="current"):
+    """A param_ab_check --changes record: rows of (spec, seqlen, {name: (ratio, confirmed)}), timed with the current
+    ping-pong kernel (``pingpong_revision`` None: a record from before the field, i.e. revision 1)."""
+    revision = {} if pingpong_revision is None else {
+        "pingpong_revision": _table_script().PINGPONG_REVISION if pingpong_revision == "current" else pingpong_revision}
+    return {**revision, "changes": changes, "rows": [
         {"spec": spec, "seqlen": seqlen,
          "verdicts": {n: {"ratio": r, "low": r - 0.01, "high": r + 0.01, "confirmed": ok} for n, (r, ok) in v.items()}}
         for spec, seqlen, v in rows]}
@@ -318,9 +323,9 @@ def test_the_best_median_ratio_wins_and_entries_merge_buckets_and_variants():
 def test_the_h100_table_is_what_its_records_give(capsys):
     bt = _table_script()
     files = sorted((RECORDS / "h100").glob("*.json"))
-    assert len(files) == 21
+    assert len(files) == 30
     assert bt.main([*map(str, files), "--check", "h100"]) == 0
-    assert "h100: matches the 21 records" in capsys.readouterr().out
+    assert "h100: matches the 30 records" in capsys.readouterr().out
     # one entry edited by hand, and the check names it
     table = bt.assignments(load_table("h100"))
     table[("mha", 64, True, "s4096")] = {"block_n": 112}
@@ -329,6 +334,19 @@ def test_the_h100_table_is_what_its_records_give(capsys):
     assert bt.differences(derived, table) == [
         "('mha', 64, True, 's4096'): records give {'block_n': 96, 'rescale_threshold': 8}, the table has "
         "{'block_n': 112}"]
+
+
+def test_timings_of_a_superseded_ping_pong_kernel_do_not_count():
+    """A record without pingpong_revision (or an older one) timed the revision-1 ping-pong, which the translator
+    no longer builds: its ping-pong changes are left out, its other changes count as before."""
+    bt = _table_script()
+    ch = {"pp": {"pingpong": True}, "n96": {"block_n": 96}}
+    rows = [("mha64n", 2048, {"pp": (1.04, True), "n96": (1.02, True)})]
+    old, new = _record(ch, rows, pingpong_revision=None), _record(ch, rows)
+    assert bt.choose(bt.collect([old, old]))[0][("mha64n", "s2048")][0] == {"block_n": 96}
+    assert bt.choose(bt.collect([new, new]))[0][("mha64n", "s2048")][0] == {"pingpong": True}
+    slower_old = _record(ch, [("mha64n", 2048, {"pp": (0.95, False), "n96": (1.02, True)})], pingpong_revision=1)
+    assert bt.choose(bt.collect([new, new, slower_old]))[0][("mha64n", "s2048")][0] == {"pingpong": True}
 
 
 def test_bucket_table_refuses_a_record_of_the_old_single_change_form(tmp_path, capsys):

@@ -23,6 +23,10 @@ INDENT = "  "
 # the ping-pong turn of each consumer warpgroup (2 or 3 take turns in a ring).
 EPILOGUE_BARRIER = 1
 PINGPONG_BARRIER = 5
+# The ping-pong schedule's revision, recorded with A/B timings (scripts/param_ab_check.py) so that a table derived
+# from them (scripts/bucket_table.py) does not count timings of a ping-pong kernel that no longer exists.
+# 1: the turn's stage waits inside the turn; 2 (2026-11-26): the turn's first stage is waited for before it.
+PINGPONG_REVISION = 2
 # The indexed (cp.async) producer's warpgroup: the next tile's number, from thread 0 to the others.
 PRODUCER_BARRIER = 4
 # Producer threads that copy K/V with cp.async (the whole producer warpgroup, as FA3's paged path): each
