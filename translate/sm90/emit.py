@@ -363,8 +363,8 @@ def emit_nodes(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
                 run.append(nodes[k + len(run)])
             out.append(comment(node))
             out += sync_lines(node, ctx)
-            # the turn's first stage is waited for before the turn is taken (FA4's order): a warpgroup whose K tile
-            # has not landed lets the others issue meanwhile instead of holding the tensor cores' turn idle
+            # the turn's first stage is waited for before the turn is taken (FA4's order): the wait for a late K tile
+            # overlaps the previous warpgroup's turn instead of holding this one with the tensor cores idle
             out += gemm_stage_wait(node, ctx)
             out.append(f"if (wg != 0 || !pp_first) {{ cutlass::arch::NamedBarrier::sync(2 * 128, {PINGPONG_BARRIER} + wg); }}"
                        "  // ping-pong: our turn to issue GEMMs (warpgroup 0 opens each tile)")
