@@ -15,7 +15,8 @@ top of it. Every kernel passes the verification gate (tuner.verify) first; exit 
    re-run under ncu with ``--one POINT``. Per kernel under DIR: ``POINT.details.csv`` and ``POINT.raw.csv`` (every
    metric) and ``POINT.source.csv`` (the SASS with executed instructions and stall samples per instruction).
    Then a table: duration, clock, instructions, issue-active, the pipes (tensor, xu = MUFU, fma, alu) and the
-   top stall reasons.
+   top stall reasons. ``scripts/ncu_sass_stalls.py POINT.source.csv --diff A B`` compares two kernels' stall samples
+   per opcode.
 
 ``--build-only`` compiles the kernels into the cache (CPU, no GPU) so a device run can carry them.
 """
