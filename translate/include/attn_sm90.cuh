@@ -131,18 +131,8 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
   static_assert(decltype(size<0>(s))::value == decltype(size(row_max))::value);
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
-    const float m_old = row_max(mi);
-    float m = m_old;
-    CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
-    m = attn_tl::quad_max(m);
-    if constexpr (kRescaleThreshold > 0) {   // (all four threads of a row see the same maxima: one decision)
-      if (m_old != -INFINITY && (m - m_old) * scale_log2 <= float(kRescaleThreshold)) { m = m_old; }
-    }
-    row_max(mi) = m;
-    const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
-    const float factor = (kRescaleThreshold > 0 && m == m_old) ? 1.f
-                                                                : attn_tl::fast_exp2(m_old * scale_log2 - m_scaled);
+    float factor;
+    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2);
     rescale(mi) = factor;
     float sum = 0.f;
     CUTE_UNROLL
@@ -165,17 +155,9 @@ __forceinline__ __device__ void softmax_scores(TS& acc_s, TMax& row_max, TScale&
   static_assert(decltype(size<0>(s))::value == decltype(size(row_max))::value);
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
-    const float m_old = row_max(mi);
-    float m = m_old;
-    CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
-    m = attn_tl::quad_max(m);
-    if constexpr (kRescaleThreshold > 0) {
-      if (m_old != -INFINITY && (m - m_old) * scale_log2 <= float(kRescaleThreshold)) { m = m_old; }
-    }
-    row_max(mi) = m;
-    const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
-    rescale(mi) = (kRescaleThreshold > 0 && m == m_old) ? 1.f : attn_tl::fast_exp2(m_old * scale_log2 - m_scaled);
+    float factor;
+    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2);
+    rescale(mi) = factor;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) { s(mi, ni) = s(mi, ni) * scale_log2 - m_scaled; }
   }

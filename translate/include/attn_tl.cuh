@@ -129,6 +129,27 @@ __forceinline__ __device__ T quad_sum(T x) {
   return x + __shfl_xor_sync(0xffffffff, x, 1);
 }
 
+// Row mi of a (rows, cols) score view: its new running max, from the old one and the row's scores reduced over the
+// quad, stored in row_max; the factor exp2((m_old - m_new) * scale_log2) that the row's earlier output and sum must be
+// multiplied by; and the new max * scale_log2 (0 for a row with no visible key, which keeps max -inf, so that its
+// P = 0, never NaN). kRescaleThreshold > 0 (FA4's conditional rescaling, the Hopper softmax): the row keeps its
+// running max while the tile's max exceeds it by at most that many log2 units, and its factor is then exactly 1.
+template <int kRescaleThreshold = 0, typename TS, typename TMax>
+__forceinline__ __device__ float update_row_max(TS const& s, int mi, TMax& row_max, float& factor, float scale_log2) {
+  const float m_old = row_max(mi);
+  float m = m_old;
+  CUTE_UNROLL
+  for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+  m = quad_max(m);
+  if constexpr (kRescaleThreshold > 0) {   // (all four threads of a row see the same maxima: one decision)
+    if (m_old != -INFINITY && (m - m_old) * scale_log2 <= float(kRescaleThreshold)) { m = m_old; }
+  }
+  row_max(mi) = m;
+  const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
+  factor = (kRescaleThreshold > 0 && m == m_old) ? 1.f : fast_exp2(m_old * scale_log2 - m_scaled);
+  return m_scaled;
+}
+
 // Online softmax of one score tile: new running max, rescale of the running sum and of the output
 // accumulator by exp2((m_old - m_new) * scale_log2), P = exp2(S * scale_log2 - m_new * scale_log2)
 // (one FFMA + MUFU.EX2 per element). Row sums stay thread-local; normalize_rows reduces them.
@@ -141,14 +162,8 @@ __forceinline__ __device__ void online_softmax(TS& acc_s, TO& acc_o, TMax& row_m
   static_assert(decltype(size<0>(s))::value == decltype(size<0>(o))::value);
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
-    const float m_old = row_max(mi);
-    float m = m_old;
-    CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
-    m = quad_max(m);
-    row_max(mi) = m;
-    const float m_scaled = (m == -INFINITY) ? 0.f : m * scale_log2;
-    const float rescale = fast_exp2(m_old * scale_log2 - m_scaled);
+    float rescale;
+    const float m_scaled = update_row_max(s, mi, row_max, rescale, scale_log2);
     row_sum(mi) *= rescale;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= rescale; }
