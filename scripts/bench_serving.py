@@ -327,24 +327,11 @@ def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path
 
 def _variant_kernels(variants: dict, cache_dir: Path) -> dict:
     """{name: loaded kernel} of the H100 default for GQA d128 causal bf16 with each change, each verified."""
-    from tuner.default_export import compile_changes
+    from tuner.default_export import compile_changes, load_verified
     from tuner.problem import KernelSpec
-    from tuner.runtime import load_kernel
-    from tuner.verify import verify
 
     spec = KernelSpec("gqa", 128, 128, True, "bf16")
-    kernels = {}
-    for name, (gen, res) in compile_changes("h100", [(spec, variants)], cache_dir)[0].items():
-        if not res.ok:
-            print(f"variant {name}: does not build: {res.log[-300:]}", flush=True)
-            continue
-        kernel = load_kernel(res.cubin, gen.meta())
-        report = verify(kernel, spec)
-        print(f"variant {name}: {gen.name} regs {res.registers} spills {res.spill_stores} verified "
-              f"{report.passed} {report.reason or ''}", flush=True)
-        if report.passed:
-            kernels[name] = kernel
-    return kernels
+    return load_verified(compile_changes("h100", [(spec, variants)], cache_dir)[0], spec, "variant")
 
 
 def _attention_on_activations(attn, model, ids) -> dict:

@@ -72,22 +72,10 @@ def build(gpu: str, points, changes: dict[str, dict], cache_dir: Path):
 
 def load_verified(built: dict, points) -> dict:
     """{(label, name): kernel} of the kernels that pass the gate; prints each verdict."""
-    from tuner.runtime import load_kernel
-    from tuner.verify import verify
+    from tuner.default_export import load_verified as verified
 
-    kernels = {}
-    for label, spec, _ in points:
-        for name, (gen, res) in built[label].items():
-            if not res.ok:
-                print(f"{label} {name}: {gen.name} did not compile: {res.log[-400:]}", flush=True)
-                continue
-            kernel = load_kernel(res.cubin, gen.meta())
-            report = verify(kernel, spec)
-            print(f"{label} {name}: {gen.name} regs {res.registers} spills {res.spill_stores} "
-                  f"verified={report.passed} {report.reason or ''}", flush=True)
-            if report.passed:
-                kernels[(label, name)] = kernel
-    return kernels
+    return {(label, name): kernel for label, spec, _ in points
+            for name, kernel in verified(built[label], spec, label).items()}
 
 
 def calls_of(kernels: dict, label: str, problem) -> dict:

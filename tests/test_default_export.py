@@ -87,3 +87,28 @@ def test_compile_changes_builds_each_specs_default_with_each_change_in_one_pool(
     gen, result = built[0]["n176"]
     assert gen.params.block_n == 176 and result == f"result {gen.name}"
     assert built[0]["default"][0].params.block_n != 176 and built[1]["default"][0].spec.layout == "paged"
+
+
+def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatch, capsys):
+    """The A/B scripts (dense_profile, bench_serving --variants) time only kernels that built and passed tuner.verify;
+    every verdict is printed under the caller's label."""
+    from types import SimpleNamespace
+
+    import tuner.runtime
+    import tuner.verify
+    from tuner.default_export import load_verified
+
+    def gen(name):
+        return SimpleNamespace(name=name, meta=lambda: {"name": name})
+
+    def res(ok):
+        return SimpleNamespace(ok=ok, cubin=b"x" if ok else None, log="ptxas error", registers=128, spill_stores=0)
+
+    monkeypatch.setattr(tuner.runtime, "load_kernel", lambda cubin, meta: meta["name"])
+    monkeypatch.setattr(tuner.verify, "verify", lambda kernel, spec: SimpleNamespace(
+        passed=kernel != "k_wrong", reason="max abs err 1.0" if kernel == "k_wrong" else ""))
+    built = {"default": (gen("k_ok"), res(True)), "wrong": (gen("k_wrong"), res(True)), "broken": (gen("k_x"), res(False))}
+    assert load_verified(built, None, "mha64n_8192") == {"default": "k_ok"}
+    out = capsys.readouterr().out
+    assert "mha64n_8192 wrong: k_wrong regs 128 spills 0 verified=False max abs err 1.0" in out
+    assert "mha64n_8192 broken: k_x did not compile: ptxas error" in out

@@ -92,6 +92,26 @@ def compile_changes(gpu: str, items: Sequence[tuple[KernelSpec, dict[str, dict]]
     return built
 
 
+def load_verified(built: dict[str, tuple], spec: KernelSpec, label: str) -> dict:
+    """{name: loaded kernel} of one compile_changes item's kernels that built and passed the gate (tuner.verify);
+    each verdict is printed as "LABEL NAME: ...". The A/B scripts time only these (GPU)."""
+    from tuner.runtime import load_kernel
+    from tuner.verify import verify
+
+    kernels = {}
+    for name, (gen, res) in built.items():
+        if not res.ok:
+            print(f"{label} {name}: {gen.name} did not compile: {res.log[-400:]}", flush=True)
+            continue
+        kernel = load_kernel(res.cubin, gen.meta())
+        report = verify(kernel, spec)
+        print(f"{label} {name}: {gen.name} regs {res.registers} spills {res.spill_stores} "
+              f"verified={report.passed} {report.reason or ''}", flush=True)
+        if report.passed:
+            kernels[name] = kernel
+    return kernels
+
+
 def _heads(variant: str) -> tuple[int, int]:
     return 16, 16 if variant == "mha" else 2     # what the dense kernels were always timed with
 
