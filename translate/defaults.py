@@ -57,6 +57,15 @@ CP_ASYNC_PRODUCER_REGS = 56
 # vLLM's default, and cp.async reads any multiple of 8; a campaign searches both (hopper_kv_copy).
 
 
+# Ping-pong (revision 2: each consumer warpgroup waits for its K tile before its turn) by (layout, head dim), for
+# the serving layouts; dense kernels take it from the bucket table (hardware_profiles/bucket_defaults). llama3-8b's
+# paged kernel (GQA 32/8, d128, causal, bf16, the cp.async producer; scripts/paged_copy_check.py, BENCHMARKS.md
+# 2026-11-26 session 4), ping-pong against none, two processes of 5 interleaved rounds, median per-round ratio:
+# x1.001-1.045 over the four mixes at pages of 16 and 128, 16 of 16 ahead (2x(2k on 6k) x1.015-1.028). Varlen, one
+# process: 8x2k x1.013, 1x8k+32x256 x0.990, 64 random 1-512 x1.048; mixed, so not a varlen default yet.
+SERVING_PINGPONG = {("paged", 128)}
+
+
 # The softmax's conditional rescale (FA4's rule: a row's O is rescaled only when a tile raised its max by more than
 # 8 log2 units; KernelParams.rescale_threshold) by (head dim, causal), dense layout. scripts/param_ab_check.py on
 # the H100 (BENCHMARKS.md 2026-11-25; paper grid 1k-16k, 15 paired rounds against rescaling every tile):
@@ -106,12 +115,18 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
                                       producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
         for copy in copies:
             params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy,
-                                  rescale_threshold=_rescale_threshold(spec) if warp_specialized else 0)
+                                  rescale_threshold=_rescale_threshold(spec) if warp_specialized else 0,
+                                  pingpong=warp_specialized and _serving_pingpong(spec))
             errors = validate(params, profile, probe, warp_specialized=warp_specialized)
             if not errors:
                 return params
             tried.append(f"{params.key()}: {'; '.join(errors)}")
     raise ValueError(f"no Hopper candidate fits {profile.name} for {spec.label()}:\n  " + "\n  ".join(tried))
+
+
+def _serving_pingpong(spec: KernelSpec) -> bool:
+    """SERVING_PINGPONG's choice for a serving spec whose head dims are equal."""
+    return spec.d_qk == spec.d_v and (spec.layout, spec.d_qk) in SERVING_PINGPONG
 
 
 def _rescale_threshold(spec: KernelSpec) -> int:

@@ -102,8 +102,9 @@ RESCALE_THRESHOLDS = (0, 2, 4, 8)
 # which the 8 FP32 instructions an exponential costs outweigh the MUFU time they free.
 EXP2_POLY_SHARES = (0, 1, 2, 3, 4)
 # Where a consumer waits for its P.V GEMM before converting the next P (KernelParams.pv_wait; emit.py
-# emit_softmax_split).
-PV_WAITS = ("after", "mid")
+# emit_softmax_split): after the whole softmax; once the row maxima are known ("mid", FA4's source order); or after a
+# quarter or half of the exponentials (where ptxas put FA4's wait: after 12 of 64 MUFU.EX2 a thread at d64).
+PV_WAITS = ("after", "mid", "quarter", "half")
 
 
 def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: bool) -> list[str]:
@@ -121,10 +122,11 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         errors.append(f"exp2_poly {params.exp2_poly} must be one of {EXP2_POLY_SHARES}: the exponentials of every 8 "
                       "that the FMA pipe's polynomial takes from MUFU.EX2, at most half of them")
     if params.pv_wait not in PV_WAITS:
-        errors.append(f"pv_wait {params.pv_wait!r} must be one of {', '.join(PV_WAITS)}: after the whole softmax, or "
-                      "once its row maxima are known")
+        errors.append(f"pv_wait {params.pv_wait!r} must be one of {', '.join(PV_WAITS)}: after the whole softmax, "
+                      "once its row maxima are known, or after a quarter or half of its exponentials")
     elif params.pv_wait != "after" and params.pv_operand != "rs":
-        errors.append("pv_wait 'mid' moves the wait before P's conversion into registers: it needs pv_operand rs")
+        errors.append(f"pv_wait {params.pv_wait!r} moves the wait before P's conversion into registers: it needs "
+                      "pv_operand rs")
     if params.block_m not in GMMA_BLOCK_M:
         errors.append(f"block_m {params.block_m} must be 64 x consumer warpgroups (64, 128 or 192): a warpgroup's "
                       "wgmma covers 64 rows")

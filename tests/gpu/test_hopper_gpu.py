@@ -38,6 +38,10 @@ CASES = [
     ("mha64c_exp2_poly_mid", S("mha", True, d=64), "ws_overlap", {"exp2_poly": 4, "pv_wait": "mid"}),
     ("mha64n_exp2_poly_fp16", S("mha", False, "fp16", d=64), "ws_overlap", {"exp2_poly": 2, "rescale_threshold": 8}),
     ("gqa128c_mid_rt0", S("gqa", True), "ws_overlap", {"pv_wait": "mid", "rescale_threshold": 0}),
+    # part of the exponentials before the wait, the rest (and the row sums' second part) after it
+    ("mha64n_half_pp", S("mha", False, d=64), "ws_overlap", {"pv_wait": "half", "pingpong": True, "rescale_threshold": 8}),
+    ("mha64c_quarter_poly_fp16", S("mha", True, "fp16", d=64), "ws_overlap", {"pv_wait": "quarter", "exp2_poly": 2}),
+    ("gqa128c_half_rt0", S("gqa", True), "ws_overlap", {"pv_wait": "half", "rescale_threshold": 0}),
     ("gqa128c", S("gqa", True), "ws_overlap", {}),
     ("mqa128n", S("mqa", False), "ws_overlap", {}),
     ("mla_causal", S("mla", True), "ws_overlap", {}),

@@ -53,7 +53,8 @@ def test_fa3_and_fa4_published_tiles_fit_the_register_model():
     (dict(), False, "without warpgroup roles every warpgroup loads with cp.async"),
     (dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True), False, "apply to warp-specialised sketches"),
     (dict(exp2_poly=5), True, "exp2_poly 5 must be one of (0, 1, 2, 3, 4)"),
-    (dict(pv_wait="early"), True, "pv_wait 'early' must be one of after, mid"),
+    (dict(pv_wait="early"), True, "pv_wait 'early' must be one of after, mid, quarter, half"),
+    (dict(pv_wait="half", pv_operand="ss"), True, "pv_wait 'half' moves the wait before P's conversion"),
     (dict(pv_wait="mid", pv_operand="ss"), True, "it needs pv_operand rs"),
 ])
 def test_illegal_hopper_candidates_are_rejected_with_the_reason(changes, warp_specialized, fragment):

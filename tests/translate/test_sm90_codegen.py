@@ -209,6 +209,24 @@ def test_pv_wait_mid_splits_the_loops_softmax_around_the_wait_for_the_pv_gemm():
     assert mid.name == after.name.replace("_rt8_ws", "_rt8_wmid_ws")
 
 
+@pytest.mark.parametrize("wait,eighths", [("quarter", 2), ("half", 4)])
+def test_pv_wait_quarter_and_half_take_that_share_of_the_exponentials_before_the_wait(wait, eighths):
+    """pv_wait "quarter" / "half": the maxima and the first ``eighths`` eighths of a row's exponentials (which rescale
+    the row sums), the ordering point and the wait for the P.V GEMM, then the rest of the exponentials (which only
+    extend the sums), P's conversion and the deferred rescale."""
+    spec = KernelSpec("mha", 64, 64, False, "bf16")
+    after, split = ws(spec, rescale_threshold=8), ws(spec, rescale_threshold=8, pv_wait=wait, exp2_poly=2)
+    loop = consumer_loop(split.source)
+    order = [loop.index(t) for t in ("softmax_scores<8>(acc_S, Smax, rescale_o, kScaleLog2)",
+                                     f"softmax_exp<2, 0, {eighths}>(acc_S, Ssum, rescale_o)",
+                                     "attn_sm90::ordering_point(never);\n", "warpgroup_wait<0>()",
+                                     f"softmax_exp<2, {eighths}, 8>(acc_S, Ssum, rescale_o)",
+                                     "convert_into(rP_P, acc_S)", "rescale_rows<true>(acc_O_register, rescale_o)")]
+    assert order == sorted(order), order
+    assert loop.count("softmax_exp") == 2 and "softmax_tile" not in loop
+    assert split.name == after.name.replace("_rt8_ws", f"_rt8_ep2_w{wait}_ws")
+
+
 @pytest.mark.parametrize("variant,d,causal,layout,want", [
     ("mha", 128, False, "dense", 8), ("gqa", 128, True, "dense", 8), ("mha", 64, False, "dense", 8),
     ("mha", 64, True, "dense", 0), ("mqa", 64, True, "dense", 0), ("mla", 192, True, "dense", 0),
@@ -221,6 +239,20 @@ def test_the_default_rescale_threshold_follows_the_measured_table(variant, d, ca
     spec = KernelSpec(variant, d, 128 if variant == "mla" else d, causal, "bf16", layout)
     assert default_params(H100, spec, "ws_overlap").rescale_threshold == want
     assert default_params(H100, spec, "fa2").rescale_threshold == 0
+
+
+@pytest.mark.parametrize("variant,d,causal,layout,want", [
+    ("gqa", 128, True, "paged", True), ("mha", 128, False, "paged", True), ("gqa", 64, True, "paged", False),
+    ("gqa", 128, True, "varlen", False), ("gqa", 128, True, "dense", False), ("mla", 192, True, "paged", False)])
+def test_the_serving_pingpong_default_follows_the_measured_table(variant, d, causal, layout, want):
+    """translate.defaults.SERVING_PINGPONG: ping-pong where the paged kernel was re-timed ahead (d128), not on varlen
+    (mixed) or where nothing was measured; dense kernels take it from the bucket table, not from here."""
+    spec = KernelSpec(variant, d, 128 if variant == "mla" else d, causal, "bf16", layout)
+    params = default_params(H100, spec, "ws_overlap")
+    assert params.pingpong is want
+    if want:
+        assert "cutlass::arch::NamedBarrier::sync(2 * 128" in translate.generate(
+            tl.parse_program(tl.load_sketch(variant, causal, "ws_overlap", layout)), params, H100, spec).source
 
 
 def _packed(spec, **changes):

@@ -163,20 +163,24 @@ __forceinline__ __device__ void softmax_scores(TS& acc_s, TMax& row_max, TScale&
   }
 }
 
-// Second half: P = exp2 of the first half's values in place, and the row sums rescaled and extended.
-template <int kExp2Poly = 0, typename TS, typename TSum, typename TScale>
+// Second half: P = exp2 of the first half's values in place, and the row sums rescaled and extended. Columns
+// [kFrom8, kTo8) eighths of a thread's row only (pv_wait "quarter" / "half": the first part's exponentials before the
+// wait for the P.V GEMM, the rest after it, beside P's conversion); the part that starts at column 0 rescales the sums.
+template <int kExp2Poly = 0, int kFrom8 = 0, int kTo8 = 8, typename TS, typename TSum, typename TScale>
 __forceinline__ __device__ void softmax_exp(TS& acc_s, TSum& row_sum, TScale const& rescale) {
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
   static_assert(decltype(size<0>(s))::value == decltype(size(row_sum))::value);
+  static_assert(0 <= kFrom8 && kFrom8 < kTo8 && kTo8 <= 8);
+  constexpr int kCols = decltype(size<1>(s))::value;
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
     float sum = 0.f;
     CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(s); ++ni) {
+    for (int ni = kCols * kFrom8 / 8; ni < kCols * kTo8 / 8; ++ni) {
       s(mi, ni) = poly_slot<kExp2Poly>(ni) ? exp2_poly(s(mi, ni)) : attn_tl::fast_exp2(s(mi, ni));
       sum += s(mi, ni);
     }
-    row_sum(mi) = row_sum(mi) * rescale(mi) + sum;
+    row_sum(mi) = kFrom8 == 0 ? row_sum(mi) * rescale(mi) + sum : row_sum(mi) + sum;
   }
 }
 

@@ -321,23 +321,33 @@ def sync_lines(op: Op, ctx: Ctx, deferred: bool = False) -> list[str]:
     return out
 
 
+# pv_wait: eighths of a row's exponentials computed before the wait for the P.V GEMM in flight (the rest after it)
+PV_WAIT_EIGHTHS = {"mid": 0, "quarter": 2, "half": 4}
+
+
 def softmax_wait_split(op: Op, nxt, ctx: Ctx) -> bool:
-    """pv_wait "mid": a softmax followed by P's conversion (RS) that must first wait for the P.V GEMM in flight."""
-    return (ctx.params.pv_wait == "mid" and op.kind == "softmax" and ctx.params.pv_operand == "rs"
+    """pv_wait "mid" / "quarter" / "half": a softmax followed by P's conversion (RS) that must first wait for the
+    P.V GEMM in flight."""
+    return (ctx.params.pv_wait in PV_WAIT_EIGHTHS and op.kind == "softmax" and ctx.params.pv_operand == "rs"
             and isinstance(nxt, Op) and nxt.kind == "reshape" and nxt.wait is not None)
 
 
 def emit_softmax_split(softmax: Op, reshape: Op, ctx: Ctx) -> list[str]:
     """The softmax in two halves around the conversion's wait for the P.V GEMM (FA4's order): maxima and scaled
-    scores, then the wait (kept there by the ordering point), then the exponentials, P's conversion and the
-    output's deferred rescale in one basic block (the rescale's skip is a branch: last)."""
+    scores, with "quarter" / "half" that share of the exponentials too, then the wait (kept there by the ordering
+    point), then the other exponentials, P's conversion and the output's deferred rescale in one basic block (the
+    rescale's skip is a branch: last), so that ptxas interleaves the conversion with the MUFU stream."""
     t, p = softmax.data["target"], ctx.params
+    before = PV_WAIT_EIGHTHS[p.pv_wait]
     out = [comment(softmax)] + sync_lines(softmax, ctx)
     out.append(f"attn_sm90::softmax_scores{f'<{p.rescale_threshold}>' if p.rescale_threshold else ''}(acc_{t}, "
                f"{softmax.data['max']}, rescale_o, kScaleLog2);  // maxima first; the exponentials after the wait")
+    if before:
+        out.append(f"attn_sm90::softmax_exp<{p.exp2_poly}, 0, {before}>(acc_{t}, {softmax.data['sum']}, rescale_o);"
+                   f"  // {before} eighths of the exponentials overlap the P.V GEMM")
     out += [comment(reshape)] + sync_lines(reshape, ctx, deferred=True)
-    out.append(f"attn_sm90::softmax_exp{f'<{p.exp2_poly}>' if p.exp2_poly else ''}(acc_{t}, {softmax.data['sum']}, "
-               "rescale_o);")
+    rest = f"<{p.exp2_poly}, {before}, 8>" if before else (f"<{p.exp2_poly}>" if p.exp2_poly else "")
+    out.append(f"attn_sm90::softmax_exp{rest}(acc_{t}, {softmax.data['sum']}, rescale_o);")
     out += EMITTERS["reshape"](reshape, ctx)
     return out + rescale_lines(reshape, ctx)
 
