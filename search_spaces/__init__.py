@@ -1,7 +1,9 @@
 """Search spaces as data: one TOML file per variant (``mha.toml`` …), loaded into frozen dataclasses.
 
 A file declares each kernel parameter's domain (categorical ``choices`` or an ``int`` range), optional
-narrowing by head dim (``by_head_dim``), conditions (``when``: the parameter is only searched when
+narrowing by head dim (``by_head_dim``), per layout where a serving layout's kernel measured differently
+(``by_layout = { paged = { "128" = [...] } }``: those head dims' choices in a space loaded for that layout),
+conditions (``when``: the parameter is only searched when
 earlier parameters take given values; otherwise ``default`` is used), per-architecture and per-dtype
 restrictions (``[arch.sm75]``, ``[dtype.bf16]``) and seeds from FA2/FA3's shipped choices.
 
@@ -19,7 +21,7 @@ distributions stay identical across the trials of one study as Optuna requires.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ DEFAULT_SCHEDULE = "fa2"
 
 
 PHASES = ("prefill", "decode")
+LAYOUTS = ("dense", "varlen", "paged")    # tuner.problem's layouts: the keys of a parameter's by_layout
 
 
 def params_class(phase: str = "prefill"):
@@ -91,6 +94,16 @@ class ParamSpec:
     when: tuple[tuple[str, tuple], ...] = ()
     default: Any = None
     target: str = ""                                    # the KernelParams field it sets ("" = its name)
+    by_layout: tuple[tuple[str, tuple[tuple[int, tuple], ...]], ...] = ()   # layout -> by_head_dim entries
+
+    def for_layout(self, layout: str) -> "ParamSpec":
+        """This parameter in a space for ``layout``: its by_layout entries replace by_head_dim's at their head
+        dims."""
+        extra = dict(dict(self.by_layout).get(layout, ()))
+        if not extra:
+            return self
+        merged = tuple((hd, v) for hd, v in self.by_head_dim if hd not in extra) + tuple(sorted(extra.items()))
+        return replace(self, by_head_dim=merged)
 
     @property
     def field(self) -> str:
@@ -221,6 +234,12 @@ class SearchSpace:
     def seeds_for(self, head_dim: int) -> list[SpaceSeed]:
         return [s for s in self.seeds if s.head_dim in (None, head_dim)]
 
+    def for_layout(self, layout: str) -> "SearchSpace":
+        """The space a ``layout`` kernel is searched in (the parameters' by_layout entries applied)."""
+        if layout not in LAYOUTS:
+            raise SpaceError(f"unknown layout {layout!r}; choose one of: {', '.join(LAYOUTS)}")
+        return replace(self, params=tuple(p.for_layout(layout) for p in self.params))
+
 
 def _fail(source: str, msg: str) -> SpaceError:
     return SpaceError(f"{source}: {msg}")
@@ -233,7 +252,8 @@ def _parse_param(name: str, raw: dict, types: dict[str, type], source: str, earl
     field_name = target or name
     if field_name not in types:
         raise _fail(source, f"unknown parameter {field_name!r}; KernelParams has: {', '.join(types)}")
-    allowed_keys = {"type", "choices", "low", "high", "step", "by_head_dim", "when", "default", "target"}
+    allowed_keys = {"type", "choices", "low", "high", "step", "by_head_dim", "by_layout", "when", "default",
+                    "target"}
     unknown = sorted(set(raw) - allowed_keys)
     if unknown:
         raise _fail(source, f"[params.{name}]: unknown key(s) {', '.join(unknown)}")
@@ -266,11 +286,22 @@ def _parse_param(name: str, raw: dict, types: dict[str, type], source: str, earl
             raise _fail(source, f"[params.{name}] needs low <= high and step >= 1")
     else:
         raise _fail(source, f"[params.{name}] type must be 'categorical' or 'int', got {kind!r}")
-    by_hd = []
-    for hd, values in (raw.get("by_head_dim") or {}).items():
-        if not str(hd).isdigit():
-            raise _fail(source, f"[params.{name}] by_head_dim key {hd!r} is not a head dim")
-        by_hd.append((int(hd), check_values(values, f"by_head_dim.{hd}")))
+    def head_dim_table(table, where: str) -> tuple:
+        if not isinstance(table, dict):
+            raise _fail(source, f"[params.{name}] {where} must be a table of head dims")
+        out = []
+        for hd, values in table.items():
+            if not str(hd).isdigit():
+                raise _fail(source, f"[params.{name}] {where} key {hd!r} is not a head dim")
+            out.append((int(hd), check_values(values, f"{where}.{hd}")))
+        return tuple(out)
+
+    by_hd = head_dim_table(raw.get("by_head_dim") or {}, "by_head_dim")
+    by_layout = []
+    for layout, table in (raw.get("by_layout") or {}).items():
+        if layout not in LAYOUTS:
+            raise _fail(source, f"[params.{name}] by_layout key {layout!r} is not a layout ({', '.join(LAYOUTS)})")
+        by_layout.append((layout, head_dim_table(table, f"by_layout.{layout}")))
     when = []
     for cond, values in (raw.get("when") or {}).items():
         if cond not in earlier:
@@ -282,7 +313,7 @@ def _parse_param(name: str, raw: dict, types: dict[str, type], source: str, earl
             raise _fail(source, f"[params.{name}] has a 'when' condition and so needs a 'default'")
         if type(default) is not want:
             raise _fail(source, f"[params.{name}] default {default!r} is not a {want.__name__}")
-    return ParamSpec(name, kind, choices, low, high, step, tuple(by_hd), tuple(when), default, target)
+    return ParamSpec(name, kind, choices, low, high, step, by_hd, tuple(when), default, target, tuple(by_layout))
 
 
 def _parse_restrictions(raw: Any, section: str, names: list[str], source: str):
@@ -350,8 +381,9 @@ def available_spaces(directory: Path = SPACE_DIR) -> list[str]:
     return sorted(p.stem for p in Path(directory).glob("*.toml"))
 
 
-def load_space(variant: str, directory: Path = SPACE_DIR, phase: str = "prefill") -> SearchSpace:
-    """Load ``<variant>.toml`` (of ``decode/`` for the decode phase); an unknown variant lists the choices."""
+def load_space(variant: str, directory: Path = SPACE_DIR, phase: str = "prefill", layout: str = "dense") -> SearchSpace:
+    """Load ``<variant>.toml`` (of ``decode/`` for the decode phase) for a ``layout`` kernel (its parameters'
+    by_layout entries applied); an unknown variant lists the choices."""
     if phase not in PHASES:
         raise SpaceError(f"unknown phase {phase!r}; choose one of: {', '.join(PHASES)}")
     if phase == "decode":
@@ -370,7 +402,7 @@ def load_space(variant: str, directory: Path = SPACE_DIR, phase: str = "prefill"
         raise SpaceError(f"{path}: variant {space.variant!r} does not match the file name")
     if space.phase != phase:
         raise SpaceError(f"{path}: a {space.phase} space where a {phase} one was asked for")
-    return space
+    return space.for_layout(layout)
 
 
 def suggest_candidate(trial, space: SearchSpace, profile, spec=None, *, head_dim: int | None = None,

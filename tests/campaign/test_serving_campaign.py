@@ -42,9 +42,14 @@ def test_the_feasible_space_of_a_paged_layout_keeps_only_what_builds_it():
     from translate.params import KernelParams
 
     (combo,) = expand_combinations(load_profile("h100"), "gqa", None, None, None, None, "paged", 128)
-    space = feasible_space(load_space("gqa"), load_profile("h100"), 128, "bf16", combo.shapes(),
+    space = feasible_space(load_space("gqa", layout="paged"), load_profile("h100"), 128, "bf16", combo.shapes(),
                            (("ws_overlap", "ws_overlap"), ("fa2", "fa2")), "paged", 128)
     assert space.points and all(p.sketch == "ws_overlap" for p in space.points)
+    # the paged space's own choice (by_layout): the P.V wait after half the exponentials, with either copy; the
+    # combination measured at 1.007-1.027x FA4 on 2x(2k on 6k) with pages of 128 is a point of it
+    assert {p.params.pv_wait for p in space.points} == {"after", "half"}
+    assert any(p.params.g2s_atom == "SM90_TMA" and p.params.pv_wait == "half" and p.params.pingpong
+               and not p.params.persistent and (p.params.block_m, p.params.block_n) == (128, 128) for p in space.points)
     assert all(p.params.producer_regs >= 40 for p in space.points)
     # the K/V copy is a dimension here: TMA tiles the pages in boxes, cp.async any multiple of 8 (and its
     # producer keeps 56 registers)

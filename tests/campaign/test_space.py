@@ -80,10 +80,30 @@ def test_project_maps_seeds_into_the_space_or_says_why_not():
       "arch": {"sm75": {"tile": [1]}}}, "unknown parameter 'tile'"),
     ({"variant": "mha", "params": {"num_warps": {"type": "float", "choices": [4]}}}, "type must be"),
     ({"params": {"num_warps": {"choices": [4]}}}, "missing 'variant'"),
+    ({"variant": "mha", "params": {"block_m": {"choices": [64], "by_layout": {"ragged": {"128": [64]}}}}},
+     "by_layout key 'ragged' is not a layout"),
+    ({"variant": "mha", "params": {"block_m": {"choices": [64], "by_layout": {"paged": {"d128": [64]}}}}},
+     "by_layout.paged key 'd128' is not a head dim"),
+    ({"variant": "mha", "params": {"block_m": {"choices": [64], "by_layout": {"paged": {"128": ["64"]}}}}},
+     "by_layout.paged.128: '64' is not a int"),
 ])
 def test_broken_space_files_name_the_fault(data, message):
     with pytest.raises(SpaceError, match=message):
         parse_space(data, "broken.toml")
+
+
+def test_a_layout_gets_its_own_choices_at_its_head_dims_and_no_other_layout_or_head_dim_does():
+    """by_layout: pv_wait "half" is searched for paged d128 kernels only (measured ahead there, behind on dense d128
+    and at d64); the dense space, which the recorded-grid replays sample, is unchanged."""
+    h100 = load_profile("h100")
+    for variant in ("mha", "gqa", "mqa"):
+        dense, varlen, paged = (load_space(variant, layout=lay) for lay in ("dense", "varlen", "paged"))
+        assert paged.domain("pv_wait", h100, 128, "bf16") == ("after", "half")
+        assert dense.domain("pv_wait", h100, 128, "bf16") == varlen.domain("pv_wait", h100, 128, "bf16") == ("after",)
+        assert paged.domain("pv_wait", h100, 64, "bf16") == dense.domain("pv_wait", h100, 64, "bf16") == ("after", "mid")
+        assert dense == load_space(variant)
+    with pytest.raises(SpaceError, match="unknown layout 'ragged'"):
+        load_space("mha", layout="ragged")
 
 
 def test_a_space_with_nothing_legal_for_a_profile_is_an_error():

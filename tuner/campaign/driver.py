@@ -131,7 +131,7 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     camps = []
     for combo in combos:
         spec = combo.spec()
-        space = load_space(spec.variant, phase=spec.phase)
+        space = load_space(spec.variant, phase=spec.phase, layout=spec.layout)
         dense_grid = combo.layout == "dense" and combo.phase == "prefill"
         problems = combo.problems(seqlens=seqlens) if dense_grid else combo.problems()
         space.domains(profile, spec.d_qk, spec.dtype)  # an empty domain is an error now, not at trial 1
