@@ -245,7 +245,7 @@ def _stand_in_command(monkeypatch, tmp_path, verified=True):
 
     timer = Timer()
     monkeypatch.setattr(bench, "device_problem", lambda profile, err: None)
-    monkeypatch.setattr(bench, "_build_kernels", lambda targets, *a: ([Built(s) for _, s in targets], 0))
+    monkeypatch.setattr(bench, "_build_kernels", lambda targets, *a, **kw: ([Built(s) for _, s in targets], 0))
     monkeypatch.setattr(bench, "environment_record", lambda profile, nvcc: {"device": "CPU stand-in"})
     monkeypatch.setattr(bench_mixes, "_load_and_verify", lambda built: (
         [CpuKernel(causal=b.spec.causal) for b in built] if verified else None,

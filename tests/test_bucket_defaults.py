@@ -209,6 +209,26 @@ def test_the_default_export_compiles_each_buckets_kernel_once(monkeypatch):
     assert one.buckets is None and one.generated.params == default_params(H100, MHA64C, "ws_overlap")
 
 
+def test_the_default_export_compiles_a_paged_kernel_per_distinct_page_size_default(monkeypatch):
+    """translate.defaults.WHOLE_TILE_PAGES: pages that are whole 128-key tiles get the TMA producer with pv_wait
+    "half" (measured ahead of the cp.async producer at pages of 128 in three processes); smaller pages share the
+    cp.async kernel; no page sizes asked: the page-agnostic default."""
+    from translate import nvcc
+    from tuner.default_export import compile_defaults
+
+    monkeypatch.setattr(nvcc, "compile_kernels", lambda gens, arch, **kw: [
+        type("R", (), {"ok": True, "cubin": b"x", "log": ""})() for _ in gens])
+    paged = KernelSpec("gqa", 128, 128, True, "bf16", "paged")
+    kernels = compile_defaults("h100", [paged], page_sizes=(16, 128, 64, 256))
+    assert [(k.generated.params.g2s_atom, k.generated.params.pv_wait, k.page_sizes) for k in kernels] == [
+        ("SM80_CP_ASYNC_CACHEGLOBAL", "after", (16, 64)), ("SM90_TMA", "half", (128, 256))]
+    assert all(k.generated.params.pingpong for k in kernels)
+    (agnostic,) = compile_defaults("h100", [paged])
+    assert agnostic.page_sizes is None and agnostic.generated.params == default_params(H100, paged, "ws_overlap")
+    d64 = compile_defaults("h100", [KernelSpec("gqa", 64, 64, True, "bf16", "paged")], page_sizes=(16, 128))
+    assert [k.page_sizes for k in d64] == [(16, 128)]      # not measured at d64: one cp.async kernel
+
+
 def test_a_dense_campaign_is_seeded_with_the_bucket_defaults():
     from tuner.campaign.driver import bucket_default_seeds
 

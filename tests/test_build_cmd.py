@@ -280,6 +280,22 @@ def test_build_paged_with_a_page_size(tmp_path, build_cache):
     assert "reads pages of 16, 32, 64, 128, 256 keys" in result.stdout and "checked for 16" in result.stdout
 
 
+@pytest.mark.slow
+@needs_nvcc
+def test_build_paged_with_pages_of_whole_tiles_takes_the_tma_producer(tmp_path, build_cache):
+    """--page-size 128 (a multiple of block N 128): the default for that page size, TMA boxes of whole pages with
+    ping-pong and pv_wait "half" (translate.defaults.WHOLE_TILE_PAGES, measured ahead of cp.async at pages of 128),
+    compiled without spills."""
+    result = invoke("build", "--gpu", "h100", "--variant", "gqa", "--layout", "paged", "--page-size", "128",
+                    "-o", str(tmp_path), env={"TUNER_CACHE_DIR": str(build_cache)})
+    assert result.exit_code == 0, result.output
+    (sidecar,) = tmp_path.glob("*.json")
+    record = json.loads(sidecar.read_text())
+    assert "_tma_" in sidecar.stem and "_pp_" in sidecar.stem and "_whalf_" in sidecar.stem
+    assert record["params"]["g2s_atom"] == "SM90_TMA" and record["params"]["pv_wait"] == "half"
+    assert record["page_size"] == 128 and record["resources"]["spill_stores"] == 0
+
+
 @pytest.mark.parametrize("args,message", [
     (("--gpu", "h100", "--layout", "ragged"), "unknown layout 'ragged'; choose one of: dense, varlen, paged"),
     (("--gpu", "a100", "--layout", "varlen"), "the varlen layout is built by the warp-specialised Hopper schedules"),

@@ -64,6 +64,15 @@ CP_ASYNC_PRODUCER_REGS = 56
 # x1.001-1.045 over the four mixes at pages of 16 and 128, 16 of 16 ahead (2x(2k on 6k) x1.015-1.028). Varlen, one
 # process: 8x2k x1.013, 1x8k+32x256 x0.990, 64 random 1-512 x1.048; mixed, so not a varlen default yet.
 SERVING_PINGPONG = {("paged", 128)}
+# With pages a whole number of K/V tiles (page size a multiple of block N), a paged kernel whose page size is known
+# (`tune build --page-size`, a paged campaign, an export per page size) reads its tiles as TMA boxes and waits for its
+# P.V GEMM after half the exponentials (pv_wait "half"): llama3-8b's paged kernel with pages of 128, against the
+# cp.async producer (both with ping-pong), in three processes (runs 1, 3 and 8 of BENCHMARKS.md 2026-11-26 session
+# 4): ahead on all four mixes each time, 8x2k 1.045-1.064 against 0.977-0.991 of FA4, 1x8k+32x256 0.993-1.004 against
+# 0.908-0.934, 64 random 1-512 1.126-1.141 against 1.115-1.135, 2x(2k on 6k) 0.965-0.968 against 0.893-0.909. Pages
+# smaller than a tile keep the cp.async producer (TMA boxes of 16 rows ran 0.45-0.54x FA4); pages of 256 take TMA by
+# the same rule, not measured.
+WHOLE_TILE_PAGES = dict(g2s_atom="SM90_TMA", producer_regs=SERVING_PRODUCER_REGS["paged"], pv_wait="half")
 
 
 # The softmax's conditional rescale (FA4's rule: a row's O is rescaled only when a tile raised its max by more than
@@ -99,9 +108,11 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     return seeds
 
 
-def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = True) -> KernelParams:
+def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = True,
+                  page_size: int | None = None) -> KernelParams:
     """FA4's Hopper choice for the head dim, shrunk until it fits; the plain wgmma schedule loads with
-    cp.async and takes no producer settings."""
+    cp.async and takes no producer settings. A paged spec with a known ``page_size`` that is a multiple of the
+    tile's block N takes WHOLE_TILE_PAGES (d128 and up: measured at d128)."""
     probe = probe_problem(spec)
     tried = []
     for seed in _hopper_seeds(spec):
@@ -113,6 +124,8 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
             if spec.layout == "paged":   # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA)
                 copies.insert(0, dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True,
                                       producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
+                if _whole_tile_pages(spec, page_size, seed["block_n"]):
+                    copies.insert(0, dict(persistent=True, **WHOLE_TILE_PAGES))
         for copy in copies:
             params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy,
                                   rescale_threshold=_rescale_threshold(spec) if warp_specialized else 0,
@@ -122,6 +135,11 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
                 return params
             tried.append(f"{params.key()}: {'; '.join(errors)}")
     raise ValueError(f"no Hopper candidate fits {profile.name} for {spec.label()}:\n  " + "\n  ".join(tried))
+
+
+def _whole_tile_pages(spec: KernelSpec, page_size: int | None, block_n: int) -> bool:
+    """WHOLE_TILE_PAGES applies: pages of whole tiles, where the paged kernel was measured (d128 GQA)."""
+    return bool(page_size) and page_size % block_n == 0 and spec.d_qk == spec.d_v == 128
 
 
 def _serving_pingpong(spec: KernelSpec) -> bool:
@@ -143,12 +161,14 @@ def probe_problem(spec: KernelSpec, seqlen: int = 1024) -> Problem:
     return Problem(spec.variant, 1, hq, hkv, seqlen, seqlen, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
 
 
-def default_params(profile: Profile, spec: KernelSpec, schedule: str = "fa2") -> KernelParams:
+def default_params(profile: Profile, spec: KernelSpec, schedule: str = "fa2",
+                   page_size: int | None = None) -> KernelParams:
     """The default candidate of ``schedule`` (a ``tl.SCHEDULES`` key): on sm90 Hopper's (warp-specialised
     for the ws_* sketches, plain wgmma for fa2 sketches when ``schedule`` says hopper), otherwise FA2's
-    parameters for this head dim on this architecture, shrunk until they fit the profile."""
+    parameters for this head dim on this architecture, shrunk until they fit the profile. ``page_size``: the
+    paged kernel is for that page size only (None: it reads every page size its copy can)."""
     if schedule.startswith("ws_"):
-        return hopper_params(profile, spec, warp_specialized=True)
+        return hopper_params(profile, spec, warp_specialized=True, page_size=page_size)
     if profile.has_cp_async and "SM80_16x8x16" in profile.mma_atoms:
         atoms = dict(mma_atom="SM80_16x8x16", g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", s2r_atom="SM75_U32x4_LDSM_N")
     else:  # sm75: m16n8k8 mma, no cp.async (plain 128-bit loads), ldmatrix is there

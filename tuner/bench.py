@@ -507,11 +507,12 @@ def write_record(path: Path, record: dict) -> Optional[str]:
 
 
 def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule: str = "fa2",
-                   seqlens: Optional[Sequence[int]] = None):
+                   seqlens: Optional[Sequence[int]] = None, page_size: Optional[int] = None):
     """Translate and compile one kernel per (spec) in one batched nvcc call, each from the reference sketch of
     its spec's layout unless a sketch file is given. With neither --params nor a sketch file and ``seqlens``
     given, a warp-specialised dense spec gets one kernel per distinct bucket default of those seqlens
-    (tuner/bucket_defaults.py), each serving its own seqlens. (built, exit code)."""
+    (tuner/bucket_defaults.py), each serving its own seqlens. ``page_size``: a paged spec's default is the one for
+    that page size (translate.defaults.WHOLE_TILE_PAGES). (built, exit code)."""
     import translate
     from translate import nvcc
     from translate.defaults import default_params, probe_problem
@@ -526,7 +527,8 @@ def _build_kernels(targets, variant, params, sketch, profile, err, cache_dir, sc
             program, _, label, diagnostics = load_checked_program(variant, spec.causal, sketch, schedule,
                                                                   spec.layout)
             warp_specialized = program is not None and has_roles(program.statements)
-            kp = parse_params_arg(params, default_params(prof, spec, "ws_overlap" if warp_specialized else "fa2"))
+            kp = parse_params_arg(params, default_params(prof, spec, "ws_overlap" if warp_specialized else "fa2",
+                                                         page_size=page_size))
             groups = [(kp, None)]
             if (params is None and sketch is None and seqlens is not None and warp_specialized
                     and applies_to(spec, "ws_overlap")):

@@ -244,7 +244,9 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
         if problem is not None:
             raise UsageError(problem)
         # The page sizes are checked against the kernel's block N before anything is compiled.
-        copies = {(p.block_n, p.g2s_atom) for p in (parse_params_arg(params, default_params(prof, spec, "ws_overlap"))
+        # with --page-size the default is the one for that page size (TMA where pages are whole tiles)
+        copies = {(p.block_n, p.g2s_atom) for p in (parse_params_arg(params, default_params(prof, spec, "ws_overlap",
+                                                                                            page_size=page_size))
                                                     for prof, spec in targets)}
         sizes = {c: resolve_page_sizes(layout, page_size, c[0], page_sizes or DEFAULT_PAGE_SIZES, c[1]) for c in copies}
     except (UsageError, ValueError) as exc:
@@ -253,7 +255,8 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
     if problem is not None:
         return usage(problem)
 
-    built, code = bench._build_kernels(targets, target.variant, params, sketch, profile, err, cache_dir, schedule)
+    built, code = bench._build_kernels(targets, target.variant, params, sketch, profile, err, cache_dir, schedule,
+                                       page_size=page_size)
     if built is None:
         return code
     kernels, info = _load_and_verify(built)

@@ -141,7 +141,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
             bucket = bucket_for(seqlen)
             entry = bucket_change(profile, spec, bucket, kind)
         base = (bucket_params(profile, spec, bucket, kind) if bucket is not None
-                else default_params(profile, spec, kind))
+                else default_params(profile, spec, kind, page_size=page_size))
         kernel_params = parse_params_arg(params, base)
         misfit = page_misfit(page_size, kernel_params.block_n, kernel_params.g2s_atom) if page_size is not None else None
         if misfit is not None:

@@ -30,13 +30,16 @@ class DefaultKernel:
     cubin: bytes | None
     log: str
     buckets: tuple[str, ...] | None = None   # the dense buckets whose default this is; None: every bucket asked
+    page_sizes: tuple[int, ...] | None = None   # paged: the page sizes whose default this is; None: every one asked
 
 
 def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | None = None,
-                     jobs: int | None = None, buckets: Sequence[str] | None = None) -> list[DefaultKernel]:
+                     jobs: int | None = None, buckets: Sequence[str] | None = None,
+                     page_sizes: Sequence[int] | None = None) -> list[DefaultKernel]:
     """Translate and compile the profile's default kernel of each spec (the Hopper default is the
     warp-specialised schedule); with ``buckets``, a warp-specialised dense spec gets one kernel per distinct
-    default of those buckets (tuner/bucket_defaults.py). CPU only."""
+    default of those buckets (tuner/bucket_defaults.py); with ``page_sizes``, a paged spec one kernel per distinct
+    default of those page sizes (translate.defaults.WHOLE_TILE_PAGES). CPU only."""
     import tl
     import translate
     from hardware_profiles import load_profile
@@ -53,16 +56,24 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
         text = tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout)
         program = tl.parse_program(text)
         kind = "ws_overlap" if has_roles(program.statements) else "fa2"
+        if spec.layout == "paged" and page_sizes:
+            by_params: dict[str, tuple] = {}   # key -> (params, page sizes), in the order first asked
+            for page in page_sizes:
+                params = default_params(profile, spec, kind, page_size=page)
+                by_params.setdefault(params.key(), (params, []))[1].append(page)
+            for params, pages in by_params.values():
+                items.append((spec, translate.generate(program, params, profile, spec), text, None, tuple(pages)))
+            continue
         if buckets is None or not applies_to(spec, kind):
             items.append((spec, translate.generate(program, default_params(profile, spec, kind), profile, spec), text,
-                          None))
+                          None, None))
             continue
         for params, served in group_buckets(profile, spec, buckets, kind):
-            items.append((spec, translate.generate(program, params, profile, spec), text, tuple(served)))
-    results = nvcc.compile_kernels([g for _, g, _, _ in items], profile.nvcc_arch, jobs=jobs or os.cpu_count() or 2,
+            items.append((spec, translate.generate(program, params, profile, spec), text, tuple(served), None))
+    results = nvcc.compile_kernels([item[1] for item in items], profile.nvcc_arch, jobs=jobs or os.cpu_count() or 2,
                                    batch_size=1, cache_dir=cache_dir)
-    return [DefaultKernel(spec, g, t, r.cubin if r.ok else None, r.log, served)
-            for (spec, g, t, served), r in zip(items, results)]
+    return [DefaultKernel(spec, g, t, r.cubin if r.ok else None, r.log, served, pages)
+            for (spec, g, t, served, pages), r in zip(items, results)]
 
 
 def compile_changes(gpu: str, items: Sequence[tuple[KernelSpec, dict[str, dict]]], cache_dir: Path | None = None,
@@ -189,14 +200,14 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
     profile = load_profile(gpu)
     device_name = torch.cuda.get_device_name()
     store = KernelStore(Path(study_dir) if study_dir is not None else Path(out_dir).parent / "default-studies")
-    for k in compile_defaults(gpu, specs, cache_dir, buckets=buckets):
+    for k in compile_defaults(gpu, specs, cache_dir, buckets=buckets, page_sizes=page_sizes):
         if k.cubin is None:
             raise RuntimeError(f"{k.generated.name} did not compile: {k.log[-2000:]}")
         kernel = runtime.load_kernel(k.cubin, k.generated.meta())
         report = verify_varlen(kernel, k.spec) if k.spec.layout in SERVING_LAYOUTS else verify(kernel, k.spec)
         if not report.passed:
             raise RuntimeError(f"{k.generated.name} failed verification: {report.reason}")
-        for bucket, value, problem in _measurements(kernel, k.spec, k.buckets or buckets, page_sizes):
+        for bucket, value, problem in _measurements(kernel, k.spec, k.buckets or buckets, k.page_sizes or page_sizes):
             store.offer(KernelRecord(
                 arch=profile.arch_family, gpu=profile.name, device_name=device_name, variant=k.spec.variant,
                 dtype=k.spec.dtype, d_qk=k.spec.d_qk, d_v=k.spec.d_v, causal=k.spec.causal, bucket=bucket,

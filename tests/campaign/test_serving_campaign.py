@@ -87,7 +87,7 @@ def test_only_a_paged_layout_searches_the_cp_async_producer(layout):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout,page", [("varlen", None), ("paged", 16)])
+@pytest.mark.parametrize("layout,page", [("varlen", None), ("paged", 16), ("paged", 128)])
 def test_a_serving_campaign_measures_the_mixes_and_decides_per_serving_bucket(ray_cluster, tmp_path, layout, page):
     rc = run_campaign(replay_options(tmp_path, trials=8, layout=layout, page_size=page))
     assert rc == 0
@@ -98,9 +98,14 @@ def test_a_serving_campaign_measures_the_mixes_and_decides_per_serving_bucket(ra
     assert measured and all(set(t.user_attrs["tflops"]) == mixes for t in measured
                             if not t.user_attrs.get("early_stop"))
     assert all(t.user_attrs["schedule"].startswith("ws_") for t in study.trials if t.user_attrs.get("schedule"))
-    # the layout's own default is a seed (paged: the cp.async producer, which no published seed has)
+    # the layout's own default for the page size is a seed (paged: the cp.async producer, which no published seed
+    # has)
     (own,) = [t for t in study.trials if t.user_attrs.get("source") == f"the {layout} layout's default"]
     assert own.number == 0
+    # with pages of 128 (whole tiles) that default is the TMA producer with pv_wait "half" (translate.defaults)
+    want = ("SM90_TMA", "half") if page == 128 else (("SM80_CP_ASYNC_CACHEGLOBAL", "after") if page else
+                                                    ("SM90_TMA", "after"))
+    assert (own.user_attrs["kernel_params"]["g2s_atom"], own.user_attrs["kernel_params"]["pv_wait"]) == want
     summary = json.loads((tmp_path / name / "summary.json").read_text())
     buckets = {w["bucket"] for w in summary["winners"]}
     suffix = f"-p{page}" if page else ""

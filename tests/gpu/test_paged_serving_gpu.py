@@ -28,7 +28,7 @@ def attn(tmp_path_factory):
     gpu = "h200" if "h200" in torch.cuda.get_device_name().lower() else "h100"
     out = tmp_path_factory.mktemp("serving-export")
     cache = os.environ.get("KERNEL_CACHE_DIR")
-    export_defaults(gpu, SERVING_SPECS, out, cache_dir=Path(cache) if cache else None, page_sizes=(16, 64),
+    export_defaults(gpu, SERVING_SPECS, out, cache_dir=Path(cache) if cache else None, page_sizes=(16, 64, 128),
                     study_dir=out.parent / "serving-studies")
     served = load_exported(out)
     assert {c.layout: c.bucket_rule for c in served.configs} == {"varlen": "serving", "paged": "serving"}
@@ -81,8 +81,18 @@ def test_a_paged_call_through_the_export(attn, page, keyword):
     out = attn.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
                                       **{keyword: table})
     assert attn.last_path == "kernel", attn.last_reason
-    assert attn.last_bucket == ("t4k-even-p16" if page != 64 else "t4k-even-p64")   # 128: nearest, p16 first
+    assert attn.last_bucket == f"t4k-even-p{page}"
     _check(out, q, k, v, cu_q, cu_k)
+
+
+def test_pages_of_whole_tiles_are_served_by_the_tma_kernel(attn):
+    """The export per page size (translate.defaults.WHOLE_TILE_PAGES): the p128 buckets hold the TMA producer with
+    pv_wait "half", the p16 and p64 ones the cp.async kernel."""
+    (paged,) = [c for c in attn.configs if c.layout == "paged"]
+    for bucket, entry in paged.kernels.items():
+        tma = entry.params["g2s_atom"] == "SM90_TMA"
+        assert tma == bucket.endswith("-p128"), (bucket, entry.kernel_name)
+        assert entry.params["pv_wait"] == ("half" if tma else "after")
 
 
 def test_mixed_lengths_and_seqused_k(attn):

@@ -255,6 +255,21 @@ def test_the_serving_pingpong_default_follows_the_measured_table(variant, d, cau
             tl.parse_program(tl.load_sketch(variant, causal, "ws_overlap", layout)), params, H100, spec).source
 
 
+@pytest.mark.parametrize("d,page,want", [(128, None, "SM80_CP_ASYNC_CACHEGLOBAL"), (128, 16, "SM80_CP_ASYNC_CACHEGLOBAL"),
+                                         (128, 64, "SM80_CP_ASYNC_CACHEGLOBAL"), (128, 128, "SM90_TMA"),
+                                         (128, 256, "SM90_TMA"), (64, 128, "SM80_CP_ASYNC_CACHEGLOBAL")])
+def test_a_paged_default_for_pages_of_whole_tiles_reads_them_by_tma(d, page, want):
+    """translate.defaults.WHOLE_TILE_PAGES: a known page size that is a multiple of block N (d128, where it was
+    measured) takes the TMA producer with pv_wait "half"; otherwise the cp.async producer, which reads any page size."""
+    spec = KernelSpec("gqa", d, d, True, "bf16", "paged")
+    params = default_params(H100, spec, "ws_overlap", page_size=page)
+    assert params.g2s_atom == want
+    assert params.pv_wait == ("half" if want == "SM90_TMA" else "after")
+    assert params.producer_regs == (40 if want == "SM90_TMA" else 56)
+    assert default_params(H100, KernelSpec("gqa", d, d, True, "bf16", "varlen"), "ws_overlap", page_size=page) == \
+        default_params(H100, KernelSpec("gqa", d, d, True, "bf16", "varlen"), "ws_overlap")
+
+
 def _packed(spec, **changes):
     params = KernelParams.from_dict({**default_params(H100, spec, "ws_overlap").to_dict(), **changes})
     program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap", spec.layout))

@@ -311,7 +311,7 @@ def _enqueue_seeds(camp: Campaign) -> None:
         # which the published dense seeds do not have), so the seeds a winner must beat include it
         from translate.defaults import default_params
 
-        own_default = default_params(camp.profile, camp.spec, "ws_overlap").to_dict()
+        own_default = default_params(camp.profile, camp.spec, "ws_overlap", page_size=camp.combo.page_size).to_dict()
         published.append(({**own_default, SCHEDULE: "ws_overlap"}, f"the {camp.spec.layout} layout's default", ""))
     if not decode and camp.spec.layout == "dense":
         published += bucket_default_seeds(camp.profile, camp.spec)
