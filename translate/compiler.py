@@ -20,7 +20,7 @@ from translate.ir import Cond, Loop, Op, Write, expr_eval, expr_symbols
 from translate.kernel import PREAMBLE, GeneratedKernel, TranslationError, sketch_hash
 from translate.params import KernelParams, validate
 from translate.schedule import schedule
-from translate.sm90.emit import wgmma_declarations
+from translate.sm90.frame import wgmma_declarations
 from translate.sm90.preamble import HOPPER_PREAMBLE
 from translate.problem import KernelSpec, Problem
 

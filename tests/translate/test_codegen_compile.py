@@ -135,7 +135,7 @@ def test_a_declared_wgmma_op_builds_the_sass_of_cutes_extended_shapes_and_shares
 
     from translate.defaults import hopper_params
     from translate.params import KernelParams
-    from translate.sm90.emit import wgmma_declarations
+    from translate.sm90.frame import wgmma_declarations
 
     _need_toolchain(sass=True)
     profile, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")

@@ -1,7 +1,7 @@
 """The GMMA operand descriptors of the warp-specialised Hopper kernels are CuTe's (slow: one host-only nvcc build).
 
 The kernels build the descriptor tensors of Q, K, V (and P, SS P·V) with attn_sm90::gmma_operand from what
-translate/sm90/emit.py gmma_operand() derives from the tile shape, instead of CuTe's partition_fragment_A/B,
+translate/sm90/frame.py gmma_operand() derives from the tile shape, instead of CuTe's partition_fragment_A/B,
 whose partition algebra cost 2-3 s of cicc per distinct tile; the kernels' SASS is the same, instruction for
 instruction (BENCHMARKS.md, 2026-11-24). gmma_operands_check.cpp compares, per config, the layout type, the
 descriptor fields and every consumer thread's start with CuTe's partitions: tile heights of 1-3 consumer
@@ -16,7 +16,7 @@ from hardware_profiles import load_profile
 from translate import nvcc
 from translate.defaults import hopper_params
 from translate.params import KernelParams
-from translate.sm90 import emit
+from translate.sm90 import frame
 from tuner.problem import KernelSpec
 
 from host_checks import run_host_checks
@@ -46,7 +46,7 @@ def _checks(label: str, spec, params) -> list[str]:
     for which, (thr, ab, layout) in OPERANDS.items():
         if which == "p" and params.pv_operand != "ss":
             continue
-        op = emit.gmma_operand(which, spec, params, params.kv_stages)
+        op = frame.gmma_operand(which, spec, params, params.kv_stages)
         tensor = f"make_tensor(make_smem_ptr(buf), {layout}{{}})"
         lines.append(f'    bad += check::operand<{op.layout}, {op.leading}, {op.stride}, {op.layout_type}, '
                      f'{op.per_warpgroup}>("{label}", "{which.upper()}", {thr}.partition_fragment_{ab}({tensor}), '
@@ -58,8 +58,8 @@ def _program(configs) -> str:
     parts = ["#include <cute/tensor.hpp>", '#include "attn_sm90.cuh"', (HERE / "gmma_operands_check.cpp").read_text()]
     calls = []
     for i, (label, spec, params) in enumerate(configs):
-        parts += emit.wgmma_declarations(spec, params)
-        body = emit.kernel_types(spec, params, params.kv_stages, True)
+        parts += frame.wgmma_declarations(spec, params)
+        body = frame.kernel_types(spec, params, params.kv_stages, True)
         body += ["int check(const char* label) {",
                  "  alignas(1024) static Element buf[1 << 17];",
                  "  TiledMmaQK tiled_mma_qk;",

@@ -14,7 +14,7 @@ import pytest
 from hardware_profiles import load_profile
 from translate.defaults import hopper_params
 from translate.params import KernelParams
-from translate.sm90 import emit, plain
+from translate.sm90 import frame, plain
 from tuner.problem import KernelSpec
 
 from host_checks import run_host_checks
@@ -51,12 +51,12 @@ def _program(configs) -> str:
     for i, (label, spec, params) in enumerate(configs):
         ns = f"cfg{i}"
         ws = params.g2s_atom == "SM90_TMA"   # else the plain wgmma kernel (translate/sm90/plain.py): every warpgroup computes
-        body = emit.kernel_types(spec, params, params.kv_stages, True) if ws else plain.kernel_types(spec, params, 1, 1)
+        body = frame.kernel_types(spec, params, params.kv_stages, True) if ws else plain.kernel_types(spec, params, 1, 1)
         body.append("struct Cfg {")
         body += [f"  using {n} = {ns}::{n};" for n in CFG_TYPES]
         body += [f"  static constexpr int {n} = {ns}::{n};" for n in CFG_INTS]
         body.append("};")
-        parts += emit.wgmma_declarations(spec, params)
+        parts += frame.wgmma_declarations(spec, params)
         parts.append(f"namespace {ns} {{\nusing namespace cute;\n" + "\n".join(body) + f"\n}}  // {ns}")
         calls.append(f'  bad += check::store_o<{ns}::Cfg>("{label}");')
     parts.append("int main() {\n  int bad = 0;\n" + "\n".join(calls) + "\n  return bad;\n}")

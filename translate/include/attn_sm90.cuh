@@ -47,7 +47,7 @@ CUTE_HOST_DEVICE auto acc_to_a_layout(Layout acc) {
 // A shared-memory operand as the tensor of GMMA descriptors that CuTe's ThrMMA::partition_fragment_A/B
 // builds (MakeTensor<GMMA::smem_desc> over make_gmma_desc, field by field in its order), from what those
 // derive out of the tile's layout: the descriptor tensor's layout (16-byte units), the leading and stride
-// byte offsets and the swizzle (layout type). translate/sm90/emit.py gmma_operand() computes them from the
+// byte offsets and the swizzle (layout type). translate/sm90/frame.py gmma_operand() computes them from the
 // tile shape; tests/translate/test_gmma_operands.py checks layout type, fields and each thread's start
 // against CuTe's partitions. CuTe's partition algebra for the Q, K and V operands cost 2-3 s of cicc per
 // distinct tile (BENCHMARKS.md, 2026-11-24).

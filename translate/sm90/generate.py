@@ -15,6 +15,7 @@ from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.params_sm90 import kv_cp_async
 from translate.sm90 import emit as em
+from translate.sm90 import frame
 from translate.sm90 import tiles
 from translate.sm90.ir import Op
 from translate.sm90.lower import WsLowering, stmt_text
@@ -78,8 +79,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash(program)}"
 
     producer_lines = em.emit_nodes(lowered.producer, ctx, pingpong=False)
-    consumer_once = em.consumer_setup(params, lowered, holders, ctx)
-    per_tile = em.consumer_tile_init(lowered, pingpong)
+    consumer_once = frame.consumer_setup(params, lowered, holders, ctx)
+    per_tile = frame.consumer_tile_init(lowered, pingpong)
     body = em.emit_nodes(consumer, ctx, pingpong)
     if pingpong:   # warpgroup 0 takes the turn the last warpgroup gives after its last GEMMs: the barrier ends balanced
         at = next((k for k, ln in enumerate(body) if "registers -> shared" in ln), len(body))
@@ -184,10 +185,10 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
               + (", query heads packed" if pack else ""),
               "// TL program:"]
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
-    body_lines = header + em.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
-    body_lines += em.kernel_types(spec, params, lowered.stages, separate_o) + [""]
-    body_lines += em.kernel_signature(name, varlen, paged, pack)
-    setup = em.kernel_setup(params, pack)
+    body_lines = header + frame.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
+    body_lines += frame.kernel_types(spec, params, lowered.stages, separate_o) + [""]
+    body_lines += frame.kernel_signature(name, varlen, paged, pack)
+    setup = frame.kernel_setup(params, pack)
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
     if cp_async:   # after the VarlenTile (7 ints from tile_slot + 2), within smem_bytes_ws's 48 bytes

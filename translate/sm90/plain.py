@@ -15,7 +15,8 @@ from translate import emitters as em
 from translate.emitters import INDENT, EmitContext, _gmem_copy, G2S_OPS
 from translate.ir import Op
 from translate.kernel import TranslationError
-from translate.sm90.emit import _k_major_atom, gemm_ops, softmax_template
+from translate.sm90.emit import softmax_template
+from translate.sm90.frame import _k_major_atom, gemm_ops
 
 
 

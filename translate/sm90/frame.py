@@ -1,0 +1,256 @@
+"""The per-config part of the warp-specialised Hopper kernel: the GEMMs' wgmma ops and shared-memory operands, the
+kernel's types and constants, its signature, the setup of both roles, and each consumer's per-tile start.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from translate import emitters as base
+from translate.kernel import TranslationError
+from translate.params_sm90 import consumer_registers, kv_cp_async
+from translate.sm90 import wgmma_ops
+from translate.sm90.emit import CP_ASYNC_PRODUCER_THREADS, Ctx
+from translate.sm90.tiles import tile_grid
+
+
+def _k_major_atom(width: int) -> str:
+    """The GMMA shared-memory atom for 16-bit rows of ``width`` elements: the widest swizzle that divides it."""
+    for elems, name in ((64, "SW128"), (32, "SW64"), (16, "SW32")):
+        if width % elems == 0:
+            return f"GMMA::Layout_K_{name}_Atom<Element>"
+    raise TranslationError(f"a {width}-element row is not a multiple of 16 (GMMA shared-memory layouts)")
+
+
+def gemms(spec, params) -> tuple[tuple[int, str], tuple[int, str]]:
+    """(N, A operand) of the kernel's two GEMMs: QK^T (N = block N, A = Q in shared memory) and P.V (N = d_v)."""
+    return (params.block_n, "ss"), (spec.d_v, params.pv_operand)
+
+
+def gemm_ops(spec, params) -> tuple[str, str]:
+    """The wgmma op expressions of QK^T (B = K, K-major) and P.V (B = V read MN-major)."""
+    (n_qk, _), (n_pv, pv_operand) = gemms(spec, params)
+    return (wgmma_ops.mma_op(spec.dtype, n_qk, "Int<kBlockN>", "Int<kHeadDimQK>", "ss"),
+            wgmma_ops.mma_op(spec.dtype, n_pv, "Int<kHeadDimV>", "Int<kBlockN>", pv_operand, b_major="MN"))
+
+
+@dataclass(frozen=True)
+class GmmaOperand:
+    """What CuTe's partition_fragment_A/B makes of one operand tile in shared memory (a K-major tile of
+    128-, 64- or 32-byte swizzle atoms of 8 rows, stacked along the rows first; or V read MN-major), as
+    attn_sm90::gmma_operand takes it: the descriptor tensor's layout (C++ type, 16-byte units), the leading
+    and stride byte offsets, the layout type (swizzle), and each consumer warpgroup's start (elements).
+    The rules were read off CuTe's partitions of every tile of the search spaces (216 shapes) and are
+    checked against them by tests/translate/test_gmma_operands.py."""
+
+    layout: str
+    leading: int
+    stride: int
+    layout_type: int
+    per_warpgroup: int = 0    # elements from one consumer warpgroup's start to the next's (A operands)
+
+
+_SWIZZLE = {64: 1, 32: 2, 16: 3}   # 16-bit elements per atom row -> GMMA layout type (B128, B64, B32)
+
+
+def _k_mode(rows: int, cols: int, width: int) -> tuple[str, str]:
+    """The k-blocks (16 columns) of a K-major tile of ``width``-column atoms: within an atom 32 bytes apart,
+    from atom to atom a whole column of atoms (``rows`` x ``width`` elements) apart."""
+    in_atom, atoms, atom_stride = width // 16, cols // width, rows * width // 8
+    if atoms == 1:
+        return f"_{in_atom}", "_2"
+    if in_atom == 1:
+        return f"Int<{atoms}>", f"Int<{atom_stride}>"
+    return f"Shape<Int<{in_atom}>, Int<{atoms}>>", f"Stride<_2, Int<{atom_stride}>>"
+
+
+def gmma_operand(which: str, spec, params, stages: int) -> GmmaOperand:
+    """Q (A), K (B), V (B, MN-major) or P (A, SS P·V) of a warp-specialised kernel (kernel_types' layouts)."""
+    bm, bn = params.block_m, params.block_n
+    if which in ("q", "p"):
+        cols = spec.d_qk if which == "q" else bn
+        width = 64 if which == "q" else next(w for w in (64, 32, 16) if bn % w == 0)
+        shape, stride = _k_mode(bm, cols, width)
+        # one consumer warpgroup: no offset at all (a term in wg, zero but not known to be, costs registers)
+        return GmmaOperand(f"Layout<Shape<_1, _1, {shape}>, Stride<_0, _0, {stride}>>", 1, width,
+                           _SWIZZLE[width], per_warpgroup=64 * width if bm > 64 else 0)
+    stage = f"Shape<_1, Int<{stages}>>"
+    if which == "k":
+        shape, stride = _k_mode(bn, spec.d_qk, 64)
+        return GmmaOperand(f"Layout<Shape<_1, _1, {shape}, {stage}>, Stride<_0, _0, {stride}, "
+                           f"Stride<_0, Int<{bn * spec.d_qk // 8}>>>>", 1, 64, 1)
+    if which == "v":   # (HeadDimV, BN) MN-major: 64-column chunks of V's rows 8 * BN units apart, k-blocks 16 rows
+        return GmmaOperand(f"Layout<Shape<_1, _1, Int<{bn // 16}>, {stage}>, Stride<_0, _0, _128, "
+                           f"Stride<_0, Int<{bn * spec.d_v // 8}>>>>", 8 * bn if spec.d_v > 64 else 0, 64, 1)
+    raise ValueError(f"no GMMA operand {which!r}")
+
+
+def gmma_operand_line(name: str, smem: str, op: GmmaOperand, thr: str = "") -> str:
+    """``thr``: the thread's ThrMMA; its M coordinate is the consumer warpgroup, as CuTe's partition takes it
+    (the same value as ``wg``, computed the same way: ptxas then builds the SASS of CuTe's partition)."""
+    start = f"{smem} + int(get<1>({thr}.thr_vmnk_)) * {op.per_warpgroup}" if op.per_warpgroup else smem
+    return (f"Tensor {name} = attn_sm90::gmma_operand<{op.layout}, {op.leading}, {op.stride}, {op.layout_type}>"
+            f"({start});")
+
+
+def wgmma_declarations(spec, params) -> list[str]:
+    """What the kernel must declare before its namespace: the wgmma ops of extended N it uses."""
+    return wgmma_ops.declarations(spec.dtype, gemms(spec, params))
+
+
+def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
+    elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
+    wgs = params.block_m // 64
+    qk_op, pv_op = gemm_ops(spec, params)
+    lines = [
+        f"using Element = {elem};",
+        f"constexpr int kBlockM = {params.block_m};",
+        f"constexpr int kBlockN = {params.block_n};",
+        f"constexpr int kHeadDimQK = {spec.d_qk};",
+        f"constexpr int kHeadDimV = {spec.d_v};",
+        f"constexpr int kConsumerWGs = {wgs};  // one warpgroup per 64 query rows",
+        f"constexpr int kStages = {stages};",
+        "constexpr int kNThreads = 128 * (kConsumerWGs + 1);  // warpgroup 0 produces",
+        "constexpr int kConsumerThreads = 128 * kConsumerWGs;",
+        f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
+        f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
+        f"constexpr int kProducerRegs = {params.producer_regs};",
+        *([f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  // per K/V stage: every producer thread "
+           "(cp.async)"] if kv_cp_async(params) else []),
+        f"constexpr int kConsumerRegs = {consumer_registers(params)};",
+        "",
+        f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
+        f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
+        "// K-major, 128-byte swizzled tiles: the image a TMA box of 64 columns x rows writes, chunk after chunk",
+        "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
+        "using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));",
+        "// V as stored (BN, HeadDimV) read as (HeadDimV, BN): the same bytes, MN-major for the P·V GEMM",
+        "using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, "
+        "Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));",
+        "using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockM>, Int<kHeadDimV>>{}));",
+        f"using SmemLayoutP = decltype(tile_to_shape({_k_major_atom(params.block_n)}{{}}, "
+        "Shape<Int<kBlockM>, Int<kBlockN>>{}));",
+        "constexpr int kTileQElems = kBlockM * cute::max(kHeadDimQK, kHeadDimV);",
+        "constexpr int kTileKElems = kBlockN * kHeadDimQK;",
+        "constexpr int kTileVElems = kBlockN * kHeadDimV;",
+        f"constexpr int kTilePElems = {'kBlockM * kBlockN' if params.pv_operand == 'ss' else '0'};",
+        "constexpr int kTileQBytes = kBlockM * kHeadDimQK * int(sizeof(Element));",
+        "constexpr int kTileKBytes = kTileKElems * int(sizeof(Element));",
+        "constexpr int kTileVBytes = kTileVElems * int(sizeof(Element));",
+        f"constexpr int kTileOElems = {'kBlockM * kHeadDimV' if separate_o else '0'};"
+        f"  // {'its own tile: Q goes back to the producer before the epilogue' if separate_o else 'O reuses Q'}",
+        "constexpr int kBarrierOffset = (kTileQElems + kStages * (kTileKElems + kTileVElems) + kTilePElems + "
+        "kTileOElems) * int(sizeof(Element));",
+    ]
+    return lines
+
+
+def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack: bool = False) -> list[str]:
+    args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
+    if pack:   # the query heads a tile holds: the group where it divides 64, else 1 (tuner/launch_plan.py)
+        args.append("const int pack")
+    if varlen:
+        args += ["const int* __restrict__ cu_seqlens_q", "const int* __restrict__ cu_seqlens_k",
+                 "const int* __restrict__ seqused_k"]
+    if paged:
+        args += ["const int* __restrict__ page_table", "const int64_t page_table_stride", "const int page_size"]
+    args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
+    return base.kernel_signature(name, args)
+
+
+def kernel_setup(params, pack: bool = False) -> list[str]:
+    """What every thread does once: the tile count, the shared-memory plan and the mbarriers."""
+    kv_arrivals = "kKVFullArrivals" if kv_cp_async(params) else "1"   # (a TMA kernel's source as it always was)
+    return [
+        "extern __shared__ __align__(1024) char attn_smem[];",
+        "const int tidx = threadIdx.x;",
+        *base.scale_setup(),
+        *tile_grid(pack),
+        "const int causal_offset = seqlen_k - seqlen_q;  // bottom-right: row r sees key c iff c <= r + offset",
+        "",
+        "// shared-memory plan: Q | K stages | V stages | P (SS only) | O (when it fits) | mbarriers",
+        "Element* smem_q = reinterpret_cast<Element*>(attn_smem);",
+        "Element* smem_k = smem_q + kTileQElems;",
+        "Element* smem_v = smem_k + kStages * kTileKElems;",
+        "[[maybe_unused]] Element* smem_p = smem_v + kStages * kTileVElems;",
+        "[[maybe_unused]] Element* smem_o = kTileOElems ? smem_p + kTilePElems : smem_q;",
+        "uint64_t* q_full = reinterpret_cast<uint64_t*>(attn_smem + kBarrierOffset);  // Q and its tile number",
+        "uint64_t* q_empty = q_full + 1;",
+        "uint64_t* k_full = q_empty + 1;",
+        "uint64_t* k_empty = k_full + kStages;",
+        "uint64_t* v_full = k_empty + kStages;",
+        "uint64_t* v_empty = v_full + kStages;",
+        "int* tile_slot = reinterpret_cast<int*>(v_empty + kStages);  // the tile the producer hands out next",
+        "if (tidx == 0) {",
+        "  attn_sm90::FullBarrier::init(q_full, 1);",
+        "  attn_sm90::EmptyBarrier::init(q_empty, kConsumerWGs);",
+        "  for (int s = 0; s < kStages; ++s) {",
+        f"    attn_sm90::FullBarrier::init(&k_full[s], {kv_arrivals});",
+        f"    attn_sm90::FullBarrier::init(&v_full[s], {kv_arrivals});",
+        "    attn_sm90::EmptyBarrier::init(&k_empty[s], kConsumerWGs);  // one thread per consumer warpgroup hands back",
+        "    attn_sm90::EmptyBarrier::init(&v_empty[s], kConsumerWGs);",
+        "  }",
+        "  cutlass::arch::fence_barrier_init();",
+        "}",
+        "__syncthreads();",
+    ]
+
+
+def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
+    lines = [
+        "const int mma_tidx = tidx - 128;",
+        "const int wg = mma_tidx / 128;  // consumer warpgroup: query rows [64 wg, 64 wg + 64) of the tile",
+        "TiledMmaQK tiled_mma_qk;",
+        "TiledMmaPV tiled_mma_pv;",
+        "auto thr_qk = tiled_mma_qk.get_thread_slice(mma_tidx);",
+        "auto thr_pv = tiled_mma_pv.get_thread_slice(mma_tidx);",
+        "// GMMA descriptors of the shared tiles (CuTe's partition_fragment_A/B: attn_sm90::gmma_operand)",
+        gmma_operand_line("tSrQ", "smem_q", gmma_operand("q", ctx.spec, params, ctx.lowered.stages), "thr_qk"),
+        gmma_operand_line("tSrK", "smem_k", gmma_operand("k", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
+        gmma_operand_line("tOrV", "smem_v", gmma_operand("v", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
+        "Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));  // (row, col)",
+        "int k_read = 0, v_read = 0;  // tiles taken from each ring so far (across this CTA's tiles)",
+        "const bool never = seqlen_k < 0;  // false, unknown to the compiler: see attn_sm90::ordering_point",
+    ]
+    score = sorted(lowered.score_accs)[0]
+    lines.append("Tensor rescale_o = make_tensor<float>(Shape<Int<decltype(size<0>(attn_sm90::rowcol_layout("
+                 "decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}))"
+                 "::layout_type{})))::value>>{});")
+    stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
+    for mx, sm in stats:
+        lines += [f"Tensor {mx} = make_tensor_like(rescale_o);", f"Tensor {sm} = make_tensor_like(rescale_o);"]
+    del score
+    if params.pv_operand == "ss":
+        lines += ["Tensor sP = make_tensor(make_smem_ptr(smem_p), SmemLayoutP{});",
+                  gmma_operand_line("tOsP", "smem_p", gmma_operand("p", ctx.spec, params, ctx.lowered.stages), "thr_pv")
+                  + "  // P as GMMA descriptors",
+                  "auto r2s_p = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, tiled_mma_qk);",
+                  "auto r2s_thr_p = r2s_p.get_thread_slice(mma_tidx);"]
+    else:
+        for p in sorted(lowered.p_tensors):
+            lines.append(f"Tensor rP_{p} = make_tensor<Element>(attn_sm90::acc_to_a_layout("
+                         "decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}))"
+                         "::layout_type{}));")
+    for g in sorted(holders, key=lambda o: o.line):
+        gid = ctx.gemm_id(g)
+        lines.append(f"int {gid}_slot = 0; bool {gid}_pending = false;  // TL {g.line}: the stage its batch reads")
+    return lines
+
+
+def consumer_tile_init(lowered, pingpong: bool) -> list[str]:
+    """Per tile: fresh softmax statistics (the accumulators are cleared by their Allocate statements),
+    the ring position where this tile's K tiles start, the ping-pong opening."""
+    stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
+    lines = [ln for mx, sm in stats for ln in (f"fill({mx}, -INFINITY);", f"fill({sm}, 0.f);")]
+    lines.append("const int k_tile0 = k_read;  // this tile's first K tile in the ring's count")
+    if pingpong:
+        lines.append("bool pp_first = true;  // warpgroup 0 issues this tile's first GEMMs without waiting")
+    return lines
+
+
+def _all_ops(nodes):
+    from translate.sm90.ir import iter_ops
+    return iter_ops(nodes)
