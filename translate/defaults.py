@@ -47,7 +47,7 @@ def default_schedule(profile: Profile) -> str:
 # spilled 32 bytes of it (nvcc 13.0, gqa d128 128x128), in 32 none; the paged one also looks pages up (16
 # bytes spilled in 32, none in 40). Two consumer warpgroups keep 232 registers either way.
 SERVING_PRODUCER_REGS = {"varlen": 32, "paged": 40}
-# The cp.async producer (every producer thread copies K/V rows, attn_sm90.cuh cp_async_load_paged) holds its
+# The cp.async producer (every producer thread copies K/V rows, attn_sm90_copy.cuh cp_async_load_paged) holds its
 # rows' cache offsets and swizzle: gqa d128 128x128 spilled 116 bytes in 40 registers, 20 in 56 (a few values
 # once a tile, outside the copies; nvcc 13.0).
 CP_ASYNC_PRODUCER_REGS = 56

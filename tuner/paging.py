@@ -3,7 +3,7 @@
 A paged kernel takes its page size at run time (the cache's shape), so one cubin serves every page size its
 K/V copy can read. A TMA producer (g2s_atom SM90_TMA) reads a K/V tile as boxes of min(block N, page size) rows,
 each box within one page, so a page must divide the tile (several boxes a tile) or be a multiple of it (several
-tiles a page). The indexed producer (cp.async, attn_sm90.cuh cp_async_load_paged) looks pages up itself, once
+tiles a page). The indexed producer (cp.async, attn_sm90_copy.cuh cp_async_load_paged) looks pages up itself, once
 per 8 rows: any multiple of 8.
 `--page-size` on `tune build` checks one size against the kernel before compiling; on `tune bench` it picks
 the cache's page size.
