@@ -1,5 +1,5 @@
 """Does a translator change change the kernels' SASS? Builds the same Hopper candidates from two git revisions
-and compares each kernel's SASS (cuobjdump, translate.nvcc.sass_instructions: instructions without addresses
+and compares each kernel's SASS (cuobjdump, translate.sass.sass_instructions: instructions without addresses
 and encodings), registers and spills.
 
     python scripts/sass_compare.py BEFORE AFTER [--count 6] [--seed 7]
@@ -30,7 +30,7 @@ import tl, translate
 from hardware_profiles import load_profile
 from search_spaces import load_space
 from search_spaces.feasible import default_sketches, feasible_space
-from translate import nvcc
+from translate import nvcc, sass
 from translate.defaults import hopper_params
 from translate.params import KernelParams
 from tuner.problem import grid_problems, spec_for
@@ -50,7 +50,7 @@ for k in kernels:
     cubin = out / f"{k.name}.cubin"
     cubin.write_bytes(r.cubin or b"")
     rows.append({"name": k.name, "ok": r.ok, "registers": r.registers, "spill_stores": r.spill_stores,
-                 "sass": nvcc.sass_instructions(cubin)[k.name] if r.ok else None})
+                 "sass": sass.sass_instructions(cubin)[k.name] if r.ok else None})
 print(json.dumps(rows))
 """
 

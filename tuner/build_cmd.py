@@ -206,6 +206,7 @@ def compile_into(kernel, profile: Profile, out: Path, err: Console, cache_dir: O
     or the exit code after saying why (2: ``out`` cannot be written or nvcc is missing; 1: nvcc failed, its log
     beside the source)."""
     from translate import nvcc
+    from translate.sass import sass_summary
 
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +225,7 @@ def compile_into(kernel, profile: Profile, out: Path, err: Console, cache_dir: O
     cubin_path = out / f"{kernel.name}.cubin"
     cubin_path.write_bytes(result.cubin)
     try:
-        sass = nvcc.sass_summary(cubin_path, kernel.name)
+        sass = sass_summary(cubin_path, kernel.name)
     except (RuntimeError, ValueError, OSError) as exc:
         sass = {"error": str(exc)}
     return result, sass if sass is not None else {"error": "cuobjdump not available"}

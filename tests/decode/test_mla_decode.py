@@ -107,7 +107,7 @@ def compiled(tmp_path_factory):
 
 @pytest.mark.parametrize("which", [0, 1], ids=["h128_w4x2", "h16_w1x4"])
 def test_the_mla_kernels_compile_without_spills_with_ldgsts_ldsm_hmma(compiled, which):
-    from translate.nvcc import find_cuobjdump, sass_summary
+    from translate.sass import find_cuobjdump, sass_summary
 
     out, pairs = compiled
     k, result = pairs[which]

@@ -73,7 +73,7 @@ def compile_one(tmp_path_factory, k, tag):
 def clean_sass(compiled, tag):
     """The checks every seesaw build passes (compiled, no spills, no wgmma serialisation), then (its SASS summary,
     its cubin's path); skipped without cuobjdump."""
-    from translate.nvcc import find_cuobjdump, sass_summary
+    from translate.sass import find_cuobjdump, sass_summary
 
     out, k, result = compiled
     assert result.ok, result.log[-2000:]
@@ -102,7 +102,7 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     assert sass["HMMA"] == 0 and sass["LDGSTS"] > 0, sass
     # the gathers signal mbarriers (cp.async.mbarrier.arrive) that the warpgroups try-wait on; the only cp.async
     # group wait is Q's, once
-    from translate.nvcc import sass_instructions
+    from translate.sass import sass_instructions
     lines = sass_instructions(cubin)[k.name]
     assert sum("SYNCS.PHASECHK" in line for line in lines) >= 8, "no mbarrier waits"
     assert sum("DEPBAR.LE SB0" in line for line in lines) == 1, "more than Q's cp.async group wait"

@@ -111,7 +111,7 @@ def compiled(tmp_path_factory):
 
 
 def test_the_tma_kernel_compiles_to_tma_loads_beside_the_gathers(compiled):
-    from translate.nvcc import sass_instructions
+    from translate.sass import sass_instructions
 
     k = compiled[1]
     sass, cubin = clean_sass(compiled, "tma")

@@ -93,7 +93,7 @@ def compiled(tmp_path_factory):
 
 @pytest.mark.parametrize("which", [0, 1], ids=["paged_causal_bf16", "dense_fp16"])
 def test_the_wgmma_kernel_compiles_without_spills_or_serialisation(compiled, which):
-    from translate.nvcc import find_cuobjdump, sass_summary
+    from translate.sass import find_cuobjdump, sass_summary
 
     out, pairs = compiled
     k, result = pairs[which]

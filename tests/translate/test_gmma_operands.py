@@ -14,6 +14,7 @@ import pytest
 
 from hardware_profiles import load_profile
 from translate import nvcc
+from translate.sass import find_cuobjdump, sass_instructions
 from translate.defaults import hopper_params
 from translate.params import KernelParams
 from translate.sm90 import frame
@@ -114,7 +115,7 @@ def test_the_descriptors_build_the_sass_of_cutes_partitions(tmp_path):
     try:
         nvcc.find_nvcc()
         nvcc.cutlass_include_dir()
-        nvcc.find_cuobjdump()
+        find_cuobjdump()
     except nvcc.ToolNotFound as exc:
         pytest.skip(str(exc))
     h100, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")
@@ -133,5 +134,5 @@ def test_the_descriptors_build_the_sass_of_cutes_partitions(tmp_path):
         assert result.ok, result.log[-3000:]
         cubin = tmp_path / f"{label}.cubin"
         cubin.write_bytes(result.cubin)
-        sass[label] = nvcc.sass_instructions(cubin)[gen.name]
+        sass[label] = sass_instructions(cubin)[gen.name]
     assert len(sass["ours"]) > 1000 and sass["ours"] == sass["cute"]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from translate import nvcc
+from translate import nvcc, sass
 from translate.nvcc import (CompileResult, compile_kernel, compile_kernels, compile_ptx, find_nvcc,
                             parse_ptxas_resources)
 
@@ -307,19 +307,19 @@ def test_real_cute_compile_parses_resources_and_sass_has_hmma(tmp_path):
     assert "Compiling entry function 'cute_one_mma' for 'sm_90a'" in r.log
     path = tmp_path / "k.cubin"
     path.write_bytes(r.cubin)
-    summary = nvcc.sass_summary(path)
+    summary = sass.sass_summary(path)
     if summary is None:
         pytest.skip("cuobjdump not installed")
     assert summary["HMMA"] >= 1 and summary["instructions"] > summary["HMMA"]
     assert summary["functions"] == ["cute_one_mma"]
-    assert nvcc.sass_summary(path, "cute_one_mma")["HMMA"] == summary["HMMA"]
+    assert sass.sass_summary(path, "cute_one_mma")["HMMA"] == summary["HMMA"]
     with pytest.raises(ValueError, match="no function"):
-        nvcc.sass_summary(path, "nope")
+        sass.sass_summary(path, "nope")
 
 
 def test_sass_summary_none_without_cuobjdump(monkeypatch, tmp_path):
     def missing():
-        raise nvcc.CuobjdumpNotFound("cuobjdump not found")
+        raise sass.CuobjdumpNotFound("cuobjdump not found")
 
-    monkeypatch.setattr(nvcc, "find_cuobjdump", missing)
-    assert nvcc.sass_summary(tmp_path / "x.cubin") is None
+    monkeypatch.setattr(sass, "find_cuobjdump", missing)
+    assert sass.sass_summary(tmp_path / "x.cubin") is None

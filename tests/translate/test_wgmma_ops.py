@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from translate import nvcc
+from translate.sass import find_cuobjdump, sass_instructions
 from translate.sm90 import wgmma_ops
 
 
@@ -80,7 +81,7 @@ def test_declared_ops_have_cutes_traits_and_build_cutes_sass():
     try:
         nvcc_path = nvcc.find_nvcc()
         include = nvcc.cutlass_include_dir()
-        nvcc.find_cuobjdump()
+        find_cuobjdump()
     except nvcc.ToolNotFound as exc:
         pytest.skip(str(exc))
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,7 +90,7 @@ def test_declared_ops_have_cutes_traits_and_build_cutes_sass():
         build = subprocess.run([str(nvcc_path), "-std=c++20", "-arch=sm_90a", "-cubin", f"-I{include}",
                                 "-o", str(cubin), str(source)], capture_output=True, text=True, timeout=600)
         assert build.returncode == 0, build.stderr[-3000:]    # a trait that differs fails its static_assert
-        sass = nvcc.sass_instructions(cubin)
+        sass = sass_instructions(cubin)
     by_name = {re.sub(r"^_Z\d+", "", name).split("P")[0]: code for name, code in sass.items()}
     for i, (dtype, n, operand) in enumerate(COMBOS):
         ours, cute = by_name[f"ours_{i}"], by_name[f"cute_{i}"]
