@@ -10,7 +10,8 @@ import pytest
 import tl
 import translate
 from hardware_profiles import load_profile
-from translate import nvcc, sass
+from translate import nvcc
+from translate.sass import find_cuobjdump, sass_instructions, sass_summary
 from translate.defaults import default_params
 from tuner.problem import KernelSpec
 
@@ -23,7 +24,7 @@ def _need_toolchain(sass: bool = False) -> None:
         nvcc.find_nvcc()
         nvcc.cutlass_include_dir()
         if sass:
-            sass.find_cuobjdump()
+            find_cuobjdump()
     except nvcc.ToolNotFound as exc:
         pytest.skip(str(exc))
 
@@ -43,7 +44,7 @@ def _sass(result, name):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(result.cubin)
-        return sass.sass_summary(path, name)
+        return sass_summary(path, name)
 
 
 def test_mla_causal_builds_for_hopper_with_tensor_cores():
@@ -160,8 +161,8 @@ def test_a_declared_wgmma_op_builds_the_sass_of_cutes_extended_shapes_and_shares
         unit_cubin, reference_cubin = Path(tmp) / "unit.cubin", Path(tmp) / "reference.cubin"
         unit_cubin.write_bytes(together[0].cubin)
         reference_cubin.write_bytes(reference.cubin)
-        in_unit = sass.sass_instructions(unit_cubin)
-        from_header = sass.sass_instructions(reference_cubin)
+        in_unit = sass_instructions(unit_cubin)
+        from_header = sass_instructions(reference_cubin)
     assert in_unit[kernels[0].name] == from_header[kernels[0].name]
     assert any(i.startswith("HGMMA.64x176x16") for i in in_unit[kernels[1].name])
     assert any(i.startswith("HGMMA.64x128x16") for i in in_unit[kernels[2].name])
@@ -190,8 +191,8 @@ def test_paged_kernel_with_the_cp_async_producer_copies_k_and_v_by_row():
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "k.cubin"
         path.write_bytes(result.cubin)
-        lines = sass.sass_instructions(path)[gen.name]
-        counts = sass.sass_summary(path, gen.name)
+        lines = sass_instructions(path)[gen.name]
+        counts = sass_summary(path, gen.name)
     # unrolled: 16 copies a thread per 128-row tile of K and of V, twice (tiles of keys only, without a predicate
     # per copy, and a sequence's last tile; ptxas merges a few tails)
     assert counts["HGMMA"] == 32 and 96 <= counts["LDGSTS"] <= 128, counts
