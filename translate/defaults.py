@@ -73,6 +73,7 @@ SERVING_PINGPONG = {("paged", 128)}
 # smaller than a tile keep the cp.async producer (TMA boxes of 16 rows ran 0.45-0.54x FA4); pages of 256 take TMA by
 # the same rule, not measured.
 WHOLE_TILE_PAGES = dict(g2s_atom="SM90_TMA", producer_regs=SERVING_PRODUCER_REGS["paged"], pv_wait="half")
+WHOLE_TILE_PAGES_HEAD_DIMS = (128,)     # where it was measured (d_qk = d_v)
 
 
 # The softmax's conditional rescale (FA4's rule: a row's O is rescaled only when a tile raised its max by more than
@@ -112,7 +113,7 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
                   page_size: int | None = None) -> KernelParams:
     """FA4's Hopper choice for the head dim, shrunk until it fits; the plain wgmma schedule loads with
     cp.async and takes no producer settings. A paged spec with a known ``page_size`` that is a multiple of the
-    tile's block N takes WHOLE_TILE_PAGES (d128 and up: measured at d128)."""
+    tile's block N takes WHOLE_TILE_PAGES (at WHOLE_TILE_PAGES_HEAD_DIMS)."""
     probe = probe_problem(spec)
     tried = []
     for seed in _hopper_seeds(spec):
@@ -138,8 +139,9 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
 
 
 def _whole_tile_pages(spec: KernelSpec, page_size: int | None, block_n: int) -> bool:
-    """WHOLE_TILE_PAGES applies: pages of whole tiles, where the paged kernel was measured (d128 GQA)."""
-    return bool(page_size) and page_size % block_n == 0 and spec.d_qk == spec.d_v == 128
+    """WHOLE_TILE_PAGES applies: pages of whole tiles, at a head dim where the paged kernel was measured."""
+    return (bool(page_size) and page_size % block_n == 0 and spec.d_qk == spec.d_v
+            and spec.d_qk in WHOLE_TILE_PAGES_HEAD_DIMS)
 
 
 def _serving_pingpong(spec: KernelSpec) -> bool:

@@ -103,8 +103,10 @@ RESCALE_THRESHOLDS = (0, 2, 4, 8)
 EXP2_POLY_SHARES = (0, 1, 2, 3, 4)
 # Where a consumer waits for its P.V GEMM before converting the next P (KernelParams.pv_wait; emit.py
 # emit_softmax_split): after the whole softmax; once the row maxima are known ("mid", FA4's source order); or after a
-# quarter or half of the exponentials (where ptxas put FA4's wait: after 12 of 64 MUFU.EX2 a thread at d64).
-PV_WAITS = ("after", "mid", "quarter", "half")
+# quarter or half of the exponentials (where ptxas put FA4's wait: after 12 of 64 MUFU.EX2 a thread at d64). The
+# split values map to the eighths of a row's exponentials computed before the wait (the rest after it).
+PV_WAIT_EIGHTHS = {"mid": 0, "quarter": 2, "half": 4}
+PV_WAITS = ("after", *PV_WAIT_EIGHTHS)
 
 
 def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: bool) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from translate.params_sm90 import PV_WAIT_EIGHTHS
 from translate.sm90.ir import Cond, Loop, Op
 from translate.ir import expr_to_cpp
 
@@ -313,10 +314,6 @@ def sync_lines(op: Op, ctx: Ctx, deferred: bool = False) -> list[str]:
         out.append("if (mma_tidx % 128 == 0) { attn_sm90::EmptyBarrier::arrive(q_empty); }"
                    "  // no GEMM reads Q any more in this tile: the producer may load the next tile's")
     return out
-
-
-# pv_wait: eighths of a row's exponentials computed before the wait for the P.V GEMM in flight (the rest after it)
-PV_WAIT_EIGHTHS = {"mid": 0, "quarter": 2, "half": 4}
 
 
 def softmax_wait_split(op: Op, nxt, ctx: Ctx) -> bool:
