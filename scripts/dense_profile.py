@@ -175,6 +175,9 @@ TABLE_METRICS = {
     "xu%": ["sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active"],
     "fma%": ["sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active"],
     "alu%": ["sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active"],
+    "l2%": ["lts__throughput.avg.pct_of_peak_sustained_elapsed"],
+    "l2hit%": ["lts__t_sector_hit_rate.pct"],
+    "dram%": ["gpu__dram_throughput.avg.pct_of_peak_sustained_elapsed", "dram__throughput.avg.pct_of_peak_sustained_elapsed"],
 }
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"

@@ -11,10 +11,20 @@ median TFLOPS [min, max] over the rounds and the median of the per-round ratios 
 
     python scripts/paged_copy_check.py --out $OUT/paged_copy.json [--rounds 5] [--cache-dir .kcache] [--layout varlen]
         [--variants '{"tma": {}, "cp_async": {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56}}']
+
+``--built NAME=RECORD.json`` (repeatable) adds a kernel that ``tune build -o`` wrote (its .cubin beside the record),
+e.g. one built from another commit: a change to the generator, not to a parameter, timed against the current code in
+one process. It passes the same gate.
+
+``--ncu DIR`` profiles instead of timing: the script re-runs itself under ncu (``--set full``) with ``--profile``,
+so each kernel's benchmark call and FA4's run once inside the NVTX range 'profile'; DIR gets the raw and SASS
+pages as CSV (``ncu_sass_stalls.py DIR/paged.source.csv`` compares the kernels per opcode), and the table of
+dense_profile.py (duration, instructions, issue and pipe activity, L2 and DRAM, top stalls) is printed.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -35,6 +45,37 @@ def build(variants: dict, cache_dir: Path, gpu: str, layout: str = "paged"):
 
     spec = KernelSpec("gqa", 128, 128, True, "bf16", layout)
     return spec, compile_changes(gpu, [(spec, variants)], cache_dir)[0]
+
+
+class _Built:
+    """A ``tune build`` record in the shape the loop reads of compile_changes' (GeneratedKernel, CompileResult)."""
+
+    def __init__(self, record: dict, cubin: bytes):
+        from translate.params import KernelParams
+
+        self.name, self._meta = record["meta"]["name"], record["meta"]
+        self.params = KernelParams.from_dict(record["params"])
+        self.ok, self.cubin = True, cubin
+        self.registers = record["resources"].get("registers")
+        self.spill_stores = record["resources"].get("spill_stores")
+
+    def meta(self) -> dict:
+        return self._meta
+
+
+def built_records(items: list[str], spec) -> dict:
+    """{name: (kernel, result)} of ``NAME=RECORD.json`` items; a record of another spec is an error."""
+    out = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--built takes NAME=RECORD.json, got {item!r}")
+        record = json.loads(Path(path).read_text())
+        if record["meta"]["spec"] != dataclasses.asdict(spec):
+            raise SystemExit(f"--built {name}: {path} is a kernel for {record['meta']['spec']}, not {dataclasses.asdict(spec)}")
+        b = _Built(record, Path(path).with_suffix(".cubin").read_bytes())
+        out[name] = (b, b)
+    return out
 
 
 def main(argv=None) -> int:
@@ -63,10 +104,16 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="for ncu: no timing; each kernel's benchmark call runs once inside the NVTX range "
                          "'profile' (ncu --nvtx --nvtx-include 'profile/')")
+    ap.add_argument("--built", action="append", default=[], metavar="NAME=RECORD.json",
+                    help="an extra kernel from `tune build -o` (its record; the .cubin beside it)")
+    ap.add_argument("--ncu", metavar="DIR", help="profile every kernel and FA4 under ncu into DIR (no timing)")
     args = ap.parse_args(argv)
+    if args.ncu:
+        return ncu_profile(argv if argv is not None else sys.argv[1:], Path(args.ncu))
     variants = json.loads(args.variants) if args.variants else DEFAULT_VARIANTS
 
     spec, built = build(variants, Path(args.cache_dir), args.gpu, args.layout)
+    built.update(built_records(args.built, spec))
     kernels, record = {}, {"device": torch.cuda.get_device_name(), "rounds": args.rounds, "kernels": {}, "rows": []}
     for name, (gen, res) in built.items():
         info = {"name": gen.name, "params": gen.params.to_dict(), "ok": res.ok, "registers": res.registers,
@@ -104,7 +151,8 @@ def main(argv=None) -> int:
                 if not rel <= bench.CROSS_CHECK_REL_ERR:
                     print(f"{name} differs from FA4 on {problem.name} p{page}: rel err {rel:.3g}", flush=True)
                     return 1
-            if args.profile:
+            if args.profile:   # ours, then FA4 (its compile ran above, outside the range)
+                calls["fa4"] = prep.call
                 torch.cuda.synchronize()
                 for name, call in calls.items():
                     with torch.cuda.nvtx.range("profile"):
@@ -131,6 +179,46 @@ def main(argv=None) -> int:
           f"{args.rounds} interleaved rounds)")
     for row in record["rows"]:
         print(f"{row['mix']:<14} {row['page_size'] or '-':<5} " + "  ".join(f"{row[f'{n}/fa4']:>10.3f}" for n in kernels))
+    return 0
+
+
+def ncu_profile(argv: list[str], out: Path) -> int:
+    """This script under ncu with ``--profile`` (every kernel's call and FA4's inside the NVTX range), its pages
+    exported to CSV under ``out`` and summarised with dense_profile.py's table."""
+    import shutil
+    import subprocess
+
+    from dense_profile import print_tables, summarize_raw   # scripts/ is on sys.path when run as a script
+
+    ncu = shutil.which("ncu") or next((str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/ncu"))), None)
+    if ncu is None:
+        print("ncu: not found", flush=True)
+        return 1
+    out.mkdir(parents=True, exist_ok=True)
+    rest, skip = [], False
+    for a in argv:   # the same arguments without --ncu DIR
+        if skip:
+            skip = False
+        elif a == "--ncu":
+            skip = True
+        elif not a.startswith("--ncu="):
+            rest.append(a)
+    rep = out / "paged"
+    cmd = [ncu, "--nvtx", "--nvtx-include", "profile/", "--set", "full", "--import-source", "no", "-f", "-o", str(rep),
+           sys.executable, __file__, "--profile", *rest]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    print("\n".join(proc.stdout.strip().splitlines()[-12:]), flush=True)
+    report = rep.with_suffix(".ncu-rep")
+    if proc.returncode or not report.is_file():
+        print(f"ncu rc {proc.returncode}: {proc.stderr[-2000:]}", flush=True)
+        return 1
+    for page, extra in (("raw", []), ("source", ["--print-source", "sass"])):
+        with open(out / f"paged.{page}.csv", "w") as f:
+            subprocess.run([ncu, "--import", str(report), "--page", page, "--csv", *extra], stdout=f, check=True)
+    report.unlink()   # the CSVs hold what the analysis reads; the report is tens of MB
+    summary = [{"point": "paged", **e} for e in summarize_raw(out / "paged.raw.csv")]
+    Path(out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_tables([], summary)
     return 0
 
 

@@ -44,13 +44,16 @@ def parse_spec(text: str):
     return KernelSpec(variant, head_dim, head_dim, causal == "c", "bf16")
 
 
-def parse_changes(change: str | None, changes: str | None) -> dict[str, dict]:
+def parse_changes(change: str | None, changes: str | None, before: bool = False) -> dict[str, dict]:
     """{name: KernelParams changes} from ``--change`` (one JSON object, named "changed") or ``--changes`` (JSON
-    object of named objects, or @FILE holding one); ValueError saying what is wrong."""
+    object of named objects, or @FILE holding one); none at all with ``before`` (--before alone: the default against
+    the earlier translator's kernel); ValueError saying what is wrong."""
     from translate.params import KernelParams
 
+    if before and change is None and changes is None:
+        return {}
     if (change is None) == (changes is None):
-        raise ValueError("give exactly one of --change and --changes")
+        raise ValueError("give exactly one of --change and --changes (or --before alone)")
     if changes is not None and changes.startswith("@"):
         try:
             changes = Path(changes[1:]).read_text()
@@ -149,7 +152,7 @@ def main(argv=None) -> int:
     ap.add_argument("--before", help="folder of `tune build` outputs of an earlier translator, timed as 'before'")
     args = ap.parse_args(argv)
     try:
-        named = parse_changes(args.change, args.changes)
+        named = parse_changes(args.change, args.changes, bool(args.before))
         specs = [(text, parse_spec(text)) for text in args.specs.split(",")]
         seqlens = tuple(int(s) for s in args.seqlens.split(","))
         before = load_before(Path(args.before), specs) if args.before else {}

@@ -255,6 +255,7 @@ def test_param_ab_check_reads_one_or_several_named_changes(tmp_path):
     assert ab.parse_changes('{"block_n": 96}', None) == {"changed": {"block_n": 96}}
     (tmp_path / "c.json").write_text('{"a": {"block_n": 96}, "b": {"pingpong": true}}')
     assert list(ab.parse_changes(None, f"@{tmp_path / 'c.json'}")) == ["a", "b"]
+    assert ab.parse_changes(None, None, before=True) == {}   # --before alone: the default against the old kernel
     for change, changes, words in [(None, None, "exactly one"), ("{}", None, "non-empty JSON object"),
                                    (None, '{"default": {"block_n": 96}}', "may not be named"),
                                    (None, '{"before": {"block_n": 96}}', "may not be named"),   # --before's row
