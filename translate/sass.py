@@ -96,3 +96,12 @@ def sass_summary(cubin_path: Path, function: Optional[str] = None, *, timeout: f
     summary["instructions"] = counts.get("instructions", 0)
     summary["functions"] = list(functions) if function is None else [function]
     return summary
+
+
+def wgmmas_fed_by_r2ur(lines: list[str], window: int = 3) -> list[str]:
+    """The wgmma instructions (HGMMA) with a move into a uniform register (R2UR) among the ``window`` instructions
+    before them: a descriptor computed in ordinary registers, moved to a uniform one on the wgmma's issue path.
+    A warp-uniform warpgroup index keeps the descriptors in uniform registers, and this list empty
+    (translate/sm90/frame.py gmma_operand_line, the decode kernels' ``wg``)."""
+    return [line for k, line in enumerate(lines)
+            if "HGMMA" in line and any("R2UR" in before for before in lines[max(0, k - window):k])]

@@ -106,6 +106,9 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     lines = sass_instructions(cubin)[k.name]
     assert sum("SYNCS.PHASECHK" in line for line in lines) >= 8, "no mbarrier waits"
     assert sum("DEPBAR.LE SB0" in line for line in lines) == 1, "more than Q's cp.async group wait"
+    # the descriptors stay in uniform registers (a warp-uniform wg): no wgmma waits on an R2UR (there were 725)
+    from translate.sass import wgmmas_fed_by_r2ur
+    assert not wgmmas_fed_by_r2ur(lines), wgmmas_fed_by_r2ur(lines)[:3]
 
 
 HOST_CHECK = r"""

@@ -8,13 +8,14 @@ descriptor fields and every consumer thread's start with CuTe's partitions: tile
 warpgroups, block N of every swizzle P can take (128-, 64-, 32-byte: 128/64, 96/160, 80/112/144/176), head
 dims 64, 128 and MLA's 192/128, 2 and 3 stages (fp16 and bf16 tiles are alike: 16-bit). (The rules were read off all 216 shapes of
 d 64/128/192x128 x block M 64/128/192 x block N 64/80/96/112/128/176 x 2/3 stages x RS/SS first.)"""
+import re
 from pathlib import Path
 
 import pytest
 
 from hardware_profiles import load_profile
 from translate import nvcc
-from translate.sass import find_cuobjdump, sass_instructions
+from translate.sass import find_cuobjdump, sass_instructions, wgmmas_fed_by_r2ur
 from translate.defaults import hopper_params
 from translate.params import KernelParams
 from translate.sm90 import frame
@@ -92,21 +93,33 @@ def test_the_kernel_takes_its_descriptors_from_gmma_operand():
     assert ".partition_fragment_A(" not in src and ".partition_fragment_B(" not in src
     for name in ("tSrQ", "tSrK", "tOrV", "tOsP"):
         assert f"Tensor {name} = attn_sm90::gmma_operand<Layout<" in src
-    assert "(smem_q + int(get<1>(thr_qk.thr_vmnk_)) * 4096)" in src   # warpgroup 1 starts 64 rows of 64 further
+    assert "(smem_q + wg * 4096)" in src   # warpgroup 1 starts 64 rows of 64 further
+    # ... with wg uniform across the warp (a shuffle from lane 0): the descriptors stay in uniform registers
+    assert "const int wg = cutlass::canonical_warp_group_idx() - 1;" in src
 
 
-CUTE_PARTITIONS = {   # what the kernels called before attn_sm90::gmma_operand
-    "tSrQ": "thr_qk.partition_fragment_A(make_tensor(make_smem_ptr(smem_q), SmemLayoutQ{}))",
-    "tSrK": "thr_qk.partition_fragment_B(make_tensor(make_smem_ptr(smem_k), SmemLayoutK{}))",
-    "tOrV": "thr_pv.partition_fragment_B(make_tensor(make_smem_ptr(smem_v), SmemLayoutVt{}))",
-    "tOsP": "thr_pv.partition_fragment_A(sP)",
+# What the kernels called before attn_sm90::gmma_operand, on the slice of the warpgroup's first thread (CUTLASS's
+# collectives slice by warpgroup index too): a GMMA operand's partition depends on the warpgroup alone, and a
+# slice by the uniform wg keeps the descriptors in uniform registers, as the kernels' do. (Sliced by the thread's
+# own index, ptxas kept them in ordinary registers and moved each to a uniform one before its wgmma: 2-6% slower
+# dense kernels on the H100, BENCHMARKS.md 2026-11-26 session 5.)
+CUTE_PARTITIONS = {
+    "tSrQ": "tiled_mma_qk.get_thread_slice(wg * 128).partition_fragment_A(make_tensor(make_smem_ptr(smem_q), "
+            "SmemLayoutQ{}))",
+    "tSrK": "tiled_mma_qk.get_thread_slice(wg * 128).partition_fragment_B(make_tensor(make_smem_ptr(smem_k), "
+            "SmemLayoutK{}))",
+    "tOrV": "tiled_mma_pv.get_thread_slice(wg * 128).partition_fragment_B(make_tensor(make_smem_ptr(smem_v), "
+            "SmemLayoutVt{}))",
+    "tOsP": "tiled_mma_pv.get_thread_slice(wg * 128).partition_fragment_A(sP)",
 }
 
 
 def test_the_descriptors_build_the_sass_of_cutes_partitions(tmp_path):
     """The default tile with SS P·V (all four operands, two consumer warpgroups) as generated and with CuTe's
-    partitions put back: the same SASS, instruction for instruction (scripts/sass_compare.py does this for a
-    sample of the space)."""
+    partitions (sliced by the uniform warpgroup) put back: the same wgmma instructions, each on a uniform
+    descriptor register (which ones is ptxas's choice), and no more than 1% other instructions apart (the two set the descriptors up in a few
+    different uniform instructions: 8 of 3232 with nvcc 13.0). And no wgmma waits on a register moved into a
+    uniform one (R2UR) just before it: the descriptors are built in uniform registers, as CUTLASS's are."""
     import dataclasses
 
     import tl
@@ -135,4 +148,10 @@ def test_the_descriptors_build_the_sass_of_cutes_partitions(tmp_path):
         cubin = tmp_path / f"{label}.cubin"
         cubin.write_bytes(result.cubin)
         sass[label] = sass_instructions(cubin)[gen.name]
-    assert len(sass["ours"]) > 1000 and sass["ours"] == sass["cute"]
+    ours, cute = sass["ours"], sass["cute"]
+    assert len(ours) > 1000 and abs(len(ours) - len(cute)) <= len(cute) // 100
+    def wgmmas(sass_lines):
+        return [re.sub(r"gdesc\[UR\d+\]", "gdesc[UR]", i) for i in sass_lines if "HGMMA" in i]
+
+    assert wgmmas(ours) == wgmmas(cute)
+    assert not wgmmas_fed_by_r2ur(ours), wgmmas_fed_by_r2ur(ours)[:3]

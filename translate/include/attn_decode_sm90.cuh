@@ -111,7 +111,7 @@ __forceinline__ __device__ void split_kv_wgmma(const Args& a, char* smem) {
   static_assert(kBlockM == 64 && Cfg::kThreads == 256 && Cfg::kWarpsN == kWarpsN && Cfg::kVFromK);
   static_assert(kDVW <= 256 && kDVW % 64 == 0 && kBlockN % 64 == 0);
   const int tid = threadIdx.x;
-  const int wg = tid / 128, tg = tid % 128;
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tg = tid % 128;  // warp-uniform: see split_kv_seesaw
 
   const CtaWork w = cta_work<Cfg>(a);
   const int b = w.b, pack = w.pack, kvh = w.kvh, row0 = w.row0;

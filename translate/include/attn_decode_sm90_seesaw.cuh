@@ -113,7 +113,10 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   static_assert(kDQK % 64 == 0 && kDV % 128 == 0 && kDVW <= 256 && kDV < kDQK,
                 "V is the first d_v columns of K, Q's last chunk (P1's bytes) is past them");
   const int tid = threadIdx.x;
-  const int wg = tid / 128, tg = tid % 128;
+  // warp-uniform (lane 0's, shuffled): ptxas keeps what depends on wg (the GMMA descriptors of the warpgroup's
+  // tiles) in uniform registers; from tid / 128 it moved them into uniform ones before each wgmma (725 R2UR
+  // in the kernel, now 97; 1.01-1.03x at 128 heads, BENCHMARKS.md 2026-11-26 session 5)
+  const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tg = tid % 128;
 
   const CtaWork w = cta_work<Cfg>(a);
   const int b = w.b, pack = w.pack, kvh = w.kvh, row0 = w.row0;

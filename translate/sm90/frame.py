@@ -85,10 +85,13 @@ def gmma_operand(which: str, spec, params, stages: int) -> GmmaOperand:
     raise ValueError(f"no GMMA operand {which!r}")
 
 
-def gmma_operand_line(name: str, smem: str, op: GmmaOperand, thr: str = "") -> str:
-    """``thr``: the thread's ThrMMA; its M coordinate is the consumer warpgroup, as CuTe's partition takes it
-    (the same value as ``wg``, computed the same way: ptxas then builds the SASS of CuTe's partition)."""
-    start = f"{smem} + int(get<1>({thr}.thr_vmnk_)) * {op.per_warpgroup}" if op.per_warpgroup else smem
+def gmma_operand_line(name: str, smem: str, op: GmmaOperand) -> str:
+    """The operand's descriptors from its shared tile: a consumer warpgroup's A rows start ``wg`` x
+    ``per_warpgroup`` elements in. ``wg`` is warp-uniform (consumer_setup), so ptxas keeps the descriptors in
+    uniform registers; from the thread index (CuTe's per-thread slice) it kept them in ordinary registers and moved
+    each into a uniform one before its wgmma (2 R2UR a wgmma): the dense defaults ran 2-6% slower (H100, paired
+    rounds, BENCHMARKS.md 2026-11-26 session 5)."""
+    start = f"{smem} + wg * {op.per_warpgroup}" if op.per_warpgroup else smem
     return (f"Tensor {name} = attn_sm90::gmma_operand<{op.layout}, {op.leading}, {op.stride}, {op.layout_type}>"
             f"({start});")
 
@@ -202,13 +205,14 @@ def kernel_setup(params, pack: bool = False) -> list[str]:
 def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     lines = [
         "const int mma_tidx = tidx - 128;",
-        "const int wg = mma_tidx / 128;  // consumer warpgroup: query rows [64 wg, 64 wg + 64) of the tile",
+        # warp-uniform (a shuffle from lane 0): what depends on it (the descriptors) stays in uniform registers
+        "const int wg = cutlass::canonical_warp_group_idx() - 1;  // consumer warpgroup: query rows [64 wg, 64 wg + 64)",
         "TiledMmaQK tiled_mma_qk;",
         "TiledMmaPV tiled_mma_pv;",
         "auto thr_qk = tiled_mma_qk.get_thread_slice(mma_tidx);",
         "auto thr_pv = tiled_mma_pv.get_thread_slice(mma_tidx);",
         "// GMMA descriptors of the shared tiles (CuTe's partition_fragment_A/B: attn_sm90::gmma_operand)",
-        gmma_operand_line("tSrQ", "smem_q", gmma_operand("q", ctx.spec, params, ctx.lowered.stages), "thr_qk"),
+        gmma_operand_line("tSrQ", "smem_q", gmma_operand("q", ctx.spec, params, ctx.lowered.stages)),
         gmma_operand_line("tSrK", "smem_k", gmma_operand("k", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
         gmma_operand_line("tOrV", "smem_v", gmma_operand("v", ctx.spec, params, ctx.lowered.stages)) + "  // (MMA, N, K, stage)",
         "Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));  // (row, col)",
@@ -225,7 +229,7 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     del score
     if params.pv_operand == "ss":
         lines += ["Tensor sP = make_tensor(make_smem_ptr(smem_p), SmemLayoutP{});",
-                  gmma_operand_line("tOsP", "smem_p", gmma_operand("p", ctx.spec, params, ctx.lowered.stages), "thr_pv")
+                  gmma_operand_line("tOsP", "smem_p", gmma_operand("p", ctx.spec, params, ctx.lowered.stages))
                   + "  // P as GMMA descriptors",
                   "auto r2s_p = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, tiled_mma_qk);",
                   "auto r2s_thr_p = r2s_p.get_thread_slice(mma_tidx);"]
