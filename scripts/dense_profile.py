@@ -227,8 +227,30 @@ def summarize_raw(path: Path) -> list[dict]:
     return out
 
 
+# The pages of an ncu report the analysis reads, as CSV: per-kernel details, every metric (summarize_raw), and the
+# SASS with its stall samples (scripts/ncu_sass_stalls.py).
+NCU_PAGES = (("details", []), ("raw", []), ("source", ["--print-source", "sass"]))
+
+
+def find_ncu() -> str | None:
+    """ncu on PATH, else under a /usr/local CUDA install; None when there is none."""
+    return shutil.which("ncu") or next((str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/ncu"))), None)
+
+
+def export_report(ncu: str, report: Path, prefix: Path, pages=NCU_PAGES) -> None:
+    """Each of ``pages`` of ``report`` into PREFIX.PAGE.csv (an export that fails is said, not raised), then the
+    report goes: the CSVs hold what the analysis reads, and the report is tens of MB."""
+    for page, extra in pages:
+        with open(f"{prefix}.{page}.csv", "w") as f:
+            res = subprocess.run([ncu, "--import", str(report), "--page", page, "--csv", *extra], stdout=f,
+                                 stderr=subprocess.PIPE, text=True)
+        if res.returncode:
+            print(f"{prefix.name} {page}: ncu export rc {res.returncode}: {res.stderr[-300:]}", flush=True)
+    report.unlink()
+
+
 def ncu_phase(args, points, out: Path) -> list[dict]:
-    ncu = shutil.which("ncu") or next((str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/ncu"))), None)
+    ncu = find_ncu()
     if ncu is None:
         print("ncu: not found, skipped", flush=True)
         return []
@@ -245,14 +267,7 @@ def ncu_phase(args, points, out: Path) -> list[dict]:
         if not rep.is_file():
             print(proc.stderr[-2000:], flush=True)
             continue
-        for page, extra in (("details", []), ("raw", []), ("source", ["--print-source", "sass"])):
-            dest = out / f"{label}.{page}.csv"
-            with open(dest, "w") as f:
-                res = subprocess.run([ncu, "--import", str(rep), "--page", page, "--csv", *extra], stdout=f,
-                                     stderr=subprocess.PIPE, text=True)
-            if res.returncode:
-                print(f"{label} {page}: ncu export rc {res.returncode}: {res.stderr[-300:]}", flush=True)
-        rep.unlink()   # the CSVs hold what the analysis reads; the report is tens of MB
+        export_report(ncu, rep, out / label)
         for entry in summarize_raw(out / f"{label}.raw.csv"):
             summary.append({"point": label, **entry})
             print(json.dumps(summary[-1]), flush=True)

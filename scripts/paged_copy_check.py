@@ -24,7 +24,6 @@ dense_profile.py (duration, instructions, issue and pipe activity, L2 and DRAM, 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import statistics
 import sys
@@ -65,14 +64,16 @@ class _Built:
 
 def built_records(items: list[str], spec) -> dict:
     """{name: (kernel, result)} of ``NAME=RECORD.json`` items; a record of another spec is an error."""
+    from tuner.problem import KernelSpec
+
     out = {}
     for item in items:
         name, sep, path = item.partition("=")
         if not sep or not name:
             raise SystemExit(f"--built takes NAME=RECORD.json, got {item!r}")
         record = json.loads(Path(path).read_text())
-        if record["meta"]["spec"] != dataclasses.asdict(spec):
-            raise SystemExit(f"--built {name}: {path} is a kernel for {record['meta']['spec']}, not {dataclasses.asdict(spec)}")
+        if KernelSpec(**record["spec"]) != spec:   # (a record's spec is KernelSpec's fields, as param_ab_check reads it)
+            raise SystemExit(f"--built {name}: {path} is a kernel for {record['spec']}, not {spec}")
         b = _Built(record, Path(path).with_suffix(".cubin").read_bytes())
         out[name] = (b, b)
     return out
@@ -185,12 +186,12 @@ def main(argv=None) -> int:
 def ncu_profile(argv: list[str], out: Path) -> int:
     """This script under ncu with ``--profile`` (every kernel's call and FA4's inside the NVTX range), its pages
     exported to CSV under ``out`` and summarised with dense_profile.py's table."""
-    import shutil
     import subprocess
 
-    from dense_profile import print_tables, summarize_raw   # scripts/ is on sys.path when run as a script
+    # scripts/ is on sys.path when run as a script
+    from dense_profile import NCU_PAGES, export_report, find_ncu, print_tables, summarize_raw
 
-    ncu = shutil.which("ncu") or next((str(p) for p in sorted(Path("/usr/local").glob("cuda*/bin/ncu"))), None)
+    ncu = find_ncu()
     if ncu is None:
         print("ncu: not found", flush=True)
         return 1
@@ -212,10 +213,7 @@ def ncu_profile(argv: list[str], out: Path) -> int:
     if proc.returncode or not report.is_file():
         print(f"ncu rc {proc.returncode}: {proc.stderr[-2000:]}", flush=True)
         return 1
-    for page, extra in (("raw", []), ("source", ["--print-source", "sass"])):
-        with open(out / f"paged.{page}.csv", "w") as f:
-            subprocess.run([ncu, "--import", str(report), "--page", page, "--csv", *extra], stdout=f, check=True)
-    report.unlink()   # the CSVs hold what the analysis reads; the report is tens of MB
+    export_report(ncu, report, out / "paged", pages=[p for p in NCU_PAGES if p[0] != "details"])
     summary = [{"point": "paged", **e} for e in summarize_raw(out / "paged.raw.csv")]
     Path(out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_tables([], summary)
