@@ -7,7 +7,8 @@ table for (spec, bucket) only when, at that bucket's edge, the confirm rule held
 95% interval above 1 + min_gain, tuner/campaign/confirm.py) in at least ``--min-processes`` records and no record
 timed it slower than the default (a median ratio below 1). With two records that is the campaign's rule, "in each
 of two fresh processes"; more records can only add evidence, never take a confirmed win away for one process that
-was merely inconclusive. Among several such changes, the one with the best median of its records' ratios. The
+was merely inconclusive. A change timed against the current default (the record's kernel_revision) counts only those
+timings at that point. Among several such changes, the one with the best median of its records' ratios. The
 records are kept beside the table (``hardware_profiles/bucket_defaults/records/<gpu>/``), so the table can be
 re-derived.
 
@@ -43,10 +44,19 @@ def superseded(change: dict, record: dict) -> bool:
     return bool(change.get("pingpong")) and record.get("pingpong_revision", 1) < PINGPONG_REVISION
 
 
+def kernel_revision(record: dict) -> int:
+    """The translator revision whose kernels ``record`` timed (translate.sm90.emit.KERNEL_REVISION; 1 where the record
+    predates the field)."""
+    return record.get("kernel_revision", 1)
+
+
 def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]:
     """{(spec label, seqlen): {change as canonical JSON: [one verdict per record that timed it]}}, leaving out the
-    timings of superseded ping-pong kernels."""
-    out: dict[tuple[str, int], dict[str, list[dict]]] = {}
+    timings of superseded ping-pong kernels, and for each change at each (spec, seqlen) the records of an older kernel
+    revision than the newest that timed that change there: a ratio measured against an earlier, slower default says
+    nothing about the current one once the change has been timed against the current one (a change not re-timed keeps
+    its older records)."""
+    timed: list[tuple[tuple[str, int], str, int, dict]] = []
     for i, record in enumerate(records):
         changes = record.get("changes")
         if not isinstance(changes, dict):
@@ -57,7 +67,14 @@ def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]
                     # "before" (--before): an earlier translator's kernel, not a change; or an old ping-pong
                     continue
                 key = json.dumps(changes[name], sort_keys=True)
-                out.setdefault((row["spec"], row["seqlen"]), {}).setdefault(key, []).append(verdict)
+                timed.append(((row["spec"], row["seqlen"]), key, kernel_revision(record), verdict))
+    newest: dict[tuple, int] = {}
+    for point, key, revision, _ in timed:
+        newest[(point, key)] = max(newest.get((point, key), 0), revision)
+    out: dict[tuple[str, int], dict[str, list[dict]]] = {}
+    for point, key, revision, verdict in timed:
+        if revision == newest[(point, key)]:
+            out.setdefault(point, {}).setdefault(key, []).append(verdict)
     return out
 
 

@@ -171,10 +171,10 @@ def main(argv=None) -> int:
 
     rule = ConfirmRule(rounds=args.rounds)
     timing = bench.Timing(**rule.timing())
-    from translate.sm90.emit import PINGPONG_REVISION
+    from translate.sm90.emit import KERNEL_REVISION, PINGPONG_REVISION
 
     per_spec, record = {}, {"device": torch.cuda.get_device_name(), "changes": named, "rule": rule.to_dict(),
-                            "pingpong_revision": PINGPONG_REVISION,
+                            "pingpong_revision": PINGPONG_REVISION, "kernel_revision": KERNEL_REVISION,
                             "kernels": {}, "refused": {}, "rows": []}
     for label, spec in specs:
         per_spec[label], refused = legal_changes(args.gpu, spec, named)

@@ -101,21 +101,19 @@ def test_the_h100_table_gives_the_measured_kernels_per_bucket():
     d64c = bucket_defaults(H100, MHA64C)
     assert {b: (p.block_m, p.block_n, p.rescale_threshold, p.pingpong) for b, p in d64c.items()} == {
         "s512": (128, 128, 0, False), "s1024": (128, 128, 0, False), "s4096": (192, 96, 8, False),
-        "s8192": (192, 128, 0, True), "s2048": (192, 96, 8, False), "s16384": (192, 96, 8, False)}
+        "s8192": (192, 96, 8, False), "s2048": (192, 96, 8, False), "s16384": (192, 96, 8, False)}
     assert d64c["s512"].num_warps == 8 and d64c["s2048"].kv_stages == 3
-    gqa = bucket_defaults(H100, GQA128N)
-    assert [b for b, p in gqa.items() if p.pingpong and p.producer_regs == 56 and p.pack_gqa] == \
-        ["s512", "s2048", "s4096"]
-    assert gqa["s1024"].pack_gqa and not gqa["s1024"].pingpong
-    assert gqa["s8192"].pingpong and not gqa["s8192"].pack_gqa and gqa["s8192"].persistent
+    gqa = bucket_defaults(H100, GQA128N)   # re-timed against the current default (session 6): short keys only
+    assert [b for b, p in gqa.items() if p.pingpong and p.producer_regs == 56 and p.pack_gqa] == ["s512", "s1024"]
+    assert not any(p.pingpong or p.pack_gqa for b, p in gqa.items() if b in ("s2048", "s4096", "s8192"))
     assert gqa["s16384"].pingpong and not gqa["s16384"].persistent and gqa["s16384"].block_n == 128
-    assert "s2048 x1.036 x1.036" in bucket_change(H100, GQA128N, "s2048").measured
+    assert "s1024 x1.032 x1.024" in bucket_change(H100, GQA128N, "s1024").measured
     gqa64 = bucket_defaults(H100, KernelSpec("gqa", 64, 64, True, "bf16"))   # packed heads, except 8k
     assert [b for b, p in gqa64.items() if p.pack_gqa] == ["s512", "s1024", "s2048", "s4096", "s16384"]
     assert gqa64["s8192"].block_n == 96 and not gqa64["s8192"].pack_gqa
     mha64n = bucket_defaults(H100, KernelSpec("mha", 64, 64, False, "bf16"))
-    assert [b for b, p in mha64n.items() if p.pingpong] == ["s512", "s1024", "s4096"]   # not 2k, 8k (session 5)
-    assert mha64n["s16384"].block_n == 112 and not mha64n["s16384"].pingpong
+    assert [b for b, p in mha64n.items() if p.pingpong] == ["s512", "s4096"]
+    assert mha64n["s4096"].block_n == 112 and mha64n["s16384"].block_n == 112 and not mha64n["s16384"].pingpong
 
 
 @pytest.mark.parametrize("spec", [
@@ -142,7 +140,7 @@ def test_seqlens_fall_into_their_buckets_and_group_by_kernel():
     assert params_for_seqlen(H100, MHA64C, 100000).block_n == 96         # past the last edge: s16384
     groups = group_by_params(H100, MHA64C, [512, 1024, 2048, 4096, 8192])
     assert [(p.block_m, p.kv_stages, p.pingpong, s) for p, s in groups] == [
-        (128, 2, False, [512, 1024]), (192, 3, False, [2048]), (192, 2, False, [4096]), (192, 2, True, [8192])]
+        (128, 2, False, [512, 1024]), (192, 3, False, [2048]), (192, 2, False, [4096, 8192])]
     mla = KernelSpec("mla", 192, 128, True, "bf16")   # not in the table: one group, the per-spec default
     (only,) = group_by_params(H100, mla, [2048, 4096, 8192])
     assert only[1] == [2048, 4096, 8192] and only[0] == default_params(H100, mla, "ws_overlap")
@@ -236,9 +234,8 @@ def test_a_dense_campaign_is_seeded_with_the_bucket_defaults():
 
     seeds = bucket_default_seeds(H100, MHA64C)
     assert [(p["block_m"], p["block_n"], p["kv_stages"], p["schedule"]) for p, _, _ in seeds] == [
-        (128, 128, 2, "ws_overlap"), (192, 96, 3, "ws_overlap"), (192, 96, 2, "ws_overlap"),
-        (192, 128, 2, "ws_overlap")]
-    assert "s512,s1024" in seeds[0][1] and "s512 x1.059" in seeds[0][2] and seeds[3][0]["pingpong"]
+        (128, 128, 2, "ws_overlap"), (192, 96, 3, "ws_overlap"), (192, 96, 2, "ws_overlap")]
+    assert "s512,s1024" in seeds[0][1] and "s512 x1.059" in seeds[0][2] and not any(p["pingpong"] for p, _, _ in seeds)
     assert bucket_default_seeds(load_profile("a100"), MHA64C) == []
     assert bucket_default_seeds(H100, KernelSpec("mla", 192, 128, True, "bf16")) == []
 
@@ -347,9 +344,9 @@ def test_the_best_median_ratio_wins_and_entries_merge_buckets_and_variants():
 def test_the_h100_table_is_what_its_records_give(capsys):
     bt = _table_script()
     files = sorted((RECORDS / "h100").glob("*.json"))
-    assert len(files) == 38
+    assert len(files) == 44
     assert bt.main([*map(str, files), "--check", "h100"]) == 0
-    assert "h100: matches the 38 records" in capsys.readouterr().out
+    assert "h100: matches the 44 records" in capsys.readouterr().out
     # one entry edited by hand, and the check names it
     table = bt.assignments(load_table("h100"))
     table[("mha", 64, True, "s4096")] = {"block_n": 112}
@@ -370,6 +367,20 @@ def test_timings_of_a_superseded_ping_pong_kernel_do_not_count():
     assert bt.choose(bt.collect([new, new]))[0][("mha64n", "s2048")][0] == {"pingpong": True}
     slower_old = _record(ch, [("mha64n", 2048, {"pp": (0.95, False), "n96": (1.02, True)})], pingpong_revision=1)
     assert bt.choose(bt.collect([new, new, slower_old]))[0][("mha64n", "s2048")][0] == {"pingpong": True}
+
+
+def test_a_change_re_timed_against_the_current_default_drops_its_older_timings():
+    """kernel_revision: once a change was timed against the current (faster) default at a point, its timings against
+    the earlier default no longer count there; a change not re-timed keeps its older records."""
+    bt = _table_script()
+    ch = {"pp": {"pingpong": True}, "n96": {"block_n": 96}}
+    old = _record(ch, [("mha64n", 2048, {"pp": (1.05, True), "n96": (1.02, True)})])   # no field: revision 1
+    new = {**_record({"pp": ch["pp"]}, [("mha64n", 2048, {"pp": (1.004, False)})]), "kernel_revision": 2}
+    collected = bt.collect([old, old, new, new])
+    assert len(collected[("mha64n", 2048)]['{"pingpong": true}']) == 2          # only the re-timed ones
+    assert len(collected[("mha64n", 2048)]['{"block_n": 96}']) == 2             # not re-timed: kept
+    assert bt.choose(collected)[0][("mha64n", "s2048")][0] == {"block_n": 96}
+    assert bt.choose(bt.collect([old, old]))[0][("mha64n", "s2048")][0] == {"pingpong": True}
 
 
 def test_bucket_table_refuses_a_record_of_the_old_single_change_form(tmp_path, capsys):
