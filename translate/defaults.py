@@ -64,6 +64,14 @@ CP_ASYNC_PRODUCER_REGS = 56
 # x1.001-1.045 over the four mixes at pages of 16 and 128, 16 of 16 ahead (2x(2k on 6k) x1.015-1.028). Varlen, one
 # process: 8x2k x1.013, 1x8k+32x256 x0.990, 64 random 1-512 x1.048; mixed, so not a varlen default yet.
 SERVING_PINGPONG = {("paged", 128)}
+# Changes of a serving layout's default that won on one serving bucket's mix and lost on the others, so no default: a
+# serving campaign seeds the layout's default with each of them beside the default itself, and its per-bucket
+# re-timing keeps one only where it beats the default in two fresh processes. One CTA a tile (persistent false):
+# llama3-8b's paged kernel with pages of 128 on 2 x (2k on 6k) (bucket t4k-even-p128), x1.026 and x1.021 over the
+# default in two processes of 9 paired rounds, 1.014-1.024x FA4 (BENCHMARKS.md 2026-11-26 session 6; 1.007-1.027x
+# FA4 in session 4), and 0.32-0.44x FA4 on the skewed and short mixes, where the longest-first walk matters; with
+# pages of 16 x0.989 and x1.000. The search rarely meets it on its own (a 360 s campaign at pages of 128 did not).
+SERVING_SEED_CHANGES = {"paged": ({"persistent": False},)}
 # With pages a whole number of K/V tiles (page size a multiple of block N), a paged kernel whose page size is known
 # (`tune build --page-size`, a paged campaign, an export per page size) reads its tiles as TMA boxes and waits for its
 # P.V GEMM after half the exponentials (pv_wait "half"): llama3-8b's paged kernel with pages of 128, against the

@@ -106,6 +106,15 @@ def test_a_serving_campaign_measures_the_mixes_and_decides_per_serving_bucket(ra
     want = ("SM90_TMA", "half") if page == 128 else (("SM80_CP_ASYNC_CACHEGLOBAL", "after") if page else
                                                     ("SM90_TMA", "after"))
     assert (own.user_attrs["kernel_params"]["g2s_atom"], own.user_attrs["kernel_params"]["pv_wait"]) == want
+    # paged: the same kernel with one CTA a tile right after it (translate.defaults.SERVING_SEED_CHANGES: it won the
+    # long mix's bucket only), for the per-bucket re-timing to judge
+    neighbours = [t for t in study.trials if t.user_attrs.get("source", "").startswith(f"the {layout} layout's default with")]
+    if layout == "paged":
+        (np_seed,) = neighbours
+        assert np_seed.number == 1 and np_seed.user_attrs["kernel_params"] == {
+            **own.user_attrs["kernel_params"], "persistent": False}
+    else:
+        assert neighbours == []
     summary = json.loads((tmp_path / name / "summary.json").read_text())
     buckets = {w["bucket"] for w in summary["winners"]}
     suffix = f"-p{page}" if page else ""

@@ -15,6 +15,7 @@ finish (finish.py) stores it or reports it as beating the seeds.
 """
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,6 +314,13 @@ def _enqueue_seeds(camp: Campaign) -> None:
 
         own_default = default_params(camp.profile, camp.spec, "ws_overlap", page_size=camp.combo.page_size).to_dict()
         published.append(({**own_default, SCHEDULE: "ws_overlap"}, f"the {camp.spec.layout} layout's default", ""))
+        # and its measured one-bucket neighbours (translate.defaults.SERVING_SEED_CHANGES), for the re-timing to judge
+        from translate.defaults import SERVING_SEED_CHANGES
+
+        for change in SERVING_SEED_CHANGES.get(camp.spec.layout, ()):
+            published.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
+                              f"the {camp.spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
+                              "won one serving bucket's mix, lost the others (translate.defaults.SERVING_SEED_CHANGES)"))
     if not decode and camp.spec.layout == "dense":
         published += bucket_default_seeds(camp.profile, camp.spec)
     for seed in camp.space.seeds_for(hd):
