@@ -11,7 +11,11 @@
 //        scale1; P1 (units of m1) to shared memory; [scale1 ready] O_R *= scale1, O_R += P1 . V1_R (RS)
 //   wg0: [scale1 ready] O_L *= scale1, O_L += P1 . V1_L (SS)
 //   each then scores its next tile (j0 + 2, j1 + 2): the tensor cores run one warpgroup's GEMMs through the
-//   other's softmax. Two named barriers a pair (the lockstep kernel has three CTA barriers a tile).
+//   other's softmax. Two named barriers a pair (the lockstep kernel has three CTA barriers a tile). Each scores
+//   the left columns of its next tile (reloaded by warpgroup 0) before it waits for the right ones (reloaded by
+//   warpgroup 1): warpgroup 1 reloads its right half right before it scores, so the left half's wgmmas run while
+//   those boxes land (1.013-1.047x over waiting for the whole tile at 128 heads, BENCHMARKS.md 2026-11-26 session 6;
+//   FlashMLA's order, P1.V1_R before P0.V0_R with P0 in units of m1, measured 0.93-0.997x here).
 // Learnt from FlashMLA's sm90 decode kernel (deepseek-ai/FlashMLA, its "seesaw" schedule); written anew
 // on this project's gathers: there TMA loads whole pages, here cp.async gathers rows through the page table
 // (any page size, dense caches) and signals an mbarrier per half slot (cp.async.mbarrier.arrive.noinc).
@@ -420,7 +424,15 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         if (has3) {   // slot 1's columns [256, 576) are free: tile j0 + 3, then its scores
           load_half(j0 + 3, pages_odd);
           if (j0 + 5 < n_tiles) { lookup(j0 + 5, pages_odd); }
-          score(j0 + 3);
+          // its left columns first (warpgroup 0 reloaded them a GEMM earlier): their wgmmas run while the right
+          // half, just issued, lands
+          wait_half(j0 + 3, 0);
+          cutlass::arch::fence_view_async_shared();
+          seesaw::score_issue<0, kLeftChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
+          wait_half(j0 + 3, 1);
+          cutlass::arch::fence_view_async_shared();
+          seesaw::score_issue<kLeftChunks, kChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
+          warpgroup_wait<0>();
         }
       } else {
         warpgroup_wait<0>();
