@@ -8,8 +8,8 @@ The MLA default on the H100 (translate.decode.default_decode_params: the 64 x 64
 step, attn_decode_sm90_seesaw.cuh), or with `w2x4` the campaign's favourite of the mma.sync kernel (64 rows, 2 x 4
 warps), or with `wgmma` the default tile on the lockstep warpgroups (attn_decode_sm90.cuh), `seesaw` forced onto the
 out-of-step ones (the default on Hopper), or with a folder of `tune build --phase decode` output its kernel (no
-compiler needed).
-Three calls; the profiler skips the first.
+compiler needed), or with `--flashmla LIB.so` FlashMLA's own kernel on the same inputs (scripts/flashmla/build.sh;
+profile it with -k "regex:flash_fwd_splitkv_mla"). Three calls; the profiler skips the first.
 """
 import json
 import sys
@@ -30,7 +30,23 @@ from tuner.bench_decode import MLAPoint, make_mla_inputs  # noqa: E402
 from tuner.decode_runtime import load_decode_kernel  # noqa: E402
 
 
+def run_flashmla(lib_path: str) -> None:
+    import math
+
+    from flashmla_check import flashmla_call, load_flashmla
+
+    x = make_mla_inputs(MLAPoint(64, 8192))
+    call, _keep = flashmla_call(load_flashmla(Path(lib_path)), x, 1.0 / math.sqrt(576), True)
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+    print("ran FlashMLA", lib_path)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--flashmla"]:
+        run_flashmla(sys.argv[2])
+        return
     profile = load_profile("h100")
     spec = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
     params = (DecodeParams(block_m=64, block_n=64, warps_m=2, warps_n=4, kv_stages=2, min_split_blocks=2)

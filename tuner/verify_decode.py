@@ -37,6 +37,11 @@ class DecodeCase:
     num_splits: Optional[int] = None
     heads: Optional[tuple[int, int]] = None
     v_view: bool = False      # MLA: pass v_cache = k_cache[..., :d_v] instead of None
+    # keys at position i scaled by 1 + key_growth * i / length: the scores' row max keeps rising along the cache (at
+    # 3, from about 3.5 to 14: by more than a conditional rescale's 8 log2 units, DecodeParams.rescale_threshold), so
+    # factors that are not 1 are checked too; unit-normal keys move the max by less than that after the first tile.
+    # (Much larger scores make the dtype's own reference, and so the bound, loose: bf16 rounds a score of 100 by 0.5.)
+    key_growth: float = 0.0
 
     def label(self) -> str:
         text = f"sq{self.seqlen_q} k{list(self.cache_seqlens)}"
@@ -46,6 +51,8 @@ class DecodeCase:
             text += f" h{self.heads[0]}/{self.heads[1]}"
         if self.v_view:
             text += " v=k[...,:dv]"
+        if self.key_growth:
+            text += f" keys x(1..{1 + self.key_growth:g})"
         return text
 
 
@@ -63,6 +70,7 @@ CHECK_CASES = (
     DecodeCase((700, 16, 9), seqlen_q=16),
     DecodeCase((3000, 1), seqlen_q=16, num_splits=8),
     DecodeCase(tuple(range(1, 2000, 97)), seqlen_q=1, heads=(32, 8)),
+    DecodeCase((4097, 700), num_splits=2, key_growth=3.0),
 )
 # MLA: the same edges at 128 heads (two 64-row tiles per token, up to 32 row blocks at 16 tokens) and 16 heads,
 # V given as None and as the view of K.
@@ -79,6 +87,8 @@ MLA_CHECK_CASES = (
     DecodeCase((700, 16, 9), seqlen_q=16, heads=MLA_TP_HEADS),
     DecodeCase((3000, 1), seqlen_q=16, num_splits=8, heads=MLA_HEADS),
     DecodeCase(tuple(range(1, 2000, 197)), seqlen_q=3, heads=MLA_TP_HEADS),
+    DecodeCase((4097, 65, 2000), num_splits=1, heads=MLA_HEADS, key_growth=3.0),
+    DecodeCase((5000, 300), seqlen_q=2, num_splits=3, heads=MLA_HEADS, key_growth=3.0),
 )
 MAX_PAGES_SPARE = 3      # pages no table row names, poisoned
 
@@ -99,10 +109,16 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
 
+    def keys(length):
+        ks = torch.randn(length, hkv, d_qk, generator=gen, device=device, dtype=torch.float32)
+        if case.key_growth:
+            ks *= 1 + case.key_growth * torch.arange(length, device=device, dtype=torch.float32)[:, None, None] / length
+        return ks.to(dt)
+
     if from_k:
-        seqs = [(ks, ks[..., :d_v]) for ks in (randn(L, hkv, d_qk) for L in lens)]
+        seqs = [(ks, ks[..., :d_v]) for ks in (keys(L) for L in lens)]
     else:
-        seqs = [(randn(L, hkv, d_qk), randn(L, hkv, d_v)) for L in lens]
+        seqs = [(keys(L), randn(L, hkv, d_v)) for L in lens]
     seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
 
     def caches(*rows):

@@ -36,7 +36,8 @@ def test_defaults_gqa_unchanged_and_mla_per_head_count():
     assert validate_decode(default_decode_params(MLA, 128, a100), a100, MLA) == []
     assert default_decode_params(MLA, 128, a100).block_n == 32 and default_decode_params(MLA, 128, a100).mma == "sm80"
     # Hopper: the 128-head tile on warpgroup MMAs out of step; the 16-head one (16 rows: no wgmma) stays on mma.sync
-    assert default_decode_params(MLA, 128, H100) == dataclasses.replace(H128, mma="sm90_seesaw", kv_load="tma")
+    assert default_decode_params(MLA, 128, H100) == dataclasses.replace(H128, mma="sm90_seesaw", kv_load="tma",
+                                                                       rescale_threshold=8)
     assert default_decode_params(MLA, 16, H100) == H16
     assert v_from_k(MLA) and not v_from_k(GQA)
 

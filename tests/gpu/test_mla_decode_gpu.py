@@ -50,6 +50,15 @@ WGMMA_CASES += [
     ("seesaw_tma_dense", dataclasses.replace(PAGED, layout="dense"), SEESAW_TMA),
     ("seesaw_tma_paged_noncausal_fp16", KernelSpec("mla", 576, 512, False, "fp16", "paged", "decode"), SEESAW_TMA),
 ]
+# the conditional rescale (the Hopper default for 128 heads), on TMA tiles and on gathered ones; the gate's growing
+# keys (verify_decode key_growth) move the max past the threshold every few tiles
+SEESAW_RESCALE = dataclasses.replace(SEESAW_TMA, rescale_threshold=8)
+WGMMA_CASES += [
+    ("seesaw_rescale_tma_paged", PAGED, SEESAW_RESCALE),
+    ("seesaw_rescale_tma_dense_noncausal_fp16", KernelSpec("mla", 576, 512, False, "fp16", "dense", "decode"),
+     SEESAW_RESCALE),
+    ("seesaw_rescale_gather_paged", PAGED, dataclasses.replace(SEESAW, rescale_threshold=8)),
+]
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9,
                             reason="the wgmma kernel needs an sm90 GPU")
 
@@ -77,6 +86,23 @@ def test_mla_decode_kernels_pass_the_gate(name, spec, params):
 def test_wgmma_mla_decode_kernels_pass_the_gate(name, spec, params):
     # verify_decode's MLA cases run 128 heads and 16 (one padded 64-row tile), pages of 64 and 16
     test_mla_decode_kernels_pass_the_gate(name, spec, params)
+
+
+@hopper
+def test_the_rescale_moves_the_max_where_keys_grow_and_a_stuck_one_is_caught():
+    # a threshold no tile exceeds keeps the first tile's max (exact while P = exp2(S - m) stays finite): with keys
+    # grown 31-fold over one CTA's 4097 keys the scores rise by ~180 log2 units and P overflows; the kernel that
+    # moves its max past 8 units stays finite and accurate, and both pass unit-normal keys
+    profile = profile_here()
+    gk = kernel_for(PAGED, SEESAW_RESCALE, profile)
+    good = compile_and_load(gk, profile)
+    stuck = compile_and_load(_broken(gk, "kRescaleThreshold = 8;", "kRescaleThreshold = 100000;", "_stuck"), profile)
+    plain, grown = DecodeCase((4097, 65), heads=MLA_HEADS), DecodeCase((4097, 65), num_splits=1, heads=MLA_HEADS,
+                                                                       key_growth=30.0)
+    assert verify_decode(stuck, PAGED, cases=[plain]).passed
+    assert verify_decode(good, PAGED, cases=[grown]).passed
+    report = verify_decode(stuck, PAGED, cases=[grown])
+    assert not report.passed and "NaN/Inf" in report.reason, report.reason
 
 
 @hopper

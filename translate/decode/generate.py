@@ -234,6 +234,8 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         f"  static constexpr bool kSplitDV = {b(split_dv)}, kVFromK = {b(v_from_k(spec))};",
         *(["  static constexpr bool kTmaLoad = true;   // whole tiles as TMA boxes (kv_load tma)"]
           if tma else []),
+        *([f"  static constexpr int kRescaleThreshold = {p.rescale_threshold};   // the conditional rescale"]
+          if p.rescale_threshold else []),
         "  // the cp.async writes (Swizzle<3, 3, 3> over 8 x 64 atoms: the bytes of the 128-byte GMMA swizzle)",
         f"  using SmemAtom = {_atom(64, p.swizzle)};",
         "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",

@@ -35,6 +35,12 @@ class DecodeParams:
     # "tma" (sm90_seesaw only: a whole tile of keys within one page, or of a dense cache, as TMA boxes issued by one
     # thread a warpgroup; a sequence's last, partial tile and pages smaller than block_n still gather, zero-filled).
     kv_load: str = "gather"
+    # sm90_seesaw only: FA4's conditional rescale. A row keeps its running max while a tile's max exceeds it by at
+    # most this many log2 units (P then reaches 2^threshold), so its factor is exactly 1 and a warp whose rows all
+    # kept theirs skips the output's multiplies (128 a thread, four a tile pair, on the warpgroups' critical path).
+    # 0: the max follows every tile. 8 (the Hopper MLA default): 1.017-1.038x at 128 heads, 1.00-1.05x over batch
+    # 1-128 x 2k-32k (scripts/decode_ab_check.py, H100, BENCHMARKS.md 2026-11-26 session 7).
+    rescale_threshold: int = 0
 
     @property
     def num_warps(self) -> int:
@@ -69,13 +75,17 @@ class DecodeParams:
         return (f"dm{self.block_m}n{self.block_n}w{self.warps_m}x{self.warps_n}s{self.kv_stages}"
                 f"{'p' if self.pack_gqa else 'h'}_b{self.min_split_blocks}_sw{self.swizzle}"
                 f"{'' if self.mma == 'sm80' else '_' + MMA_KEYS.get(self.mma, self.mma)}"
-                f"{'' if self.kv_load == 'gather' else '_' + self.kv_load}")
+                f"{'' if self.kv_load == 'gather' else '_' + self.kv_load}"
+                f"{'' if not self.rescale_threshold else f'_rt{self.rescale_threshold}'}")
 
 
 MMA_CHOICES = ("sm80", "sm90_wgmma", "sm90_seesaw")
 MMA_KEYS = {"sm90_wgmma": "wg", "sm90_seesaw": "ss"}   # key() suffix of a non-default mma (the default has none)
 WGMMA_KINDS = ("sm90_wgmma", "sm90_seesaw")   # the Hopper warpgroup-MMA kernels (MLA split-d_v, sm_90a)
 KV_LOADS = ("gather", "tma")
+# The conditional rescale's thresholds in log2 units (P up to 2^16 still leaves fp32 sums and 16-bit P far from
+# overflow); 0 turns it off.
+MAX_RESCALE_THRESHOLD = 16
 
 
 # MLA decode is the absorbed form (DeepSeek-V3): q and the one latent KV head carry 512 latent + 64 rotary columns,
@@ -139,7 +149,9 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
         # 4k-16k keys and 2-4 tokens, 1.001-1.059x over batch 1-128 x 2k-32k (scripts/decode_ab_check.py --by-spec,
         # H100, BENCHMARKS.md 2026-11-26); an L2 prefetch (TMA tensor prefetch) of the
         # tiles one or two pairs after the ones each pair loads was 0.88-0.95x of it.
-        p = DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw", "kv_load": "tma"})
+        # The conditional rescale (rescale_threshold 8): 1.017-1.051x the seesaw without it at 128 heads and every
+        # grid point (H100, BENCHMARKS.md 2026-11-26 session 7).
+        p = DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw", "kv_load": "tma", "rescale_threshold": 8})
     return p
 
 
@@ -214,6 +226,12 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *,
     elif params.kv_load == "tma" and params.mma != "sm90_seesaw":
         errors.append(f"kv_load tma: the TMA tile loads are written for the seesaw kernel (mma sm90_seesaw), not "
                       f"mma {params.mma}, which gathers with cp.async")
+    if not 0 <= params.rescale_threshold <= MAX_RESCALE_THRESHOLD:
+        errors.append(f"rescale_threshold must be 0..{MAX_RESCALE_THRESHOLD} log2 units, got "
+                      f"{params.rescale_threshold}")
+    elif params.rescale_threshold and params.mma != "sm90_seesaw":
+        errors.append(f"rescale_threshold: the conditional rescale is written for the seesaw kernel (mma "
+                      f"sm90_seesaw), not {params.mma}")
     if spec.variant == "mla" and (spec.d_qk, spec.d_v) != (MLA_DECODE_D_QK, MLA_DECODE_D_V):
         errors.append(f"MLA decode is the absorbed form: d_qk {MLA_DECODE_D_QK} (512 latent + 64 rotary), d_v "
                       f"{MLA_DECODE_D_V} read from the same rows; got {spec.d_qk}/{spec.d_v} (MLA 192/128 is prefill)")

@@ -16,6 +16,10 @@
 //   warpgroup 1): warpgroup 1 reloads its right half right before it scores, so the left half's wgmmas run while
 //   those boxes land (1.013-1.047x over waiting for the whole tile at 128 heads, BENCHMARKS.md 2026-11-26 session 6;
 //   FlashMLA's order, P1.V1_R before P0.V0_R with P0 in units of m1, measured 0.93-0.997x here).
+// Conditional rescale (Cfg::kRescaleThreshold > 0, DecodeParams.rescale_threshold): a row keeps the shared running
+// max while a tile's max exceeds it by at most that many log2 units, so its factors are exactly 1, and a warp whose
+// rows all kept theirs skips O's multiplies (128 a thread, four a pair, two of them on the chain softmax 0 ->
+// softmax 1 -> O_L += P1 . V1_L): 1.017-1.051x at 128 heads (BENCHMARKS.md 2026-11-26 session 7).
 // Learnt from FlashMLA's sm90 decode kernel (deepseek-ai/FlashMLA, its "seesaw" schedule); written anew
 // on this project's gathers: there TMA loads whole pages, here cp.async gathers rows through the page table
 // (any page size, dense caches) and signals an mbarrier per half slot (cp.async.mbarrier.arrive.noinc).
@@ -99,6 +103,12 @@ struct TmaLoadOf : cute::false_type {};
 template <class Cfg>
 struct TmaLoadOf<Cfg, cute::void_t<decltype(Cfg::kTmaLoad)>> : cute::bool_constant<Cfg::kTmaLoad> {};
 
+// Cfg::kRescaleThreshold where the Cfg states it (rescale_threshold > 0), else 0: the running max follows every tile
+template <class Cfg, class = void>
+struct RescaleThresholdOf : cute::Int<0> {};
+template <class Cfg>
+struct RescaleThresholdOf<Cfg, cute::void_t<decltype(Cfg::kRescaleThreshold)>> : cute::Int<Cfg::kRescaleThreshold> {};
+
 // Cfg: as split_kv_wgmma's (Element, kBlockM 64, kBlockN 64, kThreads 256, kHeadDimQK, kHeadDimV, kCausal, kPaged,
 // kPackGqa, kVFromK = true, SmemLayoutQ/K: the cp.async writes' layouts, GmmaLayoutQ/K/Vt/P) with TiledMmaQK /
 // TiledMmaQKrs (64 x kBlockN x 64 per chunk, SS and RS), TiledMmaPV / TiledMmaPVrs (64 x d_v / 2 x kBlockN, B
@@ -113,6 +123,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   constexpr int kChunks = kDQK / 64;      // 64-column chunks of Q and K
   constexpr int kLeftChunks = kDVW / 64;  // K chunks [0, kLeftChunks): warpgroup 0 reloads them, the rest warpgroup 1
   constexpr bool kTma = TmaLoadOf<Cfg>::value;
+  constexpr int kRescaleThreshold = RescaleThresholdOf<Cfg>::value;
   static_assert(kBlockM == 64 && kBlockN == 64 && Cfg::kThreads == 256 && Cfg::kVFromK);
   static_assert(kDQK % 64 == 0 && kDV % 128 == 0 && kDVW <= 256 && kDV < kDQK,
                 "V is the first d_v columns of K, Q's last chunk (P1's bytes) is past them");
@@ -305,9 +316,27 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
     }
     return sum;
   };
-  auto scale_o = [&](int mi, float f) {
+  // the running max after a tile whose scaled row max is m_tile: FA4's conditional rescale (kRescaleThreshold > 0)
+  // keeps the old max while the tile exceeds it by at most that many log2 units (P then reaches 2^threshold, and
+  // the factor is exactly 1, so the output's multiply is skipped)
+  auto next_max = [&](float m_old, float m_tile) {
+    const float m = fmaxf(m_old, m_tile);
+    return (kRescaleThreshold > 0 && m_old != -INFINITY && m - m_old <= float(kRescaleThreshold)) ? m_old : m;
+  };
+  auto factor = [&](float m_old, float m_new, float m_use) {
+    return (kRescaleThreshold > 0 && m_new == m_old) ? 1.f : attn_tl::fast_exp2(m_old - m_use);
+  };
+  // O's rows times their factors; a warp none of whose rows moved its max skips the multiplies
+  auto scale_rows = [&](const float (&f)[kRows]) {
+    bool moved = kRescaleThreshold == 0;
     CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= f; }
+    for (int mi = 0; mi < kRows; ++mi) { moved |= f[mi] != 1.f; }
+    if (kRescaleThreshold > 0 && !__any_sync(0xffffffffu, moved)) { return; }
+    CUTE_UNROLL
+    for (int mi = 0; mi < kRows; ++mi) {
+      CUTE_UNROLL
+      for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= f[mi]; }
+    }
   };
 
   if (wg == 0 && n_tiles > 0) { score(0); }
@@ -323,9 +352,9 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         const float m_old = s_m[row[mi]];
-        m_new[mi] = fmaxf(m_old, row_max(mi) * a.scale_log2);
+        m_new[mi] = next_max(m_old, row_max(mi) * a.scale_log2);
         m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
-        scale0[mi] = attn_tl::fast_exp2(m_old - m_use[mi]);
+        scale0[mi] = factor(m_old, m_new[mi], m_use[mi]);
       }
       __syncwarp();   // the quad's reads of m before its leader's write
       CUTE_UNROLL
@@ -342,8 +371,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
       }
       cutlass::arch::fence_view_async_shared();
       arrive(seesaw::kScale0Ready);   // m0, scale0 and P0 are out
-      CUTE_UNROLL
-      for (int mi = 0; mi < kRows; ++mi) { scale_o(mi, scale0[mi]); }
+      scale_rows(scale0);
       {   // O_L += P0 . V0_L, P0 from registers
         Tensor rP = make_tensor<Element>(attn_sm90::acc_to_a_layout(acc_s.layout()));
         attn_sm90::convert_into(rP, acc_s);
@@ -354,12 +382,13 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
       if (j0 + 4 < n_tiles) { lookup(j0 + 4, pages_even); }
       if (has1) {   // O_L to m1, O_L += P1 . V1_L (P1 in units of m1, from shared memory)
         sync(seesaw::kScale1Ready);
+        float f[kRows];
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
-          const float f = s_scale1[row[mi]];
-          row_sum[mi] *= f;
-          scale_o(mi, f);
+          f[mi] = s_scale1[row[mi]];
+          row_sum[mi] *= f[mi];
         }
+        scale_rows(f);
         cutlass::arch::fence_view_async_shared();   // V1_L: gathered by this warpgroup, waited for by the other
         attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
       }
@@ -383,8 +412,8 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
       for (int mi = 0; mi < kRows; ++mi) {
         scale0[mi] = s_scale0[row[mi]];
         row_sum[mi] *= scale0[mi];
-        scale_o(mi, scale0[mi]);
       }
+      scale_rows(scale0);
       cutlass::arch::fence_view_async_shared();   // V0_R: gathered by this warpgroup, waited for by the other
       attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
       if (has1) {   // softmax of S(j1) against m0 -> m1; P1 (units of m1) to shared memory for warpgroup 0
@@ -393,9 +422,9 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
           const float m0 = s_m[row[mi]];
-          m_new[mi] = fmaxf(m0, row_max(mi) * a.scale_log2);
+          m_new[mi] = next_max(m0, row_max(mi) * a.scale_log2);
           m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
-          scale1[mi] = attn_tl::fast_exp2(m0 - m_use[mi]);
+          scale1[mi] = factor(m0, m_new[mi], m_use[mi]);
         }
         __syncwarp();
         CUTE_UNROLL
@@ -415,8 +444,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         warpgroup_wait<0>();   // O_R += P0 . V0_R completed
         if (has2) { load_half(j0 + 2, pages_even); }   // slot 0's columns [256, 576): last read by that GEMM
         if (j0 + 4 < n_tiles) { lookup(j0 + 4, pages_even); }
-        CUTE_UNROLL
-        for (int mi = 0; mi < kRows; ++mi) { scale_o(mi, scale1[mi]); }
+        scale_rows(scale1);
         Tensor rP = make_tensor<Element>(attn_sm90::acc_to_a_layout(acc_s.layout()));
         attn_sm90::convert_into(rP, acc_s);
         attn_sm90::gemm_issue<false>(mma_pv_rs, rP, tOsVown, acc_o);   // O_R += P1 . V1_R
