@@ -278,7 +278,6 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   Tensor cS_rc = make_tensor(cS.data(), attn_sm90::rowcol_layout(cS.layout()));
   constexpr int kRows = decltype(size<0>(cS_rc))::value;   // rows a thread holds (2: r and r + 8)
   Tensor s = make_tensor(acc_s.data(), attn_sm90::rowcol_layout(acc_s.layout()));
-  Tensor o = make_tensor(acc_o.data(), attn_sm90::rowcol_layout(acc_o.layout()));
   float row_sum[kRows];
   int row[kRows];
   CUTE_UNROLL
@@ -326,18 +325,10 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   auto factor = [&](float m_old, float m_new, float m_use) {
     return (kRescaleThreshold > 0 && m_new == m_old) ? 1.f : attn_tl::fast_exp2(m_old - m_use);
   };
-  // O's rows times their factors; a warp none of whose rows moved its max skips the multiplies
-  auto scale_rows = [&](const float (&f)[kRows]) {
-    bool moved = kRescaleThreshold == 0;
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) { moved |= f[mi] != 1.f; }
-    if (kRescaleThreshold > 0 && !__any_sync(0xffffffffu, moved)) { return; }
-    CUTE_UNROLL
-    for (int mi = 0; mi < kRows; ++mi) {
-      CUTE_UNROLL
-      for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= f[mi]; }
-    }
-  };
+  // O's rows times their factors (a thread's kRows); with the threshold, a warp none of whose rows moved its max
+  // skips the multiplies: the prefill kernels' rescale_rows
+  auto scale_rows = [&](auto const& f) { attn_sm90::rescale_rows<(kRescaleThreshold > 0)>(acc_o, f); };
+  auto row_factors = [] { return make_tensor<float>(Int<kRows>{}); };
 
   if (wg == 0 && n_tiles > 0) { score(0); }
   if (wg == 1 && n_tiles > 1) { score(1); }
@@ -348,22 +339,23 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
     if (wg == 0) {
       // softmax of S(j0) against the running max m -> m0; P0 (units of m0) to shared memory for warpgroup 1
       mask(j0);
-      float m_use[kRows], scale0[kRows], m_new[kRows];
+      float m_use[kRows], m_new[kRows];
+      Tensor scale0 = row_factors();
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         const float m_old = s_m[row[mi]];
         m_new[mi] = next_max(m_old, row_max(mi) * a.scale_log2);
         m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
-        scale0[mi] = factor(m_old, m_new[mi], m_use[mi]);
+        scale0(mi) = factor(m_old, m_new[mi], m_use[mi]);
       }
       __syncwarp();   // the quad's reads of m before its leader's write
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
         if (tg % 4 == 0) {
           s_m[row[mi]] = m_new[mi];
-          s_scale0[row[mi]] = scale0[mi];
+          s_scale0[row[mi]] = scale0(mi);
         }
-        row_sum[mi] = row_sum[mi] * scale0[mi] + exponentiate(mi, m_use[mi]);
+        row_sum[mi] = row_sum[mi] * scale0(mi) + exponentiate(mi, m_use[mi]);
       }
       {
         Tensor rP = attn_tl::convert_type<Element>(acc_s);
@@ -382,11 +374,11 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
       if (j0 + 4 < n_tiles) { lookup(j0 + 4, pages_even); }
       if (has1) {   // O_L to m1, O_L += P1 . V1_L (P1 in units of m1, from shared memory)
         sync(seesaw::kScale1Ready);
-        float f[kRows];
+        Tensor f = row_factors();
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
-          f[mi] = s_scale1[row[mi]];
-          row_sum[mi] *= f[mi];
+          f(mi) = s_scale1[row[mi]];
+          row_sum[mi] *= f(mi);
         }
         scale_rows(f);
         cutlass::arch::fence_view_async_shared();   // V1_L: gathered by this warpgroup, waited for by the other
@@ -407,33 +399,34 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
     } else {
       sync(seesaw::kScale0Ready);
       // O_R to m0, O_R += P0 . V0_R (P0 from shared memory), while the softmax of S(j1) runs
-      float scale0[kRows];
+      Tensor scale0 = row_factors();
       CUTE_UNROLL
       for (int mi = 0; mi < kRows; ++mi) {
-        scale0[mi] = s_scale0[row[mi]];
-        row_sum[mi] *= scale0[mi];
+        scale0(mi) = s_scale0[row[mi]];
+        row_sum[mi] *= scale0(mi);
       }
       scale_rows(scale0);
       cutlass::arch::fence_view_async_shared();   // V0_R: gathered by this warpgroup, waited for by the other
       attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
       if (has1) {   // softmax of S(j1) against m0 -> m1; P1 (units of m1) to shared memory for warpgroup 0
         mask(j1);
-        float m_use[kRows], scale1[kRows], m_new[kRows];
+        float m_use[kRows], m_new[kRows];
+        Tensor scale1 = row_factors();
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
           const float m0 = s_m[row[mi]];
           m_new[mi] = next_max(m0, row_max(mi) * a.scale_log2);
           m_use[mi] = m_new[mi] == -INFINITY ? 0.f : m_new[mi];
-          scale1[mi] = factor(m0, m_new[mi], m_use[mi]);
+          scale1(mi) = factor(m0, m_new[mi], m_use[mi]);
         }
         __syncwarp();
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
           if (tg % 4 == 0) {
             s_m[row[mi]] = m_new[mi];
-            s_scale1[row[mi]] = scale1[mi];
+            s_scale1[row[mi]] = scale1(mi);
           }
-          row_sum[mi] = row_sum[mi] * scale1[mi] + exponentiate(mi, m_use[mi]);
+          row_sum[mi] = row_sum[mi] * scale1(mi) + exponentiate(mi, m_use[mi]);
         }
         {
           Tensor rP = attn_tl::convert_type<Element>(acc_s);
