@@ -19,6 +19,9 @@ from translate.kernel import TranslationError
 from test_mla_wgmma import A100, H100, HAVE_NVCC, MLA, host_program, kernel as wgmma_kernel  # noqa: E402
 
 SEESAW = dataclasses.replace(default_decode_params(MLA, 128), mma="sm90_seesaw")
+# HGMMAs of every seesaw build. Scores: 32 SS + 4 RS k-steps a tile, issued in the prologue by each warpgroup and once
+# in each one's loop body; P.V: 4 RS (own P) + 4 SS (the other's P) in each loop body
+SEESAW_HGMMAS = 2 * 36 + 2 * (36 + 8)
 
 
 def kernel(params=SEESAW, spec=MLA, profile=H100):
@@ -96,9 +99,7 @@ def compiled(tmp_path_factory):
 def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     k = compiled[1]
     sass, cubin = clean_sass(compiled, "seesaw")
-    # scores: 32 SS + 4 RS k-steps a tile, issued in the prologue by each warpgroup and once in each one's loop
-    # body; P.V: 4 RS (own P) + 4 SS (the other's P) in each loop body
-    assert sass["HGMMA"] == 2 * 36 + 2 * (36 + 8), sass
+    assert sass["HGMMA"] == SEESAW_HGMMAS, sass
     assert sass["HMMA"] == 0 and sass["LDGSTS"] > 0, sass
     # the gathers signal mbarriers (cp.async.mbarrier.arrive) that the warpgroups try-wait on; the only cp.async
     # group wait is Q's, once
