@@ -6,6 +6,7 @@ on a GPU by tests/gpu/test_mla_decode_gpu.py (the decode gate). A host check (sl
 claims the kernel rests on: the cp.async views are the GMMA views, P1 addresses exactly Q's last chunk, and the
 register copy of that chunk reads each element once."""
 import dataclasses
+import re
 from pathlib import Path
 
 import pytest
@@ -106,10 +107,17 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     from translate.sass import sass_instructions
     lines = sass_instructions(cubin)[k.name]
     assert sum("SYNCS.PHASECHK" in line for line in lines) >= 8, "no mbarrier waits"
-    assert sum("DEPBAR.LE SB0" in line for line in lines) == 1, "more than Q's cp.async group wait"
+    # (and the output's bulk copies are waited for once, before the CTA exits)
+    assert sum("DEPBAR.LE SB0" in line for line in lines) == 2, "more than Q's and the output's group waits"
     # the descriptors stay in uniform registers (a warp-uniform wg): no wgmma waits on an R2UR (there were 725)
     from translate.sass import wgmmas_fed_by_r2ur
     assert not wgmmas_fed_by_r2ur(lines), wgmmas_fed_by_r2ur(lines)[:3]
+    # the output leaves the staging tile by bulk copies (the TMA unit), bf16 rows and fp32 partial rows; the only
+    # global stores of the threads are the log-sum-exps (the old store wrote O one 2-byte element at a time)
+    assert sum("UBLKCP.G.S" in line for line in lines) >= 2, "the output rows are not bulk copies"
+    assert sum(re.search(r"\bSTG[.\s]", line) is not None for line in lines) <= 2, "threads store O"
+    # the phase stamps of scripts/decode_trace.py are compiled in only with -DATTN_DECODE_TRACE
+    assert not any("GLOBALTIMER" in line for line in lines), "trace stamps in the measured kernel"
 
 
 HOST_CHECK = r"""
@@ -156,3 +164,52 @@ def test_p1_lives_in_q_last_chunk_which_the_registers_hold_whole(tmp_path):
     from host_checks import run_host_checks
 
     run_host_checks(host_program(kernel(), HOST_CHECK), "mla_seesaw_layouts", tmp_path, 1, opt="-O0", arch="sm_90a")
+
+
+STAGING_CHECK = r"""
+#include "attn_decode_sm90_output.cuh"
+using namespace cute;
+int main() {
+  constexpr int kDV = Cfg::kHeadDimV, kDVW = kDV / 2, kStride = attn_decode::seesaw::kStageStride<kDV>;
+  typename Cfg::TiledMmaPV mma;
+  auto ident = make_identity_tensor(Shape<_64, Int<kDVW>>{});
+  int bad = 0, stores = 0;
+  bad += (kStride * 2) % 16 != 0;   // bf16 rows start 16-byte aligned (the read-out is 16 bytes a thread)
+  for (int wg = 0; wg < 2; ++wg) {
+    for (int warp = 0; warp < 4; ++warp) {
+      auto c0 = mma.get_thread_slice(0).partition_C(ident);
+      for (int i = 0; i < size(c0); i += 2) {   // one store instruction of the warp: a register pair a lane
+        unsigned bf16_banks = 0, fp32_banks[2] = {0, 0};
+        for (int lane = 0; lane < 32; ++lane) {
+          auto c = mma.get_thread_slice(warp * 32 + lane).partition_C(ident);
+          const int row = get<0>(c(i)), col = wg * kDVW + get<1>(c(i));
+          bad += get<0>(c(i + 1)) != row || get<1>(c(i + 1)) != get<1>(c(i)) + 1;   // neighbouring columns
+          const int e = row * kStride + col;
+          const unsigned bank = (e / 2) % 32;   // bf16: one 32-bit word a lane, all 32 in distinct banks
+          bad += (bf16_banks >> bank) & 1;
+          bf16_banks |= 1u << bank;
+          const unsigned b0 = e % 32, b1 = (e + 1) % 32;   // fp32: two words a lane, distinct within a half-warp
+          unsigned& seen = fp32_banks[lane / 16];
+          bad += ((seen >> b0) & 1) + ((seen >> b1) & 1);
+          seen |= (1u << b0) | (1u << b1);
+        }
+        ++stores;
+      }
+    }
+  }
+  std::printf("%s seesaw staging stores conflict-free (%d stores, %d conflicts)\n", bad ? "FAIL" : "OK", stores, bad);
+  return bad ? 1 : 0;
+}
+"""
+
+
+@pytest.mark.slow
+def test_the_output_staging_rows_take_the_accumulator_stores_without_bank_conflicts(tmp_path):
+    """The staging tile's padded rows (seesaw::kStageStride): every store of the accumulator layout (a warp: 8 rows
+    x 4 column pairs) lands in distinct banks, bf16 and fp32 (the unpadded tile had 8-way conflicts)."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "translate"))
+    from host_checks import run_host_checks
+
+    run_host_checks(host_program(kernel(), STAGING_CHECK), "mla_seesaw_staging", tmp_path, 1, opt="-O0",
+                    arch="sm_90a")

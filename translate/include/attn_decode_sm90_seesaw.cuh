@@ -1,6 +1,6 @@
 // The absorbed MLA decode on Hopper with the two warpgroups out of step ("seesaw", DecodeParams.mma =
-// "sm90_seesaw"): the same Args, split rule, workspace, combine kernel and epilogue as split_kv_wgmma
-// (attn_decode_sm90.cuh), a different schedule. There, both warpgroups score half of every tile, exchange row
+// "sm90_seesaw"): the same Args, split rule, workspace and combine kernel as split_kv_wgmma (attn_decode_sm90.cuh),
+// a different schedule and its own output store (seesaw::store_output, attn_decode_sm90_output.cuh). There, both warpgroups score half of every tile, exchange row
 // maxima and P behind three CTA barriers a tile, so the tensor cores idle through every softmax and barrier
 // (ncu: 0.54-0.60 of the copy bandwidth at 128 heads, BENCHMARKS.md 2026-11-24). Here the tiles go in pairs:
 // warpgroup 0 scores the even tile (slot 0), warpgroup 1 the odd one (slot 1), each over all 64 keys, and each
@@ -48,12 +48,14 @@
 // Shared memory (230,176 B): Q (64 x 576) | slot 0 | slot 1 (64 keys x 576 each) | P0 (64 x 64) | m, scale0,
 // scale1 (64 fp32 each) | 4 mbarriers. P1 lives in Q's last 64-column chunk: that chunk of Q is read into
 // registers once (the score GEMM's last 4 k-steps are RS wgmmas), which frees its 8 KB (FlashMLA's trick; the
-// 227 KB limit holds Q, two slots and one P tile only). After the loop the epilogue's merge buffer reuses the
-// start of shared memory, as split_kv_wgmma's does.
+// 227 KB limit holds Q, two slots and one P tile only). After the loop the output's staging tile reuses the
+// start of shared memory.
 #ifndef ATTN_DECODE_SM90_SEESAW_CUH
 #define ATTN_DECODE_SM90_SEESAW_CUH
 
 #include "attn_decode_sm90.cuh"
+#include "attn_decode_sm90_output.cuh"
+#include "attn_trace.cuh"
 
 namespace attn_decode {
 using namespace cute;
@@ -95,6 +97,7 @@ __forceinline__ __device__ void score_issue(MmaSS& ss, MmaRS& rs, TQ const& tQ, 
   warpgroup_fence_operand(acc);
   if constexpr (kWithLast) { warpgroup_fence_operand(const_cast<TQL&>(rQ_last)); }
 }
+
 }  // namespace seesaw
 
 // Cfg::kTmaLoad where the Cfg states it (kv_load tma), else false: the gather kernels' sources stay as they were
@@ -127,6 +130,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   static_assert(kBlockM == 64 && kBlockN == 64 && Cfg::kThreads == 256 && Cfg::kVFromK);
   static_assert(kDQK % 64 == 0 && kDV % 128 == 0 && kDVW <= 256 && kDV < kDQK,
                 "V is the first d_v columns of K, Q's last chunk (P1's bytes) is past them");
+  ATTN_TRACE(0);   // -DATTN_DECODE_TRACE only (attn_trace.cuh): start, Q loaded, first score, loop end, staged, end
   const int tid = threadIdx.x;
   // warp-uniform (lane 0's, shuffled): ptxas keeps what depends on wg (the GMMA descriptors of the warpgroup's
   // tiles) in uniform registers; from tid / 128 it moved them into uniform ones before each wgmma (725 R2UR
@@ -270,6 +274,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
     for (int i = 0; i < size(tSrQl); ++i) { tSrQl(i) = tSsQl(i); }
   }
   __syncthreads();   // Q's last chunk is in everyone's registers: its bytes may become P1
+  ATTN_TRACE(1);
 
   Tensor acc_s = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
   Tensor acc_o = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kDVW>>{});
@@ -331,6 +336,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   auto row_factors = [] { return make_tensor<float>(Int<kRows>{}); };
 
   if (wg == 0 && n_tiles > 0) { score(0); }
+  ATTN_TRACE(2);
   if (wg == 1 && n_tiles > 1) { score(1); }
 
   for (int j0 = 0; j0 < n_tiles; j0 += 2) {
@@ -460,17 +466,18 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
       }
     }
   }
-  __syncthreads();   // every GEMM and load is done: the slots and Q become the merge buffer
+  __syncthreads();   // every GEMM and load is done: the slots and Q become the staging tile
+  ATTN_TRACE(3);
 
   Tensor tOcO = thr_pv.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kDVW>>{}));
-  float m2[kRows], l[kRows];
+  float l[kRows];
   CUTE_UNROLL
-  for (int mi = 0; mi < kRows; ++mi) {
-    m2[mi] = s_m[row[mi]];   // both warpgroups end in units of the last max
-    l[mi] = attn_tl::quad_sum(row_sum[mi]);
-  }
-  __syncthreads();   // s_m is read before the merge buffer (which does not reach it) is written: kept simple
-  store_split_dv<Cfg, kRows>(a, w, smem, acc_o, tOcO, m2, l, row, wg, tg);
+  for (int mi = 0; mi < kRows; ++mi) { l[mi] = attn_tl::quad_sum(row_sum[mi]); }
+  static_assert(seesaw::kStageBytes<kBlockM, kDV> + 2 * kBlockM * sizeof(float) <=
+                    (kTileQ + 2 * kTileK + kBlockM * kBlockN) * sizeof(Element),
+                "the staging tile and the row sums end before s_m, which the store reads");
+  seesaw::store_output<Cfg, kRows>(a, w, smem, s_m, acc_o, tOcO, l, row, wg, tg);
+  ATTN_TRACE_SYNC(5);
 }
 
 }  // namespace attn_decode
