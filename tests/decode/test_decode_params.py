@@ -80,3 +80,25 @@ def test_a_forced_split_count_is_clamped_to_the_tiles_there_are():
     assert plan.num_splits <= 128 and plan.num_splits * plan.blocks_per_split >= 10 ** 6 / 64
     with pytest.raises(ValueError):
         plan_splits(0, 100, 64, 132, 2, 2)
+
+
+def test_the_combine_kernel_and_the_host_agree_on_its_limits_and_grid():
+    """attn_decode.cuh's combine holds a weight register per 32 splits up to kCombineMaxSplits and merges a
+    kCombineSliceCols-column slice of a row a warp; the split rule and the launch (combine_grid) must use the same."""
+    import re
+
+    from translate import INCLUDE_DIR
+    from translate.decode.generate import COMBINE_SLICE_COLS, COMBINE_WARPS, COMBINE_WIDE_SPLITS, combine_grid
+    from translate.decode.splits import MAX_SPLITS
+
+    header = (INCLUDE_DIR / "attn_decode.cuh").read_text()
+    assert int(re.search(r"kCombineMaxSplits = (\d+);", header).group(1)) == MAX_SPLITS
+    assert int(re.search(r"kCombineSliceCols = (\d+);", header).group(1)) == COMBINE_SLICE_COLS
+    assert plan_splits(1, 1 << 20, 64, 132, 1, 1).num_splits <= MAX_SPLITS
+    assert int(re.search(r"kCombineWideSplits = (\d+);", header).group(1)) == COMBINE_WIDE_SPLITS
+    # many splits: a warp per slice (MLA's 512 columns are 4 slices a row, d128 one, d64 one with half the lanes
+    # idle); fewer: a warp per row
+    assert combine_grid(128, 512, COMBINE_WIDE_SPLITS) == 128 * 4 // COMBINE_WARPS
+    assert combine_grid(128, 512, COMBINE_WIDE_SPLITS - 1) == 128 // COMBINE_WARPS
+    assert combine_grid(32, 128, 64) == combine_grid(32, 64, 64) == 32 // COMBINE_WARPS
+    assert combine_grid(5, 128, 2) == 2

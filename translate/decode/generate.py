@@ -43,7 +43,8 @@ DECODE_ARGS = (("args", "struct:attn_decode::Args"),)
 # kv_load tma: the split kernel also takes the K cache's TMA descriptor (encoded per call shape, its address
 # written per call: tuner/decode_runtime.py); the combine kernel takes the struct alone.
 DECODE_TMA_ARGS = DECODE_ARGS + (("k_map", "tensormap:k"),)
-COMBINE_WARPS = 4      # rows merged per combine CTA (one warp each)
+COMBINE_WARPS = 4      # warps a combine CTA, each merging one 128-column slice of one row
+COMBINE_MIN_CTAS = 8   # combine CTAs an SM holds at least: 64 registers a thread, the measured build (session 8)
 
 _MMA = {"fp16": "SM80_16x8x16_F32F16F16F32_TN", "bf16": "SM80_16x8x16_F32BF16BF16F32_TN"}
 _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
@@ -180,8 +181,8 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         f"  attn_decode::split_kv<{name}_ns::Cfg>(args, smem);",
         "}",
         "",
-        f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '
-        "args) {",
+        f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}, {COMBINE_MIN_CTAS}) {name}_combine('
+        "const attn_decode::Args args) {",
         f"  attn_decode::combine<{name}_ns::Cfg::Element, {spec.d_v}>(args);",
         "}",
     ]
@@ -256,14 +257,20 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         f"  attn_decode::{_WGMMA_KERNELS[p.mma][1]}<{name}_ns::Cfg>(args, smem{', &k_map' if tma else ''});",
         "}",
         "",
-        f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}) {name}_combine(const attn_decode::Args '
-        "args) {",
+        f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}, {COMBINE_MIN_CTAS}) {name}_combine('
+        "const attn_decode::Args args) {",
         f"  attn_decode::combine<{name}_ns::Cfg::Element, {spec.d_v}>(args);",
         "}",
     ]
     return "\n".join(lines) + "\n"
 
 
-def combine_grid(rows: int) -> int:
-    """CTAs of the combine kernel for ``rows`` output rows (one warp each)."""
-    return math.ceil(rows / COMBINE_WARPS)
+COMBINE_SLICE_COLS = 128   # attn_decode.cuh kCombineSliceCols: columns of an output row one combine warp merges
+COMBINE_WIDE_SPLITS = 16   # attn_decode.cuh kCombineWideSplits: from this many splits, a warp per slice of a row
+
+
+def combine_grid(rows: int, d_v: int, num_splits: int) -> int:
+    """CTAs of the combine kernel for ``rows`` output rows of ``d_v`` columns: a warp per 128-column slice of a row
+    with many splits (few rows: small batches), else a warp per row (the kernel's rule, attn_decode.cuh combine)."""
+    slices = math.ceil(d_v / COMBINE_SLICE_COLS) if num_splits >= COMBINE_WIDE_SPLITS else 1
+    return math.ceil(rows * slices / COMBINE_WARPS)

@@ -480,54 +480,119 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
   }
 }
 
-// The combine kernel: one warp per output row merges the splits' partial outputs by their log2-sum-exps
-// (an empty split has -inf and weight 0). kDV / 32 columns per lane.
-template <class Element, int kDV>
-__forceinline__ __device__ void combine(const Args& a) {
-  const int lane = threadIdx.x % 32;
+// The combine kernel merges the splits' partial outputs of a row by their log2-sum-exps (an empty split has -inf
+// and weight 0: its partial row, whatever it holds, is not summed). Each warp computes the weights once, a lane per
+// split, and loads the partial rows 8 float4s a lane at a time, all ahead of their sums (predicated on the split
+// count, not on the shuffled weight), so that the loads' latencies overlap. With many splits (>= kCombineWideSplits,
+// few rows: small batches) a warp merges one kCombineSliceCols-column slice of a row, a float4 a lane, so a row has
+// kDV / 128 warps; with fewer, one warp the whole row (the weights then cost a warp a row, not one a slice).
+// combine_grid (translate/decode/generate.py) launches a warp per slice or per row by the same rule. Measured
+// (BENCHMARKS.md 2026-11-26 session 8): the first version (a warp a row, one split after another behind a branch on
+// its weight) took about half a microsecond a split, the largest fixed cost of a batch-1 MLA call; this one is
+// 1.3-1.9x at batch 1 and 1.0-1.07x elsewhere. Slices for every split count made batch 32 x 2k (2 splits) 0.92x;
+// the loops unrolled (2.5k instructions: every SM fetches the code of a kernel that runs a few microseconds) made
+// batch 8-32 0.96-0.98x, hence the `unroll 1` loops below.
+constexpr int kCombineSliceCols = 128;
+constexpr int kCombineMaxSplits = 128;   // translate/decode/splits.py MAX_SPLITS
+constexpr int kCombineWideSplits = 16;   // translate/decode/generate.py COMBINE_WIDE_SPLITS
+
+// lane's float4s of one row: kChunks of them, kStride float4s apart, from chunk `first`; kUnroll splits a step
+template <class Element, int kDV, int kChunks, int kStride, int kUnroll>
+__forceinline__ __device__ void combine_row(const Args& a, long long row, int first, bool write_lse) {
+  constexpr int kRowChunks = kDV / 4;   // float4s a row
+  constexpr int kWeightRegs = kCombineMaxSplits / 32;
+  static_assert(kDV % 4 == 0 && 32 % kUnroll == 0, "the splits of one step share a weight register");
+  const int lane = threadIdx.x % 32, n = a.num_splits;
   const long long rows_all = (long long)a.batch * a.seqlen_q * a.heads_q;
-  const long long row = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= rows_all) { return; }
+  float x[kWeightRegs];
   float mx = -INFINITY;
-  for (int s = lane; s < a.num_splits; s += 32) { mx = fmaxf(mx, a.lse_partial[s * rows_all + row]); }
+  CUTE_UNROLL
+  for (int k = 0; k < kWeightRegs; ++k) {
+    const int s = lane + 32 * k;
+    x[k] = s < n ? a.lse_partial[s * rows_all + row] : -INFINITY;
+    mx = fmaxf(mx, x[k]);
+  }
   CUTE_UNROLL
   for (int d = 16; d > 0; d /= 2) { mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, d)); }
   float l = 0.f;
-  for (int s = lane; s < a.num_splits; s += 32) {
-    const float x = a.lse_partial[s * rows_all + row];
-    l += mx == -INFINITY ? 0.f : attn_tl::fast_exp2(x - mx);
-  }
+  CUTE_UNROLL
+  for (int k = 0; k < kWeightRegs; ++k) { l += x[k] == -INFINITY ? 0.f : attn_tl::fast_exp2(x[k] - mx); }
   CUTE_UNROLL
   for (int d = 16; d > 0; d /= 2) { l += __shfl_xor_sync(0xffffffff, l, d); }
   const float lse2 = l > 0.f ? mx + __log2f(l) : -INFINITY;
-  constexpr int kChunks = kDV / 4;                       // float4 columns; lane + 32 j holds chunk j
-  constexpr int kPerLane = (kChunks + 31) / 32;
-  float4 acc[kPerLane];
+  float w[kWeightRegs];   // split lane + 32 k's weight
   CUTE_UNROLL
-  for (int j = 0; j < kPerLane; ++j) { acc[j] = make_float4(0.f, 0.f, 0.f, 0.f); }
-  for (int s = 0; s < a.num_splits; ++s) {
-    const float x = a.lse_partial[s * rows_all + row];
-    const float w = lse2 == -INFINITY ? 0.f : attn_tl::fast_exp2(x - lse2);
-    if (w == 0.f) { continue; }
-    const float4* src = reinterpret_cast<const float4*>(a.o_partial + (s * rows_all + row) * kDV);
-    CUTE_UNROLL
-    for (int j = 0; j < kPerLane; ++j) {
-      if (lane + 32 * j < kChunks) {
-        const float4 y = src[lane + 32 * j];
-        acc[j].x += w * y.x; acc[j].y += w * y.y; acc[j].z += w * y.z; acc[j].w += w * y.w;
+  for (int k = 0; k < kWeightRegs; ++k) {
+    w[k] = (lse2 == -INFINITY || x[k] == -INFINITY) ? 0.f : attn_tl::fast_exp2(x[k] - lse2);
+  }
+  const float4* src = reinterpret_cast<const float4*>(a.o_partial) + row * kRowChunks;
+  const long long split_stride = rows_all * kRowChunks;   // float4s from one split's partial row to the next's
+  float4 acc[kChunks];
+  CUTE_UNROLL
+  for (int c = 0; c < kChunks; ++c) { acc[c] = make_float4(0.f, 0.f, 0.f, 0.f); }
+  auto chunk = [&](int c) { return first + c * kStride; };
+  // splits [32 k, 32 k + 32) take their weights from w[0], shifted down after each 32: constant register indices
+  // with one copy of the loop (kept small: the combine runs a few microseconds, its code is fetched by every SM)
+#pragma unroll 1
+  for (int k = 0; k < kWeightRegs && 32 * k < n; ++k) {
+#pragma unroll 1
+    for (int s1 = 0; s1 < 32 && 32 * k + s1 < n; s1 += kUnroll) {
+      float ws[kUnroll];
+      float4 y[kUnroll][kChunks];
+      // every load first, predicated on the split count alone (not on the shuffled weight, which put a shuffle's
+      // latency in front of each load and let ptxas interleave them with the sums: 3-5 loads in flight, not 16)
+      CUTE_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        const int s = 32 * k + s1 + u;
+        CUTE_UNROLL
+        for (int c = 0; c < kChunks; ++c) {
+          y[u][c] = make_float4(0.f, 0.f, 0.f, 0.f);
+          if (chunk(c) < kRowChunks && s < n) { y[u][c] = src[s * split_stride + chunk(c)]; }
+        }
+      }
+      CUTE_UNROLL
+      for (int u = 0; u < kUnroll; ++u) {
+        ws[u] = __shfl_sync(0xffffffff, w[0], s1 + u);
+        CUTE_UNROLL
+        for (int c = 0; c < kChunks; ++c) {   // weight 0 (an empty split, whose row may be anything): nothing
+          if (ws[u] != 0.f) {
+            acc[c].x += ws[u] * y[u][c].x; acc[c].y += ws[u] * y[u][c].y;
+            acc[c].z += ws[u] * y[u][c].z; acc[c].w += ws[u] * y[u][c].w;
+          }
+        }
       }
     }
+    CUTE_UNROLL
+    for (int i = 0; i + 1 < kWeightRegs; ++i) { w[i] = w[i + 1]; }
   }
   const int h = row % a.heads_q, t = (row / a.heads_q) % a.seqlen_q, b = row / ((long long)a.heads_q * a.seqlen_q);
   Element* dst = static_cast<Element*>(a.o) + b * a.o_batch_stride + t * a.o_row_stride + h * a.o_head_stride;
   CUTE_UNROLL
-  for (int j = 0; j < kPerLane; ++j) {
-    if (lane + 32 * j < kChunks) {
-      Element* d = dst + (lane + 32 * j) * 4;
-      d[0] = Element(acc[j].x); d[1] = Element(acc[j].y); d[2] = Element(acc[j].z); d[3] = Element(acc[j].w);
+  for (int c = 0; c < kChunks; ++c) {
+    if (chunk(c) < kRowChunks) {
+      cutlass::AlignedArray<Element, 4> v;
+      v[0] = Element(acc[c].x); v[1] = Element(acc[c].y); v[2] = Element(acc[c].z); v[3] = Element(acc[c].w);
+      *reinterpret_cast<cutlass::AlignedArray<Element, 4>*>(dst + chunk(c) * 4) = v;
     }
   }
-  if (a.lse && lane == 0) { a.lse[((long long)b * a.heads_q + h) * a.seqlen_q + t] = lse2 * 0.6931471805599453f; }
+  if (a.lse && write_lse && lane == 0) {
+    a.lse[((long long)b * a.heads_q + h) * a.seqlen_q + t] = lse2 * 0.6931471805599453f;
+  }
+}
+
+template <class Element, int kDV>
+__forceinline__ __device__ void combine(const Args& a) {
+  constexpr int kSlices = (kDV + kCombineSliceCols - 1) / kCombineSliceCols;
+  const int lane = threadIdx.x % 32;
+  const long long rows_all = (long long)a.batch * a.seqlen_q * a.heads_q;
+  const long long warp = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  if (kSlices > 1 && a.num_splits >= kCombineWideSplits) {   // a warp a slice: float4 `slice * 32 + lane`
+    const long long row = warp / kSlices;
+    const int slice = int(warp % kSlices);
+    if (row < rows_all) { combine_row<Element, kDV, 1, 32, 8>(a, row, slice * 32 + lane, slice == 0); }
+  } else if (warp < rows_all) {   // a warp a row: float4s lane, lane + 32, ...
+    combine_row<Element, kDV, kSlices, 32, 8 / kSlices>(a, warp, lane, true);
+  }
 }
 
 }  // namespace attn_decode

@@ -32,7 +32,7 @@ __forceinline__ __device__ void store_output(const Args& a, const CtaWork& w, ch
                                              TO const& acc_o, TC const& tOcO, const float (&l)[kRows],
                                              const int (&r)[kRows], int wg, int tg) {
   using Element = typename Cfg::Element;
-  constexpr int kBlockM = Cfg::kBlockM, kDV = Cfg::kHeadDimV, kDVW = kDV / 2, kThreads = Cfg::kThreads;
+  constexpr int kBlockM = Cfg::kBlockM, kDV = Cfg::kHeadDimV, kDVW = kDV / 2;
   constexpr int kStride = kStageStride<kDV>;
   float* s_l = reinterpret_cast<float*>(smem + kStageBytes<kBlockM, kDV>);   // (2, kBlockM): each warpgroup's sums
   Element* stage_e = reinterpret_cast<Element*>(smem);
