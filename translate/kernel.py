@@ -7,7 +7,9 @@ from translate.params import KernelParams
 from translate.problem import KernelSpec
 
 # Bump when the kernel's argument list or launch geometry changes; the runtime checks it.
-ABI_VERSION = 2   # 2: the softmax scale is a launch argument (softmax_scale_log2)
+# 2: the softmax scale is a launch argument (softmax_scale_log2); 3: a decode kernel's combine takes a warp per
+# 128-column slice of a row from 16 splits on (translate/decode/generate.py combine_grid), before it a warp per row
+ABI_VERSION = 3
 
 # The kernel's arguments, in order (runtime.py packs them; see the emitted signature).
 KERNEL_ARGS = (

@@ -305,7 +305,8 @@ class DecodeKernel:
         pointer = (ctypes.c_void_p * len(params))(*params)
         split_launch = (self.base._function, split.num_splits, units * m_blocks, b, meta["num_threads"], 1, 1,
                         meta["smem_bytes"])
-        combine_launch = (self._combine, combine_grid(rows, spec["d_v"], split.num_splits), 1, 1, 32 * COMBINE_WARPS, 1, 1, 0)
+        combine_launch = (self._combine, combine_grid(rows, spec["d_v"], split.num_splits, meta.get("abi", 0)), 1, 1,
+                          32 * COMBINE_WARPS, 1, 1, 0)
         return DecodePlan(a, pointer, ctypes.addressof(pointer), split_launch, combine_launch, split.num_splits, rows,
                           out_shape, split.num_splits * rows * spec["d_v"], split.num_splits * rows, threading.Lock(),
                           k_map)

@@ -27,8 +27,8 @@ from typing import Any
 from tuner.launch_plan import (FOUR_POINTERS, POINTER, LaunchPlan, build_paged_plan, build_plan, point_map,
                                 build_varlen_plan)
 
-ABI_VERSION = 2                 # what translate emits now (translate/kernel.py)
-SUPPORTED_ABIS = (1, 2)         # 1: the softmax scale was compiled in as 1/sqrt(d_qk)
+ABI_VERSION = 3                 # what translate emits now (translate/kernel.py)
+SUPPORTED_ABIS = (1, 2, 3)      # 1: the softmax scale was compiled in as 1/sqrt(d_qk); 2: a decode combine per row
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 # The argument list of kernels whose metadata predates "args" (translate/kernel.py KERNEL_ARGS of ABI 1).
 DEFAULT_ARGS = [("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"), ("seqlen_q", "i32"), ("seqlen_k", "i32"),

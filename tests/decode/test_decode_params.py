@@ -102,3 +102,5 @@ def test_the_combine_kernel_and_the_host_agree_on_its_limits_and_grid():
     assert combine_grid(128, 512, COMBINE_WIDE_SPLITS - 1) == 128 // COMBINE_WARPS
     assert combine_grid(32, 128, 64) == combine_grid(32, 64, 64) == 32 // COMBINE_WARPS
     assert combine_grid(5, 128, 2) == 2
+    # a kernel built before ABI 3 merges a row a warp whatever the splits (its combine was one warp a row)
+    assert combine_grid(128, 512, 64, abi=2) == 128 // COMBINE_WARPS

@@ -35,7 +35,7 @@ from tl.ast import Compute, Copy, For, Program, Reshape, walk
 from tl.layout import layout_of
 from tl.phase import combines, split_loops
 from translate.decode.params import WGMMA_KINDS, DecodeParams, decode_smem_bytes, v_from_k, validate_decode
-from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
+from translate.kernel import ABI_VERSION, GeneratedKernel, TranslationError, sketch_hash
 from translate.problem import KernelSpec
 
 # cuLaunchKernel takes the one struct (tuner/decode_runtime.py packs it): the argument list names it.
@@ -269,8 +269,9 @@ COMBINE_SLICE_COLS = 128   # attn_decode.cuh kCombineSliceCols: columns of an ou
 COMBINE_WIDE_SPLITS = 16   # attn_decode.cuh kCombineWideSplits: from this many splits, a warp per slice of a row
 
 
-def combine_grid(rows: int, d_v: int, num_splits: int) -> int:
+def combine_grid(rows: int, d_v: int, num_splits: int, abi: int = ABI_VERSION) -> int:
     """CTAs of the combine kernel for ``rows`` output rows of ``d_v`` columns: a warp per 128-column slice of a row
-    with many splits (few rows: small batches), else a warp per row (the kernel's rule, attn_decode.cuh combine)."""
-    slices = math.ceil(d_v / COMBINE_SLICE_COLS) if num_splits >= COMBINE_WIDE_SPLITS else 1
+    with many splits (few rows: small batches), else a warp per row (the kernel's rule, attn_decode.cuh combine);
+    kernels built before ABI 3 take a warp per row always."""
+    slices = math.ceil(d_v / COMBINE_SLICE_COLS) if num_splits >= COMBINE_WIDE_SPLITS and abi >= 3 else 1
     return math.ceil(rows * slices / COMBINE_WARPS)
