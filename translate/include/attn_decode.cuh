@@ -285,12 +285,25 @@ __forceinline__ __device__ void load_q(const Args& a, const CtaWork& w, SQ& sQ, 
   using Element = typename Cfg::Element;
   const Element* q = static_cast<const Element*>(a.q);
   constexpr int kChunks = Cfg::kHeadDimQK / 8;
-  for (int i = tid; i < Cfg::kBlockM * kChunks; i += Cfg::kThreads) {
-    const int r = i / kChunks, c = i % kChunks, gr = w.row0 + r;
-    const bool valid = gr < w.rows;
-    const long long off = valid ? w.b * a.q_batch_stride + (gr / w.pack) * a.q_row_stride +
-                                      (w.head0 + gr % w.pack) * a.q_head_stride : 0;
-    cp_async_16(&sQ(r, c * 8), q + off + c * 8, valid);
+  auto row_offset = [&](int gr) {
+    return w.b * a.q_batch_stride + (gr / w.pack) * a.q_row_stride + (w.head0 + gr % w.pack) * a.q_head_stride;
+  };
+  if constexpr (kChunks >= 32) {   // a warp a row at a time: one (warp-uniform) row offset for 2+ copies a lane
+    constexpr int kWarps = Cfg::kThreads / 32;
+    const int warp = tid / 32, lane = tid % 32;
+    for (int r = warp; r < Cfg::kBlockM; r += kWarps) {
+      const int gr = w.row0 + r;
+      const bool valid = gr < w.rows;
+      const long long off = valid ? row_offset(gr) : 0;
+      CUTE_UNROLL
+      for (int c = lane; c < kChunks; c += 32) { cp_async_16(&sQ(r, c * 8), q + off + c * 8, valid); }
+    }
+  } else {
+    for (int i = tid; i < Cfg::kBlockM * kChunks; i += Cfg::kThreads) {
+      const int r = i / kChunks, c = i % kChunks, gr = w.row0 + r;
+      const bool valid = gr < w.rows;
+      cp_async_16(&sQ(r, c * 8), q + (valid ? row_offset(gr) : 0) + c * 8, valid);
+    }
   }
 }
 
