@@ -21,7 +21,7 @@ using namespace cute;
 // warpgroups of different maxima through an unpadded fp32 tile (8-way conflicts) and a loop of scalar stores, took 12
 // us of a 150 us call at b64 x 4k; 16-byte stores by every thread from the staged rows cut that to 4 us with one
 // split but slowed the fp32 partials (18-22 us for 16 MB at b8 x 16k, 0.71-0.93x); the bulk copies are ahead at
-// every point (1.02-1.25x over batch 1-128 x 2k-32k).
+// every point (1.00-1.25x over batch 1-128 x 2k-32k).
 template <int kDV>
 constexpr int kStageStride = kDV + 8;   // elements of a staging row, bf16 or fp32
 template <int kBlockM, int kDV>
