@@ -509,8 +509,8 @@ constexpr int kCombineSliceCols = 128;
 constexpr int kCombineMaxSplits = 128;   // translate/decode/splits.py MAX_SPLITS
 constexpr int kCombineWideSplits = 16;   // translate/decode/generate.py COMBINE_WIDE_SPLITS
 
-// lane's float4s of one row: kChunks of them, kStride float4s apart, from chunk `first`; kUnroll splits a step
-template <class Element, int kDV, int kChunks, int kStride, int kUnroll>
+// lane's float4s of one row: kChunks of them, 32 float4s apart, from chunk `first`; kUnroll splits a step
+template <class Element, int kDV, int kChunks, int kUnroll>
 __forceinline__ __device__ void combine_row(const Args& a, long long row, int first, bool write_lse) {
   constexpr int kRowChunks = kDV / 4;   // float4s a row
   constexpr int kWeightRegs = kCombineMaxSplits / 32;
@@ -543,7 +543,7 @@ __forceinline__ __device__ void combine_row(const Args& a, long long row, int fi
   float4 acc[kChunks];
   CUTE_UNROLL
   for (int c = 0; c < kChunks; ++c) { acc[c] = make_float4(0.f, 0.f, 0.f, 0.f); }
-  auto chunk = [&](int c) { return first + c * kStride; };
+  auto chunk = [&](int c) { return first + 32 * c; };
   // splits [32 k, 32 k + 32) take their weights from w[0], shifted down after each 32: constant register indices
   // with one copy of the loop (kept small: the combine runs a few microseconds, its code is fetched by every SM)
 #pragma unroll 1
@@ -553,7 +553,7 @@ __forceinline__ __device__ void combine_row(const Args& a, long long row, int fi
       float ws[kUnroll];
       float4 y[kUnroll][kChunks];
       // every load first, predicated on the split count alone (not on the shuffled weight, which put a shuffle's
-      // latency in front of each load and let ptxas interleave them with the sums: 3-5 loads in flight, not 16)
+      // latency in front of each load and let ptxas interleave them with the sums: 3-5 loads in flight, not all)
       CUTE_UNROLL
       for (int u = 0; u < kUnroll; ++u) {
         const int s = 32 * k + s1 + u;
@@ -602,9 +602,9 @@ __forceinline__ __device__ void combine(const Args& a) {
   if (kSlices > 1 && a.num_splits >= kCombineWideSplits) {   // a warp a slice: float4 `slice * 32 + lane`
     const long long row = warp / kSlices;
     const int slice = int(warp % kSlices);
-    if (row < rows_all) { combine_row<Element, kDV, 1, 32, 8>(a, row, slice * 32 + lane, slice == 0); }
+    if (row < rows_all) { combine_row<Element, kDV, 1, 8>(a, row, slice * 32 + lane, slice == 0); }
   } else if (warp < rows_all) {   // a warp a row: float4s lane, lane + 32, ...
-    combine_row<Element, kDV, kSlices, 32, 8 / kSlices>(a, warp, lane, true);
+    combine_row<Element, kDV, kSlices, 8 / kSlices>(a, warp, lane, true);
   }
 }
 

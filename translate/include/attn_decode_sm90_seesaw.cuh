@@ -1,8 +1,9 @@
 // The absorbed MLA decode on Hopper with the two warpgroups out of step ("seesaw", DecodeParams.mma =
 // "sm90_seesaw"): the same Args, split rule, workspace and combine kernel as split_kv_wgmma (attn_decode_sm90.cuh),
-// a different schedule and its own output store (seesaw::store_output, attn_decode_sm90_output.cuh). There, both warpgroups score half of every tile, exchange row
-// maxima and P behind three CTA barriers a tile, so the tensor cores idle through every softmax and barrier
-// (ncu: 0.54-0.60 of the copy bandwidth at 128 heads, BENCHMARKS.md 2026-11-24). Here the tiles go in pairs:
+// a different schedule and its own output store (seesaw::store_output, attn_decode_sm90_output.cuh). There, both
+// warpgroups score half of every tile, exchange row maxima and P behind three CTA barriers a tile, so the tensor
+// cores idle through every softmax and barrier (ncu: 0.54-0.60 of the copy bandwidth at 128 heads, BENCHMARKS.md
+// 2026-11-24). Here the tiles go in pairs:
 // warpgroup 0 scores the even tile (slot 0), warpgroup 1 the odd one (slot 1), each over all 64 keys, and each
 // owns half of O's 512 columns (128 fp32 registers a thread). Per pair (j0, j1), with m the shared running max:
 //   wg0: softmax of S(j0) against m -> m0, scale0; P0 (units of m0) to shared memory; [scale0 ready]
@@ -97,7 +98,6 @@ __forceinline__ __device__ void score_issue(MmaSS& ss, MmaRS& rs, TQ const& tQ, 
   warpgroup_fence_operand(acc);
   if constexpr (kWithLast) { warpgroup_fence_operand(const_cast<TQL&>(rQ_last)); }
 }
-
 }  // namespace seesaw
 
 // Cfg::kTmaLoad where the Cfg states it (kv_load tma), else false: the gather kernels' sources stay as they were
