@@ -53,15 +53,6 @@ def build(src: Path, out: Path) -> int:
     return 0
 
 
-def parse_points(text: str) -> list:
-    from tuner.bench_decode import parse_mla_point
-
-    try:
-        return [parse_mla_point(t) for t in text.split(",")]
-    except ValueError as exc:
-        raise SystemExit(f"--points: {exc}") from None
-
-
 def summarise(stamps, ctas_per_sm_wave: int) -> dict:
     """Phase times (us) over the CTAs of one call from its (ctas, SLOTS) stamps."""
     import numpy as np
@@ -158,7 +149,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "build":
         return build(args.src, args.out)
-    return run(args.traced, args.plain, parse_points(args.points), args.reps, args.out)
+    from tuner.bench_decode import parse_mla_points
+
+    try:
+        points = parse_mla_points(args.points)
+    except ValueError as exc:
+        ap.error(f"--points: {exc}")
+    return run(args.traced, args.plain, points, args.reps, args.out)
 
 
 if __name__ == "__main__":

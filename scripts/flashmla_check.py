@@ -72,20 +72,11 @@ def flashmla_call(lib, x: dict, scale: float, causal: bool):
     return call, (meta, splits, lse, lse_accum, o_accum)
 
 
-def parse_points(text: str) -> list:
-    from tuner.bench_decode import parse_mla_point
-
-    try:
-        return [parse_mla_point(t) for t in text.split(",")]
-    except ValueError as exc:
-        raise SystemExit(f"--points: {exc}") from None
-
-
 def main(argv=None) -> int:
     import torch
 
     from tuner.bench import alternating_rounds
-    from tuner.bench_decode import MLAPoint, copy_bandwidth_gbs, make_mla_inputs
+    from tuner.bench_decode import MLAPoint, copy_bandwidth_gbs, make_mla_inputs, parse_mla_points
     from tuner.decode_runtime import load_decode_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -97,6 +88,10 @@ def main(argv=None) -> int:
     ap.add_argument("--points", help="BxKV[xTOKENS] points at 128 heads, comma-separated (e.g. 64x4096,64x8192x2) "
                                      "instead of the default list")
     args = ap.parse_args(argv)
+    try:
+        custom = parse_mla_points(args.points) if args.points else None
+    except ValueError as exc:
+        ap.error(f"--points: {exc}")
 
     lib = load_flashmla(args.lib)
 
@@ -114,8 +109,7 @@ def main(argv=None) -> int:
     points = ([MLAPoint(b, kv) for b, kv in ((64, 4096), (128, 8192), (64, 16384), (128, 16384))]
               + [MLAPoint(64, 8192, seqlen_q=sq) for sq in (2, 4)]
               + ([MLAPoint(b, kv, heads_q=16) for b, kv in ((64, 4096), (128, 8192))] if ours16 else []))
-    if args.points:
-        points = parse_points(args.points)
+    points = custom or points
     scale = 1.0 / math.sqrt(576)
     for p in points:
         x = make_mla_inputs(p)

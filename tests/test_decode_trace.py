@@ -35,11 +35,16 @@ def test_two_waves_are_counted_from_the_sms():
     assert dt.summarise(stamps(rows), ctas_per_sm_wave=132)["waves"] == 2
 
 
-def test_points_parse_and_bad_ones_say_what_is_expected():
-    p = dt.parse_points("64x4096,8x16384x2")
+def test_points_parse_and_bad_ones_say_what_is_expected(capsys):
+    from tuner.bench_decode import parse_mla_points
+
+    p = parse_mla_points("64x4096,8x16384x2")
     assert [(x.batch, x.kv_len, x.seqlen_q, x.heads_q) for x in p] == [(64, 4096, 1, 128), (8, 16384, 2, 128)]
-    with pytest.raises(SystemExit, match="BATCHxKEYS"):
-        dt.parse_points("64x")
+    with pytest.raises(ValueError, match="'64x' is not BATCHxKEYS"):
+        parse_mla_points("64x4096,64x")
+    with pytest.raises(SystemExit):   # the script says so before it loads anything
+        dt.main(["run", "nowhere", "--points", "64x"])
+    assert "--points: '64x' is not BATCHxKEYS" in capsys.readouterr().err
 
 
 def test_build_refuses_a_folder_without_sources_and_skips_other_kernels(tmp_path, capsys):

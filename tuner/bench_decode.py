@@ -143,12 +143,16 @@ class MLAPoint:
         return f"mla h{self.heads_q} b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}"
 
 
-def parse_mla_point(text: str) -> MLAPoint:
-    """'64x4096' or '64x8192x2' (batch x keys [x new tokens]) -> an MLAPoint at 128 heads (the scripts' --points)."""
-    parts = text.strip().lower().split("x")
-    if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise ValueError(f"{text!r} is not BATCHxKEYS or BATCHxKEYSxTOKENS (positive integers)")
-    return MLAPoint(int(parts[0]), int(parts[1]), seqlen_q=int(parts[2]) if len(parts) == 3 else 1)
+def parse_mla_points(text: str) -> list[MLAPoint]:
+    """'64x4096,64x8192x2' (comma-separated batch x keys [x new tokens]) -> MLAPoints at 128 heads: the scripts'
+    --points. ValueError naming the item that is not one."""
+    points = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) not in (2, 3) or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"{item!r} is not BATCHxKEYS or BATCHxKEYSxTOKENS (positive integers)")
+        points.append(MLAPoint(int(parts[0]), int(parts[1]), seqlen_q=int(parts[2]) if len(parts) == 3 else 1))
+    return points
 
 
 def mla_grid(heads=(128, 16), batches=(64, 128), kv_lens=(4096, 8192, 16384), seqlens_q=(1, 2, 4),
