@@ -4,8 +4,12 @@ scores, the loop's end, the output staged, the end. ncu gives a kernel's totals;
 time per pair of tiles, the output store and how far apart the CTAs end (BENCHMARKS.md 2026-11-26 session 8: the
 old output store was 12 us of a 150 us call).
 
-    python3 scripts/decode_trace.py build DIR OUT      (nvcc and CUTLASS: DIR is `tune build --phase decode` output)
+    python3 scripts/decode_trace.py build DIR OUT [--waits]   (nvcc and CUTLASS: DIR is `tune build --phase decode` output)
     python3 scripts/decode_trace.py run OUT [--plain DIR] [--points 64x4096,8x16384x2] [--reps 5]   (the GPU)
+
+With --waits the build also sums, per CTA and warpgroup, the SM cycles spent at each of the loop's wait sites
+(-DATTN_DECODE_WAITS: clock64 around the waits the seesaw names in its WaitSite enum) and `run` prints them as a share
+of the warpgroup's loop: what the loop waits for, where the stamps only say how long it took.
 
 `run` calls each point once per rep on fresh stamps with L2 flushed, keeps the rep of the shortest span, and prints
 medians and 10th/90th percentiles over the CTAs (microseconds from the first CTA's start); with --plain the
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -24,12 +29,44 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 SLOTS = 8
+WAIT_SLOTS = 32   # attn_trace.cuh kAttnWaitSites
+SEESAW_HEADER = Path(__file__).resolve().parents[1] / "translate" / "include" / "attn_decode_sm90_seesaw.cuh"
 PHASES = ("start", "q_loaded", "first_scores", "loop_end", "staged", "end")
 DEFAULT_POINTS = "64x4096,64x16384,128x8192,8x16384,64x8192x2"
 
 
-def build(src: Path, out: Path) -> int:
-    """Each kernel source of ``src`` compiled with the trace on into ``out`` (cubin + its record)."""
+def wait_sites(header: Path = SEESAW_HEADER) -> dict[int, str]:
+    """{site: label} of the seesaw's WaitSite enum (``kWait... = N,  // label``): the kernel names its sites once."""
+    sites = {}
+    for m in re.finditer(r"^\s*kWait\w+\s*=\s*(\d+),\s*//\s*(.+?)\s*$", header.read_text(), re.M):
+        if int(m.group(1)) in sites or int(m.group(1)) >= WAIT_SLOTS:
+            raise ValueError(f"{header.name}: wait site {m.group(1)} taken twice or past {WAIT_SLOTS}")
+        sites[int(m.group(1))] = m.group(2)
+    if not sites:
+        raise ValueError(f"{header.name} names no wait sites")
+    return sites
+
+
+def summarise_waits(waits, sites: dict[int, str]) -> list[dict]:
+    """Per site: median cycles per CTA and the median share of its warpgroup's loop span (the ``loop`` site of the
+    same warpgroup: label prefix ``wg0:`` / ``wg1:``), from (ctas, WAIT_SLOTS) cycle sums."""
+    import numpy as np
+
+    w = np.asarray(waits, dtype=np.float64)
+    loops = {label.split(":")[0]: site for site, label in sites.items() if label.endswith("the whole loop")}
+    w = w[w[:, list(loops.values())].min(axis=1) > 0] if loops else w
+    rows = []
+    for site, label in sorted(sites.items()):
+        loop = loops.get(label.split(":")[0])
+        share = float(np.median(w[:, site] / w[:, loop])) if loop is not None and len(w) else float("nan")
+        rows.append({"site": site, "label": label, "kcycles": round(float(np.median(w[:, site])) / 1e3, 1),
+                     "share": round(share, 3)})
+    return rows
+
+
+def build(src: Path, out: Path, waits: bool = False) -> int:
+    """Each kernel source of ``src`` compiled with the trace on (and with ``waits`` the wait sums) into ``out``
+    (cubin + its record)."""
     import translate
     from translate import nvcc
 
@@ -42,7 +79,8 @@ def build(src: Path, out: Path) -> int:
         if "seesaw" not in cu.read_text():
             print(f"skip {cu.name}: not the seesaw kernel (the only one with trace stamps)")
             continue
-        cmd = [str(nvcc.find_nvcc()), *nvcc.BASE_FLAGS, "-DATTN_DECODE_TRACE", "-cubin", "-arch=sm_90a",
+        flags = ["-DATTN_DECODE_TRACE", *(["-DATTN_DECODE_WAITS"] if waits else [])]
+        cmd = [str(nvcc.find_nvcc()), *nvcc.BASE_FLAGS, *flags, "-cubin", "-arch=sm_90a",
                f"-I{nvcc.cutlass_include_dir()}", f"-I{translate.INCLUDE_DIR}", "-o",
                str(out / cu.with_suffix(".cubin").name), str(cu)]
         done = subprocess.run(cmd, capture_output=True, text=True)
@@ -91,6 +129,11 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
         stamps_ptr, size = rt._check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_trace"), "attn_trace")
     except rt.KernelLoadError:
         raise SystemExit(f"{traced} was not built with the trace (scripts/decode_trace.py build)") from None
+    try:
+        waits_ptr, waits_size = rt._check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_waits"), "attn_waits")
+        sites = wait_sites()
+    except rt.KernelLoadError:
+        waits_ptr = None   # built without --waits
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
@@ -108,6 +151,8 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
         best = None
         for _ in range(reps):
             rt._check(driver.cuMemsetD8(stamps_ptr, 0, size), "clear the stamps")
+            if waits_ptr is not None:
+                rt._check(driver.cuMemsetD8(waits_ptr, 0, waits_size), "clear the wait sums")
             flush.zero_()
             torch.cuda.synchronize()
             call(kernel)
@@ -117,6 +162,10 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
             stamps = host.reshape(-1, SLOTS)
             stamps = stamps[stamps[:, 0] > 0]
             s = summarise(stamps, sms)
+            if waits_ptr is not None:
+                sums = np.zeros(waits_size // 8, dtype=np.uint64)
+                rt._check(driver.cuMemcpyDtoH(sums.ctypes.data, waits_ptr, waits_size), "read the wait sums")
+                s["waits"] = summarise_waits(sums.reshape(-1, WAIT_SLOTS), sites)
             if best is None or s["span"] < best["span"]:
                 best = s
         row.update(best)
@@ -127,6 +176,8 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
         print(f"    Q loaded {row['q_loaded']}  first scores {row['first_scores']}  loop {row['loop']}  staging "
               f"{row['staging']}  store {row['store']}  end {row['end']}   (us: 10th/50th/90th pct over CTAs)",
               flush=True)
+        for w in row.get("waits", []):
+            print(f"      {w['label']:<36} {w['kcycles']:8.1f} kcycles  {w['share']:6.3f} of the loop", flush=True)
         x = None
         torch.cuda.empty_cache()
     if out:
@@ -140,6 +191,7 @@ def main(argv=None) -> int:
     b = sub.add_parser("build", help="compile a build's seesaw kernel with the trace stamps")
     b.add_argument("src", type=Path)
     b.add_argument("out", type=Path)
+    b.add_argument("--waits", action="store_true", help="also sum the cycles at the loop's wait sites")
     r = sub.add_parser("run", help="stamp calls on the GPU and print the phases")
     r.add_argument("traced", type=Path)
     r.add_argument("--plain", type=Path, help="the same kernel without stamps, timed beside")
@@ -148,7 +200,7 @@ def main(argv=None) -> int:
     r.add_argument("--out")
     args = ap.parse_args(argv)
     if args.cmd == "build":
-        return build(args.src, args.out)
+        return build(args.src, args.out, args.waits)
     from tuner.bench_decode import parse_mla_points
 
     try:

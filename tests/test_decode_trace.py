@@ -1,6 +1,7 @@
-"""scripts/decode_trace.py on the CPU: the phase summary of a call's stamps, the --points parser, and a build
-folder without the seesaw kernel refused; with nvcc, the trace build carries the globaltimer stamps that the measured
-build (tests/decode/test_mla_seesaw.py) must not."""
+"""scripts/decode_trace.py on the CPU: the phase summary of a call's stamps, the wait sites read from the seesaw's
+enum and their shares of the loop, the --points parser, and a build folder without the seesaw kernel refused; with
+nvcc, the trace build carries the globaltimer stamps (and with --waits the clock reads) that the measured build
+(tests/decode/test_mla_seesaw.py) must not."""
 import shutil
 import sys
 from pathlib import Path
@@ -33,6 +34,36 @@ def test_the_summary_measures_each_phase_from_the_first_start():
 def test_two_waves_are_counted_from_the_sms():
     rows = [((0, 6, 9, 100, 101, 104), i % 132) for i in range(256)]
     assert dt.summarise(stamps(rows), ctas_per_sm_wave=132)["waves"] == 2
+
+
+def test_the_wait_sites_are_the_seesaws_enum_with_a_loop_per_warpgroup():
+    sites = dt.wait_sites()
+    assert len(sites) == 14 and max(sites) < dt.WAIT_SLOTS
+    assert sites[16] == "wg0: the whole loop" and sites[17] == "wg1: the whole loop"
+    assert sites[11] == "wg1: left chunks of tile j0 + 3"
+    assert all(label.startswith(("wg0: ", "wg1: ")) for label in sites.values())
+
+
+def test_a_header_naming_a_site_twice_is_refused(tmp_path):
+    header = tmp_path / "h.cuh"
+    header.write_text("  kWaitA = 3,   // wg0: a\n  kWaitB = 3,   // wg0: b\n")
+    with pytest.raises(ValueError, match="taken twice"):
+        dt.wait_sites(header)
+    header.write_text("enum {};\n")
+    with pytest.raises(ValueError, match="names no wait sites"):
+        dt.wait_sites(header)
+
+
+def test_wait_shares_are_of_the_same_warpgroups_loop():
+    sites = {0: "wg0: a", 1: "wg1: b", 16: "wg0: the whole loop", 17: "wg1: the whole loop"}
+    w = np.zeros((3, dt.WAIT_SLOTS), dtype=np.uint64)
+    w[:, 16], w[:, 17] = 1000, 2000
+    w[:, 0] = [100, 200, 300]     # wg0 waits 10-30% of its loop
+    w[:, 1] = [500, 500, 500]     # wg1 waits a quarter of its (longer) loop
+    w[2, 17] = 0                  # a CTA without a loop (no tiles) is left out: its shares are undefined
+    rows = {r["site"]: r for r in dt.summarise_waits(w, sites)}
+    assert rows[0]["share"] == 0.15 and rows[0]["kcycles"] == 0.1
+    assert rows[1]["share"] == 0.25 and rows[17]["share"] == 1.0
 
 
 def test_points_parse_and_bad_ones_say_what_is_expected(capsys):
@@ -75,3 +106,8 @@ def test_the_trace_build_stamps_the_phases(tmp_path):
         pytest.skip("cuobjdump not installed")
     lines = sass_instructions(tmp_path / "out" / f"{k.name}.cubin")[k.name]
     assert sum("GLOBALTIMER" in line for line in lines) == len(dt.PHASES)
+    assert not any("SR_CLOCK" in line for line in lines), "wait sums without --waits"
+    dt.build(tmp_path / "src", tmp_path / "waits", waits=True)
+    lines = sass_instructions(tmp_path / "waits" / f"{k.name}.cubin")[k.name]
+    # a clock read before and after each of the 12 sites and the loop (ptxas may share a read between neighbours)
+    assert sum("SR_CLOCK" in line for line in lines) >= 12, "no clock reads around the waits"

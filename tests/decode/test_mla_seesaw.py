@@ -118,6 +118,7 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     assert sum(re.search(r"\bSTG[.\s]", line) is not None for line in lines) <= 2, "threads store O"
     # the phase stamps of scripts/decode_trace.py are compiled in only with -DATTN_DECODE_TRACE
     assert not any("GLOBALTIMER" in line for line in lines), "trace stamps in the measured kernel"
+    assert not any("SR_CLOCK" in line for line in lines), "wait sums (-DATTN_DECODE_WAITS) in the measured kernel"
 
 
 def test_the_combine_keeps_its_loads_in_flight_in_compact_code(compiled):

@@ -64,6 +64,23 @@ using namespace cute;
 namespace seesaw {
 // named barriers between the two warpgroups (cutlass::arch::NamedBarrier ids, past CUTLASS's reserved ones)
 enum Barrier : uint32_t { kScale0Ready = 0, kScale1Ready = 1 };
+// the loop's wait sites for -DATTN_DECODE_WAITS (attn_trace.cuh); scripts/decode_trace.py reads the labels from here
+enum WaitSite : int {
+  kWaitW0NextLeft = 0,    // wg0: left chunks of tile j0 + 2
+  kWaitW0NextRight = 1,   // wg0: right chunks of tile j0 + 2
+  kWaitW0Scale1 = 2,      // wg0: warpgroup 1's scale1 and P1
+  kWaitW0PvOwn = 3,       // wg0: O_L += P0 . V0_L done
+  kWaitW0PvOther = 4,     // wg0: O_L += P1 . V1_L done
+  kWaitW0Score = 5,       // wg0: S(j0 + 2) done
+  kWaitW1Scale0 = 8,      // wg1: warpgroup 0's scale0 and P0
+  kWaitW1PvOther = 9,     // wg1: O_R += P0 . V0_R done
+  kWaitW1PvOwn = 10,      // wg1: O_R += P1 . V1_R done
+  kWaitW1NextLeft = 11,   // wg1: left chunks of tile j0 + 3
+  kWaitW1NextRight = 12,  // wg1: right chunks of tile j0 + 3
+  kWaitW1Score = 13,      // wg1: S(j0 + 3) done
+  kWaitW0Loop = 16,       // wg0: the whole loop
+  kWaitW1Loop = 17,       // wg1: the whole loop
+};
 constexpr uint32_t kBoth = 256;
 __forceinline__ __device__ void arrive(Barrier b) { cutlass::arch::NamedBarrier::arrive(kBoth, b); }
 __forceinline__ __device__ void sync(Barrier b) { cutlass::arch::NamedBarrier::sync(kBoth, b); }
@@ -339,6 +356,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   ATTN_TRACE(2);
   if (wg == 1 && n_tiles > 1) { score(1); }
 
+  ATTN_SPAN_BEGIN(attn_loop_t0);
   for (int j0 = 0; j0 < n_tiles; j0 += 2) {
     const int j1 = j0 + 1;
     const bool has1 = j1 < n_tiles, has2 = j0 + 2 < n_tiles, has3 = j0 + 3 < n_tiles;
@@ -374,12 +392,12 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         Tensor rP = make_tensor<Element>(attn_sm90::acc_to_a_layout(acc_s.layout()));
         attn_sm90::convert_into(rP, acc_s);
         attn_sm90::gemm_issue<false>(mma_pv_rs, rP, tOsVown, acc_o);
-        warpgroup_wait<0>();
+        ATTN_WAIT(seesaw::kWaitW0PvOwn, warpgroup_wait<0>());
       }
       if (has2) { load_half(j0 + 2, pages_even); }   // slot 0's columns [0, 256): last read by that GEMM
       if (j0 + 4 < n_tiles) { lookup(j0 + 4, pages_even); }
       if (has1) {   // O_L to m1, O_L += P1 . V1_L (P1 in units of m1, from shared memory)
-        sync(seesaw::kScale1Ready);
+        ATTN_WAIT(seesaw::kWaitW0Scale1, sync(seesaw::kScale1Ready));
         Tensor f = row_factors();
         CUTE_UNROLL
         for (int mi = 0; mi < kRows; ++mi) {
@@ -391,19 +409,19 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
       }
       if (has2) {   // S(j0 + 2): its left columns first (this warpgroup loaded them a while ago)
-        wait_half(j0 + 2, 0);
+        ATTN_WAIT(seesaw::kWaitW0NextLeft, wait_half(j0 + 2, 0));
         cutlass::arch::fence_view_async_shared();
         seesaw::score_issue<0, kLeftChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
-        warpgroup_wait<1>();   // O_L += P1 . V1_L completed: slot 1's columns [0, 256) are free
+        ATTN_WAIT(seesaw::kWaitW0PvOther, warpgroup_wait<1>());   // O_L += P1 . V1_L completed: slot 1's columns [0, 256) are free
         if (has3) { load_half(j0 + 3, pages_odd); }
         if (j0 + 5 < n_tiles) { lookup(j0 + 5, pages_odd); }
-        wait_half(j0 + 2, 1);
+        ATTN_WAIT(seesaw::kWaitW0NextRight, wait_half(j0 + 2, 1));
         cutlass::arch::fence_view_async_shared();
         seesaw::score_issue<kLeftChunks, kChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
       }
-      warpgroup_wait<0>();
+      ATTN_WAIT(seesaw::kWaitW0Score, warpgroup_wait<0>());
     } else {
-      sync(seesaw::kScale0Ready);
+      ATTN_WAIT(seesaw::kWaitW1Scale0, sync(seesaw::kScale0Ready));
       // O_R to m0, O_R += P0 . V0_R (P0 from shared memory), while the softmax of S(j1) runs
       Tensor scale0 = row_factors();
       CUTE_UNROLL
@@ -440,32 +458,33 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         }
         cutlass::arch::fence_view_async_shared();
         arrive(seesaw::kScale1Ready);   // m1, scale1 and P1 are out
-        warpgroup_wait<0>();   // O_R += P0 . V0_R completed
+        ATTN_WAIT(seesaw::kWaitW1PvOther, warpgroup_wait<0>());   // O_R += P0 . V0_R completed
         if (has2) { load_half(j0 + 2, pages_even); }   // slot 0's columns [256, 576): last read by that GEMM
         if (j0 + 4 < n_tiles) { lookup(j0 + 4, pages_even); }
         scale_rows(scale1);
         Tensor rP = make_tensor<Element>(attn_sm90::acc_to_a_layout(acc_s.layout()));
         attn_sm90::convert_into(rP, acc_s);
         attn_sm90::gemm_issue<false>(mma_pv_rs, rP, tOsVown, acc_o);   // O_R += P1 . V1_R
-        warpgroup_wait<0>();
+        ATTN_WAIT(seesaw::kWaitW1PvOwn, warpgroup_wait<0>());
         if (has3) {   // slot 1's columns [256, 576) are free: tile j0 + 3, then its scores
           load_half(j0 + 3, pages_odd);
           if (j0 + 5 < n_tiles) { lookup(j0 + 5, pages_odd); }
           // its left columns first (warpgroup 0 reloaded them a GEMM earlier): their wgmmas run while the right
           // half, just issued, lands
-          wait_half(j0 + 3, 0);
+          ATTN_WAIT(seesaw::kWaitW1NextLeft, wait_half(j0 + 3, 0));
           cutlass::arch::fence_view_async_shared();
           seesaw::score_issue<0, kLeftChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
-          wait_half(j0 + 3, 1);
+          ATTN_WAIT(seesaw::kWaitW1NextRight, wait_half(j0 + 3, 1));
           cutlass::arch::fence_view_async_shared();
           seesaw::score_issue<kLeftChunks, kChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
-          warpgroup_wait<0>();
+          ATTN_WAIT(seesaw::kWaitW1Score, warpgroup_wait<0>());
         }
       } else {
         warpgroup_wait<0>();
       }
     }
   }
+  ATTN_SPAN_END(wg ? seesaw::kWaitW1Loop : seesaw::kWaitW0Loop, attn_loop_t0);
   __syncthreads();   // every GEMM and load is done: the slots and Q become the staging tile
   ATTN_TRACE(3);
 

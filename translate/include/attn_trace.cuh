@@ -34,4 +34,39 @@ __forceinline__ __device__ void attn_trace_write(int slot) {
   } while (0)
 #endif
 
+// Where a kernel waits, compiled in only with -DATTN_DECODE_WAITS (scripts/decode_trace.py build --waits): the first
+// thread of each warpgroup reads clock64 (SM cycles) around ATTN_WAIT(site, statement) and adds the difference to
+// attn_waits[32 * cta + site]; ATTN_SPAN_BEGIN(t) / ATTN_SPAN_END(site, t) add a whole span (a loop) the same way,
+// which the sites' shares are taken of. The stamps tell when a phase ends; these tell what its time went to
+// waiting for (BENCHMARKS.md 2026-11-26 session 9: the seesaw's loop waits for its odd tile's reload).
+#ifdef ATTN_DECODE_WAITS
+constexpr int kAttnWaitSites = 32, kAttnWaitCtas = 65536;
+__device__ unsigned long long attn_waits[kAttnWaitSites * kAttnWaitCtas];
+__forceinline__ __device__ void attn_wait_add(int site, long long cycles) {
+  if (threadIdx.x % 128 != 0) { return; }
+  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (cta >= unsigned(kAttnWaitCtas)) { return; }
+  atomicAdd(&attn_waits[kAttnWaitSites * cta + site], static_cast<unsigned long long>(cycles));
+}
+#define ATTN_WAIT(site, ...)                   \
+  do {                                         \
+    const long long attn_wait_t0 = clock64();  \
+    __VA_ARGS__;                               \
+    attn_wait_add(site, clock64() - attn_wait_t0); \
+  } while (0)
+#define ATTN_SPAN_BEGIN(t) const long long t = clock64()
+#define ATTN_SPAN_END(site, t) attn_wait_add(site, clock64() - (t))
+#else
+#define ATTN_WAIT(site, ...) \
+  do {                       \
+    __VA_ARGS__;             \
+  } while (0)
+#define ATTN_SPAN_BEGIN(t) \
+  do {                     \
+  } while (0)
+#define ATTN_SPAN_END(site, t) \
+  do {                         \
+  } while (0)
+#endif
+
 #endif  // ATTN_TRACE_CUH
