@@ -409,11 +409,25 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         attn_sm90::gemm_issue<false>(mma_pv, tOsPother, tOsVother, acc_o);
       }
       if (has2) {   // S(j0 + 2): its left columns first (this warpgroup loaded them a while ago)
+        // Slot 1's left columns go to tile j0 + 3 as soon as O_L += P1 . V1_L completes, which warpgroup 1 scores
+        // next: its wait for them was 12-18% of its loop (decode_trace.py --waits) when they went out only after
+        // this warpgroup's wait for tile j0 + 2's left chunks. Where those have landed already, S(j0 + 2)'s wgmmas
+        // go first (they queue behind that P . V); else the reload does (1.006-1.030x at 128 heads, 1.01x at 16;
+        // 0.99x at 2-4 tokens; BENCHMARKS.md 2026-11-26 session 9).
+        const bool left_landed = __shfl_sync(
+            0xffffffffu, int(cutlass::arch::ClusterBarrier::test_wait(&full[2 * (j0 & 1)], ((j0 + 2) >> 1) & 1, 1)),
+            0);
+        if (!left_landed) {
+          ATTN_WAIT(seesaw::kWaitW0PvOther, warpgroup_wait<0>());
+          if (has3) { load_half(j0 + 3, pages_odd); }
+        }
         ATTN_WAIT(seesaw::kWaitW0NextLeft, wait_half(j0 + 2, 0));
         cutlass::arch::fence_view_async_shared();
         seesaw::score_issue<0, kLeftChunks, kChunks>(mma_qk, mma_qk_rs, tSsQ, tSsK, tSrQl, tSsKl, acc_s);
-        ATTN_WAIT(seesaw::kWaitW0PvOther, warpgroup_wait<1>());   // O_L += P1 . V1_L completed: slot 1's columns [0, 256) are free
-        if (has3) { load_half(j0 + 3, pages_odd); }
+        if (left_landed) {
+          ATTN_WAIT(seesaw::kWaitW0PvOther, warpgroup_wait<1>());
+          if (has3) { load_half(j0 + 3, pages_odd); }
+        }
         if (j0 + 5 < n_tiles) { lookup(j0 + 5, pages_odd); }
         ATTN_WAIT(seesaw::kWaitW0NextRight, wait_half(j0 + 2, 1));
         cutlass::arch::fence_view_async_shared();
