@@ -243,6 +243,11 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   auto wait_half = [&](int j, int h) {
     cutlass::arch::ClusterBarrier::wait(&full[2 * (j & 1) + h], (j >> 1) & 1);
   };
+  // the same without waiting, the same answer in every lane of the warp
+  auto half_landed = [&](int j, int h) {
+    const bool landed = cutlass::arch::ClusterBarrier::test_wait(&full[2 * (j & 1) + h], (j >> 1) & 1, 1);
+    return __shfl_sync(0xffffffffu, int(landed), 0) != 0;
+  };
   Pages pages_even = {}, pages_odd = {};   // of tiles j0 + 2 and j0 + 3 while pair j0 runs
   if (n_tiles > 0) { lookup(0, pages_even); load_half(0, pages_even); }
   if (n_tiles > 1) { lookup(1, pages_odd); load_half(1, pages_odd); }
@@ -414,9 +419,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         // this warpgroup's wait for tile j0 + 2's left chunks. Where those have landed already, S(j0 + 2)'s wgmmas
         // go first (they queue behind that P . V); else the reload does (1.006-1.030x at 128 heads, 1.01x at 16;
         // 0.99x at 2-4 tokens; BENCHMARKS.md 2026-11-26 session 9).
-        const bool left_landed = __shfl_sync(
-            0xffffffffu, int(cutlass::arch::ClusterBarrier::test_wait(&full[2 * (j0 & 1)], ((j0 + 2) >> 1) & 1, 1)),
-            0);
+        const bool left_landed = half_landed(j0 + 2, 0);
         if (!left_landed) {
           ATTN_WAIT(seesaw::kWaitW0PvOther, warpgroup_wait<0>());
           if (has3) { load_half(j0 + 3, pages_odd); }
