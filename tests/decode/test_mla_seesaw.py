@@ -107,6 +107,10 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     from translate.sass import sass_instructions
     lines = sass_instructions(cubin)[k.name]
     assert sum("SYNCS.PHASECHK" in line for line in lines) >= 8, "no mbarrier waits"
+    # warpgroup 0 tests once a pair, without spinning (mbarrier.test_wait), whether its next tile's left half has
+    # landed, to choose what goes first: that tile's score wgmmas or the odd tile's reload (BENCHMARKS.md session 9)
+    # (unpredicated: a spin loop's retry after a try-wait is a predicated test)
+    assert sum(re.match(r"\s*SYNCS\.PHASECHK\.TRANS64\s", line) is not None for line in lines) == 1
     # (and the output's bulk copies are waited for once, before the CTA exits)
     assert sum("DEPBAR.LE SB0" in line for line in lines) == 2, "more than Q's and the output's group waits"
     # the descriptors stay in uniform registers (a warp-uniform wg): no wgmma waits on an R2UR (there were 725)
