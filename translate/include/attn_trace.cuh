@@ -5,12 +5,20 @@
 #ifndef ATTN_TRACE_CUH
 #define ATTN_TRACE_CUH
 
+#if defined(ATTN_DECODE_TRACE) || defined(ATTN_DECODE_WAITS)
+constexpr int kAttnTraceCtas = 65536;   // the CTAs either record has room for; later ones record nothing
+// the CTA's linear index in the grid, the row of its records
+__forceinline__ __device__ unsigned attn_trace_cta() {
+  return blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+}
+#endif
+
 #ifdef ATTN_DECODE_TRACE
-constexpr int kAttnTraceSlots = 8, kAttnTraceCtas = 65536;
+constexpr int kAttnTraceSlots = 8;
 __device__ unsigned long long attn_trace[kAttnTraceSlots * kAttnTraceCtas];
 __forceinline__ __device__ void attn_trace_write(int slot) {
   if (threadIdx.x != 0) { return; }
-  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+  const unsigned cta = attn_trace_cta();
   if (cta >= unsigned(kAttnTraceCtas)) { return; }
   unsigned long long now;
   unsigned sm;
@@ -40,18 +48,18 @@ __forceinline__ __device__ void attn_trace_write(int slot) {
 // which the sites' shares are taken of. The stamps tell when a phase ends; these tell what its time went to
 // waiting for (BENCHMARKS.md 2026-11-26 session 9: the seesaw's loop waits for its odd tile's reload).
 #ifdef ATTN_DECODE_WAITS
-constexpr int kAttnWaitSites = 32, kAttnWaitCtas = 65536;
-__device__ unsigned long long attn_waits[kAttnWaitSites * kAttnWaitCtas];
+constexpr int kAttnWaitSites = 32;   // scripts/decode_trace.py WAIT_SLOTS
+__device__ unsigned long long attn_waits[kAttnWaitSites * kAttnTraceCtas];
 __forceinline__ __device__ void attn_wait_add(int site, long long cycles) {
   if (threadIdx.x % 128 != 0) { return; }
-  const unsigned cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-  if (cta >= unsigned(kAttnWaitCtas)) { return; }
+  const unsigned cta = attn_trace_cta();
+  if (cta >= unsigned(kAttnTraceCtas)) { return; }
   atomicAdd(&attn_waits[kAttnWaitSites * cta + site], static_cast<unsigned long long>(cycles));
 }
-#define ATTN_WAIT(site, ...)                   \
-  do {                                         \
-    const long long attn_wait_t0 = clock64();  \
-    __VA_ARGS__;                               \
+#define ATTN_WAIT(site, ...)                       \
+  do {                                             \
+    const long long attn_wait_t0 = clock64();      \
+    __VA_ARGS__;                                   \
     attn_wait_add(site, clock64() - attn_wait_t0); \
   } while (0)
 #define ATTN_SPAN_BEGIN(t) const long long t = clock64()
