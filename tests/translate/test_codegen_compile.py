@@ -2,6 +2,7 @@
 the instructions the schedule stands for: tensor-core MMAs (HMMA) with cp.async (LDGSTS) and ldmatrix (LDSM)
 on sm80+; on Hopper wgmma (HGMMA), TMA (UTMALDG/UTMASTG) and setmaxnreg (USETMAXREG)."""
 import dataclasses
+import re
 import tempfile
 from pathlib import Path
 
@@ -183,6 +184,14 @@ def test_paged_kernel_with_the_cp_async_producer_copies_k_and_v_by_row():
                                  producer_regs=CP_ASYNC_PRODUCER_REGS)
     gen = translate.generate(program, params, profile, spec)
     assert "cp_async_load_paged<kHeadDimQK, kBlockN>" in gen.body and "kKVFullArrivals = 128" in gen.body
+    # one page lookup a tile, before K's wait, serves K's and V's copies (each with its own strides); a page size
+    # that is a power of two is a shift there, found once per kernel
+    lookups = re.findall(r"const attn_sm90::PagedGroup (\w+) = attn_sm90::paged_group_rows<kBlockN>\(", gen.body)
+    assert len(lookups) == 1, lookups
+    for x in "kv":
+        assert f"paged_group_offset({lookups[0]}, {x}_batch_stride, {x}_row_stride)" in gen.body
+    assert gen.body.index("paged_group_rows<kBlockN>(") < gen.body.index("wait_barrier(&k_empty[slot]")
+    assert "const int page_shift = attn_sm90::page_shift_of(page_size);" in gen.body
     result = nvcc.compile_kernel(gen, profile.nvcc_arch, timeout=600)
     assert result.ok, result.log[-3000:]
     assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]

@@ -54,16 +54,18 @@ __forceinline__ __device__ void tma_load_paged(CUtensorMap const* desc, uint64_t
 // (tuner/paging.py), and no page lookup waits for another (a one-thread TMA producer issues one box per page,
 // each behind its lookup: 0.44-0.61x FA4 with pages of 16, BENCHMARKS.md).
 // The tile's rows go in groups of 8 to the warps in turn (group g to warp g % 4); a group lies within one page,
-// so one lookup serves its 8 rows: lane t of the warp looks up the warp's group t (paged_group_offset, before the
-// producer waits for the stage: the table read overlaps the wait), and the warp takes the group's cache offset
-// from it with one shuffle. A warp-wide cp.async then copies kRowsPerStep whole rows (lane l: chunk
-// l % kChunks of the step's row l / kChunks), the source advancing by kRowsPerStep rows a step: about six
-// instructions a copy, where one lookup and shuffle per row cost eighteen and made the producer 40% of the
-// kernel's instructions (ncu, H100, 2 x 2k queries on 6k cached keys). Within a group a lane's row is
-// r % 8 = step * kRowsPerStep + part, so the swizzle is one XOR with a constant. The chunks land where a TMA box
-// puts them (K-major, 128-byte swizzle: chunk j of row r at j ^ (r % 8) within its 64 columns), so the
-// consumers' GMMA descriptors are the same. Keys at or past seqlen_k are zero-filled, not read: masked scores,
-// and zero V rows that a poisoned cache cannot turn into NaN. `row_base` is the cache at the tile's head.
+// so one lookup serves its 8 rows: lane t of the warp looks up the warp's group t (paged_group_rows, before the
+// producer waits for the stage, once for K and V), and the warp takes the group's cache offset from it with one
+// shuffle. A warp-wide cp.async then copies 4 rows x 128 bytes, 8 lanes a row (one 64-column block of the smem
+// tile, whole 128-byte lines: FA4's layout); lane l takes rows l / 8 and l / 8 + 4 of the group and chunks l % 8 +
+// 8k, so its destinations are two addresses plus constants and its sources two pointers plus constants: about two
+// instructions a copy besides the cp.async, where the layout of 2 rows x 256 bytes a step took four (SASS). With the
+// lookup once a tile, llama3-8b's paged kernel went from 0.97-0.99x to 1.04-1.08x FA4 on 2 x 2k queries on 6k
+// cached keys in pages of 16 (H100, scripts/paged_copy_check.py, BENCHMARKS.md 2026-11-27).
+// The chunks land where a TMA box puts them (K-major, 128-byte swizzle: chunk j of row r at j ^ (r % 8) within its
+// 64 columns), so the consumers' GMMA descriptors are the same. Keys at or past seqlen_k are zero-filled, not
+// read: masked scores, and zero V rows that a poisoned cache cannot turn into NaN. `row_base` is the cache at the
+// tile's head.
 template <int kTileRows>
 struct PagedRows {
   static constexpr int kGroups = kTileRows / 8;
@@ -71,56 +73,78 @@ struct PagedRows {
   static_assert(kTileRows % 8 == 0 && kWarpGroups <= 32, "rows in groups of 8, a lane per group");
 };
 
-// The page lookup of a tile: lane t of each warp gets the cache offset of its warp's group t (0: no key there).
-// Separate from the copy so that the producer reads the table before it waits for the stage to come back.
+// log2 of a page size that is a power of two, else -1 (a division then): computed once per kernel, so that a
+// lookup's page index is a shift, not the ~25 instructions of an integer division by a run-time value.
+__forceinline__ __device__ int page_shift_of(int page_size) {
+  return (page_size & (page_size - 1)) == 0 ? __ffs(page_size) - 1 : -1;
+}
+
+// The page lookup of a tile: lane t of each warp gets the page and the row within it of its warp's group t's first
+// key (page -1: no key there). Separate from the copy so that the producer reads the table before it waits for the
+// stage to come back, and once for K and V: the two tiles of an iteration are the same keys (the two lookups and
+// their divisions were about 40% of the producer's instructions a tile, SASS).
+struct PagedGroup {
+  int page, in_page;
+};
+
 template <int kTileRows>
-__forceinline__ __device__ int64_t paged_group_offset(int row0, int seqlen_k, int const* pages, int page_size,
-                                                      int64_t page_stride, int64_t row_stride, int thread) {
+__forceinline__ __device__ PagedGroup paged_group_rows(int row0, int seqlen_k, int const* pages, int page_size,
+                                                       int page_shift, int thread) {
   const int warp = thread / 32, lane = thread % 32;
-  int64_t offset = 0;
+  PagedGroup g{-1, 0};
   if (lane < PagedRows<kTileRows>::kWarpGroups) {
     const int key = row0 + 8 * (warp + 4 * lane);
     if (key < seqlen_k) {
-      const int page_idx = key / page_size;
-      offset = int64_t(pages[page_idx]) * page_stride + int64_t(key - page_idx * page_size) * row_stride;
+      const int page_idx = page_shift >= 0 ? key >> page_shift : key / page_size;
+      g.page = pages[page_idx];
+      g.in_page = key - page_idx * page_size;
     }
   }
-  return offset;
+  return g;
+}
+
+// The cache offset of a looked-up group in one tensor (K or V: their own strides); 0 where there is no key.
+__forceinline__ __device__ int64_t paged_group_offset(PagedGroup g, int64_t page_stride, int64_t row_stride) {
+  return g.page >= 0 ? int64_t(g.page) * page_stride + int64_t(g.in_page) * row_stride : 0;
 }
 
 template <int kCols, int kTileRows, typename Element>
 __forceinline__ __device__ void cp_async_load_paged(Element* smem, Element const* row_base, int64_t group_offset,
                                                     int64_t row_stride, int row0, int seqlen_k, int thread) {
   constexpr int kChunks = kCols / 8;                   // 16-byte chunks per row
-  static_assert(kCols % 64 == 0 && 32 % kChunks == 0, "a warp copies whole rows: head dim 64, 128 or 256");
-  constexpr int kRowsPerStep = 32 / kChunks;           // rows one warp-wide cp.async covers (1, 2 or 4)
-  constexpr int kStepsPerGroup = 8 / kRowsPerStep;
+  static_assert(kCols % 64 == 0 && kChunks <= 32, "64-column tiles: head dim 64, 128 or 256");
+  constexpr int kLanesPerRow = 8;                      // a warp-wide cp.async: 4 rows x 128 bytes (one 64-column box)
+  constexpr int kBoxes = kChunks / kLanesPerRow;       // a row's 64-column parts (the smem tile's blocks)
   constexpr int kGroups = PagedRows<kTileRows>::kGroups;
   constexpr int kWarpGroups = PagedRows<kTileRows>::kWarpGroups;
   const int warp = thread / 32, lane = thread % 32;
-  const int j = lane % kChunks, part = lane / kChunks;  // this lane's chunk, and its row within a step
-  const int keys_left = seqlen_k - row0 - 8 * warp - part;   // group t's step row 32t + in_group is a key iff below
-  Element const* lane_src = row_base + part * row_stride + j * 8;
-  const int64_t step_stride = kRowsPerStep * row_stride;
-  Element* lane_dst = smem + (j / 8) * kTileRows * 64 + (8 * warp + part) * 64;
-  const int swizzled = (j % 8) ^ part;                 // the chunk's place in its row: (j % 8) ^ (r % 8)
+  const int in_group = lane / kLanesPerRow, a = lane % kLanesPerRow;   // rows in_group and in_group + 4; chunks a + 8k
+  const int keys_left = seqlen_k - row0 - 8 * warp - in_group;   // group t's row 32t + 4 half is a key iff below this
+  Element const* lane_src = row_base + in_group * row_stride + a * 8;
+  const int64_t half_stride = 4 * row_stride;          // the group's second four rows
+  // chunk c of row r lands at (c % 8) ^ (r % 8) of its 64 columns: a ^ in_group for the first four rows, that ^ 4
+  // for the next, so each copy's place is one of two addresses plus a constant (its 64 columns, its group)
+  Element* dst_lo = smem + (8 * warp + in_group) * 64 + (a ^ in_group) * 8;
+  Element* dst_hi = smem + (8 * warp + in_group + 4) * 64 + (a ^ in_group ^ 4) * 8;
   auto copy_rows = [&](auto masked) {
     CUTE_UNROLL
     for (int t = 0; t < kWarpGroups; ++t) {
       if (kGroups % 4 == 0 || warp + 4 * t < kGroups) {  // (the same for the whole warp)
-        Element const* src = lane_src + __shfl_sync(0xffffffffu, group_offset, t);
+        Element const* src_lo = lane_src + __shfl_sync(0xffffffffu, group_offset, t);
+        Element const* src_hi = src_lo + half_stride;
         CUTE_UNROLL
-        for (int s = 0; s < kStepsPerGroup; ++s) {
-          const int in_group = s * kRowsPerStep;           // (+ part: the row's r % 8)
-          auto const& from = *reinterpret_cast<cute::uint128_t const*>(src);
-          auto& to = *reinterpret_cast<cute::uint128_t*>(lane_dst + (32 * t + in_group) * 64 +
-                                                          ((swizzled ^ in_group) * 8));
-          if constexpr (decltype(masked)::value) {
-            SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(from, to, 32 * t + in_group < keys_left);
-          } else {
-            SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(from, to);
+        for (int half = 0; half < 2; ++half) {
+          CUTE_UNROLL
+          for (int k = 0; k < kBoxes; ++k) {
+            auto const& from = *reinterpret_cast<cute::uint128_t const*>((half ? src_hi : src_lo) + 64 * k);
+            auto& to = *reinterpret_cast<cute::uint128_t*>((half ? dst_hi : dst_lo) + k * kTileRows * 64 +
+                                                            32 * t * 64);
+            if constexpr (decltype(masked)::value) {
+              SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(from, to, 32 * t + 4 * half < keys_left);
+            } else {
+              SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(from, to);
+            }
           }
-          src += step_stride;
         }
       }
     }

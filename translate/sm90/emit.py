@@ -48,6 +48,8 @@ class Ctx:
     pack: bool = False                       # pack_gqa: a tile's rows are (token, query head) of one KV head
     loop_vars: list = field(default_factory=list)
     gemm_names: dict = field(default_factory=dict)
+    # cp.async producer: the page lookups in scope, by tile expression (K's serves V's copy of the same tile)
+    page_lookups: dict = field(default_factory=dict)
 
     def gemm_id(self, op: Op) -> str:
         if op not in self.gemm_names:
@@ -93,12 +95,19 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     x = role   # k or v
     dim = "kHeadDimQK" if x == "k" else "kHeadDimV"
     if ctx.kv_cp_async:
-        return [
+        lookup = ctx.page_lookups.get(tile)
+        lines = []
+        if lookup is None:   # the first copy of this tile in scope reads the table (before its wait); the next reuses it
+            lookup = ctx.page_lookups[tile] = f"tile_pages_{len(ctx.page_lookups)}"
+            lines.append(f"const attn_sm90::PagedGroup {lookup} = attn_sm90::paged_group_rows<kBlockN>((n_tiles - 1 - "
+                         f"({tile})) * kBlockN, seqlen_k, pages, page_size, page_shift, tidx);  // tile {tile}'s pages, "
+                         "read before the stage's wait (K's and V's)")
+        return lines + [
             "{",
             f"{INDENT}const int slot = {x}_write % kStages;",
             f"{INDENT}const int n_block = n_tiles - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
-            f"{INDENT}const int64_t rows_at = attn_sm90::paged_group_offset<kBlockN>(n_block * kBlockN, seqlen_k, "
-            f"pages, page_size, {x}_batch_stride, {x}_row_stride, tidx);  // the table read overlaps the wait",
+            f"{INDENT}const int64_t rows_at = attn_sm90::paged_group_offset({lookup}, {x}_batch_stride, "
+            f"{x}_row_stride);",
             f"{INDENT}attn_sm90::wait_barrier(&{x}_empty[slot], ((({x}_write / kStages) & 1) ^ 1));"
             "  // the consumers handed the stage back",
             f"{INDENT}++{x}_write;",
@@ -355,6 +364,14 @@ def rescale_lines(op: Op, ctx: Ctx) -> list[str]:
 
 # ---- blocks ---------------------------------------------------------------------------------------------
 
+def _scoped(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
+    """A C++ block's nodes: what is declared in it (the page lookups) is out of scope after it."""
+    outer = dict(ctx.page_lookups)
+    lines = emit_nodes(nodes, ctx, pingpong)
+    ctx.page_lookups = outer
+    return lines
+
+
 def emit_nodes(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
     out: list[str] = []
     k = 0
@@ -395,12 +412,12 @@ def emit_nodes(nodes, ctx: Ctx, pingpong: bool) -> list[str]:
             start, stop = ctx.expr(node.start, node.stmt.line), ctx.expr(node.stop, node.stmt.line)
             out += [comment(node), "#pragma unroll 1", f"for (int {node.var} = {start}; {node.var} < {stop}; ++{node.var}) {{"]
             ctx.loop_vars.append(node.var)
-            out += _indent(emit_nodes(node.body, ctx, pingpong))
+            out += _indent(_scoped(node.body, ctx, pingpong))
             ctx.loop_vars.pop()
             out.append("}")
         elif isinstance(node, Cond):
             out += [comment(node), f"if ({ctx.expr(node.condition, node.stmt.line)}) {{"]
-            out += _indent(emit_nodes(node.body, ctx, pingpong))
+            out += _indent(_scoped(node.body, ctx, pingpong))
             out.append("}")
         k += 1
     return out

@@ -172,6 +172,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         (f"{I}{{  // the whole warpgroup: every thread copies K/V with cp.async; thread 0 loads Q (TMA)" if cp_async
          else f"{I}if (tidx == 0) {{  // one thread issues every TMA load"),
         f"{I * 2}int k_write = 0, v_write = 0, q_iter = 0;  // tiles put into each ring so far; tiles handed out",
+        *([f"{I * 2}const int page_shift = attn_sm90::page_shift_of(page_size);  // a page lookup's shift (-1: divide)"]
+          if cp_async else []),
         *em._indent(producer, 2),
         f"{I}}}",
         "} else {  // consumer warpgroups",
