@@ -6,7 +6,8 @@ and 128 in a shuffled cache), in one process.
 Each kernel passes tuner.verify_varlen first (the mixes it reads, NaN spare pages; a failure is exit 1 and
 nothing of it is timed) and must agree with FA4 on the benchmark inputs (tuner.bench.CROSS_CHECK_REL_ERR).
 Timing: `--rounds` interleaved rounds, each timing every kernel and FA4 once per mix with tuner.bench.time_ms
-(triton's do_bench median, L2 flushed), so clock and power drift fall on all alike; the table gives each one's
+(triton's do_bench median, L2 flushed), so clock and power drift fall on all alike, in an order rotated every round
+(FA4 included: no kernel always runs right after the same one); the table gives each one's
 median TFLOPS [min, max] over the rounds and the median of the per-round ratios to FA4.
 
     python scripts/paged_copy_check.py --out $OUT/paged_copy.json [--rounds 5] [--cache-dir .kcache] [--layout varlen]
@@ -27,6 +28,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -105,6 +107,9 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true",
                     help="for ncu: no timing; each kernel's benchmark call runs once inside the NVTX range "
                          "'profile' (ncu --nvtx --nvtx-include 'profile/')")
+    ap.add_argument("--idle", type=float, default=0.0,
+                    help="seconds the GPU idles before each round (the first timing of a round then follows idle "
+                         "time, as a single `tune bench` pass's first library call does)")
     ap.add_argument("--built", action="append", default=[], metavar="NAME=RECORD.json",
                     help="an extra kernel from `tune build -o` (its record; the .cubin beside it)")
     ap.add_argument("--ncu", metavar="DIR", help="profile every kernel and FA4 under ncu into DIR (no timing)")
@@ -162,9 +167,17 @@ def main(argv=None) -> int:
                 continue
             calls["fa4"] = prep.call
             tflops = {name: [] for name in calls}
-            for _ in range(args.rounds):
-                for name, call in calls.items():
-                    tflops[name].append(problem.flops / (bench.time_ms(call) * 1e-3) / 1e12)
+            names = list(calls)
+            first = {name: [] for name in calls}   # each round's first timing, after --idle seconds of an idle GPU
+            for r in range(args.rounds):   # the order rotated every round
+                order = names[r % len(names):] + names[:r % len(names)]
+                if args.idle:
+                    torch.cuda.synchronize()
+                    time.sleep(args.idle)
+                for name in order:
+                    tflops[name].append(problem.flops / (bench.time_ms(calls[name]) * 1e-3) / 1e12)
+                first[order[0]].append(tflops[order[0]][-1])
+            row["first_in_round"] = first
             for name, values in tflops.items():
                 row[name] = values
                 if name != "fa4":
