@@ -180,8 +180,22 @@ def test_a_wrong_kernel_is_failed_and_not_timed(fa4_stand_in, no_flashinfer):
     timer = Timer()
     row = row_of(CpuKernel(offset=0.5), VARLEN, timer)
     assert row["status"] == "FAILED" and "differs from sdpa" in row["reason"]
-    assert row["ours"] is None and len(timer.timed) == 2          # fa4 and sdpa only
+    assert row["ours"] is None and len(timer.timed) == 2 * bench_mixes.TIMING_ROUNDS   # fa4 and sdpa only
     assert row["fa4_max_abs_diff"] == pytest.approx(0.5, abs=2e-2)
+
+
+def test_ours_and_each_baseline_are_timed_in_rounds_with_ours_first_and_last_in_turn(fa4_stand_in, no_flashinfer):
+    """A single pass gave the GPU's post-idle clocks to whichever ran first: each backend is timed
+    TIMING_ROUNDS times, ours opening the even rounds and closing the odd ones."""
+    timer = Timer()
+    row = row_of(CpuKernel(), VARLEN, timer)
+    assert row["status"] == "ok" and row["fa4"] is not None and row["sdpa"] is not None
+    per_round = len(timer.timed) // bench_mixes.TIMING_ROUNDS
+    assert per_round == 3 and len(timer.timed) == 3 * bench_mixes.TIMING_ROUNDS     # ours, fa4, sdpa
+    rounds = [timer.timed[r * per_round:(r + 1) * per_round] for r in range(bench_mixes.TIMING_ROUNDS)]
+    ours = rounds[0][0]
+    assert all(len(set(map(id, r))) == per_round for r in rounds)
+    assert [r.index(ours) for r in rounds] == [0 if i % 2 == 0 else per_round - 1 for i in range(len(rounds))]
 
 
 def test_a_kernel_that_raises_is_an_error_row_with_the_baselines(fa4_stand_in, no_flashinfer):
