@@ -115,16 +115,17 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
     if "status" not in row:
         calls["ours"] = ours
     times = {name: [] for name in calls}
-    for r in range(TIMING_ROUNDS):   # ours first in the even rounds, last in the odd ones
+    # bench.alternating_rounds' order (ours first in the even rounds, last in the odd ones), with this row's timer
+    # and a baseline that fails dropped from the rounds (ours failing raises, as a single timing did)
+    for r in range(TIMING_ROUNDS):
         for name in (list(reversed(calls)) if r % 2 == 0 else list(calls)):
             if name not in calls:
-                continue
-            if name == "ours":
-                times[name].append(timer(ours))
                 continue
             try:
                 times[name].append(timer(calls[name]))
             except Exception as exc:  # noqa: BLE001
+                if name == "ours":
+                    raise
                 row[f"{name}_err"] = f"{type(exc).__name__}: {bench._first_line(exc)}"
                 calls.pop(name)
     for name in calls:
