@@ -70,7 +70,8 @@ def attention_gradients(grad_out, q, k, v, causal: bool, softmax_scale: float, a
 
 
 def _gradients_by_rows(grad_out, q, k, v, causal, scale, attn_mask, rows: int = 256):
-    """The attention backward written out in fp32, a block of query rows at a time (memory: b·h·rows·sk):
+    """The attention backward written out in fp32 (float64 for float64 inputs: what autograd of SDPA, the other
+    path, computes them in), a block of query rows at a time (memory: b·h·rows·sk):
     P = softmax(S), dV = Pᵀ dO, dS = P ∘ (dO Vᵀ − rowsum(dO ∘ O)), dQ = dS K · scale, dK = dSᵀ Q · scale;
     K/V gradients summed over each KV head's query group; rows that see no key contribute nothing."""
     import torch
@@ -78,10 +79,11 @@ def _gradients_by_rows(grad_out, q, k, v, causal, scale, attn_mask, rows: int = 
     b, sq, hq, _ = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
-    qf = q.float().transpose(1, 2)
-    kf = k.float().transpose(1, 2).repeat_interleave(group, dim=1)
-    vf = v.float().transpose(1, 2).repeat_interleave(group, dim=1)
-    dof = grad_out.float().transpose(1, 2)
+    work = torch.promote_types(q.dtype, torch.float32)
+    qf = q.to(work).transpose(1, 2)
+    kf = k.to(work).transpose(1, 2).repeat_interleave(group, dim=1)
+    vf = v.to(work).transpose(1, 2).repeat_interleave(group, dim=1)
+    dof = grad_out.to(work).transpose(1, 2)
     dq = torch.zeros_like(qf)
     dk = torch.zeros_like(kf)
     dv = torch.zeros_like(vf)
@@ -94,7 +96,7 @@ def _gradients_by_rows(grad_out, q, k, v, causal, scale, attn_mask, rows: int = 
             s = s.masked_fill(~visible, float("-inf"))
         if attn_mask is not None:
             m = attn_mask[..., start:stop, :] if attn_mask.dim() >= 2 and attn_mask.shape[-2] == sq else attn_mask
-            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.float()
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(work)
         p = torch.softmax(s, dim=-1).nan_to_num(0.0)
         do = dof[:, :, start:stop]
         o = p @ vf
