@@ -7,6 +7,9 @@ For the GQA default (llama3-8b heads, pages of 16) and the absorbed-MLA 16-head 
 (tuner.decode_runtime.DecodeKernel), and through an export (`flash_attn_with_kvcache`, the custom op and its route),
 each ``--calls`` times without a synchronisation (host µs per call), beside the GPU time of one call
 (tuner.bench.time_ms). A call whose host cost exceeds its GPU time is launch-bound unless captured in a CUDA graph.
+"append": the served call with FA2's ``k=``/``v=`` (one new row a sequence written into the cache first,
+tuner/serving/kvcache_append.py), with its eager check of the lengths (a host read, so a synchronisation every
+call) and with ``check_append=False``; each call rewrites the same row (the lengths are not advanced).
 The export holds unverified records: this measures launches, not kernels (tuner/verify_decode.py gates those).
 """
 import argparse
@@ -59,7 +62,7 @@ def main() -> int:
              ("mla h16 p64", KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode"), None,
               make_mla_inputs(MLAPoint(1, 2048, heads_q=16)), "d-b1-kv2k-p64")]
     print(f"{device}: host µs per call ({a.calls} calls, no sync) against the GPU time of one call")
-    print("| case | GPU µs | direct host µs | served host µs |")
+    print("| case | GPU µs | direct host µs | served host µs | append, checked | append, check_append=False |")
     for label, spec, params, x, bucket in cases:
         params = params or default_decode_params(spec, 16, profile)
         text = tl.load_sketch(spec.variant, True, "decode", "paged")
@@ -83,8 +86,21 @@ def main() -> int:
                                                       block_table=x["page_table"], causal=True, softmax_scale=scale)
         served()
         assert attn.last_path == "kernel", attn.last_reason
+        b, hkv = x["q"].shape[0], x["k"].shape[2]
+        k_new = torch.randn(b, 1, hkv, spec.d_qk, device="cuda", dtype=x["k"].dtype)
+        v_new = None if x.get("v") is None else torch.randn(b, 1, hkv, spec.d_v, device="cuda", dtype=x["k"].dtype)
+        room = x["seqused_k"] - 1          # the new row overwrites each sequence's last one
+        v_cache = x.get("v")               # None: absorbed MLA appends k alone
+
+        def appending(check):
+            return lambda: attn.flash_attn_with_kvcache(x["q"], x["k"], v_cache, k_new, v_new, cache_seqlens=room,
+                                                        block_table=x["page_table"], causal=True,
+                                                        softmax_scale=scale, check_append=check)
+        appending(True)()
+        assert attn.last_path == "kernel", attn.last_reason
         gpu = bench.time_ms(direct) * 1e3
-        print(f"| {label} | {gpu:.1f} | {host_us(direct, a.calls):.1f} | {host_us(served, a.calls):.1f} |", flush=True)
+        print(f"| {label} | {gpu:.1f} | {host_us(direct, a.calls):.1f} | {host_us(served, a.calls):.1f} | "
+              f"{host_us(appending(True), a.calls):.1f} | {host_us(appending(False), a.calls):.1f} |", flush=True)
     return 0
 
 

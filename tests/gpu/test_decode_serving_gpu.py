@@ -178,3 +178,73 @@ def test_a_page_size_no_bucket_names_runs_the_reference_on_the_device(attn):
     out = attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, causal=True)
     assert attn.last_path == "sdpa" and attn.reasons["decode-page-size"] == before + 1
     _check(out, q, kc, vc, seqlens, table)
+
+
+def _rotary(rows, rotary_dim=64):
+    freqs = 10000.0 ** (-torch.arange(rotary_dim // 2, device="cuda", dtype=torch.float32) / (rotary_dim // 2))
+    theta = torch.arange(rows, device="cuda", dtype=torch.float32)[:, None] * freqs[None, :]
+    return theta.cos().to(torch.bfloat16), theta.sin().to(torch.bfloat16)
+
+
+def _landed(cache, table, positions, page=16):
+    pages = table.gather(1, torch.div(positions, page, rounding_mode="floor")).long()
+    return cache[pages, positions % page]
+
+
+def test_appending_rotated_rows_through_the_kernel(attn):
+    """FA2's k=/v= with rotary (NeoX halves), two new tokens: the rows land in the table's pages at cache_seqlens
+    (one crossing a page boundary, one into an empty cache) and the kernel attends over the grown cache."""
+    from tuner.serving.kvcache_append import new_positions, rotate
+
+    lens = [15, 3000, 0, 777]
+    q, kc, vc, _, table = paged_case([n + 2 for n in lens], 2, seed=31)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(32)
+    k = torch.randn(4, 2, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(4, 2, HKV, D, device="cuda", dtype=torch.bfloat16, generator=g)
+    cos, sin = _rotary(4096)
+    q0 = q.clone()
+    out = attn.flash_attn_with_kvcache(q, kc, vc, k, v, rotary_cos=cos, rotary_sin=sin, cache_seqlens=seqlens,
+                                       block_table=table, causal=True, rotary_interleaved=False)
+    assert attn.last_path == "kernel" and attn.last_bucket == "d-b8-kv8k-p16", attn.last_reason
+    positions = new_positions(seqlens, 2)
+    assert torch.equal(_landed(kc, table, positions), rotate(k, cos, sin, positions, False))
+    assert torch.equal(_landed(vc, table, positions), v)
+    _check(out, rotate(q0, cos, sin, positions, False), kc, vc, seqlens + 2, table)
+
+
+def test_an_appending_call_captures_in_a_cuda_graph(attn):
+    """One decode step (append one row, attend) captured once and replayed three times, the lengths advanced in
+    place between replays: each replay writes its row where the lengths say and attends over it."""
+    from tuner.serving.kvcache_append import new_positions
+
+    lens = [100, 40, 2000, 5]
+    q, kc, vc, _, table = paged_case([n + 8 for n in lens], 1, seed=41)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    k = torch.zeros(4, 1, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.zeros_like(k)
+
+    def call():
+        return attn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, block_table=table, causal=True)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    assert attn.last_path == "kernel"
+    g = torch.Generator(device="cuda").manual_seed(42)
+    for _ in range(3):
+        for t in (q, k, v):
+            t.copy_(torch.randn(t.shape, device="cuda", dtype=t.dtype, generator=g))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        positions = new_positions(seqlens, 1)
+        assert torch.equal(_landed(kc, table, positions), k) and torch.equal(_landed(vc, table, positions), v)
+        _check(out, q, kc, vc, seqlens + 1, table)
+        seqlens.add_(1)

@@ -8,9 +8,10 @@
 
 flash-attn's conventions: sequence b's keys are the first ``cache_seqlens[b]`` rows of its cache (None: all of a
 dense cache, the table's capacity for a paged one); causal aligns bottom-right (the new queries are the last
-``seqlen_q`` of those keys). What the decode kernels do not compute is refused, naming the argument: appending
-``k``/``v`` to the cache, rotary embeddings, ``cache_batch_idx``, ``cache_leftpad``, sliding windows,
-soft-capping, ALiBi (append to the cache and rotate before the call).
+``seqlen_q`` of those keys). ``k``/``v`` append new rows at ``cache_seqlens`` first (in place, through the table),
+rotated by ``rotary_cos``/``rotary_sin`` where given, as FA2 does (tuner/serving/kvcache_append.py). What the decode
+kernels do not compute is refused, naming the argument: ``cache_batch_idx``, ``cache_leftpad``, sliding windows,
+soft-capping, ALiBi.
 
 Dispatch, from shapes, dtypes and the device alone (decided while tracing when they are plain ints; per call
 otherwise): the decode config of the cache layout (paged when a table is given), head dims, dtype and causality
@@ -35,6 +36,7 @@ import torch
 from tuner.serving import op
 from tuner.serving.configs import pick
 from tuner.serving.decode_sdpa import decode_reference
+from tuner.serving.kvcache_append import append, append_errors
 from tuner.serving.reasons import REASONS
 from tuner.serving.rule import plain_ints
 
@@ -190,28 +192,29 @@ class DecodeCalls:
                                 cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                                 softmax_scale: float | None = None, causal: bool = False, window_size=(-1, -1),
                                 softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes=None,
-                                num_splits: int = 0, return_softmax_lse: bool = False, *, page_table=None, out=None):
+                                num_splits: int = 0, return_softmax_lse: bool = False, *, page_table=None, out=None,
+                                check_append: bool = True):
         """``flash_attn.flash_attn_with_kvcache``'s signature and conventions (FlashAttention 2's positional order;
         ``page_table=`` and ``out=`` as FA3/FA4 name them): see the module doc. Returns out, or (out, lse) with
-        ``return_softmax_lse``. ``num_splits`` 0 lets the kernel's split rule choose; ``rotary_interleaved`` only
-        matters with rotary embeddings, which are refused."""
-        for given, what in ((k is not None, "k (appending new keys to the cache)"),
-                            (v is not None, "v (appending new values to the cache)"),
-                            (rotary_cos is not None or rotary_sin is not None, "rotary_cos/rotary_sin"),
-                            (cache_batch_idx is not None, "cache_batch_idx"),
+        ``return_softmax_lse``. ``num_splits`` 0 lets the kernel's split rule choose. ``k``/``v`` (and
+        ``rotary_cos``/``rotary_sin``) append new rows to the cache in place first: tuner/serving/kvcache_append.py;
+        ``check_append=False`` skips its host read of the lengths in eager calls (a synchronisation), as FA2 does."""
+        for given, what in ((cache_batch_idx is not None, "cache_batch_idx"),
                             (cache_leftpad is not None, "cache_leftpad"),
                             (tuple(window_size or (-1, -1)) != (-1, -1), "window_size"),
                             (bool(softcap), "softcap"), (alibi_slopes is not None, "alibi_slopes")):
             if given:
                 raise NotImplementedError(f"flash_attn_with_kvcache: {what} is not supported by the exported decode "
-                                          "kernels (append to the cache and rotate before the call; pass "
-                                          "cache_seqlens= by keyword)")
+                                          "kernels (pass cache_seqlens= by keyword)")
         if block_table is not None and page_table is not None and block_table is not page_table:
             raise ValueError("flash_attn_with_kvcache: block_table and page_table name the same thing; give one")
         table = block_table if block_table is not None else page_table
-        if v_cache is None:
+        absorbed = v_cache is None
+        if absorbed:
             v_cache = absorbed_mla_values(q, k_cache)
         errors = decode_input_errors(q, k_cache, v_cache, cache_seqlens, table)
+        if not errors:
+            errors += append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
             errors.append(f"num_splits must be an int >= 0 (0: the kernel's split rule), got {num_splits!r}")
         if errors:
@@ -228,6 +231,9 @@ class DecodeCalls:
             cache_seqlens = torch.full((b,), table.shape[1] * k_cache.shape[1], dtype=torch.int32, device=q.device)
         elif cache_seqlens is not None and (cache_seqlens.dtype != torch.int32 or cache_seqlens.stride(0) != 1):
             cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
+        if k is not None:   # the new rows into the cache (in place), rotated; the attention reads them too
+            q, cache_seqlens = append(q, k_cache, v_cache, k, v, cache_seqlens, table, rotary_cos, rotary_sin,
+                                      bool(rotary_interleaved), bool(causal), absorbed, bool(check_append))
         route = self.route_decode(q, k_cache, v_cache, table, causal, scale)
         res, lse = op.launch_decode(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale, int(num_splits),
                                     bool(return_softmax_lse), route, out)
