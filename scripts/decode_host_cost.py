@@ -9,10 +9,13 @@ each ``--calls`` times without a synchronisation (host µs per call), beside the
 (tuner.bench.time_ms). A call whose host cost exceeds its GPU time is launch-bound unless captured in a CUDA graph.
 "append": the served call with FA2's ``k=``/``v=`` (one new row a sequence written into the cache first,
 tuner/serving/kvcache_append.py), with its eager check of the lengths (a host read, so a synchronisation every
-call) and with ``check_append=False``; each call rewrites the same row (the lengths are not advanced).
+call) and with ``check_append=False``, the rows written by one Triton launch (eager CUDA calls) or, in the last
+column, by the torch ops (``ATTN_TUNER_APPEND_TRITON=0``, what compiled calls use); each call rewrites the same row
+(the lengths are not advanced).
 The export holds unverified records: this measures launches, not kernels (tuner/verify_decode.py gates those).
 """
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -62,7 +65,8 @@ def main() -> int:
              ("mla h16 p64", KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode"), None,
               make_mla_inputs(MLAPoint(1, 2048, heads_q=16)), "d-b1-kv2k-p64")]
     print(f"{device}: host µs per call ({a.calls} calls, no sync) against the GPU time of one call")
-    print("| case | GPU µs | direct host µs | served host µs | append, checked | append, check_append=False |")
+    print("| case | GPU µs | direct host µs | served host µs | append, checked | append, check_append=False | "
+          "the same, torch ops |")
     for label, spec, params, x, bucket in cases:
         params = params or default_decode_params(spec, 16, profile)
         text = tl.load_sketch(spec.variant, True, "decode", "paged")
@@ -99,8 +103,12 @@ def main() -> int:
         appending(True)()
         assert attn.last_path == "kernel", attn.last_reason
         gpu = bench.time_ms(direct) * 1e3
-        print(f"| {label} | {gpu:.1f} | {host_us(direct, a.calls):.1f} | {host_us(served, a.calls):.1f} | "
-              f"{host_us(appending(True), a.calls):.1f} | {host_us(appending(False), a.calls):.1f} |", flush=True)
+        row = [gpu, host_us(direct, a.calls), host_us(served, a.calls), host_us(appending(True), a.calls),
+               host_us(appending(False), a.calls)]
+        os.environ["ATTN_TUNER_APPEND_TRITON"] = "0"
+        row.append(host_us(appending(False), a.calls))
+        del os.environ["ATTN_TUNER_APPEND_TRITON"]
+        print(f"| {label} | " + " | ".join(f"{x:.1f}" for x in row) + " |", flush=True)
     return 0
 
 

@@ -248,3 +248,57 @@ def test_an_appending_call_captures_in_a_cuda_graph(attn):
         assert torch.equal(_landed(kc, table, positions), k) and torch.equal(_landed(vc, table, positions), v)
         _check(out, q, kc, vc, seqlens + 1, table)
         seqlens.add_(1)
+
+
+@pytest.mark.parametrize("layout", ["paged", "dense", "absorbed", "strided"])
+def test_the_triton_write_is_the_torch_write(layout):
+    """kvcache_append_triton.write_rows (eager CUDA calls) against the torch ops that compiled calls use: the same
+    cache contents and new lengths, for a paged and a dense cache, k alone (absorbed MLA), and new rows and a
+    cache that are strided views."""
+    from tuner.serving import kvcache_append_triton as fused
+    from tuner.serving.kvcache_append import _write_rows, cache_slots, new_positions
+
+    g = torch.Generator(device="cuda").manual_seed(51)
+    heads, d, dv, s_new = (1, 576, 512, 3) if layout == "absorbed" else (HKV, D, D, 3)
+    lens = torch.tensor([0, 15, 61, 33], dtype=torch.int32, device="cuda")
+    if layout in ("paged", "absorbed"):
+        kc = torch.randn(40, 16, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        table = torch.randperm(40, device="cuda", generator=g)[:32].reshape(4, 8).to(torch.int32)
+    else:
+        big = torch.randn(4, 80 if layout == "strided" else 64, heads, d, device="cuda", dtype=torch.bfloat16,
+                          generator=g)
+        kc, table = big[:, :64], None
+    vc = None if layout == "absorbed" else torch.randn_like(kc)
+    k = torch.randn(4, s_new, heads, d + 8, device="cuda", dtype=torch.bfloat16, generator=g)[..., :d]
+    v = None if layout == "absorbed" else torch.randn(4, s_new, heads, dv, device="cuda", dtype=torch.bfloat16,
+                                                      generator=g)
+    assert fused.usable(kc, k, v)
+    want_k, want_v = kc.clone(), None if vc is None else vc.clone()
+    flat, _ = cache_slots(new_positions(lens, s_new), table, kc.shape[1], clamp=False)
+    _write_rows(want_k, flat, k)
+    if vc is not None:
+        _write_rows(want_v, flat, v)
+    got = fused.write_rows(kc, vc, k, v, lens, table)
+    assert torch.equal(got, lens + s_new) and got.dtype == torch.int32
+    assert torch.equal(kc, want_k) and (vc is None or torch.equal(vc, want_v))
+
+
+def test_an_appending_call_under_torch_compile(attn):
+    """Compiled (fullgraph, Inductor): the torch ops write the rows, the kernel attends over them."""
+    from tuner.serving.kvcache_append import new_positions
+
+    def step(q, kc, vc, k, v, lens, table):
+        return attn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=lens, block_table=table, causal=True)
+
+    lens = [300, 4000, 1]
+    q, kc, vc, _, table = paged_case([n + 1 for n in lens], 1, seed=61)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    k = torch.randn(3, 1, HKV, D, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    compiled = torch.compile(step, fullgraph=True)
+    before = attn.stats["kernel"]
+    out = compiled(q, kc, vc, k, v, seqlens, table)
+    assert attn.stats["kernel"] == before + 1
+    positions = new_positions(seqlens, 1)
+    assert torch.equal(_landed(kc, table, positions), k) and torch.equal(_landed(vc, table, positions), v)
+    _check(out, q, kc, vc, seqlens + 1, table)

@@ -11,8 +11,9 @@ else halves as GPT-NeoX). Query i is rotated at the same row when causal, else e
 ``cache_seqlens`` itself is not changed (the caller advances it, as with FA2). Absorbed MLA (``v_cache=None``)
 appends ``k`` alone: its values are the latent rows' first 512 columns.
 
-Plain torch ops on the device (a gather of the table, ``index_put_``), so an appending call still compiles and
-captures in a CUDA graph. What would write outside the cache (a row past its capacity, a table entry that is not a
+Torch ops on the device (a gather of the table, ``index_copy_``), so an appending call compiles and captures in a
+CUDA graph; an eager call on CUDA writes the rows with one Triton launch instead (kvcache_append_triton.py: the
+torch ops cost ~25 µs of host time each there). What would write outside the cache (a row past its capacity, a table entry that is not a
 page where a new row lands, a position past ``rotary_cos``) is checked from the lengths on the host in eager calls
 (one read of a few numbers: a synchronisation) and refused before anything is written; while compiling or
 capturing, where a host read is impossible, or with ``check_append=False``, it is the caller's contract, as it
@@ -21,6 +22,8 @@ always is with FA2.
 from __future__ import annotations
 
 import torch
+
+from tuner.serving import kvcache_append_triton
 
 
 def append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed: bool) -> list[str]:
@@ -172,23 +175,32 @@ def append(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rot
     attend over). With ``check`` (and a host read possible) raises ValueError, before any write, where the rows
     would land outside the cache."""
     seqlen_new = k.shape[1]
-    positions = new_positions(cache_seqlens, seqlen_new)
     rotary = rotary_cos is not None
-    # the queries' rotary rows: FA2 puts query i at cache_seqlens + i when causal, every query at cache_seqlens else
-    q_rows = None
-    if rotary:
-        q_rows = new_positions(cache_seqlens, q.shape[1]) if causal else positions[:, :1].expand(-1, q.shape[1])
-    check = check and _host_reads_allowed(positions)
-    flat_rows, pages = cache_slots(positions, page_table, k_cache.shape[1], clamp=check)
+    check = check and _host_reads_allowed(cache_seqlens)
+    fused = kvcache_append_triton.usable(k_cache, k, v)   # eager CUDA: the write as one Triton launch
+    positions = flat_rows = None
+    if check or rotary or not fused:
+        positions = new_positions(cache_seqlens, seqlen_new)
     if check:
+        flat_rows, pages = cache_slots(positions, page_table, k_cache.shape[1], clamp=True)
         width = k_cache.shape[1] * (page_table.shape[1] if page_table is not None else 1)
+        # the queries' rotary rows reach cache_seqlens + seqlen_q - 1 when causal (FA2's positions, below)
+        q_last = positions[:, :1] + (q.shape[1] - 1 if causal else 0)
         errors = room_errors(positions, pages, width, k_cache.shape[0], rotary_cos.shape[0] if rotary else None,
-                             q_rows.max() if rotary else None)
+                             q_last.max() if rotary else None)
         if errors:
             raise ValueError("flash_attn_with_kvcache: " + "; ".join(errors))
     if rotary:
+        # FA2 puts query i at cache_seqlens + i when causal, every query at cache_seqlens else
+        q_rows = new_positions(cache_seqlens, q.shape[1]) if causal else positions[:, :1].expand(-1, q.shape[1])
         k = rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
         q = rotate(q, rotary_cos, rotary_sin, q_rows, rotary_interleaved)
+    if fused:
+        lens = kvcache_append_triton.write_rows(k_cache, None if absorbed else v_cache, k,
+                                                None if absorbed else v, cache_seqlens, page_table)
+        return q, lens
+    if flat_rows is None:
+        flat_rows, _ = cache_slots(positions, page_table, k_cache.shape[1], clamp=False)
     _write_rows(k_cache, flat_rows, k)
     if not absorbed:
         _write_rows(v_cache, flat_rows, v)
