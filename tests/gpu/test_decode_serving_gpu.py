@@ -86,6 +86,21 @@ def paged_case(lens, sq, page=16, seed=0, spare=7, width=None):
     return q, kc, vc, torch.tensor(lens, dtype=torch.int32, device="cuda"), table.cuda()
 
 
+def capture(call):
+    """(graph, its output): two warm-up calls on a side stream (they compile and load what the call needs), then
+    the capture."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    return graph, out
+
+
 def _check(out, q, kc, vc, lens, table, causal=True, scale=None, lse=None):
     ref, ref_lse = decode_reference(q.float(), kc.float(), vc.float(), lens, table, causal, scale)
     lowp = ref.to(torch.bfloat16).float()
@@ -133,15 +148,7 @@ def test_decode_cuda_graph_capture_and_replay_with_new_inputs(attn):
     def call():
         return attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=seqlens, block_table=table, causal=True)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
+    graph, out = capture(call)
     assert attn.last_path == "kernel"
     for seed, new in ((12, lens), (13, [2500, 1, 77, 1300])):          # new contents, then new lengths and tables
         fresh = paged_case(new, 1, seed=seed, width=160, spare=0)
@@ -227,15 +234,7 @@ def test_an_appending_call_captures_in_a_cuda_graph(attn):
     def call():
         return attn.flash_attn_with_kvcache(q, kc, vc, k, v, cache_seqlens=seqlens, block_table=table, causal=True)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
+    graph, out = capture(call)
     assert attn.last_path == "kernel"
     g = torch.Generator(device="cuda").manual_seed(42)
     for _ in range(3):

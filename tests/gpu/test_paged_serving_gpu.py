@@ -13,6 +13,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                  reason="needs a Hopper (sm_90) GPU")]
 
+from test_decode_serving_gpu import capture  # noqa: E402
 from test_serving_gpu import ATOL  # noqa: E402
 
 from tuner.serving import load_exported  # noqa: E402
@@ -146,15 +147,7 @@ def test_paged_cuda_graph_capture_and_replay_with_new_inputs(attn):
     def call():
         return attn.flash_attn_varlen_func(q, kc, vc, cu_q, cu_k, 1000, 5000, causal=True, block_table=table)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            call()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = call()
+    graph, out = capture(call)
     assert attn.last_path == "kernel"
     for seed, new_k in ((8, [5000, 5000]), (9, [4321, 1500])):    # new contents, then new key lengths
         fresh = paged_case(lens_q, new_k, 16, seed=seed)
