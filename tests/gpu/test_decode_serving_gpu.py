@@ -253,7 +253,7 @@ def test_an_appending_call_captures_in_a_cuda_graph(attn):
 def test_the_triton_write_is_the_torch_write(layout):
     """kvcache_append_triton.write_rows (eager CUDA calls) against the torch ops that compiled calls use: the same
     cache contents and new lengths, for a paged and a dense cache, k alone (absorbed MLA), and new rows and a
-    cache that are strided views."""
+    cache that are strided views, a page table whose columns are strided."""
     from tuner.serving import kvcache_append_triton as fused
     from tuner.serving.kvcache_append import _write_rows, cache_slots, new_positions
 
@@ -262,7 +262,8 @@ def test_the_triton_write_is_the_torch_write(layout):
     lens = torch.tensor([0, 15, 61, 33], dtype=torch.int32, device="cuda")
     if layout in ("paged", "absorbed"):
         kc = torch.randn(40, 16, heads, d, device="cuda", dtype=torch.bfloat16, generator=g)
-        table = torch.randperm(40, device="cuda", generator=g)[:32].reshape(4, 8).to(torch.int32)
+        # a transposed view: the table's columns are strided too
+        table = torch.randperm(40, device="cuda", generator=g)[:32].reshape(8, 4).to(torch.int32).t()
     else:
         big = torch.randn(4, 80 if layout == "strided" else 64, heads, d, device="cuda", dtype=torch.bfloat16,
                           generator=g)

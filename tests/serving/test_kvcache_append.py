@@ -119,6 +119,7 @@ def test_rotate_is_identity_at_angle_zero_and_keeps_dtype():
     ("past-capacity", "whose cache holds 32 rows"), ("padded-entry", "a padded entry"),
     ("negative-length", "negative"), ("rotary-rows", "rotary_cos/rotary_sin have 8 rows"),
     ("rotary-shape", "rotary_dim <= the head dim"), ("rotary-half", "come together"),
+    ("lens-device", "cache_seqlens on the cache's device"), ("table-device", "page table on the cache's device"),
 ])
 def test_bad_appends_are_refused_before_anything_is_written(decoded, case, fragment):
     q, kc, vc, k, v, seqlens, table = _fresh([10, 20], 2, dense=False, seed=5)
@@ -152,6 +153,10 @@ def test_bad_appends_are_refused_before_anything_is_written(decoded, case, fragm
         kwargs.update(rotary_cos=torch.zeros(64, 65), rotary_sin=torch.zeros(64, 65))
     elif case == "rotary-half":
         kwargs.update(rotary_cos=torch.zeros(64, 32))
+    elif case == "lens-device":
+        kwargs["cache_seqlens"] = seqlens.to("meta")
+    elif case == "table-device":
+        kwargs["block_table"] = table.to("meta")
     before_k, before_v, stats = kc.clone(), vc.clone(), dict(decoded.stats)
     with pytest.raises(ValueError, match=fragment):
         decoded.flash_attn_with_kvcache(q, kc, vc, **kwargs)

@@ -214,7 +214,8 @@ class DecodeCalls:
             v_cache = absorbed_mla_values(q, k_cache)
         errors = decode_input_errors(q, k_cache, v_cache, cache_seqlens, table)
         if not errors:
-            errors += append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed)
+            errors += append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed,
+                                    table)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
             errors.append(f"num_splits must be an int >= 0 (0: the kernel's split rule), got {num_splits!r}")
         if errors:

@@ -26,7 +26,8 @@ import torch
 from tuner.serving import kvcache_append_triton
 
 
-def append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed: bool) -> list[str]:
+def append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed: bool,
+                  page_table=None) -> list[str]:
     """Every reason these ``k``/``v``/rotary arguments cannot be appended (empty: they can). Shapes and dtypes only;
     ``q``, the caches and ``cache_seqlens`` have passed decode_input_errors."""
     errors = []
@@ -48,6 +49,12 @@ def append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_s
                       "whose v_cache is None too)")
     if cache_seqlens is None:
         errors.append("appending k/v needs cache_seqlens: the new rows of sequence b go at cache_seqlens[b]")
+    elif isinstance(cache_seqlens, torch.Tensor) and cache_seqlens.device != k_cache.device:
+        errors.append(f"appending reads cache_seqlens on the cache's device ({k_cache.device}), got it on "
+                      f"{cache_seqlens.device}")
+    if isinstance(page_table, torch.Tensor) and page_table.device != k_cache.device:
+        errors.append(f"appending reads the page table on the cache's device ({k_cache.device}), got it on "
+                      f"{page_table.device}")
     b = q.shape[0]
     news = [("k", k, k_cache)] + ([("v", v, v_cache)] if v is not None and not absorbed else [])
     for name, new, cache in news:

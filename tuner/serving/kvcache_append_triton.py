@@ -24,7 +24,7 @@ def _kernel():
 
     @triton.jit
     def append_rows(k_cache, v_cache, k_new, v_new, lens, table, lens_out,
-                    kc_b, kc_r, kc_h, vc_b, vc_r, vc_h, kn_b, kn_s, kn_h, vn_b, vn_s, vn_h, table_b,
+                    kc_b, kc_r, kc_h, vc_b, vc_r, vc_h, kn_b, kn_s, kn_h, vn_b, vn_s, vn_h, table_b, table_c,
                     seqlen_new, page_size, heads,
                     D_K: tl.constexpr, D_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                     PAGED: tl.constexpr, WITH_V: tl.constexpr):
@@ -34,7 +34,7 @@ def _kernel():
         length = tl.load(lens + b).to(tl.int64)
         pos = length + i
         if PAGED:
-            first = tl.load(table + b * table_b + pos // page_size).to(tl.int64)
+            first = tl.load(table + b * table_b + (pos // page_size) * table_c).to(tl.int64)
             second = pos % page_size
         else:
             first = b.to(tl.int64)
@@ -78,14 +78,14 @@ def write_rows(k_cache, v_cache, k, v, cache_seqlens, page_table) -> torch.Tenso
     if with_v and v.stride(-1) != 1:
         v = v.contiguous()
     vc, vn = (v_cache, v) if with_v else (k_cache, k)     # placeholders the kernel never touches without v
-    lens = cache_seqlens if cache_seqlens.dtype == torch.int32 else cache_seqlens.to(torch.int32)
+    lens = cache_seqlens.to(torch.int32).contiguous()    # the caller's are int32 and contiguous: no copy
     lens_out = torch.empty_like(lens)
     table = page_table if page_table is not None else lens
     kernel[(b * seqlen_new,)](
         k_cache, vc, k, vn, lens, table, lens_out,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         k.stride(0), k.stride(1), k.stride(2), vn.stride(0), vn.stride(1), vn.stride(2),
-        table.stride(0) if page_table is not None else 0,
+        table.stride(0) if page_table is not None else 0, table.stride(1) if page_table is not None else 0,
         seqlen_new, k_cache.shape[1], heads,
         D_K=k.shape[3], D_V=vn.shape[3], BLOCK_K=next_pow2(k.shape[3]), BLOCK_V=next_pow2(vn.shape[3]),
         PAGED=page_table is not None, WITH_V=with_v)
