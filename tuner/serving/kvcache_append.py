@@ -13,11 +13,11 @@ appends ``k`` alone: its values are the latent rows' first 512 columns.
 
 Torch ops on the device (a gather of the table, ``index_copy_``), so an appending call compiles and captures in a
 CUDA graph; an eager call on CUDA writes the rows with one Triton launch instead (kvcache_append_triton.py: the
-torch ops cost ~25 µs of host time each there). What would write outside the cache (a row past its capacity, a table entry that is not a
-page where a new row lands, a position past ``rotary_cos``) is checked from the lengths on the host in eager calls
-(one read of a few numbers: a synchronisation) and refused before anything is written; while compiling or
-capturing, where a host read is impossible, or with ``check_append=False``, it is the caller's contract, as it
-always is with FA2.
+torch ops cost ~25 µs of host time each there). What would write outside the cache (a row past its capacity, a
+table entry that is not a page where a new row lands, a position past ``rotary_cos``) is checked from the lengths
+on the host in eager calls (one read of a few numbers: a synchronisation) and refused before anything is written;
+while compiling or capturing, where a host read is impossible, or with ``check_append=False``, it is the caller's
+contract, as it always is with FA2.
 """
 from __future__ import annotations
 
