@@ -19,6 +19,8 @@ op); a mask, a position bias or dropout run torch SDPA, counted by reason in ``a
 """
 from __future__ import annotations
 
+from tuner.serving.rule import host_reads_allowed
+
 DEFAULT_NAME = "attn_tuner"
 
 
@@ -66,11 +68,9 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
 
 def _no_padding(padding_mask, kv_length) -> bool:
     """No 2-D padding mask, or (in eager only: it reads the tensor) one that keeps every key."""
-    import torch
-
     if padding_mask is None:
         return True
-    if torch.compiler.is_compiling() or torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+    if not host_reads_allowed():
         return False
     return padding_mask.dim() == 2 and padding_mask.shape[-1] == kv_length and bool(padding_mask.all())
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from tuner.serving import kvcache_append_triton
+from tuner.serving.rule import host_reads_allowed
 
 
 def append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed: bool,
@@ -105,18 +106,23 @@ def new_positions(cache_seqlens: torch.Tensor, seqlen_new: int) -> torch.Tensor:
     return torch.add(cache_seqlens[:, None], _steps(seqlen_new, cache_seqlens.device))
 
 
-def cache_slots(positions, page_table, cache_rows: int, clamp: bool = True):
-    """(flat row of the cache, for k_cache.flatten(0, 1); the page ids of the new rows or None). ``clamp``: the
-    table's column is clamped into the table, so that a row past it is reported by room_errors, not a failed
-    gather."""
-    if page_table is None:
-        return torch.add(positions, _steps(positions.shape[0], positions.device)[:, None], alpha=cache_rows), None
+def page_ids(positions, page_table, cache_rows: int, clamp: bool = False):
+    """(the table column, the page id) of each new row. ``clamp``: the column is clamped into the table, so that a
+    row past it is reported by room_errors, not a failed gather (a no-op for rows inside the table)."""
     column = torch.div(positions, cache_rows, rounding_mode="floor")
     if clamp:
         column.clamp_(0, page_table.shape[1] - 1)
-    pages = page_table.gather(1, column)
+    return column, page_table.gather(1, column)
+
+
+def cache_slots(positions, page_table, cache_rows: int, pages=None):
+    """The flat row of each new row in k_cache.flatten(0, 1); ``pages``: page_ids' answer where the check read it
+    already."""
+    if page_table is None:
+        return torch.add(positions, _steps(positions.shape[0], positions.device)[:, None], alpha=cache_rows)
+    column, ids = pages if pages is not None else page_ids(positions, page_table, cache_rows)
     # page * rows + position % rows, as position + (page - column) * rows: two ops
-    return torch.add(positions, pages - column, alpha=cache_rows), pages
+    return torch.add(positions, ids - column, alpha=cache_rows)
 
 
 def room_errors(positions, pages, width: int, num_pages: int, rotary_rows: int | None = None,
@@ -127,7 +133,7 @@ def room_errors(positions, pages, width: int, num_pages: int, rotary_rows: int |
     if pages is not None:
         read += [pages.min().long(), pages.max().long()]
     if rotary_last is not None:
-        read.append(torch.maximum(positions.max(), rotary_last))
+        read.append(torch.maximum(read[1], rotary_last))
     values = torch.stack(read).tolist()
     first, last = values[0], values[1]
     errors = []
@@ -170,12 +176,6 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: tor
     return torch.cat((turned.to(x.dtype), x[..., 2 * half:]), dim=-1)
 
 
-def _host_reads_allowed(t: torch.Tensor) -> bool:
-    if torch.compiler.is_compiling():
-        return False
-    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
 def append(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved: bool,
            causal: bool, absorbed: bool, check: bool = True):
     """Write the new rows into the caches (in place) and rotate; returns (q to attend with, the key lengths to
@@ -183,18 +183,19 @@ def append(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rot
     would land outside the cache."""
     seqlen_new = k.shape[1]
     rotary = rotary_cos is not None
-    check = check and _host_reads_allowed(cache_seqlens)
+    check = check and host_reads_allowed()
     fused = kvcache_append_triton.usable(k_cache, k, v)   # eager CUDA: the write as one Triton launch
-    positions = flat_rows = None
+    positions = pages = None
     if check or rotary or not fused:
         positions = new_positions(cache_seqlens, seqlen_new)
     if check:
-        flat_rows, pages = cache_slots(positions, page_table, k_cache.shape[1], clamp=True)
+        if page_table is not None:
+            pages = page_ids(positions, page_table, k_cache.shape[1], clamp=True)
         width = k_cache.shape[1] * (page_table.shape[1] if page_table is not None else 1)
         # the queries' rotary rows reach cache_seqlens + seqlen_q - 1 when causal (FA2's positions, below)
         q_last = positions[:, :1] + (q.shape[1] - 1 if causal else 0)
-        errors = room_errors(positions, pages, width, k_cache.shape[0], rotary_cos.shape[0] if rotary else None,
-                             q_last.max() if rotary else None)
+        errors = room_errors(positions, None if pages is None else pages[1], width, k_cache.shape[0],
+                             rotary_cos.shape[0] if rotary else None, q_last.max() if rotary else None)
         if errors:
             raise ValueError("flash_attn_with_kvcache: " + "; ".join(errors))
     if rotary:
@@ -206,8 +207,7 @@ def append(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rot
         lens = kvcache_append_triton.write_rows(k_cache, None if absorbed else v_cache, k,
                                                 None if absorbed else v, cache_seqlens, page_table)
         return q, lens
-    if flat_rows is None:
-        flat_rows, _ = cache_slots(positions, page_table, k_cache.shape[1], clamp=False)
+    flat_rows = cache_slots(positions, page_table, k_cache.shape[1], pages)
     _write_rows(k_cache, flat_rows, k)
     if not absorbed:
         _write_rows(v_cache, flat_rows, v)

@@ -39,6 +39,16 @@ def plain_ints(*values) -> bool:
     return all(type(v) is int for v in values)
 
 
+def host_reads_allowed() -> bool:
+    """Whether a call may read a device tensor's values on the host: not while torch.compile traces it, not while a
+    CUDA graph captures it (eager calls only)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
 def tiles(block_n: int | None, page_size: int | None) -> bool:
     """Whether a kernel of block N ``block_n`` reads pages of ``page_size`` rows (None: not paged, or a
     kernel whose block N the export does not say: its launch decides)."""
