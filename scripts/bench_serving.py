@@ -328,7 +328,7 @@ def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path
 def _variant_kernels(variants: dict, cache_dir: Path) -> dict:
     """{name: loaded kernel} of the H100 default for GQA d128 causal bf16 with each change, each verified."""
     from tuner.default_export import compile_changes, load_verified
-    from tuner.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
 
     spec = KernelSpec("gqa", 128, 128, True, "bf16")
     return load_verified(compile_changes("h100", [(spec, variants)], cache_dir)[0], spec, "variant")
@@ -507,7 +507,7 @@ def main(argv=None) -> int:
         MODEL_SHAPES[:] = [tuple(int(x) for x in item.split("x")) for item in args.model_shapes.split(",")]
 
     from tuner.default_export import export_defaults
-    from tuner.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
     from tuner.serving import load_exported
 
     t0 = time.time()

@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from param_ab_check import parse_spec  # noqa: E402  (this folder: the spec labels the records carry)
 from tuner.bucket_defaults import parse_table  # noqa: E402
-from tuner.buckets import BUCKETS, bucket_for, bucket_name  # noqa: E402
-from tuner.problem import VARIANTS  # noqa: E402
+from tuner.serving.buckets.seqlen import BUCKETS, bucket_for, bucket_name  # noqa: E402
+from kernel_abi.spec import VARIANTS  # noqa: E402
 from translate.sm90.emit import PINGPONG_REVISION  # noqa: E402
 
 try:

@@ -31,7 +31,7 @@ from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import hopper_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
-from translate.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 
 # Four distinct Hopper candidates: the default and three neighbours a search would try. Block N 96 is one of
 # CuTe's base wgmma shapes, 112 is not and the kernel declares its op (translate/sm90/wgmma_ops.py):
@@ -55,7 +55,7 @@ def diverse(profile, spec, count: int, seed: int) -> list:
     """``count`` warp-specialised points of the valid space, each of another tile (seeded draw)."""
     from search_spaces import load_space
     from search_spaces.feasible import default_sketches, feasible_space
-    from tuner.problem import grid_problems
+    from kernel_abi.spec import grid_problems
 
     space = load_space(spec.variant)
     fs = feasible_space(space, profile, spec.d_qk, spec.dtype, grid_problems(spec.variant, spec.d_qk, spec.dtype,

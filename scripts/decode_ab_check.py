@@ -44,7 +44,7 @@ def pair_records(before: Path, after: Path, by_spec: bool = False) -> list[tuple
 
 
 def load_pairs(before: Path, after: Path, by_spec: bool = False) -> dict:
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     pairs = {}
     for twin, record in pair_records(before, after, by_spec):

@@ -29,7 +29,7 @@ from tl.parser import parse  # noqa: E402
 from translate.compiler import generate  # noqa: E402
 from translate.decode import DecodeParams, default_decode_params  # noqa: E402
 from translate.nvcc import compile_kernels, default_cache_dir  # noqa: E402
-from translate.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 
 CANDIDATES = [DecodeParams(), DecodeParams(block_n=128, kv_stages=3), DecodeParams(kv_stages=6),
               DecodeParams(block_n=128, warps_n=8, kv_stages=3), DecodeParams(block_n=32, warps_n=2, kv_stages=8),
@@ -78,7 +78,7 @@ def main():
     import torch
 
     from tuner.bench_decode import DecodePoint, copy_bandwidth_gbs, decode_grid, measure_point
-    from tuner.decode_runtime import load_decode_kernel
+    from tuner.serving.launch.decode_kernel import load_decode_kernel
     from tuner.verify_decode import verify_decode
 
     out = Path(a.out)
@@ -148,7 +148,7 @@ def retime(a):
     import torch
 
     from tuner.bench_decode import copy_bandwidth_gbs, decode_grid, measure_point
-    from tuner.decode_runtime import load_decode_kernel
+    from tuner.serving.launch.decode_kernel import load_decode_kernel
     from tuner.verify_decode import verify_decode
 
     params = next(p for p in CANDIDATES if p.key() == a.params)
@@ -186,7 +186,7 @@ def mla_main(a):
 
     from translate.decode import validate_decode
     from tuner.bench_decode import copy_bandwidth_gbs, measure_mla_point, mla_grid
-    from tuner.decode_runtime import load_decode_kernel
+    from tuner.serving.launch.decode_kernel import load_decode_kernel
     from tuner.verify_decode import verify_decode
 
     out = Path(a.out)

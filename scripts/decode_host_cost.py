@@ -4,7 +4,7 @@
 
 For the GQA default (llama3-8b heads, pages of 16) and the absorbed-MLA 16-head default (pages of 64), at batch 1 x
 2k keys (the shortest decode bucket, where a call is all launch): the kernel called directly
-(tuner.decode_runtime.DecodeKernel), and through an export (`flash_attn_with_kvcache`, the custom op and its route),
+(tuner.serving.launch.decode_kernel.DecodeKernel), and through an export (`flash_attn_with_kvcache`, the custom op and its route),
 each ``--calls`` times without a synchronisation (host µs per call), beside the GPU time of one call
 (tuner.bench.time_ms). A call whose host cost exceeds its GPU time is launch-bound unless captured in a CUDA graph.
 "append": the served call with FA2's ``k=``/``v=`` (one new row a sequence written into the cache first,
@@ -50,10 +50,10 @@ def main() -> int:
     from translate.compiler import generate
     from translate.decode import DecodeParams, default_decode_params
     from translate.nvcc import compile_kernel, default_cache_dir
-    from translate.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
     from tuner import bench
     from tuner.bench_decode import DecodePoint, MLAPoint, make_decode_inputs, make_mla_inputs
-    from tuner.decode_runtime import load_decode_kernel
+    from tuner.serving.launch.decode_kernel import load_decode_kernel
     from tuner.export import export_records
     from tuner.provenance import collect
     from tuner.serving import load_exported

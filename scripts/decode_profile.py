@@ -25,9 +25,9 @@ from tl.parser import parse  # noqa: E402
 from translate.compiler import generate  # noqa: E402
 from translate.decode import DecodeParams, default_decode_params  # noqa: E402
 from translate.nvcc import compile_kernel, default_cache_dir  # noqa: E402
-from translate.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 from tuner.bench_decode import MLAPoint, make_mla_inputs  # noqa: E402
-from tuner.decode_runtime import load_decode_kernel  # noqa: E402
+from tuner.serving.launch.decode_kernel import load_decode_kernel  # noqa: E402
 
 
 def run_flashmla(lib_path: str) -> None:

@@ -113,10 +113,10 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
     import numpy as np
     import torch
 
-    from tuner import runtime as rt
+    from tuner.serving.launch import driver as cuda
     from tuner.bench import time_ms
     from tuner.bench_decode import make_mla_inputs
-    from tuner.decode_runtime import load_decode_kernel
+    from tuner.serving.launch.decode_kernel import load_decode_kernel
 
     def load(folder: Path):
         record = next(folder.glob("*.json"))
@@ -124,15 +124,15 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
 
     kernel = load(traced)
     untraced = load(plain) if plain else None
-    driver = rt._driver()
+    driver = cuda.api()
     try:
-        stamps_ptr, size = rt._check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_trace"), "attn_trace")
-    except rt.KernelLoadError:
+        stamps_ptr, size = cuda.check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_trace"), "attn_trace")
+    except cuda.KernelLoadError:
         raise SystemExit(f"{traced} was not built with the trace (scripts/decode_trace.py build)") from None
     try:
-        waits_ptr, waits_size = rt._check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_waits"), "attn_waits")
+        waits_ptr, waits_size = cuda.check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_waits"), "attn_waits")
         sites = wait_sites()
-    except rt.KernelLoadError:
+    except cuda.KernelLoadError:
         waits_ptr = None   # built without --waits
     flush = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -150,21 +150,21 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
             row["plain_us"] = time_ms(lambda: call(untraced)) * 1e3
         best = None
         for _ in range(reps):
-            rt._check(driver.cuMemsetD8(stamps_ptr, 0, size), "clear the stamps")
+            cuda.check(driver.cuMemsetD8(stamps_ptr, 0, size), "clear the stamps")
             if waits_ptr is not None:
-                rt._check(driver.cuMemsetD8(waits_ptr, 0, waits_size), "clear the wait sums")
+                cuda.check(driver.cuMemsetD8(waits_ptr, 0, waits_size), "clear the wait sums")
             flush.zero_()
             torch.cuda.synchronize()
             call(kernel)
             torch.cuda.synchronize()
             host = np.zeros(size // 8, dtype=np.uint64)
-            rt._check(driver.cuMemcpyDtoH(host.ctypes.data, stamps_ptr, size), "read the stamps")
+            cuda.check(driver.cuMemcpyDtoH(host.ctypes.data, stamps_ptr, size), "read the stamps")
             stamps = host.reshape(-1, SLOTS)
             stamps = stamps[stamps[:, 0] > 0]
             s = summarise(stamps, sms)
             if waits_ptr is not None:
                 sums = np.zeros(waits_size // 8, dtype=np.uint64)
-                rt._check(driver.cuMemcpyDtoH(sums.ctypes.data, waits_ptr, waits_size), "read the wait sums")
+                cuda.check(driver.cuMemcpyDtoH(sums.ctypes.data, waits_ptr, waits_size), "read the wait sums")
                 s["waits"] = summarise_waits(sums.reshape(-1, WAIT_SLOTS), sites)
             if best is None or s["span"] < best["span"]:
                 best = s

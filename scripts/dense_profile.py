@@ -42,7 +42,7 @@ def parse_point(text: str):
     """``mha64n:8192`` -> (label, KernelSpec, Problem) on the paper grid; ValueError saying what is wrong."""
     from param_ab_check import parse_spec  # scripts/ is on sys.path when run as a script
 
-    from tuner.problem import grid_problems
+    from kernel_abi.spec import grid_problems
 
     spec_text, _, seqlen = text.partition(":")
     if not seqlen.isdigit():
@@ -145,7 +145,7 @@ def one(args) -> int:
     points = [parse_point(args.one)]
     changes = json.loads(args.changes) if args.changes else {}
     kernels = {}
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     for label, kinds in build(args.gpu, points, changes, Path(args.cache_dir)).items():
         for name, (gen, res) in kinds.items():
             if res.ok:

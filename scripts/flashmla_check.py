@@ -77,7 +77,7 @@ def main(argv=None) -> int:
 
     from tuner.bench import alternating_rounds
     from tuner.bench_decode import MLAPoint, copy_bandwidth_gbs, make_mla_inputs, parse_mla_points
-    from tuner.decode_runtime import load_decode_kernel
+    from tuner.serving.launch.decode_kernel import load_decode_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("lib", type=Path)

@@ -24,7 +24,7 @@ import translate  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
-from translate.problem import KernelSpec, grid_problems  # noqa: E402
+from kernel_abi.spec import KernelSpec, grid_problems  # noqa: E402
 
 HOPPER = dict(mma_atom="SM90_GMMA", g2s_atom="SM90_TMA")
 
@@ -233,7 +233,7 @@ def run(kernels_dir: Path, out: Path, seqlens: tuple[int, ...], only: set[str], 
     import torch
 
     from tuner import bench
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     fa4 = _fa4()
@@ -312,7 +312,7 @@ def profile(kernels_dir: Path, tag: str, seqlen: int, fa4: bool) -> int:
     import torch
 
     from tuner import bench
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     record = json.loads((kernels_dir / f"{tag}.json").read_text())
     spec = KernelSpec(**record["meta"]["spec"])

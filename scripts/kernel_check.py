@@ -27,7 +27,7 @@ from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import default_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
-from tuner.problem import KernelSpec, grid_problems  # noqa: E402
+from kernel_abi.spec import KernelSpec, grid_problems  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from sketch_edits import moved_prefetch  # noqa: E402  (the edit the schedule tests use)
 
@@ -142,7 +142,7 @@ def main() -> int:
 
     import torch
     from tuner import bench
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     say(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")

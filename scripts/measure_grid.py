@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _spec(args):
-    from translate.problem import spec_for
+    from kernel_abi.spec import spec_for
 
     return spec_for(args.variant, None if args.variant == "mla" else args.head_dim, args.dtype, args.causal)
 
@@ -40,7 +40,7 @@ def build(args) -> int:
     from search_spaces import parse_space
     from search_spaces.feasible import feasible_space
     from translate import nvcc
-    from translate.problem import grid_problems
+    from kernel_abi.spec import grid_problems
 
     profile, spec = load_profile(args.gpu), _spec(args)
     space = parse_space(tomllib.loads(Path(args.space).read_text()), args.space)
@@ -131,7 +131,7 @@ def worker(args) -> int:
     from tuner import bench
     from tuner.campaign import backends
     from tuner.campaign.options import CampaignOptions
-    from translate.problem import KernelSpec, grid_problems
+    from kernel_abi.spec import KernelSpec, grid_problems
 
     out = Path(args.out)
     index = json.loads((Path(args.kernels) / "index.json").read_text())

@@ -42,7 +42,7 @@ def build(variants: dict, cache_dir: Path, gpu: str, layout: str = "paged"):
     """(spec, {name: (GeneratedKernel, CompileResult)}) for llama3-8b's spec in ``layout``, the defaults plus each
     change."""
     from tuner.default_export import compile_changes
-    from tuner.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
 
     spec = KernelSpec("gqa", 128, 128, True, "bf16", layout)
     return spec, compile_changes(gpu, [(spec, variants)], cache_dir)[0]
@@ -66,7 +66,7 @@ class _Built:
 
 def built_records(items: list[str], spec) -> dict:
     """{name: (kernel, result)} of ``NAME=RECORD.json`` items; a record of another spec is an error."""
-    from tuner.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
 
     out = {}
     for item in items:
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     from tuner.mix_inputs import make_mix_inputs
     from tuner.mixes import serving_problems
     from tuner.models import load_models
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify_varlen import verify_varlen
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -32,7 +32,7 @@ DEFAULT_SPECS = "mha128c,mha128n,gqa128c,gqa128n,mha64c,mha64n,mqa64c"
 
 def parse_spec(text: str):
     """``gqa128c`` -> KernelSpec("gqa", 128, 128, True, "bf16")."""
-    from tuner.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
 
     body, causal = text[:-1], text[-1]
     variant = body.rstrip("0123456789")
@@ -105,7 +105,7 @@ def build(gpu: str, specs: list, changes: dict[str, dict[str, dict]], cache_dir:
 def load_before(folder: Path, specs: list) -> dict:
     """{spec label: (name, cubin path, meta)} of the `tune build` outputs in ``folder`` whose spec is one of
     ``specs`` (one each); ValueError naming what is missing or doubled."""
-    from tuner.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
 
     found: dict = {}
     for sidecar in sorted(folder.glob("**/*.json")):
@@ -165,8 +165,8 @@ def main(argv=None) -> int:
 
     from tuner import bench
     from tuner.campaign.confirm import ConfirmRule, verdict
-    from tuner.problem import grid_problems
-    from tuner.runtime import load_kernel
+    from kernel_abi.spec import grid_problems
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     rule = ConfirmRule(rounds=args.rounds)

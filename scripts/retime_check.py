@@ -29,7 +29,7 @@ def claims(study_dir: Path) -> list[tuple[str, dict]]:
 
 
 def payload(study_dir: Path, gpu: str, entry: dict, rule) -> dict:
-    from tuner.problem import KernelSpec, Problem
+    from kernel_abi.spec import KernelSpec, Problem
 
     problem = Problem(**entry["problem"])
     kernels = []

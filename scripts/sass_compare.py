@@ -33,7 +33,7 @@ from search_spaces.feasible import default_sketches, feasible_space
 from translate import nvcc, sass
 from translate.defaults import hopper_params
 from translate.params import KernelParams
-from tuner.problem import grid_problems, spec_for
+from kernel_abi.spec import grid_problems, spec_for
 count, seed, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 p, spec = load_profile("h100"), spec_for("mha", 128, "bf16", True)
 base = hopper_params(p, spec).to_dict()

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from tuner.mix_inputs import make_mix_inputs
     from tuner.mixes import ServingProblem
     from tuner.models import load_models
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify_varlen import verify_varlen
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

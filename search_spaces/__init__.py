@@ -45,7 +45,7 @@ DEFAULT_SCHEDULE = "fa2"
 
 
 PHASES = ("prefill", "decode")
-LAYOUTS = ("dense", "varlen", "paged")    # tuner.problem's layouts: the keys of a parameter's by_layout
+LAYOUTS = ("dense", "varlen", "paged")    # kernel_abi.spec's layouts: the keys of a parameter's by_layout
 
 
 def params_class(phase: str = "prefill"):

@@ -194,12 +194,12 @@ def default_sketches(space: SearchSpace, profile, head_dim: int, dtype: str) -> 
 
 
 def candidate_errors(space: SearchSpace, params, profile, shape, base: str, layout: str = "dense") -> list[str]:
-    """Every reason ``params`` cannot build a kernel of ``shape`` (a tuner.problem.Problem: heads, dims, dtype,
+    """Every reason ``params`` cannot build a kernel of ``shape`` (a kernel_abi.spec.Problem: heads, dims, dtype,
     causal) from a sketch of reference schedule ``base``: translate.params.validate for prefill kernels,
     translate.decode.validate_decode (on the decode spec of the shape, in ``layout``) for decode ones."""
     if space.phase == "decode":
         from translate.decode.params import validate_decode
-        from translate.problem import KernelSpec
+        from kernel_abi.spec import KernelSpec
 
         spec = KernelSpec(shape.variant, shape.d_qk, shape.d_v, shape.causal, shape.dtype, layout, "decode")
         return validate_decode(params, profile, spec)

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from tuner import bench
 from tuner.cli import app
-from tuner.problem import Problem
+from kernel_abi.spec import Problem
 
 
 def invoke(*args, env=None):

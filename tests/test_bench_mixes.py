@@ -16,8 +16,9 @@ from typer.testing import CliRunner
 from tuner import bench, bench_mixes, mix_baselines
 from tuner.cli import PAGE_SIZE_HELP, app
 from tuner.mix_inputs import make_mix_inputs
-from tuner.mixes import PAGE_SIZES, ServingProblem
-from tuner.paging import compatible_page_sizes, page_misfit, page_size_error
+from tuner.mixes import ServingProblem
+from tuner.serving.buckets.serving import PAGE_SIZES
+from tuner.serving.launch.paging import compatible_page_sizes, page_misfit, page_size_error
 
 
 def invoke(*args, env=None):
@@ -367,7 +368,7 @@ def test_bench_varlen_on_one_mix_end_to_end(monkeypatch, tmp_path):
 
 
 def test_the_cp_async_producer_reads_any_multiple_of_8_and_the_tma_one_what_its_tile_divides():
-    from tuner.paging import compatible_page_sizes, page_misfit
+    from tuner.serving.launch.paging import compatible_page_sizes, page_misfit
 
     assert page_misfit(48, 128) is not None and page_misfit(48, 128, "SM80_CP_ASYNC_CACHEGLOBAL") is None
     assert "multiple of 8" in page_misfit(12, 128, "SM80_CP_ASYNC_CACHEGLOBAL")

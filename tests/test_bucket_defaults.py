@@ -21,9 +21,9 @@ from translate.defaults import default_params, probe_problem
 from translate.params import validate
 from tuner.bucket_defaults import (BucketTableError, bucket_change, bucket_defaults, bucket_params, group_by_params,
                                    load_table, parse_table, params_for_seqlen)
-from tuner.buckets import BUCKETS, bucket_name
+from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
 from tuner.cli import app
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 H100 = load_profile("h100")
 MHA64C = KernelSpec("mha", 64, 64, True, "bf16")

@@ -14,7 +14,7 @@ from translate.defaults import default_params, probe_problem
 from translate.params import KernelParams, smem_bytes, validate
 from tuner.build_cmd import UsageError, parse_params_arg
 from tuner.cli import app
-from tuner.problem import spec_for
+from kernel_abi.spec import spec_for
 
 HAVE_NVCC = shutil.which("nvcc") is not None
 needs_nvcc = pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not on PATH")

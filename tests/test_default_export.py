@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from tuner import bench
-from tuner.bucket_names import bucket_errors
+from tuner.serving.buckets.names import bucket_errors
 from tuner.default_export import SERVING_SPECS, _measurements, serving_call
 from tuner.mixes import serving_problems
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 
 class ShapeKernel:
@@ -94,7 +94,7 @@ def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatc
     every verdict is printed under the caller's label."""
     from types import SimpleNamespace
 
-    import tuner.runtime
+    import tuner.serving.launch.kernel
     import tuner.verify
     from tuner.default_export import load_verified
 
@@ -104,7 +104,7 @@ def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatc
     def res(ok):
         return SimpleNamespace(ok=ok, cubin=b"x" if ok else None, log="ptxas error", registers=128, spill_stores=0)
 
-    monkeypatch.setattr(tuner.runtime, "load_kernel", lambda cubin, meta: meta["name"])
+    monkeypatch.setattr(tuner.serving.launch.kernel, "load_kernel", lambda cubin, meta: meta["name"])
     monkeypatch.setattr(tuner.verify, "verify", lambda kernel, spec: SimpleNamespace(
         passed=kernel != "k_wrong", reason="max abs err 1.0" if kernel == "k_wrong" else ""))
     built = {"default": (gen("k_ok"), res(True)), "wrong": (gen("k_wrong"), res(True)), "broken": (gen("k_x"), res(False))}

@@ -13,7 +13,7 @@ from rich.console import Console
 
 from tuner import bench, fa4
 from tuner.loader import sdpa_attention
-from tuner.problem import Problem
+from kernel_abi.spec import Problem
 
 GQA = Problem("gqa", 2, 4, 2, 64, 64, 64, 64, True, "bf16")   # head dim 64: FA4 and CPU SDPA flash run it
 FAKE_MS = 1e-3        # the fake timer's milliseconds: a few TFLOPS at GQA's size

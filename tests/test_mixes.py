@@ -1,8 +1,8 @@
 """Serving mixes and the serving bucket rule (tuner/mixes.py)."""
 import pytest
 
-from tuner.mixes import (MixError, ServingProblem, is_serving_bucket, nearest_serving_bucket, parse_serving_bucket,
-                         serving_bucket, serving_problems)
+from tuner.mixes import MixError, ServingProblem, serving_problems
+from tuner.serving.buckets.serving import is_serving_bucket, nearest_serving_bucket, parse_serving_bucket, serving_bucket
 
 
 def test_issue_14s_mixes_fall_into_the_buckets_the_rule_states():

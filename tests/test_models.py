@@ -4,9 +4,9 @@ from typer.testing import CliRunner
 
 from tuner.cli import app
 from tuner.models import ModelError, get_model, load_models
-from tuner.problem import variant_of_heads
+from kernel_abi.spec import variant_of_heads
 from tuner.models_cmd import show_models
-from tuner.problem import Problem
+from kernel_abi.spec import Problem
 
 
 def test_required_presets_have_published_numbers():

@@ -3,7 +3,7 @@ import pytest
 
 from hardware_profiles import load_profile
 from translate.params import KernelParams, smem_bytes, validate
-from tuner.problem import Problem, grid_problems, spec_for
+from kernel_abi.spec import Problem, grid_problems, spec_for
 
 
 def problem(**changes):

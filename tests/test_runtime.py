@@ -8,7 +8,9 @@ import subprocess
 import pytest
 import torch
 
-from tuner import runtime, tma
+import ctypes
+
+from tuner.serving.launch import driver as cuda, kernel as attention, plan as launch_plan, tma
 
 
 @pytest.mark.parametrize("arch,sm", [("sm_80", (8, 0)), ("sm_90a", (9, 0)), ("sm_75", (7, 5)), ("sm_89", (8, 9))])
@@ -24,18 +26,18 @@ def test_cubin_arch_reads_what_nvcc_wrote(tmp_path, arch, sm):
     compute = arch.replace("sm_", "compute_")
     subprocess.run([str(exe), "-cubin", f"-gencode=arch={compute},code={arch}", "-o", str(tmp_path / "k.cubin"),
                     str(src)], check=True, capture_output=True)
-    assert runtime.cubin_arch((tmp_path / "k.cubin").read_bytes()) == sm
+    assert cuda.cubin_arch((tmp_path / "k.cubin").read_bytes()) == sm
 
 
 def test_ptx_and_junk_have_no_cubin_arch():
-    assert runtime.cubin_arch(b"//\n.version 8.0\n.target sm_90a\n") is None
-    assert runtime.cubin_arch(b"\x7fELF" + bytes(60)) is None           # an ELF, not a CUDA one
+    assert cuda.cubin_arch(b"//\n.version 8.0\n.target sm_90a\n") is None
+    assert cuda.cubin_arch(b"\x7fELF" + bytes(60)) is None           # an ELF, not a CUDA one
 
 
 def test_which_gpus_a_cubin_runs_on():
-    assert runtime.runs_on((9, 0), (9, 0)) and runtime.runs_on((8, 0), (8, 9))
-    assert not runtime.runs_on((8, 0), (9, 0)) and not runtime.runs_on((9, 0), (8, 0))
-    assert not runtime.runs_on((8, 6), (8, 0))
+    assert cuda.runs_on((9, 0), (9, 0)) and cuda.runs_on((8, 0), (8, 9))
+    assert not cuda.runs_on((8, 0), (9, 0)) and not cuda.runs_on((9, 0), (8, 0))
+    assert not cuda.runs_on((8, 6), (8, 0))
 
 
 class FakeTensor:
@@ -72,7 +74,7 @@ def hopper_kernel():
     import translate
     from hardware_profiles import load_profile
     from translate.defaults import default_params
-    from translate.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
 
     from tuner.build_cmd import resolve_schedule
 
@@ -80,19 +82,19 @@ def hopper_kernel():
     spec = KernelSpec("gqa", 128, 128, True, "bf16")
     program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, resolve_schedule(None, profile)))
     gen = translate.generate(program, default_params(profile, spec, "ws_overlap"), profile, spec)
-    return runtime.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
+    return attention.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
 
 
 def test_the_parameter_buffer_holds_every_argument_in_the_kernels_order(hopper_kernel, monkeypatch):
     monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
     monkeypatch.setattr(tma, "_offsets", {})
-    monkeypatch.setattr(runtime.AttentionKernel, "_tile_counter", lambda self, stream: 0xC0FFEE00)
+    monkeypatch.setattr(attention.AttentionKernel, "_tile_counter", lambda self, stream: 0xC0FFEE00)
     b, sq, sk, hq, hkv = 2, 1000, 1500, 16, 4
     # q a strided view (packed projection), k/v contiguous
     q = FakeTensor((b, sq, hq, 128), 0x1000_0000, strides=(sq * 3 * hq * 128, 3 * hq * 128, 128, 1))
     k = FakeTensor((b, sk, hkv, 128), 0x2000_0000)
     v = FakeTensor((b, sk, hkv, 128), 0x3000_0000)
-    plan = runtime.build_plan(hopper_kernel, q, k, v, None, 0.1)
+    plan = launch_plan.build_plan(hopper_kernel, q, k, v, None, 0.1)
     meta = hopper_kernel.meta
     tiles = -(-sq // meta["block_m"]) * hq * b
     assert plan.grid == ((min(tiles, 132) if meta["grid"] == "persistent" else tiles), 1, 1)
@@ -108,10 +110,10 @@ def test_the_parameter_buffer_holds_every_argument_in_the_kernels_order(hopper_k
             want[f"{name}_{what}_stride"] = t.stride(axis)
     for axis, what in enumerate(("batch", "row", "head")):
         want[f"o_{what}_stride"] = o_strides[axis]
-    base = runtime.ctypes.addressof(plan.params)
+    base = ctypes.addressof(plan.params)
     raw = bytes(plan.params)
     seen = []
-    for i, (name, kind) in enumerate(runtime.AttentionKernel.args.fget(hopper_kernel)):
+    for i, (name, kind) in enumerate(attention.AttentionKernel.args.fget(hopper_kernel)):
         at = plan.pointers[i] - base
         if kind.startswith("tensormap:"):
             tensor = kind.split(":")[1]
@@ -134,30 +136,30 @@ def test_a_plan_refuses_what_the_kernel_cannot_take(hopper_kernel, monkeypatch):
     q = FakeTensor((1, 64, 4, 128), 0x1000_0000)
     k = FakeTensor((1, 64, 4, 128), 0x2000_0000)
     with pytest.raises(ValueError, match="multiples of 8"):
-        runtime.build_plan(hopper_kernel, FakeTensor((1, 64, 4, 128), 0x1000_0000, strides=(64 * 4 * 132, 4 * 132, 132, 1)),
+        launch_plan.build_plan(hopper_kernel, FakeTensor((1, 64, 4, 128), 0x1000_0000, strides=(64 * 4 * 132, 4 * 132, 132, 1)),
                             k, k, None, None)
     for scale in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="positive finite"):
-            runtime.build_plan(hopper_kernel, q, k, k, None, scale)
+            launch_plan.build_plan(hopper_kernel, q, k, k, None, scale)
     with pytest.raises(ValueError, match="head dim must be 128"):
-        runtime.build_plan(hopper_kernel, FakeTensor((1, 64, 4, 64), 0x1000_0000), FakeTensor((1, 64, 4, 64), 0x2000_0000),
+        launch_plan.build_plan(hopper_kernel, FakeTensor((1, 64, 4, 64), 0x1000_0000), FakeTensor((1, 64, 4, 64), 0x2000_0000),
                             FakeTensor((1, 64, 4, 64), 0x3000_0000), None, None)
 
 
 def test_an_abi_1_kernel_takes_only_its_compiled_scale(hopper_kernel, monkeypatch):
     monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
     meta = dict(hopper_kernel.meta, abi=1, args=[a for a in hopper_kernel.meta["args"] if a[0] != "softmax_scale_log2"])
-    old = runtime.AttentionKernel(meta=meta, device_index=0, _module=None, _function=None, _sm_count=132)
+    old = attention.AttentionKernel(meta=meta, device_index=0, _module=None, _function=None, _sm_count=132)
     q = FakeTensor((1, 64, 4, 128), 0x1000_0000)
-    runtime.build_plan(old, q, q, q, None, 1 / math.sqrt(128))
+    launch_plan.build_plan(old, q, q, q, None, 1 / math.sqrt(128))
     with pytest.raises(ValueError, match="ABI 1"):
-        runtime.build_plan(old, q, q, q, None, 0.2)
+        launch_plan.build_plan(old, q, q, q, None, 0.2)
 
 
 def _packed(kernel):
     """The fixture's GQA kernel as if built with pack_gqa (its Q and O maps heads first)."""
     maps = {t: dict(box, **({"heads_first": True} if t in "qo" else {})) for t, box in kernel.meta["tensor_maps"].items()}
-    return runtime.AttentionKernel(meta=dict(kernel.meta, tensor_maps=maps), device_index=0, _module=None,
+    return attention.AttentionKernel(meta=dict(kernel.meta, tensor_maps=maps), device_index=0, _module=None,
                                    _function=None, _sm_count=132)
 
 
@@ -170,7 +172,7 @@ def test_a_packed_heads_plan_sizes_the_grid_by_kv_heads_and_maps_heads_first(hop
     b, sq, hq, hkv = 3, 1000, 16, 2                      # group 8: a 128-row tile is 16 tokens of 8 heads
     q = FakeTensor((b, sq, hq, 128), 0x1000_0000)
     k = FakeTensor((b, 1200, hkv, 128), 0x2000_0000)
-    plan = runtime.build_plan(packed, q, k, k, None, None)
+    plan = launch_plan.build_plan(packed, q, k, k, None, None)
     tiles = -(-sq // (packed.meta["block_m"] // 8)) * hkv * b
     assert plan.grid == ((min(tiles, 132) if grid == "persistent" else tiles), 1, 1)
     by_tensor = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
@@ -182,14 +184,13 @@ def test_a_packed_heads_plan_sizes_the_grid_by_kv_heads_and_maps_heads_first(hop
 def test_a_packed_heads_kernel_runs_a_group_that_does_not_divide_64_one_head_a_tile(hopper_kernel, monkeypatch):
     """Group 3 (6/2; Qwen2's 28/4 is 7): its tokens cannot fill a warpgroup's 64 rows, so the launch passes pack 1
     and the same kernel walks one query head a tile, its maps heads first with one head a box."""
-    from tuner import launch_plan
 
     monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
     monkeypatch.setattr(tma, "_offsets", {})
     packed = _packed(hopper_kernel)
     q, k = FakeTensor((1, 1000, 6, 128), 0x1000_0000), FakeTensor((1, 1000, 2, 128), 0x2000_0000)
-    plan = runtime.build_plan(packed, q, k, k, None, None)
-    assert plan.grid == runtime.build_plan(hopper_kernel, q, k, k, None, None).grid   # as many tiles as unpacked
+    plan = launch_plan.build_plan(packed, q, k, k, None, None)
+    assert plan.grid == launch_plan.build_plan(hopper_kernel, q, k, k, None, None).grid   # as many tiles as unpacked
     by_tensor = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
     assert by_tensor["q"].box == (64, 1, packed.meta["block_m"], 1) and by_tensor["q"].dims == (128, 6, 1000, 1)
     assert launch_plan.heads_per_tile(packed.meta, 3) == 1 and launch_plan.heads_per_tile(packed.meta, 8) == 8
@@ -211,10 +212,10 @@ def test_the_descriptor_address_offset_is_proven_not_assumed():
 
 
 def test_check_meta_names_what_is_missing():
-    with pytest.raises(runtime.KernelLoadError, match="ABI 7"):
-        runtime.check_meta({"abi": 7})
-    with pytest.raises(runtime.KernelLoadError, match="lacks 'smem_bytes'"):
-        runtime.check_meta({"abi": 2, "name": "k", "num_threads": 128, "block_m": 64, "spec": {}})
+    with pytest.raises(cuda.KernelLoadError, match="ABI 7"):
+        attention.check_meta({"abi": 7})
+    with pytest.raises(cuda.KernelLoadError, match="lacks 'smem_bytes'"):
+        attention.check_meta({"abi": 2, "name": "k", "num_threads": 128, "block_m": 64, "spec": {}})
 
 
 def test_tile_counters_come_from_blocks_reserved_outside_captures(hopper_kernel, monkeypatch):
@@ -226,16 +227,16 @@ def test_tile_counters_come_from_blocks_reserved_outside_captures(hopper_kernel,
     def reserve(self):
         base = 0x7000_0000 + 0x1000 * len(blocks)
         blocks.append(base)
-        self._free_counters.extend(base + 8 * i for i in reversed(range(runtime.COUNTER_BLOCK)))
+        self._free_counters.extend(base + 8 * i for i in reversed(range(attention.COUNTER_BLOCK)))
 
     capturing = [False]
-    monkeypatch.setattr(runtime.AttentionKernel, "reserve_counters", reserve)
+    monkeypatch.setattr(attention.AttentionKernel, "reserve_counters", reserve)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     kernel = hopper_kernel
     first = kernel._tile_counter(1)
     assert first == blocks[0] and len(blocks) == 1
-    taken = {first} | {kernel._tile_counter(stream) for stream in range(2, runtime.COUNTER_BLOCK - runtime.COUNTER_SPARE + 1)}
-    assert len(taken) == runtime.COUNTER_BLOCK - runtime.COUNTER_SPARE         # distinct, 8 bytes apart in one block
+    taken = {first} | {kernel._tile_counter(stream) for stream in range(2, attention.COUNTER_BLOCK - attention.COUNTER_SPARE + 1)}
+    assert len(taken) == attention.COUNTER_BLOCK - attention.COUNTER_SPARE         # distinct, 8 bytes apart in one block
     assert taken == {blocks[0] + 8 * i for i in range(len(taken))}
     kernel._tile_counter(1000)                      # below the spare: a second block, outside the capture
     assert len(blocks) == 2
@@ -243,7 +244,7 @@ def test_tile_counters_come_from_blocks_reserved_outside_captures(hopper_kernel,
     for stream in range(2000, 2000 + len(kernel._free_counters)):
         kernel._tile_counter(stream)                # captures take reserved counters and allocate nothing
     assert len(blocks) == 2 and not kernel._free_counters
-    with pytest.raises(runtime.KernelLaunchError, match="while a CUDA graph is captured"):
+    with pytest.raises(cuda.KernelLaunchError, match="while a CUDA graph is captured"):
         kernel._tile_counter(9999)
     capturing[0] = False
     assert kernel._tile_counter(9999) and len(blocks) == 3

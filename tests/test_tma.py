@@ -1,7 +1,7 @@
 """TMA descriptors: the 4-D map of a (batch, seqlen, heads, dim) tensor, checked before the driver sees it."""
 import pytest
 
-from tuner.tma import TensorMapError, tensor_map_spec
+from tuner.serving.launch.tma import TensorMapError, tensor_map_spec
 
 
 def test_contiguous_tensor_map():

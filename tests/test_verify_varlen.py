@@ -2,7 +2,7 @@
 GPU: tests/gpu/test_varlen_gpu.py)."""
 import torch
 
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 from tuner.verify_varlen import CHECK_PAGED_MIXES, PagedMix, _packed_case, _paged_cache, _UNUSED_KEY
 
 

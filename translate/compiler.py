@@ -22,7 +22,7 @@ from translate.params import KernelParams, validate
 from translate.schedule import schedule
 from translate.sm90.frame import wgmma_declarations
 from translate.sm90.preamble import HOPPER_PREAMBLE
-from translate.problem import KernelSpec, Problem
+from kernel_abi.spec import KernelSpec, Problem
 
 
 SCALE_SYMBOLS = ("scale", "softmax_scale", "sm_scale", "scale_factor", "softmax_scale_log2")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from hardware_profiles import Profile
 from translate.params import KernelParams, validate
-from translate.problem import KernelSpec, Problem, heads_for
+from kernel_abi.spec import KernelSpec, Problem, heads_for
 
 
 def _seeds(profile: Profile, spec: KernelSpec) -> list[tuple[int, int, int]]:

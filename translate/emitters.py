@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from translate.ir import Cond, Loop, Op, expr_to_cpp
 from translate.kernel import TranslationError
-from translate.params import copy_row_threads
+from translate.copies import copy_row_threads
 
 INDENT = "  "
 

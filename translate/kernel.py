@@ -3,25 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from kernel_abi.abi import ABI_VERSION, KERNEL_ARGS
 from translate.params import KernelParams
-from translate.problem import KernelSpec
-
-# Bump when the kernel's argument list or launch geometry changes; the runtime checks it.
-# 2: the softmax scale is a launch argument (softmax_scale_log2); 3: a decode kernel's combine takes a warp per
-# 128-column slice of a row from 16 splits on (translate/decode/generate.py combine_grid), before it a warp per row
-ABI_VERSION = 3
-
-# The kernel's arguments, in order (runtime.py packs them; see the emitted signature).
-KERNEL_ARGS = (
-    ("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"),
-    ("seqlen_q", "i32"), ("seqlen_k", "i32"), ("group", "i32"),
-    ("q_batch_stride", "i64"), ("q_row_stride", "i64"), ("q_head_stride", "i64"),
-    ("k_batch_stride", "i64"), ("k_row_stride", "i64"), ("k_head_stride", "i64"),
-    ("v_batch_stride", "i64"), ("v_row_stride", "i64"), ("v_head_stride", "i64"),
-    ("o_batch_stride", "i64"), ("o_row_stride", "i64"), ("o_head_stride", "i64"),
-    ("softmax_scale_log2", "f32"),
-)
-
+from kernel_abi.spec import KernelSpec
 
 class TranslationError(ValueError):
     """A TL program the translator cannot turn into a kernel; names the TL line."""
@@ -63,7 +47,7 @@ class GeneratedKernel:
     extra_args: tuple = ()
     tensor_maps: dict = field(default_factory=dict)
     grid: str = "blocks"    # blocks: (query blocks, heads, batch); tiles: one CTA per tile; persistent: one per SM;
-                            # decode: (splits, head units x row blocks, batch), tuner/decode_runtime.py
+                            # decode: (splits, head units x row blocks, batch), tuner/serving/launch/decode_kernel.py
 
     @property
     def source(self) -> str:

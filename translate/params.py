@@ -6,7 +6,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import get_type_hints
 
 from hardware_profiles import Profile
-from translate.problem import Problem
+from kernel_abi.spec import Problem
+from translate.copies import copy_row_threads
 
 
 @dataclass(frozen=True)
@@ -120,13 +121,6 @@ def _short(atom: str) -> str:
     return {"SM80_CP_ASYNC_CACHEGLOBAL": "cpag", "SM80_CP_ASYNC_CACHEALWAYS": "cpaa",
             "UniversalCopy128": "u128", "SM75_U32x4_LDSM_N": "ldsm4", "SM75_U32x2_LDSM_N": "ldsm2",
             "UniversalCopy": "univ", "SM90_TMA": "tma"}.get(atom, atom.lower())
-
-
-def copy_row_threads(width: int) -> int:
-    """Threads that copy one row of a ``width``-wide tile with 16-byte (8-element) copies: the global->shared
-    copies tile rows in 64-wide chunks (32-wide where the width is not a multiple of 64). One copy step of
-    ``threads`` threads covers threads / this many rows (emitters._gmem_copy builds exactly that layout)."""
-    return (64 if width % 64 == 0 else 32) // 8
 
 
 def smem_bytes(params: KernelParams, problem: Problem) -> int:

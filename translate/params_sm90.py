@@ -9,14 +9,14 @@ the 16-bit operand copy P.
 from __future__ import annotations
 
 from hardware_profiles import Profile
-from translate.params import copy_row_threads
-from translate.problem import Problem
+from kernel_abi.abi import TMA_KV
+from translate.copies import copy_row_threads
+from kernel_abi.spec import Problem
 
 GMMA_BLOCK_M = (64, 128, 192)
 PRODUCER_REGS = (24, 32, 40, 56)
 # How the warp-specialised producer reads K and V: one thread's TMA boxes, or (a paged cache only:
 # search_spaces.feasible.layout_reasons) the whole producer warpgroup's cp.async, row by row through the table.
-TMA_KV = "SM90_TMA"
 WS_KV_COPIES = (TMA_KV, "SM80_CP_ASYNC_CACHEGLOBAL")
 MAX_WGMMA_N = 256
 # Registers a consumer thread needs besides the tiles (addresses, descriptors, loop state, softmax
@@ -77,7 +77,7 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
 
 # pack_gqa: a tile's rows are (token, query head) pairs of one KV head, heads fastest. Each consumer warpgroup stores
 # its 64 rows as one TMA box of (group heads x 64 / group tokens), so the group must divide 64; a kernel built with it
-# runs a call whose group does not one query head a tile (the unpacked walk: tuner/launch_plan.py heads_per_tile).
+# runs a call whose group does not one query head a tile (the unpacked walk: tuner/serving/launch/plan.py heads_per_tile).
 PACK_ROWS = 64
 
 

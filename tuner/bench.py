@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner import fa4
-from tuner.problem import Problem, grid_problems
+from kernel_abi.spec import Problem, grid_problems
 
 SDPA_BASELINES = ("flash", "cudnn", "efficient")
 # In this order: our output is cross-checked against the first that ran, so an SDPA backend when one can.
@@ -455,7 +455,7 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
     if built is None:
         return code
 
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     all_rows: list[dict] = []

@@ -19,10 +19,10 @@ DECODE_LAYOUTS = ("paged", "dense")
 def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, layout: str, page_size):
     """(profile, spec, heads, page size) of a decode bench; UsageError naming the bad input."""
     from hardware_profiles import ProfileError, load_profile
-    from translate.problem import KernelSpec, spec_for
+    from kernel_abi.spec import KernelSpec, spec_for
     from tuner.bench import resolve_bench_target
     from tuner.build_cmd import UsageError
-    from tuner.mixes import PAGE_SIZES
+    from tuner.serving.buckets.serving import PAGE_SIZES
 
     layout = "paged" if layout is None else layout
     if layout not in DECODE_LAYOUTS:
@@ -42,8 +42,8 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
         raise UsageError(f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_size}")
     if target.variant == "mla":
         # absorbed MLA decode: q/k 576 (512 latent + 64 rotary), v the first 512 columns of k, one latent KV head
-        from translate.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V
-        from translate.problem import heads_for
+        from kernel_abi.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V
+        from kernel_abi.spec import heads_for
 
         causal = target.causals[-1] if causal is None else causal
         spec = KernelSpec("mla", MLA_DECODE_D_QK, MLA_DECODE_D_V, causal, target.dtype or profile.default_dtype,
@@ -59,7 +59,7 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
     if target.heads is not None:
         heads = target.heads
     else:
-        from translate.problem import heads_for
+        from kernel_abi.spec import heads_for
         hq, hkv, _, _ = heads_for(target.variant, base.d_qk)
         heads = (hq, hkv)
     return profile, spec, heads, page_size, target.model
@@ -104,7 +104,7 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
     from translate.kernel import TranslationError
     from translate.nvcc import compile_kernel, default_cache_dir
     from tuner.bench_decode import BATCHES, KV_LENS, copy_bandwidth_gbs, decode_grid, measure_point
-    from tuner.decode_runtime import load_decode_kernel
+    from tuner.serving.launch.decode_kernel import load_decode_kernel
     from tuner.verify_decode import verify_decode
 
     program, diags = check_source(text, str(sketch or "the decode sketch"))

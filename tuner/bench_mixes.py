@@ -14,7 +14,7 @@ timing after the untimed calls ran on a GPU that had idled and clocked higher (F
 2x(2k on 6k), pages of 16, H100, BENCHMARKS.md 2026-11-27), and a single pass gave it to whichever ran first. TFLOPS
 count the visible (query, key) pairs (ServingProblem.flops). Heads: the variant's paper-grid heads, or a
 --model preset's. Paged: the cache's page size is --page-size, else DEFAULT_PAGE_SIZES (issue 14's: pages
-smaller than a tile and one tile large), those the kernel's block N can tile (tuner.paging).
+smaller than a tile and one tile large), those the kernel's block N can tile (tuner.serving.launch.paging).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from tuner import bench
 from tuner.mix_baselines import BASELINES, Baseline, Unavailable
 from tuner.mix_inputs import make_mix_inputs
 from tuner.mixes import ServingProblem, serving_problems
-from tuner.paging import TMA_KV, compatible_page_sizes, page_misfit, page_size_error
+from tuner.serving.launch.paging import TMA_KV, compatible_page_sizes, page_misfit, page_size_error
 
 # Rounds of ours and the baselines per mix (module doc): three, so that one round's first timing, after idle time,
 # is not the median.
@@ -209,7 +209,7 @@ def results_table(rows: Sequence[dict], title: str, baselines: Sequence[str] = t
 
 
 def _fitting_check_mixes(spec, block_n: int, g2s_atom: str = TMA_KV):
-    """verify_varlen's mixes a kernel can read: paged ones only at page sizes its K/V copy reads (tuner.paging)."""
+    """verify_varlen's mixes a kernel can read: paged ones only at page sizes its K/V copy reads (tuner.serving.launch.paging)."""
     from tuner.verify_varlen import CHECK_MIXES, readable_paged_mixes
 
     if spec.layout != "paged":
@@ -317,7 +317,7 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
 
 
 def _grid_heads(variant: str, head_dim: Optional[int]) -> tuple[int, int]:
-    from tuner.problem import heads_for
+    from kernel_abi.spec import heads_for
 
     hq, hkv, _, _ = heads_for(variant, 128 if head_dim is None else head_dim)
     return hq, hkv
@@ -325,7 +325,7 @@ def _grid_heads(variant: str, head_dim: Optional[int]) -> tuple[int, int]:
 
 def _load_and_verify(built):
     """(kernels, info by spec label); kernels None when one failed to load or verify."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify_varlen import verify_varlen
 
     kernels, info, ok = [], {}, True

@@ -19,8 +19,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tuner.buckets import BUCKETS, bucket_for, bucket_name, is_bucket_name
-from tuner.problem import VARIANTS
+from tuner.serving.buckets.seqlen import BUCKETS, bucket_for, bucket_name, is_bucket_name
+from kernel_abi.spec import VARIANTS
 
 try:
     import tomllib

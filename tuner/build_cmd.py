@@ -11,7 +11,7 @@ from rich.console import Console
 from hardware_profiles import Profile, ProfileError, load_profile
 from tl.pipelines import has_roles
 from translate.params import KernelParams, validate
-from tuner.problem import KernelSpec, spec_for
+from kernel_abi.spec import KernelSpec, spec_for
 
 
 class UsageError(ValueError):
@@ -104,13 +104,13 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
               cache_dir: Optional[Path] = None, schedule: Optional[str] = None, layout: str = "dense",
               page_size: Optional[int] = None, seqlen: Optional[int] = None) -> int:
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input (a page size the kernel's block
-    N cannot tile included: tuner.paging) or missing toolchain. ``seqlen``: the key length the kernel is for;
+    N cannot tile included: tuner.serving.launch.paging) or missing toolchain. ``seqlen``: the key length the kernel is for;
     the base parameters are then the profile's default for that bucket (tuner/bucket_defaults.py)."""
     from tuner.bucket_defaults import BucketTableError, bucket_change, bucket_params
-    from tuner.buckets import bucket_for
+    from tuner.serving.buckets.seqlen import bucket_for
     import translate
     from translate.defaults import default_params, probe_problem
-    from tuner.paging import compatible_page_sizes, page_misfit, page_size_error
+    from tuner.serving.launch.paging import compatible_page_sizes, page_misfit, page_size_error
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)

@@ -31,7 +31,7 @@ LAYOUT_HELP = ("dense, varlen (packed sequences, cu_seqlens) or paged (a paged K
 PAGE_SIZE_HELP = "With --layout paged: keys per page of the KV cache, one of 16, 32, 64, 128, 256."
 PHASE_HELP = ("prefill, or decode: split-KV decode kernels (a few new tokens per sequence against a KV cache, "
               "paged with 16-token pages by default, or --layout dense), tuned per decode bucket (batch x KV "
-              "capacity, tuner/decode_buckets.py) against FA4's paged decode.")
+              "capacity, tuner/serving/buckets/decode.py) against FA4's paged decode.")
 
 
 def _fail_usage(message: str) -> "typer.Exit":

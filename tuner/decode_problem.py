@@ -1,5 +1,5 @@
 """A decode benchmark problem of a campaign: one decode call (batch sequences of kv_len cached keys, seqlen_q new
-tokens each) standing for its decode bucket (tuner/decode_buckets.py), with its work and its bytes.
+tokens each) standing for its decode bucket (tuner/serving/buckets/decode.py), with its work and its bytes.
 
 A decode campaign measures each bucket's representative point (its class edges: batch 1/8/32/128 x KV
 2k/8k/32k) and ranks kernels by TFLOPS there; GB/s of the KV cache read is the same ranking in the unit
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuner.decode_buckets import bucket_points, decode_bucket
+from tuner.serving.buckets.decode import bucket_points, decode_bucket
 
 
 @dataclass(frozen=True)

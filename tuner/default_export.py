@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from tuner.problem import KernelSpec, Problem
+from kernel_abi.spec import KernelSpec, Problem
 
 SERVING_LAYOUTS = ("varlen", "paged")
 SERVING_SPECS = (KernelSpec("gqa", 128, 128, True, "bf16", "varlen"),
@@ -106,7 +106,7 @@ def compile_changes(gpu: str, items: Sequence[tuple[KernelSpec, dict[str, dict]]
 def load_verified(built: dict[str, tuple], spec: KernelSpec, label: str) -> dict:
     """{name: loaded kernel} of one compile_changes item's kernels that built and passed the gate (tuner.verify);
     each verdict is printed as "LABEL NAME: ...". The A/B scripts time only these (GPU)."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     kernels = {}
@@ -190,7 +190,7 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
     import torch
 
     from hardware_profiles import load_profile
-    from tuner import runtime
+    from tuner.serving import launch
     from tuner.export import collect_records, export_records
     from tuner.provenance import collect
     from tuner.store import KernelRecord, KernelStore
@@ -203,7 +203,7 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
     for k in compile_defaults(gpu, specs, cache_dir, buckets=buckets, page_sizes=page_sizes):
         if k.cubin is None:
             raise RuntimeError(f"{k.generated.name} did not compile: {k.log[-2000:]}")
-        kernel = runtime.load_kernel(k.cubin, k.generated.meta())
+        kernel = launch.load_kernel(k.cubin, k.generated.meta())
         report = verify_varlen(kernel, k.spec) if k.spec.layout in SERVING_LAYOUTS else verify(kernel, k.spec)
         if not report.passed:
             raise RuntimeError(f"{k.generated.name} failed verification: {report.reason}")

@@ -10,7 +10,7 @@ One JSON per (variant, head dims, dtype, causal, device), named the way vLLM nam
 ``[A-Za-z0-9._-]`` (spaces included) turned into ``_``.
 
 Content: a ``_metadata`` block (format, tool version, nvcc, CUTLASS, driver, GPU name, sm, the spec,
-exported_at) and, beside it, one entry per shape bucket (``"s4096"``, see tuner.buckets) with params,
+exported_at) and, beside it, one entry per shape bucket (``"s4096"``, see tuner.serving.buckets.seqlen) with params,
 kernel name and sha256, the cubin / source / TL file names, the runtime meta, TFLOPS, baselines and
 ratios, and the verification summary. The files ``<sha256>.cubin``, ``<sha256>.cu`` and
 ``<sha256>.tl`` lie beside the JSON (content-addressed: a kernel shared by two buckets is one file).
@@ -24,12 +24,12 @@ tuned on. Varlen configs of key-length buckets (stored before the serving rule) 
 Dense configs are unchanged.
 
 Decode kernels (records of phase ``decode``: split-KV kernels of translate/decode, launched by
-tuner/decode_runtime.py) get configs of their own: ``,phase=decode`` follows the layout token in the name
+tuner/serving/launch/decode_kernel.py) get configs of their own: ``,phase=decode`` follows the layout token in the name
 (``...,causal=1,layout=paged,phase=decode,device_name=...json``; a dense cache has no layout token, as for
 prefill: ``...,causal=1,phase=decode,device_name=...json``), the metadata says ``"phase": "decode"`` and
-``"bucket_rule": "decode"`` (tuner/decode_buckets.py) and, paged, the ``page_sizes``; an entry ``"d-b8-kv8k-p16"``
+``"bucket_rule": "decode"`` (tuner/serving/buckets/decode.py) and, paged, the ``page_sizes``; an entry ``"d-b8-kv8k-p16"``
 carries the rule's fields ``batch``, ``kv_capacity`` and, paged, ``page_size``. Its meta is the decode kernel's
-(``"grid": "decode"``: tuner.decode_runtime.load_decode_kernel loads it). A baseline in GB/s (``copy_gbs``) is
+(``"grid": "decode"``: tuner.serving.launch.decode_kernel.load_decode_kernel loads it). A baseline in GB/s (``copy_gbs``) is
 compared with the record's achieved ``problem["kv_gbs"]``, not its TFLOPS. One config holds one phase only.
 Prefill configs carry no ``phase`` and are written exactly as before.
 """
@@ -38,24 +38,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tuner.bucket_names import SERVING_RULE, bucket_fields, bucket_rule, bucket_sort_key, mixed_rules
-from tuner.decode_buckets import DECODE_RULE, decode_bucket_fields, decode_bucket_sort_key, is_decode_bucket
+from tuner.serving.buckets.names import SERVING_RULE, bucket_fields, bucket_rule, bucket_sort_key, mixed_rules
+from tuner.serving.buckets.decode import DECODE_RULE, decode_bucket_fields, decode_bucket_sort_key, is_decode_bucket
+from tuner.serving.configs import METADATA_KEY, device_file_token
 from tuner.store import CorruptRecordError, KernelRecord, KernelStore, verification_passed
 
 EXPORT_FORMAT = 1
-METADATA_KEY = "_metadata"
-
-
-def device_file_token(device_name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", device_name.strip())
-
-
 def head_dim_token(d_qk: int, d_v: int) -> str:
     return str(d_qk) if d_qk == d_v else f"{d_qk}_{d_v}"
 
@@ -267,7 +260,7 @@ def export_records(records: list[KernelRecord], profile, out_dir: Path) -> list[
 def run_export(gpu: str, variant: str | None, study_dir: Path, out_dir: Path) -> int:
     """CLI entry: 0 exported, 1 nothing to export or a refused kernel, 2 usage or I/O error."""
     from hardware_profiles import ProfileError, load_profile
-    from tuner.problem import VARIANTS
+    from kernel_abi.spec import VARIANTS
 
     def err(msg: str) -> None:
         print(f"tune export: error: {msg}", file=sys.stderr)

@@ -65,7 +65,7 @@ def status() -> dict:
 
 
 def attention_call(problem) -> Callable:
-    """``call(q, k, v) -> out`` in (b, s, h, d) for ``problem`` (a tuner.problem.Problem); raises
+    """``call(q, k, v) -> out`` in (b, s, h, d) for ``problem`` (a kernel_abi.spec.Problem); raises
     Fa4Unavailable when FA4 is not importable."""
     func = _flash_attn_func()
 

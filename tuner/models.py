@@ -15,7 +15,7 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 from hardware_profiles import check_fields
-from tuner.problem import DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, variant_of_heads
+from kernel_abi.spec import DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, variant_of_heads
 
 MODELS_FILE = Path(__file__).resolve().parent / "models.toml"
 

@@ -72,7 +72,7 @@ DECODE_COLUMNS = (("fa4", "FA4 decode"), ("copy_bound", "copy bound"))
 def _columns(rows: list[dict]):
     """The libraries of these rows: a decode campaign's (decode buckets), a serving campaign's (rows with a
     bucket), or the dense grid's."""
-    from tuner.decode_buckets import is_decode_bucket
+    from tuner.serving.buckets.decode import is_decode_bucket
 
     if any(is_decode_bucket(r.get("bucket")) for r in rows):
         return DECODE_COLUMNS

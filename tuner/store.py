@@ -33,8 +33,8 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
-from tuner.bucket_names import bucket_errors, bucket_sort_key
-from tuner.decode_buckets import decode_bucket_errors, decode_bucket_sort_key, is_decode_bucket
+from tuner.serving.buckets.names import bucket_errors, bucket_sort_key
+from tuner.serving.buckets.decode import decode_bucket_errors, decode_bucket_sort_key, is_decode_bucket
 
 FORMAT_VERSION = 1
 RECORD_FILE = "record.json"
@@ -74,10 +74,10 @@ class KernelRecord:
     d_qk: int
     d_v: int
     causal: bool
-    bucket: str               # "s4096" (tuner.buckets); varlen/paged: "t16k-even", "t4k-even-p16" (tuner.bucket_names)
+    bucket: str               # "s4096" (tuner.serving.buckets.seqlen); varlen/paged: "t16k-even", "t4k-even-p16" (tuner.serving.buckets.names)
     params: dict
     kernel_name: str
-    kernel_meta: dict         # GeneratedKernel.meta(): what tuner.runtime.load_kernel needs
+    kernel_meta: dict         # GeneratedKernel.meta(): what tuner.serving.launch.load_kernel needs
     source: str
     cubin: bytes
     tl_program: str
@@ -94,7 +94,7 @@ class KernelRecord:
     confirmation: dict = field(default_factory=dict)
     layout: str = "dense"     # how the kernel finds rows (tl/layout.py): dense, varlen, paged
     phase: str = "prefill"    # or "decode": a split-KV decode kernel (translate/decode), bucketed by
-                              # tuner/decode_buckets.py (``d-b8-kv8k-p16``)
+                              # tuner/serving/buckets/decode.py (``d-b8-kv8k-p16``)
 
     @property
     def kernel_sha256(self) -> str:

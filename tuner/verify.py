@@ -18,7 +18,7 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Sequence
 
-from tuner.problem import KernelSpec, Problem
+from kernel_abi.spec import KernelSpec, Problem
 
 REL_ERR_BOUND = 1e-2
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from translate.decode.params import v_from_k
-from tuner.problem import KernelSpec
+from kernel_abi.decode import v_from_k
+from kernel_abi.spec import KernelSpec
 from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -221,7 +221,7 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
 def verify_decode(kernel, spec: KernelSpec, cases: Optional[Sequence[DecodeCase]] = None,
                   page_size: Optional[int] = None, seed: Optional[int] = None,
                   device: str = "cuda") -> VerificationReport:
-    """Every decode case on ``kernel`` (a tuner.decode_runtime.DecodeKernel); paged kernels at ``page_size``
+    """Every decode case on ``kernel`` (a tuner.serving.launch.decode_kernel.DecodeKernel); paged kernels at ``page_size``
     (None: 64 for MLA, FlashMLA's page, else 16). ``cases`` None: the spec's (check_cases)."""
     page_size = page_size or (64 if spec.variant == "mla" else 16)
     import torch

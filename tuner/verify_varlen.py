@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from tuner.paging import TMA_KV, kv_copy_of, page_misfit
-from tuner.problem import KernelSpec
+from tuner.serving.launch.paging import TMA_KV, kv_copy_of, page_misfit
+from kernel_abi.spec import KernelSpec
 from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -99,7 +99,7 @@ CHECK_PAGED_MIXES = (
 
 def readable_paged_mixes(block_n: int, g2s_atom: str = TMA_KV) -> tuple:
     """CHECK_PAGED_MIXES at the page sizes a kernel of ``block_n`` whose producer copies with ``g2s_atom``
-    reads (tuner.paging)."""
+    reads (tuner.serving.launch.paging)."""
     return tuple(m for m in CHECK_PAGED_MIXES if page_misfit(m.page_size, block_n, g2s_atom) is None)
 
 

@@ -38,7 +38,7 @@ def campaign_seed_keys(gpu="h100", variant="mha", dtype="bf16", head_dim=None):
     from search_spaces.feasible import feasible_space
     from translate.params import KernelParams
     from tuner.llm import LLMConfig, propose_params
-    from tuner.problem import grid_problems, spec_for
+    from kernel_abi.spec import grid_problems, spec_for
 
     profile, space = load_profile(gpu), load_space(variant)
     spec = spec_for(variant, head_dim, dtype, True)

@@ -25,7 +25,7 @@ from translate.params import KernelParams
 from tuner.campaign import study as st
 from tuner.campaign.backends import _replay_measure, replay_key
 from tuner.campaign.earlystop import DEFAULT_EARLY_STOP, EarlyStop, TrialCost
-from tuner.problem import grid_problems
+from kernel_abi.spec import grid_problems
 
 from .search_efficiency import FIXTURE, MEASURED, _quiet_study, answer_repeat, sm80_class_h100
 
@@ -44,7 +44,7 @@ def seed_keys(rows: dict) -> list[str]:
     """The seeds a campaign on this profile enqueues that the grid holds (published choices, profile stand-ins)."""
     from search_spaces import load_space
     from tuner.llm import LLMConfig, propose_params
-    from tuner.problem import spec_for
+    from kernel_abi.spec import spec_for
 
     if any(r.get("schedule") for r in rows.values()):   # the measured Hopper grid: its published seeds
         from .search_efficiency import measured_grid, published_seeds

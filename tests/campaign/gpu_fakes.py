@@ -1,9 +1,9 @@
 """Stand-ins for the GPU, and only for it, so that the real GPU backend (tuner.campaign.backends
-._gpu_measure and baselines: tuner.runtime.load_kernel -> tuner.verify.verify -> tuner.bench) runs on a
+._gpu_measure and baselines: tuner.serving.launch.load_kernel -> tuner.verify.verify -> tuner.bench) runs on a
 CPU-only machine:
 
 * ``torch.cuda.is_available`` / ``synchronize`` / ``get_device_name``: True / no-op / an H100's name;
-* ``tuner.runtime.load_kernel``: the runtime's own checks of the cubin and its metadata, then a kernel
+* ``tuner.serving.launch.load_kernel``: the runtime's own checks of the cubin and its metadata, then a kernel
   that computes attention on the CPU (the loader's SDPA) and writes into ``out`` as the real one does;
 * ``tuner.bench.time_ms``: calls the timed function once and returns a deterministic time per kernel;
 * ``translate.nvcc.compile_kernels`` (campaign runs only): a "cubin" naming the kernels, no nvcc
@@ -26,7 +26,7 @@ BASELINE_MS = 2.0
 
 
 class CpuKernel:
-    """What runtime.load_kernel returns, computing on the CPU: ``kernel(q, k, v, out=None) -> out``."""
+    """What tuner.serving.launch.load_kernel returns, computing on the CPU: ``kernel(q, k, v, out=None) -> out``."""
 
     def __init__(self, meta: dict, error: float = 0.0, wrong_beyond: int | None = None):
         self.meta = meta
@@ -59,15 +59,15 @@ class CpuKernel:
 
 def fake_load_kernel(binary, meta: dict, device: int | None = None, *, error: float = 0.0,
                      wrong_beyond: int | None = None) -> CpuKernel:
-    """tuner.runtime.load_kernel's own checks (ABI, metadata, non-empty binary holding the symbol)."""
+    """tuner.serving.launch.load_kernel's own checks (ABI, metadata, non-empty binary holding the symbol)."""
     from pathlib import Path
 
-    from tuner import runtime
+    from tuner.serving.launch import driver, kernel
 
-    runtime.check_meta(meta)
+    kernel.check_meta(meta)
     data = Path(binary).read_bytes() if isinstance(binary, (str, Path)) else bytes(binary)
     if meta["name"].encode() not in data:
-        raise runtime.KernelLoadError(f"cannot load {meta['name']}: no such function in the module")
+        raise driver.KernelLoadError(f"cannot load {meta['name']}: no such function in the module")
     return CpuKernel(meta, error, wrong_beyond)
 
 
@@ -117,11 +117,12 @@ def patch_torch_cuda(setattr_=setattr) -> None:
 def install() -> None:
     """Ray worker_process_setup_hook: every stand-in above, in this worker process."""
     import translate.nvcc
-    from tuner import bench, runtime
+    from tuner import bench
+    from tuner.serving import launch
     from tuner.campaign import backends
 
     patch_torch_cuda()
-    runtime.load_kernel = _recording_load_kernel
+    launch.load_kernel = _recording_load_kernel
     bench.time_ms = fake_time_ms
     backends.TRIAL_DEVICE = "cpu"
     if os.environ.get("FAKE_GPU_REAL_NVCC") != "1":

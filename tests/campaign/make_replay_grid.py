@@ -16,7 +16,7 @@ from hardware_profiles import load_profile
 from search_spaces import load_space
 from translate.params import KernelParams, validate
 from tuner.campaign.perfmodel import model_tflops
-from tuner.problem import grid_problems, spec_for
+from kernel_abi.spec import grid_problems, spec_for
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # Library numbers of DESIGN.md's H100 anchors (bf16, d128): flash / cuDNN / efficient, per seqlen.

@@ -23,7 +23,7 @@ from translate.params import validate
 from tuner.campaign import study as st
 from tuner.campaign.backends import load_replay
 from tuner.campaign.distinct import CACHED_FROM
-from tuner.problem import grid_problems, spec_for
+from kernel_abi.spec import grid_problems, spec_for
 
 FIXTURE = Path(__file__).parent / "fixtures" / "h100_mha_d128_bf16_causal.jsonl.gz"
 

@@ -3,7 +3,7 @@ import pytest
 
 from hardware_profiles import load_profile
 from tuner.campaign.combos import Combination, ComboError, expand_combinations
-from tuner.problem import grid_problems
+from kernel_abi.spec import grid_problems
 
 H100, T4 = load_profile("h100"), load_profile("t4")
 

@@ -6,7 +6,7 @@ import pytest
 
 from tuner.campaign.confirm import ConfirmRule, median_interval, round_ratios, verdict, verdict_across
 from tuner.campaign.winners import Contender, Contest, decide
-from tuner.problem import Problem
+from kernel_abi.spec import Problem
 
 RULE = ConfirmRule()
 

@@ -10,7 +10,7 @@ from tuner.campaign import CampaignOptions, run_campaign
 from tuner.campaign.combos import ComboError, expand_combinations
 from tuner.campaign.options import option_problems
 from tuner.campaign.study import study_name
-from tuner.decode_buckets import decode_bucket, decode_bucket_errors, parse_decode_bucket
+from tuner.serving.buckets.decode import decode_bucket, decode_bucket_errors, parse_decode_bucket
 
 from .conftest import load_study, replay_options
 

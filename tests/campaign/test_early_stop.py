@@ -5,7 +5,7 @@ import json
 import pytest
 
 from tuner.campaign.earlystop import DEFAULT_EARLY_STOP, EarlyStop, TrialCost, decide
-from tuner.problem import grid_problems
+from kernel_abi.spec import grid_problems
 
 from . import early_stop_sim as sim
 

@@ -9,7 +9,7 @@ from hardware_profiles import available_profiles, load_profile
 from search_spaces import SpaceError, load_space, parse_space
 from search_spaces.feasible import feasible_space
 from translate.params import KernelParams, validate
-from tuner.problem import VARIANTS, grid_problems, spec_for
+from kernel_abi.spec import VARIANTS, grid_problems, spec_for
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

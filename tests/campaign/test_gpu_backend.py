@@ -12,7 +12,7 @@ import torch
 
 from hardware_profiles import load_profile
 from tuner.campaign import backends
-from tuner.problem import Problem, spec_for
+from kernel_abi.spec import Problem, spec_for
 
 from . import gpu_fakes
 from .conftest import REPO
@@ -55,14 +55,14 @@ def _payload(generated, problems, cubin=None) -> dict:
 
 
 def _use_loader(monkeypatch, **kw):
-    from tuner import runtime
+    from tuner.serving import launch
 
     def load(binary, meta):
         kernel = gpu_fakes.fake_load_kernel(binary, meta, **kw)
         gpu_fakes.LOADED.append(kernel)
         return kernel
 
-    monkeypatch.setattr(runtime, "load_kernel", load)
+    monkeypatch.setattr(launch, "load_kernel", load)
 
 
 def test_a_correct_kernel_is_verified_cross_checked_and_timed(fake_gpu, generated, monkeypatch):

@@ -56,7 +56,7 @@ def test_a_batch_mixing_hopper_and_sm80_class_sketches_compiles_as_one_task_per_
     import translate
     from hardware_profiles import load_profile
     from translate.defaults import default_params
-    from translate.problem import KernelSpec
+    from kernel_abi.spec import KernelSpec
     from tuner.campaign.loop import Candidate
     from tuner.campaign.pacing import one_unit_each
 

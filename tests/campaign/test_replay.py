@@ -7,7 +7,7 @@ from hardware_profiles import load_profile
 from translate.params import KernelParams
 from tuner.campaign.backends import BackendError, _replay_measure, load_replay, parse_backend
 from tuner.campaign.perfmodel import model_tflops
-from tuner.problem import grid_problems
+from kernel_abi.spec import grid_problems
 
 from .search_efficiency import FIXTURE
 

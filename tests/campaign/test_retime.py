@@ -10,7 +10,7 @@ from translate.params import KernelParams
 from tuner.campaign.backends import BackendSpec, replay_noise
 from tuner.campaign.confirm import ConfirmRule
 from tuner.campaign.retime import _replay_retime, round_order
-from tuner.problem import grid_problems
+from kernel_abi.spec import grid_problems
 
 PROBLEM = grid_problems("mha", 128, "bf16", True, seqlens=(4096,))[0]
 A, B, C = (KernelParams(block_m=128, block_n=n) for n in (64, 96, 128))

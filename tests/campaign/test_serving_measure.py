@@ -7,7 +7,7 @@ from tuner.campaign import serving_measure as sm
 from tuner.campaign.backends import _failure
 from tuner.campaign.earlystop import decide
 from tuner.mixes import ServingProblem
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 from tests.test_bench_mixes import CpuKernel as _Cpu
 

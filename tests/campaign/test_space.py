@@ -7,7 +7,7 @@ import pytest
 from hardware_profiles import load_profile
 from search_spaces import SpaceError, available_spaces, load_space, parse_space, suggest
 from translate.params import KernelParams
-from tuner.problem import spec_for
+from kernel_abi.spec import spec_for
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

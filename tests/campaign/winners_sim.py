@@ -24,12 +24,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.buckets import bucket_for
+from tuner.serving.buckets.seqlen import bucket_for
 from tuner.campaign.backends import _replay_measure
 from tuner.campaign.confirm import DEFAULT_RULE, ConfirmRule
 from tuner.campaign.retime import _replay_retime
 from tuner.campaign.winners import Contender, Contest, decide
-from tuner.problem import grid_problems
+from kernel_abi.spec import grid_problems
 
 from .search_efficiency import MEASURED, measured_grid, published_seeds
 

@@ -12,7 +12,7 @@ from tl.parser import parse
 from translate.compiler import generate
 from translate.decode import DecodeParams
 from translate.kernel import TranslationError
-from translate.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 H100 = load_profile("h100")
 SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"
@@ -77,7 +77,7 @@ def test_prefill_params_on_a_decode_sketch_are_refused():
 def test_the_kernel_compiles_without_spills_and_the_host_struct_matches(tmp_path):
     from translate.nvcc import compile_kernel
     from translate.sass import find_cuobjdump, sass_summary
-    from tuner.decode_runtime import DecodeArgs
+    from tuner.serving.launch.decode_kernel import DecodeArgs
 
     k = kernel()
     checks = [f"static_assert(sizeof(attn_decode::Args) == {ctypes.sizeof(DecodeArgs)}, \"Args size\");"]

@@ -3,8 +3,8 @@ import pytest
 
 from hardware_profiles import load_profile
 from translate.decode import DecodeParams, decode_smem_bytes, plan_splits, validate_decode
-from translate.decode.splits import split_cost
-from translate.problem import KernelSpec
+from kernel_abi.splits import split_cost
+from kernel_abi.spec import KernelSpec
 
 H100, T4 = load_profile("h100"), load_profile("t4")
 GQA = KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode")
@@ -88,8 +88,8 @@ def test_the_combine_kernel_and_the_host_agree_on_its_limits_and_grid():
     import re
 
     from translate import INCLUDE_DIR
-    from translate.decode.generate import COMBINE_SLICE_COLS, COMBINE_WARPS, COMBINE_WIDE_SPLITS, combine_grid
-    from translate.decode.splits import MAX_SPLITS
+    from kernel_abi.decode import COMBINE_SLICE_COLS, COMBINE_WARPS, COMBINE_WIDE_SPLITS, combine_grid
+    from kernel_abi.splits import MAX_SPLITS
 
     header = (INCLUDE_DIR / "attn_decode.cuh").read_text()
     assert int(re.search(r"kCombineMaxSplits = (\d+);", header).group(1)) == MAX_SPLITS

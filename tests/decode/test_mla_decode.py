@@ -12,7 +12,7 @@ from tl.parser import parse
 from translate.compiler import generate
 from translate.decode import DecodeParams, decode_smem_bytes, default_decode_params, v_from_k, validate_decode
 from translate.kernel import TranslationError
-from translate.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 H100 = load_profile("h100")
 SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"

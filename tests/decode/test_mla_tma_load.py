@@ -1,7 +1,7 @@
 """Whole key tiles by TMA in the seesaw MLA decode kernel (DecodeParams.kv_load = "tma",
 translate/include/attn_decode_sm90_seesaw.cuh) on the CPU: its validation reasons and key, the generated entry point
 (a second, __grid_constant__ CUtensorMap parameter; the gather kernel's source untouched), the host's map of the
-cache (tuner/decode_runtime.py k_map_spec: which caches get one, its box and strides) and the descriptor's address
+cache (tuner/serving/launch/decode_kernel.py k_map_spec: which caches get one, its box and strides) and the descriptor's address
 kept pointing at the call's cache; with nvcc the compiled kernel issues TMA loads beside the gathers (a sequence's
 last tile still gathers), without spills or wgmma serialisation; and (slow) a host check that a 128-byte-swizzled
 TMA box of 64 x 64 lands exactly where the gathers' layout puts each element. The results are checked on a GPU by
@@ -14,9 +14,9 @@ import pytest
 from translate.decode import DecodeParams, validate_decode
 from translate.decode.generate import DECODE_ARGS, DECODE_TMA_ARGS
 from translate.kernel import TranslationError
-from tuner import tma
-from tuner.decode_runtime import KMap, k_map_spec
-from tuner.launch_plan import MapSlot
+from tuner.serving.launch import tma
+from tuner.serving.launch.decode_kernel import KMap, k_map_spec
+from tuner.serving.launch.plan import MapSlot
 
 from test_mla_seesaw import SEESAW, SEESAW_HGMMAS, clean_sass, compile_one, kernel  # noqa: E402
 from test_mla_wgmma import A100, H100, MLA, host_program  # noqa: E402

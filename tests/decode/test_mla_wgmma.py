@@ -16,7 +16,7 @@ from tl.parser import parse
 from translate.compiler import generate
 from translate.decode import DecodeParams, default_decode_params, validate_decode
 from translate.kernel import TranslationError
-from translate.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 H100, A100 = load_profile("h100"), load_profile("a100")
 SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"

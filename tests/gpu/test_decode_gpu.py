@@ -17,8 +17,8 @@ from tl.parser import parse  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.compiler import generate  # noqa: E402
 from translate.decode import DecodeParams  # noqa: E402
-from translate.problem import KernelSpec  # noqa: E402
-from tuner.decode_runtime import load_decode_kernel  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
+from tuner.serving.launch.decode_kernel import load_decode_kernel  # noqa: E402
 from tuner.verify_decode import DecodeCase, verify_decode  # noqa: E402
 
 CASES = [

@@ -17,7 +17,7 @@ from test_decode_gpu import compile_and_load, kernel_for, profile_here  # noqa: 
 
 from translate import nvcc  # noqa: E402
 from translate.decode import DecodeParams  # noqa: E402
-from translate.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 from tuner.serving import load_exported  # noqa: E402
 from tuner.serving.decode_sdpa import decode_reference  # noqa: E402
 

@@ -18,7 +18,7 @@ from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import hopper_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
-from tuner.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 
 
 def S(v, c, dt="bf16", d=128):
@@ -68,7 +68,7 @@ def built():
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_hopper_schedule_passes_the_verification_gate(built, case):
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     gen, result = built[case]
@@ -79,7 +79,7 @@ def test_hopper_schedule_passes_the_verification_gate(built, case):
 
 def test_a_wrong_hopper_kernel_is_rejected(built, monkeypatch):
     """The gate is not blind to these kernels: scaling the output by 1.05 fails it."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     gen, result = built["mha128c_overlap_persistent"]
@@ -95,7 +95,7 @@ def test_a_wrong_hopper_kernel_is_rejected(built, monkeypatch):
 
 def test_a_hopper_kernel_reads_strided_views(built):
     """Transposed (b, h, s, d) storage seen as (b, s, h, d): the TMA descriptors carry the strides."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     gen, result = built["gqa128c"]
     kernel = load_kernel(result.cubin, gen.meta())

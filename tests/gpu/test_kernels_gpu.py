@@ -14,7 +14,7 @@ import translate  # noqa: E402
 from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import default_params  # noqa: E402
-from tuner.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 from sketch_edits import moved_prefetch  # noqa: E402
 
 KINDS = [KernelSpec(v, d, 128 if v == "mla" else d, c, dt)
@@ -54,7 +54,7 @@ def built():
 
 
 def _load(gen, result):
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     assert result.ok, result.log[-3000:]
     return load_kernel(result.cubin, gen.meta())
@@ -102,7 +102,7 @@ def test_planted_wrong_kernel_is_rejected(built):
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_sm75_kernel_cross_checked_through_ptx_jit(causal):
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify import verify
 
     t4 = load_profile("t4")

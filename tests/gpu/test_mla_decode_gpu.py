@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.gpu,
 from test_decode_gpu import kernel_for, profile_here  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.decode import DecodeParams, default_decode_params  # noqa: E402
-from translate.problem import KernelSpec  # noqa: E402
-from tuner.decode_runtime import load_decode_kernel  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
+from tuner.serving.launch.decode_kernel import load_decode_kernel  # noqa: E402
 from tuner.verify_decode import MLA_HEADS, DecodeCase, verify_decode  # noqa: E402
 
 PAGED = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
@@ -148,7 +148,7 @@ def test_a_separate_v_tensor_and_wrong_heads_are_refused():
 
 @hopper
 def test_the_tma_kernel_follows_each_calls_cache_and_replays_in_a_cuda_graph():
-    """kv_load tma: the launch writes the call's cache address into the descriptor (tuner/decode_runtime.py KMap), so
+    """kv_load tma: the launch writes the call's cache address into the descriptor (tuner/serving/launch/decode_kernel.py KMap), so
     two caches of one shape, called in turn, each give their own result; a captured graph replays the descriptor it
     captured, reading the cache's new contents."""
     from tuner.bench_decode import MLAPoint, make_mla_inputs

@@ -18,7 +18,7 @@ from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import default_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
-from tuner.problem import KernelSpec, Problem  # noqa: E402
+from kernel_abi.spec import KernelSpec, Problem  # noqa: E402
 
 # (id, spec, parameter changes on top of the Hopper default, with pack_gqa)
 CASES = [
@@ -53,7 +53,7 @@ def built():
 
 
 def _load(built, case):
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     gen, result = built[case]
     assert result.ok, result.log[-3000:]

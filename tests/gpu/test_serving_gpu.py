@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                  reason="needs a Hopper (sm_90) GPU")]
 
-from tuner.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 from tuner.serving import load_exported, sdpa_attention  # noqa: E402
 
 SPECS = [KernelSpec("gqa", 128, 128, True, "bf16"), KernelSpec("gqa", 128, 128, False, "bf16")]
@@ -161,7 +161,7 @@ def test_autograd_against_the_fp32_reference(attn, causal):
 
 def test_a_cubin_for_another_gpu_is_refused_with_the_gpu_named(tmp_path):
     from translate import nvcc
-    from tuner.runtime import KernelLoadError, load_kernel
+    from tuner.serving.launch import KernelLoadError, load_kernel
 
     src = tmp_path / "k.cu"
     src.write_text('extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }\n')
@@ -231,7 +231,7 @@ def test_opcheck_with_the_real_kernel(attn):
 
 
 def test_descriptor_addresses_are_rewritten_in_place(attn):
-    """The driver's encoding of the kernels' TMA descriptors keeps the global address where tuner.tma's probe
+    """The driver's encoding of the kernels' TMA descriptors keeps the global address where tuner.serving.launch.tma's probe
     proved it (else every new tensor costs four full encodes: still correct, slower); and a launch on new
     tensors of the same signature reads them."""
     q, k, v = _qkv(b=1, s=640, seed=21)

@@ -18,7 +18,7 @@ from hardware_profiles import load_profile  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import default_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
-from tuner.problem import KernelSpec  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
 
 TMA = {"g2s_atom": "SM90_TMA", "producer_regs": 40}
 # (id, spec, parameter changes on top of the Hopper defaults)
@@ -63,7 +63,7 @@ def built():
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_varlen_kernels_pass_the_gate(built, case):
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify_varlen import verify_varlen
 
     gen, result = built[case]
@@ -76,7 +76,7 @@ def test_varlen_kernels_pass_the_gate(built, case):
 def test_a_wrong_varlen_kernel_is_rejected(built, monkeypatch):
     """The gate must fail a kernel whose sequences leak into each other: one that is told every sequence
     starts at row 0 of the packed tensors."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify_varlen import verify_varlen
 
     gen, result = built["gqa128c"]
@@ -93,7 +93,7 @@ def test_a_wrong_varlen_kernel_is_rejected(built, monkeypatch):
 def test_varlen_matches_the_dense_kernel_on_equal_lengths(built):
     """Packed equal-length sequences give what the dense kernel of the same parameters gives on the
     (batch, seqlen) tensors: the tiles are the same, only the addressing differs."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     gen, result = built["gqa128c"]
     varlen = load_kernel(result.cubin, gen.meta())
@@ -117,7 +117,7 @@ def test_varlen_matches_the_dense_kernel_on_equal_lengths(built):
 def test_a_paged_kernel_that_ignores_the_page_table_is_rejected(built, monkeypatch):
     """Given the pages in the order they were allocated (the identity table), not the shuffled table: the
     gate sees wrong keys, or NaN from the spare pages."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
     from tuner.verify_varlen import verify_varlen
 
     gen, result = built["paged_gqa128c"]
@@ -137,7 +137,7 @@ def test_the_sequence_order_changes_which_cta_runs_a_tile_not_its_result(built, 
     """Longest first (attn_sm90::order_sequences) against the order given, on a mix whose longest sequence is
     last: bit for bit the same output (a tile's arithmetic does not depend on its CTA). 150 sequences is past
     kMaxOrderedSeqs: the order given, in both."""
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     kernels = [load_kernel(built[c][1].cubin, built[c][0].meta()) for c in ("gqa128c", "gqa128c_given")]
     gen = torch.Generator().manual_seed(count)

@@ -14,7 +14,7 @@ from translate.params import validate
 from tuner.llm import (LLMClient, describe_seeds, LLMConfig, ResponseCache, Seed, generate_program, generate_programs,
                        profile_seeds, propose_params, representative_problem)
 from tuner.llm.prompts import extract_json, extract_tl
-from tuner.problem import spec_for
+from kernel_abi.spec import spec_for
 
 from stub_server import Reply, StubOpenAI, closed_port_url
 

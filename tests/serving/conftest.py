@@ -15,7 +15,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 
 
 class StandInKernel:
-    """What tuner.runtime.load_kernel returns, computed on the CPU in fp32: the kernel's contract (q, k, v
+    """What tuner.serving.launch.load_kernel returns, computed on the CPU in fp32: the kernel's contract (q, k, v
     in (b, s, h, d), bottom-right causal from its spec, any positive scale) and its refusals."""
 
     def __init__(self, meta: dict):
@@ -46,7 +46,7 @@ class StandInKernel:
 
     def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, out=None,
               softmax_scale=None):
-        """tuner.runtime.AttentionKernel.paged's contract and refusals (tuner/launch_plan.py build_paged_plan:
+        """tuner.serving.launch.kernel.AttentionKernel.paged's contract and refusals (tuner/serving/launch/plan.py build_paged_plan:
         the layout, seqused_k, an int32 table of one row a sequence, a page size that tiles block N)."""
         from tuner.serving.paged_sdpa import paged_sdpa
 
@@ -67,7 +67,7 @@ class StandInKernel:
 
 
 class StandInDecodeKernel:
-    """What tuner.decode_runtime.load_decode_kernel returns, computed on the CPU in fp32 by the reference: the
+    """What tuner.serving.launch.decode_kernel.load_decode_kernel returns, computed on the CPU in fp32 by the reference: the
     kernel's call (flash_attn_with_kvcache's arguments, causal from its spec) and its refusals
     (check_decode_inputs: 1..16 query tokens, its dtype, a table for a paged kernel and none for a dense one,
     lengths for a paged call, a power-of-two page size, int32 lengths, a contiguous head dim)."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import H100, StandInKernel, make_export, qkv
 
-from tuner.buckets import nearest_bucket
+from tuner.serving.buckets.seqlen import nearest_bucket
 from tuner.serving import DeviceFacts, ExportError, load_exported, read_configs
 from tuner.serving.configs import dispatch_table, pick
 

@@ -8,7 +8,7 @@ import torch
 from conftest import H100, make_export, stand_in_loader
 from store_fakes import make_decode_record, make_record
 
-from tuner.decode_buckets import BATCH_EDGES, KV_EDGES, decode_bucket, parse_decode_bucket
+from tuner.serving.buckets.decode import BATCH_EDGES, KV_EDGES, decode_bucket, parse_decode_bucket
 from tuner.serving import DeviceFacts, load_exported, op
 from tuner.serving.decode_rule import DecodeTable, class_edge, nearest_decode_bucket
 from tuner.serving.decode_sdpa import decode_gradients, decode_reference

@@ -8,7 +8,8 @@ import torch
 from conftest import H100, StandInKernel, make_export
 from store_fakes import make_record
 
-from tuner.mixes import TOKEN_EDGES, load_mixes, nearest_serving_bucket, serving_bucket
+from tuner.mixes import load_mixes
+from tuner.serving.buckets.serving import TOKEN_EDGES, nearest_serving_bucket, serving_bucket
 from tuner.serving import DeviceFacts, load_exported, op
 from tuner.serving.rule import ServingTable, call_class
 

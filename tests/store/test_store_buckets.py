@@ -1,6 +1,6 @@
 import pytest
 
-from tuner.buckets import BUCKETS, bucket_for, bucket_seqlen, nearest_bucket
+from tuner.serving.buckets.seqlen import BUCKETS, bucket_for, bucket_seqlen, nearest_bucket
 
 
 @pytest.mark.parametrize("seqlen,bucket", [(1, "s512"), (512, "s512"), (513, "s1024"), (4096, "s4096"),

@@ -56,10 +56,10 @@ def build_kernel(profile, spec, tmp_path) -> dict:
 
 
 def test_exported_kernel_runs_through_the_loader_and_matches_sdpa(tmp_path):
-    runtime = pytest.importorskip("tuner.runtime")
+    runtime = pytest.importorskip("tuner.serving.launch.kernel")
     from tuner.export import run_export
     from tuner.loader import load_exported, sdpa_attention
-    from tuner.problem import KernelSpec, Problem
+    from kernel_abi.spec import KernelSpec, Problem
     from tuner.provenance import collect
     from tuner.store import KernelRecord, KernelStore
 

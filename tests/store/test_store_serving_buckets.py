@@ -5,7 +5,7 @@ import json
 import pytest
 from store_fakes import make_record
 
-from tuner.bucket_names import bucket_errors, bucket_sort_key
+from tuner.serving.buckets.names import bucket_errors, bucket_sort_key
 from tuner.export import build_configs, export_records
 from tuner.store import InvalidRecordError, KernelStore
 

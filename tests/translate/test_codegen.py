@@ -11,7 +11,7 @@ from hardware_profiles import load_profile
 from translate import TranslationError
 from translate.defaults import default_params
 from translate.params import KernelParams, validate
-from tuner.problem import KernelSpec, Problem
+from kernel_abi.spec import KernelSpec, Problem
 from sketch_edits import moved_prefetch
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")

@@ -14,7 +14,7 @@ from hardware_profiles import load_profile
 from translate import nvcc
 from translate.sass import find_cuobjdump, sass_instructions, sass_summary
 from translate.defaults import default_params
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 pytestmark = pytest.mark.slow
 

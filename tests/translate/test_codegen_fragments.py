@@ -13,7 +13,7 @@ from hardware_profiles import load_profile
 from translate import emitters
 from translate.defaults import default_params
 from translate.params import KernelParams
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 from host_checks import run_host_checks
 

@@ -19,7 +19,7 @@ from translate.sass import find_cuobjdump, sass_instructions, wgmmas_fed_by_r2ur
 from translate.defaults import hopper_params
 from translate.params import KernelParams
 from translate.sm90 import frame
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 from host_checks import run_host_checks
 

@@ -7,7 +7,7 @@ from hardware_profiles import load_profile
 from translate.defaults import default_params, hopper_params
 from translate.params import KernelParams, validate
 from translate.params_sm90 import consumer_registers, tile_registers
-from translate.problem import KernelSpec, Problem
+from kernel_abi.spec import KernelSpec, Problem
 
 H100, A100 = load_profile("h100"), load_profile("a100")
 
@@ -86,7 +86,7 @@ def test_setmaxnreg_never_asks_for_more_than_the_cta_got_at_launch(variant, hd):
     from search_spaces import load_space
     from search_spaces.feasible import feasible_space
     from translate.params_sm90 import consumer_registers, launch_registers
-    from translate.problem import grid_problems, spec_for
+    from kernel_abi.spec import grid_problems, spec_for
 
     profile = load_profile("h100")
     spec = spec_for(variant, hd, "bf16", True)

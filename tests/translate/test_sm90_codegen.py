@@ -10,7 +10,7 @@ import translate
 from hardware_profiles import load_profile
 from translate.defaults import default_params, hopper_params
 from translate.params import KernelParams
-from translate.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 H100 = load_profile("h100")
 SPECS = [KernelSpec(v, 192 if v == "mla" else d, 128 if v == "mla" else d, c, "bf16")

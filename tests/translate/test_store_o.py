@@ -15,7 +15,7 @@ from hardware_profiles import load_profile
 from translate.defaults import hopper_params
 from translate.params import KernelParams
 from translate.sm90 import frame, plain
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 from host_checks import run_host_checks
 

@@ -29,21 +29,20 @@ unchanged by that option (compile caches are keyed by source).
 """
 from __future__ import annotations
 
-import math
 
 from tl.ast import Compute, Copy, For, Program, Reshape, walk
 from tl.layout import layout_of
 from tl.phase import combines, split_loops
-from translate.decode.params import WGMMA_KINDS, DecodeParams, decode_smem_bytes, v_from_k, validate_decode
-from translate.kernel import ABI_VERSION, GeneratedKernel, TranslationError, sketch_hash
-from translate.problem import KernelSpec
+from kernel_abi.decode import COMBINE_WARPS, v_from_k
+from translate.decode.params import WGMMA_KINDS, DecodeParams, decode_smem_bytes, validate_decode
+from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
+from kernel_abi.spec import KernelSpec
 
-# cuLaunchKernel takes the one struct (tuner/decode_runtime.py packs it): the argument list names it.
+# cuLaunchKernel takes the one struct (tuner/serving/launch/decode_kernel.py packs it): the argument list names it.
 DECODE_ARGS = (("args", "struct:attn_decode::Args"),)
 # kv_load tma: the split kernel also takes the K cache's TMA descriptor (encoded per call shape, its address
-# written per call: tuner/decode_runtime.py); the combine kernel takes the struct alone.
+# written per call: tuner/serving/launch/decode_kernel.py); the combine kernel takes the struct alone.
 DECODE_TMA_ARGS = DECODE_ARGS + (("k_map", "tensormap:k"),)
-COMBINE_WARPS = 4      # warps a combine CTA, each merging one 128-column slice of one row
 COMBINE_MIN_CTAS = 8   # combine CTAs an SM holds at least: 64 registers a thread, the measured build (session 8)
 
 _MMA = {"fp16": "SM80_16x8x16_F32F16F16F32_TN", "bf16": "SM80_16x8x16_F32BF16BF16F32_TN"}
@@ -263,15 +262,3 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         "}",
     ]
     return "\n".join(lines) + "\n"
-
-
-COMBINE_SLICE_COLS = 128   # attn_decode.cuh kCombineSliceCols: columns of an output row one combine warp merges
-COMBINE_WIDE_SPLITS = 16   # attn_decode.cuh kCombineWideSplits: from this many splits, a warp per slice of a row
-
-
-def combine_grid(rows: int, d_v: int, num_splits: int, abi: int = ABI_VERSION) -> int:
-    """CTAs of the combine kernel for ``rows`` output rows of ``d_v`` columns: a warp per 128-column slice of a row
-    with many splits (few rows: small batches), else a warp per row (the kernel's rule, attn_decode.cuh combine);
-    kernels built before ABI 3 take a warp per row always."""
-    slices = math.ceil(d_v / COMBINE_SLICE_COLS) if num_splits >= COMBINE_WIDE_SPLITS and abi >= 3 else 1
-    return math.ceil(rows * slices / COMBINE_WARPS)

@@ -5,7 +5,8 @@ import numbers
 from dataclasses import asdict, dataclass, fields
 
 from hardware_profiles import Profile
-from translate.problem import MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V, KernelSpec
+from kernel_abi.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V, v_from_k
+from kernel_abi.spec import KernelSpec
 
 # A decode query tile holds at most 16 tokens (speculative decoding) x a KV group's heads; past 4 row slabs per
 # warp the O accumulator no longer fits the registers (see validate_decode).
@@ -24,7 +25,7 @@ class DecodeParams:
     # probe of scripts/decode_check.py and held >= 1.0x FA4 on the whole decode grid (BENCHMARKS.md, 2026-11-24).
     kv_stages: int = 3
     pack_gqa: bool = True        # one CTA reads a K/V tile once for every query head of its group
-    min_split_blocks: int = 2    # split rule (translate/decode/splits.py): the fewest key tiles one split takes
+    min_split_blocks: int = 2    # split rule (kernel_abi/splits.py): the fewest key tiles one split takes
     swizzle: int = 3
     # The tensor-core instructions: "sm80" (ldmatrix + mma.sync, every sm80+ GPU) or "sm90_wgmma" (Hopper
     # warpgroup MMAs reading Q, K, V and P from shared memory: attn_decode_sm90.cuh; MLA split-d_v, sm_90a), or
@@ -86,16 +87,6 @@ KV_LOADS = ("gather", "tma")
 # The conditional rescale's thresholds in log2 units (P up to 2^16 still leaves fp32 sums and 16-bit P far from
 # overflow); 0 turns it off.
 MAX_RESCALE_THRESHOLD = 16
-
-
-# MLA decode is the absorbed form (DeepSeek-V3): q and the one latent KV head carry 512 latent + 64 rotary columns,
-# and the values are the latent part of the same rows (FlashMLA's convention: v = k_cache[..., :512]).
-MLA_DECODE_D_QK, MLA_DECODE_D_V = MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V
-
-
-def v_from_k(spec: KernelSpec) -> bool:
-    """V is the first d_v columns of K's rows (absorbed MLA), read once with K: no V ring, no V gather."""
-    return spec.variant == "mla" and spec.d_v < spec.d_qk
 
 
 def split_dv_default(spec: KernelSpec) -> bool:

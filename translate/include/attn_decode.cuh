@@ -26,7 +26,7 @@
 namespace attn_decode {
 using namespace cute;
 
-// The single launch argument of both kernels, by value. tuner/decode_runtime.py packs it field by field in
+// The single launch argument of both kernels, by value. tuner/serving/launch/decode_kernel.py packs it field by field in
 // this order (its ctypes mirror is checked against this header by tests/decode).
 struct Args {
   const void* q;            // (b, seqlen_q, heads_q, d_qk)
@@ -506,7 +506,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
 // the loops unrolled (2.5k instructions: every SM fetches the code of a kernel that runs a few microseconds) made
 // batch 8-32 0.96-0.98x, hence the `unroll 1` loops below.
 constexpr int kCombineSliceCols = 128;
-constexpr int kCombineMaxSplits = 128;   // translate/decode/splits.py MAX_SPLITS
+constexpr int kCombineMaxSplits = 128;   // kernel_abi/splits.py MAX_SPLITS
 constexpr int kCombineWideSplits = 16;   // translate/decode/generate.py COMBINE_WIDE_SPLITS
 
 // lane's float4s of one row: kChunks of them, 32 float4s apart, from chunk `first`; kUnroll splits a step

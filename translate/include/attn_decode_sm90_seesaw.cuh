@@ -217,7 +217,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
           const int c0 = wg ? kLeftChunks : 0, c1 = wg ? kChunks : kLeftChunks;
           cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(
               bar, uint32_t((c1 - c0) * kBlockN * 64 * sizeof(Element)));
-          // (columns, row in the page or sequence, KV head, page or sequence): the map of tuner/decode_runtime.py
+          // (columns, row in the page or sequence, KV head, page or sequence): the map of tuner/serving/launch/decode_kernel.py
           const int row = Cfg::kPaged ? (key0 & ((1 << a.page_shift) - 1)) : key0;
           const int outer = Cfg::kPaged ? pages[0] : b;
           for (int c = c0; c < c1; ++c) {

@@ -51,7 +51,7 @@ __forceinline__ __device__ void tma_load_paged(CUtensorMap const* desc, uint64_t
 // ---- cp.async (indexed) paged loads ----------------------------------------------------------------
 // A K or V tile of kTileRows keys from a paged cache (pages, page_size, heads, D) read by the producer
 // warpgroup's four warps with cp.async, 16 bytes a lane and instruction: any page size that is a multiple of 8
-// (tuner/paging.py), and no page lookup waits for another (a one-thread TMA producer issues one box per page,
+// (tuner/serving/launch/paging.py), and no page lookup waits for another (a one-thread TMA producer issues one box per page,
 // each behind its lookup: 0.44-0.61x FA4 with pages of 16, BENCHMARKS.md).
 // The tile's rows go in groups of 8 to the warps in turn (group g to warp g % 4); a group lies within one page,
 // so one lookup serves its 8 rows: lane t of the warp looks up the warp's group t (paged_group_rows, before the

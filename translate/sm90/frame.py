@@ -153,7 +153,7 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
 
 def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack: bool = False) -> list[str]:
     args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
-    if pack:   # the query heads a tile holds: the group where it divides 64, else 1 (tuner/launch_plan.py)
+    if pack:   # the query heads a tile holds: the group where it divides 64, else 1 (tuner/serving/launch/plan.py)
         args.append("const int pack")
     if varlen:
         args += ["const int* __restrict__ cu_seqlens_q", "const int* __restrict__ cu_seqlens_k",

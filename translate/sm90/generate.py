@@ -234,7 +234,7 @@ def tensor_map_boxes(params, spec) -> dict:
     """What the host encodes per tensor (runtime.py): a 4-D map (head dim, seqlen, heads, batch) of the
     (batch, seqlen, heads, dim) tensor, 128-byte swizzle, a box of 64 columns x ``rows``. ``heads_first``
     (pack_gqa's Q and O): the map is (head dim, heads, seqlen, batch) and the box's ``rows`` are the tile's
-    heads x rows / heads tokens, heads fastest (the call's ``pack``: tuner/launch_plan.py)."""
+    heads x rows / heads tokens, heads fastest (the call's ``pack``: tuner/serving/launch/plan.py)."""
     packed = {"heads_first": True} if params.pack_gqa else {}
     return {"q": {"rows": params.block_m, "dim": "d_qk", **packed}, "k": {"rows": params.block_n, "dim": "d_qk"},
             "v": {"rows": params.block_n, "dim": "d_v"}, "o": {"rows": 64, "dim": "d_v", **packed}}

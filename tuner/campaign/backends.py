@@ -298,7 +298,8 @@ def _gpu_measure(payload: dict, device: str | None = None, on_acquired: OnAcquir
     import time as _time
 
     t_imports = _time.perf_counter()
-    from tuner import bench, runtime, verify  # noqa: F401 - verify's import cost belongs to "imports"
+    from tuner import bench, verify  # noqa: F401 - verify's import cost belongs to "imports"
+    from tuner.serving import launch
 
     device = device or TRIAL_DEVICE
     name = gpu_name(device)          # initialises CUDA: part of the "imports" stage
@@ -306,7 +307,7 @@ def _gpu_measure(payload: dict, device: str | None = None, on_acquired: OnAcquir
     t0 = _time.perf_counter()
     seconds: dict[str, float] = {"imports": round(t0 - t_imports, 3)}
     try:
-        kernel = runtime.load_kernel(payload["cubin"], payload["meta"])
+        kernel = launch.load_kernel(payload["cubin"], payload["meta"])
     except Exception as exc:  # a kernel that cannot load is this candidate's fault
         return _failure(name, f"load failed: {type(exc).__name__}: {first_line(exc)}")
     t1 = _time.perf_counter()
@@ -343,7 +344,7 @@ def warm_up(spec, device: str) -> None:
         import torch
 
         from tuner import bench, verify
-        from tuner.problem import Problem
+        from kernel_abi.spec import Problem
 
         hq, hkv = verify.CHECK_HEADS[spec.variant]
         tiny = Problem(spec.variant, 1, hq, hkv, 16, 16, spec.d_qk, spec.d_v, spec.causal, spec.dtype)

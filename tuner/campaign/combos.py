@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tuner.models import ModelError, get_model
-from tuner.problem import (DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems,
+from kernel_abi.spec import (DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems,
                            heads_for, spec_for)
-from translate.problem import MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V
+from kernel_abi.spec import MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V
 
 CAUSAL_WORDS = {"both": (True, False),
                 "true": (True,), "causal": (True,), "yes": (True,), "1": (True,),

@@ -374,7 +374,7 @@ def bucket_default_seeds(profile, spec) -> list[tuple[dict, str, str]]:
     (params, source, rationale) seeds: a campaign's winner of a bucket must beat what `tune build --seqlen` gives."""
     from translate.defaults import default_params
     from tuner.bucket_defaults import bucket_change, group_buckets, load_table
-    from tuner.buckets import BUCKETS, bucket_name
+    from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
 
     if profile.sm < 90 or not load_table(profile.name):
         return []

@@ -61,7 +61,7 @@ class CampaignOptions:
     layout: str = "dense"                 # dense (b, s, h, d); varlen / paged: the serving mixes (tuner/mixes.py)
     page_size: Optional[int] = None       # the paged layout's KV-cache page (tuner.mixes.PAGE_SIZES)
     phase: str = "prefill"                # or decode: split-KV decode kernels on the decode buckets
-                                          # (tuner/decode_buckets.py) over a paged (default) or dense cache
+                                          # (tuner/serving/buckets/decode.py) over a paged (default) or dense cache
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "study_dir", Path(self.study_dir))
@@ -108,7 +108,7 @@ def option_problems(o: CampaignOptions) -> list[str]:
     need(o.seqlens is None or (len(o.seqlens) > 0 and all(_count(s, 1) for s in o.seqlens)), "--seqlens",
          "a list of positive integers", o.seqlens)
     from tl.layout import LAYOUTS
-    from tuner.mixes import PAGE_SIZES
+    from tuner.serving.buckets.serving import PAGE_SIZES
 
     need(o.layout in LAYOUTS, "--layout", f"one of {', '.join(LAYOUTS)}", o.layout)
     need(o.phase in ("prefill", "decode"), "--phase", "prefill or decode", o.phase)
@@ -146,5 +146,5 @@ def decode_option_problems(o: CampaignOptions) -> list[str]:
         problems.append("--page-size applies to a paged cache; --phase decode --layout dense has none")
     if o.seqlens is not None:
         problems.append("--seqlens sets the prefill grid; --phase decode measures one call per decode bucket "
-                        "(tuner/decode_buckets.py)")
+                        "(tuner/serving/buckets/decode.py)")
     return problems

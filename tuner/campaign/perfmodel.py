@@ -28,7 +28,7 @@ def registers_per_thread(params: KernelParams, d_qk: int, d_v: int) -> float:
 
 
 def model_tflops(params: KernelParams, problem, profile) -> float:
-    """Modelled TFLOPS of ``params`` on ``problem`` (a tuner.problem.Problem) for ``profile``; a serving mix
+    """Modelled TFLOPS of ``params`` on ``problem`` (a kernel_abi.spec.Problem) for ``profile``; a serving mix
     (tuner.mixes.ServingProblem) as its sequences one after the other."""
     if getattr(problem, "phase", "prefill") == "decode":
         from .decode_measure import model_tflops as decode_tflops
@@ -70,7 +70,7 @@ def model_tflops(params: KernelParams, problem, profile) -> float:
 
 
 def _mix_tflops(params: KernelParams, mix, profile) -> float:
-    from tuner.problem import Problem
+    from kernel_abi.spec import Problem
 
     seconds = 0.0
     for sq, sk in zip(mix.seqlens_q, mix.seqlens_k):

@@ -1,4 +1,4 @@
-"""What the campaign needs of a benchmark problem, dense (tuner.problem.Problem: one seqlen of the paper grid),
+"""What the campaign needs of a benchmark problem, dense (kernel_abi.spec.Problem: one seqlen of the paper grid),
 serving (tuner.mixes.ServingProblem: a packed length mix of a serving layout) or decode
 (tuner.decode_problem.DecodeProblem: one decode call per decode bucket): its key in the trials' TFLOPS and the
 baselines, its bucket, its order in tables, and the one the early stop probes."""
@@ -19,9 +19,9 @@ def problem_key(problem) -> str:
 
 
 def bucket_of(problem) -> str:
-    """The store bucket: tuner.buckets by seqlen for dense, tuner.mixes' serving rule otherwise."""
+    """The store bucket: tuner.serving.buckets.seqlen by seqlen for dense, tuner.mixes' serving rule otherwise."""
     if is_dense(problem):
-        from tuner.buckets import bucket_for
+        from tuner.serving.buckets.seqlen import bucket_for
 
         return bucket_for(problem.seqlen_k)
     return problem.bucket

@@ -94,7 +94,8 @@ def _replay_retime(path: str, payload: dict) -> dict:
 
 def _gpu_retime(payload: dict, on_acquired: OnAcquired = None) -> dict:
     """Load and warm up every contender outside the GPU's lock; cross-check and time them under it."""
-    from tuner import bench, runtime
+    from tuner import bench
+    from tuner.serving import launch
 
     device = backends.TRIAL_DEVICE
     name = backends.gpu_name(device)
@@ -104,7 +105,7 @@ def _gpu_retime(payload: dict, on_acquired: OnAcquired = None) -> dict:
     t0 = time.perf_counter()
     for k in payload["kernels"]:
         try:
-            kernels[k["role"]] = runtime.load_kernel(k["cubin"], k["meta"])
+            kernels[k["role"]] = launch.load_kernel(k["cubin"], k["meta"])
         except Exception as exc:  # noqa: BLE001 - e.g. a stored kernel of an older ABI: it cannot win here
             failed[k["role"]] = f"load failed: {type(exc).__name__}: {first_line(exc)}"
     backends.warm_up(payload["spec"], device)

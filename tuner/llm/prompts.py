@@ -15,7 +15,7 @@ from typing import Any, Iterable, Optional, Sequence
 import jinja2
 
 from hardware_profiles import Profile
-from tuner.problem import KernelSpec, Problem
+from kernel_abi.spec import KernelSpec, Problem
 
 TEMPLATE_DIR = Path(__file__).resolve().parent / "templates"
 

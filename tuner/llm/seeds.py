@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from hardware_profiles import Profile
 from translate.params import KernelParams, validate
-from tuner.problem import KernelSpec, Problem, heads_for
+from kernel_abi.spec import KernelSpec, Problem, heads_for
 
 from .cache import ResponseCache
 from .client import BadAnswer, LLMClient, LLMConfig, LLMError, ResponseFormatUnsupported

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 import tl
 from hardware_profiles import Profile
 from tl.diagnostics import Diagnostic
-from tuner.problem import KernelSpec
+from kernel_abi.spec import KernelSpec
 
 from .cache import ResponseCache
 from .client import BadAnswer, LLMClient, LLMConfig, LLMError

@@ -5,12 +5,12 @@ resolves (symbolic links followed) to a file in the folder, or the config is ref
 before anything is opened. ``choose`` is a pure function of shapes, dtype and device facts, so it is
 testable without a GPU and traceable by torch.compile.
 
-A config's buckets follow one rule (tuner/bucket_names.py): key-length buckets ``s<N>`` (dense configs, and
+A config's buckets follow one rule (tuner/serving/buckets/names.py): key-length buckets ``s<N>`` (dense configs, and
 varlen configs exported before the serving rule), routed by the nearest key length; or serving buckets
 (varlen and paged configs), routed by ``ExportedConfig.serving`` (tuner/serving/rule.py).
 
 Decode configs (``"phase": "decode"`` in the metadata, ``,phase=decode`` in the name) hold decode buckets
-(``d-b8-kv8k-p16``, tuner/decode_buckets.py) of split-KV decode kernels, routed by ``ExportedConfig.decode``
+(``d-b8-kv8k-p16``, tuner/serving/buckets/decode.py) of split-KV decode kernels, routed by ``ExportedConfig.decode``
 (tuner/serving/decode_rule.py: the call's (batch, KV capacity) class, else the nearest bucket of the same page
 size); they never serve a prefill call, nor a prefill config a decode call (``dispatch_table``'s ``phase``).
 """
@@ -18,15 +18,15 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tuner.bucket_names import LAYOUTS, SEQLEN_RULE, SERVING_RULE, bucket_errors, bucket_rule, mixed_rules
-from tuner.buckets import bucket_seqlen
-from tuner.decode_buckets import DECODE_RULE, decode_bucket_errors, is_decode_bucket, parse_decode_bucket
-from tuner.export import METADATA_KEY, device_file_token
-from tuner.mixes import parse_serving_bucket
-from tuner.problem import variant_of_heads
+from tuner.serving.buckets.names import LAYOUTS, SEQLEN_RULE, SERVING_RULE, bucket_errors, bucket_rule, mixed_rules
+from tuner.serving.buckets.seqlen import bucket_seqlen
+from tuner.serving.buckets.decode import DECODE_RULE, decode_bucket_errors, is_decode_bucket, parse_decode_bucket
+from tuner.serving.buckets.serving import parse_serving_bucket
+from kernel_abi.spec import variant_of_heads
 from tuner.serving.decode_rule import DecodeTable
 from tuner.serving.rule import ServingTable
 
@@ -35,7 +35,13 @@ from tuner.serving.rule import ServingTable
 # variant serves any whole group; the config whose variant matches the call's layout is still preferred
 # (it was tuned for that head count).
 ANY_VARIANT = "*"
+METADATA_KEY = "_metadata"      # the block of a config file that is not a bucket
 _FILE_FIELDS = ("cubin", "source", "program")
+
+
+def device_file_token(device_name: str) -> str:
+    """A GPU's name as it stands in config file names: every character outside [A-Za-z0-9._-] becomes _."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", device_name.strip())
 
 
 class ExportError(ValueError):
@@ -81,7 +87,7 @@ class ExportedConfig:
     bucket_order: tuple = field(default=(), compare=False)
     bucket_bounds: tuple = field(default=(), compare=False)
     serving: ServingTable | None = field(default=None, compare=False)    # set when the buckets are serving ones
-    phase: str = "prefill"     # or "decode": split-KV decode kernels (tuner/decode_runtime.py)
+    phase: str = "prefill"     # or "decode": split-KV decode kernels (tuner/serving/launch/decode_kernel.py)
     decode: DecodeTable | None = field(default=None, compare=False)      # set for a decode config
 
     @property
@@ -106,7 +112,7 @@ class ExportedConfig:
         return any(device_file_token(n) == token for n in self.device_names)
 
     def bucket_for(self, seqlen_k: int) -> str:
-        """``tuner.buckets.nearest_bucket`` over this config's buckets by precomputed midpoints: the nearest
+        """``tuner.serving.buckets.seqlen.nearest_bucket`` over this config's buckets by precomputed midpoints: the nearest
         edge in log2 distance, a tie to the larger (tests/serving/test_configs.py checks the two agree).
         A plain loop over at most a few midpoints: torch.compile traces it, not bisect."""
         index = 0

@@ -18,7 +18,7 @@ otherwise): the decode config of the cache layout (paged when a table is given),
 (with one query token causal and non-causal agree: a config of the other causality serves it), then its bucket
 by tuner/serving/decode_rule.py from the batch ``q.shape[0]``, the KV capacity (``page_table.shape[1] x
 page_size``, dense ``k_cache.shape[1]``) and the page size ``k_cache.shape[1]``. The exported decode kernel
-(tuner/decode_runtime.py) runs through ``torch.ops.attn_tuner.decode_kvcache``; else the masked torch reference
+(tuner/serving/launch/decode_kernel.py) runs through ``torch.ops.attn_tuner.decode_kvcache``; else the masked torch reference
 (tuner/serving/decode_sdpa.py: the pages gathered on the device, no host read) through the same op, counted by
 reason: ``no-decode-config``, ``decode-page-size``, ``decode-seqlen-q`` (more than 16 query tokens), ``dtype``,
 ``no-shape-config``, ``no-variant``, ``inputs-refused``, ``kernel-unloadable``.
@@ -90,7 +90,7 @@ def decode_input_errors(q, k_cache, v_cache, cache_seqlens, page_table) -> list[
 def absorbed_mla_values(q, k_cache):
     """``v_cache=None``: absorbed MLA's values, the first 512 columns of the 576-wide latent rows (FlashMLA's
     layout), as a view of ``k_cache``; any other call needs its ``v_cache``."""
-    from translate.decode.params import MLA_DECODE_D_QK, MLA_DECODE_D_V
+    from kernel_abi.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V
 
     if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4 and k_cache.shape[3] == MLA_DECODE_D_QK \
             and k_cache.shape[2] == 1 and isinstance(q, torch.Tensor) and q.shape[-1] == MLA_DECODE_D_QK:

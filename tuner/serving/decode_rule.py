@@ -1,4 +1,4 @@
-"""The decode bucket rule (tuner/decode_buckets.py) at call time: which bucket of a decode config serves a
+"""The decode bucket rule (tuner/serving/buckets/decode.py) at call time: which bucket of a decode config serves a
 ``flash_attn_with_kvcache`` call, from its shapes alone (no GPU read).
 
 A call's class: ``batch = q.shape[0]`` and the KV capacity (``page_table.shape[1] * page_size`` for a paged cache,
@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tuner.decode_buckets import BATCH_EDGES, KV_EDGES, class_edge, parse_decode_bucket
+from tuner.serving.buckets.decode import BATCH_EDGES, KV_EDGES, class_edge, parse_decode_bucket
 
 
 def decode_distance(batch: int, kv: int, other_batch: int, other_kv: int) -> float:

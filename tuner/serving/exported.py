@@ -57,10 +57,10 @@ def cuda_devices(device_name: str | None = None) -> dict:
 
 def _default_kernel_loader(cubin: bytes, meta: dict, device_index: int = 0):
     if meta.get("grid") == "decode":      # a split-KV decode kernel and its combine kernel
-        from tuner.decode_runtime import load_decode_kernel
+        from tuner.serving.launch.decode_kernel import load_decode_kernel
 
         return load_decode_kernel(cubin, meta, device_index)
-    from tuner.runtime import load_kernel
+    from tuner.serving.launch import load_kernel
 
     return load_kernel(cubin, meta, device_index)
 
@@ -226,7 +226,7 @@ class ExportedAttention(DropIns, VarlenCalls, PagedCalls, DecodeCalls):
         return value
 
     def _load(self, entry: ExportedKernel, device_index: int):
-        from tuner.runtime import cubin_arch
+        from tuner.serving.launch.driver import cubin_arch
 
         # checked again as it is opened: a link swapped in after the export was read is refused too
         path = inside_folder(entry.cubin_path.parent, entry.cubin_path.name, "cubin", entry.cubin_path)
@@ -323,6 +323,6 @@ def load_exported(folder, device_name: str | None = None, kernel_loader: Callabl
                   devices: dict | None = None) -> ExportedAttention:
     """The attention functions of the configs in ``folder`` (``tune export``'s output). ``device_name``
     stands in for torch.cuda.get_device_name(); ``kernel_loader(cubin, meta, device_index)`` for
-    tuner.runtime.load_kernel; ``devices`` for the CUDA devices (see ExportedAttention)."""
+    tuner.serving.launch.load_kernel; ``devices`` for the CUDA devices (see ExportedAttention)."""
     return ExportedAttention(read_configs(Path(folder)), device_name=device_name, kernel_loader=kernel_loader,
                              devices=devices)

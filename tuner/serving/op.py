@@ -23,7 +23,7 @@ v_cache all get gradients.
 
 ``decode_kvcache`` (``flash_attn_with_kvcache``: q (b, seqlen_q, hq, d), a paged or dense KV cache,
 cache_seqlens) returns (out, lse): lse (b, hq, seqlen_q) fp32 when asked for, else an empty tensor. Its route
-is an exported decode kernel (tuner/decode_runtime.py) or the masked torch reference
+is an exported decode kernel (tuner/serving/launch/decode_kernel.py) or the masked torch reference
 (tuner/serving/decode_sdpa.py). Its backward, like the paged op's, recomputes with that reference from the
 saved inputs (``decode_kvcache_backward``, the gradients written out, also those of the lse): decode is
 inference, but a call under autograd is differentiable, never silently not.

@@ -1,11 +1,11 @@
-"""The serving bucket rule (tuner/mixes.py) at call time: which bucket of a varlen or paged config serves a
+"""The serving bucket rule (tuner/serving/buckets/serving.py) at call time: which bucket of a varlen or paged config serves a
 packed call, from what the host knows of it (no GPU read).
 
-``call_class`` is ``tuner.mixes.serving_bucket`` written with integer comparisons only, so that
+``call_class`` is ``tuner.serving.buckets.serving.serving_bucket`` written with integer comparisons only, so that
 torch.compile traces it into a constant when the call's lengths are plain ints (mixes.py formats and
 parses names with f-strings and regular expressions; tests/serving/test_serving_rule.py checks the two agree
 on a grid). ``ServingTable`` settles, when a config is read, the order of preference of its buckets for every
-(token edge, mix class, page size) a call can fall into, by ``mixes.nearest_serving_bucket`` itself; a call
+(token edge, mix class, page size) a call can fall into, by ``nearest_serving_bucket`` itself; a call
 then takes the first bucket of its order whose kernel can tile its page size (a paged kernel reads a K/V
 tile as boxes of one page: the page size must divide block N or be a multiple of it), or None when none can.
 """
@@ -13,15 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuner.mixes import MIX_CLASSES, SHORT_MAX_KEYS, SKEW_RATIO, TOKEN_EDGES, nearest_serving_bucket, \
-    parse_serving_bucket
+from tuner.serving.buckets.serving import MIX_CLASSES, SHORT_MAX_KEYS, SKEW_RATIO, TOKEN_EDGES, nearest_serving_bucket, parse_serving_bucket
 
 # the key of every page size no bucket names: all of them are equally far from every bucket's page size
 OTHER_PAGE = -1
 
 
 def call_class(total_q: int, batch: int, max_seqlen_q: int, max_seqlen_k: int) -> tuple[int, str]:
-    """(token edge, mix class) of a packed call: ``tuner.mixes.serving_bucket``'s rule (see the module doc)."""
+    """(token edge, mix class) of a packed call: ``tuner.serving.buckets.serving.serving_bucket``'s rule (see the module doc)."""
     tokens = TOKEN_EDGES[-1]
     for edge in reversed(TOKEN_EDGES):      # the smallest edge holding the packed queries, else the last
         if total_q <= edge:

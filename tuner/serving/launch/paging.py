@@ -1,4 +1,4 @@
-"""Which page sizes a paged kernel can read (issue 14), and `--page-size` on the command line.
+"""Which page sizes a paged kernel can read, and `--page-size` on the command line.
 
 A paged kernel takes its page size at run time (the cache's shape), so one cubin serves every page size its
 K/V copy can read. A TMA producer (g2s_atom SM90_TMA) reads a K/V tile as boxes of min(block N, page size) rows,
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from translate.params_sm90 import TMA_KV   # the g2s_atom of a TMA producer; any other (cp.async) reads by row
-from tuner.mixes import PAGE_SIZES, MixError, check_page_size
+from kernel_abi.abi import TMA_KV
+from tuner.serving.buckets.serving import PAGE_SIZES, page_size_problem
 
 RULE = ("the page size must divide block N or be a multiple of it (a K/V tile is read as whole TMA boxes of "
         "min(block N, page size) rows, each within one page)")
@@ -38,7 +38,7 @@ def page_misfit(page_size: int, block_n: int, g2s_atom: str = TMA_KV) -> Optiona
 
 
 def compatible_page_sizes(block_n: int, g2s_atom: str = TMA_KV) -> tuple[int, ...]:
-    """The supported page sizes (tuner.mixes.PAGE_SIZES) a kernel of ``block_n`` reads."""
+    """The supported page sizes (tuner.serving.buckets.serving.PAGE_SIZES) a kernel of ``block_n`` reads."""
     return tuple(p for p in PAGE_SIZES if page_misfit(p, block_n, g2s_atom) is None)
 
 
@@ -48,8 +48,5 @@ def page_size_error(layout: str, page_size: Optional[int]) -> Optional[str]:
         return None
     if layout != "paged":
         return f"--page-size applies to --layout paged only (got --layout {layout})"
-    try:
-        check_page_size(page_size)
-    except MixError as exc:
-        return f"--page-size: {exc}"
-    return None
+    problem = page_size_problem(page_size)
+    return f"--page-size: {problem}" if problem else None

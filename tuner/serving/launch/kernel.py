@@ -8,7 +8,7 @@ lazy, so this module imports on machines without a GPU.
 Launch cost is the point of this module (a decode-sized call is all launch): everything that depends only on
 the call's shapes, strides, dtypes, device and scale is validated and packed once into a ``LaunchPlan``
 (grid, the kernel's parameter buffer, its TMA descriptors); a later call with the same key looks the plan
-up, writes the four data pointers (and the descriptors' global addresses, see tuner.tma.AddressPatch) into
+up, writes the four data pointers (and the descriptors' global addresses, see tuner.serving.launch.tma.AddressPatch) into
 the buffer and calls the driver.
 
 Layout (FlashAttention's): q (b, sq, hq, d_qk), k (b, sk, hkv, d_qk), v (b, sk, hkv, d_v) -> out
@@ -19,113 +19,29 @@ from __future__ import annotations
 
 import ctypes
 import math
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tuner.launch_plan import (FOUR_POINTERS, POINTER, LaunchPlan, build_paged_plan, build_plan, point_map,
-                                build_varlen_plan)
+from kernel_abi.abi import ABI1_ARGS, ABI_VERSION
+from tuner.serving.launch import driver as cuda
+from tuner.serving.launch.plan import (FOUR_POINTERS, POINTER, LaunchPlan, build_paged_plan, build_plan,
+                                       build_varlen_plan, point_map)
 
-ABI_VERSION = 3                 # what translate emits now (translate/kernel.py)
-SUPPORTED_ABIS = (1, 2, 3)      # 1: the softmax scale was compiled in as 1/sqrt(d_qk); 2: a decode combine per row
-_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
-# The argument list of kernels whose metadata predates "args" (translate/kernel.py KERNEL_ARGS of ABI 1).
-DEFAULT_ARGS = [("q", "ptr"), ("k", "ptr"), ("v", "ptr"), ("o", "ptr"), ("seqlen_q", "i32"), ("seqlen_k", "i32"),
-                ("group", "i32")] + [(f"{t}_{w}_stride", "i64") for t in "qkvo" for w in ("batch", "row", "head")]
+SUPPORTED_ABIS = (1, 2, ABI_VERSION)   # kernel_abi.abi: what each version changed
 _DEFAULT_SMEM_LIMIT = 48 * 1024
 _LOG2E = math.log2(math.e)
 _MAX_PLANS = 256               # per kernel; a model has a handful of shapes per layer kind
-_CUDA_ERROR_INVALID_CONTEXT = 201
-
-
-class KernelLoadError(RuntimeError):
-    """The module or its kernel could not be loaded (wrong architecture, missing symbol, no cuda-python)."""
-
-
-class KernelLaunchError(RuntimeError):
-    """The launch was refused or the kernel faulted."""
 
 
 def check_meta(meta: dict) -> None:
     """The metadata a kernel needs to be launched; KernelLoadError naming what is wrong."""
     if meta.get("abi") not in SUPPORTED_ABIS:
-        raise KernelLoadError(f"kernel ABI {meta.get('abi')!r} is not one this runtime launches "
+        raise cuda.KernelLoadError(f"kernel ABI {meta.get('abi')!r} is not one this runtime launches "
                               f"({', '.join(map(str, SUPPORTED_ABIS))}); rebuild the kernel")
     for key in ("name", "num_threads", "smem_bytes", "block_m", "spec"):
         if key not in meta:
-            raise KernelLoadError(f"kernel metadata lacks {key!r}")
-
-
-def cubin_arch(data: bytes) -> tuple[int, int] | None:
-    """The SM (major, minor) a cubin's ELF header names, or None when ``data`` is not a CUDA ELF (PTX).
-
-    CUDA ELF files carry OS ABI 0x41; from ABI version 8 (nvcc 12.8+) the SM sits in bits 8-15 of
-    e_flags (sm_90a: 0x5a), before it in bits 0-7 (checked with nvcc 13.0: tests/test_runtime.py)."""
-    if len(data) < 52 or data[:4] != b"\x7fELF" or data[7] != 0x41:
-        return None
-    flags = struct.unpack_from("<I", data, 48)[0]
-    sm = (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
-    return (sm // 10, sm % 10) if sm else None
-
-
-def runs_on(cubin_sm: tuple[int, int], capability: tuple[int, int]) -> bool:
-    """SASS runs on its own major family at the same or a later minor (an sm_90a cubin only on 9.0)."""
-    return cubin_sm[0] == capability[0] and cubin_sm[1] <= capability[1]
-
-
-def _driver():
-    try:
-        from cuda.bindings import driver
-    except ImportError:   # pragma: no cover - older cuda-python layout
-        try:
-            from cuda import cuda as driver
-        except ImportError as exc:
-            raise KernelLoadError("tuner.runtime needs cuda-python on the GPU machine (pip install cuda-python)") \
-                from exc
-    return driver
-
-
-def _check(result, what: str):
-    """cuda-python returns (CUresult, values...): the values, or KernelLoadError naming the driver's error."""
-    err = result[0]
-    if int(err) != 0:
-        driver = _driver()
-        name = driver.cuGetErrorName(err)[1]
-        raise KernelLoadError(f"{what}: {name.decode() if isinstance(name, bytes) else err}")
-    return result[1] if len(result) == 2 else result[1:]
-
-
-_contexts: dict = {}
-
-
-def _device(device_index: int):
-    """(CUdevice, its primary context: torch's), retained once per process."""
-    found = _contexts.get(device_index)
-    if found is None:
-        driver = _driver()
-        _check(driver.cuInit(0), "cuInit")
-        dev = _check(driver.cuDeviceGet(device_index), f"cuDeviceGet({device_index})")
-        found = _contexts[device_index] = (dev, _check(driver.cuDevicePrimaryCtxRetain(dev),
-                                                       "cuDevicePrimaryCtxRetain"))
-    return found
-
-
-def primary_context(device_index: int):
-    return _device(device_index)[1]
-
-
-class _Current:
-    """The device's primary context made current for a block (pushed and popped)."""
-
-    def __init__(self, device_index: int):
-        self.ctx = primary_context(device_index)
-
-    def __enter__(self):
-        _check(_driver().cuCtxPushCurrent(self.ctx), "cuCtxPushCurrent")
-
-    def __exit__(self, *exc):
-        _driver().cuCtxPopCurrent()
+            raise cuda.KernelLoadError(f"kernel metadata lacks {key!r}")
 
 
 # Persistent kernels' tile counters (one per stream) come in blocks of COUNTER_BLOCK (512 bytes); a new block is
@@ -135,44 +51,33 @@ COUNTER_BLOCK = 64
 COUNTER_SPARE = 8
 
 
-def load_kernel(binary: bytes | str | Path, meta: dict, device: int | None = None):
-    """Load ``binary`` (cubin or PTX bytes, or a path to one) into GPU ``device`` (default: torch's current
-    device) and return a launchable kernel. ``meta`` is ``GeneratedKernel.meta()``: a decode kernel's (grid
-    "decode") loads as a tuner.decode_runtime.DecodeKernel, any other as an AttentionKernel."""
-    if isinstance(meta, dict) and meta.get("grid") == "decode":
-        from tuner.decode_runtime import load_decode_kernel
-
-        return load_decode_kernel(binary, meta, device)
-    return load_attention_kernel(binary, meta, device)
-
-
 def load_attention_kernel(binary: bytes | str | Path, meta: dict, device: int | None = None) -> "AttentionKernel":
     """The module and entry point of ``meta["name"]``, as an AttentionKernel (load_kernel's work)."""
     check_meta(meta)
     data = Path(binary).read_bytes() if isinstance(binary, (str, Path)) else bytes(binary)
     if not data:
-        raise KernelLoadError("empty kernel binary")
+        raise cuda.KernelLoadError("empty kernel binary")
     import torch
 
     index = torch.cuda.current_device() if device is None else int(device)
-    arch = cubin_arch(data)
+    arch = cuda.cubin_arch(data)
     capability = torch.cuda.get_device_capability(index)
-    if arch is not None and not runs_on(arch, capability):
-        raise KernelLoadError(f"{meta['name']} is a cubin for sm_{arch[0]}{arch[1]}; GPU {index} "
+    if arch is not None and not cuda.runs_on(arch, capability):
+        raise cuda.KernelLoadError(f"{meta['name']} is a cubin for sm_{arch[0]}{arch[1]}; GPU {index} "
                               f"({torch.cuda.get_device_name(index)}) is sm_{capability[0]}{capability[1]}")
-    driver = _driver()
+    driver = cuda.api()
     image = ctypes.create_string_buffer(data)   # NUL-terminated: PTX needs it, a cubin ignores it
     what = f"{meta['name']} ({'cubin' if arch else 'PTX'})"
-    with _Current(index):
-        module = _check(driver.cuModuleLoadData(ctypes.addressof(image)), f"cannot load {what}")
-        function = _check(driver.cuModuleGetFunction(module, meta["name"].encode()), f"cannot find {what}")
+    with cuda.CurrentContext(index):
+        module = cuda.check(driver.cuModuleLoadData(ctypes.addressof(image)), f"cannot load {what}")
+        function = cuda.check(driver.cuModuleGetFunction(module, meta["name"].encode()), f"cannot find {what}")
         smem = int(meta["smem_bytes"])
         if smem > _DEFAULT_SMEM_LIMIT:
             attr = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-            _check(driver.cuFuncSetAttribute(function, attr, smem),
+            cuda.check(driver.cuFuncSetAttribute(function, attr, smem),
                    f"{meta['name']} needs {smem} bytes of shared memory; the GPU refused")
-        sms = _check(driver.cuDeviceGetAttribute(
-            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, _device(index)[0]),
+        sms = cuda.check(driver.cuDeviceGetAttribute(
+            driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, cuda.device(index)[0]),
             "cuDeviceGetAttribute")
     kernel = AttentionKernel(meta=dict(meta), device_index=index, _module=module, _function=function, _sm_count=sms)
     if any(name == "tile_counter" for name, _ in kernel.args) and not torch.cuda.is_current_stream_capturing():
@@ -199,7 +104,7 @@ class AttentionKernel:
 
     @property
     def args(self) -> list:
-        return [tuple(a) for a in self.meta.get("args", DEFAULT_ARGS)]
+        return [tuple(a) for a in self.meta.get("args", ABI1_ARGS)]
 
     @property
     def takes_scale(self) -> bool:
@@ -213,7 +118,7 @@ class AttentionKernel:
 
     def resources(self) -> dict:
         """Registers and local memory per thread as the driver reports them."""
-        driver = _driver()
+        driver = cuda.api()
         attr = driver.CUfunction_attribute
         out = {}
         for key, a in (("num_regs", attr.CU_FUNC_ATTRIBUTE_NUM_REGS),
@@ -331,21 +236,21 @@ class AttentionKernel:
         if (qp | kp | vp | op) & 15:
             raise ValueError("q, k, v and out data pointers must be 16-byte aligned (128-bit loads)")
         index = self.device_index
-        handle = _raw_stream(index)
+        handle = cuda.raw_stream(index)
         stream = self._streams.get(handle) or self._stream(handle)
         with plan.lock:
             self._pack(plan, (qp, kp, vp, op), handle, extra)
-            if _current_device() != index:
-                with _Current(index):
-                    err = int((_LAUNCH or _bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
+            if cuda.current_device() != index:
+                with cuda.CurrentContext(index):
+                    err = int((cuda.LAUNCH or cuda.bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
             else:
-                err = int((_LAUNCH or _bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
-                if err == _CUDA_ERROR_INVALID_CONTEXT:   # a thread where torch never made the context current
-                    _check(_driver().cuCtxSetCurrent(primary_context(index)), "cuCtxSetCurrent")
-                    err = int((_LAUNCH or _bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
+                err = int((cuda.LAUNCH or cuda.bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
+                if err == cuda.CUDA_ERROR_INVALID_CONTEXT:   # a thread where torch never made the context current
+                    cuda.check(cuda.api().cuCtxSetCurrent(cuda.primary_context(index)), "cuCtxSetCurrent")
+                    err = int((cuda.LAUNCH or cuda.bind_launch())(*plan.prefix, stream, plan.pointers_address, 0)[0])
         if err:
-            driver = _driver()
-            raise KernelLaunchError(f"launch of {self.name} failed: {driver.cuGetErrorName(err)[1]!r} ({err})")
+            driver = cuda.api()
+            raise cuda.KernelLaunchError(f"launch of {self.name} failed: {driver.cuGetErrorName(err)[1]!r} ({err})")
 
     def _pack(self, plan: LaunchPlan, pointers: tuple, stream_handle: int, extra: tuple = ()) -> None:
         """This call's pointers (q, k, v, out, then the layout's: plan.dynamic_offsets) into the plan's
@@ -362,7 +267,7 @@ class AttentionKernel:
                 point_map(params, slot, address)
 
     def _stream(self, handle: int):
-        stream = self._streams[handle] = _driver().CUstream(init_value=int(handle))
+        stream = self._streams[handle] = cuda.api().CUstream(init_value=int(handle))
         return stream
 
     def _tile_counter(self, stream_handle: int) -> int:
@@ -378,7 +283,7 @@ class AttentionKernel:
         capturing = torch.cuda.is_current_stream_capturing()
         if not self._free_counters:
             if capturing:
-                raise KernelLaunchError(f"{self.name}: every one of its {len(self._counters)} tile counters is taken "
+                raise cuda.KernelLaunchError(f"{self.name}: every one of its {len(self._counters)} tile counters is taken "
                                         "by another stream and none can be allocated while a CUDA graph is "
                                         "captured; run the kernel once on the capturing stream before the capture")
             self.reserve_counters()
@@ -398,34 +303,6 @@ class AttentionKernel:
         self._counter_tensors.append(tensor)
         base = tensor.data_ptr()
         self._free_counters.extend(base + 8 * i for i in reversed(range(COUNTER_BLOCK)))
-
-_LAUNCH = None    # cuda-python's cuLaunchKernel, bound at the first launch
-
-
-def _bind_launch():
-    global _LAUNCH
-    _LAUNCH = _driver().cuLaunchKernel
-    return _LAUNCH
-
-
-# The two lookups below run per launch: the first call rebinds each name to torch's own function.
-def _raw_stream(device_index: int) -> int:
-    """torch's current stream on the device as a raw handle (the C call inductor uses; ~0.2 µs)."""
-    global _raw_stream
-    import torch
-
-    get = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    _raw_stream = get if get is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
-    return _raw_stream(device_index)
-
-
-def _current_device() -> int:
-    global _current_device
-    import torch
-
-    _current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
-    return _current_device()
-
 
 def _check_lengths(q, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
     """The per-sequence arguments of a varlen call: int32 vectors on the tensors' GPU, contiguous."""

@@ -9,7 +9,7 @@ splits as waves x tiles per CTA,
 
 and takes the ``s`` of least time, never giving a split fewer than ``min_split_blocks`` key tiles (each split
 costs a prologue, a partial output and its share of the combine); among equal times the fewest splits. Then the
-tiles are evened out over the splits. Pure, so the host computes it per call shape (tuner/decode_runtime.py, which
+tiles are evened out over the splits. Pure, so the host computes it per call shape (tuner/serving/launch/decode_kernel.py, which
 asks the driver how many CTAs of the kernel an SM holds) and the CPU tests check it.
 """
 from __future__ import annotations

@@ -5,7 +5,7 @@ The call follows ``flash_attn_with_kvcache``: q (b, seqlen_q, hq, d_qk); k_cache
 (pages, page_size, hkv, d) with ``page_table`` (b, max_pages) int32, or dense (b, seqlen_cache, hkv, d);
 ``cache_seqlens`` (b) int32 the keys each sequence has (None: the whole cache). Causal aligns bottom-right: the
 new tokens are the last ``seqlen_q`` of each sequence. The split count comes from the kernel's split rule
-(translate/decode/splits.py: waves of the CTAs an SM holds) on the cache's capacity (known without reading the lengths back), or
+(kernel_abi/splits.py: waves of the CTAs an SM holds) on the cache's capacity (known without reading the lengths back), or
 ``num_splits``.
 
 Absorbed MLA kernels (translate.decode.v_from_k: one latent KV head, d_qk 576, d_v 512) read V as the first d_v
@@ -22,12 +22,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from translate.decode.generate import COMBINE_WARPS, combine_grid
-from translate.decode.params import v_from_k
-from translate.problem import KernelSpec
-from translate.decode.splits import plan_splits
-from tuner import runtime as rt
-from tuner.launch_plan import place_map, point_map
+from kernel_abi.decode import COMBINE_WARPS, combine_grid, v_from_k
+from kernel_abi.spec import KernelSpec
+from kernel_abi.splits import plan_splits
+from tuner.serving.launch import driver as cuda
+from tuner.serving.launch.kernel import AttentionKernel, load_attention_kernel
+from tuner.serving.launch.plan import place_map, point_map
 
 _LOG2E = math.log2(math.e)
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
@@ -48,10 +48,10 @@ class DecodeArgs(ctypes.Structure):
 
 def k_map_spec(address: int, shape, strides, element_bytes: int, paged: bool, block_n: int):
     """The TMA map a kv_load tma kernel reads whole key tiles through (attn_decode_sm90_seesaw.cuh): the cache
-    (pages or sequences, rows, heads, d) as tuner.tma's 4-D map with boxes of ``block_n`` rows. None where no tile
+    (pages or sequences, rows, heads, d) as tuner.serving.launch.tma's 4-D map with boxes of ``block_n`` rows. None where no tile
     can come by TMA, so the kernel never reads the descriptor: pages smaller than a tile (it gathers them) or a
     dense cache shorter than one. TensorMapError for a cache the TMA unit cannot address."""
-    from tuner import tma
+    from tuner.serving.launch import tma
 
     rows = int(shape[1])
     if rows < block_n or (paged and rows % block_n):
@@ -62,9 +62,9 @@ def k_map_spec(address: int, shape, strides, element_bytes: int, paged: bool, bl
 @dataclass
 class KMap:
     """A kv_load tma kernel's second parameter: the K cache's descriptor in its own buffer, and the slot that keeps
-    it pointing at the call's k_cache (tuner.launch_plan.point_map, as the prefill plans' descriptors)."""
+    it pointing at the call's k_cache (tuner.serving.launch.plan.point_map, as the prefill plans' descriptors)."""
     buffer: Any             # (c_uint64 * 16): the 128 bytes cuLaunchKernel copies; zeros while slot is None
-    slot: Any               # tuner.launch_plan.MapSlot, or None (k_map_spec: the kernel never reads it)
+    slot: Any               # tuner.serving.launch.plan.MapSlot, or None (k_map_spec: the kernel never reads it)
 
     def point(self, address: int) -> None:
         if self.slot is not None and address != self.slot.address:
@@ -97,17 +97,17 @@ class DecodePlan:
 def load_decode_kernel(binary, meta: dict, device: int | None = None) -> "DecodeKernel":
     """Load a decode kernel's cubin (both entry points) on GPU ``device``; meta is ``GeneratedKernel.meta()``."""
     if meta.get("grid") != "decode":
-        raise rt.KernelLoadError(f"{meta.get('name')} is not a decode kernel (grid {meta.get('grid')!r})")
-    base = rt.load_attention_kernel(binary, meta, device)
-    driver = rt._driver()
-    with rt._Current(base.device_index):
-        combine = rt._check(driver.cuModuleGetFunction(base._module, (meta["name"] + "_combine").encode()),
+        raise cuda.KernelLoadError(f"{meta.get('name')} is not a decode kernel (grid {meta.get('grid')!r})")
+    base = load_attention_kernel(binary, meta, device)
+    driver = cuda.api()
+    with cuda.CurrentContext(base.device_index):
+        combine = cuda.check(driver.cuModuleGetFunction(base._module, (meta["name"] + "_combine").encode()),
                             f"cannot find {meta['name']}_combine")
     return DecodeKernel(base, combine)
 
 
 class DecodeKernel:
-    def __init__(self, base: "rt.AttentionKernel", combine_function):
+    def __init__(self, base: AttentionKernel, combine_function):
         self.base = base
         self.meta = base.meta
         self.spec = base.meta["spec"]
@@ -125,9 +125,9 @@ class DecodeKernel:
     def ctas_per_sm(self) -> int:
         """CTAs of the split kernel one SM holds at once (the driver's occupancy), which the split rule fills."""
         if self._ctas_per_sm is None:
-            driver = rt._driver()
-            with rt._Current(self.base.device_index):
-                n = rt._check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+            driver = cuda.api()
+            with cuda.CurrentContext(self.base.device_index):
+                n = cuda.check(driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
                     self.base._function, self.meta["num_threads"], self.meta["smem_bytes"]), "cuOccupancy")
             self._ctas_per_sm = max(1, int(n))
         return self._ctas_per_sm
@@ -219,22 +219,22 @@ class DecodeKernel:
 
     def _stream(self):
         """torch's current stream on the kernel's device, as the driver's handle (one lookup per call)."""
-        handle = rt._raw_stream(self.base.device_index)
+        handle = cuda.raw_stream(self.base.device_index)
         stream = self._streams.get(handle)
         if stream is None:
-            stream = self._streams[handle] = rt._driver().CUstream(init_value=int(handle))
+            stream = self._streams[handle] = cuda.api().CUstream(init_value=int(handle))
         return stream
 
     def _launch(self, prefix: tuple, stream, pointers_address: int) -> None:
         """cuLaunchKernel(*prefix, stream, params, 0): ``prefix`` (function, grid, block, shared memory) is the
         plan's, built once; a thread without the context current gets the primary one and tries again."""
-        launch = rt._LAUNCH or rt._bind_launch()
+        launch = cuda.LAUNCH or cuda.bind_launch()
         err = int(launch(*prefix, stream, pointers_address, 0)[0])
-        if err == rt._CUDA_ERROR_INVALID_CONTEXT:
-            rt._check(rt._driver().cuCtxSetCurrent(rt.primary_context(self.base.device_index)), "cuCtxSetCurrent")
+        if err == cuda.CUDA_ERROR_INVALID_CONTEXT:
+            cuda.check(cuda.api().cuCtxSetCurrent(cuda.primary_context(self.base.device_index)), "cuCtxSetCurrent")
             err = int(launch(*prefix, stream, pointers_address, 0)[0])
         if err:
-            raise rt.KernelLaunchError(f"launch of {self.name} failed: {rt._driver().cuGetErrorName(err)[1]!r} "
+            raise cuda.KernelLaunchError(f"launch of {self.name} failed: {cuda.api().cuGetErrorName(err)[1]!r} "
                                        f"({err})")
 
     def _plan(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out) -> DecodePlan:
@@ -253,7 +253,7 @@ class DecodeKernel:
     def _build(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out) -> DecodePlan:
         import torch
 
-        from tuner.launch_plan import _check_layout
+        from tuner.serving.launch.plan import _check_layout
 
         spec = self.spec
         dtype = getattr(torch, _DTYPES[spec["dtype"]])
@@ -294,7 +294,7 @@ class DecodeKernel:
         meta = self.base.meta
         k_map = None
         if self.params.get("kv_load", "gather") == "tma":
-            from tuner import tma
+            from tuner.serving.launch import tma
 
             try:
                 k_map = build_k_map(k_cache, self.paged, int(self.params["block_n"]), spec["dtype"])
@@ -317,7 +317,7 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, s
     """ValueError naming what a decode call's tensors get wrong, before any launch."""
     import torch
 
-    from tuner.launch_plan import _check_layout
+    from tuner.serving.launch.plan import _check_layout
 
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or not t.is_cuda:

@@ -2,7 +2,7 @@
 
 Two bucket rules name the stored kernels of a spec:
 
-  * ``s<N>`` (tuner/buckets.py): the key length. Dense records use it; varlen records stored before the
+  * ``s<N>`` (tuner/serving/buckets/seqlen.py): the key length. Dense records use it; varlen records stored before the
     serving buckets used it too and keep being read, stored and routed by ``max_seqlen_k`` as before.
   * serving buckets (tuner/mixes.py: ``t16k-even``, ``t4k-even-p16``): the packed tokens, the length mix
     and, when paged, the page size, all from what the host knows of a packed call. Varlen and paged records.
@@ -14,8 +14,8 @@ varlen record's serving bucket names no page size. One config holds buckets of o
 """
 from __future__ import annotations
 
-from tuner.buckets import bucket_seqlen, is_bucket_name
-from tuner.mixes import (MIX_CLASSES, PAGE_SIZES, SERVING_LAYOUTS, is_serving_bucket, parse_serving_bucket)
+from tuner.serving.buckets.seqlen import bucket_seqlen, is_bucket_name
+from tuner.serving.buckets.serving import MIX_CLASSES, PAGE_SIZES, SERVING_LAYOUTS, is_serving_bucket, parse_serving_bucket
 
 LAYOUTS = ("dense", *SERVING_LAYOUTS)
 SEQLEN_RULE, SERVING_RULE = "seqlen", "serving"

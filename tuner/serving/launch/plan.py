@@ -1,9 +1,9 @@
 """A launch plan: one call signature (shapes, strides, dtypes, device, softmax scale) of one kernel,
-validated once and packed into the parameter buffer cuLaunchKernel reads (tuner/runtime.py launches it).
+validated once and packed into the parameter buffer cuLaunchKernel reads (tuner/serving/launch/kernel.py launches it).
 
 The buffer holds the four data pointers first (one pack per call), then the tile counter, the scalars, and
 the 128-byte TMA descriptors 64-byte aligned; ``pointers`` says where each argument lies, in the kernel's
-order. Pure apart from the descriptors' encoding (tuner.tma), so the layout is CPU-tested argument by
+order. Pure apart from the descriptors' encoding (tuner.serving.launch.tma), so the layout is CPU-tested argument by
 argument (tests/test_runtime.py).
 """
 from __future__ import annotations
@@ -219,7 +219,7 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
     must divide block N or be a multiple of it: a tile is read in boxes of min(block N, page size) rows."""
     import torch
 
-    from tuner.paging import kv_copy_of, page_misfit
+    from tuner.serving.launch.paging import kv_copy_of, page_misfit
 
     spec = kernel.meta["spec"]
     if spec.get("layout", "dense") != "paged":
@@ -316,7 +316,7 @@ def _pack_plan(kernel, tensors: dict, values: dict, grid: tuple, out_shape: tupl
 
 
 def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: dict, pack: int = 1) -> "MapSlot":
-    from tuner import tma
+    from tuner.serving.launch import tma
 
     t = tensors[tensor]
     try:
@@ -330,7 +330,7 @@ def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: d
 def place_map(params, at: int, index: int, spec, dtype: str) -> MapSlot:
     """``spec``'s descriptor encoded into the ctypes buffer ``params`` at byte ``at``, and the slot that keeps it
     pointing at the call's tensor ``index`` of (q, k, v, out) (point_map)."""
-    from tuner import tma
+    from tuner.serving.launch import tma
 
     ctypes.memmove(ctypes.addressof(params) + at, tma.encode_bytes(spec, dtype), 128)
     return MapSlot(offset=at, index=index, spec=spec, dtype=dtype, address=spec.address,
@@ -343,7 +343,7 @@ def point_map(params, slot: MapSlot, address: int) -> None:
     if slot.address_offset is not None:
         POINTER.pack_into(params, slot.offset + slot.address_offset, address)
     else:
-        from tuner import tma
+        from tuner.serving.launch import tma
 
         ctypes.memmove(ctypes.addressof(params) + slot.offset,
                        tma.encode_bytes(tma.with_address(slot.spec, address), slot.dtype), 128)

@@ -10,7 +10,7 @@ Why these classes: what changes the best decode kernel is whether the (sequence,
 without splitting the keys (batch 1-8 x 8 KV heads is at most 64 CTAs on a 132-SM H100: splits and the
 combine dominate; 32+ fills it once; 128 fills it several times over), and how many key tiles each CTA walks
 (the ring depth and tile that hide the gathers' latency differ between 2k and 32k keys).
-The split count itself is not bucketed: translate/decode/splits.py computes it per call.
+The split count itself is not bucketed: kernel_abi/splits.py computes it per call.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def decode_bucket_errors(name, layout: str) -> list[str]:
     if layout not in ("paged", "dense"):
         return [f"a decode record reads a paged or a dense cache, not {layout!r}"]
     if not is_decode_bucket(name):
-        return [f"bucket {name!r} is not a decode bucket such as d-b8-kv8k-p16 (tuner/decode_buckets.py)"]
+        return [f"bucket {name!r} is not a decode bucket such as d-b8-kv8k-p16 (tuner/serving/buckets/decode.py)"]
     batch, kv, page = parse_decode_bucket(name)
     errors = []
     if batch not in BATCH_EDGES or kv not in KV_EDGES:
