@@ -1,6 +1,6 @@
 """The exported kernel inside a model, measured (issue 13's targets), in one process on one GPU:
 
-1. an export of the profile's default kernels (tuner.default_export: built, verified by the campaign's gate,
+1. an export of the profile's default kernels (tuner.defaults.export: built, verified by the campaign's gate,
    stored, exported) loaded with tuner.serving.load_exported;
 2. host time per call: ours (FlashAttention layout, SDPA drop-in, the op as a compiled graph calls it,
    fresh tensors every call) against torch SDPA on the same shapes. The GPU is kept busy by a sleep kernel
@@ -327,7 +327,7 @@ def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path
 
 def _variant_kernels(variants: dict, cache_dir: Path) -> dict:
     """{name: loaded kernel} of the H100 default for GQA d128 causal bf16 with each change, each verified."""
-    from tuner.default_export import compile_changes, load_verified
+    from tuner.defaults.export import compile_changes, load_verified
     from kernel_abi.spec import KernelSpec
 
     spec = KernelSpec("gqa", 128, 128, True, "bf16")
@@ -506,7 +506,7 @@ def main(argv=None) -> int:
     if args.model_shapes:
         MODEL_SHAPES[:] = [tuple(int(x) for x in item.split("x")) for item in args.model_shapes.split(",")]
 
-    from tuner.default_export import export_defaults
+    from tuner.defaults.export import export_defaults
     from kernel_abi.spec import KernelSpec
     from tuner.serving import load_exported
 

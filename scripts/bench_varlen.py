@@ -1,7 +1,7 @@
 """Varlen and paged prefill, ours against FlashAttention-4, FlashInfer (if installed) and torch SDPA on the
-padded batch: issue 14's cases (llama3-8b heads 32q/8kv, d128, causal, bf16; the mixes of tuner/mixes.toml;
+padded batch: issue 14's cases (llama3-8b heads 32q/8kv, d128, causal, bf16; the mixes of tuner/measure/mixes.toml;
 paged with pages of 16 and 128, the table shuffled). A thin wrapper over `tune bench --layout varlen` and
-`--layout paged` (tuner/bench_mixes.py: the protocol, verification first, the table).
+`--layout paged` (tuner/commands/bench_serving.py: the protocol, verification first, the table).
 
     python scripts/bench_varlen.py --gpu h100 --out $OUT/varlen.json [--cache-dir .kcache]
 
@@ -20,8 +20,8 @@ PAGE_SIZES = (16, 128)
 
 
 def main(argv=None) -> int:
-    from tuner import bench
-    from tuner.bench_mixes import run_mix_bench
+    from tuner.commands import bench as bench_cmd
+    from tuner.commands.bench_serving import run_mix_bench
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="h100")
@@ -41,7 +41,7 @@ def main(argv=None) -> int:
             break
     if not records:
         return max(codes)
-    problem = bench.write_record(Path(args.out), records)
+    problem = bench_cmd.write_record(Path(args.out), records)
     if problem is not None:
         print(f"bench_varlen: error: {problem}", file=sys.stderr)
         return 2

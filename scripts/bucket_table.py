@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from param_ab_check import parse_spec  # noqa: E402  (this folder: the spec labels the records carry)
-from tuner.bucket_defaults import parse_table  # noqa: E402
+from tuner.defaults.table import parse_table  # noqa: E402
 from tuner.serving.buckets.seqlen import BUCKETS, bucket_for, bucket_name  # noqa: E402
 from kernel_abi.spec import VARIANTS  # noqa: E402
 from translate.sm90.emit import PINGPONG_REVISION  # noqa: E402
@@ -148,12 +148,12 @@ def to_toml(items: list[dict]) -> str:
 
 
 def as_table(items: list[dict]):
-    """The derived entries as the table parser reads them (tuner.bucket_defaults.parse_table): checked alike."""
+    """The derived entries as the table parser reads them (tuner.defaults.table.parse_table): checked alike."""
     return parse_table(tomllib.loads(to_toml(items)), "derived")
 
 
 def assignments(table) -> dict[tuple, dict]:
-    """{(variant, head dim, causal, bucket): change} of a parsed table (tuner.bucket_defaults.BucketChange)."""
+    """{(variant, head dim, causal, bucket): change} of a parsed table (tuner.defaults.table.BucketChange)."""
     return {(variant, e.head_dim, e.causal, bucket): e.as_dict()
             for e in table for variant in e.variants for bucket in e.buckets}
 
@@ -181,7 +181,7 @@ def main(argv=None) -> int:
         return 2
     items = entries(chosen)
     if args.check:
-        from tuner.bucket_defaults import load_table
+        from tuner.defaults.table import load_table
 
         diff = differences(assignments(as_table(items)), assignments(load_table(args.check)))
         for line in diff:

@@ -1,6 +1,6 @@
 """Two builds of the same decode kernels side by side, in one process: each folder holds what `tune build
 --phase decode --out DIR` wrote (a .cubin and its .json per kernel); kernels of the same name in both folders are
-timed against each other, interleaved over `--rounds` rounds (tuner.bench.time_ms: triton's do_bench median, L2
+timed against each other, interleaved over `--rounds` rounds (tuner.measure.timer.time_ms: triton's do_bench median, L2
 flushed), GQA ones with FA4's paged decode beside them, MLA ones against the copy bandwidth.
 
 Both builds of a kernel must agree on every point (max |a - b| <= 2e-2 on bf16 outputs of unit-normal inputs; the
@@ -55,7 +55,7 @@ def load_pairs(before: Path, after: Path, by_spec: bool = False) -> dict:
 
 
 def points(meta: dict, grid: bool = False) -> list:
-    from tuner.bench_decode import DecodePoint, MLAPoint
+    from tuner.measure.decode import DecodePoint, MLAPoint
 
     if meta["spec"]["variant"] == "mla" and grid:   # the decode buckets' corners at 128 heads, 1 token
         return [MLAPoint(b, kv) for b in (1, 8, 32, 128) for kv in (2048, 8192, 32768)]
@@ -68,8 +68,8 @@ def points(meta: dict, grid: bool = False) -> list:
 def main(argv=None) -> int:
     import torch
 
-    from tuner.bench import alternating_rounds
-    from tuner.bench_decode import (MLAPoint, copy_bandwidth_gbs, fa4_decode_call, make_decode_inputs,
+    from tuner.measure.timer import alternating_rounds
+    from tuner.measure.decode import (MLAPoint, copy_bandwidth_gbs, fa4_decode_call, make_decode_inputs,
                                     make_mla_inputs)
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -77,9 +77,9 @@ def main():
         return retime(a)
     import torch
 
-    from tuner.bench_decode import DecodePoint, copy_bandwidth_gbs, decode_grid, measure_point
+    from tuner.measure.decode import DecodePoint, copy_bandwidth_gbs, decode_grid, measure_point
     from tuner.serving.launch.decode_kernel import load_decode_kernel
-    from tuner.verify_decode import verify_decode
+    from tuner.measure.verify_decode import verify_decode
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -147,9 +147,9 @@ def retime(a):
 
     import torch
 
-    from tuner.bench_decode import copy_bandwidth_gbs, decode_grid, measure_point
+    from tuner.measure.decode import copy_bandwidth_gbs, decode_grid, measure_point
     from tuner.serving.launch.decode_kernel import load_decode_kernel
-    from tuner.verify_decode import verify_decode
+    from tuner.measure.verify_decode import verify_decode
 
     params = next(p for p in CANDIDATES if p.key() == a.params)
     spec = KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode")
@@ -185,9 +185,9 @@ def mla_main(a):
     import torch
 
     from translate.decode import validate_decode
-    from tuner.bench_decode import copy_bandwidth_gbs, measure_mla_point, mla_grid
+    from tuner.measure.decode import copy_bandwidth_gbs, measure_mla_point, mla_grid
     from tuner.serving.launch.decode_kernel import load_decode_kernel
-    from tuner.verify_decode import verify_decode
+    from tuner.measure.verify_decode import verify_decode
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -6,13 +6,13 @@ For the GQA default (llama3-8b heads, pages of 16) and the absorbed-MLA 16-head 
 2k keys (the shortest decode bucket, where a call is all launch): the kernel called directly
 (tuner.serving.launch.decode_kernel.DecodeKernel), and through an export (`flash_attn_with_kvcache`, the custom op and its route),
 each ``--calls`` times without a synchronisation (host µs per call), beside the GPU time of one call
-(tuner.bench.time_ms). A call whose host cost exceeds its GPU time is launch-bound unless captured in a CUDA graph.
+(tuner.measure.timer.time_ms). A call whose host cost exceeds its GPU time is launch-bound unless captured in a CUDA graph.
 "append": the served call with FA2's ``k=``/``v=`` (one new row a sequence written into the cache first,
 tuner/serving/kvcache_append.py), with its eager check of the lengths (a host read, so a synchronisation every
 call) and with ``check_append=False``, the rows written by one Triton launch (eager CUDA calls) or, in the last
 column, by the torch ops (``ATTN_TUNER_APPEND_TRITON=0``, what compiled calls use); each call rewrites the same row
 (the lengths are not advanced).
-The export holds unverified records: this measures launches, not kernels (tuner/verify_decode.py gates those).
+The export holds unverified records: this measures launches, not kernels (tuner/measure/verify_decode.py gates those).
 """
 import argparse
 import os
@@ -51,13 +51,13 @@ def main() -> int:
     from translate.decode import DecodeParams, default_decode_params
     from translate.nvcc import compile_kernel, default_cache_dir
     from kernel_abi.spec import KernelSpec
-    from tuner import bench
-    from tuner.bench_decode import DecodePoint, MLAPoint, make_decode_inputs, make_mla_inputs
+    from tuner.measure import timer
+    from tuner.measure.decode import DecodePoint, MLAPoint, make_decode_inputs, make_mla_inputs
     from tuner.serving.launch.decode_kernel import load_decode_kernel
-    from tuner.export import export_records
-    from tuner.provenance import collect
+    from tuner.store.export import export_records
+    from tuner.store.provenance import collect
     from tuner.serving import load_exported
-    from tuner.store import KernelRecord, KernelStore
+    from tuner.store.records import KernelRecord, KernelStore
 
     profile, device = load_profile("h100"), torch.cuda.get_device_name()
     cases = [("gqa p16", KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode"), DecodeParams(),
@@ -102,7 +102,7 @@ def main() -> int:
                                                         softmax_scale=scale, check_append=check)
         appending(True)()
         assert attn.last_path == "kernel", attn.last_reason
-        gpu = bench.time_ms(direct) * 1e3
+        gpu = timer.time_ms(direct) * 1e3
         row = [gpu, host_us(direct, a.calls), host_us(served, a.calls), host_us(appending(True), a.calls),
                host_us(appending(False), a.calls)]
         os.environ["ATTN_TUNER_APPEND_TRITON"] = "0"

@@ -26,7 +26,7 @@ from translate.compiler import generate  # noqa: E402
 from translate.decode import DecodeParams, default_decode_params  # noqa: E402
 from translate.nvcc import compile_kernel, default_cache_dir  # noqa: E402
 from kernel_abi.spec import KernelSpec  # noqa: E402
-from tuner.bench_decode import MLAPoint, make_mla_inputs  # noqa: E402
+from tuner.measure.decode import MLAPoint, make_mla_inputs  # noqa: E402
 from tuner.serving.launch.decode_kernel import load_decode_kernel  # noqa: E402
 
 

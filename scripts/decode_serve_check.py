@@ -3,7 +3,7 @@
     python scripts/decode_serve_check.py EXPORT_DIR --model llama3-8b --page-size 16 --json out.json
     python scripts/decode_serve_check.py EXPORT_DIR --model deepseek-v3 --page-size 64
 
-For each decode bucket's point (tuner/decode_problem.py: batch 1/8/32/128 x KV 2k/8k/32k, one new token, the
+For each decode bucket's point (tuner/measure/decode_problem.py: batch 1/8/32/128 x KV 2k/8k/32k, one new token, the
 model's heads; MLA absorbed: V the first 512 columns of the latent cache, passed as that view): the inputs of a
 campaign trial, one call of the export's ``flash_attn_with_kvcache`` (``block_table=``), the path it took (kernel or
 the reference, with the reason and the bucket), the error of the first and last sequence against the fp32
@@ -31,8 +31,8 @@ def main() -> int:
     import torch
 
     from hardware_profiles import load_profile
-    from tuner import bench
-    from tuner.bench_decode import fa4_decode_call
+    from tuner.measure import timer
+    from tuner.measure.decode import fa4_decode_call
     from tuner.campaign import decode_measure as dm
     from tuner.campaign.combos import expand_combinations
     from tuner.serving import load_exported
@@ -55,14 +55,14 @@ def main() -> int:
         torch.cuda.synchronize()
         row = {"point": p.key, "bucket": p.bucket, "path": attn.last_path, "served_bucket": attn.last_bucket,
                "reason": attn.last_reason, "rel_err": dm.cross_check(out, x, p)}
-        ms = bench.time_ms(ours)
+        ms = timer.time_ms(ours)
         row["ours_gbs"] = p.kv_bytes / ms / 1e6
         row["of_copy"] = row["ours_gbs"] / copy
         if p.variant != "mla":
             try:
                 fa = fa4_decode_call(p.point(), x)
                 fa()
-                row["fa4_gbs"] = p.kv_bytes / bench.time_ms(fa) / 1e6
+                row["fa4_gbs"] = p.kv_bytes / timer.time_ms(fa) / 1e6
                 row["vs_fa4"] = row["ours_gbs"] / row["fa4_gbs"]
             except Exception as exc:  # noqa: BLE001 - FA4 not installed here: a reason, not a crash
                 row["fa4_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"

@@ -114,8 +114,8 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
     import torch
 
     from tuner.serving.launch import driver as cuda
-    from tuner.bench import time_ms
-    from tuner.bench_decode import make_mla_inputs
+    from tuner.measure.timer import time_ms
+    from tuner.measure.decode import make_mla_inputs
     from tuner.serving.launch.decode_kernel import load_decode_kernel
 
     def load(folder: Path):
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "build":
         return build(args.src, args.out, args.waits)
-    from tuner.bench_decode import parse_mla_points
+    from tuner.measure.decode import parse_mla_points
 
     try:
         points = parse_mla_points(args.points)

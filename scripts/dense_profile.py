@@ -5,8 +5,8 @@ shape, and the SM clock and board power while each runs at free clocks.
         [--changes '{"emu": {"exp2_emulation": 4}}'] [--cache-dir .kcache] [--seconds 3] [--no-ncu] [--build-only]
 
 A point is a spec (param_ab_check's: variant, head dim, c or n) and a key length on the paper grid (16k tokens,
-hidden 2048). Ours is the bucket default `tune bench` runs there (tuner.bucket_defaults), and each named change on
-top of it. Every kernel passes the verification gate (tuner.verify) first; exit 1 when one does not.
+hidden 2048). Ours is the bucket default `tune bench` runs there (tuner.defaults.table), and each named change on
+top of it. Every kernel passes the verification gate (tuner.measure.verify) first; exit 1 when one does not.
 
 1. Clocks: each kernel runs back to back for ``--seconds`` (ours, FA4, ours, FA4, ... in turn), with
    ``nvidia-smi`` sampling the SM clock, power and throttle reasons every 50 ms: per window the ms a call, the
@@ -57,8 +57,8 @@ def build(gpu: str, points, changes: dict[str, dict], cache_dir: Path):
     """{label: {"ours": (gen, result), name: ...}}: the bucket default at the point's key length, and each change
     on top of it."""
     from hardware_profiles import load_profile
-    from tuner.bucket_defaults import bucket_change, bucket_for
-    from tuner.default_export import compile_changes
+    from tuner.defaults.table import bucket_change, bucket_for
+    from tuner.defaults.export import compile_changes
 
     profile = load_profile(gpu)
     items = []
@@ -72,7 +72,7 @@ def build(gpu: str, points, changes: dict[str, dict], cache_dir: Path):
 
 def load_verified(built: dict, points) -> dict:
     """{(label, name): kernel} of the kernels that pass the gate; prints each verdict."""
-    from tuner.default_export import load_verified as verified
+    from tuner.defaults.export import load_verified as verified
 
     return {(label, name): kernel for label, spec, _ in points
             for name, kernel in verified(built[label], spec, label).items()}
@@ -80,16 +80,18 @@ def load_verified(built: dict, points) -> dict:
 
 def calls_of(kernels: dict, label: str, problem) -> dict:
     """{name: () -> out} of our kernels at the point and FA4 (when importable), on one input set."""
-    from tuner import bench, fa4
+    from tuner.measure import fa4
+    from tuner.measure import dense
+    from tuner.measure import timer
 
-    q, k, v = bench.make_inputs(problem, 1)[0]
+    q, k, v = dense.make_inputs(problem, 1)[0]
     calls = {name: (lambda kern=kern: kern(q, k, v)) for (lab, name), kern in kernels.items() if lab == label}
     try:
         fa4_call = fa4.attention_call(problem)
         fa4_call(q, k, v)
         calls["fa4"] = lambda: fa4_call(q, k, v)
     except Exception as exc:  # noqa: BLE001 - not installed, or this shape: no FA4 column
-        print(f"{label} FA4: {bench._first_line(exc)}", flush=True)
+        print(f"{label} FA4: {timer.first_line(exc)}", flush=True)
     return calls
 
 

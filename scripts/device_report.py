@@ -41,7 +41,7 @@ def model_shapes(model: str) -> tuple[list[tuple[int, int, int, int]], int, int]
 def check(export_dir: str, out_json: str, fake_gpu: bool = False, model: str | None = None) -> int:
     import torch
 
-    from tuner.loader import ExportedAttention, load_exported, read_configs, sdpa_attention
+    from tuner.serving import ExportedAttention, load_exported, read_configs, sdpa_attention
 
     result = {"export_dir": export_dir, "calls": [], "ok": False}
     try:

@@ -10,9 +10,9 @@ kernel, the 128-head default); `--ours16 DIR` the same built with the 16-head de
 '{"block_m": 16, "block_n": 64, "warps_m": 1, "warps_n": 4, "kv_stages": 2, "mma":
 "sm80", "kv_load": "gather"}'`), which adds 16-head points.
 
-Both are called on the same shuffled 64-token pages (tuner.bench_decode.make_mla_inputs), must agree (max |a - b| <=
+Both are called on the same shuffled 64-token pages (tuner.measure.decode.make_mla_inputs), must agree (max |a - b| <=
 2e-2 on bf16 outputs of unit-normal inputs) before anything is timed, and are then timed interleaved over ``--rounds``
-rounds, the order alternating (tuner.bench.time_ms: triton's do_bench median, L2 flushed). FlashMLA's
+rounds, the order alternating (tuner.measure.timer.time_ms: triton's do_bench median, L2 flushed). FlashMLA's
 schedule (its get_mla_metadata) is computed once per point, outside the timing, as a server does once per step.
 GB/s is the latent cache read once over the time.
 """
@@ -75,8 +75,8 @@ def flashmla_call(lib, x: dict, scale: float, causal: bool):
 def main(argv=None) -> int:
     import torch
 
-    from tuner.bench import alternating_rounds
-    from tuner.bench_decode import MLAPoint, copy_bandwidth_gbs, make_mla_inputs, parse_mla_points
+    from tuner.measure.timer import alternating_rounds
+    from tuner.measure.decode import MLAPoint, copy_bandwidth_gbs, make_mla_inputs, parse_mla_points
     from tuner.serving.launch.decode_kernel import load_decode_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

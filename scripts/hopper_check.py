@@ -3,7 +3,7 @@
     python scripts/hopper_check.py build --set first --out .hopper/      # here: translate + nvcc, cubins + meta
     python scripts/hopper_check.py run --kernels .hopper/ --out $OUT      # there: verify, then time vs the baselines
 
-``run`` verifies every kernel with the protocol of tuner/verify.py (fresh random inputs, NaN-poisoned
+``run`` verifies every kernel with the protocol of tuner/measure/verify.py (fresh random inputs, NaN-poisoned
 output, ragged tiles, sq != sk both ways, GQA/MQA mapping), then times the verified ones on the paper
 grid's seqlens against torch's flash / cuDNN (and FA4 when importable) in this process, and prints a
 table last. ``--ncu NAME`` profiles one kernel at one seqlen with Nsight Compute instead.
@@ -232,9 +232,9 @@ def _watchdog(state: dict, limit_s: float) -> None:
 def run(kernels_dir: Path, out: Path, seqlens: tuple[int, ...], only: set[str], hang_s: float = 90) -> int:
     import torch
 
-    from tuner import bench
+    from tuner.measure import dense
     from tuner.serving.launch import load_kernel
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     fa4 = _fa4()
     rows_path = out / "hopper_rows.json"
@@ -273,7 +273,7 @@ def run(kernels_dir: Path, out: Path, seqlens: tuple[int, ...], only: set[str], 
             continue
         head_dim = 128 if spec.variant == "mla" else spec.d_qk
         problems = grid_problems(spec.variant, head_dim, spec.dtype, spec.causal, seqlens=seqlens)
-        for row in bench.bench_rows(kernel, problems):
+        for row in dense.bench_rows(kernel, problems):
             state["since"] = time.monotonic()
             row["tag"] = tag
             if fa4 is not None and row.get("status") == "ok":
@@ -292,16 +292,16 @@ def run(kernels_dir: Path, out: Path, seqlens: tuple[int, ...], only: set[str], 
 
 
 def _time_fa4(fa4, problem):
-    from tuner import bench
+    from tuner.measure import dense
 
-    inputs = bench.make_inputs(problem, 3)
+    inputs = dense.make_inputs(problem, 3)
 
     def call(q, k, v):
         return fa4(q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale)
 
     try:
         call(*inputs[0])   # JIT compile outside the timing
-        return round(bench.tflops(problem, bench.measure_problem(call, problem, inputs=inputs)), 1)
+        return round(dense.tflops(problem, dense.measure_problem(call, problem, inputs=inputs)), 1)
     except Exception as exc:  # noqa: BLE001
         print(f"fa4 failed on {problem.label()}: {exc}")
         return None
@@ -311,14 +311,14 @@ def profile(kernels_dir: Path, tag: str, seqlen: int, fa4: bool) -> int:
     """Run one kernel (or FA4 on its shape) a few times on one grid problem: the target of an ncu run."""
     import torch
 
-    from tuner import bench
+    from tuner.measure import dense
     from tuner.serving.launch import load_kernel
 
     record = json.loads((kernels_dir / f"{tag}.json").read_text())
     spec = KernelSpec(**record["meta"]["spec"])
     head_dim = 128 if spec.variant == "mla" else spec.d_qk
     (problem,) = grid_problems(spec.variant, head_dim, spec.dtype, spec.causal, seqlens=(seqlen,))
-    q, k, v = bench.make_inputs(problem, 1)[0]
+    q, k, v = dense.make_inputs(problem, 1)[0]
     if fa4:
         fn = _fa4()
         call = lambda: fn(q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale)  # noqa: E731

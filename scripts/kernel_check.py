@@ -5,7 +5,7 @@
 1. builds the correctness set (every problem kind with the profile's default parameters, fp16 and bf16,
    the moved-prefetch sketch, the sm75 kernel as compute_75 PTX) and a sweep of parameters for the
    speed targets; compiles them in parallel (translate.nvcc, one nvcc per core);
-2. verifies every kernel by the protocol of tuner/verify.py (ragged, sq != sk, GQA/MQA mapping...);
+2. verifies every kernel by the protocol of tuner/measure/verify.py (ragged, sq != sk, GQA/MQA mapping...);
 3. times the verified sweep kernels on the paper grid against torch SDPA flash / cuDNN / efficient,
    all in this process on the same inputs, and prints a table (last), JSON under --out.
 """
@@ -141,9 +141,9 @@ def main() -> int:
         records.append((g, r, rec))
 
     import torch
-    from tuner import bench
+    from tuner.measure import dense
     from tuner.serving.launch import load_kernel
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     say(f"GPU: {torch.cuda.get_device_name()}  torch {torch.__version__}")
     t2 = time.time()
@@ -192,12 +192,12 @@ def main() -> int:
     for spec, ks in by_spec.items():
         hd = spec.d_qk if spec.variant != "mla" else 192
         for prob in grid_problems(spec.variant, hd, "bf16", spec.causal, seqlens=seqlens):
-            inputs = bench.make_inputs(prob, 3)
-            base = bench.measure_baselines(prob, inputs)
+            inputs = dense.make_inputs(prob, 3)
+            base = dense.measure_baselines(prob, inputs)
             for g, kern in ks:
                 try:
-                    ms = bench.measure_problem(kern, prob, inputs=inputs)
-                    ours = bench.tflops(prob, ms)
+                    ms = dense.measure_problem(kern, prob, inputs=inputs)
+                    ours = dense.tflops(prob, ms)
                 except Exception as exc:
                     ours = None
                     say(f"bench error {g[4].name}: {exc}")

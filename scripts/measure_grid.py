@@ -128,7 +128,8 @@ def worker(args) -> int:
 
     import torch
 
-    from tuner import bench
+    from tuner.measure import dense
+    from tuner.measure import timer
     from tuner.campaign import backends
     from tuner.campaign.options import CampaignOptions
     from kernel_abi.spec import KernelSpec, grid_problems
@@ -143,7 +144,7 @@ def worker(args) -> int:
         base = {}
         for p in problems:
             errors: dict = {}
-            base[str(p.seqlen_k)] = bench.measure_baselines(p, timing=bench.Timing(**timing), errors=errors)
+            base[str(p.seqlen_k)] = dense.measure_baselines(p, timing=timer.Timing(**timing), errors=errors)
         _append(out, {"_meta": {"device_name": torch.cuda.get_device_name(), "gpu": index["gpu"],
                                 "spec": index["spec"], "timing": timing, "baselines": base,
                                 "torch": torch.__version__, "space": index["space"]}})

@@ -3,9 +3,9 @@ producer warpgroup's cp.async through the page table (SM80_CP_ASYNC_CACHEGLOBAL)
 paged ``flash_attn_varlen_func``, on issue 14's paged mixes (llama3-8b heads, d128, causal, bf16; pages of 16
 and 128 in a shuffled cache), in one process.
 
-Each kernel passes tuner.verify_varlen first (the mixes it reads, NaN spare pages; a failure is exit 1 and
-nothing of it is timed) and must agree with FA4 on the benchmark inputs (tuner.bench.CROSS_CHECK_REL_ERR).
-Timing: `--rounds` interleaved rounds, each timing every kernel and FA4 once per mix with tuner.bench.time_ms
+Each kernel passes tuner.measure.verify_varlen first (the mixes it reads, NaN spare pages; a failure is exit 1 and
+nothing of it is timed) and must agree with FA4 on the benchmark inputs (tuner.measure.dense.CROSS_CHECK_REL_ERR).
+Timing: `--rounds` interleaved rounds, each timing every kernel and FA4 once per mix with tuner.measure.timer.time_ms
 (triton's do_bench median, L2 flushed), so clock and power drift fall on all alike, in an order rotated every round
 (FA4 included: no kernel always runs right after the same one); the table gives each one's
 median TFLOPS [min, max] over the rounds and the median of the per-round ratios to FA4.
@@ -41,7 +41,7 @@ PAGE_SIZES = (16, 128)
 def build(variants: dict, cache_dir: Path, gpu: str, layout: str = "paged"):
     """(spec, {name: (GeneratedKernel, CompileResult)}) for llama3-8b's spec in ``layout``, the defaults plus each
     change."""
-    from tuner.default_export import compile_changes
+    from tuner.defaults.export import compile_changes
     from kernel_abi.spec import KernelSpec
 
     spec = KernelSpec("gqa", 128, 128, True, "bf16", layout)
@@ -84,14 +84,15 @@ def built_records(items: list[str], spec) -> dict:
 def main(argv=None) -> int:
     import torch
 
-    from tuner import bench
-    from tuner.bench_mixes import ours_call
-    from tuner.mix_baselines import BASELINES
-    from tuner.mix_inputs import make_mix_inputs
-    from tuner.mixes import serving_problems
+    from tuner.measure import dense
+    from tuner.measure import timer
+    from tuner.measure.serving import ours_call
+    from tuner.measure.serving_baselines import BASELINES
+    from tuner.measure.serving_inputs import make_mix_inputs
+    from tuner.measure.mixes import serving_problems
     from tuner.models import load_models
     from tuner.serving.launch import load_kernel
-    from tuner.verify_varlen import verify_varlen
+    from tuner.measure.verify_varlen import verify_varlen
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="h100")
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--cache-dir", default=".kcache")
     ap.add_argument("--variants", default=None, help="JSON {name: parameter changes}")
-    ap.add_argument("--mix", default=None, help="only this mix (tuner/mixes.toml name)")
+    ap.add_argument("--mix", default=None, help="only this mix (tuner/measure/mixes.toml name)")
     ap.add_argument("--page-size", type=int, default=None, help="only this page size")
     ap.add_argument("--layout", default="paged", choices=("paged", "varlen"),
                     help="varlen: the same comparison on the packed-sequence mixes (no pages), e.g. for a variant "
@@ -154,7 +155,7 @@ def main(argv=None) -> int:
                 out = call().float()
                 rel = ((out - theirs).norm() / theirs.norm()).item()
                 row[f"{name}_rel_err_vs_fa4"] = rel
-                if not rel <= bench.CROSS_CHECK_REL_ERR:
+                if not rel <= dense.CROSS_CHECK_REL_ERR:
                     print(f"{name} differs from FA4 on {problem.name} p{page}: rel err {rel:.3g}", flush=True)
                     return 1
             if args.profile:   # ours, then FA4 (its compile ran above, outside the range)
@@ -175,7 +176,7 @@ def main(argv=None) -> int:
                     torch.cuda.synchronize()
                     time.sleep(args.idle)
                 for name in order:
-                    tflops[name].append(problem.flops / (bench.time_ms(calls[name]) * 1e-3) / 1e12)
+                    tflops[name].append(problem.flops / (timer.time_ms(calls[name]) * 1e-3) / 1e12)
                 first[order[0]].append(tflops[order[0]][-1])
             row["first_in_round"] = first
             for name, values in tflops.items():

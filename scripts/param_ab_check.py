@@ -8,7 +8,7 @@ measurement, not from one pass of single measurements).
 For each spec (variant, head dim, c = causal / n = not; bf16) it builds what `tune build` gives (the profile's
 default, warp-specialised) and the same kernel with each CHANGE (``--change``: one, named "changed";
 ``--changes``: several by name, in one set of rounds), passes them through the verification gate
-(tuner.verify), then at each paper-grid point times the default, every changed kernel, cuDNN and FA4 (when
+(tuner.measure.verify), then at each paper-grid point times the default, every changed kernel, cuDNN and FA4 (when
 importable) in paired rounds on the same rotating inputs (the kernels' order rotated every round; the confirm
 rule's do_bench windows). Per point and change: the default's ms over the changed kernel's, median of the
 rounds with the confirm rule's 95% interval (tuner/campaign/confirm.py), and each kernel's time against cuDNN's
@@ -96,7 +96,7 @@ def legal_changes(gpu: str, spec, named: dict[str, dict]) -> tuple[dict[str, dic
 def build(gpu: str, specs: list, changes: dict[str, dict[str, dict]], cache_dir: Path):
     """{spec label: {"default": (gen, result), name: (gen, result), ...}}, compiled in one pool; ``changes``
     holds each spec's legal changes."""
-    from tuner.default_export import compile_changes
+    from tuner.defaults.export import compile_changes
 
     built = compile_changes(gpu, [(spec, {"default": {}, **changes[label]}) for label, spec in specs], cache_dir)
     return {label: kernels for (label, _), kernels in zip(specs, built)}
@@ -126,16 +126,18 @@ def load_before(folder: Path, specs: list) -> dict:
 
 def _fa4_call(problem):
     """FA4's ``call(q, k, v)`` for the problem, or None when it is not importable or cannot run it."""
-    from tuner import bench, fa4
+    from tuner.measure import fa4
+    from tuner.measure import dense
+    from tuner.measure import timer
 
     try:
         call = fa4.attention_call(problem)
-        inputs = bench.make_inputs(problem, 1)
+        inputs = dense.make_inputs(problem, 1)
         call(*inputs[0])
-        bench._sync()
+        timer.sync()
         return call
     except Exception as exc:  # noqa: BLE001 - not installed, or this shape: the column stays empty
-        print(f"FA4: {bench._first_line(exc)}", flush=True)
+        print(f"FA4: {timer.first_line(exc)}", flush=True)
         return None
 
 
@@ -163,14 +165,15 @@ def main(argv=None) -> int:
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from tuner import bench
+    from tuner.measure import timer
+    from tuner.measure import dense
     from tuner.campaign.confirm import ConfirmRule, verdict
     from kernel_abi.spec import grid_problems
     from tuner.serving.launch import load_kernel
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     rule = ConfirmRule(rounds=args.rounds)
-    timing = bench.Timing(**rule.timing())
+    timing = timer.Timing(**rule.timing())
     from translate.sm90.emit import KERNEL_REVISION, PINGPONG_REVISION
 
     per_spec, record = {}, {"device": torch.cuda.get_device_name(), "changes": named, "rule": rule.to_dict(),
@@ -212,25 +215,25 @@ def main(argv=None) -> int:
         roles = ["default", *per_spec[label], *(["before"] if label in before else [])]
         for problem in grid_problems(spec.variant, spec.d_qk if spec.variant != "mla" else 192, "bf16", spec.causal,
                                      seqlens=seqlens):
-            inputs = bench.make_inputs(problem, timing.rotate)
-            calls = {role: bench._rotating(kernels[(label, role)], inputs) for role in roles}
-            sdpa = bench._rotating(bench._sdpa_call(problem), inputs)
+            inputs = dense.make_inputs(problem, timing.rotate)
+            calls = {role: timer.rotating(kernels[(label, role)], inputs) for role in roles}
+            sdpa = timer.rotating(dense.sdpa_call(problem), inputs)
             fa4 = _fa4_call(problem)
-            fa4 = bench._rotating(fa4, inputs) if fa4 is not None else None
+            fa4 = timer.rotating(fa4, inputs) if fa4 is not None else None
             ms = {role: [] for role in [*roles, "cudnn", "fa4"]}
             for r in range(rule.rounds):
                 for role in roles[r % len(roles):] + roles[:r % len(roles)]:
-                    ms[role].append(bench.time_ms(calls[role], timing=timing))
+                    ms[role].append(timer.time_ms(calls[role], timing=timing))
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    ms["cudnn"].append(bench.time_ms(sdpa, timing=timing))
+                    ms["cudnn"].append(timer.time_ms(sdpa, timing=timing))
                 if fa4 is not None:
-                    ms["fa4"].append(bench.time_ms(fa4, timing=timing))
+                    ms["fa4"].append(timer.time_ms(fa4, timing=timing))
 
             def over(lib, role):
                 return statistics.median(c / d for d, c in zip(ms[role], ms[lib])) if ms[lib] else None
 
             row = {"spec": label, "seqlen": problem.seqlen_q, "ms": ms,
-                   "default_tflops": bench.tflops(problem, statistics.median(ms["default"])),
+                   "default_tflops": dense.tflops(problem, statistics.median(ms["default"])),
                    "over_cudnn": {role: over("cudnn", role) for role in roles},
                    "over_fa4": {role: over("fa4", role) for role in roles},
                    "verdicts": {role: verdict(ms[role], ms["default"], rule).to_dict() for role in roles[1:]}}

@@ -2,7 +2,7 @@
 
     python scripts/serving_check.py EXPORT_DIR --layout paged --page-size 16 --model llama3-8b --json out.json
 
-For each mix of tuner/mixes.toml of the layout (the model's heads and dims): the inputs of a campaign trial
+For each mix of tuner/measure/mixes.toml of the layout (the model's heads and dims): the inputs of a campaign trial
 (tuner.campaign.serving_measure.make_inputs: packed q, K/V packed or in a shuffled paged cache), one call of the
 export's ``flash_attn_varlen_func`` (``block_table=`` for paged, FA2's name), then the path it took (kernel or
 SDPA, with the reason and the bucket) and the error against the fp32 reference computed sequence by sequence,
@@ -30,7 +30,7 @@ def check_mix(attention, problem) -> dict:
     import torch
 
     from tuner.campaign.serving_measure import make_inputs
-    from tuner.verify import reference
+    from tuner.measure.verify import reference
 
     x = make_inputs(problem, 1, "cuda")[0]
     kwargs = dict(causal=problem.causal, softmax_scale=problem.softmax_scale)
@@ -71,8 +71,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bf16")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    from tuner.loader import load_exported
-    from tuner.mixes import serving_problems
+    from tuner.serving import load_exported
+    from tuner.measure.mixes import serving_problems
     from tuner.models import get_model
 
     m = get_model(args.model)

@@ -3,8 +3,8 @@ default) against the order given (``longest_first: false``), and FlashAttention-
 process, on varlen mixes whose long sequence comes last, first, or among random ones (llama3-8b heads, d128,
 causal, bf16).
 
-Both kernels pass tuner.verify_varlen first and must give bit-identical outputs on every mix (the order moves tiles
-between CTAs, not their arithmetic). Timing: `--rounds` interleaved rounds of tuner.bench.time_ms (triton's
+Both kernels pass tuner.measure.verify_varlen first and must give bit-identical outputs on every mix (the order moves tiles
+between CTAs, not their arithmetic). Timing: `--rounds` interleaved rounds of tuner.measure.timer.time_ms (triton's
 do_bench median, L2 flushed) per kernel and FA4; the table gives median TFLOPS [min, max] and the median of the
 per-round ratios.
 
@@ -40,14 +40,14 @@ def main(argv=None) -> int:
     import torch
 
     from paged_copy_check import build
-    from tuner import bench
-    from tuner.bench_mixes import ours_call
-    from tuner.mix_baselines import BASELINES
-    from tuner.mix_inputs import make_mix_inputs
-    from tuner.mixes import ServingProblem
+    from tuner.measure import timer
+    from tuner.measure.serving import ours_call
+    from tuner.measure.serving_baselines import BASELINES
+    from tuner.measure.serving_inputs import make_mix_inputs
+    from tuner.measure.mixes import ServingProblem
     from tuner.models import load_models
     from tuner.serving.launch import load_kernel
-    from tuner.verify_varlen import verify_varlen
+    from tuner.measure.verify_varlen import verify_varlen
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="h100")
@@ -89,7 +89,7 @@ def main(argv=None) -> int:
         tflops = {name: [] for name in calls}
         for _ in range(args.rounds):
             for name, call in calls.items():
-                tflops[name].append(problem.flops / (bench.time_ms(call) * 1e-3) / 1e12)
+                tflops[name].append(problem.flops / (timer.time_ms(call) * 1e-3) / 1e12)
         row = {"mix": label, "batch": len(lengths), "flops": problem.flops, **tflops}
         row["longest_first/given"] = statistics.median(a / b for a, b in zip(tflops["longest_first"], tflops["given"]))
         for name in kernels:

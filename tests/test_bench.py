@@ -8,8 +8,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from tuner import bench
-from tuner.cli import app
+from tuner.commands import bench as bench_cmd
+from tuner.measure import dense
+from tuner.measure import timer
+from tuner.commands.cli import app
 from kernel_abi.spec import Problem
 
 
@@ -29,7 +31,7 @@ def invoke(*args, env=None):
     ("mla", None, (16, 16), (192, 128)),
 ])
 def test_grid_is_16k_tokens_hidden_2048(variant, hd, heads, dims):
-    problems = bench.bench_problems(variant, hd, "bf16", None)
+    problems = dense.bench_problems(variant, hd, "bf16", None)
     assert len(problems) == 12  # 6 seqlens x causal/non-causal
     assert {p.causal for p in problems} == {False, True}
     assert sorted({p.seqlen_q for p in problems}) == [512, 1024, 2048, 4096, 8192, 16384]
@@ -41,7 +43,7 @@ def test_grid_is_16k_tokens_hidden_2048(variant, hd, heads, dims):
 
 
 def test_only_the_asked_causality_and_seqlens():
-    problems = bench.bench_problems("mha", 64, "fp16", True, (1024, 4096))
+    problems = dense.bench_problems("mha", 64, "fp16", True, (1024, 4096))
     assert [(p.seqlen_q, p.batch, p.causal) for p in problems] == [(1024, 16, True), (4096, 4, True)]
 
 
@@ -51,18 +53,18 @@ def test_flops_and_tflops_follow_the_paper_convention():
     assert mha.with_(causal=True).flops == mha.flops / 2
     mla = Problem("mla", 1, 16, 16, 16384, 16384, 192, 128, True, "bf16")
     assert mla.flops == 2 * 16 * 16384 ** 2 * (192 + 128) / 2
-    assert bench.tflops(mha, 1.0) == pytest.approx(mha.flops / 1e-3 / 1e12)
+    assert dense.tflops(mha, 1.0) == pytest.approx(mha.flops / 1e-3 / 1e12)
 
 
-@pytest.mark.parametrize("text,expect", [(None, bench.DEFAULT_SEQLENS), ("1024, 4096", (1024, 4096))])
+@pytest.mark.parametrize("text,expect", [(None, dense.DEFAULT_SEQLENS), ("1024, 4096", (1024, 4096))])
 def test_parse_seqlens(text, expect):
-    assert bench.parse_seqlens(text) == expect
+    assert bench_cmd.parse_seqlens(text) == expect
 
 
 @pytest.mark.parametrize("text", ["1k", "", "0,512"])
 def test_parse_seqlens_rejects_garbage(text):
     with pytest.raises(ValueError, match="--seqlens"):
-        bench.parse_seqlens(text)
+        bench_cmd.parse_seqlens(text)
 
 
 # -- rows (CPU stand-ins for the GPU measurements) ----------------------------------------------------
@@ -84,7 +86,7 @@ def _reference(q, k, v, causal):
 @pytest.fixture
 def cpu_measurements(monkeypatch):
     """make_inputs on CPU, baselines = 100/200/None/400 TFLOPS with the reference as their output, ours 1 ms."""
-    monkeypatch.setattr(bench, "make_inputs", lambda p, sets=3, seed=0: _make_cpu(p, sets))
+    monkeypatch.setattr(dense, "make_inputs", lambda p, sets=3, seed=0: _make_cpu(p, sets))
 
     def baselines(problem, inputs, *, rotate=3, errors=None, outputs=None):
         outputs["flash"] = _reference(*inputs[0], problem.causal)
@@ -92,8 +94,8 @@ def cpu_measurements(monkeypatch):
         return {"flash": 100.0, "cudnn": 200.0, "efficient": None, "fa4": 400.0}
 
     timed = []
-    monkeypatch.setattr(bench, "measure_baselines", baselines)
-    monkeypatch.setattr(bench, "measure_problem", lambda k, p, rotate=3, inputs=None: timed.append(p) or 1e-3)
+    monkeypatch.setattr(dense, "measure_baselines", baselines)
+    monkeypatch.setattr(dense, "measure_problem", lambda k, p, rotate=3, inputs=None: timed.append(p) or 1e-3)
     return timed
 
 
@@ -106,10 +108,10 @@ SMALL = Problem("gqa", 2, 4, 2, 64, 64, 32, 32, True, "fp16")
 
 
 def test_verified_kernel_is_timed_and_ratios_computed(cpu_measurements):
-    rows = bench.bench_rows(lambda q, k, v: _reference(q, k, v, True), [SMALL], verified=True)
+    rows = dense.bench_rows(lambda q, k, v: _reference(q, k, v, True), [SMALL], verified=True)
     (row,) = rows
     assert row["status"] == "ok" and cpu_measurements == [SMALL]
-    ours = bench.tflops(SMALL, 1e-3)
+    ours = dense.tflops(SMALL, 1e-3)
     assert ours > 1 and row["ours"] == round(ours, 2) and row["ours_ms"] == 1e-3
     assert row["ours/flash"] == round(ours / 100.0, 3) and row["ours/cudnn"] == round(ours / 200.0, 3)
     assert row["fa4"] == 400.0 and row["ours/fa4"] == round(ours / 400.0, 3)
@@ -120,14 +122,14 @@ def test_verified_kernel_is_timed_and_ratios_computed(cpu_measurements):
 
 def test_unverified_kernel_is_failed_and_never_called(cpu_measurements):
     called = []
-    rows = bench.bench_rows(lambda *a: called.append(a), [SMALL], verified=False, verify_reason="rel err 0.3")
+    rows = dense.bench_rows(lambda *a: called.append(a), [SMALL], verified=False, verify_reason="rel err 0.3")
     assert rows[0]["status"] == "FAILED" and rows[0]["reason"] == "rel err 0.3"
     assert rows[0]["ours"] is None and called == [] and cpu_measurements == []
     assert rows[0]["flash"] == 100.0  # baselines still reported
 
 
 def test_kernel_wrong_on_the_benchmark_inputs_is_failed_not_timed(cpu_measurements):
-    rows = bench.bench_rows(lambda q, k, v: _reference(q, k, v, False), [SMALL], verified=True)  # ignores the mask
+    rows = dense.bench_rows(lambda q, k, v: _reference(q, k, v, False), [SMALL], verified=True)  # ignores the mask
     assert rows[0]["status"] == "FAILED" and "differs from SDPA" in rows[0]["reason"]
     assert rows[0]["ours"] is None and cpu_measurements == []
 
@@ -136,7 +138,7 @@ def test_kernel_that_raises_is_an_error_row(cpu_measurements):
     def boom(q, k, v):
         raise RuntimeError("CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure")
 
-    rows = bench.bench_rows(boom, [SMALL, SMALL.with_(causal=False)], verified=True)
+    rows = dense.bench_rows(boom, [SMALL, SMALL.with_(causal=False)], verified=True)
     assert [r["status"] for r in rows] == ["error", "error"] and "LAUNCH_FAILED" in rows[0]["reason"]
 
 
@@ -187,11 +189,9 @@ def test_bench_on_gpu_reports_ours_and_baselines(tmp_path):
 
 
 def test_alternating_rounds_reverse_the_order_every_other_round(monkeypatch):
-    import tuner.bench as bench
-
     order = []
-    monkeypatch.setattr(bench, "time_ms", lambda fn: fn())
+    monkeypatch.setattr(timer, "time_ms", lambda fn: fn())
     calls = {name: (lambda n=name, t=t: order.append(n) or t) for name, t in (("a", 1.0), ("b", 2.0), ("c", 3.0))}
-    ms = bench.alternating_rounds(calls, 3)
+    ms = timer.alternating_rounds(calls, 3)
     assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert ms == {"a": [1.0] * 3, "b": [2.0] * 3, "c": [3.0] * 3}

@@ -1,4 +1,4 @@
-"""`tune bench --layout varlen|paged` (tuner/bench_mixes.py, mix_inputs.py, mix_baselines.py, paging.py): the
+"""`tune bench --layout varlen|paged` (tuner/commands/bench_serving.py, mix_inputs.py, serving_baselines.py, paging.py): the
 page-size rule, the inputs, each baseline's call, the row logic, the table and the JSON record with a CPU
 stand-in kernel (no GPU); the CLI's bad input; one GPU run (marker gpu)."""
 from __future__ import annotations
@@ -13,10 +13,13 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tuner import bench, bench_mixes, mix_baselines
-from tuner.cli import PAGE_SIZE_HELP, app
-from tuner.mix_inputs import make_mix_inputs
-from tuner.mixes import ServingProblem
+from tuner.commands import bench_serving
+from tuner.measure import serving, serving_baselines
+from tuner.commands import bench as bench_cmd
+from tuner import build
+from tuner.commands.cli import PAGE_SIZE_HELP, app
+from tuner.measure.serving_inputs import make_mix_inputs
+from tuner.measure.mixes import ServingProblem
 from tuner.serving.buckets.serving import PAGE_SIZES
 from tuner.serving.launch.paging import compatible_page_sizes, page_misfit, page_size_error
 
@@ -88,7 +91,7 @@ def no_flashinfer(monkeypatch):
 
 
 def row_of(kernel, problem, timer=None):
-    return bench_mixes.mix_row(kernel, problem, device="cpu", timer=timer or Timer())
+    return serving.mix_row(kernel, problem, device="cpu", clock=timer or Timer())
 
 
 # -- the page-size rule -------------------------------------------------------------------------------
@@ -117,12 +120,12 @@ def test_page_size_error_states_its_reason():
 
 
 def test_bench_page_sizes_default_to_those_of_16_and_128_that_fit():
-    assert bench_mixes.resolve_page_sizes("varlen", None, 128) == (None,)
-    assert bench_mixes.resolve_page_sizes("paged", None, 128) == (16, 128)
-    assert bench_mixes.resolve_page_sizes("paged", None, 96) == (16,)
-    assert bench_mixes.resolve_page_sizes("paged", 64, 128) == (64,)
+    assert bench_serving.resolve_page_sizes("varlen", None, 128) == (None,)
+    assert bench_serving.resolve_page_sizes("paged", None, 128) == (16, 128)
+    assert bench_serving.resolve_page_sizes("paged", None, 96) == (16,)
+    assert bench_serving.resolve_page_sizes("paged", 64, 128) == (64,)
     with pytest.raises(ValueError, match="page size 64 does not fit block N 96"):
-        bench_mixes.resolve_page_sizes("paged", 64, 96)
+        bench_serving.resolve_page_sizes("paged", 64, 96)
 
 
 # -- inputs -------------------------------------------------------------------------------------------
@@ -163,10 +166,10 @@ def test_sdpa_gets_a_bottom_right_mask_where_keys_outnumber_queries(fa4_stand_in
     assert next(c for c in fa4_stand_in.CALLS if c.get("varlen"))["paged"]
     # the mask matters: SDPA's own is_causal (top-left) gives other rows on this mix
     x = make_mix_inputs(PAGED, "cpu")
-    prep = mix_baselines._sdpa(PAGED, x)
+    prep = serving_baselines._sdpa(PAGED, x)
     ours = CpuKernel().paged(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.seqused_k, x.page_table, 20)
     assert (prep.packed(prep.call()).float() - ours.float()).abs().max() < 2e-2
-    assert not mix_baselines.sdpa_mask_free(PAGED)
+    assert not serving_baselines.sdpa_mask_free(PAGED)
 
 
 def test_sdpa_hides_padded_keys_without_causal(fa4_stand_in, no_flashinfer):
@@ -181,7 +184,7 @@ def test_a_wrong_kernel_is_failed_and_not_timed(fa4_stand_in, no_flashinfer):
     timer = Timer()
     row = row_of(CpuKernel(offset=0.5), VARLEN, timer)
     assert row["status"] == "FAILED" and "differs from sdpa" in row["reason"]
-    assert row["ours"] is None and len(timer.timed) == 2 * bench_mixes.TIMING_ROUNDS   # fa4 and sdpa only
+    assert row["ours"] is None and len(timer.timed) == 2 * serving.TIMING_ROUNDS   # fa4 and sdpa only
     assert row["fa4_max_abs_diff"] == pytest.approx(0.5, abs=2e-2)
 
 
@@ -191,9 +194,9 @@ def test_ours_and_each_baseline_are_timed_in_rounds_with_ours_first_and_last_in_
     timer = Timer()
     row = row_of(CpuKernel(), VARLEN, timer)
     assert row["status"] == "ok" and row["fa4"] is not None and row["sdpa"] is not None
-    per_round = len(timer.timed) // bench_mixes.TIMING_ROUNDS
-    assert per_round == 3 and len(timer.timed) == 3 * bench_mixes.TIMING_ROUNDS     # ours, fa4, sdpa
-    rounds = [timer.timed[r * per_round:(r + 1) * per_round] for r in range(bench_mixes.TIMING_ROUNDS)]
+    per_round = len(timer.timed) // serving.TIMING_ROUNDS
+    assert per_round == 3 and len(timer.timed) == 3 * serving.TIMING_ROUNDS     # ours, fa4, sdpa
+    rounds = [timer.timed[r * per_round:(r + 1) * per_round] for r in range(serving.TIMING_ROUNDS)]
     ours = rounds[0][0]
     assert all(len(set(map(id, r))) == per_round for r in rounds)
     assert [r.index(ours) for r in rounds] == [0 if i % 2 == 0 else per_round - 1 for i in range(len(rounds))]
@@ -228,7 +231,7 @@ def _render(table) -> str:
 
 def test_the_table_shows_numbers_not_installed_and_notes(fa4_stand_in, no_flashinfer):
     rows = [row_of(CpuKernel(), VARLEN), row_of(CpuKernel(), PAGED), row_of(CpuKernel(offset=0.5), VARLEN)]
-    text = _render(bench_mixes.results_table(rows, "tiny"))
+    text = _render(bench_serving.results_table(rows, "tiny"))
     lines = [line for line in text.splitlines() if "tiny" in line and "│" in line]
     assert len(lines) == 3
     assert "not installed" in lines[0] and f"{rows[0]['ours']:g}" in lines[0]
@@ -238,7 +241,7 @@ def test_the_table_shows_numbers_not_installed_and_notes(fa4_stand_in, no_flashi
 
 def _stand_in_command(monkeypatch, tmp_path, verified=True):
     """run_mix_bench with the GPU parts replaced: no device check, a built kernel that is our CPU stand-in,
-    tiny mixes instead of tuner/mixes.toml's."""
+    tiny mixes instead of tuner/measure/mixes.toml's."""
     @dataclass(frozen=True)
     class Params:
         block_n: int = 128
@@ -259,18 +262,18 @@ def _stand_in_command(monkeypatch, tmp_path, verified=True):
                                           "resources": lambda self: {}})()
 
     timer = Timer()
-    monkeypatch.setattr(bench, "device_problem", lambda profile, err: None)
-    monkeypatch.setattr(bench, "_build_kernels", lambda targets, *a, **kw: ([Built(s) for _, s in targets], 0))
-    monkeypatch.setattr(bench, "environment_record", lambda profile, nvcc: {"device": "CPU stand-in"})
-    monkeypatch.setattr(bench_mixes, "_load_and_verify", lambda built: (
+    monkeypatch.setattr(bench_cmd, "device_problem", lambda profile, err: None)
+    monkeypatch.setattr(build, "build_kernels", lambda targets, *a, **kw: ([Built(s) for _, s in targets], 0))
+    monkeypatch.setattr(bench_cmd, "environment_record", lambda profile, nvcc: {"device": "CPU stand-in"})
+    monkeypatch.setattr(bench_serving, "_load_and_verify", lambda built: (
         [CpuKernel(causal=b.spec.causal) for b in built] if verified else None,
         {b.spec.label(): {"name": "standin_paged", "verified": verified, "reason": "" if verified else
                           "1 of 4 mixes failed; first: page16: rel err 0.3"} for b in built}))
-    monkeypatch.setattr(bench_mixes, "serving_problems", lambda layout, variant, hq, hkv, dqk, dv, causal, dtype, page:
+    monkeypatch.setattr(bench_serving, "serving_problems", lambda layout, variant, hq, hkv, dqk, dv, causal, dtype, page:
                         [ServingProblem(layout, "tiny-prefix", (3, 20), (40, 20), variant, 4, 2, 64, 64, causal,
                                         dtype, page)])
-    original = bench_mixes.mix_rows
-    monkeypatch.setattr(bench_mixes, "mix_rows", lambda k, ps, **kw: original(k, ps, device="cpu", timer=timer, **kw))
+    original = serving.mix_rows
+    monkeypatch.setattr(bench_serving, "mix_rows", lambda k, ps, **kw: original(k, ps, device="cpu", clock=timer, **kw))
     return timer
 
 
@@ -347,10 +350,10 @@ def test_bench_varlen_without_gpu_exits_2_after_checking_its_input():
                     reason="needs a Hopper GPU (the serving layouts build warp-specialised sm90 kernels)")
 def test_bench_varlen_on_one_mix_end_to_end(monkeypatch, tmp_path):
     """The real kernel, verification and baselines on the smallest mix of mixes.toml."""
-    from tuner import mixes
+    from tuner.measure import mixes
 
     original = mixes.serving_problems
-    monkeypatch.setattr(bench_mixes, "serving_problems",
+    monkeypatch.setattr(bench_serving, "serving_problems",
                         lambda *a, **kw: original(*a, names=["64 random 1-512"], **kw))
     out = tmp_path / "varlen.json"
     result = invoke("bench", "--gpu", "h100", "--model", "llama3-8b", "--layout", "varlen", "--json", str(out),

@@ -1,4 +1,4 @@
-"""Per-bucket defaults (tuner/bucket_defaults.py, hardware_profiles/bucket_defaults/): the table's checks, which
+"""Per-bucket defaults (tuner/defaults/table.py, hardware_profiles/bucket_defaults/): the table's checks, which
 kernel each bucket gets, and the consumers (`tune build --seqlen`, `tune bench`'s grouping, the default export,
 a campaign's seeds). No GPU."""
 from __future__ import annotations
@@ -19,10 +19,10 @@ except ModuleNotFoundError:  # Python 3.10
 from hardware_profiles import available_profiles, load_profile
 from translate.defaults import default_params, probe_problem
 from translate.params import validate
-from tuner.bucket_defaults import (BucketTableError, bucket_change, bucket_defaults, bucket_params, group_by_params,
+from tuner.defaults.table import (BucketTableError, bucket_change, bucket_defaults, bucket_params, group_by_params,
                                    load_table, parse_table, params_for_seqlen)
 from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
-from tuner.cli import app
+from tuner.commands.cli import app
 from kernel_abi.spec import KernelSpec
 
 H100 = load_profile("h100")
@@ -74,7 +74,7 @@ def test_unknown_top_level_keys_and_bad_toml_are_refused(tmp_path):
 
 
 def test_a_change_the_profile_refuses_is_an_error_naming_the_reasons(monkeypatch):
-    import tuner.bucket_defaults as bd
+    import tuner.defaults.table as bd
 
     table = parse_table({"change": [entry(buckets=["s1024"], change={"block_n": 176, "pingpong": True})]}, "t.toml")
     monkeypatch.setattr(bd, "load_table", lambda gpu: table)
@@ -175,27 +175,27 @@ def test_tune_bench_builds_one_kernel_per_bucket_default(monkeypatch):
     from rich.console import Console
 
     from translate import nvcc
-    from tuner.bench import _build_kernels
+    from tuner.build import build_kernels
 
     monkeypatch.setattr(nvcc, "compile_kernels", lambda gens, arch, **kw: [type("R", (), {"ok": True})()
                                                                            for _ in gens])
     targets = [(H100, MHA64C), (H100, KernelSpec("mha", 128, 128, True, "bf16"))]
-    built, code = _build_kernels(targets, "mha", None, None, H100, Console(), None, "ws_overlap",
+    built, code = build_kernels(targets, "mha", None, None, H100, Console(), None, "ws_overlap",
                                  [512, 1024, 2048, 16384])
     assert code == 0
     assert [(b.spec.d_qk, b.params.block_m, b.params.pingpong, b.params.persistent, b.seqlens) for b in built] == [
         (64, 128, False, True, (512, 1024)), (64, 192, False, True, (2048,)), (64, 192, False, True, (16384,)),
         (128, 128, True, True, (512, 1024)), (128, 128, False, True, (2048,)), (128, 128, False, False, (16384,))]
-    built, _ = _build_kernels(targets[1:], "mha", None, None, H100, Console(), None, "ws_overlap", [2048, 4096])
+    built, _ = build_kernels(targets[1:], "mha", None, None, H100, Console(), None, "ws_overlap", [2048, 4096])
     assert [b.seqlens for b in built] == [None]      # one default serves them all: one kernel, as before
-    built, _ = _build_kernels(targets[:1], "mha", '{"block_n": 112}', None, H100, Console(), None, "ws_overlap",
+    built, _ = build_kernels(targets[:1], "mha", '{"block_n": 112}', None, H100, Console(), None, "ws_overlap",
                               [512, 2048])
     assert [(b.params.block_m, b.params.block_n, b.seqlens) for b in built] == [(192, 112, None)]   # --params: one
 
 
 def test_the_default_export_compiles_each_buckets_kernel_once(monkeypatch):
     from translate import nvcc
-    from tuner.default_export import compile_defaults
+    from tuner.defaults.export import compile_defaults
 
     seen = []
     monkeypatch.setattr(nvcc, "compile_kernels", lambda gens, arch, **kw: seen.extend(g.name for g in gens) or [
@@ -214,7 +214,7 @@ def test_the_default_export_compiles_a_paged_kernel_per_distinct_page_size_defau
     "half" (measured ahead of the cp.async producer at pages of 128 in three processes); smaller pages share the
     cp.async kernel; no page sizes asked: the page-agnostic default."""
     from translate import nvcc
-    from tuner.default_export import compile_defaults
+    from tuner.defaults.export import compile_defaults
 
     monkeypatch.setattr(nvcc, "compile_kernels", lambda gens, arch, **kw: [
         type("R", (), {"ok": True, "cubin": b"x", "log": ""})() for _ in gens])

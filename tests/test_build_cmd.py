@@ -12,8 +12,8 @@ import translate
 from hardware_profiles import available_profiles, load_profile
 from translate.defaults import default_params, probe_problem
 from translate.params import KernelParams, smem_bytes, validate
-from tuner.build_cmd import UsageError, parse_params_arg
-from tuner.cli import app
+from tuner.build import UsageError, parse_params_arg
+from tuner.commands.cli import app
 from kernel_abi.spec import spec_for
 
 HAVE_NVCC = shutil.which("nvcc") is not None

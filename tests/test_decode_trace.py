@@ -67,7 +67,7 @@ def test_wait_shares_are_of_the_same_warpgroups_loop():
 
 
 def test_points_parse_and_bad_ones_say_what_is_expected(capsys):
-    from tuner.bench_decode import parse_mla_points
+    from tuner.measure.decode import parse_mla_points
 
     p = parse_mla_points("64x4096,8x16384x2")
     assert [(x.batch, x.kv_len, x.seqlen_q, x.heads_q) for x in p] == [(64, 4096, 1, 128), (8, 16384, 2, 128)]

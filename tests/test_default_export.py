@@ -1,12 +1,13 @@
-"""tuner.default_export without a GPU: which buckets the default kernels of each layout are stored under, and
+"""tuner.defaults.export without a GPU: which buckets the default kernels of each layout are stored under, and
 the inputs a serving kernel is timed on (the timing itself replaced)."""
 import pytest
 import torch
 
-from tuner import bench
+from tuner.measure import dense
+from tuner.measure import timer
 from tuner.serving.buckets.names import bucket_errors
-from tuner.default_export import SERVING_SPECS, _measurements, serving_call
-from tuner.mixes import serving_problems
+from tuner.defaults.export import SERVING_SPECS, _measurements, serving_call
+from tuner.measure.mixes import serving_problems
 from kernel_abi.spec import KernelSpec
 
 
@@ -36,12 +37,12 @@ def untimed(monkeypatch):
         fn()
         return 2.0
 
-    monkeypatch.setattr(bench, "time_ms", once)
+    monkeypatch.setattr(timer, "time_ms", once)
 
 
 @pytest.mark.parametrize("spec", SERVING_SPECS, ids=lambda s: s.layout)
 def test_serving_defaults_are_stored_under_their_mixes_serving_buckets(spec, untimed, monkeypatch):
-    import tuner.default_export as de
+    import tuner.defaults.export as de
 
     real = de.serving_call
     monkeypatch.setattr(de, "serving_call", lambda kernel, problem: real(kernel, problem, device="cpu"))
@@ -60,7 +61,7 @@ def test_serving_defaults_are_stored_under_their_mixes_serving_buckets(spec, unt
 
 
 def test_dense_defaults_keep_their_key_length_buckets(untimed, monkeypatch):
-    monkeypatch.setattr(bench, "measure_problem", lambda kernel, problem: 2.0)
+    monkeypatch.setattr(dense, "measure_problem", lambda kernel, problem: 2.0)
     rows = _measurements(object(), KernelSpec("gqa", 128, 128, True, "bf16"), ("s1024", "s4096"), (16,))
     assert [(b, p) for b, _, p in rows] == [("s1024", {"seqlen_k": 4096}), ("s4096", {"seqlen_k": 4096})]
 
@@ -74,7 +75,7 @@ def test_the_paged_timing_inputs_hold_every_key():
 
 def test_compile_changes_builds_each_specs_default_with_each_change_in_one_pool(monkeypatch):
     from translate import nvcc
-    from tuner.default_export import compile_changes
+    from tuner.defaults.export import compile_changes
 
     pools = []
     monkeypatch.setattr(nvcc, "compile_kernels",
@@ -90,13 +91,13 @@ def test_compile_changes_builds_each_specs_default_with_each_change_in_one_pool(
 
 
 def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatch, capsys):
-    """The A/B scripts (dense_profile, bench_serving --variants) time only kernels that built and passed tuner.verify;
+    """The A/B scripts (dense_profile, bench_serving --variants) time only kernels that built and passed tuner.measure.verify;
     every verdict is printed under the caller's label."""
     from types import SimpleNamespace
 
     import tuner.serving.launch.kernel
-    import tuner.verify
-    from tuner.default_export import load_verified
+    import tuner.measure.verify
+    from tuner.defaults.export import load_verified
 
     def gen(name):
         return SimpleNamespace(name=name, meta=lambda: {"name": name})
@@ -105,7 +106,7 @@ def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatc
         return SimpleNamespace(ok=ok, cubin=b"x" if ok else None, log="ptxas error", registers=128, spill_stores=0)
 
     monkeypatch.setattr(tuner.serving.launch.kernel, "load_kernel", lambda cubin, meta: meta["name"])
-    monkeypatch.setattr(tuner.verify, "verify", lambda kernel, spec: SimpleNamespace(
+    monkeypatch.setattr(tuner.measure.verify, "verify", lambda kernel, spec: SimpleNamespace(
         passed=kernel != "k_wrong", reason="max abs err 1.0" if kernel == "k_wrong" else ""))
     built = {"default": (gen("k_ok"), res(True)), "wrong": (gen("k_wrong"), res(True)), "broken": (gen("k_x"), res(False))}
     assert load_verified(built, None, "mha64n_8192") == {"default": "k_ok"}

@@ -1,4 +1,4 @@
-"""FlashAttention-4 as a baseline column (tuner/fa4.py through tuner.bench): measured beside torch SDPA's
+"""FlashAttention-4 as a baseline column (tuner/measure/fa4.py through tuner.bench): measured beside torch SDPA's
 backends when ``flash_attn.cute`` imports (a CPU stand-in here, tests/fa4_stand_in.py), "not installed"
 with its reason when it does not; its JIT compile kept out of the timing; its errors recorded like the
 others'."""
@@ -11,8 +11,10 @@ import pytest
 import torch
 from rich.console import Console
 
-from tuner import bench, fa4
-from tuner.loader import sdpa_attention
+from tuner.commands import bench as bench_cmd
+from tuner.measure import dense, fa4
+from tuner.measure import timer as measure_timer
+from tuner.serving import sdpa_attention
 from kernel_abi.spec import Problem
 
 GQA = Problem("gqa", 2, 4, 2, 64, 64, 64, 64, True, "bf16")   # head dim 64: FA4 and CPU SDPA flash run it
@@ -22,7 +24,7 @@ OURS_MS = 5e-4
 
 @pytest.fixture
 def timer(monkeypatch):
-    """bench.time_ms on the CPU: calls the timed function once, returns FAKE_MS; logs how many FA4 calls
+    """tuner.measure.timer.time_ms on the CPU: calls the timed function once, returns FAKE_MS; logs how many FA4 calls
     the stand-in had seen (before, after) each timing."""
     log = []
 
@@ -32,7 +34,7 @@ def timer(monkeypatch):
         log.append((before, len(_fa4_calls())))
         return FAKE_MS
 
-    monkeypatch.setattr(bench, "time_ms", fake_time_ms)
+    monkeypatch.setattr(measure_timer, "time_ms", fake_time_ms)
     return log
 
 
@@ -41,12 +43,12 @@ def _fa4_calls() -> list:
 
 
 def _inputs(problem: Problem, sets: int = 2):
-    return bench.make_inputs(problem, sets, device="cpu")
+    return dense.make_inputs(problem, sets, device="cpu")
 
 
 def _measure(problem: Problem):
     errors, outputs = {}, {}
-    result = bench.measure_baselines(problem, _inputs(problem), errors=errors, outputs=outputs)
+    result = dense.measure_baselines(problem, _inputs(problem), errors=errors, outputs=outputs)
     return result, errors, outputs
 
 
@@ -58,8 +60,8 @@ def test_fa4_is_measured_after_one_untimed_call_in_our_layout(fa4_stand_in, time
     fa4_stand_in.RETURN_LSE = return_lse
     result, errors, outputs = _measure(GQA)
     assert list(result) == ["flash", "cudnn", "efficient", "fa4"]
-    assert result["fa4"] == pytest.approx(bench.tflops(GQA, FAKE_MS)) and "fa4" not in errors
-    assert result["flash"] == pytest.approx(bench.tflops(GQA, FAKE_MS))
+    assert result["fa4"] == pytest.approx(dense.tflops(GQA, FAKE_MS)) and "fa4" not in errors
+    assert result["flash"] == pytest.approx(dense.tflops(GQA, FAKE_MS))
     # flash timed (no FA4 call), then FA4: its first call (the JIT compile on a GPU) came before its timing
     assert timer == [(0, 0), (1, 2)]
     first = fa4_stand_in.CALLS[0]
@@ -67,7 +69,7 @@ def test_fa4_is_measured_after_one_untimed_call_in_our_layout(fa4_stand_in, time
                      "softmax_scale": GQA.softmax_scale}   # (b, s, h, d) as is, GQA as fewer KV heads
     out = outputs["fa4"]                                    # the output, not the (out, lse) tuple
     assert isinstance(out, torch.Tensor) and out.shape == (2, 64, 4, 64)
-    assert bench._rel_err(out, outputs["flash"]) < 1e-2
+    assert dense.rel_err(out, outputs["flash"]) < 1e-2
 
 
 def test_not_installed_is_a_reason_never_a_number_or_a_crash(fa4_missing, timer):
@@ -75,7 +77,7 @@ def test_not_installed_is_a_reason_never_a_number_or_a_crash(fa4_missing, timer)
     assert result["fa4"] is None and "fa4" not in outputs
     assert errors["fa4"].startswith("not installed: flash_attn.cute is not importable (ModuleNotFoundError")
     assert fa4.is_not_installed(errors["fa4"])
-    assert result["flash"] == pytest.approx(bench.tflops(GQA, FAKE_MS)) and timer == [(0, 0)]
+    assert result["flash"] == pytest.approx(dense.tflops(GQA, FAKE_MS)) and timer == [(0, 0)]
 
 
 def test_a_shape_fa4_cannot_run_is_recorded_like_the_other_backends(fa4_stand_in, timer):
@@ -110,9 +112,9 @@ def test_status_without_fa4_gives_the_reason(fa4_missing):
 @pytest.fixture
 def cpu_bench(monkeypatch, timer):
     """bench_rows on CPU tensors with the real measure_baselines; our kernel takes OURS_MS."""
-    real = bench.make_inputs
-    monkeypatch.setattr(bench, "make_inputs", lambda p, sets=3, seed=0: real(p, sets, seed, device="cpu"))
-    monkeypatch.setattr(bench, "measure_problem", lambda kernel, p, rotate=3, inputs=None: OURS_MS)
+    real = dense.make_inputs
+    monkeypatch.setattr(dense, "make_inputs", lambda p, sets=3, seed=0: real(p, sets, seed, device="cpu"))
+    monkeypatch.setattr(dense, "measure_problem", lambda kernel, p, rotate=3, inputs=None: OURS_MS)
 
 
 def _ours(q, k, v):
@@ -122,7 +124,7 @@ def _ours(q, k, v):
 def _table_cells(row: dict) -> dict[str, str]:
     """The `tune bench` table of one row: column -> cell text."""
     console = Console(file=io.StringIO(), width=300, color_system=None)
-    console.print(bench._results_table([row], "t"))
+    console.print(bench_cmd.results_table([row], "t"))
     lines = console.file.getvalue().splitlines()
     header = next(l for l in lines if "seqlen" in l)
     line = next(l for l in lines if f"{row['heads_q']}/{row['heads_kv']}" in l)
@@ -131,8 +133,8 @@ def _table_cells(row: dict) -> dict[str, str]:
 
 
 def test_bench_row_has_the_fa4_column_and_ratio(fa4_stand_in, cpu_bench):
-    (row,) = bench.bench_rows(_ours, [GQA])
-    ours, base = bench.tflops(GQA, OURS_MS), bench.tflops(GQA, FAKE_MS)
+    (row,) = dense.bench_rows(_ours, [GQA])
+    ours, base = dense.tflops(GQA, OURS_MS), dense.tflops(GQA, FAKE_MS)
     assert row["status"] == "ok" and row["fa4"] == round(base, 2) and "fa4_err" not in row
     assert row["ours/fa4"] == round(ours / base, 3) == 2.0 and row["cross_check_against"] == "flash"
     cells = _table_cells(row)
@@ -140,7 +142,7 @@ def test_bench_row_has_the_fa4_column_and_ratio(fa4_stand_in, cpu_bench):
 
 
 def test_bench_row_without_fa4_says_not_installed(fa4_missing, cpu_bench):
-    (row,) = bench.bench_rows(_ours, [GQA])
+    (row,) = dense.bench_rows(_ours, [GQA])
     assert row["status"] == "ok" and row["fa4"] is None and row["ours/fa4"] is None
     assert fa4.is_not_installed(row["fa4_err"]) and "flash_attn.cute" in row["fa4_err"]
     cells = _table_cells(row)
@@ -154,8 +156,8 @@ def test_ours_is_cross_checked_against_fa4_when_no_sdpa_backend_runs(fa4_stand_i
             raise RuntimeError("No available kernel. Aborting execution.")
         return call
 
-    monkeypatch.setattr(bench, "_sdpa_call", no_kernel)
-    (good,) = bench.bench_rows(_ours, [GQA])
+    monkeypatch.setattr(dense, "sdpa_call", no_kernel)
+    (good,) = dense.bench_rows(_ours, [GQA])
     assert good["status"] == "ok" and good["cross_check_against"] == "fa4" and good["flash"] is None
-    (bad,) = bench.bench_rows(lambda q, k, v: sdpa_attention(q, k, v, causal=False), [GQA])  # ignores the mask
+    (bad,) = dense.bench_rows(lambda q, k, v: sdpa_attention(q, k, v, causal=False), [GQA])  # ignores the mask
     assert bad["status"] == "FAILED" and "differs from FA4" in bad["reason"] and bad["ours"] is None

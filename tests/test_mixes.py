@@ -1,7 +1,7 @@
-"""Serving mixes and the serving bucket rule (tuner/mixes.py)."""
+"""Serving mixes and the serving bucket rule (tuner/measure/mixes.py)."""
 import pytest
 
-from tuner.mixes import MixError, ServingProblem, serving_problems
+from tuner.measure.mixes import MixError, ServingProblem, serving_problems
 from tuner.serving.buckets.serving import is_serving_bucket, nearest_serving_bucket, parse_serving_bucket, serving_bucket
 
 

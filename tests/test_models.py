@@ -2,10 +2,10 @@
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.commands.cli import app
 from tuner.models import ModelError, get_model, load_models
 from kernel_abi.spec import variant_of_heads
-from tuner.models_cmd import show_models
+from tuner.commands.models import show_models
 from kernel_abi.spec import Problem
 
 

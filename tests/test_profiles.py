@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 import hardware_profiles as hp
-from tuner.cli import app
+from tuner.commands.cli import app
 
 
 def test_six_profiles_with_design_card_facts():

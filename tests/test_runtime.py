@@ -76,7 +76,7 @@ def hopper_kernel():
     from translate.defaults import default_params
     from kernel_abi.spec import KernelSpec
 
-    from tuner.build_cmd import resolve_schedule
+    from tuner.build import resolve_schedule
 
     profile = load_profile("h100")
     spec = KernelSpec("gqa", 128, 128, True, "bf16")

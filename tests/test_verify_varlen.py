@@ -3,7 +3,7 @@ GPU: tests/gpu/test_varlen_gpu.py)."""
 import torch
 
 from kernel_abi.spec import KernelSpec
-from tuner.verify_varlen import CHECK_PAGED_MIXES, PagedMix, _packed_case, _paged_cache, _UNUSED_KEY
+from tuner.measure.verify_varlen import CHECK_PAGED_MIXES, PagedMix, _packed_case, _paged_cache, _UNUSED_KEY
 
 
 def test_a_paged_cache_holds_each_sequence_in_its_pages_and_nan_elsewhere():

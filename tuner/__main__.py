@@ -1,3 +1,3 @@
-from tuner.cli import main
+from tuner.commands.cli import main
 
 main()

@@ -1,11 +1,11 @@
 """Stand-ins for the GPU, and only for it, so that the real GPU backend (tuner.campaign.backends
-._gpu_measure and baselines: tuner.serving.launch.load_kernel -> tuner.verify.verify -> tuner.bench) runs on a
+._gpu_measure and baselines: tuner.serving.launch.load_kernel -> tuner.measure.verify.verify -> tuner.bench) runs on a
 CPU-only machine:
 
 * ``torch.cuda.is_available`` / ``synchronize`` / ``get_device_name``: True / no-op / an H100's name;
 * ``tuner.serving.launch.load_kernel``: the runtime's own checks of the cubin and its metadata, then a kernel
   that computes attention on the CPU (the loader's SDPA) and writes into ``out`` as the real one does;
-* ``tuner.bench.time_ms``: calls the timed function once and returns a deterministic time per kernel;
+* ``tuner.measure.timer.time_ms``: calls the timed function once and returns a deterministic time per kernel;
 * ``translate.nvcc.compile_kernels`` (campaign runs only): a "cubin" naming the kernels, no nvcc
   (the dry-run test and scripts/device_campaign.sh DRY=1 compile for real);
 * tensors on ``cpu`` (backends.TRIAL_DEVICE).
@@ -73,9 +73,9 @@ def fake_load_kernel(binary, meta: dict, device: int | None = None, *, error: fl
 
 def fake_time_ms(fn, warmup: int = 10, reps: int = 50, *, timing=None) -> float:
     """One call of ``fn``; a deterministic time: per kernel (a hash of its name) or the baselines'."""
-    from tuner import bench
+    from tuner.measure import timer
 
-    LAST_TIMINGS.append(timing or bench.DEFAULT_TIMING)
+    LAST_TIMINGS.append(timing or timer.DEFAULT_TIMING)
     before = {id(k): k.calls for k in LOADED}
     fn()
     for k in LOADED:
@@ -117,13 +117,13 @@ def patch_torch_cuda(setattr_=setattr) -> None:
 def install() -> None:
     """Ray worker_process_setup_hook: every stand-in above, in this worker process."""
     import translate.nvcc
-    from tuner import bench
+    from tuner.measure import timer
     from tuner.serving import launch
     from tuner.campaign import backends
 
     patch_torch_cuda()
     launch.load_kernel = _recording_load_kernel
-    bench.time_ms = fake_time_ms
+    timer.time_ms = fake_time_ms
     backends.TRIAL_DEVICE = "cpu"
     if os.environ.get("FAKE_GPU_REAL_NVCC") != "1":
         translate.nvcc.compile_kernels = fake_compile_kernels

@@ -75,8 +75,8 @@ def test_planted_faults_are_infeasible_with_reasons_and_the_campaign_completes(f
 
 
 def test_best_kernels_are_stored_per_bucket_and_exported(faulty_run, tmp_path):
-    from tuner.export import run_export
-    from tuner.store import KernelStore
+    from tuner.store.export import run_export
+    from tuner.store.records import KernelStore
 
     study_dir = faulty_run["root"] / "studies"
     study = load(study_dir)

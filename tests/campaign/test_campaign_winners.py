@@ -9,7 +9,7 @@ from optuna.trial import TrialState
 
 from tuner.campaign import run_campaign
 from tuner.campaign.study import is_seed
-from tuner.store import KernelStore
+from tuner.store.records import KernelStore
 
 from .conftest import GRID, STUDY, campaign_seed_keys, load_study, replay_options
 

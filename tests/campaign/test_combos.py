@@ -130,7 +130,7 @@ def test_combination_problems_carry_the_model_heads():
 
 
 def test_the_campaign_reads_causal_both_beside_the_causal_flags():
-    from tuner.cli import campaign_argv
+    from tuner.commands.cli import campaign_argv
 
     assert campaign_argv(["--gpu", "h100", "--variant", "mha,gqa", "--causal", "both"])[-1] == "--causal-mode=both"
     assert campaign_argv(["--gpu", "h100", "--causal=false"])[-1] == "--causal-mode=false"

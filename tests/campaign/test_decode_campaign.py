@@ -90,7 +90,7 @@ def test_decode_sketches_load_by_schedule_and_cache():
 
 @pytest.mark.slow
 def test_a_decode_campaign_measures_each_bucket_and_stores_decode_records(ray_cluster, tmp_path):
-    from tuner.store import KernelStore
+    from tuner.store.records import KernelStore
 
     rc = run_campaign(replay_options(tmp_path, trials=8, variant="gqa", phase="decode", layout="paged",
                                      page_size=16))
@@ -118,9 +118,10 @@ def test_the_cross_check_at_size_matches_a_head_by_head_reference_and_catches_a_
                                                                                               d_v, sq, page):
     import torch
 
-    from tuner.bench_decode import make_decode_inputs, make_mla_inputs
-    from tuner.campaign import decode_measure as dm
-    from tuner.decode_problem import DecodeProblem
+    from tuner.measure.decode import make_decode_inputs, make_mla_inputs
+    from tuner.measure import decode as dm
+    from tuner.measure.trial import BENCH_CROSS_CHECK_REL_ERR
+    from tuner.measure.decode_problem import DecodeProblem
 
     prob = DecodeProblem(variant, 3, 70, hq, hkv, d_qk, d_v, True, "fp16", seqlen_q=sq, page_size=page)
     x = ({**make_mla_inputs(prob.point(), device="cpu"), "v": None} if variant == "mla"
@@ -135,12 +136,12 @@ def test_the_cross_check_at_size_matches_a_head_by_head_reference_and_catches_a_
                 out[i, t, h] = torch.softmax(s, -1) @ v[:, h // (hq // hkv)]
     assert dm.cross_check(out, x, prob) < 1e-5
     out[prob.batch - 1, sq - 1, hq - 1, 0] += 1.0     # the last sequence's last row: where offsets are largest
-    assert dm.cross_check(out, x, prob) > dm.CROSS_CHECK_REL_ERR
+    assert dm.cross_check(out, x, prob) > BENCH_CROSS_CHECK_REL_ERR
 
 
 @pytest.mark.slow
 def test_deepseek_v3_decodes_absorbed_mla_in_its_campaign(ray_cluster, tmp_path):
-    from tuner.store import KernelStore
+    from tuner.store.records import KernelStore
 
     rc = run_campaign(replay_options(tmp_path, trials=4, variant=None, model="deepseek-v3", phase="decode",
                                      layout="paged", page_size=64))

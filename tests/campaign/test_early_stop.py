@@ -102,7 +102,7 @@ def test_the_cli_turns_the_early_stop_off(monkeypatch):
     from typer.testing import CliRunner
 
     import tuner.campaign
-    from tuner.cli import app
+    from tuner.commands.cli import app
 
     seen = []
     monkeypatch.setattr(tuner.campaign, "run_campaign", lambda options: seen.append(options) or 0)

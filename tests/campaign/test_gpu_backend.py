@@ -1,5 +1,5 @@
 """The real GPU backend without a GPU: tuner.campaign.backends._gpu_measure / baselines run the real
-tuner.verify and tuner.bench code with stand-ins only where a GPU is needed (tests/campaign/gpu_fakes.py):
+tuner.measure.verify and tuner.bench code with stand-ins only where a GPU is needed (tests/campaign/gpu_fakes.py):
 first in this process, then a whole campaign on its own Ray cluster through store, export and loader."""
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ def _problem(seqlen: int, batch: int = 1, heads: int = 2) -> Problem:
 @pytest.fixture
 def fake_gpu(monkeypatch):
     """torch.cuda stubs and a fake timer in this process; tensors on the CPU."""
-    from tuner import bench
+    from tuner.measure import timer
 
     gpu_fakes.patch_torch_cuda(monkeypatch.setattr)
-    monkeypatch.setattr(bench, "time_ms", gpu_fakes.fake_time_ms)
+    monkeypatch.setattr(timer, "time_ms", gpu_fakes.fake_time_ms)
     monkeypatch.setattr(backends, "TRIAL_DEVICE", "cpu")
     monkeypatch.setattr(gpu_fakes, "LOADED", [])
     monkeypatch.setattr(gpu_fakes, "LAST_TIMINGS", [])
@@ -41,7 +41,7 @@ def generated():
     """A real translated kernel (its meta is what the campaign ships to the GPU task); no nvcc."""
     import translate
     from translate.defaults import default_params
-    from tuner.build_cmd import load_checked_program
+    from tuner.build import load_checked_program
 
     program, _, _, diagnostics = load_checked_program("mha", True, None)
     assert program is not None and not diagnostics
@@ -66,7 +66,9 @@ def _use_loader(monkeypatch, **kw):
 
 
 def test_a_correct_kernel_is_verified_cross_checked_and_timed(fake_gpu, generated, monkeypatch):
-    from tuner import bench, verify
+    from tuner.measure import verify
+    from tuner.measure import timer
+    from tuner.measure import dense
 
     _use_loader(monkeypatch)
     problems = [_problem(256, batch=2), _problem(512)]
@@ -78,9 +80,9 @@ def test_a_correct_kernel_is_verified_cross_checked_and_timed(fake_gpu, generate
     assert set(ver["bench_cross_check"]) == {"256", "512"} and max(ver["bench_cross_check"].values()) < 1e-2
     (kernel,) = gpu_fakes.LOADED
     for p in problems:   # TFLOPS = the problem's FLOPs over the (fake) median time of the kernel's calls
-        assert result["tflops"][str(p.seqlen_k)] == pytest.approx(bench.tflops(p, _kernel_ms(kernel)), abs=0.01)
+        assert result["tflops"][str(p.seqlen_k)] == pytest.approx(dense.tflops(p, _kernel_ms(kernel)), abs=0.01)
     # the payload's timing reached do_bench's place
-    assert gpu_fakes.LAST_TIMINGS and all(t == bench.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
+    assert gpu_fakes.LAST_TIMINGS and all(t == timer.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
     assert set(result["seconds"]) == {"imports", "load", "warmup", "lock_wait", "verify", "bench"}
     assert result["gpu_lock"]["released_at"] >= result["gpu_lock"]["acquired_at"] > 0
     json.dumps(result["verification"], allow_nan=False)   # what the store will write
@@ -94,7 +96,8 @@ def test_warm_up_runs_before_the_gpu_lock_and_its_first_uses_leave_the_locked_se
     import fcntl
     import os
 
-    from tuner import bench, verify
+    from tuner.measure import verify
+    from tuner.measure import dense
     from tuner.campaign import gpulock
 
     monkeypatch.setenv(gpulock.LOCK_DIR_ENV, str(tmp_path))
@@ -112,7 +115,7 @@ def test_warm_up_runs_before_the_gpu_lock_and_its_first_uses_leave_the_locked_se
         finally:
             os.close(fd)
 
-    real_reference, real_sdpa = verify.reference, bench._sdpa_call
+    real_reference, real_sdpa = verify.reference, dense.sdpa_call
 
     def reference(q, *a, **kw):
         events.append(f"reference s{q.shape[1]} lock {'free' if lock_is_free() else 'held'}")
@@ -123,7 +126,7 @@ def test_warm_up_runs_before_the_gpu_lock_and_its_first_uses_leave_the_locked_se
         return real_sdpa(problem)
 
     monkeypatch.setattr(verify, "reference", reference)
-    monkeypatch.setattr(bench, "_sdpa_call", sdpa_call)
+    monkeypatch.setattr(dense, "sdpa_call", sdpa_call)
     result = backends._gpu_measure(_payload(generated, [_problem(256)]))
     assert result["verified"] is True, result["reason"]
     assert events[:3] == ["reference s16 lock free", "reference s16 lock free", "sdpa s16 lock free"]
@@ -142,7 +145,7 @@ def test_a_wrong_kernel_fails_verification_with_the_shape_and_is_not_timed(fake_
     _use_loader(monkeypatch, error=0.05)
     result = backends._gpu_measure(_payload(generated, [_problem(256)]))
     assert result["verified"] is False and result["tflops"] == {}
-    from tuner import verify
+    from tuner.measure import verify
     n = len(verify.CHECK_SHAPES)
     assert result["reason"].startswith(f"verification failed: {n} of {n} shapes failed; first: mha b1 hq3 hkv3 sq1 sk1")
     assert "max error" in result["reason"] and result["verification"]["passed"] is False
@@ -168,27 +171,28 @@ def test_a_cubin_without_the_kernel_or_a_wrong_abi_is_a_load_failure(fake_gpu, g
 
 
 def test_baselines_are_measured_per_seqlen_with_the_campaign_timing(fake_gpu, fa4_missing):
-    from tuner import bench
+    from tuner.measure import timer
+    from tuner.measure import dense
 
     out = backends.baselines(backends.BackendSpec("gpu"), [_problem(256), _problem(512)],
                              {"warmup_ms": 5.0, "rep_ms": 20.0, "rotate": 2})
     assert out["device_name"] == gpu_fakes.DEVICE_NAME and set(out["baselines"]) == {"256", "512"}
     for seqlen, row in out["baselines"].items():
-        assert set(row) == {"flash", "cudnn", "efficient", "fa4"} == set(bench.BASELINES)
+        assert set(row) == {"flash", "cudnn", "efficient", "fa4"} == set(dense.BASELINES)
         flash = row["flash"]    # the CPU runs SDPA's flash backend; cuDNN and efficient cannot: None + reason
-        assert flash == pytest.approx(bench.tflops(_problem(int(seqlen)), gpu_fakes.BASELINE_MS))
+        assert flash == pytest.approx(dense.tflops(_problem(int(seqlen)), gpu_fakes.BASELINE_MS))
         assert row["cudnn"] is None and "cudnn" in out["errors"][seqlen]
         assert row["fa4"] is None and out["errors"][seqlen]["fa4"].startswith("not installed: flash_attn.cute")
-    assert all(t == bench.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
+    assert all(t == timer.Timing(5.0, 20.0, 2) for t in gpu_fakes.LAST_TIMINGS)
 
 
 def test_fa4_is_a_campaign_baseline_where_it_is_installed(fake_gpu, fa4_stand_in):
-    from tuner import bench
+    from tuner.measure import dense
 
     out = backends.baselines(backends.BackendSpec("gpu"), [_problem(256)], {"warmup_ms": 5.0, "rep_ms": 20.0,
                                                                            "rotate": 2})
     row = out["baselines"]["256"]
-    assert row["fa4"] == pytest.approx(bench.tflops(_problem(256), gpu_fakes.BASELINE_MS)) == row["flash"]
+    assert row["fa4"] == pytest.approx(dense.tflops(_problem(256), gpu_fakes.BASELINE_MS)) == row["flash"]
     assert "fa4" not in out["errors"]["256"]
     assert fa4_stand_in.CALLS[0]["causal"] is True and fa4_stand_in.CALLS[0]["q"] == (1, 256, 2, 128)
 
@@ -205,9 +209,9 @@ def test_replayed_baselines_say_which_libraries_the_file_did_not_record():
 @pytest.mark.slow
 def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_path):
     """The whole path of `tune --gpu h100 --variant mha` on the GPU backend, a fake GPU in every Ray worker."""
-    from tuner.export import run_export
-    from tuner.loader import ExportedAttention, read_configs, sdpa_attention
-    from tuner.store import KernelStore
+    from tuner.store.export import run_export
+    from tuner.serving import ExportedAttention, read_configs, sdpa_attention
+    from tuner.store.records import KernelStore
 
     studies = tmp_path / "studies"
     proc = subprocess.run([sys.executable, "-m", "tests.campaign.fake_gpu_campaign", str(studies), "3"], cwd=REPO,
@@ -284,7 +288,7 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
 def test_a_probe_far_behind_the_incumbent_stops_the_trial_after_the_longest_seqlen(fake_gpu, generated, monkeypatch):
     """Early stop (earlystop.py) in the real backend: the longest shape first, cross-checked, timed with the
     probe's short window; far behind the incumbent, nothing else is timed."""
-    from tuner import bench
+    from tuner.measure import timer
     from tuner.campaign.earlystop import EarlyStop
 
     _use_loader(monkeypatch)
@@ -295,12 +299,12 @@ def test_a_probe_far_behind_the_incumbent_stops_the_trial_after_the_longest_seql
     assert result["verified"] is True and set(result["tflops"]) == {"512"}
     stop = result["early_stop"]
     assert stop["seqlen"] == 512 and stop["probe_tflops"] == result["tflops"]["512"] and stop["ratio"] < 0.8
-    assert gpu_fakes.LAST_TIMINGS == [bench.Timing(5.0, 20.0, 2)]                  # one probe, nothing else
+    assert gpu_fakes.LAST_TIMINGS == [timer.Timing(5.0, 20.0, 2)]                  # one probe, nothing else
     assert set(result["verification"]["bench_cross_check"]) == {"512"}
 
 
 def test_a_probe_near_the_incumbent_goes_on_to_the_full_measurement(fake_gpu, generated, monkeypatch):
-    from tuner import bench
+    from tuner.measure import timer
     from tuner.campaign.earlystop import EarlyStop
 
     _use_loader(monkeypatch)
@@ -310,7 +314,7 @@ def test_a_probe_near_the_incumbent_goes_on_to_the_full_measurement(fake_gpu, ge
     result = backends._gpu_measure(payload)
     assert result["verified"] is True and "early_stop" not in result
     assert list(result["tflops"]) == ["256", "512"]                                # in the shapes' order
-    full, probe = bench.Timing(7.0, 30.0, 2), bench.Timing(5.0, 20.0, 2)
+    full, probe = timer.Timing(7.0, 30.0, 2), timer.Timing(5.0, 20.0, 2)
     assert gpu_fakes.LAST_TIMINGS == [probe, full, full]                           # probe, 512 in full, then 256
 
 
@@ -324,13 +328,14 @@ def test_the_re_timing_times_each_contender_interleaved_on_the_same_inputs_under
         fake_gpu, generated, monkeypatch):
     """retime.py's real backend: every contender loaded, cross-checked on the shared inputs, then 9 rounds,
     the order rotated each round, each kernel's times its own (the fake timer: a time per kernel name)."""
-    from tuner import bench
+    from tuner.measure import timer
+    from tuner.measure import dense
     from tuner.campaign import retime
     from tuner.campaign.confirm import ConfirmRule
 
     _use_loader(monkeypatch)
     timed: list[str] = []
-    real_time = bench.time_ms
+    real_time = timer.time_ms
 
     def recording(fn, *a, **kw):
         before = {k.name: k.calls for k in gpu_fakes.LOADED}
@@ -338,10 +343,10 @@ def test_the_re_timing_times_each_contender_interleaved_on_the_same_inputs_under
         timed.extend(k.name for k in gpu_fakes.LOADED if k.calls != before[k.name])
         return ms
 
-    monkeypatch.setattr(bench, "time_ms", recording)
+    monkeypatch.setattr(timer, "time_ms", recording)
     seen_inputs = []
-    real_make = bench.make_inputs
-    monkeypatch.setattr(bench, "make_inputs", lambda *a, **kw: seen_inputs.append((a, kw)) or real_make(*a, **kw))
+    real_make = dense.make_inputs
+    monkeypatch.setattr(dense, "make_inputs", lambda *a, **kw: seen_inputs.append((a, kw)) or real_make(*a, **kw))
     payload = {"bucket": "s512", "profile": "h100", "spec": SPEC, "problem": _problem(512), "nonce": "t",
                "rule": ConfirmRule().to_dict(), "kernels": [_contender(generated, "challenger", "kern_a"),
                                                              _contender(generated, "seed", "kern_b")]}
@@ -354,7 +359,7 @@ def test_the_re_timing_times_each_contender_interleaved_on_the_same_inputs_under
     assert result["ms"]["seed"] == [_kernel_ms(kernels["kern_b"])] * 9
     shared = [kw for a, kw in seen_inputs if a[0].seqlen_k == 512]           # (the warm-up's are tiny)
     assert len(shared) == 1 and shared[0]["seed"] == 512                       # one input set, a trial's seed
-    assert all(t == bench.Timing(10.0, 40.0, 3) for t in gpu_fakes.LAST_TIMINGS)
+    assert all(t == timer.Timing(10.0, 40.0, 3) for t in gpu_fakes.LAST_TIMINGS)
     assert result["gpu_lock"]["released_at"] >= result["gpu_lock"]["acquired_at"] > 0
 
 

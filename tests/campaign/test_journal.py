@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from tuner.campaign import run_campaign
 from tuner.campaign.journal import JournalError, check_journal, first_corrupt
 from tuner.campaign.study import StudyError, make_storage
-from tuner.cli import app
+from tuner.commands.cli import app
 
 from .conftest import GRID, REPO, STUDY, load_study, replay_options
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.campaign.driver import Tally
+from tuner.campaign.state import Tally
 from tuner.campaign.finish import compile_pipeline, steady_state
 
 

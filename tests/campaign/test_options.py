@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 from tuner.campaign import CampaignOptions, run_campaign
 from tuner.campaign.options import option_problems
-from tuner.cli import app
+from tuner.commands.cli import app
 
 
 def options(**changes):

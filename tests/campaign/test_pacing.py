@@ -57,7 +57,7 @@ def test_a_batch_mixing_hopper_and_sm80_class_sketches_compiles_as_one_task_per_
     from hardware_profiles import load_profile
     from translate.defaults import default_params
     from kernel_abi.spec import KernelSpec
-    from tuner.campaign.loop import Candidate
+    from tuner.campaign.state import Candidate
     from tuner.campaign.pacing import one_unit_each
 
     h100, spec = load_profile("h100"), KernelSpec("mha", 128, 128, True, "bf16")

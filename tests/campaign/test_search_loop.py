@@ -95,7 +95,7 @@ def test_lookahead_is_bounded_and_a_timeout_leaves_few_compiled_unmeasured(ray_c
 
 
 def test_several_combinations_share_one_run_fairly_report_once_and_resume_together(ray_cluster, tmp_path):
-    from tuner.export import run_export
+    from tuner.store.export import run_export
 
     opts = options(tmp_path, variant="mha,gqa", causal="both", trials=3)
     assert run_campaign(opts) == 0
@@ -122,7 +122,7 @@ def test_a_model_preset_tunes_its_own_heads(ray_cluster, tmp_path):
     assert len(counted(study)) == 3
     summary = json.loads((tmp_path / "h100-gqa-bf16-d128-causal-32q8kv" / "summary.json").read_text())
     assert summary["combination"] == "gqa d128 bf16 causal (llama3-8b, 32q/8kv)"
-    from tuner.store import KernelStore
+    from tuner.store.records import KernelStore
 
     records = KernelStore(tmp_path).records(gpu="h100", variant="gqa")
     assert records and all(r.problem["heads_q"] == 32 and r.problem["heads_kv"] == 8 for r in records)
@@ -177,8 +177,8 @@ def test_at_the_stop_kernels_compiling_or_waiting_are_queued_again_with_the_reas
 
     import optuna
 
-    from tuner.campaign.driver import Tally
-    from tuner.campaign.loop import Candidate, Loop
+    from tuner.campaign.state import Candidate, Tally
+    from tuner.campaign.loop import Loop
 
     study = optuna.create_study(direction="maximize")
     camp = SimpleNamespace(study=study, tally=Tally(), inflight=2)

@@ -1,12 +1,12 @@
-"""A serving trial's measurement (tuner/campaign/serving_measure.py) on the CPU: the verification gate over
+"""A serving trial (tuner/measure/trial.py, tuner/measure/serving.py) on the CPU: the verification gate over
 length mixes first, then each mix timed and keyed by its name; baselines with their reasons."""
 import pytest
 
-from tuner import bench
-from tuner.campaign import serving_measure as sm
-from tuner.campaign.backends import _failure
+from tuner.measure import serving as sm
+from tuner.measure import timer
+from tuner.measure.trial import run_trial, trial_kind
 from tuner.campaign.earlystop import decide
-from tuner.mixes import ServingProblem
+from tuner.measure.mixes import ServingProblem
 from kernel_abi.spec import KernelSpec
 
 from tests.test_bench_mixes import CpuKernel as _Cpu
@@ -41,14 +41,14 @@ MIXES = [ServingProblem("varlen", "a", (5, 33, 1), (5, 33, 1), "gqa", 4, 2, 64, 
 def fake_timer(monkeypatch):
     import torch
 
-    monkeypatch.setattr(bench, "time_ms", lambda fn, *a, **k: (fn(), 2e-6)[1])
+    monkeypatch.setattr(timer, "time_ms", lambda fn, *a, **k: (fn(), 2e-6)[1])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)   # verify_varlen waits for the GPU
 
 
 def run(kernel, problems=MIXES, plan=None):
     payload = {"spec": SPEC, "problems": problems, "early_stop": plan}
     seconds = {}
-    return sm.verify_and_bench(kernel, payload, "cpu", "cpu", bench.Timing(rotate=1), seconds, _failure, decide)
+    return run_trial(trial_kind(SPEC), kernel, payload, "cpu", "cpu", timer.Timing(rotate=1), seconds, decide)
 
 
 def test_a_correct_kernel_is_timed_on_every_mix_by_name():
@@ -76,7 +76,7 @@ def test_the_paged_check_mixes_take_the_campaigns_page_size():
 
 def test_baselines_are_numbers_or_reasons():
     errors = {}
-    row = sm.measure_baselines(MIXES[0], bench.Timing(rotate=1), "cpu", errors)
-    assert set(row) == set(sm.serving_baselines())
+    row = sm.measure_baselines(MIXES[0], timer.Timing(rotate=1), "cpu", errors)
+    assert set(row) == set(sm.baseline_names())
     assert row["sdpa"] is not None                       # torch is always there
     assert all(errors.get(k) for k, v in row.items() if v is None)

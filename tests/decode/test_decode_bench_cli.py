@@ -2,7 +2,7 @@
 import pytest
 from typer.testing import CliRunner
 
-from tuner.cli import app
+from tuner.commands.cli import app
 
 runner = CliRunner()
 

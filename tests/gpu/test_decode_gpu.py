@@ -1,5 +1,5 @@
 """Decode kernels on a GPU (marker gpu; skipped elsewhere): the reference decode sketches' kernels pass the decode
-gate (tuner/verify_decode.py: KV lengths 1/63/64/65/4097, uneven batches, shuffled pages beside NaN pages, NaN
+gate (tuner/measure/verify_decode.py: KV lengths 1/63/64/65/4097, uneven batches, shuffled pages beside NaN pages, NaN
 workspace, split counts 1..64, 1..16 query tokens with causal, GQA/MQA/MHA), a wrong kernel is caught, and a bad
 call is refused before any launch."""
 import dataclasses
@@ -19,7 +19,7 @@ from translate.compiler import generate  # noqa: E402
 from translate.decode import DecodeParams  # noqa: E402
 from kernel_abi.spec import KernelSpec  # noqa: E402
 from tuner.serving.launch.decode_kernel import load_decode_kernel  # noqa: E402
-from tuner.verify_decode import DecodeCase, verify_decode  # noqa: E402
+from tuner.measure.verify_decode import DecodeCase, verify_decode  # noqa: E402
 
 CASES = [
     ("gqa_paged_causal", KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode"), DecodeParams()),

@@ -27,9 +27,9 @@ SKETCHES = Path(__file__).resolve().parents[2] / "tl" / "sketches" / "decode"
 
 
 def _record(spec, bucket, profile):
-    from tuner.provenance import collect
-    from tuner.store import KernelRecord
-    from tuner.verify_decode import verify_decode
+    from tuner.store.provenance import collect
+    from tuner.store.records import KernelRecord
+    from tuner.measure.verify_decode import verify_decode
 
     params = DecodeParams()
     gk = kernel_for(spec, params, profile)
@@ -52,8 +52,8 @@ def _record(spec, bucket, profile):
 
 @pytest.fixture(scope="module")
 def attn(tmp_path_factory):
-    from tuner.export import export_records
-    from tuner.store import KernelStore
+    from tuner.store.export import export_records
+    from tuner.store.records import KernelStore
 
     profile = profile_here()
     root = tmp_path_factory.mktemp("decode-export")

@@ -69,7 +69,7 @@ def built():
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_hopper_schedule_passes_the_verification_gate(built, case):
     from tuner.serving.launch import load_kernel
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     gen, result = built[case]
     assert result.ok, result.log[-3000:]
@@ -80,7 +80,7 @@ def test_hopper_schedule_passes_the_verification_gate(built, case):
 def test_a_wrong_hopper_kernel_is_rejected(built, monkeypatch):
     """The gate is not blind to these kernels: scaling the output by 1.05 fails it."""
     from tuner.serving.launch import load_kernel
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     gen, result = built["mha128c_overlap_persistent"]
     kernel = load_kernel(result.cubin, gen.meta())

@@ -62,7 +62,7 @@ def _load(gen, result):
 
 @pytest.mark.parametrize("spec", KINDS, ids=lambda s: s.label())
 def test_every_problem_kind_verifies(built, spec):
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     gen, result = built[("kind", spec)]
     report = verify(_load(gen, result), spec)
@@ -73,14 +73,14 @@ def test_every_problem_kind_verifies(built, spec):
 
 
 def test_moved_prefetch_schedule_verifies(built):
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     gen, result = built[("moved", KernelSpec("mha", 128, 128, False, "bf16"))]
     assert verify(_load(gen, result), gen.spec).passed
 
 
 def test_planted_wrong_kernel_is_rejected(built):
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     spec = KernelSpec("mha", 128, 128, True, "bf16")
     kern = _load(*built[("kind", spec)])
@@ -103,7 +103,7 @@ def test_planted_wrong_kernel_is_rejected(built):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "noncausal"])
 def test_sm75_kernel_cross_checked_through_ptx_jit(causal):
     from tuner.serving.launch import load_kernel
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     t4 = load_profile("t4")
     spec = KernelSpec("mha", 128, 128, causal, "fp16")

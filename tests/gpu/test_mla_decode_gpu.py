@@ -1,6 +1,6 @@
 """MLA absorbed decode on a GPU (marker gpu; skipped elsewhere): the split-d_v kernels of the MLA decode sketches
 (tl/sketches/decode/mla_{paged,dense}.tl, V read from the latent cache's first 512 columns) pass the decode gate
-(tuner/verify_decode.py: 128 and 16 heads, KV lengths 1/63/64/65/4097, uneven batches, shuffled 64-token pages
+(tuner/measure/verify_decode.py: 128 and 16 heads, KV lengths 1/63/64/65/4097, uneven batches, shuffled 64-token pages
 beside NaN pages, NaN workspace, forced split counts, 1..16 causal query tokens, v_cache None or the view of K), a
 kernel that drops the causal mask is caught, and a separate V tensor or more than one KV head is refused. On Hopper
 the wgmma variants (DecodeParams.mma = "sm90_wgmma", translate/include/attn_decode_sm90.cuh, and "sm90_seesaw", its
@@ -21,7 +21,7 @@ from translate import nvcc  # noqa: E402
 from translate.decode import DecodeParams, default_decode_params  # noqa: E402
 from kernel_abi.spec import KernelSpec  # noqa: E402
 from tuner.serving.launch.decode_kernel import load_decode_kernel  # noqa: E402
-from tuner.verify_decode import MLA_HEADS, DecodeCase, verify_decode  # noqa: E402
+from tuner.measure.verify_decode import MLA_HEADS, DecodeCase, verify_decode  # noqa: E402
 
 PAGED = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode")
 CASES = [
@@ -151,7 +151,7 @@ def test_the_tma_kernel_follows_each_calls_cache_and_replays_in_a_cuda_graph():
     """kv_load tma: the launch writes the call's cache address into the descriptor (tuner/serving/launch/decode_kernel.py KMap), so
     two caches of one shape, called in turn, each give their own result; a captured graph replays the descriptor it
     captured, reading the cache's new contents."""
-    from tuner.bench_decode import MLAPoint, make_mla_inputs
+    from tuner.measure.decode import MLAPoint, make_mla_inputs
     from tuner.serving.decode_sdpa import decode_reference
 
     profile = profile_here()

@@ -62,7 +62,7 @@ def _load(built, case):
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_packed_heads_pass_the_gate_on_every_group(built, case):
-    from tuner.verify import default_check_problems, verify
+    from tuner.measure.verify import default_check_problems, verify
 
     gen, kernel = _load(built, case)
     spec = gen.spec

@@ -1,5 +1,5 @@
 """Paged and varlen prefill through an export on a Hopper GPU (marker gpu; skipped elsewhere): the default
-varlen and paged kernels (tuner.default_export.SERVING_SPECS, stored under serving buckets) served by
+varlen and paged kernels (tuner.defaults.export.SERVING_SPECS, stored under serving buckets) served by
 flash_attn_varlen_func with block_table= / page_table=, against the fp32 reference; under
 torch.compile(fullgraph=True); CUDA-graph capture and replay with new inputs; a page size no kernel tiles
 falls back to SDPA over the gathered pages; autograd through the pages."""
@@ -24,7 +24,7 @@ HQ, HKV, D = 16, 2, 128
 
 @pytest.fixture(scope="module")
 def attn(tmp_path_factory):
-    from tuner.default_export import SERVING_SPECS, export_defaults
+    from tuner.defaults.export import SERVING_SPECS, export_defaults
 
     gpu = "h200" if "h200" in torch.cuda.get_device_name().lower() else "h100"
     out = tmp_path_factory.mktemp("serving-export")

@@ -19,13 +19,13 @@ from tuner.serving import load_exported, sdpa_attention  # noqa: E402
 
 SPECS = [KernelSpec("gqa", 128, 128, True, "bf16"), KernelSpec("gqa", 128, 128, False, "bf16")]
 # A bf16 attention output against the fp32 reference: FlashAttention's yardstick, 2x what torch's own bf16
-# SDPA errs plus one bf16 rounding step (tuner/verify.py uses the same rule).
+# SDPA errs plus one bf16 rounding step (tuner/measure/verify.py uses the same rule).
 ATOL = 2 ** -7
 
 
 @pytest.fixture(scope="module")
 def attn(tmp_path_factory):
-    from tuner.default_export import export_defaults
+    from tuner.defaults.export import export_defaults
 
     gpu = "h200" if "h200" in torch.cuda.get_device_name().lower() else "h100"
     out = tmp_path_factory.mktemp("export")
@@ -185,7 +185,7 @@ def _llama_pair(layers=3):
 def test_a_llama_model_gives_sdpas_logits_eager_and_compiled(attn):
     """The same model, weights and tokens with our attention and with transformers' sdpa, in bf16, against
     the model run in fp32 (sdpa): our logits must err no more than 2x what sdpa's bf16 logits err, plus
-    1/64 (FlashAttention's yardstick of tuner/verify.py applied to a whole model), eager and compiled."""
+    1/64 (FlashAttention's yardstick of tuner/measure/verify.py applied to a whole model), eager and compiled."""
     from tuner.serving.hf import register_transformers
 
     transformers, config, ref = _llama_pair()

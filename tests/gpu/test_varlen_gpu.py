@@ -1,5 +1,5 @@
 """Packed sequences on a Hopper GPU (marker gpu; skipped elsewhere): varlen and paged kernels of the
-reference sketches (tl/layout.py) pass the verification gate (tuner/verify_varlen.py: lengths 0/1/127/128/
+reference sketches (tl/layout.py) pass the verification gate (tuner/measure/verify_varlen.py: lengths 0/1/127/128/
 129, one long among short, chunked prefill, seqused_k, causal rows that see no key; pages of 16/64/128/256 in
 a shuffled cache beside NaN spare pages), and wrong ones are caught."""
 import os
@@ -64,7 +64,7 @@ def built():
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
 def test_varlen_kernels_pass_the_gate(built, case):
     from tuner.serving.launch import load_kernel
-    from tuner.verify_varlen import verify_varlen
+    from tuner.measure.verify_varlen import verify_varlen
 
     gen, result = built[case]
     assert result.ok, result.log[-3000:]
@@ -77,7 +77,7 @@ def test_a_wrong_varlen_kernel_is_rejected(built, monkeypatch):
     """The gate must fail a kernel whose sequences leak into each other: one that is told every sequence
     starts at row 0 of the packed tensors."""
     from tuner.serving.launch import load_kernel
-    from tuner.verify_varlen import verify_varlen
+    from tuner.measure.verify_varlen import verify_varlen
 
     gen, result = built["gqa128c"]
     kernel = load_kernel(result.cubin, gen.meta())
@@ -118,7 +118,7 @@ def test_a_paged_kernel_that_ignores_the_page_table_is_rejected(built, monkeypat
     """Given the pages in the order they were allocated (the identity table), not the shuffled table: the
     gate sees wrong keys, or NaN from the spare pages."""
     from tuner.serving.launch import load_kernel
-    from tuner.verify_varlen import verify_varlen
+    from tuner.measure.verify_varlen import verify_varlen
 
     gen, result = built["paged_gqa128c"]
     kernel = load_kernel(result.cubin, gen.meta())

@@ -135,7 +135,7 @@ def make_export(folder: Path, records=None) -> Path:
     from hardware_profiles import load_profile
     from store_fakes import make_record
 
-    from tuner.export import export_records
+    from tuner.store.export import export_records
 
     recs = records or [
         make_record(bucket="s512", cubin=b"mha-512"), make_record(bucket="s4096", cubin=b"mha-4k"),

@@ -1,4 +1,4 @@
-"""The serving bucket rule at call time (tuner/serving/rule.py) against tuner/mixes.py's, and varlen calls
+"""The serving bucket rule at call time (tuner/serving/rule.py) against tuner/measure/mixes.py's, and varlen calls
 routed by it through an export (CPU stand-in kernels)."""
 import itertools
 import random
@@ -8,7 +8,7 @@ import torch
 from conftest import H100, StandInKernel, make_export
 from store_fakes import make_record
 
-from tuner.mixes import load_mixes
+from tuner.measure.mixes import load_mixes
 from tuner.serving.buckets.serving import TOKEN_EDGES, nearest_serving_bucket, serving_bucket
 from tuner.serving import DeviceFacts, load_exported, op
 from tuner.serving.rule import ServingTable, call_class

@@ -1,7 +1,7 @@
 """A factory of structurally real kernel records (arbitrary cubin bytes: CPU tests never load them)."""
 from __future__ import annotations
 
-from tuner.store import KernelRecord
+from tuner.store.records import KernelRecord
 
 PROVENANCE = {"tool": "attn-autotuner", "tool_version": "0.1.0", "nvcc": "13.0.88", "cutlass": "4.2.0",
               "torch": "2.11.0+cu130", "driver": "580.159", "cuda_driver_api": "13.0", "cudnn": 91900,

@@ -6,8 +6,8 @@ import json
 import pytest
 from store_fakes import make_decode_record, make_record
 
-from tuner.export import build_configs, config_file_name, export_records, run_export
-from tuner.store import KernelStore
+from tuner.store.export import build_configs, config_file_name, export_records, run_export
+from tuner.store.records import KernelStore
 
 DEV = "device_name=NVIDIA_H100_80GB_HBM3.json"
 PAGED = f"variant=gqa,head_dim=128,dtype=bf16,causal=1,layout=paged,phase=decode,{DEV}"

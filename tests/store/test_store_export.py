@@ -5,8 +5,8 @@ import pytest
 from store_fakes import make_record
 from typer.testing import CliRunner
 
-from tuner.export import config_file_name, export_records, run_export
-from tuner.store import KernelStore
+from tuner.store.export import config_file_name, export_records, run_export
+from tuner.store.records import KernelStore
 
 H100_MHA = "variant=mha,head_dim=128,dtype=bf16,causal=1,device_name=NVIDIA_H100_80GB_HBM3.json"
 H100_MLA = "variant=mla,head_dim=192_128,dtype=bf16,causal=0,device_name=NVIDIA_H100_80GB_HBM3.json"
@@ -122,7 +122,7 @@ def test_studies_one_level_down_are_found_and_the_best_wins(tmp_path):
 
 
 def test_cli_export_command(study, tmp_path):
-    from tuner.cli import app
+    from tuner.commands.cli import app
 
     out = tmp_path / "cli-out"
     result = CliRunner().invoke(app, ["export", "--gpu", "h100", "--variant", "mha", "--study-dir", str(study),

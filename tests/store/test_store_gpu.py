@@ -41,7 +41,7 @@ def build_kernel(profile, spec, tmp_path) -> dict:
     import translate
     from translate import nvcc
     from translate.defaults import default_params
-    from tuner.build_cmd import load_checked_program
+    from tuner.build import load_checked_program
 
     program, text, _, diagnostics = load_checked_program(spec.variant, spec.causal, None)
     assert program is not None and not diagnostics
@@ -57,11 +57,11 @@ def build_kernel(profile, spec, tmp_path) -> dict:
 
 def test_exported_kernel_runs_through_the_loader_and_matches_sdpa(tmp_path):
     runtime = pytest.importorskip("tuner.serving.launch.kernel")
-    from tuner.export import run_export
-    from tuner.loader import load_exported, sdpa_attention
+    from tuner.store.export import run_export
+    from tuner.serving import load_exported, sdpa_attention
     from kernel_abi.spec import KernelSpec, Problem
-    from tuner.provenance import collect
-    from tuner.store import KernelRecord, KernelStore
+    from tuner.store.provenance import collect
+    from tuner.store.records import KernelRecord, KernelStore
 
     profile = _profile_of_this_gpu()
     device_name = torch.cuda.get_device_name()

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from store_fakes import make_record
-from tuner.store import (CorruptRecordError, InvalidRecordError, KernelStore, UnverifiedKernelError)
+from tuner.store.records import (CorruptRecordError, InvalidRecordError, KernelStore, UnverifiedKernelError)
 
 
 def _hidden_leftovers(root: Path) -> list[Path]:
@@ -119,7 +119,7 @@ def test_nan_baseline_is_stored_as_missing(tmp_path):
 
 
 def test_a_failing_write_leaves_the_old_record_and_no_partial_dir(tmp_path, monkeypatch):
-    import tuner.store as store_mod
+    import tuner.store.records as store_mod
 
     store = KernelStore(tmp_path)
     store.offer(make_record(tflops=100.0, cubin=b"old"))
@@ -139,7 +139,7 @@ def test_a_failing_write_leaves_the_old_record_and_no_partial_dir(tmp_path, monk
 
 
 def test_a_failing_first_write_leaves_nothing(tmp_path, monkeypatch):
-    import tuner.store as store_mod
+    import tuner.store.records as store_mod
 
     monkeypatch.setattr(store_mod, "_write_file", lambda p, d: (_ for _ in ()).throw(OSError(5, "I/O error")))
     with pytest.raises(OSError):
@@ -153,7 +153,7 @@ _KILLER = textwrap.dedent("""
     import os, signal, sys
     sys.path[:0] = [{repo!r}, {here!r}]
     from store_fakes import make_record
-    import tuner.store as store_mod
+    import tuner.store.records as store_mod
     point = {point!r}
     real_rename, real_write = os.rename, store_mod._write_file
     renames = []

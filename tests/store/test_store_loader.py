@@ -4,10 +4,10 @@ import pytest
 import torch
 from store_fakes import make_record
 
-from tuner.export import export_records
-from tuner.loader import (ExportedAttention, ExportError, choose, load_exported, read_configs, sdpa_attention)
+from tuner.store.export import export_records
+from tuner.serving import (ExportedAttention, ExportError, choose, load_exported, read_configs, sdpa_attention)
 from tuner.serving import DeviceFacts
-from tuner.store import KernelStore
+from tuner.store.records import KernelStore
 
 H100 = "NVIDIA H100 80GB HBM3"
 

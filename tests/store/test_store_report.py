@@ -3,8 +3,8 @@ import io
 from rich.console import Console
 from store_fakes import make_record
 
-from tuner.liveview import LiveView
-from tuner.report import best_so_far, final_table, write_report
+from tuner.campaign.liveview import LiveView
+from tuner.campaign.report import best_so_far, final_table, write_report
 
 TRIALS = [
     {"number": 0, "state": "COMPLETE", "tflops": 210.0, "source": "llm", "params": {"block_m": 64}},
@@ -78,10 +78,10 @@ def test_final_table_shows_ratios_against_flash_and_cudnn():
 
 
 def test_the_report_has_a_column_for_every_measured_baseline():
-    from tuner import bench
-    from tuner.report import BASELINES
+    from tuner.measure import dense
+    from tuner.campaign.report import BASELINES
 
-    assert [key for key, _ in BASELINES] == list(bench.BASELINES)
+    assert [key for key, _ in BASELINES] == list(dense.BASELINES)
 
 
 def test_final_table_has_an_fa4_column_measured_or_not_installed():

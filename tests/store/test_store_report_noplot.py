@@ -5,7 +5,7 @@ import sys
 from store_fakes import make_record
 from test_store_report import ROWS, TRIALS
 
-from tuner.report import write_report
+from tuner.campaign.report import write_report
 
 
 def test_report_without_matplotlib_skips_plots_and_says_so(tmp_path, monkeypatch):

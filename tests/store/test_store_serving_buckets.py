@@ -1,4 +1,4 @@
-"""Serving buckets (tuner/mixes.py) in the store and the export: which layouts may carry them, what an entry
+"""Serving buckets (tuner/measure/mixes.py) in the store and the export: which layouts may carry them, what an entry
 writes for them, the round trip through the reader."""
 import json
 
@@ -6,8 +6,8 @@ import pytest
 from store_fakes import make_record
 
 from tuner.serving.buckets.names import bucket_errors, bucket_sort_key
-from tuner.export import build_configs, export_records
-from tuner.store import InvalidRecordError, KernelStore
+from tuner.store.export import build_configs, export_records
+from tuner.store.records import InvalidRecordError, KernelStore
 
 PAGED = "variant=gqa,head_dim=128,dtype=bf16,causal=1,layout=paged,device_name=NVIDIA_H100_80GB_HBM3.json"
 VARLEN = "variant=gqa,head_dim=128,dtype=bf16,causal=1,layout=varlen,device_name=NVIDIA_H100_80GB_HBM3.json"

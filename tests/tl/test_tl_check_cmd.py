@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tl import load_sketch, sketch_path
-from tuner.cli import app
+from tuner.commands.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
 

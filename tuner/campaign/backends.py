@@ -44,7 +44,7 @@ from search_spaces import params_from
 
 from .earlystop import decide as early_stop_decide
 from .gpulock import LockHold, gpu_lock
-from .problems import is_decode, is_dense, problem_key
+from .problems import problem_key
 
 FAULTS = ("oob", "hang", "wrong", "compile")
 
@@ -254,27 +254,14 @@ def _replay_measure(path: str, payload: dict) -> dict:
 # Where the real backend allocates its tensors. Only the CPU tests change it (with torch.cuda stubs in
 # their Ray workers, tests/campaign/gpu_fakes.py), so that this very code runs without a GPU.
 TRIAL_DEVICE = "cuda"
-# A kernel that passed the small verification shapes must also agree with torch SDPA on the benchmark
-# inputs themselves (index overflow and grid limits show only at size): the bound of `tune bench`.
-BENCH_CROSS_CHECK_REL_ERR = 2e-2
-
-
-def serving_baseline_names() -> tuple[str, ...]:
-    from .serving_measure import serving_baselines
-
-    return serving_baselines()
 
 
 def baseline_names(problems) -> tuple[str, ...]:
     """The libraries a campaign's problems are compared with: SDPA's backends and FA4 (dense), the serving
     baselines (varlen/paged mixes), FA4's paged decode and the copy bound (decode)."""
-    from tuner import bench
+    from tuner.measure.trial import problem_kind
 
-    if problems and all(is_decode(p) for p in problems):
-        from .decode_measure import BASELINES
-
-        return BASELINES
-    return bench.BASELINES if all(is_dense(p) for p in problems) else serving_baseline_names()
+    return problem_kind(problems[0]).baseline_names if problems else ()
 
 
 def gpu_name(device: str) -> str:
@@ -284,48 +271,35 @@ def gpu_name(device: str) -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else device
 
 
-def _failure(device_name: str, reason: str, verification: dict | None = None) -> dict:
-    return {"verified": False, "reason": reason, "tflops": {}, "device_name": device_name,
-            "verification": verification or {"passed": False, "reason": reason}}
-
-
 def _gpu_measure(payload: dict, device: str | None = None, on_acquired: OnAcquired = None) -> dict:
-    """Load the cubin, verify it (tuner.verify), cross-check it against SDPA at each benchmark shape,
-    then time it (tuner.bench). Any failure of the candidate is a result with a reason, never a raise.
+    """Load the cubin, then the trial of its kind (tuner.measure.trial: the verification gate, a cross-check at each
+    benchmark shape, the timing). Any failure of the candidate is a result with a reason, never a raise.
 
     Imports, CUDA context, kernel load and warm-up run freely (they overlap another trial's timed work on this
     GPU); verification and benchmarking hold the GPU's lock (gpulock.py)."""
     import time as _time
 
     t_imports = _time.perf_counter()
-    from tuner import bench, verify  # noqa: F401 - verify's import cost belongs to "imports"
+    from tuner.measure import timer, verify  # noqa: F401 - verify's import cost belongs to "imports"
+    from tuner.measure.trial import failure, run_trial, trial_kind
     from tuner.serving import launch
 
     device = device or TRIAL_DEVICE
     name = gpu_name(device)          # initialises CUDA: part of the "imports" stage
-    timing = bench.Timing(**payload.get("timing", {}))
+    timing = timer.Timing(**payload.get("timing", {}))
     t0 = _time.perf_counter()
     seconds: dict[str, float] = {"imports": round(t0 - t_imports, 3)}
     try:
         kernel = launch.load_kernel(payload["cubin"], payload["meta"])
     except Exception as exc:  # a kernel that cannot load is this candidate's fault
-        return _failure(name, f"load failed: {type(exc).__name__}: {first_line(exc)}")
+        return failure(name, f"load failed: {type(exc).__name__}: {timer.first_line(exc)}")
     t1 = _time.perf_counter()
     seconds["load"] = round(t1 - t0, 3)
     warm_up(payload["spec"], device)
     seconds["warmup"] = round(_time.perf_counter() - t1, 3)
     with gpu_lock(on_acquired=on_acquired) as hold:
-        if getattr(payload["spec"], "phase", "prefill") == "decode":
-            from .decode_measure import verify_and_bench as decode_verify_and_bench
-
-            result = decode_verify_and_bench(kernel, payload, device, name, timing, seconds, _failure,
-                                             early_stop_decide)
-        elif getattr(payload["spec"], "layout", "dense") != "dense":
-            from .serving_measure import verify_and_bench
-
-            result = verify_and_bench(kernel, payload, device, name, timing, seconds, _failure, early_stop_decide)
-        else:
-            result = _verify_and_bench(kernel, payload, device, name, timing, seconds)
+        result = run_trial(trial_kind(payload["spec"]), kernel, payload, device, name, timing, seconds,
+                           early_stop_decide)
     result["seconds"] = seconds
     return add_lock(result, hold)
 
@@ -343,103 +317,26 @@ def warm_up(spec, device: str) -> None:
     try:
         import torch
 
-        from tuner import bench, verify
+        from tuner.measure import verify
+        from tuner.measure import dense
         from kernel_abi.spec import Problem
 
         hq, hkv = verify.CHECK_HEADS[spec.variant]
         tiny = Problem(spec.variant, 1, hq, hkv, 16, 16, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
-        q, k, v = bench.make_inputs(tiny, 1, seed=0, device=device)[0]
+        q, k, v = dense.make_inputs(tiny, 1, seed=0, device=device)[0]
         verify.reference(q, k, v, tiny.causal)
         verify.reference(q, k, v, tiny.causal, dtype=q.dtype)
-        bench._sdpa_call(tiny)(q, k, v)
+        dense.sdpa_call(tiny)(q, k, v)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
     except Exception:  # noqa: BLE001 - see the docstring
         pass
 
 
-def _verify_and_bench(kernel, payload: dict, device: str, name: str, timing, seconds: dict) -> dict:
-    """The timed part of a trial (under the GPU lock); adds its stages to ``seconds``."""
-    import time as _time
-
-    from tuner import bench, verify
-
-    t1 = _time.perf_counter()
-    try:
-        report = verify.verify(kernel, payload["spec"], device=device)
-    except Exception as exc:  # verify catches kernel faults per shape; anything else still ends this trial only
-        return _failure(name, f"verification could not run: {type(exc).__name__}: {first_line(exc)}")
-    t2 = _time.perf_counter()
-    seconds["verify"] = round(t2 - t1, 3)
-    verification = report.to_dict()
-    if not report.passed:
-        return _failure(name, f"verification failed: {report.reason}", verification)
-    tflops: dict[str, float] = {}
-    cross: dict[str, float] = {}
-    plan = payload.get("early_stop")
-    problems = list(payload["problems"])
-    if plan:   # the longest seqlen first: its short probe may stop the trial (earlystop.py)
-        problems.sort(key=lambda p: p.seqlen_k != plan["seqlen"])
-    for problem in problems:
-        key = str(problem.seqlen_k)
-        try:
-            inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
-            rel = bench_cross_check(kernel, problem, inputs[0])
-            cross[key] = rel
-            if not rel <= BENCH_CROSS_CHECK_REL_ERR:   # also catches NaN
-                verification.update(passed=False, bench_cross_check=cross)
-                return _failure(name, f"wrong result at the benchmark shape {problem.label()}: relative error "
-                                      f"{rel:.3g} against torch SDPA > {BENCH_CROSS_CHECK_REL_ERR}", verification)
-            if plan and problem.seqlen_k == plan["seqlen"]:
-                probe_ms = bench.measure_problem(kernel, problem, inputs=inputs, device=device,
-                                                 timing=bench.Timing(**plan["probe"]))
-                stopped = early_stop_decide(plan, bench.tflops(problem, probe_ms))
-                if stopped is not None:
-                    seconds["bench"] = round(_time.perf_counter() - t2, 3)
-                    verification["bench_cross_check"] = cross
-                    return {"verified": True, "reason": None, "tflops": {key: stopped["probe_tflops"]},
-                            "device_name": name, "verification": verification, "seconds": seconds,
-                            "early_stop": stopped}
-            ms = bench.measure_problem(kernel, problem, inputs=inputs, timing=timing, device=device)
-        except Exception as exc:  # a launch failure or fault at benchmark size
-            verification.update(passed=False, bench_cross_check=cross)
-            return _failure(name, f"benchmark of {problem.label()} failed: {type(exc).__name__}: "
-                                  f"{first_line(exc)}", verification)
-        tflops[key] = round(bench.tflops(problem, ms), 2)
-        del inputs
-    tflops = {str(p.seqlen_k): tflops[str(p.seqlen_k)] for p in payload["problems"]}   # in the shapes' order
-    seconds["bench"] = round(_time.perf_counter() - t2, 3)
-    verification["bench_cross_check"] = cross
-    return {"verified": True, "reason": None, "tflops": tflops, "device_name": name,
-            "verification": verification, "seconds": seconds}
-
-
-def bench_cross_check(kernel, problem, qkv) -> float:
-    """Relative error of ``kernel`` against torch SDPA (whichever backend torch picks) on ``qkv``."""
-    import torch
-
-    from tuner import bench
-
-    out = kernel(*qkv)
-    ref = bench._sdpa_call(problem)(*qkv).transpose(1, 2)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    out, ref = out.float(), ref.float()
-    if not bool(torch.isfinite(out).all()):
-        return float("nan")
-    base = float(ref.norm())
-    return float((out - ref).norm()) / base if base else float("inf")
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:300] if text else ""
-
-
 def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, device: str | None = None,
               on_acquired: OnAcquired = None) -> dict:
     """Library baselines per seqlen, measured once per campaign on the requested GPU type, with the
-    trials' timing (``bench.Timing`` fields)."""
+    trials' timing (``timer.Timing`` fields)."""
     # library timings are as clean as the trials' they are compared with
     with gpu_lock(on_acquired=on_acquired) as hold:
         result = _baselines(backend, problems, timing, device)
@@ -447,7 +344,8 @@ def baselines(backend: BackendSpec, problems: list, timing: dict | None = None, 
 
 
 def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device: str | None) -> dict:
-    from tuner import bench
+    from tuner.measure import timer
+    from tuner.measure.trial import problem_kind
 
     if backend.kind == "replay":
         data = load_replay(backend.path)
@@ -463,20 +361,11 @@ def _baselines(backend: BackendSpec, problems: list, timing: dict | None, device
         return {"device_name": data.meta.get("device_name", "replay"), "baselines": rows, "errors": errors}
 
     device = device or TRIAL_DEVICE
-    timing_ = bench.Timing(**(timing or {}))
+    timing_ = timer.Timing(**(timing or {}))
     rows, errors = {}, {}
     for p in problems:
         errs: dict = {}
-        if is_decode(p):
-            from .decode_measure import measure_baselines as decode_baselines
-
-            rows[problem_key(p)] = decode_baselines(p, timing_, device, errs)
-        elif is_dense(p):
-            rows[problem_key(p)] = bench.measure_baselines(p, timing=timing_, device=device, errors=errs)
-        else:
-            from .serving_measure import measure_baselines
-
-            rows[problem_key(p)] = measure_baselines(p, timing_, device, errs)
+        rows[problem_key(p)] = problem_kind(p).baselines(p, timing_, device, errs)
         if errs:
             errors[problem_key(p)] = errs
     return {"device_name": gpu_name(device), "baselines": rows, "errors": errors}

@@ -29,7 +29,7 @@ class Combination:
     causal: bool
     heads: tuple[int, int] | None = None  # (heads_q, heads_kv) of a model preset; None = the paper grid's heads
     model: str | None = None
-    layout: str = "dense"                 # dense, or a serving layout: varlen / paged (tuner/mixes.py)
+    layout: str = "dense"                 # dense, or a serving layout: varlen / paged (tuner/measure/mixes.py)
     page_size: int | None = None          # paged only
     phase: str = "prefill"                # decode: split-KV decode over a paged or dense cache
 
@@ -61,10 +61,10 @@ class Combination:
 
     def problems(self, **grid) -> list:
         """The benchmark problems of this combination: the paper grid (``grid``: total_tokens, seqlens), or
-        for a serving layout its mixes (tuner/mixes.toml) with these heads and dims, or for decode one call
-        per decode bucket (tuner/decode_problem.py)."""
+        for a serving layout its mixes (tuner/measure/mixes.toml) with these heads and dims, or for decode one call
+        per decode bucket (tuner/measure/decode_problem.py)."""
         if self.phase == "decode":
-            from tuner.decode_problem import decode_problems
+            from tuner.measure.decode_problem import decode_problems
 
             spec = self.spec()
             hq, hkv = self.decode_heads()
@@ -72,7 +72,7 @@ class Combination:
                                    self.page_size)
         if self.layout == "dense":
             return grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads, **grid)
-        from tuner.mixes import serving_problems
+        from tuner.measure.mixes import serving_problems
 
         spec = self.spec()
         hq, hkv, _, _ = heads_for(self.variant, spec.d_qk)

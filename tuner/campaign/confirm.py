@@ -66,7 +66,7 @@ class ConfirmRule:
             raise ValueError(f"timing needs warmup_ms >= 0, rep_ms > 0 and rotate >= 1, got {self}")
 
     def timing(self) -> dict:
-        """One round's timing of one kernel (tuner.bench.Timing fields)."""
+        """One round's timing of one kernel (tuner.measure.timer.Timing fields)."""
         return {"warmup_ms": self.warmup_ms, "rep_ms": self.rep_ms, "rotate": self.rotate}
 
     def to_dict(self) -> dict:

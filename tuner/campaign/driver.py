@@ -17,102 +17,25 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import optuna
 from rich.console import Console
 
 from hardware_profiles import ProfileError, load_profile
 from search_spaces import SCHEDULE, SpaceError, load_space
-from search_spaces.feasible import FeasibleSpace, default_sketches, feasible_space
+from search_spaces.feasible import default_sketches, feasible_space
 
 from . import sketches as sk
 from . import study as st
-from .backends import BackendError, BackendSpec, parse_backend
+from .backends import BackendError, parse_backend
 from .cache import MeasurementCache
-from .cluster import ClusterError, GpuPool, connect, gpu_pool
-from .combos import Combination, ComboError, expand_combinations
+from .cluster import ClusterError, connect, gpu_pool
+from .combos import ComboError, expand_combinations
 from .options import CampaignOptions, option_problems
+from .state import WORKER_GRACE_S, Campaign
+from .baselines import finish_baselines, start_baselines
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-WORKER_GRACE_S = 120.0   # beyond a trial's own limits: a worker's start-up (its fork server's imports)
-
-
-@dataclass
-class Tally:
-    done: int = 0              # measured and verified (this study's finished trials, as the loop saw them)
-    infeasible: int = 0        # compile, verification or run failures: finished, they count toward --trials
-    rejected: int = 0          # refused before compiling (validate): they do not count
-    cached: int = 0            # answered from the measurement cache: no compile, no GPU; they do not count
-    failed: int = 0            # infrastructure failures (queued again)
-    best: float = 0.0
-    best_trial: int | None = None
-    told: int = 0
-    elapsed: float = 0.0       # seconds of this run's loop
-    gpu_busy: float = 0.0      # seconds GPU trials of this run held their GPU's lock, summed over GPUs
-    measured: int = 0          # GPU trials of this run that returned (any outcome)
-    unmeasured: int = 0        # compiled but not measured when the run stopped
-    lock_spans: list = field(default_factory=list)   # (gpu, acquired_at, released_at, waited_s), this run
-
-    @property
-    def finished(self) -> int:
-        """What ``--trials`` counts: measured candidates and those that failed to compile or verify."""
-        return self.done + self.infeasible
-
-
-@dataclass
-class Campaign:
-    """One combination of a run: its study and everything fixed for it."""
-
-    options: CampaignOptions
-    combo: Combination
-    profile: Any
-    spec: Any
-    space: Any
-    problems: list
-    backend: BackendSpec
-    name: str
-    kernels_dir: Path
-    console: Console
-    fake_compile: bool
-    cache: MeasurementCache
-    started: float                 # --timeout counts from here: the whole run
-    sketches: list = field(default_factory=list)         # sketches.Sketch: the study's schedule dimension
-    programs: dict = field(default_factory=dict)         # sketch name -> parsed TL program
-    program_texts: dict = field(default_factory=dict)    # sketch name -> its text
-    feasible: FeasibleSpace | None = None
-    study: Any = None
-    tally: Tally = field(default_factory=Tally)
-    pool: GpuPool | None = None
-    workers: Any = None            # workers.WorkerPool, shared by the run's campaigns
-    baselines_ref: Any = None      # the library baselines' call while it is in flight
-    baselines: dict = field(default_factory=dict)          # {"<seqlen>": {library: TFLOPS or None}}
-    baseline_errors: dict = field(default_factory=dict)    # {"<seqlen>": {library: why it has no number}}
-    device_name: str = ""
-    llm_seeds: list = field(default_factory=list)
-    llm_message: str = ""
-    inflight: int = 0              # asked candidates not yet finished (compiling, ready, measuring)
-    idle_asks: int = 0             # asks in a row that brought no new candidate (cache hits, rejections)
-    exhausted: str | None = None   # why this study stopped asking before its --trials
-    contests: list | None = None   # winners.Contest per bucket, and their decisions (after the re-timing)
-    decisions: dict | None = None
-
-    @property
-    def program_text(self) -> str:
-        """The default sketch's program (the first of the study's dimension)."""
-        return self.sketches[0].text if self.sketches else ""
-
-    @property
-    def label(self) -> str:
-        return self.combo.label()
-
-    def base_of(self, sketch: str) -> str:
-        return self.feasible.base_of(sketch) if self.feasible is not None else sketch
-
-    def remaining(self) -> int:
-        return self.options.trials - self.tally.finished - self.inflight
 
 
 def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
@@ -191,7 +114,7 @@ def run_campaign(options: CampaignOptions) -> int:
     try:
         if workers is not None:
             for c in camps:
-                c.baselines_ref = _start_baselines(c)
+                c.baselines_ref = start_baselines(c)
         from .loop import run_loop
 
         run_loop(camps)
@@ -199,12 +122,12 @@ def run_campaign(options: CampaignOptions) -> int:
             wait_s = (options.gpu_overlap + 3) * options.trial_timeout + WORKER_GRACE_S
             for c in camps:
                 if c.baselines_ref is not None:
-                    _finish_baselines(c, c.baselines_ref, wait_s=wait_s)
+                    finish_baselines(c, c.baselines_ref, wait_s=wait_s)
                 if not c.baselines and workers.handles:   # (no workers left after an interrupted loop)
                     console.print(f"{c.label}: measuring the baselines again, now that the GPU is free")
-                    ref = _start_baselines(c)
+                    ref = start_baselines(c)
                     if ref is not None:
-                        _finish_baselines(c, ref, wait_s=wait_s)
+                        finish_baselines(c, ref, wait_s=wait_s)
                 c.baselines_ref = None
             # Confirmed winners (winners.py): each bucket's challenger re-timed against its incumbents
             from .winners import retime_all
@@ -370,10 +293,10 @@ def _enqueue_seeds(camp: Campaign) -> None:
 
 
 def bucket_default_seeds(profile, spec) -> list[tuple[dict, str, str]]:
-    """The profile's measured per-bucket defaults (tuner/bucket_defaults.py) that differ from the per-spec one, as
+    """The profile's measured per-bucket defaults (tuner/defaults/table.py) that differ from the per-spec one, as
     (params, source, rationale) seeds: a campaign's winner of a bucket must beat what `tune build --seqlen` gives."""
     from translate.defaults import default_params
-    from tuner.bucket_defaults import bucket_change, group_buckets, load_table
+    from tuner.defaults.table import bucket_change, group_buckets, load_table
     from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
 
     if profile.sm < 90 or not load_table(profile.name):
@@ -394,40 +317,3 @@ def serving_seed(params: dict, layout: str) -> dict:
     from translate.defaults import SERVING_PRODUCER_REGS
 
     return {**params, "producer_regs": max(params.get("producer_regs", 24), SERVING_PRODUCER_REGS[layout])}
-
-
-def _start_baselines(camp: Campaign):
-    """The library baselines, measured once per study by a GPU worker while the first kernels compile:
-    returns the call in flight, or None when the study has them already."""
-    cached = camp.study.user_attrs.get("baselines")
-    if cached:
-        camp.baselines, camp.device_name = cached["baselines"], cached["device_name"]
-        camp.baseline_errors = cached.get("errors") or {}   # (studies from before the errors were kept: none)
-        return None
-    return camp.workers.submit_baselines(camp.problems, camp.options.timing(), camp.options.trial_timeout)
-
-
-def _finish_baselines(camp: Campaign, ref, wait_s: float = 0.0) -> None:
-    """Take the baselines' result; they are context, not the campaign's goal: a failure is a warning."""
-    import ray
-
-    try:
-        report = ray.get(ref, timeout=wait_s or None)
-    except Exception as exc:  # noqa: BLE001 - worker lost, or not done within wait_s
-        camp.console.print(f"[yellow]{camp.label}: baselines could not be measured: {type(exc).__name__}: {exc}[/]")
-        return
-    if report["outcome"] != "result":
-        camp.console.print(f"[yellow]{camp.label}: baselines could not be measured: {report['outcome']}: "
-                           f"{report['message']}[/]")
-        return
-    result = report["value"]
-    camp.baselines, camp.device_name = result["baselines"], result["device_name"]
-    camp.baseline_errors = result.get("errors") or {}
-    by_reason: dict[tuple, list] = {}     # one line per library and reason (FA4 not installed: not one per seqlen)
-    for seqlen, errs in camp.baseline_errors.items():
-        for lib, msg in errs.items():
-            by_reason.setdefault((lib, msg), []).append(seqlen)
-    for (lib, msg), seqlens in by_reason.items():
-        camp.console.print(f"baseline {lib} at seqlen {', '.join(seqlens)} cannot run: {msg}", markup=False)
-    camp.study.set_user_attr("baselines", {"baselines": camp.baselines, "device_name": camp.device_name,
-                                           "errors": camp.baseline_errors})

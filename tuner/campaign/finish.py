@@ -13,7 +13,7 @@ from .problems import bucket_of, is_decode, is_dense, problem_key, problem_order
 
 
 def trial_rows(study) -> list[dict]:
-    """The study's trials as tuner.report's plain dicts."""
+    """The study's trials as tuner.campaign.report's plain dicts."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         if t.user_attrs.get("cache_hit"):
@@ -40,7 +40,7 @@ def finish_all(camps) -> int:
     Exit code 0 when every combination has a verified kernel (or, dry run, a compiled one), else 1."""
     codes = [finish(c) for c in camps]
     if len(camps) > 1:
-        from tuner.report import write_campaign_report
+        from tuner.campaign.report import write_campaign_report
 
         sections = []
         for c, code in zip(camps, codes):
@@ -65,7 +65,7 @@ def finish(camp) -> int:
     decisions = decisions_for(camp)
     stored = _store(camp, study, decisions)
     rows = _bench_rows(camp, decisions)
-    from tuner.report import final_table, write_report
+    from tuner.campaign.report import final_table, write_report
 
     report_dir = opts.study_dir / camp.name
     top = _top_record(camp, stored, decisions)
@@ -101,7 +101,7 @@ def _top_record(camp, stored: list, decisions: dict):
         return max(stored, key=lambda r: r.tflops)
     if not decisions:
         return None
-    from tuner.store import KernelStore, StoreError
+    from tuner.store.records import KernelStore, StoreError
 
     spec = camp.spec
     try:
@@ -115,7 +115,7 @@ def _top_record(camp, stored: list, decisions: dict):
 def write_summary(camp, study, tally, rows: list[dict], top, path: Path, decisions: dict | None = None) -> Path:
     """The run in numbers, for scripts and BENCHMARKS.md: counts, time, trials per GPU-hour, GPU
     occupancy, and ours against the libraries per benchmark shape."""
-    from tuner.bench import BASELINES
+    from tuner.measure.dense import BASELINES
 
     n_gpus = camp.pool.gpus if camp.pool else 0
     finished_now = tally.told                      # feasible + infeasible trials finished in this run
@@ -277,8 +277,8 @@ def _occupancy(per_gpu: list[list[tuple]]) -> dict:
 def _store(camp, study, decisions: dict) -> list:
     """Write each bucket's winner that the decision says to store, in place of the kernel the decision was
     taken against (KernelStore.replace)."""
-    from tuner.provenance import collect
-    from tuner.store import KernelRecord, KernelStore, StoreError
+    from tuner.store.provenance import collect
+    from tuner.store.records import KernelRecord, KernelStore, StoreError
 
     store = KernelStore(camp.options.study_dir)
     device = camp.device_name or camp.profile.display_name

@@ -1,4 +1,4 @@
-"""The live view of a running campaign: tuner.liveview.LiveView (one panel for the run, a row per combination),
+"""The live view of a running campaign: tuner.campaign.liveview.LiveView (one panel for the run, a row per combination),
 or a one-line rich status without it."""
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def live_view(camps, start, deadline):
         yield _Status(camps, start, deadline, _Null(), False)
         return
     try:
-        from tuner.liveview import LiveView
+        from tuner.campaign.liveview import LiveView
     except ImportError:
         LiveView = None
     title = camps[0].profile.name + (f" · {len(camps)} combinations" if len(camps) > 1 else f" {camps[0].label}")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import random
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
 from typing import Any
 
 import optuna
@@ -31,7 +30,7 @@ from translate.params import KernelParams
 from . import study as st
 from .cache import from_result, measurement_key
 from .cluster import compile_pool
-from .driver import WORKER_GRACE_S, Campaign, Tally
+from .state import WORKER_GRACE_S, Campaign, Candidate, Tally
 from .distinct import CACHED_FROM
 from .earlystop import DEFAULT_EARLY_STOP
 from .pacing import Pacer, batch_size, first_round, one_unit_each, unit_size
@@ -54,20 +53,6 @@ ASK_WAIT_S = 0.02
 # long enough that a 0.5 s slice often ended a unit at 1-3 kernels; 86 of 277 were built alone at 19.6 s of
 # nvcc each, against 6.4 s in units of four.
 FILL_WAIT_S = 3.0
-
-
-@dataclass
-class Candidate:
-    camp: Campaign
-    trial: optuna.Trial
-    params: KernelParams
-    schedule: str
-    key: str
-    kernel: Any = None             # translate.GeneratedKernel (None: the replay backend compiles nothing)
-    compiled: dict | None = None
-    started: float = 0.0
-    slot: int = -1                 # its GPU worker (index in the pool) and that worker's handle
-    worker: Any = None
 
 
 class Loop:
@@ -318,10 +303,10 @@ class Loop:
                         done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                     for ref in done:
                         if ref in self.baseline_refs:
-                            from .driver import _finish_baselines
+                            from .baselines import finish_baselines
 
                             camp = self.baseline_refs.pop(ref)
-                            _finish_baselines(camp, ref)
+                            finish_baselines(camp, ref)
                             camp.baselines_ref = None
                         elif ref in self.compiling:
                             self._compiled(ref)

@@ -51,15 +51,15 @@ class CampaignOptions:
     compile_batch: int = 8                # configs per nvcc translation unit (CUTE.md §1.6)
     seqlens: Optional[tuple[int, ...]] = None   # benchmark shapes; default the paper grid
     infra_retries: int = 2                # re-enqueues of one parameter set after infrastructure failures
-    # Trial timing (tuner.bench.Timing): `tune bench`'s 25/100 ms. Shorter windows cost little GPU time
+    # Trial timing (tuner.measure.timer.Timing): `tune bench`'s 25/100 ms. Shorter windows cost little GPU time
     # once trial start-up is cheap (workers.py), but rank candidates by noisier numbers.
     bench_warmup_ms: float = 25.0
     bench_rep_ms: float = 100.0
     bench_rotate: int = 3
     live: bool = True                     # rich live view
     early_stop: bool = True               # probe the longest seqlen first; stop a candidate far behind (earlystop.py)
-    layout: str = "dense"                 # dense (b, s, h, d); varlen / paged: the serving mixes (tuner/mixes.py)
-    page_size: Optional[int] = None       # the paged layout's KV-cache page (tuner.mixes.PAGE_SIZES)
+    layout: str = "dense"                 # dense (b, s, h, d); varlen / paged: the serving mixes (tuner/measure/mixes.py)
+    page_size: Optional[int] = None       # the paged layout's KV-cache page (tuner.measure.mixes.PAGE_SIZES)
     phase: str = "prefill"                # or decode: split-KV decode kernels on the decode buckets
                                           # (tuner/serving/buckets/decode.py) over a paged (default) or dense cache
 
@@ -67,7 +67,7 @@ class CampaignOptions:
         object.__setattr__(self, "study_dir", Path(self.study_dir))
 
     def timing(self) -> dict:
-        """The trials' and baselines' tuner.bench.Timing, as plain fields (it crosses into Ray tasks)."""
+        """The trials' and baselines' tuner.measure.timer.Timing, as plain fields (it crosses into Ray tasks)."""
         return {"warmup_ms": self.bench_warmup_ms, "rep_ms": self.bench_rep_ms, "rotate": self.bench_rotate}
 
 
@@ -121,7 +121,7 @@ def option_problems(o: CampaignOptions) -> list[str]:
         problems.append(f"--page-size applies to --layout paged only, got --layout {o.layout}")
     if o.phase == "prefill" and o.layout != "dense" and o.seqlens is not None:
         problems.append(f"--seqlens applies to the dense layout; --layout {o.layout} measures the serving mixes "
-                        "of tuner/mixes.toml")
+                        "of tuner/measure/mixes.toml")
     need(_seconds(o.compile_timeout), "compile_timeout", "a positive number of seconds", o.compile_timeout)
     need(_count(o.infra_retries, 0), "infra_retries", "an integer of at least 0", o.infra_retries)
     need(_seconds(o.bench_warmup_ms, zero_ok=True), "bench_warmup_ms", "a number of milliseconds of at least 0",

@@ -29,11 +29,10 @@ def registers_per_thread(params: KernelParams, d_qk: int, d_v: int) -> float:
 
 def model_tflops(params: KernelParams, problem, profile) -> float:
     """Modelled TFLOPS of ``params`` on ``problem`` (a kernel_abi.spec.Problem) for ``profile``; a serving mix
-    (tuner.mixes.ServingProblem) as its sequences one after the other."""
+    (tuner.measure.mixes.ServingProblem) as its sequences one after the other."""
     if getattr(problem, "phase", "prefill") == "decode":
-        from .decode_measure import model_tflops as decode_tflops
 
-        return decode_tflops(params, problem, profile)
+        return decode_model_tflops(params, problem, profile)
     if hasattr(problem, "layout"):
         return _mix_tflops(params, problem, profile)
     peak = profile.peak_tflops(problem.dtype) or profile.tflops_fp16
@@ -79,3 +78,13 @@ def _mix_tflops(params: KernelParams, mix, profile) -> float:
         one = Problem(mix.variant, 1, mix.heads_q, mix.heads_kv, sq, sk, mix.d_qk, mix.d_v, mix.causal, mix.dtype)
         seconds += one.flops / (max(model_tflops(params, one, profile), 1e-3) * 1e12)
     return round(mix.flops / seconds / 1e12, 2) if seconds else 0.0
+
+
+def decode_model_tflops(params, problem, profile) -> float:
+    """The replay backend's decode model: the cache read at a fraction of the profile's HBM bandwidth that
+    grows with the bytes in flight per SM (ring depth x tile), less a fixed launch and combine cost."""
+    bw = profile.memory_bandwidth_gbs
+    in_flight = params.kv_stages * params.block_n * problem.d_qk * 2 * 2   # bytes of one CTA's ring
+    efficiency = 0.93 * (1.0 - math.exp(-in_flight / 48_000.0))
+    seconds = problem.kv_bytes / (bw * 1e9 * efficiency) + 6e-6 * (1 + 1 / params.min_split_blocks)
+    return problem.flops / seconds / 1e12

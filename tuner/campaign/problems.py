@@ -1,6 +1,6 @@
 """What the campaign needs of a benchmark problem, dense (kernel_abi.spec.Problem: one seqlen of the paper grid),
-serving (tuner.mixes.ServingProblem: a packed length mix of a serving layout) or decode
-(tuner.decode_problem.DecodeProblem: one decode call per decode bucket): its key in the trials' TFLOPS and the
+serving (tuner.measure.mixes.ServingProblem: a packed length mix of a serving layout) or decode
+(tuner.measure.decode_problem.DecodeProblem: one decode call per decode bucket): its key in the trials' TFLOPS and the
 baselines, its bucket, its order in tables, and the one the early stop probes."""
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def problem_key(problem) -> str:
 
 
 def bucket_of(problem) -> str:
-    """The store bucket: tuner.serving.buckets.seqlen by seqlen for dense, tuner.mixes' serving rule otherwise."""
+    """The store bucket: tuner.serving.buckets.seqlen by seqlen for dense, tuner.measure.mixes' serving rule otherwise."""
     if is_dense(problem):
         from tuner.serving.buckets.seqlen import bucket_for
 

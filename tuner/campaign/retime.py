@@ -3,8 +3,8 @@
 A job of the GPU worker like a trial (workers.py): a fresh process forked from its warm fork server, with a
 trial's limits (trialproc.py: killed when it hangs, a crash is an outcome), the timed part under the GPU's
 lock (gpulock.py), through the campaign's backend (the real GPU, or a replay: backends.py). For one
-bucket's shape it loads every contender (the challenger, the best seed, the stored kernel), checks each
-against torch SDPA on the shared inputs (the same inputs a trial used: one seed per seqlen), then runs
+bucket's shape it loads every contender (the challenger, the best seed, the stored kernel), checks each on the
+shared inputs as its trial did (tuner.measure.trial: the same inputs, the same reference), then runs
 ``rounds`` rounds; each round times every contender once, in an order rotated by one each round (A B C,
 B C A, C A B, ...: interleaved, so that a drift of the GPU's clocks or temperature falls on all of them
 alike). The judgement is the driver's (confirm.py, winners.py).
@@ -22,9 +22,12 @@ import statistics
 import time
 
 from . import backends
-from .backends import BackendSpec, OnAcquired, add_lock, first_line
+from tuner.measure import timer
+from tuner.measure.trial import BENCH_CROSS_CHECK_REL_ERR, problem_kind
+
+from .backends import BackendSpec, OnAcquired, add_lock
 from .gpulock import gpu_lock
-from .problems import is_decode, is_dense, problem_key
+from .problems import problem_key
 
 
 def retime_job(backend: BackendSpec, payload: dict, on_locked: OnAcquired = None) -> dict:
@@ -49,11 +52,11 @@ def round_order(roles: list[str], rnd: int) -> list[str]:
 
 
 def _summary(payload: dict, ms: dict, order: list, failed: dict, device: str) -> dict:
-    from tuner import bench
+    from tuner.measure import dense
 
     problem = payload["problem"]
     return {"bucket": payload["bucket"], "device_name": device, "ms": ms, "order": order, "failed": failed,
-            "tflops": {role: round(bench.tflops(problem, statistics.median(times)), 2)
+            "tflops": {role: round(dense.tflops(problem, statistics.median(times)), 2)
                        for role, times in ms.items() if times}}
 
 
@@ -94,64 +97,46 @@ def _replay_retime(path: str, payload: dict) -> dict:
 
 def _gpu_retime(payload: dict, on_acquired: OnAcquired = None) -> dict:
     """Load and warm up every contender outside the GPU's lock; cross-check and time them under it."""
-    from tuner import bench
     from tuner.serving import launch
 
     device = backends.TRIAL_DEVICE
     name = backends.gpu_name(device)
     problem, rule = payload["problem"], payload["rule"]
-    timing = bench.Timing(warmup_ms=rule["warmup_ms"], rep_ms=rule["rep_ms"], rotate=rule["rotate"])
+    timing = timer.Timing(warmup_ms=rule["warmup_ms"], rep_ms=rule["rep_ms"], rotate=rule["rotate"])
     kernels, failed = {}, {}
     t0 = time.perf_counter()
     for k in payload["kernels"]:
         try:
             kernels[k["role"]] = launch.load_kernel(k["cubin"], k["meta"])
         except Exception as exc:  # noqa: BLE001 - e.g. a stored kernel of an older ABI: it cannot win here
-            failed[k["role"]] = f"load failed: {type(exc).__name__}: {first_line(exc)}"
+            failed[k["role"]] = f"load failed: {type(exc).__name__}: {timer.first_line(exc)}"
     backends.warm_up(payload["spec"], device)
     seconds = {"load_warmup": round(time.perf_counter() - t0, 3)}
     with gpu_lock(on_acquired=on_acquired) as hold:
         t1 = time.perf_counter()
-        if is_decode(problem):   # each contender passed tuner.verify_decode in its trial
-            from .decode_measure import retime_rounds
-
-            ms, order = retime_rounds(kernels, failed, problem, timing, device, rule["rounds"], _rounds)
-        elif is_dense(problem):
-            ms, order = _dense_rounds(kernels, failed, problem, timing, device, rule["rounds"])
-        else:   # a serving mix: each contender passed tuner.verify_varlen in its trial
-            ms, order = _serving_rounds(kernels, problem, timing, device, rule["rounds"])
+        ms, order = _kind_rounds(problem_kind(problem), kernels, failed, problem, timing, device, rule["rounds"])
         seconds["retime"] = round(time.perf_counter() - t1, 3)
     result = _summary(payload, ms, order, failed, name)
     result["seconds"] = seconds
     return add_lock(result, hold)
 
 
-def _dense_rounds(kernels: dict, failed: dict, problem, timing, device, rounds: int):
-    """Cross-check every contender against torch SDPA on the shared inputs (dropping a wrong one into
-    ``failed``), then the rounds in rotated order: (ms per role, the orders)."""
-    from tuner import bench
-
-    inputs = bench.make_inputs(problem, timing.rotate, seed=problem.seqlen_k, device=device)
-    for role, kernel in list(kernels.items()):
-        try:
-            rel = backends.bench_cross_check(kernel, problem, inputs[0])
-        except Exception as exc:  # noqa: BLE001 - a launch failure: this contender cannot win
-            rel, why = float("nan"), f"{type(exc).__name__}: {first_line(exc)}"
-        else:
-            why = f"relative error {rel:.3g} against torch SDPA > {backends.BENCH_CROSS_CHECK_REL_ERR}"
-        if not rel <= backends.BENCH_CROSS_CHECK_REL_ERR:   # also NaN
-            failed[role] = f"wrong result on the re-timing inputs: {why}"
-            del kernels[role]
-    return _rounds(list(kernels), rounds, lambda role: bench.measure_problem(kernels[role], problem, inputs=inputs,
-                                                                           timing=timing, device=device))
-
-
-def _serving_rounds(kernels: dict, problem, timing, device, rounds: int):
-    """The rounds on a serving mix's inputs (serving_measure.make_inputs: a trial's own)."""
-    from .serving_measure import make_inputs, ours_call, time_sets
-
-    sets = make_inputs(problem, timing.rotate, device)
-    return _rounds(list(kernels), rounds, lambda role: time_sets(ours_call(kernels[role], problem), sets, timing))
+def _kind_rounds(kind, kernels: dict, failed: dict, problem, timing, device, rounds: int):
+    """Every contender cross-checked on the problem's shared inputs, as its trial checked it (tuner.measure.trial;
+    a wrong one goes to ``failed``), then the rounds in rotated order: (ms per role, the orders)."""
+    inputs = kind.inputs(problem, timing, device)
+    if kind.cross_check is not None:
+        for role, kernel in list(kernels.items()):
+            try:
+                rel = kind.cross_check(kernel, problem, inputs)
+            except Exception as exc:  # noqa: BLE001 - a launch failure: this contender cannot win
+                rel, why = float("nan"), f"{type(exc).__name__}: {timer.first_line(exc)}"
+            else:
+                why = f"relative error {rel:.3g} against {kind.against} > {BENCH_CROSS_CHECK_REL_ERR}"
+            if not rel <= BENCH_CROSS_CHECK_REL_ERR:   # also NaN
+                failed[role] = f"wrong result on the re-timing inputs: {why}"
+                del kernels[role]
+    return _rounds(list(kernels), rounds, lambda role: kind.time_ms(kernels[role], problem, inputs, timing))
 
 
 def _rounds(roles: list, rounds: int, time_one):

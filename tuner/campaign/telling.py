@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 from . import study as st
 
 if TYPE_CHECKING:
-    from .driver import Campaign, Tally
-    from .loop import Candidate
+    from .state import Campaign, Candidate, Tally
 
 
 def trial_value(result: dict) -> float:

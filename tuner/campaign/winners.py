@@ -166,7 +166,7 @@ def _from_record(record) -> Contender:
 
 def stored_records(camp) -> dict:
     """The store's kernels of this combination's spec, by bucket ({} when the store cannot be read)."""
-    from tuner.store import KernelStore, StoreError
+    from tuner.store.records import KernelStore, StoreError
 
     spec = camp.spec
     try:

@@ -9,7 +9,7 @@ Sequence b's keys are the first ``seqused_k[b]`` rows of its pages in table orde
 they are ``cu_seqlens_k[b + 1] - cu_seqlens_k[b]``, derived on the device (no host read). Causal aligns
 bottom-right within each sequence (its queries are the last of its keys: chunked prefill on a cached prefix).
 
-Dispatch: the paged config of the head dims, dtype and causality, then its serving bucket (tuner/mixes.py)
+Dispatch: the paged config of the head dims, dtype and causality, then its serving bucket (tuner/measure/mixes.py)
 from ``q.shape[0]``, the batch, ``max_seqlen_q``, ``max_seqlen_k`` (absent: the table's capacity,
 ``max_pages x page_size``) and the page size ``k_cache.shape[1]``; the nearest bucket whose kernel can tile
 that page size. Decided while tracing when those are plain ints, per call otherwise. No paged config, or a

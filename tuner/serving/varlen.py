@@ -6,7 +6,7 @@
     # q (total_q, hq, d), k/v (total_k, hkv, d), cu_seqlens int32 (batch + 1) -> (total_q, hq, d_v)
 
 Dispatch: the varlen config of the head dims, dtype and causality (its variant preferred by the head
-layout, as for dense calls), then its bucket by the config's rule: serving buckets (tuner/mixes.py) from
+layout, as for dense calls), then its bucket by the config's rule: serving buckets (tuner/measure/mixes.py) from
 ``q.shape[0]`` (packed queries), ``cu_seqlens_q.shape[0] - 1`` (batch), ``max_seqlen_q`` and
 ``max_seqlen_k``; key-length buckets (configs exported before the serving rule) nearest to
 ``max_seqlen_k``. Decided while tracing when those are plain ints, per call otherwise. Everything else runs

@@ -4,7 +4,7 @@ Two bucket rules name the stored kernels of a spec:
 
   * ``s<N>`` (tuner/serving/buckets/seqlen.py): the key length. Dense records use it; varlen records stored before the
     serving buckets used it too and keep being read, stored and routed by ``max_seqlen_k`` as before.
-  * serving buckets (tuner/mixes.py: ``t16k-even``, ``t4k-even-p16``): the packed tokens, the length mix
+  * serving buckets (tuner/measure/mixes.py: ``t16k-even``, ``t4k-even-p16``): the packed tokens, the length mix
     and, when paged, the page size, all from what the host knows of a packed call. Varlen and paged records.
 
 A paged record must name its page size (``-p16``): the page size is part of what it was tuned on, and a
@@ -44,7 +44,7 @@ def bucket_errors(bucket, layout) -> list[str]:
     if layout == "paged":
         if rule == SEQLEN_RULE:
             return [f"bucket {bucket!r}: a paged record needs a serving bucket naming its page size, "
-                    "e.g. t4k-even-p16 (tuner/mixes.py serving_bucket)"]
+                    "e.g. t4k-even-p16 (tuner/measure/mixes.py serving_bucket)"]
         page = parse_serving_bucket(bucket)[2]
         if page is None:
             return [f"bucket {bucket!r} names no page size; a paged record's bucket ends in -p<page>, e.g. "

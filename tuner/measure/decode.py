@@ -2,14 +2,14 @@
 decode and the GPU's measured copy bandwidth, same process, same inputs.
 
 A point is one decode call: ``batch`` sequences of ``kv_len`` cached keys each in a shuffled paged cache, one
-(or a few) new query tokens. Both kernels are timed by tuner.bench.time_ms (triton's do_bench, L2 flushed).
+(or a few) new query tokens. Both kernels are timed by tuner.measure.timer.time_ms (triton's do_bench, L2 flushed).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from tuner.bench import time_ms
+from tuner.measure.timer import time_ms
 
 BATCHES = (1, 8, 32, 64, 128)
 KV_LENS = (1024, 4096, 8192, 16384, 32768)
@@ -68,7 +68,7 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
 
 
 def fa4_decode_call(p: DecodePoint, x: dict):
-    from tuner import fa4
+    from tuner.measure import fa4
 
     func = fa4.varlen_func()
 
@@ -191,4 +191,95 @@ def measure_mla_point(kernel, p: MLAPoint) -> dict:
     row.update(ms=ms, ours_gbs=p.kv_bytes / ms / 1e6, ours_tflops=p.flops / ms / 1e9)
     del x
     torch.cuda.empty_cache()
+    return row
+
+# -- a campaign trial's pieces (tuner/measure/trial.py): one decode call per decode bucket (DecodeProblem) ---------
+
+# The baselines of a decode trial: FA4's paged decode (flash_attn_varlen_func with a page table, as `tune bench
+# --phase decode`) and ``copy_bound``, the TFLOPS of a kernel reading the call's cache at the GPU's measured copy
+# bandwidth.
+BASELINES = ("fa4", "copy_bound")
+
+
+def problem_inputs(problem, device: str) -> dict:
+    """q, k, v (None for MLA: V is K's first d_v columns), page_table (None: dense) and seqused_k of a call."""
+    seed = problem.batch * 7919 + problem.kv_len
+    if problem.variant == "mla":
+        return {**make_mla_inputs(problem.point(), seed=seed, device=device), "v": None}
+    return make_decode_inputs(problem.point(), seed=seed, device=device)
+
+
+def ours_call(kernel, problem, x: dict):
+    scale = problem.softmax_scale
+    return lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"],
+                          softmax_scale=scale)
+
+
+def problem_tflops(problem, ms: float) -> float:
+    return problem.flops / (ms * 1e-3) / 1e12
+
+
+def _sequence_kv(x: dict, problem, i: int, name: str):
+    """Sequence i's keys (or values), (kv_len, hkv, d), gathered back from the cache; MLA's values are the first
+    d_v columns of its keys."""
+    if name == "v" and x.get("v") is None:
+        return _sequence_kv(x, problem, i, "k")[..., : problem.d_v]
+    cache = x[name]
+    if x["page_table"] is None:
+        return cache[i, : problem.kv_len]
+    pages = x["page_table"][i]
+    return cache[pages.long()].reshape(-1, *cache.shape[2:])[: problem.kv_len]
+
+
+def cross_check(out, x: dict, problem) -> float:
+    """Largest relative error of ``out`` on the first and last sequence against the fp32 reference (the query
+    heads of a KV group share its keys: no copies of K per head, which for MLA's 128 heads would be gigabytes)."""
+    import torch
+
+    worst = 0.0
+    hkv, sq = problem.heads_kv, problem.seqlen_q
+    group = problem.heads_q // hkv
+    for i in sorted({0, problem.batch - 1}):
+        k = _sequence_kv(x, problem, i, "k").float().transpose(0, 1)     # (hkv, kv, d_qk)
+        v = _sequence_kv(x, problem, i, "v").float().transpose(0, 1)     # (hkv, kv, d_v)
+        # (sq, hq, d) -> (hkv, group * sq, d): row g * sq + t is token t of the group's head g
+        q = x["q"][i].float().reshape(sq, hkv, group, -1).permute(1, 2, 0, 3).reshape(hkv, group * sq, -1)
+        s = (q @ k.transpose(1, 2)) * problem.softmax_scale
+        if problem.causal and sq > 1:
+            rows = (torch.arange(group * sq, device=q.device) % sq)[:, None]
+            cols = torch.arange(problem.kv_len, device=q.device)[None, :]
+            s = s.masked_fill(cols > rows + problem.kv_len - sq, float("-inf"))
+        ref = (torch.softmax(s, -1) @ v).reshape(hkv, group, sq, -1).permute(2, 0, 1, 3).reshape(sq, hkv * group, -1)
+        err = (out[i].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)
+        worst = max(worst, float(err))
+    return worst
+
+
+_COPY_GBS: dict = {}
+
+
+def copy_gbs(device: str) -> float:
+    """The GPU's device-to-device copy bandwidth (tuner.measure.decode), measured once per process."""
+    if device not in _COPY_GBS:
+        _COPY_GBS[device] = copy_bandwidth_gbs()
+    return _COPY_GBS[device]
+
+
+def measure_baselines(problem, timing, device: str, errors: dict) -> dict:
+    """{fa4: TFLOPS or None, copy_bound: TFLOPS at the copy bandwidth}; ``errors`` gets each None's reason."""
+    row: dict = {}
+    try:
+        row["copy_bound"] = round(problem.flops / (problem.kv_bytes / (copy_gbs(device) * 1e9)) / 1e12, 3)
+    except Exception as exc:  # noqa: BLE001
+        row["copy_bound"], errors["copy_bound"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+    if problem.variant == "mla":
+        row["fa4"], errors["fa4"] = None, "FA4 has no absorbed-MLA decode (head dim 576/512)"
+        return row
+    x = problem_inputs(problem, device)
+    try:
+        call = fa4_decode_call(problem.point(), x)
+        call()   # FA4 compiles a shape on its first call: not timed
+        row["fa4"] = round(problem_tflops(problem, time_ms(call, timing=timing)), 3)
+    except Exception as exc:  # noqa: BLE001 - a baseline that cannot run has a reason, not a number
+        row["fa4"], errors["fa4"] = None, f"{type(exc).__name__}: {str(exc).strip()[:200]}"
     return row

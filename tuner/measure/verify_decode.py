@@ -1,9 +1,9 @@
-"""The verification gate (tuner/verify.py) for decode kernels: correct only if every decode case passes.
+"""The verification gate (tuner/measure/verify.py) for decode kernels: correct only if every decode case passes.
 
 Per case: fresh random inputs; a cache whose sequences hold the case's lengths (paged: in pages of a shuffled
 cache, table entries past a sequence's pages and the spare pages no table row names hold NaN; the tail of a
 sequence's last page, and of a dense cache, holds NaN too); the output and the split workspace poisoned with
-NaN; every output element written and finite, the inputs unchanged; tuner.verify's two bounds on the output
+NaN; every output element written and finite, the inputs unchanged; tuner.measure.verify's two bounds on the output
 against the fp32 reference of each sequence alone (causal aligned bottom-right: the new tokens are the last of
 their sequence), and the log-sum-exp the kernel returns against the reference's within 1e-2.
 
@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from kernel_abi.decode import v_from_k
 from kernel_abi.spec import KernelSpec
-from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
+from tuner.measure.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 LSE_TOLERANCE = 1e-2

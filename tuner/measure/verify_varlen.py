@@ -1,8 +1,8 @@
-"""The verification gate (tuner/verify.py) for packed sequences: a varlen or paged kernel is correct only if
+"""The verification gate (tuner/measure/verify.py) for packed sequences: a varlen or paged kernel is correct only if
 every length mix passes.
 
 Per mix: fresh random inputs, the packed output poisoned with NaN, every row of every sequence written and
-finite, the inputs unchanged, and tuner.verify's two bounds (FlashAttention's yardstick against a plain
+finite, the inputs unchanged, and tuner.measure.verify's two bounds (FlashAttention's yardstick against a plain
 torch implementation in the kernel's dtype, and the relative error) over all sequences, each computed alone
 by the fp32 reference with causal aligned bottom-right within the sequence. Keys past ``seqused_k`` are
 written with a large finite value: a kernel that lets them into a softmax fails, one that masks them (and
@@ -19,7 +19,7 @@ from typing import Callable, Optional, Sequence
 
 from tuner.serving.launch.paging import TMA_KV, kv_copy_of, page_misfit
 from kernel_abi.spec import KernelSpec
-from tuner.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
+from tuner.measure.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 _UNUSED_KEY = 1.0e4   # what keys and values past seqused_k hold

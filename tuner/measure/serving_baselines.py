@@ -1,5 +1,5 @@
 """The libraries `tune bench --layout varlen|paged` times our kernel against, on a mix's own inputs
-(tuner.mix_inputs): FlashAttention-4's ``flash_attn_varlen_func``, FlashInfer's batch prefill wrappers, and
+(tuner.measure.serving_inputs): FlashAttention-4's ``flash_attn_varlen_func``, FlashInfer's batch prefill wrappers, and
 torch SDPA on the zero-padded batch.
 
 A baseline's ``prepare(problem, inputs)`` does the untimed set-up (FlashInfer's plan, SDPA's padded copies
@@ -17,9 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tuner import fa4
-from tuner.mix_inputs import MixInputs, page_counts
-from tuner.mixes import ServingProblem
+from tuner.measure import fa4
+from tuner.measure.serving_inputs import MixInputs, page_counts
+from tuner.measure.mixes import ServingProblem
 
 NOT_INSTALLED = fa4.NOT_INSTALLED
 FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024   # FlashInfer's documented example size
@@ -152,5 +152,5 @@ def _sdpa(problem: ServingProblem, x: MixInputs) -> Prepared:
     return Prepared(lambda: F.scaled_dot_product_attention(q, k, v, **kwargs), packed, note)
 
 
-# Column order; tuner.bench_mixes cross-checks our output against SDPA first (torch's, the plainest).
+# Column order; tuner.commands.bench_serving cross-checks our output against SDPA first (torch's, the plainest).
 BASELINES = (Baseline("fa4", _fa4), Baseline("flashinfer", _flashinfer), Baseline("sdpa", _sdpa))

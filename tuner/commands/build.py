@@ -8,95 +8,11 @@ from typing import Optional
 
 from rich.console import Console
 
-from hardware_profiles import Profile, ProfileError, load_profile
+from hardware_profiles import Profile
+from kernel_abi.spec import KernelSpec
 from tl.pipelines import has_roles
 from translate.params import KernelParams, validate
-from kernel_abi.spec import KernelSpec, spec_for
-
-
-class UsageError(ValueError):
-    """Bad command-line input (exit 2)."""
-
-
-def parse_params_arg(text: Optional[str], base):
-    """``--params``: a JSON object, or a file holding one; fields not given keep the base's values. The result is of
-    the base's class (KernelParams, or translate.decode.DecodeParams for a decode kernel)."""
-    if text is None:
-        return base
-    stripped = text.strip()
-    if stripped.startswith("{"):
-        source, raw = "--params", stripped
-    else:
-        path = Path(text)
-        if not path.is_file():
-            raise UsageError(f"--params {text!r} is neither a JSON object nor a file")
-        try:
-            source, raw = str(path), path.read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read --params file {path}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{source}: not valid JSON: {exc}") from None
-    if isinstance(data, dict) and isinstance(data.get("params"), dict):
-        data = data["params"]  # accept a build/bench/export JSON as is
-    if not isinstance(data, dict):
-        raise UsageError(f"{source}: kernel parameters must be a JSON object, got {type(data).__name__}")
-    try:
-        return type(base).from_dict({**base.to_dict(), **data})
-    except (TypeError, ValueError) as exc:
-        raise UsageError(f"{source}: {exc}") from None
-
-
-def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optional[str],
-                   causal: bool, layout: str = "dense") -> tuple[Profile, KernelSpec]:
-    """Profile and kernel spec from the command line; UsageError naming the choices when one is wrong."""
-    import dataclasses
-
-    from tl.layout import LAYOUTS
-
-    try:
-        profile = load_profile(gpu)
-    except ProfileError as exc:
-        raise UsageError(str(exc)) from None
-    if layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {layout!r}; choose one of: {', '.join(LAYOUTS)}")
-    try:
-        spec = spec_for(variant, head_dim, dtype or profile.default_dtype, causal)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return profile, dataclasses.replace(spec, layout=layout)
-
-
-def resolve_schedule(schedule: Optional[str], profile: Profile) -> str:
-    """``--schedule``: a reference sketch set (tl.SCHEDULES); default: the profile's (Hopper's own on sm90)."""
-    import tl
-    from translate.defaults import default_schedule
-
-    if schedule is None:
-        return default_schedule(profile)
-    if schedule not in tl.SCHEDULES:
-        raise UsageError(f"unknown schedule {schedule!r}; choose one of: {', '.join(tl.SCHEDULES)}")
-    return schedule
-
-
-def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], schedule: str = "fa2",
-                         layout: str = "dense"):
-    """(program, source text, path label, diagnostics). The built-in reference sketch of ``schedule`` in
-    ``layout`` when no file is given."""
-    import tl
-
-    if sketch is None:
-        text = tl.load_sketch(variant, causal, schedule, layout)
-        label = f"<reference {schedule} {variant} {'causal' if causal else 'noncausal'}" + \
-            (f" {layout}>" if layout != "dense" else ">")
-    else:
-        try:
-            text, label = Path(sketch).read_text(), str(sketch)
-        except OSError as exc:
-            raise UsageError(f"cannot read sketch {sketch}: {exc.strerror or exc}") from None
-    program, diagnostics = tl.check_source(text, label)
-    return program, text, label, list(diagnostics)
+from tuner.build import UsageError, load_checked_program, parse_params_arg, resolve_schedule, resolve_target
 
 
 def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[str], head_dim: Optional[int],
@@ -105,8 +21,8 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
               page_size: Optional[int] = None, seqlen: Optional[int] = None) -> int:
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input (a page size the kernel's block
     N cannot tile included: tuner.serving.launch.paging) or missing toolchain. ``seqlen``: the key length the kernel is for;
-    the base parameters are then the profile's default for that bucket (tuner/bucket_defaults.py)."""
-    from tuner.bucket_defaults import BucketTableError, bucket_change, bucket_params
+    the base parameters are then the profile's default for that bucket (tuner/defaults/table.py)."""
+    from tuner.defaults.table import BucketTableError, bucket_change, bucket_params
     from tuner.serving.buckets.seqlen import bucket_for
     import translate
     from translate.defaults import default_params, probe_problem

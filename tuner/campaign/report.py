@@ -1,5 +1,5 @@
 """What the user sees of a finished campaign: the final table, the report with plots (the live view while it
-runs: tuner/liveview.py).
+runs: tuner/campaign/liveview.py).
 
 Inputs are plain dicts so that the campaign driver, a replayed study and the tests build them alike:
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.fa4 import NOT_INSTALLED, is_not_installed
+from tuner.measure.fa4 import NOT_INSTALLED, is_not_installed
 
 BASELINES = (("flash", "torch flash"), ("cudnn", "cuDNN"), ("efficient", "efficient"), ("fa4", "FA4"))
 _STATE_ALIASES = {"complete": "complete", "pruned": "infeasible", "infeasible": "infeasible", "fail": "failed",
@@ -64,7 +64,7 @@ def _row_seqlen(row: dict) -> int:
 
 
 SERVING_COLUMNS = (("fa4", "FA4 varlen"), ("flashinfer", "FlashInfer"), ("sdpa", "SDPA padded"))
-# decode (tuner/campaign/decode_measure.py): FA4's paged decode, and the TFLOPS of reading the cache at the copy
+# decode (tuner/measure/decode.py): FA4's paged decode, and the TFLOPS of reading the cache at the copy
 # bandwidth (ours/copy bound is the fraction of the copy bandwidth reached)
 DECODE_COLUMNS = (("fa4", "FA4 decode"), ("copy_bound", "copy bound"))
 

@@ -87,9 +87,9 @@ class DecodeProblem:
                 "kv_bytes": self.kv_bytes}
 
     def point(self):
-        """The tuner.bench_decode point of this call (its inputs, and FA4's call): an MLAPoint for absorbed MLA,
+        """The tuner.measure.decode point of this call (its inputs, and FA4's call): an MLAPoint for absorbed MLA,
         else a DecodePoint."""
-        from tuner.bench_decode import DecodePoint, MLAPoint
+        from tuner.measure.decode import DecodePoint, MLAPoint
 
         if self.variant == "mla":
             return MLAPoint(self.batch, self.kv_len, self.heads_q, self.seqlen_q, self.page_size, self.causal,

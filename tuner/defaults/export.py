@@ -1,11 +1,11 @@
 """An export of a GPU profile's default kernels, without a campaign: what `tune build` makes for each spec,
-through the same gate as a campaign's kernels (tuner.verify on the GPU), stored and exported with
+through the same gate as a campaign's kernels (tuner.measure.verify on the GPU), stored and exported with
 `tune export`'s code. The serving GPU tests and scripts/bench_serving.py serve it; ``compile_defaults``
 (no GPU) fills the nvcc cache ahead of a device run.
 
 Dense kernels are stored under the key-length buckets given. Varlen and paged kernels are stored under the
-serving buckets (tuner/mixes.py) of their layout's mixes, each timed on its own mix (paged: at each page size
-of ``page_sizes``), after the gate of packed sequences (tuner.verify_varlen: its paged mixes for a paged
+serving buckets (tuner/measure/mixes.py) of their layout's mixes, each timed on its own mix (paged: at each page size
+of ``page_sizes``), after the gate of packed sequences (tuner.measure.verify_varlen: its paged mixes for a paged
 kernel). ``SERVING_SPECS`` are the serving kernels the GPU tests export beside the dense ones.
 """
 from __future__ import annotations
@@ -38,7 +38,7 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
                      page_sizes: Sequence[int] | None = None) -> list[DefaultKernel]:
     """Translate and compile the profile's default kernel of each spec (the Hopper default is the
     warp-specialised schedule); with ``buckets``, a warp-specialised dense spec gets one kernel per distinct
-    default of those buckets (tuner/bucket_defaults.py); with ``page_sizes``, a paged spec one kernel per distinct
+    default of those buckets (tuner/defaults/table.py); with ``page_sizes``, a paged spec one kernel per distinct
     default of those page sizes (translate.defaults.WHOLE_TILE_PAGES). CPU only."""
     import tl
     import translate
@@ -46,8 +46,8 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
     from tl.pipelines import has_roles
     from translate import nvcc
     from translate.defaults import default_params
-    from tuner.bucket_defaults import applies_to, group_buckets
-    from tuner.build_cmd import resolve_schedule
+    from tuner.defaults.table import applies_to, group_buckets
+    from tuner.build import resolve_schedule
 
     profile = load_profile(gpu)
     schedule = resolve_schedule(None, profile)
@@ -104,10 +104,10 @@ def compile_changes(gpu: str, items: Sequence[tuple[KernelSpec, dict[str, dict]]
 
 
 def load_verified(built: dict[str, tuple], spec: KernelSpec, label: str) -> dict:
-    """{name: loaded kernel} of one compile_changes item's kernels that built and passed the gate (tuner.verify);
+    """{name: loaded kernel} of one compile_changes item's kernels that built and passed the gate (tuner.measure.verify);
     each verdict is printed as "LABEL NAME: ...". The A/B scripts time only these (GPU)."""
     from tuner.serving.launch import load_kernel
-    from tuner.verify import verify
+    from tuner.measure.verify import verify
 
     kernels = {}
     for name, (gen, res) in built.items():
@@ -162,19 +162,20 @@ def _measurements(kernel, spec: KernelSpec, buckets: Sequence[str], page_sizes: 
     kernel on each mix of its layout, under the mix's serving bucket."""
     from dataclasses import asdict
 
-    from tuner import bench
-    from tuner.mixes import serving_problems
+    from tuner.measure import dense
+    from tuner.measure import timer
+    from tuner.measure.mixes import serving_problems
 
     hq, hkv = _heads(spec.variant)
     if spec.layout not in SERVING_LAYOUTS:
         problem = Problem(spec.variant, 4, hq, hkv, 4096, 4096, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
-        value = bench.tflops(problem, bench.measure_problem(kernel, problem))
+        value = dense.tflops(problem, dense.measure_problem(kernel, problem))
         return [(bucket, value, {"seqlen_k": 4096}) for bucket in buckets]
     out = []
     for page in (page_sizes if spec.layout == "paged" else (None,)):
         for problem in serving_problems(spec.layout, spec.variant, hq, hkv, spec.d_qk, spec.d_v, spec.causal,
                                         spec.dtype, page):
-            ms = bench.time_ms(serving_call(kernel, problem))
+            ms = timer.time_ms(serving_call(kernel, problem))
             out.append((problem.bucket, problem.flops / (ms * 1e-3) / 1e12, asdict(problem)))
     return out
 
@@ -184,18 +185,18 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
                     study_dir: Path | None = None) -> list[Path]:
     """Compile, verify (the campaign's gate), time, store under ``study_dir`` and export to ``out_dir`` the
     default kernel of each spec: a dense one for every bucket in ``buckets`` (each bucket's own default where the
-    profile's bucket table changes it: tuner/bucket_defaults.py), a varlen or paged one for the
+    profile's bucket table changes it: tuner/defaults/table.py), a varlen or paged one for the
     serving bucket of each mix of its layout (paged: at each page size of ``page_sizes``). RuntimeError naming
     the kernel when one fails to compile or verify: nothing unverified is exported."""
     import torch
 
     from hardware_profiles import load_profile
     from tuner.serving import launch
-    from tuner.export import collect_records, export_records
-    from tuner.provenance import collect
-    from tuner.store import KernelRecord, KernelStore
-    from tuner.verify import verify
-    from tuner.verify_varlen import verify_varlen
+    from tuner.store.export import collect_records, export_records
+    from tuner.store.provenance import collect
+    from tuner.store.records import KernelRecord, KernelStore
+    from tuner.measure.verify import verify
+    from tuner.measure.verify_varlen import verify_varlen
 
     profile = load_profile(gpu)
     device_name = torch.cuda.get_device_name()

@@ -17,7 +17,7 @@ ratios, and the verification summary. The files ``<sha256>.cubin``, ``<sha256>.c
 Nothing unverified is ever exported: one such record refuses the whole export.
 
 Varlen and paged configs (``,layout=varlen`` / ``,layout=paged`` in the name; ``layout`` in the metadata)
-are bucketed by the serving rule (tuner/mixes.py): an entry ``"t16k-even"`` or ``"t4k-even-p16"`` carries
+are bucketed by the serving rule (tuner/measure/mixes.py): an entry ``"t16k-even"`` or ``"t4k-even-p16"`` carries
 the rule's fields ``tokens``, ``mix`` and, paged, ``page_size`` where a key-length entry has ``seqlen_k``;
 the metadata says ``"bucket_rule": "serving"`` and a paged config lists the ``page_sizes`` its buckets were
 tuned on. Varlen configs of key-length buckets (stored before the serving rule) are written as before.
@@ -46,7 +46,7 @@ from pathlib import Path
 from tuner.serving.buckets.names import SERVING_RULE, bucket_fields, bucket_rule, bucket_sort_key, mixed_rules
 from tuner.serving.buckets.decode import DECODE_RULE, decode_bucket_fields, decode_bucket_sort_key, is_decode_bucket
 from tuner.serving.configs import METADATA_KEY, device_file_token
-from tuner.store import CorruptRecordError, KernelRecord, KernelStore, verification_passed
+from tuner.store.records import CorruptRecordError, KernelRecord, KernelStore, verification_passed
 
 EXPORT_FORMAT = 1
 def head_dim_token(d_qk: int, d_v: int) -> str:

@@ -3,7 +3,7 @@
 ``flash_attn_func(q, k, v, causal=..., softmax_scale=...)`` takes our (b, s, h, d) layout as it is, GQA/MQA
 as fewer KV heads, and MLA's q/k 192 / v 128 on Hopper; depending on its version it returns the output
 or (output, lse). Its first call per shape JIT-compiles the kernel (CuTe DSL, 1-4 s): whoever times it
-makes one untimed call first (tuner.bench.measure_baselines does).
+makes one untimed call first (tuner.measure.dense.measure_baselines does).
 
 Where ``flash_attn.cute`` cannot be imported the baseline has no number and a reason that starts with
 NOT_INSTALLED, never a crash and never a 0. On the GPU machine, ../shared/tools/fa4-bundle packs it.

@@ -85,7 +85,7 @@ class KernelRecord:
     tflops: float
     baselines: dict           # {"flash": x, "cudnn": y, "efficient": z, "fa4": w}, None where a backend cannot run
     problem: dict             # the shape the TFLOPS were measured on
-    provenance: dict          # tuner.provenance.collect()
+    provenance: dict          # tuner.store.provenance.collect()
     study: str = ""
     trial: int = -1
     sketch: str = ""          # the campaign's name of the TL sketch (tl_program) the kernel was built from

@@ -1,4 +1,4 @@
-"""The tensors of one serving mix (tuner.mixes.ServingProblem), as every backend of `tune bench --layout`
+"""The tensors of one serving mix (tuner.measure.mixes.ServingProblem), as every backend of `tune bench --layout`
 takes them: packed q/k/v with cumulative lengths (varlen), and for the paged layout the same keys and values
 spread over the pages of a cache whose table is shuffled (a serving engine's pages are not in order, and an
 identity table would hide a kernel that ignores it). torch is imported lazily; any device works (CPU tests).
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tuner.mixes import ServingProblem
+from tuner.measure.mixes import ServingProblem
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 

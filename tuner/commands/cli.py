@@ -97,7 +97,7 @@ def campaign(
     layout: Optional[str] = typer.Option(None, "--layout", help="dense (the paper grid; the default), varlen "
                                                                 "(packed sequences, cu_seqlens) or paged (a paged KV "
                                                                 "cache): a serving layout is measured on the mixes of "
-                                                                "tuner/mixes.toml and stored per serving bucket "
+                                                                "tuner/measure/mixes.toml and stored per serving bucket "
                                                                 "(Hopper only). --phase decode: paged (default, pages "
                                                                 "of 16) or dense."),
     page_size: Optional[int] = typer.Option(None, "--page-size", help="KV-cache page size of --layout paged: "
@@ -142,7 +142,7 @@ def _campaign_page_size(layout: Optional[str], page_size: Optional[int], phase: 
 @app.command()
 def check(files: List[Path] = typer.Argument(..., help="TL files to check.")) -> None:
     """Parse and check TL programs; print `ok` or diagnostics per file."""
-    from tuner.check_cmd import run_check
+    from tuner.commands.check import run_check
 
     raise typer.Exit(run_check(files))
 
@@ -150,7 +150,7 @@ def check(files: List[Path] = typer.Argument(..., help="TL files to check.")) ->
 @app.command()
 def gpus() -> None:
     """List the hardware profiles."""
-    from tuner.gpus_cmd import show_gpus
+    from tuner.commands.gpus import show_gpus
 
     raise typer.Exit(show_gpus())
 
@@ -158,7 +158,7 @@ def gpus() -> None:
 @app.command()
 def models() -> None:
     """List the model presets (`--model NAME`)."""
-    from tuner.models_cmd import show_models
+    from tuner.commands.models import show_models
 
     raise typer.Exit(show_models())
 
@@ -186,7 +186,7 @@ def build(
                                          "--params change that one). Dense prefill only."),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
-    from tuner.build_cmd import run_build
+    from tuner.commands.build import run_build
 
     phase = phase.strip().lower()
     if phase not in ("prefill", "decode"):
@@ -197,7 +197,7 @@ def build(
             typer.echo("tune build: error: --seqlen picks a dense prefill bucket's default; a decode kernel's "
                        "split is chosen per call", err=True)
             raise typer.Exit(2)
-        from tuner.build_decode_cmd import run_decode_build
+        from tuner.commands.build_decode import run_decode_build
 
         raise typer.Exit(run_decode_build(gpu, variant, sketch, params, head_dim, dtype, causal, out,
                                           layout.strip().lower() if layout else None, page_size, schedule))
@@ -223,7 +223,7 @@ def bench(
     out_json: Optional[Path] = typer.Option(None, "--json", help="Write results here."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
     layout: Optional[str] = typer.Option(None, "--layout", help=LAYOUT_HELP + " varlen/paged time the serving mixes "
-                                                                       "(tuner/mixes.toml) instead of the grid."),
+                                                                       "(tuner/measure/mixes.toml) instead of the grid."),
     page_size: Optional[int] = typer.Option(None, "--page-size", help=PAGE_SIZE_HELP + " Default: 16 and 128 "
                                             "(decode: 16)."),
     phase: str = typer.Option("prefill", "--phase", help="prefill, or decode: 1 new token per sequence against a "
@@ -243,15 +243,25 @@ def bench(
             typer.echo("tune bench: error: --seqlens and --schedule set prefill benches; --phase decode times the "
                        "decode grid (batch 1-128 x KV 1k-32k)", err=True)
             raise typer.Exit(2)
-        from tuner.bench_decode_cmd import run_decode_bench
+        from tuner.commands.bench_decode import run_decode_bench
 
         raise typer.Exit(run_decode_bench(gpu, variant, model, params, sketch, head_dim, dtype, causal,
                                           None if layout_given is None else layout, page_size, out_json))
-    from tuner.bench import run_bench
+    if layout != "dense":
+        if seqlens is not None:
+            typer.echo(f"tune bench: error: --seqlens sets the paper grid of the dense layout; --layout {layout} times "
+                       "the serving mixes of tuner/measure/mixes.toml", err=True)
+            raise typer.Exit(2)
+        from tuner.commands.bench_serving import run_mix_bench
+
+        raise typer.Exit(run_mix_bench(gpu=gpu, variant=variant, model=model, layout=layout, page_size=page_size,
+                                       params=params, sketch=sketch, head_dim=head_dim, dtype=dtype, causal=causal,
+                                       schedule=schedule, out_json=out_json))
+    from tuner.commands.bench import run_bench
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,
                                dtype=dtype, causal=causal, seqlens=seqlens, out_json=out_json, schedule=schedule,
-                               layout=layout, page_size=page_size, model=model))
+                               page_size=page_size, model=model))
 
 
 @app.command("export")
@@ -262,7 +272,7 @@ def export_cmd(
     out: Path = typer.Option(..., "-o", "--out"),
 ) -> None:
     """Export the stored best kernels of a GPU for production (JSON configs, sources, cubins)."""
-    from tuner.export import run_export
+    from tuner.store.export import run_export
 
     raise typer.Exit(run_export(gpu=gpu, variant=variant, study_dir=study_dir, out_dir=out))
 

@@ -14,7 +14,7 @@ from rich.console import Console
 
 def resolve_decode_schedule(schedule: Optional[str]) -> str:
     import tl
-    from tuner.build_cmd import UsageError
+    from tuner.build import UsageError
 
     if schedule is None:
         return "decode"
@@ -32,8 +32,9 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     from translate.decode import validate_decode
     from translate.decode.params import WGMMA_KINDS, default_decode_params
     from translate.kernel import TranslationError
-    from tuner.bench_decode_cmd import resolve_decode_target
-    from tuner.build_cmd import UsageError, build_record, compile_into, load_checked_program, parse_params_arg
+    from tuner.commands.bench_decode import resolve_decode_target
+    from tuner.commands.build import build_record, compile_into
+    from tuner.build import UsageError, load_checked_program, parse_params_arg
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)

@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tuner.report import finite_number, fmt_number
+from tuner.campaign.report import finite_number, fmt_number
 
 
 def _duration(seconds: float | None) -> str:

@@ -1,6 +1,6 @@
 """`tune bench --phase decode`: build a decode kernel (the reference decode sketch or --sketch, the default decode
 parameters or --params), verify it with the decode gate, and time it on the decode grid against FA4's paged decode
-and the GPU's copy bandwidth (tuner/bench_decode.py).
+and the GPU's copy bandwidth (tuner/measure/decode.py).
 
 Exit codes as `tune bench`: 0 measured; 1 sketch, parameters or compile failed, or the kernel failed verification;
 2 bad input or no GPU that can run the profile's kernels.
@@ -20,8 +20,8 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
     """(profile, spec, heads, page size) of a decode bench; UsageError naming the bad input."""
     from hardware_profiles import ProfileError, load_profile
     from kernel_abi.spec import KernelSpec, spec_for
-    from tuner.bench import resolve_bench_target
-    from tuner.build_cmd import UsageError
+    from tuner.commands.bench import resolve_bench_target
+    from tuner.build import UsageError
     from tuner.serving.buckets.serving import PAGE_SIZES
 
     layout = "paged" if layout is None else layout
@@ -70,8 +70,8 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
                      batches=None, kv_lens=None) -> int:
     import tl
     from translate.decode import default_decode_params
-    from tuner.bench import device_problem, environment_record, write_record
-    from tuner.build_cmd import UsageError, parse_params_arg
+    from tuner.commands.bench import device_problem, environment_record, write_record
+    from tuner.build import UsageError, parse_params_arg
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
@@ -103,9 +103,9 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
     from translate.compiler import generate
     from translate.kernel import TranslationError
     from translate.nvcc import compile_kernel, default_cache_dir
-    from tuner.bench_decode import BATCHES, KV_LENS, copy_bandwidth_gbs, decode_grid, measure_point
+    from tuner.measure.decode import BATCHES, KV_LENS, copy_bandwidth_gbs, decode_grid, measure_point
     from tuner.serving.launch.decode_kernel import load_decode_kernel
-    from tuner.verify_decode import verify_decode
+    from tuner.measure.verify_decode import verify_decode
 
     program, diags = check_source(text, str(sketch or "the decode sketch"))
     if program is None or diags:
@@ -173,8 +173,8 @@ MLA_BATCHES, MLA_KV_LENS, MLA_SEQLENS_Q = (64, 128), (4096, 8192, 16384), (1, 2,
 
 
 def _mla_rows(kernel, spec, heads, page_size, copy, batches=None, kv_lens=None) -> list[dict]:
-    """Absorbed MLA on batch 64/128 x KV 4k/8k/16k x 1/2/4 new tokens (tuner.bench_decode.mla_grid)."""
-    from tuner.bench_decode import measure_mla_point, mla_grid
+    """Absorbed MLA on batch 64/128 x KV 4k/8k/16k x 1/2/4 new tokens (tuner.measure.decode.mla_grid)."""
+    from tuner.measure.decode import measure_mla_point, mla_grid
 
     rows = []
     for p in mla_grid(heads=(heads[0],), batches=batches or MLA_BATCHES, kv_lens=kv_lens or MLA_KV_LENS,

@@ -1,0 +1,224 @@
+"""The dense benchmark: our kernel against torch SDPA's flash, cuDNN and efficient backends and FlashAttention-4
+(where installed, tuner/measure/fa4.py) on the paper grid.
+
+Protocol (docs/benchmarks.md): 16k tokens per shape (batch = 16384 / seqlen), hidden 2048; every backend measured
+in this process on the same input tensors; median of many timed runs after warm-up, rotating several input sets so
+no run finds its operands in L2; TFLOPS = Problem.flops / time. Every output is cross-checked against SDPA's on the
+benchmark inputs themselves.
+
+Our kernel and FA4 take (b, s, h, d); SDPA takes (b, h, s, d): SDPA gets transposed views of the same storage.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Callable, Optional, Sequence
+
+from kernel_abi.spec import Problem, grid_problems
+from tuner.measure import fa4, timer
+
+SDPA_BASELINES = ("flash", "cudnn", "efficient")
+# In this order: our output is cross-checked against the first that ran, so an SDPA backend when one can.
+BASELINES = SDPA_BASELINES + ("fa4",)
+DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+# Our output against the first baseline that ran, on the benchmark inputs themselves: a kernel that
+# passed verification on small shapes but breaks at grid size (index overflow, grid limits) is caught.
+CROSS_CHECK_REL_ERR = 2e-2
+
+
+def tflops(problem: Problem, ms: float) -> float:
+    return problem.flops / (ms * 1e-3) / 1e12
+
+
+def bench_problems(variant: str, head_dim: Optional[int], dtype: str, causal: Optional[bool],
+                   seqlens: Sequence[int] = DEFAULT_SEQLENS, heads: Optional[tuple[int, int]] = None) -> list[Problem]:
+    """The paper grid: MHA 32 heads at d64 / 16 at d128, GQA 16q/2kv and MQA 16q/1kv at d128, MLA 16 heads
+    192/128; causal and not unless one is asked for. ``heads`` (a --model's) replaces the grid's."""
+    # heads_for ignores the head dim for mla (always 192/128)
+    return grid_problems(variant, 128 if head_dim is None else head_dim, dtype, causal, seqlens=tuple(seqlens),
+                         heads=heads)
+
+
+def torch_dtype(dtype: str):
+    import torch
+
+    return {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+def make_inputs(problem: Problem, sets: int = 3, seed: int = 0, device: str = "cuda") -> list[tuple]:
+    """``sets`` independent (q, k, v) triples in our (b, s, h, d) layout, on ``device``."""
+    import torch
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    dt = torch_dtype(problem.dtype)
+    p = problem
+
+    def randn(*shape):
+        return torch.randn(*shape, device=device, dtype=dt, generator=gen)
+
+    return [(randn(p.batch, p.seqlen_q, p.heads_q, p.d_qk), randn(p.batch, p.seqlen_k, p.heads_kv, p.d_qk),
+             randn(p.batch, p.seqlen_k, p.heads_kv, p.d_v)) for _ in range(max(1, sets))]
+
+
+def measure_problem(kernel, problem: Problem, rotate: int = 3, inputs: Optional[Sequence[tuple]] = None, *,
+                    timing: Optional[timer.Timing] = None, device: str = "cuda") -> float:
+    """Median ms of ``kernel(q, k, v)`` on this problem, rotating ``rotate`` input sets (``timing.rotate``
+    when a timing is given)."""
+    if inputs is None:
+        inputs = make_inputs(problem, timing.rotate if timing is not None else rotate, device=device)
+    return timer.time_ms(timer.rotating(kernel, inputs), timing=timing)
+
+
+def sdpa_call(problem: Problem):
+    import torch.nn.functional as F
+
+    gqa = problem.heads_q != problem.heads_kv
+
+    def call(q, k, v):
+        kwargs = {"enable_gqa": True} if gqa else {}
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                              is_causal=problem.causal, scale=problem.softmax_scale, **kwargs)
+
+    return call
+
+
+def _backend(name: str):
+    from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}[name]
+
+
+def _baseline(name: str, problem: Problem):
+    """(context to run it in, ``call(q, k, v)`` to time, its output -> (b, s, h, d)). FA4 raises
+    fa4.Fa4Unavailable here when it is not importable."""
+    if name == "fa4":
+        return contextlib.nullcontext(), fa4.attention_call(problem), (lambda out: out)
+    from torch.nn.attention import sdpa_kernel
+
+    return sdpa_kernel(_backend(name)), sdpa_call(problem), (lambda out: out.transpose(1, 2))
+
+
+def measure_baselines(problem: Problem, inputs: Optional[Sequence[tuple]] = None, *, rotate: int = 3,
+                      errors: Optional[dict] = None, outputs: Optional[dict] = None,
+                      timing: Optional[timer.Timing] = None, device: str = "cuda") -> dict[str, Optional[float]]:
+    """TFLOPS of torch SDPA's flash, cuDNN and efficient backends and of FA4; None where a backend cannot
+    run the shape or is not installed (the reason goes to ``errors[name]``). ``outputs[name]`` receives
+    each backend's output on the first input set, in (b, s, h, d), for cross-checks.
+
+    Each backend's first call is untimed: it pays first-use costs (FA4 JIT-compiles per shape, 1-4 s).
+    FA4's output must agree with the first SDPA backend that ran, as ours must (CROSS_CHECK_REL_ERR): a
+    library called wrongly would otherwise be a fast, meaningless bar."""
+    if inputs is None:
+        inputs = make_inputs(problem, timing.rotate if timing is not None else rotate, device=device)
+    result: dict[str, Optional[float]] = {}
+    ref = None   # (name, output) of the first SDPA backend that ran
+    for name in BASELINES:
+        try:
+            context, call, to_ours = _baseline(name, problem)
+            with context:
+                out = to_ours(call(*inputs[0]))
+                timer.sync()
+                if name == "fa4" and ref is not None:
+                    rel = rel_err(out, ref[1])
+                    if not rel <= CROSS_CHECK_REL_ERR:   # also NaN
+                        raise ValueError(f"output differs from torch SDPA {ref[0]} on the benchmark inputs "
+                                         f"(rel err {rel:.3g} > {CROSS_CHECK_REL_ERR})")
+                if ref is None and name in SDPA_BASELINES:
+                    ref = (name, out)
+                if outputs is not None:
+                    outputs[name] = out
+                result[name] = tflops(problem, timer.time_ms(timer.rotating(call, inputs), timing=timing))
+        except Exception as exc:  # noqa: BLE001 - "cannot run this shape" comes in many exception types
+            result[name] = None
+            if errors is not None:
+                errors[name] = timer.first_line(exc)
+    return result
+
+
+def rel_err(out, ref) -> float:
+    diff = (out.float() - ref.float()).norm().item()
+    base = ref.float().norm().item()
+    return diff / base if base else math.inf
+
+
+def sdpa_rel_err(kernel, problem: Problem, qkv) -> float:
+    """Relative error of ``kernel`` against torch SDPA (whichever backend torch picks) on one input set; NaN when
+    our output is not finite."""
+    import torch
+
+    out = kernel(*qkv)
+    ref = sdpa_call(problem)(*qkv).transpose(1, 2)
+    timer.sync()
+    out, ref = out.float(), ref.float()
+    if not bool(torch.isfinite(out).all()):
+        return float("nan")
+    base = float(ref.norm())
+    return float((out - ref).norm()) / base if base else float("inf")
+
+
+def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, verify_reason: str = "",
+               rotate: int = 3, with_baselines: bool = True, on_row: Optional[Callable[[dict], None]] = None
+               ) -> list[dict]:
+    """One dict per problem: TFLOPS of ours (None unless ``verified`` and the run checks out), of each
+    baseline, and the ratios. ``kernel`` may be None (baselines only)."""
+    import torch
+
+    rows = []
+    for problem in problems:
+        row = problem_row(problem)
+        inputs = make_inputs(problem, rotate)
+        errors: dict[str, str] = {}
+        outputs: dict = {}
+        baselines = measure_baselines(problem, inputs, errors=errors, outputs=outputs) if with_baselines else {}
+        row.update({name: _round(baselines.get(name)) for name in BASELINES})
+        raw = dict(baselines)
+        row.update({f"{name}_err": msg for name, msg in errors.items()})
+        row["ours"] = None
+        if kernel is None:
+            row["status"] = "no kernel"
+        elif not verified:
+            row["status"] = "FAILED"
+            row["reason"] = verify_reason or "verification failed"
+        else:
+            try:
+                out = kernel(*inputs[0])
+                timer.sync()
+                ref = next((n for n in BASELINES if n in outputs), None)
+                if ref is not None:
+                    row["cross_check_rel_err"] = rel_err(out, outputs[ref])
+                    row["cross_check_against"] = ref
+                bad = (not torch.isfinite(out).all().item()) or row.get("cross_check_rel_err", 0.0) > CROSS_CHECK_REL_ERR
+                if bad:
+                    against = "FA4" if ref == "fa4" else f"SDPA {ref}"
+                    row["status"] = "FAILED"
+                    row["reason"] = ("output is not finite" if ref is None else
+                                     f"output differs from {against} on the benchmark inputs "
+                                     f"(rel err {row['cross_check_rel_err']:.3g}) or is not finite")
+                else:
+                    ms = measure_problem(kernel, problem, inputs=inputs)
+                    raw["ours"] = tflops(problem, ms)
+                    row.update(ours=_round(raw["ours"]), ours_ms=round(ms, 5), status="ok")
+            except Exception as exc:  # noqa: BLE001 - a launch failure is a result for this row
+                row["status"] = "error"
+                row["reason"] = timer.first_line(exc)
+        for name in BASELINES:
+            ours, base = raw.get("ours"), raw.get(name)
+            row[f"ours/{name}"] = round(ours / base, 3) if ours is not None and base else None
+        del inputs, outputs
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return rows
+
+
+def problem_row(problem: Problem) -> dict:
+    return {"variant": problem.variant, "batch": problem.batch, "heads_q": problem.heads_q,
+            "heads_kv": problem.heads_kv, "seqlen": problem.seqlen_q, "d_qk": problem.d_qk, "d_v": problem.d_v,
+            "causal": problem.causal, "dtype": problem.dtype, "flops": problem.flops}
+
+
+def _round(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(x, 2)
