@@ -48,7 +48,7 @@ class Problem:
 
     @property
     def flops(self) -> float:
-        """FLOPs as DESIGN.md counts them (causal halves), for TFLOPS figures comparable to the anchors."""
+        """FLOPs as docs/benchmarks.md counts them (causal halves), for TFLOPS figures comparable to the anchors."""
         f = 2.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.d_qk + self.d_v)
         return f / 2 if self.causal else f
 

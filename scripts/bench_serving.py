@@ -16,7 +16,7 @@
    kernels alone at the model's shapes are set against cuDNN the same way, with ``--variants`` (parameter
    changes to the default, verified first) beside the export's kernel.
 
-    python scripts/bench_serving.py --gpu h100 --out $OUT/serving.json [--layers 2] [--skip-model] [--skip-host]
+    python3 scripts/bench_serving.py --gpu h100 --out $OUT/serving.json [--layers 2] [--skip-model] [--skip-host]
         [--variants '{"pingpong": {"pingpong": true}}']
 
 Prints a table last; writes every number to --out.
@@ -31,9 +31,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
+# torch is imported in each function that uses it, so that --help answers without loading it.
 
 HOST_SHAPES = [  # (label, batch, seqlen, heads_q, heads_kv)
     ("b1 s128 mha16", 1, 128, 16, 16), ("b1 s128 gqa32/8", 1, 128, 32, 8),
@@ -48,6 +46,8 @@ CONFIRM_ROUNDS = 161
 
 def host_us(callers: dict, n: int = 200, rounds: int = 7) -> dict:
     """Median / min / max host microseconds per call of each caller, rounds interleaved."""
+    import torch
+
     for call in callers.values():
         for _ in range(5):
             call()
@@ -65,6 +65,8 @@ def host_us(callers: dict, n: int = 200, rounds: int = 7) -> dict:
 
 
 def gpu_us(call, reps: int = 50) -> float:
+    import torch
+
     for _ in range(5):
         call()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -81,6 +83,7 @@ def gpu_us(call, reps: int = 50) -> float:
 
 
 def bench_host(attn) -> list[dict]:
+    import torch
     import torch.nn.functional as F
 
     from tuner.serving import op
@@ -123,6 +126,8 @@ def bench_host(attn) -> list[dict]:
 
 
 def _model(transformers, config: dict, attn_implementation: str, state=None):
+    import torch
+
     model = transformers.LlamaForCausalLM._from_config(transformers.LlamaConfig(**config),
                                                        attn_implementation=attn_implementation)
     model = model.to("cuda", torch.bfloat16).eval()
@@ -134,6 +139,8 @@ def _model(transformers, config: dict, attn_implementation: str, state=None):
 def interleaved_ms(calls: dict, rounds: int = 3, reps: int = 4) -> dict:
     """Per call, the median ms of each round; rounds alternate the calls (A B C A B C ...), so a drift of
     the clock or the power state hits them alike. Used to pick the best SDPA configuration."""
+    import torch
+
     with torch.no_grad():
         for call in calls.values():
             for _ in range(3):
@@ -147,6 +154,8 @@ def interleaved_ms(calls: dict, rounds: int = 3, reps: int = 4) -> dict:
 
 
 def _forward_ms(call) -> float:
+    import torch
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     call()
@@ -158,6 +167,8 @@ def _forward_ms(call) -> float:
 def paired_ms(ours, theirs, rounds: int = None, reps: int = 4) -> tuple[list[float], list[float]]:
     """Ours against one baseline, forward by forward: each round runs ``reps`` pairs, the pair's order flipped
     every forward (A B, B A, ...), and keeps each side's median; the rounds' times go to the confirm rule."""
+    import torch
+
     rounds = rounds or CONFIRM_ROUNDS
     with torch.no_grad():
         for _ in range(3):
@@ -200,6 +211,7 @@ def kernel_breakdown(call, steps: int = 3, top: int = 12) -> dict:
     (name, µs per call, launches per call); the GPU's idle time within a call (the gaps between its kernels,
     largest first with the kernel after each: a forward whose host cannot keep ahead of the GPU shows it here),
     and the host's ms per call with the GPU kept busy (a sleep kernel queued first)."""
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     with torch.no_grad():
@@ -287,6 +299,7 @@ def attention_kernels(attn, variants: dict | None = None, cache_dir: Path = Path
     and each of ``variants`` (parameter changes to the H100 default, built here and passed through the gate
     first); then ours and each variant against cuDNN in the confirm rule's paired rounds (median ratio of
     cuDNN's time over the kernel's, 95% interval)."""
+    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -338,6 +351,7 @@ def _attention_on_activations(attn, model, ids) -> dict:
     """Ours against cuDNN on the first layer's own query/key/value (random-weight activations, in the memory
     layout the model hands over), the confirm rule's paired rounds: whether the kernels' ratio on random
     inputs holds on a model's."""
+    import torch
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import AttentionMaskInterface
@@ -377,6 +391,7 @@ def _attention_on_activations(attn, model, ids) -> dict:
 def bench_model(attn, layers: int, variants: dict | None = None, cache_dir: Path = Path(".kcache")) -> dict:
     import contextlib
 
+    import torch
     import transformers
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import AttentionInterface
@@ -490,7 +505,7 @@ def _print_kernels(rows: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", default="h100")
     parser.add_argument("--out", default="serving.json")
     parser.add_argument("--export-dir", default="/tmp/serving-export")
@@ -506,8 +521,10 @@ def main(argv=None) -> int:
     if args.model_shapes:
         MODEL_SHAPES[:] = [tuple(int(x) for x in item.split("x")) for item in args.model_shapes.split(",")]
 
-    from tuner.defaults.export import export_defaults
+    import torch
+
     from kernel_abi.spec import KernelSpec
+    from tuner.defaults.export import export_defaults
     from tuner.serving import load_exported
 
     t0 = time.time()

@@ -1,6 +1,7 @@
 """The per-bucket defaults that recorded A/B runs support, by the table's rule (hardware_profiles/bucket_defaults/).
 
-    python scripts/bucket_table.py RECORD.json [RECORD.json ...] [--min-processes 2] [--check GPU]
+    python3 scripts/bucket_table.py RECORD.json [RECORD.json ...] [--min-processes 2] [--check GPU]
+    python3 scripts/bucket_table.py hardware_profiles/bucket_defaults/records/h100/*.json --check h100
 
 Each RECORD is one fresh process of `scripts/param_ab_check.py --changes` (its --out JSON). A change enters the
 table for (spec, bucket) only when, at that bucket's edge, the confirm rule held (the lower bound of the median's
@@ -24,18 +25,16 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from param_ab_check import parse_spec  # noqa: E402  (this folder: the spec labels the records carry)
-from tuner.defaults.table import parse_table  # noqa: E402
-from tuner.serving.buckets.seqlen import BUCKETS, bucket_for, bucket_name  # noqa: E402
-from kernel_abi.spec import VARIANTS  # noqa: E402
-from translate.sm90.emit import PINGPONG_REVISION  # noqa: E402
+from kernel_abi.spec import VARIANTS
+from translate.sm90.emit import PINGPONG_REVISION
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
+
+# tuner.defaults.table and the bucket rules (tuner.serving.buckets) import torch: imported where used, so that
+# --help answers at once.
 
 
 def superseded(change: dict, record: dict) -> bool:
@@ -80,6 +79,8 @@ def collect(records: list[dict]) -> dict[tuple[str, int], dict[str, list[dict]]]
 
 def choose(collected, min_processes: int = 2) -> tuple[dict, list[str]]:
     """({(spec, bucket): (change dict, verdicts)} for the changes the rule takes; notes on those it does not)."""
+    from tuner.serving.buckets.seqlen import BUCKETS, bucket_for, bucket_name
+
     chosen, notes = {}, []
     edges = {bucket_name(e) for e in BUCKETS}
     for (spec, seqlen), by_change in sorted(collected.items()):
@@ -103,9 +104,12 @@ def choose(collected, min_processes: int = 2) -> tuple[dict, list[str]]:
 
 def entries(chosen) -> list[dict]:
     """Table entries: per (head dim, causal, change, buckets) with the variants that share them."""
+    from tuner.defaults.table import parse_spec_label
+    from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
+
     per_spec: dict[tuple, dict] = {}
     for (spec, bucket), (change, verdicts) in chosen.items():
-        parsed = parse_spec(spec)
+        parsed = parse_spec_label(spec)
         key = (parsed.variant, parsed.d_qk, parsed.causal, json.dumps(change, sort_keys=True))
         per_spec.setdefault(key, {"buckets": [], "measured": []})
         per_spec[key]["buckets"].append(bucket)
@@ -149,6 +153,8 @@ def to_toml(items: list[dict]) -> str:
 
 def as_table(items: list[dict]):
     """The derived entries as the table parser reads them (tuner.defaults.table.parse_table): checked alike."""
+    from tuner.defaults.table import parse_table
+
     return parse_table(tomllib.loads(to_toml(items)), "derived")
 
 
@@ -168,9 +174,9 @@ def differences(derived: dict, table: dict) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("records", nargs="+", type=Path)
-    ap.add_argument("--min-processes", type=int, default=2)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("records", metavar="RECORD.json", nargs="+", type=Path, help="a param_ab_check.py --changes record")
+    ap.add_argument("--min-processes", type=int, default=2, help="records in which a change must win (default 2)")
     ap.add_argument("--check", metavar="GPU", help="compare with hardware_profiles/bucket_defaults/GPU.toml")
     args = ap.parse_args(argv)
     try:

@@ -1,8 +1,8 @@
 """nvcc seconds per kernel, alone and batched (several kernels in one translation unit), for a set of
 Hopper candidates of one spec: the compile cost a campaign pays per trial (BENCHMARKS.md).
 
-    python scripts/compile_cost.py [--gpu h100] [--variant mha] [--head-dim 128] [--batch 4[,8,...]] [--jobs 1]
-                                   [--mix neighbours|diverse] [--count 4] [--phases]
+    python3 scripts/compile_cost.py [--gpu h100] [--variant mha] [--head-dim 128] [--batch 4[,8,...]] [--jobs 1]
+                                    [--mix neighbours|diverse] [--count 4] [--phases]
 
 No cache: every kernel is compiled afresh. Prints one line per kernel alone, then the batched wall time (per
 unit size of ``--batch``, a comma list to compare sizes: kernels per second against batch size);
@@ -23,15 +23,13 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import tl  # noqa: E402
-import translate  # noqa: E402
-from hardware_profiles import load_profile  # noqa: E402
-from translate import nvcc  # noqa: E402
-from translate.defaults import hopper_params  # noqa: E402
-from translate.params import KernelParams  # noqa: E402
-from kernel_abi.spec import KernelSpec  # noqa: E402
+import tl
+import translate
+from hardware_profiles import load_profile
+from kernel_abi.spec import KernelSpec
+from translate import nvcc
+from translate.defaults import hopper_params
+from translate.params import KernelParams
 
 # Four distinct Hopper candidates: the default and three neighbours a search would try. Block N 96 is one of
 # CuTe's base wgmma shapes, 112 is not and the kernel declares its op (translate/sm90/wgmma_ops.py):
@@ -96,12 +94,12 @@ def phases(kernels, arch, batch: int) -> str:
     return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.items() if seconds >= 0.05)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--variant", default="mha")
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--causal", action="store_true", default=True)
+    ap.add_argument("--causal", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--batch", default="4", help="kernels per translation unit; a comma list tries each")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--neighbour-n", type=int, default=96, help="block N of the second candidate (112: not a base wgmma shape)")
@@ -109,7 +107,7 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=4, help="candidates of --mix diverse")
     ap.add_argument("--seed", type=int, default=0, help="the draw of --mix diverse")
     ap.add_argument("--phases", action="store_true", help="nvcc --time split of the first kernel and of the batch")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     profile = load_profile(args.gpu)
     d_qk = 192 if args.variant == "mla" else args.head_dim
     spec = KernelSpec(args.variant, d_qk, 128 if args.variant == "mla" else args.head_dim, args.causal, "bf16")

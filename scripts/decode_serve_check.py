@@ -1,7 +1,9 @@
 """Does an export serve a model's decode calls on the kernel path, correctly and fast? (issue 15's acceptance)
 
-    python scripts/decode_serve_check.py EXPORT_DIR --model llama3-8b --page-size 16 --json out.json
-    python scripts/decode_serve_check.py EXPORT_DIR --model deepseek-v3 --page-size 64
+    python3 scripts/decode_serve_check.py EXPORT_DIR --model llama3-8b --page-size 16 --json out.json
+    python3 scripts/decode_serve_check.py EXPORT_DIR --model deepseek-v3 --page-size 64
+
+EXPORT_DIR is what `tune export` wrote after a decode campaign (`tune --phase decode`); on a GPU machine.
 
 For each decode bucket's point (tuner/measure/decode_problem.py: batch 1/8/32/128 x KV 2k/8k/32k, one new token, the
 model's heads; MLA absorbed: V the first 512 columns of the latent cache, passed as that view): the inputs of a
@@ -14,36 +16,32 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("export")
-    ap.add_argument("--model", default="llama3-8b")
-    ap.add_argument("--page-size", type=int, default=16)
-    ap.add_argument("--json")
-    a = ap.parse_args()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("export", metavar="EXPORT_DIR", help="a `tune export` folder with decode configs")
+    ap.add_argument("--model", default="llama3-8b", help="the model whose heads and dims are served (tuner.models)")
+    ap.add_argument("--page-size", type=int, default=16, help="tokens per page of the paged cache")
+    ap.add_argument("--json", help="write every row here")
+    a = ap.parse_args(argv)
 
     import torch
 
     from hardware_profiles import load_profile
-    from tuner.measure import timer
-    from tuner.measure.decode import fa4_decode_call
-    from tuner.campaign import decode_measure as dm
     from tuner.campaign.combos import expand_combinations
+    from tuner.measure import decode, timer
+    from tuner.measure.trial import BENCH_CROSS_CHECK_REL_ERR
     from tuner.serving import load_exported
 
     attn = load_exported(a.export)
     (combo,) = expand_combinations(load_profile("h100"), None, None, None, None, a.model, "paged", a.page_size,
                                    "decode")[:1]
-    copy = dm.copy_gbs("cuda")
+    copy = decode.copy_gbs("cuda")
     rows, ok = [], True
     for p in combo.problems():
-        x = dm.make_inputs(p, "cuda")
+        x = decode.problem_inputs(p, "cuda")
         v = x["v"] if x["v"] is not None else x["k"][..., : p.d_v]    # MLA: the latent cache's first d_v columns
 
         def ours():
@@ -54,23 +52,23 @@ def main() -> int:
         out = ours()
         torch.cuda.synchronize()
         row = {"point": p.key, "bucket": p.bucket, "path": attn.last_path, "served_bucket": attn.last_bucket,
-               "reason": attn.last_reason, "rel_err": dm.cross_check(out, x, p)}
+               "reason": attn.last_reason, "rel_err": decode.cross_check(out, x, p)}
         ms = timer.time_ms(ours)
         row["ours_gbs"] = p.kv_bytes / ms / 1e6
         row["of_copy"] = row["ours_gbs"] / copy
         if p.variant != "mla":
             try:
-                fa = fa4_decode_call(p.point(), x)
+                fa = decode.fa4_decode_call(p.point(), x)
                 fa()
                 row["fa4_gbs"] = p.kv_bytes / timer.time_ms(fa) / 1e6
                 row["vs_fa4"] = row["ours_gbs"] / row["fa4_gbs"]
             except Exception as exc:  # noqa: BLE001 - FA4 not installed here: a reason, not a crash
                 row["fa4_error"] = f"{type(exc).__name__}: {str(exc)[:120]}"
-        row["ok"] = row["path"] == "kernel" and row["rel_err"] <= dm.CROSS_CHECK_REL_ERR
+        row["ok"] = row["path"] == "kernel" and row["rel_err"] <= BENCH_CROSS_CHECK_REL_ERR
         ok &= row["ok"]
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del x, v, out
+        x = v = out = None
         torch.cuda.empty_cache()
     if a.json:
         Path(a.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "export": a.export,

@@ -26,17 +26,22 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 SLOTS = 8
 WAIT_SLOTS = 32   # attn_trace.cuh kAttnWaitSites
-SEESAW_HEADER = Path(__file__).resolve().parents[1] / "translate" / "include" / "attn_decode_sm90_seesaw.cuh"
 PHASES = ("start", "q_loaded", "first_scores", "loop_end", "staged", "end")
 DEFAULT_POINTS = "64x4096,64x16384,128x8192,8x16384,64x8192x2"
 
 
-def wait_sites(header: Path = SEESAW_HEADER) -> dict[int, str]:
+def seesaw_header() -> Path:
+    """The seesaw kernel's header among the translator's includes (translate.INCLUDE_DIR)."""
+    import translate
+
+    return Path(translate.INCLUDE_DIR) / "attn_decode_sm90_seesaw.cuh"
+
+
+def wait_sites(header: Path | None = None) -> dict[int, str]:
     """{site: label} of the seesaw's WaitSite enum (``kWait... = N,  // label``): the kernel names its sites once."""
+    header = header or seesaw_header()
     sites = {}
     for m in re.finditer(r"^\s*kWait\w+\s*=\s*(\d+),\s*//\s*(.+?)\s*$", header.read_text(), re.M):
         if int(m.group(1)) in sites or int(m.group(1)) >= WAIT_SLOTS:
@@ -113,9 +118,9 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
     import numpy as np
     import torch
 
-    from tuner.serving.launch import driver as cuda
-    from tuner.measure.timer import time_ms
     from tuner.measure.decode import make_mla_inputs
+    from tuner.measure.timer import time_ms
+    from tuner.serving.launch import driver as cuda
     from tuner.serving.launch.decode_kernel import load_decode_kernel
 
     def load(folder: Path):
@@ -126,11 +131,11 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
     untraced = load(plain) if plain else None
     driver = cuda.api()
     try:
-        stamps_ptr, size = cuda.check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_trace"), "attn_trace")
+        stamps_ptr, size = kernel.base.module_global("attn_trace")
     except cuda.KernelLoadError:
         raise SystemExit(f"{traced} was not built with the trace (scripts/decode_trace.py build)") from None
     try:
-        waits_ptr, waits_size = cuda.check(driver.cuModuleGetGlobal(kernel.base._module, b"attn_waits"), "attn_waits")
+        waits_ptr, waits_size = kernel.base.module_global("attn_waits")
         sites = wait_sites()
     except cuda.KernelLoadError:
         waits_ptr = None   # built without --waits
@@ -186,7 +191,7 @@ def run(traced: Path, plain: Path | None, points: list, reps: int, out: str | No
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="compile a build's seesaw kernel with the trace stamps")
     b.add_argument("src", type=Path)

@@ -1,12 +1,13 @@
 """Where the dense Hopper kernels lose to FA4 (issue 16, deliverable 1): ncu of ours and FA4 on the same
 shape, and the SM clock and board power while each runs at free clocks.
 
-    python scripts/dense_profile.py --gpu h100 --points mha64n:8192,mha128n:16384 --out DIR \
+    python3 scripts/dense_profile.py --gpu h100 --points mha64n:8192,mha128n:16384 --out DIR \
         [--changes '{"emu": {"exp2_emulation": 4}}'] [--cache-dir .kcache] [--seconds 3] [--no-ncu] [--build-only]
 
-A point is a spec (param_ab_check's: variant, head dim, c or n) and a key length on the paper grid (16k tokens,
-hidden 2048). Ours is the bucket default `tune bench` runs there (tuner.defaults.table), and each named change on
-top of it. Every kernel passes the verification gate (tuner.measure.verify) first; exit 1 when one does not.
+A point is a spec (as param_ab_check.py's --specs: variant, head dim, c or n; tuner.defaults.table.parse_spec_label)
+and a key length on the paper grid (16k tokens, hidden 2048), e.g. mha64n:8192. Ours is the bucket default `tune
+bench` runs there (tuner.defaults.table), and each named change on top of it. Every kernel passes the verification
+gate (tuner.measure.verify) first; exit 1 when one does not.
 
 1. Clocks: each kernel runs back to back for ``--seconds`` (ours, FA4, ours, FA4, ... in turn), with
    ``nvidia-smi`` sampling the SM clock, power and throttle reasons every 50 ms: per window the ms a call, the
@@ -33,21 +34,18 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 SMI_FIELDS = "clocks.sm,power.draw,temperature.gpu,clocks_throttle_reasons.active"
 
 
 def parse_point(text: str):
     """``mha64n:8192`` -> (label, KernelSpec, Problem) on the paper grid; ValueError saying what is wrong."""
-    from param_ab_check import parse_spec  # scripts/ is on sys.path when run as a script
-
     from kernel_abi.spec import grid_problems
+    from tuner.defaults.table import parse_spec_label
 
     spec_text, _, seqlen = text.partition(":")
     if not seqlen.isdigit():
         raise ValueError(f"a point is SPEC:SEQLEN, e.g. mha64n:8192; got {text!r}")
-    spec = parse_spec(spec_text)
+    spec = parse_spec_label(spec_text)
     problem = grid_problems(spec.variant, spec.d_qk if spec.variant != "mla" else 192, spec.dtype, spec.causal,
                             seqlens=(int(seqlen),))[0]
     return text.replace(":", "_"), spec, problem
@@ -57,8 +55,9 @@ def build(gpu: str, points, changes: dict[str, dict], cache_dir: Path):
     """{label: {"ours": (gen, result), name: ...}}: the bucket default at the point's key length, and each change
     on top of it."""
     from hardware_profiles import load_profile
-    from tuner.defaults.table import bucket_change, bucket_for
     from tuner.defaults.export import compile_changes
+    from tuner.defaults.table import bucket_change
+    from tuner.serving.buckets.seqlen import bucket_for
 
     profile = load_profile(gpu)
     items = []
@@ -295,11 +294,12 @@ def print_tables(clocks: list[dict], summary: list[dict]) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", default="h100")
-    ap.add_argument("--points", default="mha64n:8192,mha64c:4096,mqa64c:16384,mha128n:16384")
+    ap.add_argument("--points", default="mha64n:8192,mha64c:4096,mqa64c:16384,mha128n:16384",
+                    help="comma list of SPEC:SEQLEN (default %(default)s)")
     ap.add_argument("--changes", help="JSON object: name -> KernelParams fields changed on top of the bucket default")
-    ap.add_argument("--out", default="dense_profile")
+    ap.add_argument("--out", default="dense_profile", help="the folder of the CSVs and profile.json")
     ap.add_argument("--cache-dir", default=".kcache")
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--ncu-timeout", type=int, default=300)

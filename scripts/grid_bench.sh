@@ -1,6 +1,6 @@
 #!/bin/bash
 # tune bench over the paper grid's dense specs (issue 16's table), FA4 and cuDNN in the same process, on a GPU
-# machine with the FA4 bundle installed (PYTHONPATH set up, e.g. `bash .fa4/install.sh` and the device README):
+# machine with the FA4 bundle installed (e.g. `bash .fa4/install.sh` and the device README):
 #
 #   bash scripts/grid_bench.sh OUT_DIR [--gpu h100] [SPEC ...]
 #
@@ -8,7 +8,18 @@
 # spec under OUT_DIR, then scripts/grid_bench_summary.py's table (ours / FA4 per key length, ours / cuDNN at 512-1k,
 # the geometric mean at >= 2k keys).
 set -u
-OUT=${1:?usage: grid_bench.sh OUT_DIR [--gpu GPU] [SPEC ...]}; shift
+usage() {
+  echo "usage: bash scripts/grid_bench.sh OUT_DIR [--gpu GPU] [SPEC ...]"
+  echo
+  echo "tune bench over the paper grid's dense specs on a GPU machine (FA4 and cuDNN in the same process), one"
+  echo "JSON and one log per spec under OUT_DIR, then scripts/grid_bench_summary.py's table."
+  echo "SPEC is variant:head_dim:causal|no-causal, e.g. gqa:128:causal (default: the nine specs of the H100 table)."
+}
+case "${1:-}" in
+  -h|--help) usage; exit 0 ;;
+  "") usage >&2; exit 2 ;;
+esac
+OUT=$1; shift
 GPU=h100
 if [ "${1:-}" = "--gpu" ]; then GPU=$2; shift 2; fi
 SPECS=("$@")

@@ -1,6 +1,6 @@
-"""The paper grid's `tune bench --json` records of one folder as one table (issue 16's measure):
+"""The paper grid's `tune bench --json` records of one folder as one table (issue 16's measure).
 
-    python scripts/grid_bench_summary.py DIR
+    python3 scripts/grid_bench_summary.py DIR       # DIR: what scripts/grid_bench.sh wrote
 
 Per spec, ours / FA4 at each key length and ours / cuDNN at 512 and 1k; then over the points at >= 2k keys the
 geometric mean against FA4, how many are >= 1.0x FA4 and >= 1.0x max(FA4, cuDNN), and at 512-1k how many are >=
@@ -8,6 +8,7 @@ cuDNN. A point a library could not run (or a record lacks) is left out of the co
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import sys
@@ -52,13 +53,15 @@ def _cell(value) -> str:
 
 
 def main(argv=None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not Path(args[0]).is_dir():
-        print("usage: grid_bench_summary.py DIR (a folder of tune bench --json records)", file=sys.stderr)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", metavar="DIR", type=Path, help="a folder of `tune bench --json` records")
+    args = ap.parse_args(argv)
+    if not args.folder.is_dir():
+        print(f"grid_bench_summary.py: {args.folder} is not a folder", file=sys.stderr)
         return 2
-    records = load(Path(args[0]))
+    records = load(args.folder)
     if not records:
-        print(f"no tune bench records in {args[0]}", file=sys.stderr)
+        print(f"no tune bench records in {args.folder}", file=sys.stderr)
         return 1
     print("| spec | 512 | 1k | 2k | 4k | 8k | 16k | / cuDNN 512 | / cuDNN 1k |\n|---|---|---|---|---|---|---|---|---|")
     for name, rows in records.items():

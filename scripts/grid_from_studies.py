@@ -1,6 +1,6 @@
 """A replay grid recorded on a GPU: every verified, timed trial of one or more campaign journals.
 
-    python scripts/grid_from_studies.py OUT.jsonl.gz STUDY.journal [STUDY.journal ...]
+    python3 scripts/grid_from_studies.py OUT.jsonl.gz STUDY.journal [STUDY.journal ...]
 
 Each distinct parameter set becomes one replay entry (tuner/campaign/backends.py's format) whose TFLOPS
 per seqlen are the mean over the trials that measured it; ``_meta`` names the device, the baselines of
@@ -9,6 +9,7 @@ dtype, head dim, causal) and one trial timing should be merged.
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import statistics
@@ -44,11 +45,13 @@ def collect(journals: list[str]) -> tuple[dict, dict]:
     return meta, entries
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print(__doc__.strip(), file=sys.stderr)
-        return 2
-    out, journals = argv[0], argv[1:]
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(usage="%(prog)s OUT.jsonl.gz STUDY.journal [STUDY.journal ...]", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", metavar="OUT.jsonl.gz", help="the replay file to write (gzip when it ends in .gz)")
+    ap.add_argument("journals", metavar="STUDY.journal", nargs="+", help="a campaign's Optuna journal")
+    args = ap.parse_args(argv)
+    out, journals = args.out, args.journals
     meta, entries = collect(journals)
     opener = gzip.open if out.endswith(".gz") else open
     with opener(out, "wt") as fh:
@@ -60,4 +63,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

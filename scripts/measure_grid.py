@@ -1,12 +1,13 @@
 """An exhaustive measured grid of one search space: every valid point compiled here, verified and timed on
 the GPU machine with a campaign trial's own protocol, written as a replay file (tuner/campaign/backends.py).
 
-    python scripts/measure_grid.py build --space tests/campaign/fixtures/h100_mha_d128_ws_space.toml \\
+    python3 scripts/measure_grid.py build --space tests/campaign/fixtures/h100_mha_d128_ws_space.toml \\
         --gpu h100 --variant mha --head-dim 128 --causal --out .grid          # here: translate + nvcc
-    python scripts/measure_grid.py run --kernels .grid --out .grid/grid.jsonl --budget-s 500   # there
+    python3 scripts/measure_grid.py run --kernels .grid --out .grid/grid.jsonl --budget-s 500   # there (the GPU)
 
-``run`` measures each kernel as a campaign trial does (backends._gpu_measure: verification, the SDPA
-cross-check at each benchmark shape, do_bench with the campaign's timing over the paper grid's seqlens)
+``run`` measures each kernel as a campaign trial does (tuner.campaign.backends.measure with the gpu backend:
+verification, the SDPA cross-check at each benchmark shape, do_bench with the campaign's timing over the paper
+grid's seqlens)
 and appends one replay line per kernel; it resumes from the lines already in ``--out`` (copy a partial
 file from an earlier call back into the carried folder and pass it again), records a kernel that kills
 its process as ``oob`` and one that hangs as ``hang``, and stops taking new kernels once ``--budget-s``
@@ -21,10 +22,12 @@ import os
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
 
 
 def _spec(args):
@@ -160,6 +163,7 @@ def worker(args) -> int:
 
     threading.Thread(target=watchdog, daemon=True).start()
     started = time.monotonic()
+    gpu = backends.parse_backend("gpu")
     for item in index["kernels"]:
         i = item["index"]
         if i in done:
@@ -174,7 +178,7 @@ def worker(args) -> int:
         state["since"] = time.monotonic()
         payload = {"cubin": (Path(args.kernels) / item["cubin"]).read_bytes(), "meta": item["meta"],
                    "spec": spec, "problems": problems, "timing": timing}
-        result = backends._gpu_measure(payload)
+        result = backends.measure(gpu, payload)
         if result["verified"]:
             _append(out, {**row, "tflops": result["tflops"], "seconds": result.get("seconds")})
         else:
@@ -197,10 +201,10 @@ def _summary(out: Path) -> None:
               f"pp={p['pingpong']} per={p['persistent']} pr={p['producer_regs']}")
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build")
+    b = sub.add_parser("build", help="translate and compile every valid point of --space (CPU, nvcc)")
     b.add_argument("--space", required=True)
     b.add_argument("--gpu", default="h100")
     b.add_argument("--variant", default="mha")
@@ -210,8 +214,9 @@ def main() -> int:
     b.add_argument("--out", required=True)
     b.add_argument("--jobs", type=int, default=2)
     b.add_argument("--batch", type=int, default=8)
-    for name in ("run", "worker"):
-        r = sub.add_parser(name)
+    for name, text in (("run", "measure the built kernels on the GPU, restarting after a crash or hang"),
+                       ("worker", "(run's child process)")):
+        r = sub.add_parser(name, help=text)
         r.add_argument("--kernels", required=True)
         r.add_argument("--out", required=True)
         r.add_argument("--budget-s", type=float, default=540)
@@ -219,7 +224,7 @@ def main() -> int:
         # do_bench windows: the campaign's by default; shorter ones fit a few hundred kernels in one device call
         r.add_argument("--warmup-ms", type=float, default=25.0)
         r.add_argument("--rep-ms", type=float, default=100.0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     return {"build": build, "run": run, "worker": worker}[args.cmd](args)
 
 

@@ -1,9 +1,9 @@
 """Where two kernels' warps wait, instruction by instruction: the SASS page of an ncu report (dense_profile.py's
 ``POINT.source.csv``, i.e. ``ncu --import R --page source --csv --print-source sass``) summed per opcode.
 
-    python scripts/ncu_sass_stalls.py POINT.source.csv                 # every kernel: executed and sampled, per opcode
-    python scripts/ncu_sass_stalls.py POINT.source.csv --diff 1 4      # kernel 1 minus kernel 4, per stall reason
-    python scripts/ncu_sass_stalls.py POINT.source.csv --hot 0 --top 30   # kernel 0's 30 most sampled instructions
+    python3 scripts/ncu_sass_stalls.py POINT.source.csv                 # every kernel: executed and sampled, per opcode
+    python3 scripts/ncu_sass_stalls.py POINT.source.csv --diff 1 4      # kernel 1 minus kernel 4, per stall reason
+    python3 scripts/ncu_sass_stalls.py POINT.source.csv --hot 0 --top 30   # kernel 0's 30 most sampled instructions
 
 Kernels are numbered in the file's order (0 first). The per-opcode table is how BENCHMARKS.md's "d64 limiter" section
 found our softmax's F2FP and FADD waiting after the last MUFU.EX2 where FA4's interleave with it.
@@ -88,7 +88,7 @@ def stall_diff(a: dict, b: dict) -> list[tuple[str, float, float, list[tuple[str
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("source_csv", type=Path)
     ap.add_argument("--diff", nargs=2, type=int, metavar=("A", "B"), help="kernel A minus kernel B per stall reason")
     ap.add_argument("--hot", type=int, metavar="K", help="kernel K's most sampled instructions")

@@ -1,9 +1,9 @@
 """Parameter changes of the dense Hopper defaults, re-timed against the defaults (issue 16: defaults from
 measurement, not from one pass of single measurements).
 
-    python scripts/param_ab_check.py --gpu h100 --change '{"rescale_threshold": 8}' \
+    python3 scripts/param_ab_check.py --gpu h100 --change '{"rescale_threshold": 8}' \
         [--specs gqa128c,mha128n,mha64c] [--seqlens 1024,2048,4096,8192,16384] [--rounds 15] [--out ab.json]
-    python scripts/param_ab_check.py --gpu h100 --changes '{"n96": {"block_n": 96}, "pp": {"pingpong": true}}' ...
+    python3 scripts/param_ab_check.py --gpu h100 --changes '{"n96": {"block_n": 96}, "pp": {"pingpong": true}}' ...
 
 For each spec (variant, head dim, c = causal / n = not; bf16) it builds what `tune build` gives (the profile's
 default, warp-specialised) and the same kernel with each CHANGE (``--change``: one, named "changed";
@@ -25,23 +25,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 DEFAULT_SPECS = "mha128c,mha128n,gqa128c,gqa128n,mha64c,mha64n,mqa64c"
-
-
-def parse_spec(text: str):
-    """``gqa128c`` -> KernelSpec("gqa", 128, 128, True, "bf16")."""
-    from kernel_abi.spec import KernelSpec
-
-    body, causal = text[:-1], text[-1]
-    variant = body.rstrip("0123456789")
-    if causal not in "cn" or variant not in ("mha", "gqa", "mqa", "mla") or not body[len(variant):].isdigit():
-        raise ValueError(f"a spec is variant, head dim and c or n, e.g. gqa128c; got {text!r}")
-    head_dim = int(body[len(variant):])
-    if variant == "mla":
-        return KernelSpec("mla", 192, 128, causal == "c", "bf16")
-    return KernelSpec(variant, head_dim, head_dim, causal == "c", "bf16")
 
 
 def parse_changes(change: str | None, changes: str | None, before: bool = False) -> dict[str, dict]:
@@ -142,20 +126,23 @@ def _fa4_call(problem):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--change", help="JSON object of KernelParams fields (named \"changed\")")
     ap.add_argument("--changes", help="JSON object (or @FILE): name -> object of KernelParams fields")
-    ap.add_argument("--specs", default=DEFAULT_SPECS)
+    ap.add_argument("--specs", default=DEFAULT_SPECS,
+                    help="comma list of variant, head dim, c or n (default %(default)s)")
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
     ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--out", default="param_ab.json")
+    ap.add_argument("--out", default="param_ab.json", help="the record (bucket_table.py reads it)")
     ap.add_argument("--cache-dir", default=".kcache")
     ap.add_argument("--before", help="folder of `tune build` outputs of an earlier translator, timed as 'before'")
     args = ap.parse_args(argv)
+    from tuner.defaults.table import parse_spec_label
+
     try:
         named = parse_changes(args.change, args.changes, bool(args.before))
-        specs = [(text, parse_spec(text)) for text in args.specs.split(",")]
+        specs = [(text, parse_spec_label(text)) for text in args.specs.split(",")]
         seqlens = tuple(int(s) for s in args.seqlens.split(","))
         before = load_before(Path(args.before), specs) if args.before else {}
     except (ValueError, json.JSONDecodeError, OSError) as exc:

@@ -2,6 +2,8 @@
 
     python3 scripts/retime_check.py STUDY_DIR [OUT_JSON] [--rounds 15] [--backend gpu|replay:FILE]
 
+STUDY_DIR is a campaign's study folder (`tune --study-dir`), on the GPU machine that ran it (or with a replay file).
+
 For each study of STUDY_DIR (its summary.json) and each bucket whose winner the campaign reported as beating
 the best seed (``search_beat_seeds``), the winner and that seed are timed again here, in a fresh process of
 their own (tuner/campaign/retime.py's job, forked like a trial, no Ray), interleaved, on the same inputs,
@@ -11,12 +13,11 @@ when every claim holds (or there is none), 1 when one does not, 2 on bad input.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def claims(study_dir: Path) -> list[tuple[str, dict]]:
@@ -43,31 +44,27 @@ def payload(study_dir: Path, gpu: str, entry: dict, rule) -> dict:
             "rule": rule.to_dict(), "kernels": kernels, "nonce": f"retime_check/{entry['bucket']}"}
 
 
-def main(argv: list[str]) -> int:
-    from tuner.campaign.backends import parse_backend
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("study_dir", metavar="STUDY_DIR", type=Path, help="a finished campaign's study folder")
+    ap.add_argument("out_json", metavar="OUT_JSON", type=Path, nargs="?", help="write every claim's re-check here")
+    ap.add_argument("--rounds", type=int, default=15, help="interleaved rounds of the re-check (default 15)")
+    ap.add_argument("--backend", default="gpu", help="gpu, or replay:FILE (a recorded grid, for a CPU rehearsal)")
+    args = ap.parse_args(argv)
+
+    from tuner.campaign.backends import BackendError, parse_backend
     from tuner.campaign.confirm import DEFAULT_RULE, verdict
     from tuner.campaign.retime import retime_job
     from tuner.campaign.trialproc import FreshProcesses
     from tuner.campaign.workers import PRELOAD
 
-    args = list(argv)
-    rounds, backend_text = 15, "gpu"
-    for flag in ("--rounds", "--backend"):
-        if flag in args:
-            i = args.index(flag)
-            value = args[i + 1] if i + 1 < len(args) else ""
-            del args[i:i + 2]
-            if flag == "--rounds":
-                rounds = int(value)
-            else:
-                backend_text = value
-    if not args:
-        print(__doc__, file=sys.stderr)
-        return 2
-    study_dir = Path(args[0])
-    out_json = Path(args[1]) if len(args) > 1 else None
+    study_dir, out_json, rounds = args.study_dir, args.out_json, args.rounds
     rule = replace(DEFAULT_RULE, rounds=rounds)
-    backend = parse_backend(backend_text)
+    try:
+        backend = parse_backend(args.backend)
+    except BackendError as exc:
+        print(f"retime_check.py: {exc}", file=sys.stderr)
+        return 2
     runner = FreshProcesses(PRELOAD[backend.kind])
     results, ok = [], True
     found = claims(study_dir)
@@ -98,4 +95,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

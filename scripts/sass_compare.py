@@ -2,7 +2,7 @@
 and compares each kernel's SASS (cuobjdump, translate.sass.sass_instructions: instructions without addresses
 and encodings), registers and spills.
 
-    python scripts/sass_compare.py BEFORE AFTER [--count 6] [--seed 7]
+    python3 scripts/sass_compare.py BEFORE AFTER [--count 6] [--seed 7]       # e.g. HEAD~1 HEAD; nvcc, no GPU
 
 The candidates: the MHA d128 causal bf16 default and three neighbours (scripts/compile_cost.py), then
 ``--count`` warp-specialised points of the valid space (a seeded draw). Each revision is exported with
@@ -21,19 +21,27 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Run inside each exported revision: its translator writes the kernels, nvcc builds each alone.
+# Run inside each exported revision (``python -c`` from its folder: the folder comes first on sys.path, before the
+# installed package): its translator writes the kernels, nvcc builds each alone. The imports fall back to where
+# revisions before the package layout of kernel_abi/ and translate/sass.py kept the same names.
 BUILD = r"""
 import json, random, sys
 from pathlib import Path
-sys.path.insert(0, ".")
 import tl, translate
 from hardware_profiles import load_profile
 from search_spaces import load_space
 from search_spaces.feasible import default_sketches, feasible_space
-from translate import nvcc, sass
+from translate import nvcc
+try:
+    from translate import sass
+except ImportError:
+    sass = nvcc
 from translate.defaults import hopper_params
 from translate.params import KernelParams
-from kernel_abi.spec import grid_problems, spec_for
+try:
+    from kernel_abi.spec import grid_problems, spec_for
+except ImportError:
+    from tuner.problem import grid_problems, spec_for
 count, seed, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 p, spec = load_profile("h100"), spec_for("mha", 128, "bf16", True)
 base = hopper_params(p, spec).to_dict()
@@ -74,13 +82,13 @@ def opcode(line: str) -> str:
     return words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("before")
-    ap.add_argument("after")
-    ap.add_argument("--count", type=int, default=6)
-    ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args()
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("before", metavar="BEFORE", help="a git revision (commit, branch, tag)")
+    ap.add_argument("after", metavar="AFTER", help="a git revision")
+    ap.add_argument("--count", type=int, default=6, help="sampled warp-specialised points besides the four fixed ones")
+    ap.add_argument("--seed", type=int, default=7, help="the draw of those points")
+    args = ap.parse_args(argv)
     before, after = build(args.before, args.count, args.seed), build(args.after, args.count, args.seed)
     same = 0
     for a, b in zip(before, after):

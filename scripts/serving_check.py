@@ -1,9 +1,11 @@
 """Does an export serve every serving mix of a layout on the kernel path, correctly? (issue 14's acceptance)
 
-    python scripts/serving_check.py EXPORT_DIR --layout paged --page-size 16 --model llama3-8b --json out.json
+    python3 scripts/serving_check.py EXPORT_DIR --layout paged --page-size 16 --model llama3-8b --json out.json
+
+EXPORT_DIR is what `tune export` wrote after a varlen or paged campaign (`tune --layout ...`); on a GPU machine.
 
 For each mix of tuner/measure/mixes.toml of the layout (the model's heads and dims): the inputs of a campaign trial
-(tuner.campaign.serving_measure.make_inputs: packed q, K/V packed or in a shuffled paged cache), one call of the
+(tuner.measure.serving.seeded_inputs: packed q, K/V packed or in a shuffled paged cache), one call of the
 export's ``flash_attn_varlen_func`` (``block_table=`` for paged, FA2's name), then the path it took (kernel or
 SDPA, with the reason and the bucket) and the error against the fp32 reference computed sequence by sequence,
 beside torch's own bf16 error there. A row is OK on the kernel path within 2x SDPA's bf16 error plus one bf16
@@ -16,8 +18,6 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 REL_ERR_BOUND = 2e-2
 
 
@@ -29,10 +29,10 @@ def _rel(a, b) -> float:
 def check_mix(attention, problem) -> dict:
     import torch
 
-    from tuner.campaign.serving_measure import make_inputs
+    from tuner.measure.serving import seeded_inputs
     from tuner.measure.verify import reference
 
-    x = make_inputs(problem, 1, "cuda")[0]
+    x = seeded_inputs(problem, 1, "cuda")[0]
     kwargs = dict(causal=problem.causal, softmax_scale=problem.softmax_scale)
     if problem.layout == "paged":
         out = attention.flash_attn_varlen_func(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.cu_seqlens_k,
@@ -63,13 +63,13 @@ def check_mix(attention, problem) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("export_dir")
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("export_dir", metavar="EXPORT_DIR", help="a `tune export` folder with varlen or paged configs")
     ap.add_argument("--layout", choices=("varlen", "paged"), required=True)
-    ap.add_argument("--page-size", type=int, default=None)
-    ap.add_argument("--model", default="llama3-8b")
+    ap.add_argument("--page-size", type=int, default=None, help="tokens per page (paged)")
+    ap.add_argument("--model", default="llama3-8b", help="the model whose heads and dims are served (tuner.models)")
     ap.add_argument("--dtype", default="bf16")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write every row here")
     args = ap.parse_args(argv)
     from tuner.serving import load_exported
     from tuner.measure.mixes import serving_problems

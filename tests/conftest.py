@@ -1,10 +1,17 @@
 # pytest puts this folder on sys.path (no __init__.py here), so tests in subfolders can import the
 # shared helpers beside this file, e.g. `from sketch_edits import moved_prefetch`.
+import os
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The GPU locks (tuner/campaign/gpulock.py) of this test process and the Ray workers and trial processes it starts:
+# a folder of its own, so that another test run, a campaign or a parallel test worker on this machine never holds
+# the lock a test waits for.
+os.environ.setdefault("TUNER_GPU_LOCK_DIR", tempfile.mkdtemp(prefix="tuner-test-locks-"))
 
 
 @pytest.fixture

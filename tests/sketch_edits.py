@@ -1,4 +1,4 @@
-"""Edits of reference sketches shared by the schedule tests and scripts/kernel_check.py."""
+"""Edits of reference sketches shared by the schedule tests."""
 
 
 def moved_prefetch(text: str) -> str:

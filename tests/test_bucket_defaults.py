@@ -404,7 +404,9 @@ def test_param_ab_check_finds_each_specs_earlier_kernel_in_a_build_folder(tmp_pa
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
     import param_ab_check as ab
 
-    specs = [("mqa64c", ab.parse_spec("mqa64c")), ("gqa128c", ab.parse_spec("gqa128c"))]
+    from tuner.defaults.table import parse_spec_label
+
+    specs = [("mqa64c", parse_spec_label("mqa64c")), ("gqa128c", parse_spec_label("gqa128c"))]
     spec = {"variant": "mqa", "d_qk": 64, "d_v": 64, "causal": True, "dtype": "bf16", "layout": "dense",
             "phase": "prefill"}
     (tmp_path / "a").mkdir()

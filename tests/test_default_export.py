@@ -95,7 +95,7 @@ def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatc
     every verdict is printed under the caller's label."""
     from types import SimpleNamespace
 
-    import tuner.serving.launch.kernel
+    import tuner.serving.launch
     import tuner.measure.verify
     from tuner.defaults.export import load_verified
 
@@ -105,7 +105,7 @@ def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatc
     def res(ok):
         return SimpleNamespace(ok=ok, cubin=b"x" if ok else None, log="ptxas error", registers=128, spill_stores=0)
 
-    monkeypatch.setattr(tuner.serving.launch.kernel, "load_kernel", lambda cubin, meta: meta["name"])
+    monkeypatch.setattr(tuner.serving.launch, "load_kernel", lambda cubin, meta: meta["name"])
     monkeypatch.setattr(tuner.measure.verify, "verify", lambda kernel, spec: SimpleNamespace(
         passed=kernel != "k_wrong", reason="max abs err 1.0" if kernel == "k_wrong" else ""))
     built = {"default": (gen("k_ok"), res(True)), "wrong": (gen("k_wrong"), res(True)), "broken": (gen("k_x"), res(False))}

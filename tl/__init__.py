@@ -1,4 +1,4 @@
-"""TL, the language in which an LLM describes an attention kernel (spec: ../shared/TL.md).
+"""TL, the language in which an LLM describes an attention kernel (spec: docs/tl.md).
 
 ``parse`` / ``parse_program`` read it, ``format_program`` writes it back, ``check`` applies the rules,
 and the reference programs (``tl/sketches``) are the built-in default sketches.

@@ -1,4 +1,4 @@
-"""The TL abstract syntax tree: frozen dataclasses, one per statement form of ../shared/TL.md.
+"""The TL abstract syntax tree: frozen dataclasses, one per statement form of docs/tl.md.
 
 Source positions (``line``, ``col``, 1-based) are carried for diagnostics but excluded from equality,
 so that ``parse(print(p)) == p`` holds although the printer re-lays the text out.

@@ -1,4 +1,4 @@
-"""The TL checker: the rules of ../shared/TL.md over a parsed program, every error reported.
+"""The TL checker: the rules of docs/tl.md over a parsed program, every error reported.
 
 One pass in source order (the order is the schedule): a definition inside a loop or an ``if`` body
 counts for every later statement, a use textually before any definition is an error. Each tensor

@@ -7,6 +7,7 @@ start a comment). ``normalize`` is idempotent, so printing and re-parsing gives 
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Mapping, Union
@@ -140,9 +141,11 @@ class _Parser:
         raise ExprError(f"unexpected {tok.text!r} in expression", tok.col)
 
 
+@functools.lru_cache(maxsize=4096)
 def parse_expr(text: str) -> Node:
     """Parse an expression into a tuple tree: ("num", v), ("name", s), ("bin", op, l, r),
-    ("neg", e), ("not", e), ("call", fname, args). Raises ExprError."""
+    ("neg", e), ("not", e), ("call", fname, args). Raises ExprError. Cached: a search space evaluates the same
+    few constraint texts for every point it enumerates, and the trees are immutable."""
     tokens = tokenize(text)
     if not tokens:
         raise ExprError("empty expression", 0)

@@ -1,6 +1,6 @@
 """The TL printer: ``Program`` -> canonical TL text, with ``parse(format_program(p)).program == p``.
 
-Keywords are written as in ../shared/TL.md (``Allocate``, ``Copy``, ``Compute``, ``Reshape``, ``for``,
+Keywords are written as in docs/tl.md (``Allocate``, ``Copy``, ``Compute``, ``Reshape``, ``for``,
 ``if``, ``end``), bodies indented by four spaces; python-style loops keep their style.
 """
 from __future__ import annotations

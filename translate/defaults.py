@@ -1,4 +1,4 @@
-"""The default candidate of a GPU profile for a kernel spec: FlashAttention's own choices (CUTE.md §2.3).
+"""The default candidate of a GPU profile for a kernel spec: FlashAttention's own choices (their tile_size_fwd functions).
 
 Seeds are tried in order of preference; the first that ``validate`` accepts for the profile wins, so a
 profile with less shared memory (sm75: 64 KB, L40S: 99 KB) falls through to smaller tiles.
@@ -51,25 +51,25 @@ SERVING_PRODUCER_REGS = {"varlen": 32, "paged": 40}
 # rows' cache offsets and swizzle: gqa d128 128x128 spilled 116 bytes in 40 registers, 20 in 56 (a few values
 # once a tile, outside the copies; nvcc 13.0).
 CP_ASYNC_PRODUCER_REGS = 56
-# A paged kernel's default K/V copy is the cp.async producer: on the H100 (scripts/paged_copy_check.py, llama3-8b
-# heads, 128 x 128, BENCHMARKS.md 2026-11-24) it ran 0.91-1.15x FA4 with pages of 16, where TMA boxes of 16 rows
+# A paged kernel's default K/V copy is the cp.async producer: on the H100 (llama3-8b heads, 128 x 128,
+# BENCHMARKS.md 2026-11-24) it ran 0.91-1.15x FA4 with pages of 16, where TMA boxes of 16 rows
 # ran 0.43-0.75x; with pages of 128 TMA leads it by 1-11% (0.90-1.10x FA4 against 0.83-1.09x). Pages of 16 are
 # vLLM's default, and cp.async reads any multiple of 8; a campaign searches both (hopper_kv_copy).
 
 
-# Ping-pong (revision 2: each consumer warpgroup waits for its K tile before its turn) by (layout, head dim), for
-# the serving layouts; dense kernels take it from the bucket table (hardware_profiles/bucket_defaults). llama3-8b's
-# paged kernel (GQA 32/8, d128, causal, bf16, the cp.async producer; scripts/paged_copy_check.py, BENCHMARKS.md
-# 2026-11-26 session 4), ping-pong against none, two processes of 5 interleaved rounds, median per-round ratio:
-# x1.001-1.045 over the four mixes at pages of 16 and 128, 16 of 16 ahead (2x(2k on 6k) x1.015-1.028). Varlen, one
-# process: 8x2k x1.013, 1x8k+32x256 x0.990, 64 random 1-512 x1.048; mixed, so not a varlen default yet.
+# Ping-pong (revision 2: each consumer warpgroup waits for its K tile before its turn) by (layout, head dim), for the
+# serving layouts; dense kernels take it from the bucket table (hardware_profiles/bucket_defaults). llama3-8b's paged
+# kernel (GQA 32/8, d128, causal, bf16, the cp.async producer; BENCHMARKS.md 2026-11-26), ping-pong against none, two
+# processes of 5 interleaved rounds, median per-round ratio: x1.001-1.045 over the four mixes at pages of 16 and 128, 16
+# of 16 ahead (2x(2k on 6k) x1.015-1.028). Varlen, one process: 8x2k x1.013, 1x8k+32x256 x0.990, 64 random 1-512 x1.048;
+# mixed, so not a varlen default yet.
 SERVING_PINGPONG = {("paged", 128)}
 # Changes of a serving layout's default that won on one serving bucket's mix and lost on the others, so no default: a
 # serving campaign seeds the layout's default with each of them beside the default itself, and its per-bucket
 # re-timing keeps one only where it beats the default in two fresh processes. One CTA a tile (persistent false):
 # llama3-8b's paged kernel with pages of 128 on 2 x (2k on 6k) (bucket t4k-even-p128), x1.026 and x1.021 over the
-# default in two processes of 9 paired rounds, 1.014-1.024x FA4 (BENCHMARKS.md 2026-11-26 session 6; 1.007-1.027x
-# FA4 in session 4), and 0.32-0.44x FA4 on the skewed and short mixes, where the longest-first walk matters; with
+# default in two processes of 9 paired rounds, 1.014-1.024x FA4 (BENCHMARKS.md 2026-11-26; 1.007-1.027x
+# FA4 in an earlier run of that day), and 0.32-0.44x FA4 on the skewed and short mixes, where the longest-first walk matters; with
 # pages of 16 x0.989 and x1.000. The search rarely meets it on its own (a 360 s campaign at pages of 128 did not).
 SERVING_SEED_CHANGES = {"paged": ({"persistent": False},)}
 # With pages a whole number of K/V tiles (page size a multiple of block N), a paged kernel whose page size is known
@@ -90,10 +90,10 @@ WHOLE_TILE_PAGES_HEAD_DIMS = (128,)     # where it was measured (d_qk = d_v)
 # non-causal d128 x1.010-1.031 (MHA and GQA, 10 of 10 points ahead, 8 outside the spread), causal d128
 # x1.000-1.028 (none behind), non-causal d64 x1.013-1.026 (3 of 5 outside the spread). Causal d64 keeps every
 # tile: x0.976-0.991 at 1k-4k, and ptxas spills 4 bytes of its 128-register consumers. The paged layout takes the
-# same table: llama3-8b's paged kernel (d128 causal, scripts/paged_copy_check.py, BENCHMARKS.md 2026-11-26) with
+# same table: llama3-8b's paged kernel (d128 causal, BENCHMARKS.md 2026-11-26) with
 # threshold 8 against every tile, in two processes, against FA4: 2x(2k on 6k) 0.939 -> 0.960 and 0.941 -> 0.969 with
 # pages of 16, 1x8k+32x256 0.953 -> 0.993 and 0.963 -> 0.986; the short mixes within 1% either way. Varlen keeps
-# every tile: the same script with --layout varlen, two processes, was mixed (8x2k 1.056 -> 1.035 and 1.058 ->
+# every tile: the same A/B on the varlen layout, two processes, was mixed (8x2k 1.056 -> 1.035 and 1.058 ->
 # 1.052, 1x8k+32x256 1.010 -> 1.027 and 1.005 -> 1.017, 64 random even). MLA is not measured yet.
 RESCALE_THRESHOLD_DEFAULTS = {(128, False): 8, (128, True): 8, (64, False): 8}
 RESCALE_THRESHOLD_LAYOUTS = ("dense", "paged")

@@ -1,6 +1,6 @@
 """nvcc driver: generated CuTe kernels -> cubins, batched, cached, with per-kernel ptxas resources.
 
-Why batching: cicc's C++ front end dominates a compile (CUTE.md §1.5) and most of it is shared between
+Why batching: cicc's C++ front end dominates a compile and most of it is shared between
 configs, so 8-16 configs in one translation unit cost ~4 s each instead of ~16 s alone (§1.6). One bad
 config would sink its whole batch, so a failed batch is split: configs that the error log points at are
 compiled alone, the rest together again.
@@ -44,7 +44,7 @@ class CutlassNotFound(ToolNotFound):
 
 ERROR_KINDS = ("compile-error", "timeout", "crash", "nvcc-missing")
 
-# Flags every kernel is built with (CUTE.md §1.3). -DNDEBUG matters for speed (FA3 sets it).
+# Flags every kernel is built with. -DNDEBUG matters for speed (FA3 sets it).
 BASE_FLAGS = ("-std=c++17", "--expt-relaxed-constexpr", "-O3", "-DNDEBUG", "-Xptxas", "-v")
 
 
@@ -411,7 +411,7 @@ def default_cache_dir() -> Path:
 
 
 def _batch_timeout(per_kernel: float, n: int) -> float:
-    # A batch shares the front end: 16 configs took 4x one config's time (CUTE.md §1.6).
+    # A batch shares the front end: 16 configs took 4x one config's time.
     return per_kernel * (1 + (n - 1) / 4)
 
 

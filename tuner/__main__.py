@@ -1,3 +1,3 @@
-from tuner.commands.cli import main
+from tuner.commands.entry import main
 
 main()

@@ -7,14 +7,14 @@ CPU-only machine:
   that computes attention on the CPU (the loader's SDPA) and writes into ``out`` as the real one does;
 * ``tuner.measure.timer.time_ms``: calls the timed function once and returns a deterministic time per kernel;
 * ``translate.nvcc.compile_kernels`` (campaign runs only): a "cubin" naming the kernels, no nvcc
-  (the dry-run test and scripts/device_campaign.sh DRY=1 compile for real);
+  (the dry-run test compiles for real);
 * tensors on ``cpu`` (backends.TRIAL_DEVICE).
 
 ``install()`` is the Ray ``worker_process_setup_hook`` of tests/campaign/fake_gpu_campaign.py, so each
 Ray worker of that campaign runs with them. Environment knobs (read in the worker):
 ``FAKE_GPU_WRONG_AT``: a kernel name fragment whose kernel is wrong beyond seqlen 1100 (passes the
 small verification shapes, must be caught at the benchmark shape); ``FAKE_GPU_REAL_NVCC=1``: keep the real
-nvcc (scripts/device_campaign.sh's FAKE_GPU=1 rehearsal).
+nvcc (a rehearsal of a campaign with real kernels and a fake GPU).
 """
 from __future__ import annotations
 

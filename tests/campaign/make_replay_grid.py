@@ -19,7 +19,7 @@ from tuner.campaign.perfmodel import model_tflops
 from kernel_abi.spec import grid_problems, spec_for
 
 SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
-# Library numbers of DESIGN.md's H100 anchors (bf16, d128): flash / cuDNN / efficient, per seqlen.
+# Library numbers measured on an H100 (BENCHMARKS.md) (bf16, d128): flash / cuDNN / efficient, per seqlen.
 H100_BASELINES = {512: (182, 318, 100), 1024: (240, 420, 130), 2048: (290, 500, 150), 4096: (310, 550, 160),
                   8192: (320, 580, 168), 16384: (327, 594, 171)}
 

@@ -112,6 +112,7 @@ def test_the_separate_check_re_times_every_claim_and_says_whether_it_holds(lucky
     """scripts/retime_check.py, the device run's independent check: each "search beat the seeds" of the
     resumed run re-timed in a fresh process of its own (15 rounds). On the grid the campaign ran, every claim
     holds; on a grid where those kernels are slow when timed again, none does (exit 1)."""
+    import os
     import subprocess
     import sys
 
@@ -125,7 +126,7 @@ def test_the_separate_check_re_times_every_claim_and_says_whether_it_holds(lucky
         out = tmp_path / f"{grid}.json"
         proc = subprocess.run([sys.executable, "scripts/retime_check.py", str(root / "studies"), str(out),
                                "--backend", f"replay:{root / grid}"], cwd=REPO, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))   # this checkout's package
         assert proc.returncode == code, proc.stdout + proc.stderr
         result = json.loads(out.read_text())
         assert {c["bucket"] for c in result["claims"]} == claimed and result["rounds"] == 15

@@ -56,9 +56,10 @@ def test_garbage_never_gives_a_traceback(runner, tmp_path, content):
 
 @pytest.mark.parametrize("content", ["", "\n  \n", "// only a comment\n"])
 def test_a_file_without_statements_is_not_ok(runner, tmp_path, content):
+    """Read, and an invalid sketch: exit 1, as `tune build --sketch` answers it (tests/test_newcomer_path.py)."""
     path = write(tmp_path, "empty.tl", content)
     result = runner.invoke(app, ["check", str(path)])
-    assert result.exit_code == 2
+    assert result.exit_code == 1
     assert result.output.splitlines()[:2] == [
         f"{path}:1:1: error[empty-program]: the program has no statements: a sketch with nothing in it is not a "
         "kernel",

@@ -1,4 +1,4 @@
-"""The parser accepts every statement form of TL.md as written, and reports syntax errors precisely."""
+"""The parser accepts every statement form of docs/tl.md as written, and reports syntax errors precisely."""
 import pytest
 
 from tl import TLSyntaxError, parse, parse_program

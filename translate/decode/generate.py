@@ -43,7 +43,7 @@ DECODE_ARGS = (("args", "struct:attn_decode::Args"),)
 # kv_load tma: the split kernel also takes the K cache's TMA descriptor (encoded per call shape, its address
 # written per call: tuner/serving/launch/decode_kernel.py); the combine kernel takes the struct alone.
 DECODE_TMA_ARGS = DECODE_ARGS + (("k_map", "tensormap:k"),)
-COMBINE_MIN_CTAS = 8   # combine CTAs an SM holds at least: 64 registers a thread, the measured build (session 8)
+COMBINE_MIN_CTAS = 8   # combine CTAs an SM holds at least: 64 registers a thread, the measured build
 
 _MMA = {"fp16": "SM80_16x8x16_F32F16F16F32_TN", "bf16": "SM80_16x8x16_F32BF16BF16F32_TN"}
 _ELEMENT = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}

@@ -22,7 +22,7 @@ class DecodeParams:
     warps_m: int = 1             # warps along the rows, 16-row slabs each
     warps_n: int = 4             # independent online softmaxes over the columns of each tile, merged at the end
     # cp.async ring depth. 3: at 64 keys x d128 that is 100 KB, two CTAs per SM; on the H100 it won the 15-candidate
-    # probe of scripts/decode_check.py and held >= 1.0x FA4 on the whole decode grid (BENCHMARKS.md, 2026-11-24).
+    # probe of the decode candidates and held >= 1.0x FA4 on the whole decode grid (BENCHMARKS.md, 2026-11-24).
     kv_stages: int = 3
     pack_gqa: bool = True        # one CTA reads a K/V tile once for every query head of its group
     min_split_blocks: int = 2    # split rule (kernel_abi/splits.py): the fewest key tiles one split takes
@@ -40,7 +40,7 @@ class DecodeParams:
     # most this many log2 units (P then reaches 2^threshold), so its factor is exactly 1 and a warp whose rows all
     # kept theirs skips the output's multiplies (128 a thread, four a tile pair, on the warpgroups' critical path).
     # 0: the max follows every tile. 8 (the Hopper MLA default): 1.017-1.038x at 128 heads, 1.00-1.05x over batch
-    # 1-128 x 2k-32k (scripts/decode_ab_check.py, H100, BENCHMARKS.md 2026-11-26 session 7).
+    # 1-128 x 2k-32k (H100, BENCHMARKS.md 2026-11-26).
     rescale_threshold: int = 0
 
     @property
@@ -132,16 +132,16 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
         p = DecodeParams(**{**p.to_dict(), "block_n": 32})
     if profile is not None and profile.sm >= 90 and p.block_m == 64 and not validate_decode(
             DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw"}), profile, spec):
-        # Hopper: the same tile on warpgroup MMAs, 1.4-1.7x the mma.sync kernel's bandwidth at 128 heads with the
-        # row gather (sm90_wgmma: scripts/decode_ab_check.py, H100, BENCHMARKS.md 2026-11-24: 1632-1800 against
-        # 1041-1133 GB/s), and out of step 1.01-1.13x that at every point of batch 1-128 x 2k-32k keys and 2-4
-        # tokens (sm90_seesaw: the same script, --by-spec [--grid], BENCHMARKS.md 2026-11-25)
+        # Hopper: the same tile on warpgroup MMAs, 1.4-1.7x the mma.sync kernel's bandwidth at 128 heads with the row
+        # gather (sm90_wgmma: H100, BENCHMARKS.md 2026-11-24: 1632-1800 against 1041-1133 GB/s), and out of step
+        # 1.01-1.13x that at every point of batch 1-128 x 2k-32k keys and 2-4 tokens (sm90_seesaw: the same two builds
+        # timed side by side, BENCHMARKS.md 2026-11-25)
         # Whole tiles by TMA (kv_load tma): 1.033-1.061x the seesaw's row gathers at 128 heads, batch 64-128 x
-        # 4k-16k keys and 2-4 tokens, 1.001-1.059x over batch 1-128 x 2k-32k (scripts/decode_ab_check.py --by-spec,
-        # H100, BENCHMARKS.md 2026-11-26); an L2 prefetch (TMA tensor prefetch) of the
-        # tiles one or two pairs after the ones each pair loads was 0.88-0.95x of it.
+        # 4k-16k keys and 2-4 tokens, 1.001-1.059x over batch 1-128 x 2k-32k (H100, BENCHMARKS.md 2026-11-26); an L2
+        # prefetch (TMA tensor prefetch) of the tiles one or two pairs after the ones each pair loads was 0.88-0.95x
+        # of it.
         # The conditional rescale (rescale_threshold 8): 1.017-1.051x the seesaw without it at 128 heads and every
-        # grid point (H100, BENCHMARKS.md 2026-11-26 session 7).
+        # grid point (H100, BENCHMARKS.md 2026-11-26).
         p = DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw", "kv_load": "tma", "rescale_threshold": 8})
     return p
 

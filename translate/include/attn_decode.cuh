@@ -500,7 +500,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
 // few rows: small batches) a warp merges one kCombineSliceCols-column slice of a row, a float4 a lane, so a row has
 // kDV / 128 warps; with fewer, one warp the whole row (the weights then cost a warp a row, not one a slice).
 // combine_grid (translate/decode/generate.py) launches a warp per slice or per row by the same rule. Measured
-// (BENCHMARKS.md 2026-11-26 session 8): the first version (a warp a row, one split after another behind a branch on
+// (BENCHMARKS.md 2026-11-26): the first version (a warp a row, one split after another behind a branch on
 // its weight) took about half a microsecond a split, the largest fixed cost of a batch-1 MLA call; this one is
 // 1.3-1.9x at batch 1 and 1.0-1.07x elsewhere. Slices for every split count made batch 32 x 2k (2 splits) 0.92x;
 // the loops unrolled (2.5k instructions: every SM fetches the code of a kernel that runs a few microseconds) made

@@ -17,7 +17,7 @@ using namespace cute;
 // The staging rows are padded so that the accumulator layout's stores (a warp: 8 rows x 4 neighbouring column pairs)
 // fall in distinct banks: bf16 rows kDV + 8 elements apart (a 32-bit store each, rows 4 banks apart), fp32 rows kDV + 8
 // floats apart (64-bit stores, a half-warp's 4 rows 8 banks apart). Measured (globaltimer trace and
-// scripts/decode_ab_check.py, BENCHMARKS.md 2026-11-26 session 8): split_kv_wgmma's store_split_dv, which merges
+// paired A/B timings, BENCHMARKS.md 2026-11-26): split_kv_wgmma's store_split_dv, which merges
 // warpgroups of different maxima through an unpadded fp32 tile (8-way conflicts) and a loop of scalar stores, took 12
 // us of a 150 us call at b64 x 4k; 16-byte stores by every thread from the staged rows cut that to 4 us with one
 // split but slowed the fp32 partials (18-22 us for 16 MB at b8 x 16k, 0.71-0.93x); the bulk copies are ahead at

@@ -15,12 +15,12 @@
 //   other's softmax. Two named barriers a pair (the lockstep kernel has three CTA barriers a tile). Each scores
 //   the left columns of its next tile (reloaded by warpgroup 0) before it waits for the right ones (reloaded by
 //   warpgroup 1): warpgroup 1 reloads its right half right before it scores, so the left half's wgmmas run while
-//   those boxes land (1.013-1.047x over waiting for the whole tile at 128 heads, BENCHMARKS.md 2026-11-26 session 6;
+//   those boxes land (1.013-1.047x over waiting for the whole tile at 128 heads, BENCHMARKS.md 2026-11-26;
 //   FlashMLA's order, P1.V1_R before P0.V0_R with P0 in units of m1, measured 0.93-0.997x here).
 // Conditional rescale (Cfg::kRescaleThreshold > 0, DecodeParams.rescale_threshold): a row keeps the shared running
 // max while a tile's max exceeds it by at most that many log2 units, so its factors are exactly 1, and a warp whose
 // rows all kept theirs skips O's multiplies (128 a thread, four a pair, two of them on the chain softmax 0 ->
-// softmax 1 -> O_L += P1 . V1_L): 1.017-1.051x at 128 heads (BENCHMARKS.md 2026-11-26 session 7).
+// softmax 1 -> O_L += P1 . V1_L): 1.017-1.051x at 128 heads (BENCHMARKS.md 2026-11-26).
 // Learnt from FlashMLA's sm90 decode kernel (deepseek-ai/FlashMLA, its "seesaw" schedule); written anew
 // on this project's gathers: there TMA loads whole pages, here cp.async gathers rows through the page table
 // (any page size, dense caches) and signals an mbarrier per half slot (cp.async.mbarrier.arrive.noinc).
@@ -151,7 +151,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
   const int tid = threadIdx.x;
   // warp-uniform (lane 0's, shuffled): ptxas keeps what depends on wg (the GMMA descriptors of the warpgroup's
   // tiles) in uniform registers; from tid / 128 it moved them into uniform ones before each wgmma (725 R2UR
-  // in the kernel, now 97; 1.01-1.03x at 128 heads, BENCHMARKS.md 2026-11-26 session 5)
+  // in the kernel, now 97; 1.01-1.03x at 128 heads, BENCHMARKS.md 2026-11-26)
   const int wg = __shfl_sync(0xffffffffu, tid / 128, 0), tg = tid % 128;
 
   const CtaWork w = cta_work<Cfg>(a);
@@ -418,7 +418,7 @@ __forceinline__ __device__ void split_kv_seesaw(const Args& a, char* smem, const
         // next: its wait for them was 12-18% of its loop (decode_trace.py --waits) when they went out only after
         // this warpgroup's wait for tile j0 + 2's left chunks. Where those have landed already, S(j0 + 2)'s wgmmas
         // go first (they queue behind that P . V); else the reload does (1.006-1.030x at 128 heads, 1.01x at 16;
-        // 0.99x at 2-4 tokens; BENCHMARKS.md 2026-11-26 session 9).
+        // 0.99x at 2-4 tokens; BENCHMARKS.md 2026-11-26).
         const bool left_landed = half_landed(j0 + 2, 0);
         if (!left_landed) {
           ATTN_WAIT(seesaw::kWaitW0PvOther, warpgroup_wait<0>());

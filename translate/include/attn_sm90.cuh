@@ -94,7 +94,7 @@ __forceinline__ __device__ void ordering_point(bool never) {
 }
 
 // ---- softmax --------------------------------------------------------------------------------------
-// 2^x on the FMA pipe, no MUFU (issue 16: at head dim 64 a tile's MUFU.EX2 time equals its tensor-core time, 16
+// 2^x on the FMA pipe, no MUFU (at head dim 64 a tile's MUFU.EX2 time equals its tensor-core time, 16
 // exponentials a clock per SM against 4096 FLOP, so the softmax can move part of them to the idle FP32 pipe; FA4
 // does this on sm100). x = floor + frac: a round-down add of 1.5 * 2^23 leaves floor(x) in the low mantissa bits,
 // 2^frac is a degree-3 polynomial (minimax relative error 8.6e-5: below bf16's and fp16's rounding), and floor
@@ -380,7 +380,7 @@ __forceinline__ __device__ bool varlen_tile(int tile, VarlenCursor& cur, int con
   return false;
 }
 
-// The persistent scheduler's sequence order (issue 14: long sequences first). A sequence's heaviest tile sees all
+// The persistent scheduler's sequence order (long sequences first). A sequence's heaviest tile sees all
 // its keys (its last query block, causal or not), so the sequences go by keys, most first (ties: as given): the
 // grid ends with the light tiles of short sequences instead of a long one's heavy tiles started last. The producer
 // warpgroup ranks them once per CTA into shared memory (order[rank] = sequence; `keys` is scratch), up to

@@ -61,7 +61,7 @@ __forceinline__ __device__ void tma_load_paged(CUtensorMap const* desc, uint64_t
 // 8k, so its destinations are two addresses plus constants and its sources two pointers plus constants: about two
 // instructions a copy besides the cp.async, where the layout of 2 rows x 256 bytes a step took four (SASS). With the
 // lookup once a tile, llama3-8b's paged kernel went from 0.97-0.99x to 1.04-1.08x FA4 on 2 x 2k queries on 6k
-// cached keys in pages of 16 (H100, scripts/paged_copy_check.py, BENCHMARKS.md 2026-11-27).
+// cached keys in pages of 16 (H100, BENCHMARKS.md 2026-11-27).
 // The chunks land where a TMA box puts them (K-major, 128-byte swizzle: chunk j of row r at j ^ (r % 8) within its
 // 64 columns), so the consumers' GMMA descriptors are the same. Keys at or past seqlen_k are zero-filled, not
 // read: masked scores, and zero V rows that a poisoned cache cannot turn into NaN. `row_base` is the cache at the

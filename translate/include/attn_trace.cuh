@@ -46,7 +46,7 @@ __forceinline__ __device__ void attn_trace_write(int slot) {
 // thread of each warpgroup reads clock64 (SM cycles) around ATTN_WAIT(site, statement) and adds the difference to
 // attn_waits[32 * cta + site]; ATTN_SPAN_BEGIN(t) / ATTN_SPAN_END(site, t) add a whole span (a loop) the same way,
 // which the sites' shares are taken of. The stamps tell when a phase ends; these tell what its time went to
-// waiting for (BENCHMARKS.md 2026-11-26 session 9: the seesaw's loop waits for its odd tile's reload).
+// waiting for (BENCHMARKS.md 2026-11-26: the seesaw's loop waits for its odd tile's reload).
 #ifdef ATTN_DECODE_WAITS
 constexpr int kAttnWaitSites = 32;   // scripts/decode_trace.py WAIT_SLOTS
 __device__ unsigned long long attn_waits[kAttnWaitSites * kAttnTraceCtas];

@@ -24,7 +24,7 @@ PINGPONG_BARRIER = 5
 PINGPONG_REVISION = 2
 # The warp-specialised kernels' revision: bumped when a translator change moves the default kernel's speed (so every
 # A/B ratio against it), so that a table derived from A/B records (scripts/bucket_table.py) takes, at each point a
-# record of the current revision timed, only those records. 1: before 2026-11-26 (session 5); 2: the warp-uniform
+# record of the current revision timed, only those records. 1: before 2026-11-26; 2: the warp-uniform
 # warpgroup index (the GMMA descriptors in uniform registers; dense defaults 1.02-1.07x faster, ping-pong unchanged).
 KERNEL_REVISION = 2
 # The indexed (cp.async) producer's warpgroup: the next tile's number, from thread 0 to the others.

@@ -90,7 +90,7 @@ def gmma_operand_line(name: str, smem: str, op: GmmaOperand) -> str:
     ``per_warpgroup`` elements in. ``wg`` is warp-uniform (consumer_setup), so ptxas keeps the descriptors in
     uniform registers; from the thread index (CuTe's per-thread slice) it kept them in ordinary registers and moved
     each into a uniform one before its wgmma (2 R2UR a wgmma): the dense defaults ran 2-6% slower (H100, paired
-    rounds, BENCHMARKS.md 2026-11-26 session 5)."""
+    rounds, BENCHMARKS.md 2026-11-26)."""
     start = f"{smem} + wg * {op.per_warpgroup}" if op.per_warpgroup else smem
     return (f"Tensor {name} = attn_sm90::gmma_operand<{op.layout}, {op.leading}, {op.stride}, {op.layout_type}>"
             f"({start});")

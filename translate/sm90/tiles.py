@@ -22,7 +22,7 @@ def tile_grid(pack: bool = False) -> list[str]:
             "const int section_heads = attn_sm90::l2_section_heads(seqlen_k, kHeadDimQK + kHeadDimV, group / pack, "
             "tile_heads * batch);",
             "// head block -> KV head: the identity when packed (pack = group), else / group; a multiply-high a tile where",
-            "// a division measured 1.5-2.5% at 512 keys (run 21)",
+            "// a division measured 1.5-2.5% at 512 keys",
             "const cutlass::FastDivmod kv_of_block(group / pack);"]
 
 

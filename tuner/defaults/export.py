@@ -81,7 +81,7 @@ def compile_changes(gpu: str, items: Sequence[tuple[KernelSpec, dict[str, dict]]
     """The profile's default kernel of each spec with each named change of its KernelParams fields (``{}``: the
     default itself), translated from ``schedule``'s sketch and compiled in one nvcc pool, a kernel a unit (each
     its own cubin); per item, ``{name: (GeneratedKernel, CompileResult)}`` in the order given. The A/B scripts
-    (param_ab_check, paged_copy_check, bench_serving --variants) build their kernels here; CPU only."""
+    (param_ab_check, dense_profile, bench_serving --variants) build their kernels here; CPU only."""
     import tl
     import translate
     from hardware_profiles import load_profile

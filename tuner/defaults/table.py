@@ -1,7 +1,7 @@
 """A GPU profile's default kernel per key-length bucket: measured changes to the per-spec default.
 
 ``translate.defaults`` gives one default per spec (FA4's tile for the head dim). The best tile depends on the
-key length as well (BENCHMARKS.md, issue 16: on the H100, causal d64 runs 8-15% faster on 128 x 128 with two
+key length as well (BENCHMARKS.md, on the H100, causal d64 runs 8-15% faster on 128 x 128 with two
 consumer warpgroups at 512-1k keys and slower on it from 2k). So a profile may carry a table of changes per
 (variants, head dim, causal, buckets), as data: ``hardware_profiles/bucket_defaults/<gpu>.toml``. Each entry
 names its measurement (``measured``): a change goes in only with a paired, re-timed win over the per-spec
@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from tuner.serving.buckets.seqlen import BUCKETS, bucket_for, bucket_name, is_bucket_name
-from kernel_abi.spec import VARIANTS
+from kernel_abi.spec import MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-TABLE_DIR = Path(__file__).resolve().parents[1] / "hardware_profiles" / "bucket_defaults"
+TABLE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles" / "bucket_defaults"
 ENTRY_KEYS = {"variants", "head_dim", "causal", "buckets", "change", "measured"}
 
 
@@ -52,6 +52,20 @@ class BucketChange:
 
     def as_dict(self) -> dict:
         return dict(self.change)
+
+
+def parse_spec_label(text: str) -> KernelSpec:
+    """The dense bf16 spec of a short label, as the A/B records behind a table name their rows (scripts/
+    param_ab_check.py, scripts/bucket_table.py): variant, head dim, ``c`` causal or ``n`` not, e.g. ``gqa128c``;
+    ``mla...`` is MLA's 192/128. ValueError saying what is wrong."""
+    body, causal = text[:-1], text[-1:]
+    variant = body.rstrip("0123456789")
+    if causal not in ("c", "n") or variant not in VARIANTS or not body[len(variant):].isdigit():
+        raise ValueError(f"a spec is variant, head dim and c or n, e.g. gqa128c; got {text!r}")
+    if variant == "mla":
+        return KernelSpec("mla", MLA_D_QK, MLA_D_V, causal == "c", "bf16")
+    head_dim = int(body[len(variant):])
+    return KernelSpec(variant, head_dim, head_dim, causal == "c", "bf16")
 
 
 def entry_reasons(entry: Any, fields: set[str]) -> list[str]:

@@ -6,7 +6,7 @@ or (output, lse). Its first call per shape JIT-compiles the kernel (CuTe DSL, 1-
 makes one untimed call first (tuner.measure.dense.measure_baselines does).
 
 Where ``flash_attn.cute`` cannot be imported the baseline has no number and a reason that starts with
-NOT_INSTALLED, never a crash and never a 0. On the GPU machine, ../shared/tools/fa4-bundle packs it.
+NOT_INSTALLED, never a crash and never a 0.
 """
 from __future__ import annotations
 

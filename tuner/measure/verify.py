@@ -1,4 +1,4 @@
-"""The verification gate (DESIGN.md): a kernel is correct only if every check shape passes.
+"""The verification gate (docs/design.md): a kernel is correct only if every check shape passes.
 
 Per shape: fresh random inputs (never zeros), the output buffer poisoned with NaN before the launch,
 every element written and finite, the inputs unchanged afterwards, and two error bounds against an

@@ -91,7 +91,7 @@ _STEPS: dict = {}
 
 def _steps(n: int, device) -> torch.Tensor:
     """arange(n) (int64) on the device, kept between eager calls: each small torch op costs ~25 us of host time on
-    the H100 machine (scripts/decode_host_cost.py), so the append is written in as few of them as it can."""
+    the H100 machine (BENCHMARKS.md 2026-11-27), so the append is written in as few of them as it can."""
     if torch.compiler.is_compiling():
         return torch.arange(n, device=device)
     key = (n, device)

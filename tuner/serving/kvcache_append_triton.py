@@ -1,7 +1,7 @@
 """The cache write of ``flash_attn_with_kvcache``'s append as one Triton kernel, for eager calls on CUDA.
 
-In eager mode every small torch op costs 20-37 µs of host time on the H100 machine (BENCHMARKS.md 2026-11-27
-session 11), and the write in torch ops takes eight (positions, page lookup, flat rows, two ``index_copy_``, the
+In eager mode every small torch op costs 20-37 µs of host time on the H100 machine (BENCHMARKS.md
+2026-11-27), and the write in torch ops takes eight (positions, page lookup, flat rows, two ``index_copy_``, the
 new lengths): one launch here does all of it. kvcache_append.py uses it only for eager CUDA calls (not while
 compiling, where Inductor fuses the torch ops itself); Triton ships with CUDA builds of torch and is imported only
 here, on first use. ``ATTN_TUNER_APPEND_TRITON=0`` keeps eager calls on the torch ops too.

@@ -128,6 +128,11 @@ class AttentionKernel:
             out[key] = value if int(err) == 0 else None
         return out
 
+    def module_global(self, name: str) -> tuple:
+        """(device address, bytes) of the module's global variable ``name``, e.g. the stamps of a kernel built
+        with -DATTN_DECODE_TRACE (scripts/decode_trace.py); KernelLoadError when the module has no such global."""
+        return cuda.check(cuda.api().cuModuleGetGlobal(self._module, name.encode()), name)
+
     def __call__(self, q, k, v, out=None, softmax_scale: float | None = None):
         """``out`` (b, sq, hq, d_v) = attention(q, k, v) on the tensors' device and torch's current stream.
         ValueError (before any launch) for inputs the kernel cannot take; ``softmax_scale`` None is
