@@ -13,6 +13,19 @@ import pytest
 # the lock a test waits for.
 os.environ.setdefault("TUNER_GPU_LOCK_DIR", tempfile.mkdtemp(prefix="tuner-test-locks-"))
 
+# With parallel workers (pytest -n, pytest-xdist with --dist loadgroup), the tests that start Ray clusters or whole
+# campaigns run one after another in one worker: two local clusters at once on a 2-core machine slow each other past
+# the tests' time limits.
+SERIAL_GROUP = "campaigns"
+_SERIAL_FILES = ("test_newcomer_path.py", "test_decode_bench_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        path = Path(str(item.fspath))
+        if path.parent.name == "campaign" or path.name in _SERIAL_FILES:
+            item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
+
 
 @pytest.fixture
 def fa4_stand_in(tmp_path, monkeypatch):

@@ -78,6 +78,20 @@ def resolve_schedule(schedule: Optional[str], profile: Profile) -> str:
     return schedule
 
 
+def read_sketch(path: Path) -> str:
+    """A sketch file's text. A file that cannot be read as text (missing, a directory, unreadable, not UTF-8) is
+    an I/O error: UsageError naming the file and why (exit 2, as `tune check` answers it). A file read but holding
+    no program (empty, only comments) is an invalid sketch, which the checker's diagnostics report (exit 1)."""
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(21, "a directory, not a TL file")
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read sketch {path}: not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise UsageError(f"cannot read sketch {path}: {exc.strerror or exc}") from None
+
+
 def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], schedule: str = "fa2",
                          layout: str = "dense"):
     """(program, source text, path label, diagnostics). The built-in reference sketch of ``schedule`` in
@@ -89,10 +103,7 @@ def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], sch
         label = f"<reference {schedule} {variant} {'causal' if causal else 'noncausal'}" + \
             (f" {layout}>" if layout != "dense" else ">")
     else:
-        try:
-            text, label = Path(sketch).read_text(), str(sketch)
-        except OSError as exc:
-            raise UsageError(f"cannot read sketch {sketch}: {exc.strerror or exc}") from None
+        text, label = read_sketch(Path(sketch)), str(sketch)
     program, diagnostics = tl.check_source(text, label)
     return program, text, label, list(diagnostics)
 

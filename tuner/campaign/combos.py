@@ -195,6 +195,10 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
         return [replace(c, layout=layout, page_size=page_size, phase="decode") for c in combos]
     if layout == "dense":
         return combos
+    from tl.layout import LAYOUTS
+
+    if layout not in LAYOUTS:   # (a layout that does not exist needs no Hopper GPU either)
+        raise ComboError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     if "SM90_GMMA" not in getattr(profile, "mma_atoms", ()):
         raise ComboError(f"--layout {layout} needs a Hopper GPU (its kernels are the warp-specialised TMA ones); "
                          f"{profile.name} is not one: tune the dense layout there")

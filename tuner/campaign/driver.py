@@ -77,10 +77,13 @@ def run_campaign(options: CampaignOptions) -> int:
     except (ProfileError, SpaceError, BackendError, ComboError, ValueError) as exc:
         return _error(exc)
     where = {c.name: options.storage or str(options.study_dir / f"{c.name}.journal") for c in camps}
+    new_paths = _absent_setup_paths(options, camps)
     try:
-        storages = {c.name: st.make_storage(options.storage, options.study_dir, c.name) for c in camps}
+        storages = {c.name: st.make_storage(options.storage, options.study_dir, c.name, options.resume) for c in camps}
         for c in camps:
             st.check_study_state(storages[c.name], c.name, options.resume, where[c.name])
+        if options.dry_run:   # what it does and how long that takes, before Ray starts
+            console.print(dry_run_plan(camps, options), markup=False, soft_wrap=True)
         connect(options.ray_address)
         pool = None if options.dry_run else gpu_pool(camps[0].profile.ray_accelerator_type)
         for c in camps:
@@ -89,9 +92,14 @@ def run_campaign(options: CampaignOptions) -> int:
                                     options.resume, where[c.name])
             _sketch_stage(c)
     except (st.StudyError, ClusterError, BackendError, SpaceError) as exc:
+        _remove_setup_leftovers(*new_paths)
         return _error(exc)
     except _llm_errors() as exc:
+        _remove_setup_leftovers(*new_paths)
         return _error(f"LLM stage: {exc}")
+    except OSError as exc:   # the study dir's files (resolve checked the dir itself): one line, not a traceback
+        _remove_setup_leftovers(*new_paths)
+        return _error(f"{exc.filename or options.study_dir}: {exc.strerror or exc}")
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for c in camps:
         console.print(f"study [bold]{c.name}[/] in {where[c.name]}; backend {c.backend.label}"
@@ -143,6 +151,59 @@ def run_campaign(options: CampaignOptions) -> int:
     from .finish import finish_all
 
     return finish_all(camps)
+
+
+def _absent_setup_paths(options: CampaignOptions, camps: list[Campaign]):
+    """The default journals, study folders and study dir that are not there yet: what a failed setup removes."""
+    journals = [] if options.storage is not None else [options.study_dir / f"{c.name}.journal" for c in camps]
+    dirs = [options.study_dir / c.name for c in camps] + [options.study_dir]
+    return [j for j in journals if not j.exists()], [d for d in dirs if not d.exists()]
+
+
+def _remove_setup_leftovers(journals: list, dirs: list) -> None:
+    """A setup that failed (no GPU of the type on the cluster, the LLM stage, a study that cannot be opened) leaves
+    no empty journal and no empty folder it created. A journal with anything in it stays (a study created: a rerun
+    resumes it), and so does a folder that is not empty."""
+    for path in journals:
+        try:
+            if path.is_file() and path.stat().st_size == 0:
+                path.unlink()
+        except OSError:
+            pass
+    for directory in dirs:   # the study folders, then the study dir
+        try:
+            directory.rmdir()
+        except OSError:
+            pass
+
+
+def local_cpus() -> int:
+    """The CPUs this process may use (a local Ray cluster's, and so a dry run's compile slots)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def dry_run_plan(camps: list[Campaign], options: CampaignOptions) -> str:
+    """A dry run's first line: what it compiles and about how long that takes here (pacing.dry_run_seconds)."""
+    from .cluster import MAX_SLOTS_PER_NODE
+    from .pacing import dry_run_seconds
+
+    kernels = options.trials * len(camps)
+    what = (f"dry run: {options.trials} candidate(s) per combination ({len(camps)} combination(s), {kernels} "
+            f"kernel(s)) translated and compiled for {camps[0].profile.name} ({camps[0].profile.nvcc_arch}), "
+            "nothing measured")
+    if options.ray_address:
+        return f"{what}; compiled on the Ray cluster at {options.ray_address}"
+    cpus = local_cpus()
+    seconds = dry_run_seconds(camps[0].profile.nvcc_arch, kernels, min(cpus, MAX_SLOTS_PER_NODE),
+                              options.compile_batch)
+    when = "about a minute" if seconds < 90 else f"about {round(seconds / 60)} min"
+    return f"{what}: {when} on this machine's {cpus} CPU(s)" + (
+        "" if options.trials <= 8 else "; --trials sets fewer")
 
 
 def _error(message) -> int:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 from optuna.trial import TrialState
@@ -25,8 +26,8 @@ def trial_rows(study) -> list[dict]:
                 state = "infeasible"
             else:   # stopped early (probed, far behind), or a dry run's compiled-but-unmeasured candidate
                 state = "stopped early" if t.user_attrs.get("early_stop") else "complete"
-        elif t.state == TrialState.FAIL:
-            state = "failed"
+        elif t.state == TrialState.FAIL:   # a duplicate of a kernel that was not measured is no failure of its own
+            state = "duplicate" if t.user_attrs.get("duplicate_of") is not None else "failed"
         else:
             state = "running"
         rows.append({"number": t.number, "state": state, "tflops": t.value if t.state == TrialState.COMPLETE else None,
@@ -37,8 +38,10 @@ def trial_rows(study) -> list[dict]:
 
 def finish_all(camps) -> int:
     """Finish every combination of the run; with several, also the run's report (a table per combination).
-    Exit code 0 when every combination has a verified kernel (or, dry run, a compiled one), else 1."""
+    Exit code 0 when every combination has a verified kernel (or, dry run, a compiled one), else 1. The last line
+    says what to do next (next_step)."""
     codes = [finish(c) for c in camps]
+    report = camps[0].report if len(camps) == 1 else None
     if len(camps) > 1:
         from tuner.campaign.report import write_campaign_report
 
@@ -49,19 +52,58 @@ def finish_all(camps) -> int:
                              "exhausted": c.exhausted})
         path = write_campaign_report(camps[0].options.study_dir, camps[0].profile.name, sections)
         camps[0].console.print(f"campaign report ({len(camps)} combinations): {path}")
-    return 0 if all(code == 0 for code in codes) else 1
+        report = path
+    code = 0 if all(code == 0 for code in codes) else 1
+    camps[0].console.print(next_step(camps, code, report), markup=False, soft_wrap=True)
+    return code
+
+
+def next_step(camps, code: int, report) -> str:
+    """The run's last line: what to do after it. A dry run that compiled: the same command on a machine with the
+    GPU; one that compiled nothing: `tune build`, which shows nvcc's log. A campaign that stored kernels: `tune
+    export`, and where the report is; one that verified nothing: the report, which says why."""
+    opts, profile = camps[0].options, camps[0].profile
+    target = f"--model {opts.model}" if opts.model else f"--variant {opts.variant}"
+    study_dir = opts.study_dir
+    if opts.dry_run:
+        if code == 0:
+            return (f"next: on a machine with the GPU ({profile.display_name}), run the same command without "
+                    f"--dry-run (tune --gpu {profile.name} {target} --study-dir {study_dir}); this dry run's kernels "
+                    f"are in {study_dir / camps[0].name / 'compiled'}")
+        return (f"next: no candidate compiled; tune build --gpu {profile.name} --variant {camps[0].spec.variant} "
+                "-o out/ builds the default kernel alone and shows nvcc's log")
+    if code == 0:
+        return (f"next: tune export --gpu {profile.name} --study-dir {study_dir} -o exported/ (the stored kernels, "
+                f"for serving); report: {report}")
+    return f"next: a combination has no verified kernel; the report says why each candidate failed: {report}"
+
+
+def tally_counts(tally) -> dict:
+    """The counts the live line shows (liveview.counts_text), from the run's tally."""
+    return {"done": tally.done, "infeasible": tally.infeasible, "failed": tally.failed, "rejected": tally.rejected,
+            "cached": tally.cached}
+
+
+def counts_line(tally, prefix: str = "trials") -> str:
+    """The run's counts in the live line's words; a failure says what it was (the live line has no room)."""
+    from tuner.campaign.liveview import counts_text
+
+    line = f"{prefix} {counts_text(tally_counts(tally))}"
+    if tally.failed:
+        line += (f" ({tally.failed} failed: lost to the infrastructure (a compile task or a GPU worker died) or "
+                 "left when the run stopped; queued again for --resume)")
+    return line
 
 
 def finish(camp) -> int:
     study, tally, console = camp.study, camp.tally, camp.console
     opts = camp.options
     console.print(f"— {camp.label} ({camp.name})", markup=False)
-    if opts.dry_run:
-        trials = trial_rows(study)
-        ok = sum(1 for r in trials if r["state"] == "complete")
-        console.print(f"dry run: {ok} candidate(s) compiled, {tally.infeasible} infeasible; nothing measured or stored")
-        write_summary(camp, study, tally, [], None, opts.study_dir / camp.name / SUMMARY_FILE)
-        return 0 if ok else 1
+    if opts.dry_run:   # done: compiled (nothing is measured); the counts are the live line's
+        console.print(f"dry run: {counts_line(tally)}; done = compiled, nothing measured or stored "
+                      f"(in {_minutes(time.monotonic() - camp.started)})", markup=False, soft_wrap=True)
+        camp.report = write_summary(camp, study, tally, [], None, opts.study_dir / camp.name / SUMMARY_FILE)
+        return 0 if tally.done else 1
     decisions = decisions_for(camp)
     stored = _store(camp, study, decisions)
     rows = _bench_rows(camp, decisions)
@@ -76,13 +118,20 @@ def finish(camp) -> int:
         console.print(final_table(rows))
     for d in winners:
         console.print(f"  {d['bucket']}: {_winner_text(d)}", markup=False)
+    console.print(counts_line(tally), markup=False, soft_wrap=True)
     console.print(f"report: {path}; summary: {summary}")
+    camp.report = path
     if not decisions:
         console.print("[red]no candidate passed verification: nothing stored[/]")
         return 1
     console.print(f"stored {len(stored)} new best kernel(s) under {opts.study_dir / 'kernels'} "
                   f"({len(decisions) - len(stored)} bucket(s) kept the stored kernel)")
     return 0
+
+
+def _minutes(seconds: float) -> str:
+    m, s = divmod(int(round(seconds)), 60)
+    return f"{m}:{s:02d} min"
 
 
 def _winner_text(d: dict) -> str:

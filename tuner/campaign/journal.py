@@ -54,8 +54,8 @@ def record_problem(line: bytes) -> Optional[str]:
         record = json.loads(line)
     except UnicodeDecodeError:
         return "not UTF-8 text"
-    except json.JSONDecodeError as exc:
-        return f"not JSON: {exc.msg} at column {exc.colno}"
+    except json.JSONDecodeError as exc:   # (some of json's messages end in "at": "Invalid control character at")
+        return f"not JSON: {exc.msg.removesuffix(' at')} at column {exc.colno}"
     if not isinstance(record, dict) or "op_code" not in record:
         return "not a journal record (a JSON object with an op_code)"
     return None

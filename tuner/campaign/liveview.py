@@ -92,8 +92,7 @@ class LiveView:
 
     def line(self) -> str:
         s = self.state
-        return (f"[{self.title}] trials {s.get('done', 0)} done, {s.get('infeasible', 0)} infeasible, "
-                f"{s.get('failed', 0)} failed{_extra_counts(s)} | {self._best_text()} | "
+        return (f"[{self.title}] trials {counts_text(s)} | {self._best_text()} | "
                 f"elapsed {_duration(s.get('elapsed'))}, remaining {self._remaining_text()}")
 
     def _render(self):
@@ -118,6 +117,12 @@ class LiveView:
                           f"{r['done']}/{r['trials']}", str(r["infeasible"]), str(r["rejected"]), str(r["cached"]),
                           str(r["inflight"]), fmt_number(finite_number(r.get("best_tflops"))))
         return Panel(Group(grid, table), title=escape(self.title), expand=False)
+
+
+def counts_text(counts: dict) -> str:
+    """The trial counts in the words of the live line; the run's last lines say them the same way (finish.py)."""
+    return (f"{counts.get('done', 0)} done, {counts.get('infeasible', 0)} infeasible, {counts.get('failed', 0)} "
+            f"failed{_extra_counts(counts)}")
 
 
 def _extra_counts(state: dict) -> str:

@@ -33,7 +33,7 @@ from .cluster import compile_pool
 from .state import WORKER_GRACE_S, Campaign, Candidate, Tally
 from .distinct import CACHED_FROM
 from .earlystop import DEFAULT_EARLY_STOP
-from .pacing import Pacer, batch_size, first_round, one_unit_each, unit_size
+from .pacing import Pacer, batch_size, dry_run_unit, first_round, one_unit_each, unit_size
 from .problems import probe_problem, problem_key
 from .telling import (compile_outcomes, count_outcome, held_seconds, lock_record, measured_value, note_span,
                       save_kernel, tell_infra, tell_measurement)
@@ -272,10 +272,13 @@ class Loop:
                            and time.monotonic() < until):
                         left = None if deadline is None else deadline - time.monotonic()
                         in_compile, ready = self.in_compile(), len(self.ready)
+                        planned = batch_size(opts.compile_batch, self.batches_sent, self.n_gpus, self.compile_slots)
+                        if self.n_gpus == 0:   # dry run: its few candidates over the free compile slots
+                            planned = dry_run_unit(planned, sum(max(0, c.remaining()) for c in self.camps
+                                                                if c.exhausted is None),
+                                                   self.compile_slots - len(self.compiling))
                         size = unit_size(self.pacer.room(in_compile, ready),
-                                         self.pacer.room(in_compile, ready, left),
-                                         batch_size(opts.compile_batch, self.batches_sent, self.n_gpus,
-                                                    self.compile_slots))
+                                         self.pacer.room(in_compile, ready, left), planned)
                         camp = self.next_camp() if size > 0 else None
                         if camp is None:
                             break
@@ -375,15 +378,16 @@ class Loop:
                 save_kernel(camp, cand, cand.compiled)
                 if camp.pool is None:   # dry run: compiled is as far as it goes
                     st.tell_feasible(camp.study, cand.trial, None, dry_run=True, stage="compile")
-                    self._finish_candidate(cand)
+                    self._finish_candidate(cand, compiled=True)
                     count_outcome(camp.tally, "pruned", None, cand.trial.number)
                 else:
                     self.ready.append(cand)
                 continue
-            self._finish_candidate(cand)
             if isinstance(outcome, tuple):
+                self._finish_candidate(cand)
                 tell_infra(camp, cand, outcome[1])
             else:
+                self._finish_candidate(cand, infeasible=outcome)
                 st.tell_infeasible(camp.study, cand.trial, outcome, stage="compile")
                 count_outcome(camp.tally, "infeasible", None, cand.trial.number)
 
@@ -414,14 +418,31 @@ class Loop:
         for other, trial in waiters:
             self._tell_cached(other, trial, entry)
 
-    def _finish_candidate(self, cand: Candidate, reason: str = "") -> None:
-        """``cand`` ends without a measurement: its duplicates in flight fail with it (not queued again:
-        ``cand`` is, when it is worth another try)."""
+    def _finish_candidate(self, cand: Candidate, reason: str = "", compiled: bool = False,
+                          infeasible: str | None = None) -> None:
+        """``cand`` ends without a measurement; so do its duplicates in flight (the same kernel, asked again while
+        it compiled or waited). With an answer (a dry run's ``compiled`` kernel, or one that cannot build:
+        ``infeasible``) a duplicate gets the same one, as a repeat of ``cand`` (counted with the cache hits, as a
+        measured kernel's duplicates are: no compile, no GPU). Without one (lost to the infrastructure, or the run
+        stopped) a duplicate is told FAIL, which the sampler ignores, and is no failure of its own: it is not
+        counted as one, nor queued again (``cand`` is, when it is worth another try)."""
         cand.camp.inflight -= 1
         for other, trial in self.waiting.pop(cand.key, []):
+            trial.set_user_attr("duplicate_of", cand.trial.number)
+            if compiled or infeasible is not None:
+                trial.set_user_attr("cache_hit", True)
+                trial.set_user_attr(CACHED_FROM, {"study": cand.camp.name, "trial": cand.trial.number})
+                for attr in ("kernel_name", "registers", "spill_stores"):
+                    if cand.trial.user_attrs.get(attr) is not None:
+                        trial.set_user_attr(attr, cand.trial.user_attrs[attr])
+                if compiled:
+                    st.tell_feasible(other.study, trial, None, dry_run=True, stage="compile")
+                else:
+                    st.tell_infeasible(other.study, trial, infeasible, stage="compile")
+                other.tally.cached += 1
+                continue
             st.tell_infra_failure(other.study, trial, trial.params,
-                                  reason or "the same kernel, asked while in flight, was not measured", False)
-            other.tally.failed += 1
+                                  reason or f"a duplicate of trial {cand.trial.number}, which was not measured", False)
 
     def _requeue(self, cand: Candidate, reason: str) -> None:
         st.tell_infra_failure(cand.camp.study, cand.trial, cand.trial.params, reason, True)
@@ -443,10 +464,10 @@ class Loop:
                 self.compiling.pop(ref)
                 self.compile_node.pop(ref, None)
                 for cand in batch:
-                    st.tell_infeasible(cand.camp.study, cand.trial, f"compile timeout after {self.opts.compile_timeout:g} s",
-                                       stage="compile")
+                    reason = f"compile timeout after {self.opts.compile_timeout:g} s"
+                    st.tell_infeasible(cand.camp.study, cand.trial, reason, stage="compile")
                     count_outcome(cand.camp.tally, "infeasible", None, cand.trial.number)
-                    self._finish_candidate(cand)
+                    self._finish_candidate(cand, infeasible=reason)
 
     def _leftovers(self) -> None:
         """Out of budget (or interrupted): what did not finish goes back into the queue for --resume."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import numbers
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Union
@@ -14,13 +15,25 @@ SAMPLER_PACKAGES = {"cmaes": ("cmaes",), "gp": ("scipy", "torch")}
 MAX_GPU_OVERLAP = 8     # more waiting processes only hold CUDA contexts and CPUs
 MAX_LLM_SKETCHES = 8
 SEED_LIMIT = 2 ** 32    # the samplers seed numpy's RandomState: 0 <= seed < 2**32
+DEFAULT_TRIALS = 60     # --trials of a campaign on a GPU
+# --trials of a --dry-run that does not give one: enough to see the toolchain, the sketches, the space and the
+# translator work (the first seeds), one kernel a CPU on a 2-core laptop, in about two minutes. Sixty (the GPU
+# default) compiled for 10 minutes and more on 2 CPUs (T4 MLA: 16 in 9.5 min, then Ray's node ran out of memory).
+# T4 MLA on 2 CPUs (2026-11-27, load ~4): two units of one kernel side by side took 129 s, of two 171 s.
+DRY_RUN_TRIALS = 2
+
+
+def default_trials(dry_run: bool) -> int:
+    """``--trials`` when not given: a campaign's, or a dry run's few (the compiles alone take minutes a kernel
+    per CPU for the larger head dims)."""
+    return DRY_RUN_TRIALS if dry_run else DEFAULT_TRIALS
 
 
 @dataclass(frozen=True)
 class CampaignOptions:
     gpu: str
     variant: Optional[str] = None         # one, a comma list, or "all" (combos.py); or a --model
-    trials: int = 60                      # per combination: measured candidates plus those that failed to
+    trials: int = DEFAULT_TRIALS          # per combination: measured candidates plus those that failed to
                                           # compile or verify (seeds included; cache hits and sets refused
                                           # before compiling do not count)
     timeout: Optional[float] = None       # wall-clock budget of this run, seconds (all combinations)
@@ -128,7 +141,43 @@ def option_problems(o: CampaignOptions) -> list[str]:
          o.bench_warmup_ms)
     need(_seconds(o.bench_rep_ms), "bench_rep_ms", "a positive number of milliseconds", o.bench_rep_ms)
     need(_count(o.bench_rotate, 1), "bench_rotate", "an integer of at least 1", o.bench_rotate)
+    where = study_dir_problem(o.study_dir, o.resume and o.storage is None)
+    if where is not None:
+        problems.append(where)
     return problems
+
+
+def study_dir_problem(study_dir: Path, must_exist: bool = False) -> Optional[str]:
+    """Why ``--study-dir`` cannot hold the campaign's journals, kernels and caches, as one clause naming the path
+    and the reason; None when it can. It must be a directory (or one that can be created: its nearest existing
+    parent a writable directory) that this user can write; ``must_exist`` (--resume with the journal in the
+    study dir): it must be there. Reads the file system, creates nothing."""
+    path = Path(study_dir)
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            return f"--study-dir {path} is not writable ({_not_writable_reason(path)})"
+        return None
+    if path.exists() or path.is_symlink():
+        return f"--study-dir {path} is not a directory" + (" (a file)" if path.is_file() else "")
+    if must_exist:
+        return f"--resume: the study dir {path} does not exist; run without --resume to start the campaign there"
+    parent = next((p for p in path.absolute().parents if p.exists() or p.is_symlink()), None)
+    if parent is None:   # (only a file system without a root would get here)
+        return f"--study-dir {path} cannot be created"
+    if not parent.is_dir():
+        return f"--study-dir {path} cannot be created: {parent} is not a directory"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"--study-dir {path} cannot be created: {parent} is not writable ({_not_writable_reason(parent)})"
+    return None
+
+
+def _not_writable_reason(directory: Path) -> str:
+    try:
+        if os.statvfs(directory).f_flag & os.ST_RDONLY:
+            return "a read-only file system"
+    except OSError:
+        pass
+    return "permission denied"
 
 
 DECODE_PAGE_SIZES = (16, 32, 64, 128, 256)   # any power of two the gathers index (one table lookup per key row)

@@ -86,6 +86,14 @@ def batch_size(full: int, sent: int, n_gpus: int, compile_slots: int = 1) -> int
     return full
 
 
+def dry_run_unit(full: int, remaining: int, free_slots: int) -> int:
+    """A dry run's next compile unit: its few candidates spread over the free compile slots (units of
+    ``full`` would build them as one unit on one CPU while the others wait). An nvcc unit's fixed cost is much of
+    a small one's (T4 MLA alone on 2 CPUs: 79 s for one kernel, 166 s for four; two units side by side: 129 s
+    of one kernel each, 171 s of two), so a unit a CPU ends first."""
+    return max(1, min(full, math.ceil(remaining / max(1, free_slots))))
+
+
 def first_round(full: int, n_gpus: int, compile_slots: int) -> int:
     """Kernels in the first round of compile units, one unit a slot (batch_size's ramp)."""
     return sum(batch_size(full, sent, n_gpus, compile_slots) for sent in range(compile_slots))
@@ -111,3 +119,22 @@ def one_unit_each(batch: list) -> list[list]:
     for cand in batch:
         units.setdefault("" if cand.kernel is None else cand.kernel.preamble, []).append(cand)
     return list(units.values())
+
+
+# A dry run's time (its first line says it): nvcc's seconds for one kernel alone in its unit, per target, on the
+# 2-core machine of 2026-11-27 (load 3-5): T4 (sm_75) 79 s for an MLA kernel and 99 s for an MHA one (two
+# units side by side: 129 s each), A100 (sm_80) 55 s, H100 (sm_90a) 22-24 s; a unit of k kernels takes
+# (0.6 + 0.4 k) times that (T4 MLA: 166 s for four). Other targets: the sm80 class's. Before the compiles,
+# ~25 s: Ray's start, the sketches, the space.
+DRY_RUN_KERNEL_S = {"sm_75": 100.0, "sm_80": 55.0, "sm_86": 55.0, "sm_89": 55.0, "sm_90a": 25.0, "sm_90": 25.0}
+DRY_RUN_START_S = 25.0
+
+
+def dry_run_seconds(arch: str, kernels: int, cpus: int, full: int) -> float:
+    """About how long a dry run of ``kernels`` candidates for ``arch`` takes on ``cpus`` compile slots in units
+    of at most ``full`` (dry_run_unit spreads them: one round of a unit a slot, more when they exceed it)."""
+    alone = DRY_RUN_KERNEL_S.get(arch, DRY_RUN_KERNEL_S["sm_80"])
+    per_slot = math.ceil(max(1, kernels) / max(1, cpus))
+    rounds = math.ceil(per_slot / max(1, full))
+    unit = min(full, per_slot)
+    return DRY_RUN_START_S + rounds * alone * (0.6 + 0.4 * unit)

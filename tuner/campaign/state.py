@@ -79,6 +79,7 @@ class Campaign:
     exhausted: str | None = None   # why this study stopped asking before its --trials
     contests: list | None = None   # winners.Contest per bucket, and their decisions (after the re-timing)
     decisions: dict | None = None
+    report: Path | None = None     # the run's report of this combination (a dry run's: its summary), once written
 
     @property
     def program_text(self) -> str:

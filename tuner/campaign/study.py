@@ -62,16 +62,33 @@ def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | N
     return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}{h}{lay}" + ("-dryrun" if dry_run else "")
 
 
-def make_storage(url: str | None, study_dir: Path, name: str):
-    if url is None:
-        study_dir.mkdir(parents=True, exist_ok=True)
-        return open_journal(study_dir / f"{name}.journal")
-    if url.endswith(".journal") or url.startswith("journal:"):
-        return open_journal(Path(url.removeprefix("journal:")))
+def make_storage(url: str | None, study_dir: Path, name: str, resume: bool = False):
+    """The storage of study ``name``: a journal file in ``study_dir`` (default), a journal file at ``url``, or a
+    database URL. With ``resume`` a journal must be there already: StudyError, and nothing created, when it is not
+    (a journal is created only for a new study)."""
+    if url is None or url.endswith(".journal") or url.startswith("journal:"):
+        path = study_dir / f"{name}.journal" if url is None else Path(url.removeprefix("journal:"))
+        if resume and not path.is_file():
+            raise StudyError(f"--resume: no study {name!r}: there is no journal {path}; "
+                             + _resume_hint(path, name))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StudyError(f"cannot create the study dir {path.parent}: {exc.strerror or exc}") from None
+        return open_journal(path)
     try:
         return RDBStorage(url, heartbeat_interval=None)
     except Exception as exc:  # SQLAlchemy raises many kinds; all mean "cannot use this URL"
         raise StudyError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}") from None
+
+
+def _resume_hint(path: Path, name: str) -> str:
+    """What to do when --resume finds no journal: the dry-run twin of the study if that is there, else start it."""
+    twin = name[:-len("-dryrun")] if name.endswith("-dryrun") else f"{name}-dryrun"
+    if (path.parent / f"{twin}.journal").is_file():
+        flag = "without" if name.endswith("-dryrun") else "with"
+        return f"{path.parent} holds {twin!r}: resume it {flag} --dry-run"
+    return "run without --resume to start it"
 
 
 def open_journal(path: Path) -> JournalStorage:
@@ -83,7 +100,10 @@ def open_journal(path: Path) -> JournalStorage:
         raise StudyError(str(exc)) from None
     if torn is not None:
         print(f"tune: {torn.message()}", file=sys.stderr, flush=True)
-    return JournalStorage(JournalFileBackend(str(path)))
+    try:
+        return JournalStorage(JournalFileBackend(str(path)))
+    except OSError as exc:   # a journal that cannot be created or read (permissions, a read-only file system)
+        raise StudyError(f"cannot open the journal {path}: {exc.strerror or exc}") from None
 
 
 def make_sampler(kind: str, seed: int | None):

@@ -134,7 +134,7 @@ def _preload_main() -> str:
     starts, unless the child's ``__main__`` is that script already; the fork server's ``"__main__"``
     preload that would do this once never does on Python 3.11 (it looks for a ``main_path`` key that the
     preparation data does not have). In a Ray GPU worker the main script is Ray's default_worker.py, which
-    imports ray: 0.33 s per trial process on an idle 2-core machine (scripts/trialproc_overhead.py), and on
+    imports ray: 0.33 s per trial process on an idle 2-core machine (BENCHMARKS.md 2026-11-25), and on
     the H100 campaign of 2026-11-25 a trial process took 1.47 s (median) from its start to its job, while 4
     trial slots bounded the GPU at 0.72 trials/s (lock held 61%, kernels compiled and waiting)."""
     from multiprocessing import spawn

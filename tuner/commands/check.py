@@ -1,9 +1,10 @@
 """``tune check FILE...``: parse and check TL programs, one verdict per file.
 
-Exit 0 when every file is valid, 1 when any has diagnostics, 2 when a file cannot be read as text
-(missing, a directory, not UTF-8) or holds no program at all (empty, or only comments: bad input, as
-issue 17 asks, reported with its diagnostic). Whatever a file holds, the answer is diagnostics, never a
-traceback.
+Exit 0 when every file is valid, 1 when any has diagnostics (a file that holds no program at all, empty or
+only comments, included: it was read, and is an invalid sketch, reported with its diagnostic), 2 when a file
+cannot be read as text (missing, a directory, unreadable, not UTF-8): an I/O error, which wins over
+diagnostics. `tune build --sketch` answers the same files with the same codes (tuner.build.read_sketch).
+Whatever a file holds, the answer is diagnostics, never a traceback.
 """
 from __future__ import annotations
 
@@ -13,35 +14,24 @@ from pathlib import Path
 from tl.checker import check_source
 
 
-def _read(path: Path) -> str:
-    """The file's text; raises OSError / UnicodeDecodeError with the reason."""
-    if path.is_dir():
-        raise IsADirectoryError(f"{path} is a directory, not a TL file")
-    return path.read_bytes().decode("utf-8")
-
-
 def run_check(paths: list[Path]) -> int:
+    from tuner.build import UsageError, read_sketch
+
     if not paths:
         print("tune check: error: no files given", file=sys.stderr)
         return 2
-    io_error = found = False    # io_error: exit 2 (unreadable, or no program at all)
+    io_error = found = False    # io_error: exit 2 (a file that cannot be read as text)
     for path in paths:
         path = Path(path)
         try:
-            text = _read(path)
-        except UnicodeDecodeError as exc:
-            print(f"tune check: error: {path}: not UTF-8 text (byte {exc.start})", file=sys.stderr)
-            io_error = True
-            continue
-        except OSError as exc:
-            reason = exc.strerror or str(exc)
-            print(f"tune check: error: {path}: {reason}", file=sys.stderr)
+            text = read_sketch(path)
+        except UsageError as exc:
+            print(f"tune check: error: {exc}", file=sys.stderr)
             io_error = True
             continue
         _, diagnostics = check_source(text, str(path))
         if diagnostics:
             found = True
-            io_error = io_error or any(d.code == "empty-program" for d in diagnostics)
             for diagnostic in diagnostics:
                 print(diagnostic)
             print(f"{path}: {len(diagnostics)} error{'s' if len(diagnostics) != 1 else ''}")

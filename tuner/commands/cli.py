@@ -1,7 +1,11 @@
 """The ``tune`` command line. Each sub-command is a thin shell over a module that does one job.
 
-Exit codes: 0 success, 1 the work found problems (invalid sketch, failed verification), 2 usage or I/O
-error. A traceback is never the answer to bad input.
+Exit codes: 0 success, 1 the work found problems (an invalid sketch, an empty one included, parameters the
+profile refuses, a failed compile or verification, nothing verified), 2 usage or I/O error (an unknown option
+or value, a path that cannot be read or written: a missing or undecodable sketch file, a study dir that is a
+file or read-only). `tune check` and `tune build` answer the same sketch with the same code. A usage error is one
+line on stderr, ``tune: error: ...`` (``tune build: error: ...`` for a sub-command); a traceback is never the
+answer to bad input.
 """
 from __future__ import annotations
 
@@ -11,12 +15,69 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
+from typer.core import TyperCommand, TyperGroup
+
+from tuner.campaign.options import DEFAULT_TRIALS, DRY_RUN_TRIALS
+
+
+def _click_exceptions():
+    """click's exception classes as this typer raises them (typer >= 0.2x vendors click as typer._click)."""
+    try:
+        from typer._click import exceptions
+    except ImportError:
+        from click import exceptions
+    return exceptions
+
+
+class _Flags:
+    """A flag takes no value, so its help row shows no type. typer's rich help panel prints every option's type,
+    a flag's as ``<bool>`` (``TyperOption.display_type_rich`` does not skip flags as its plain help and earlier
+    typers did): an empty metavar is what it shows instead."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for param in params:
+            if (getattr(param, "is_flag", False) or getattr(param, "count", False)) and param.metavar is None:
+                param.metavar = ""
+        return params
+
+
+class TuneCommand(_Flags, TyperCommand):
+    pass
+
+
+class TuneGroup(_Flags, TyperGroup):
+    """The ``tune`` group: click's usage errors (an unknown option, a value of the wrong type or out of range, a
+    missing option) as one line, ``tune: error: ...`` (or ``tune build: error: ...``) and exit 2, whatever entry
+    point runs it (the console script, ``python -m tuner``, typer's CliRunner); click's own answer is the usage,
+    a hint and a boxed message."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, "tune", complete_var, standalone_mode=False, **extra)
+        exceptions = _click_exceptions()
+        try:
+            code = super().main(args, "tune", complete_var, standalone_mode=False, **extra)
+        except exceptions.ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            where = ctx.command_path if ctx is not None else "tune"
+            message = " ".join(exc.format_message().split()).rstrip(".")
+            hint = f" (see `{where} --help`)" if isinstance(exc, exceptions.UsageError) else ""
+            typer.echo(f"{where}: error: {message}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except exceptions.Abort:
+            typer.echo("tune: aborted", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
 
 app = typer.Typer(
+    cls=TuneGroup,
     add_completion=False,
     no_args_is_help=False,
     invoke_without_command=True,
-    help="Autotune FlashAttention kernels for a GPU: `tune --gpu h100 --variant mha` runs a campaign.",
+    help="Autotune FlashAttention kernels for a GPU: `tune --gpu h100 --variant mha` runs a campaign; "
+         "`tune --gpu t4 --variant mha --dry-run` compiles a few candidates on any machine, no GPU needed.",
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -34,8 +95,8 @@ PHASE_HELP = ("prefill, or decode: split-KV decode kernels (a few new tokens per
               "capacity, tuner/serving/buckets/decode.py) against FA4's paged decode.")
 
 
-def _fail_usage(message: str) -> "typer.Exit":
-    typer.echo(f"tune: error: {message}", err=True)
+def _fail_usage(message: str, command: str = "tune") -> "typer.Exit":
+    typer.echo(f"{command}: error: {message}", err=True)
     return typer.Exit(2)
 
 
@@ -58,9 +119,11 @@ def campaign(
     variant: Optional[str] = typer.Option(None, "--variant", help="mha, gqa, mqa or mla; a comma list, or all."),
     model: Optional[str] = typer.Option(None, "--model", help="A model preset (`tune models`): its variant, heads "
                                                                "and head dims, e.g. llama3-8b."),
-    trials: int = typer.Option(60, "--trials", min=1, help="Per combination: candidates to measure (seeds included; "
-                                                           "those that fail to compile or verify count, cache hits and "
-                                                           "sets refused before compiling do not)."),
+    trials: Optional[int] = typer.Option(None, "--trials", min=1, show_default=False,
+                                         help="Per combination: candidates to measure (seeds included; those that "
+                                              "fail to compile or verify count, cache hits and sets refused before "
+                                              f"compiling do not). Default: {DEFAULT_TRIALS}; with --dry-run "
+                                              f"{DRY_RUN_TRIALS}."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock budget in seconds (the whole run)."),
     head_dim: Optional[str] = typer.Option(None, "--head-dim", help="64 or 128, or a comma list (mla is 192/128)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16 or bf16, or a comma list (default: bf16 where "
@@ -77,7 +140,11 @@ def campaign(
     llm_sketches: int = typer.Option(3, "--llm-sketches", min=0, max=8,
                                      help="Schedule variants to ask of the LLM per combination (each a choice of "
                                           "the search's sketch dimension)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Compile and validate every candidate; no GPU needed."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Compile and validate candidates on this machine, no GPU "
+                                                          f"needed: {DRY_RUN_TRIALS} per combination unless --trials "
+                                                          "says otherwise, about two minutes on a 2-CPU machine (its "
+                                                          "first line says how long there); nothing is measured or "
+                                                          "stored."),
     resume: bool = typer.Option(False, "--resume", help="Continue the studies in the study dir."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure again what the measurement cache of the study "
                                                                "dir holds (default: a kernel measured before on this "
@@ -107,13 +174,16 @@ def campaign(
     if ctx.invoked_subcommand is not None:
         return
     if gpu is None or (variant is None and model is None):
-        typer.echo(ctx.get_help())
-        raise _fail_usage("a campaign needs --gpu and --variant or --model (or use a sub-command: "
-                          f"{', '.join(command_names())})")
+        if gpu is None and variant is None and model is None:   # nothing asked: the help, then why
+            typer.echo(ctx.get_help())
+        raise _fail_usage("a campaign needs --gpu and --variant or --model, e.g. tune --gpu t4 --variant mha "
+                          f"--dry-run (or use a sub-command: {', '.join(command_names())}; tune --help)")
     from tuner.campaign import CampaignOptions, run_campaign
+    from tuner.campaign.options import default_trials
 
     options = CampaignOptions(
-        gpu=gpu, variant=variant, trials=trials, timeout=timeout, head_dim=head_dim, dtype=dtype,
+        gpu=gpu, variant=variant, trials=default_trials(dry_run) if trials is None else trials, timeout=timeout,
+        head_dim=head_dim, dtype=dtype,
         causal=causal_mode if causal_mode is not None else causal, model=model, study_dir=study_dir,
         storage=storage, ray_address=ray_address, llm_base_url=llm_base_url, llm_model=llm_model,
         llm_api_key=llm_api_key, llm_sketches=llm_sketches, dry_run=dry_run, resume=resume, remeasure=remeasure,
@@ -139,7 +209,7 @@ def _campaign_page_size(layout: Optional[str], page_size: Optional[int], phase: 
     return page_size
 
 
-@app.command()
+@app.command(cls=TuneCommand)
 def check(files: List[Path] = typer.Argument(..., help="TL files to check.")) -> None:
     """Parse and check TL programs; print `ok` or diagnostics per file."""
     from tuner.commands.check import run_check
@@ -147,7 +217,7 @@ def check(files: List[Path] = typer.Argument(..., help="TL files to check.")) ->
     raise typer.Exit(run_check(files))
 
 
-@app.command()
+@app.command(cls=TuneCommand)
 def gpus() -> None:
     """List the hardware profiles."""
     from tuner.commands.gpus import show_gpus
@@ -155,7 +225,7 @@ def gpus() -> None:
     raise typer.Exit(show_gpus())
 
 
-@app.command()
+@app.command(cls=TuneCommand)
 def models() -> None:
     """List the model presets (`--model NAME`)."""
     from tuner.commands.models import show_models
@@ -163,7 +233,7 @@ def models() -> None:
     raise typer.Exit(show_models())
 
 
-@app.command()
+@app.command(cls=TuneCommand)
 def build(
     gpu: str = typer.Option(..., "--gpu"),
     variant: str = typer.Option(..., "--variant"),
@@ -208,7 +278,7 @@ def build(
                                page_size=page_size, seqlen=seqlen))
 
 
-@app.command()
+@app.command(cls=TuneCommand)
 def bench(
     gpu: str = typer.Option(..., "--gpu"),
     variant: Optional[str] = typer.Option(None, "--variant", help="mha, gqa, mqa or mla (or give --model)."),
@@ -264,7 +334,7 @@ def bench(
                                page_size=page_size, model=model))
 
 
-@app.command("export")
+@app.command("export", cls=TuneCommand)
 def export_cmd(
     gpu: str = typer.Option(..., "--gpu"),
     variant: Optional[str] = typer.Option(None, "--variant"),
@@ -273,6 +343,11 @@ def export_cmd(
 ) -> None:
     """Export the stored best kernels of a GPU for production (JSON configs, sources, cubins)."""
     from tuner.store.export import run_export
+
+    if not study_dir.is_dir():
+        what = "is not a directory" if study_dir.exists() else "does not exist"
+        raise _fail_usage(f"--study-dir {study_dir} {what}: a campaign stores its best kernels there "
+                          f"(tune --gpu {gpu} --variant {variant or 'mha'} --study-dir {study_dir})", "tune export")
 
     raise typer.Exit(run_export(gpu=gpu, variant=variant, study_dir=study_dir, out_dir=out))
 
