@@ -8,22 +8,27 @@ from pathlib import Path
 
 import pytest
 
+# Bytecode, and pytest's test modules with their asserts rewritten, are cached in __pycache__ even where
+# PYTHONDONTWRITEBYTECODE is set (as on the CI machines): rewriting the asserts of ~230 modules otherwise costs every
+# run, and every parallel worker, about 15 s.
+sys.dont_write_bytecode = False
+
 # The GPU locks (tuner/campaign/gpulock.py) of this test process and the Ray workers and trial processes it starts:
 # a folder of its own, so that another test run, a campaign or a parallel test worker on this machine never holds
 # the lock a test waits for.
 os.environ.setdefault("TUNER_GPU_LOCK_DIR", tempfile.mkdtemp(prefix="tuner-test-locks-"))
 
-# With parallel workers (pytest -n, pytest-xdist with --dist loadgroup), the tests that start Ray clusters or whole
-# campaigns run one after another in one worker: two local clusters at once on a 2-core machine slow each other past
-# the tests' time limits.
-SERIAL_GROUP = "campaigns"
-_SERIAL_FILES = ("test_newcomer_path.py", "test_decode_bench_cli.py")
+# With parallel workers (pytest -n, pytest-xdist with --dist loadgroup), the tests that start Ray clusters run one
+# after another in one worker: two local clusters at once on a 2-core machine slow each other past the tests' time
+# limits. They are the users of the campaign tests' session cluster and the files that start their own.
+SERIAL_GROUP = "ray"
+_SERIAL_FILES = ("test_compile_pool.py", "test_trialproc.py", "test_retime.py", "test_newcomer_path.py",
+                 "test_decode_bench_cli.py")
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        path = Path(str(item.fspath))
-        if path.parent.name == "campaign" or path.name in _SERIAL_FILES:
+        if "ray_cluster" in getattr(item, "fixturenames", ()) or Path(str(item.fspath)).name in _SERIAL_FILES:
             item.add_marker(pytest.mark.xdist_group(SERIAL_GROUP))
 
 

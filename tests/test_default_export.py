@@ -40,7 +40,8 @@ def untimed(monkeypatch):
     monkeypatch.setattr(timer, "time_ms", once)
 
 
-@pytest.mark.parametrize("spec", SERVING_SPECS, ids=lambda s: s.layout)
+@pytest.mark.parametrize("spec", [pytest.param(s, marks=pytest.mark.slow) if s.layout == "paged" else s
+                                  for s in SERVING_SPECS], ids=lambda s: s.layout)
 def test_serving_defaults_are_stored_under_their_mixes_serving_buckets(spec, untimed, monkeypatch):
     import tuner.defaults.export as de
 

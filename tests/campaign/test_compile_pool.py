@@ -1,9 +1,12 @@
 """Where compile tasks run (cluster.CompilePool): on the CPU-only nodes when the cluster has any, else on the
 CPUs the GPU trials leave free, as on one GPU host."""
+
 import json
 import os
 import subprocess
 import sys
+
+import pytest
 
 from tuner.campaign.cluster import MAX_SLOTS_PER_NODE, compile_pool_of
 
@@ -43,6 +46,7 @@ def test_a_unit_goes_to_the_cpu_only_node_with_the_most_free_slots():
     assert strategy.node_id == real and strategy.soft     # a node that died: Ray runs the unit elsewhere
 
 
+@pytest.mark.slow
 def test_multinode_cluster_compiles_on_the_cpu_only_node_and_trials_stay_on_the_gpu_nodes(tmp_path):
     """ray.cluster_utils.Cluster: a head and a second node with a fake H100 each, then a CPU-only node joins.
     The node ids the trials recorded: before it joined, compiles ran on the GPU nodes (as today); after,

@@ -1,8 +1,10 @@
 """The campaign's sampler reads each measured kernel once (tuner/campaign/distinct.py)."""
+
 import importlib.util
 import warnings
 
 import optuna
+import pytest
 from optuna.samplers import RandomSampler
 
 from tuner.campaign import study as st
@@ -64,6 +66,7 @@ def test_the_campaign_samplers_all_read_the_distinct_history():
                 first = trial.number if first is None else first
 
 
+@pytest.mark.slow
 def test_late_in_a_campaign_each_new_kernel_takes_about_two_asks_and_the_search_does_not_stall():
     """On the measured H100 grid (380 kernels): to measure 150 of them, the campaign's sampler (TPE over the
     distinct history) with the nearest unasked point after each repeat takes under 2.2 asks a kernel (266 on

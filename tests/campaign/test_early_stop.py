@@ -59,6 +59,7 @@ def test_no_bucket_winner_is_stopped_with_a_noisy_probe(tmp_path):
     assert r["lost"] == [] and r["saved"] >= 0.5
 
 
+@pytest.mark.slow   # a search replayed over the recorded grid
 def test_a_search_on_the_recorded_grid_spends_far_less_gpu_time_and_loses_no_winner(capsys):
     """The campaign's sampler on the recorded grid (seeds enqueued, 150 distinct kernels): measured 127 of 150
     stopped, 87.9 s of GPU instead of 238.5 s (63.1% saved); no kernel that would win a bucket among those
@@ -71,6 +72,7 @@ def test_a_search_on_the_recorded_grid_spends_far_less_gpu_time_and_loses_no_win
     assert r["saved"] >= 0.5
 
 
+@pytest.mark.slow   # a search replayed over the recorded grid
 def test_the_early_stop_changes_nothing_the_sampler_proposes_on_the_measured_grid():
     """A stopped kernel is told pruned: TPE ranks it with the trials above its split, where it would be
     anyway (every one is 20% behind), so the sampler proposes the same kernels, reaches 3% of the grid's best

@@ -26,9 +26,12 @@ def _problem(seqlen: int, batch: int = 1, heads: int = 2) -> Problem:
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """torch.cuda stubs and a fake timer in this process; tensors on the CPU."""
-    from tuner.measure import timer
+    """torch.cuda stubs and a fake timer in this process; tensors on the CPU. The gate's check shapes are cut to the
+    small ones: on the CPU a bf16 reference of the large ones takes tens of seconds, and what these tests check is
+    the trial's flow around the gate (tests/test_verify*.py check the gate itself)."""
+    from tuner.measure import timer, verify
 
+    monkeypatch.setattr(verify, "CHECK_SHAPES", tuple(s for s in verify.CHECK_SHAPES if s[1] * s[2] <= 300 * 300))
     gpu_fakes.patch_torch_cuda(monkeypatch.setattr)
     monkeypatch.setattr(timer, "time_ms", gpu_fakes.fake_time_ms)
     monkeypatch.setattr(backends, "TRIAL_DEVICE", "cpu")

@@ -4,6 +4,9 @@ import pytest
 
 from .winners_sim import compare, noisy_grid
 
+# a replay of 120 buckets per noise level: seconds each (python -m tests.campaign.winners_sim)
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):

@@ -73,6 +73,7 @@ def test_prefill_params_on_a_decode_sketch_are_refused():
         kernel(params=KernelParams())
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_NVCC, reason="nvcc not on PATH")
 def test_the_kernel_compiles_without_spills_and_the_host_struct_matches(tmp_path):
     from translate.nvcc import compile_kernel

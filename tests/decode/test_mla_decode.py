@@ -106,6 +106,7 @@ def compiled(tmp_path_factory):
     return out, list(zip(kernels, compile_kernels(kernels, "sm_90a", cache_dir=out, jobs=2)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", [0, 1], ids=["h128_w4x2", "h16_w1x4"])
 def test_the_mla_kernels_compile_without_spills_with_ldgsts_ldsm_hmma(compiled, which):
     from translate.sass import find_cuobjdump, sass_summary

@@ -58,6 +58,7 @@ def compiled(tmp_path_factory):
     return compile_one(tmp_path_factory, kernel(RESCALE), "mla_rescale")
 
 
+@pytest.mark.slow
 def test_the_kernel_compiles_to_the_same_gemms_and_votes_before_the_multiplies(compiled):
     from translate.sass import sass_instructions
 

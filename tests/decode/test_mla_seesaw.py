@@ -97,6 +97,7 @@ def compiled(tmp_path_factory):
     return compile_one(tmp_path_factory, kernel(), "mla_seesaw")
 
 
+@pytest.mark.slow
 def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     k = compiled[1]
     sass, cubin = clean_sass(compiled, "seesaw")
@@ -125,6 +126,7 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     assert not any("SR_CLOCK" in line for line in lines), "wait sums (-DATTN_DECODE_WAITS) in the measured kernel"
 
 
+@pytest.mark.slow
 def test_the_combine_keeps_its_loads_in_flight_in_compact_code(compiled):
     """The combine kernel (attn_decode.cuh combine): partial rows loaded 8 float4s a lane before their sums, no local
     memory, and small code (its loops unrolled, 2.5k instructions, made batch 8-32 calls 0.96-0.98x)."""

@@ -110,6 +110,7 @@ def compiled(tmp_path_factory):
     return compile_one(tmp_path_factory, kernel(TMA), "mla_tma")
 
 
+@pytest.mark.slow
 def test_the_tma_kernel_compiles_to_tma_loads_beside_the_gathers(compiled):
     from translate.sass import sass_instructions
 

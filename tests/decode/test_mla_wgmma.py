@@ -91,6 +91,7 @@ def compiled(tmp_path_factory):
     return out, list(zip(kernels, compile_kernels(kernels, "sm_90a", cache_dir=out, jobs=1)))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", [0, 1], ids=["paged_causal_bf16", "dense_fp16"])
 def test_the_wgmma_kernel_compiles_without_spills_or_serialisation(compiled, which):
     from translate.sass import find_cuobjdump, sass_summary

@@ -268,7 +268,7 @@ def test_bad_decode_inputs_are_refused_clearly(decoded, change, fragment):
 
 
 # ---- the op --------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("route_kind", ["kernel", "per-call", "reference"])
+@pytest.mark.parametrize("route_kind", ["kernel", pytest.param("per-call", marks=pytest.mark.slow), "reference"])
 @pytest.mark.parametrize("return_lse", [False, True])
 def test_decode_opcheck_schema_fake_and_autograd(decoded, route_kind, return_lse):
     q, kc, vc, lens, table = decode_case([37], sq=3, hq=4, hkv=2, d=128, spare=1, seed=4)
@@ -350,6 +350,7 @@ def _step(attn):
     return f
 
 
+@pytest.mark.slow   # torch.compile of a model: seconds of Inductor
 def test_decode_under_torch_compile_fullgraph(decoded):
     args = decode_case([70], sq=1, seed=7)
     f = _step(decoded)
@@ -365,6 +366,7 @@ def test_decode_under_torch_compile_fullgraph(decoded):
     torch.testing.assert_close(inductor(*args)[0], want[0], atol=1e-2, rtol=1e-2)
 
 
+@pytest.mark.slow   # torch.compile: seconds of Inductor
 def test_compiled_dynamic_batch_picks_the_bucket_per_call(decoded):
     compiled = torch.compile(_step(decoded), fullgraph=True, backend="aot_eager", dynamic=True)
     buckets = []

@@ -26,6 +26,7 @@ def _models(served, layers=2):
     return ref, ours
 
 
+@pytest.mark.slow   # torch.compile of a model: seconds of Inductor
 def test_logits_match_sdpa_eager_and_compiled_without_graph_breaks(served):
     ref, ours = _models(served)
     ids = torch.randint(0, 320, (2, 96), generator=torch.Generator().manual_seed(1))

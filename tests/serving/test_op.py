@@ -83,6 +83,7 @@ def test_torch_compile_fullgraph_has_no_graph_break(served):
     assert served.stats["kernel"] == before + 2 and served.last_bucket == "s1024"
 
 
+@pytest.mark.slow   # torch.compile: seconds of Inductor
 def test_dynamic_seqlen_picks_the_bucket_per_call_inside_one_graph(served):
     """With seqlen symbolic the graph holds the config's route; the bucket follows the concrete length."""
     compiled = torch.compile(_model(served), fullgraph=True, backend="aot_eager", dynamic=True)
@@ -94,6 +95,7 @@ def test_dynamic_seqlen_picks_the_bucket_per_call_inside_one_graph(served):
     assert buckets == ["s512", "s512", "s4096", "s4096"]
 
 
+@pytest.mark.slow   # torch.compile: seconds of Inductor
 def test_inductor_compiles_a_model_around_the_op(served):
     q, k, v = qkv(b=1, hq=4, hkv=4, sq=128)
     compiled = torch.compile(_model(served), fullgraph=True)

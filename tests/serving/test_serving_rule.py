@@ -114,6 +114,7 @@ def test_key_length_varlen_configs_keep_routing_by_max_seqlen_k(served):
     assert _varlen_route(served, [10], [7000]).bucket == "s8192"
 
 
+@pytest.mark.slow   # torch.compile: seconds of Inductor
 def test_serving_buckets_under_torch_compile(serving):
     """Plain ints: the bucket is settled while tracing, no graph break; dynamic=True makes the lengths SymInts
     and the bucket is chosen per call from the concrete values."""

@@ -75,7 +75,7 @@ statements = st.recursive(simple, blocks, max_leaves=10)
 programs = st.lists(statements, max_size=8).map(lambda s: Program(tuple(s)))
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(programs)
 def test_print_then_parse_gives_the_same_program(program):
     text = format_program(program)

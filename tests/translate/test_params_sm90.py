@@ -76,7 +76,7 @@ def test_register_model_counts_the_operand_copy_only_for_rs():
     assert tile_registers(ws(pv_operand="ss"), problem()) == 64 + 64 + 24
 
 
-@pytest.mark.parametrize("variant,hd", [("mha", 128), ("mha", 64), ("mla", None)])
+@pytest.mark.parametrize("variant,hd", [("mha", 128), pytest.param("mha", 64, marks=pytest.mark.slow), ("mla", None)])
 def test_setmaxnreg_never_asks_for_more_than_the_cta_got_at_launch(variant, hd):
     """setmaxnreg moves registers within the CTA's launch allocation (threads x the __launch_bounds__ share):
     a consumer share past it never completes and the kernel hangs, as every 2-warpgroup kernel with a
