@@ -3,11 +3,13 @@
 Bump ``ABI_VERSION`` when the argument list or the launch geometry changes. The history, for kernels exported
 earlier: 1, the softmax scale was compiled in as 1/sqrt(d_qk) (``ABI1_ARGS``, no scale argument); 2, the scale is
 a launch argument (``softmax_scale_log2``); 3, a decode kernel's combine takes a warp per 128-column slice of a row
-from 16 splits on (``kernel_abi.decode.combine_grid``), before it a warp per row.
+from 16 splits on (``kernel_abi.decode.combine_grid``), before it a warp per row; 4, a kernel built with an option of
+kernel_abi.spec takes its run-time values (window_left / window_right, softcap_prescale, sinks: the names its metadata
+lists) and its spec names the option.
 """
 from __future__ import annotations
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 # The kernel's arguments, in order (the emitted signature; the runtime packs them from this list).
 KERNEL_ARGS = (

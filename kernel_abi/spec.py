@@ -1,8 +1,22 @@
-"""Attention problems: what a kernel computes, independent of how."""
+"""Attention problems: what a kernel computes, independent of how.
+
+Beyond plain attention, a problem may carry the options today's models use, with FlashAttention's conventions:
+
+* ``window`` (left, right): query row i of a sequence sees key j only when i + off - left <= j <= i + off + right,
+  with off = seqlen_k - seqlen_q (bottom-right alignment, as causal); -1 leaves that side open. ``causal`` closes
+  the right side at 0 (FlashAttention sets window_size[1] = 0 when causal).
+* ``softcap``: the scores (after the softmax scale) become softcap * tanh(scores / softcap); 0 is none.
+* ``sinks``: one learned logit per query head joins every row's softmax as one more key with no value (FA4's
+  ``learnable_sink``): it raises the row's max and denominator, and the log-sum-exp includes it.
+
+A kernel compiled with such an option (``KernelSpec.local``, ``softcap``, ``sinks``) takes the window sizes, the cap
+and the sinks at run time.
+"""
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")
 DTYPES = ("fp16", "bf16")
@@ -11,6 +25,7 @@ DTYPES = ("fp16", "bf16")
 GQA_GROUP = 8          # 64 query heads share 8 KV heads in the anchors: group 8
 MLA_D_QK, MLA_D_V = 192, 128
 HEAD_DIMS = (64, 128)   # the head dims (d_qk == d_v) of the other variants' kernels
+NO_WINDOW = (-1, -1)    # FlashAttention's window_size for none
 
 
 @dataclass(frozen=True)
@@ -31,6 +46,9 @@ class Problem:
     d_v: int
     causal: bool
     dtype: str
+    window: tuple[int, int] = NO_WINDOW     # (left, right) keys around the diagonal; -1: unbounded (module doc)
+    softcap: float = 0.0                    # scores = softcap * tanh(scores / softcap); 0: none
+    sinks: bool = False                     # a learned logit per query head joins each row's softmax
 
     def __post_init__(self) -> None:
         errors = validate_problem(self)
@@ -47,9 +65,23 @@ class Problem:
         return 1.0 / math.sqrt(self.d_qk)
 
     @property
+    def local(self) -> bool:
+        """A sliding window bounds the keys a row sees beyond what causal does."""
+        return is_local(self.window, self.causal)
+
+    @property
+    def effective_window(self) -> tuple[int, int]:
+        """(left, right) as the kernel applies them: causal closes the right side at 0."""
+        return effective_window(self.window, self.causal)
+
+    @property
     def flops(self) -> float:
-        """FLOPs as docs/benchmarks.md counts them (causal halves), for TFLOPS figures comparable to the anchors."""
-        f = 2.0 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * (self.d_qk + self.d_v)
+        """FLOPs as docs/benchmarks.md counts them: causal halves the square (for TFLOPS comparable to the
+        published figures); a window counts the (query, key) pairs it leaves visible."""
+        per_pair = 2.0 * self.batch * self.heads_q * (self.d_qk + self.d_v)
+        if self.local:
+            return per_pair * visible_pairs(self.seqlen_q, self.seqlen_k, *self.effective_window)
+        f = per_pair * self.seqlen_q * self.seqlen_k
         return f / 2 if self.causal else f
 
     def with_(self, **changes) -> "Problem":
@@ -57,8 +89,53 @@ class Problem:
 
     def label(self) -> str:
         c = "causal" if self.causal else "noncausal"
+        extra = "".join([f" window{self.window[0]},{self.window[1]}" if self.window != NO_WINDOW else "",
+                         f" softcap{self.softcap:g}" if self.softcap else "", " sinks" if self.sinks else ""])
         return (f"{self.variant} b{self.batch} hq{self.heads_q} hkv{self.heads_kv} sq{self.seqlen_q} "
-                f"sk{self.seqlen_k} d{self.d_qk}/{self.d_v} {c} {self.dtype}")
+                f"sk{self.seqlen_k} d{self.d_qk}/{self.d_v} {c} {self.dtype}{extra}")
+
+
+def is_local(window, causal: bool) -> bool:
+    """Whether ``window`` bounds the visible keys beyond ``causal``: a left bound, or a right one without causal."""
+    left, right = window
+    return left >= 0 or (right >= 0 and not causal)
+
+
+def effective_window(window, causal: bool) -> tuple[int, int]:
+    left, right = window
+    return (left, 0 if causal else right)
+
+
+def window_errors(window, causal: bool) -> list[str]:
+    """Why ``window`` is not a (left, right) pair of ints >= -1 (FlashAttention's window_size); empty when it is."""
+    if not (isinstance(window, tuple) and len(window) == 2
+            and all(isinstance(w, int) and not isinstance(w, bool) for w in window)):
+        return [f"window must be a (left, right) pair of ints, got {window!r}"]
+    if any(w < -1 for w in window):
+        return [f"window sizes must be >= -1 (-1: unbounded), got {window}"]
+    if causal and window[1] > 0:
+        return [f"a causal window's right side is 0 (or -1), got {window[1]}"]
+    return []
+
+
+def softcap_errors(softcap) -> list[str]:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
+            or softcap < 0:
+        return [f"softcap must be a finite number >= 0 (0: none), got {softcap!r}"]
+    return []
+
+
+@functools.lru_cache(maxsize=4096)
+def visible_pairs(seqlen_q: int, seqlen_k: int, left: int, right: int) -> int:
+    """(query, key) pairs of one sequence that the window (left, right) leaves visible (-1: that side unbounded),
+    aligned bottom-right: row i sees keys max(0, i + off - left) .. min(seqlen_k - 1, i + off + right)."""
+    off = seqlen_k - seqlen_q
+    total = 0
+    for i in range(seqlen_q):
+        lo = 0 if left < 0 else max(0, i + off - left)
+        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + off + right)
+        total += max(0, hi - lo + 1)
+    return total
 
 
 def validate_problem(p: Problem) -> list[str]:
@@ -78,6 +155,7 @@ def validate_problem(p: Problem) -> list[str]:
         errors.append("mqa needs heads_kv == 1")
     if p.variant != "mla" and p.d_qk != p.d_v:
         errors.append(f"{p.variant} needs d_qk == d_v")
+    errors += window_errors(p.window, p.causal) + softcap_errors(p.softcap)
     return errors
 
 
@@ -139,15 +217,43 @@ class KernelSpec:
     dtype: str
     layout: str = "dense"     # how rows are found (tl/layout.py): dense (b, s, h, d), varlen (cu_seqlens)
     phase: str = "prefill"    # prefill, or decode: a few query tokens per sequence, split-KV (tl/phase.py)
+    # The options of the module doc, compiled in; their values (window sizes, the cap, the sinks) are run-time
+    # arguments. A kernel without one refuses a call that needs it.
+    local: bool = False       # a sliding window (window_left, window_right)
+    softcap: bool = False     # logit soft-capping (softcap_prescale; the softmax scale argument carries the cap)
+    sinks: bool = False       # a learned logit per query head (sinks: fp32, one per query head)
 
     @classmethod
     def of(cls, problem: Problem) -> "KernelSpec":
-        return cls(problem.variant, problem.d_qk, problem.d_v, problem.causal, problem.dtype)
+        return cls(problem.variant, problem.d_qk, problem.d_v, problem.causal, problem.dtype,
+                   local=problem.local, softcap=bool(problem.softcap), sinks=problem.sinks)
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The options of this spec, by name: ("local", "softcap", "sinks") or a part of it."""
+        return tuple(f for f in FEATURES if getattr(self, f))
 
     def label(self) -> str:
         base = f"{self.variant}_d{self.d_qk}x{self.d_v}_{'causal' if self.causal else 'noncausal'}_{self.dtype}"
+        base = "_".join((base, *self.features))
         base = base if self.layout == "dense" else f"{base}_{self.layout}"
         return base if self.phase == "prefill" else f"{base}_{self.phase}"
+
+    def __repr__(self) -> str:   # (the options only where set: generated sources name the spec)
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"KernelSpec({fields})"
+
+    def to_dict(self) -> dict:
+        """The spec as stored (kernel metadata, records, cache keys): the options only where set, so that a spec
+        without them reads as it always did."""
+        out = asdict(self)
+        for f in FEATURES:
+            if not out[f]:
+                del out[f]
+        return out
+
+
+FEATURES = ("local", "softcap", "sinks")
 
 
 def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> KernelSpec:

@@ -16,6 +16,7 @@ from tl.ast import LEVELS, Allocate, Compute, Copy, For, If, Program, Reshape, T
 from tl.diagnostics import Diagnostic
 from tl.layout import layout_diagnostics
 from tl.phase import phase_diagnostics
+from tl.options import option_diagnostics
 from tl.pipelines import CheckLimits, pipeline_diagnostics, producer_fills, role_diagnostics
 
 __all__ = ["OpSpec", "KNOWN_OPS", "CheckLimits", "check", "check_source"]
@@ -41,7 +42,10 @@ KNOWN_OPS: dict[str, OpSpec] = {spec.name.lower(): spec for spec in (
     OpSpec("Multiply", 2, 2, "elementwise"),
     OpSpec("Divide", 2, 2, "elementwise"),
     OpSpec("Softmax", 1, 1, "softmax", takes_with=True),
-    OpSpec("Mask", 1, 2, "mask"),
+    OpSpec("Mask", 1, 2, "mask"),               # Mask S [, Window]: the causal / ragged mask, and a sliding window
+    # the options of today's models (tl/options.py): soft-capping of the raw scores, sinks joining each row's softmax
+    OpSpec("Softcap", 1, 1, "softcap"),
+    OpSpec("Sink", 1, 1, "sink", takes_with=True),
     OpSpec("Exp", 1, 1, "elementwise"),
     OpSpec("Exp2", 1, 1, "elementwise"),
     OpSpec("Log", 1, 1, "elementwise"),
@@ -159,6 +163,7 @@ class _Checker:
         self.block(self.program.statements)
         role_diagnostics(self.program.statements, self.error)
         pipeline_diagnostics(self.program.statements, self.error, self.limits)
+        self.diags += option_diagnostics(self.program, self.path)
         self.diags += layout_diagnostics(self.program, self.path)
         self.diags += phase_diagnostics(self.program, self.path)
         return self.diags
@@ -279,11 +284,12 @@ class _Checker:
                            "end it with `and get S` or `and accumulate O_register`")
             if s.with_ and not spec.takes_with:
                 self.error(s.line, s.col, "bad-arity", f"{spec.name} takes no `with` clause",
-                           "only Softmax keeps running state: `Compute Softmax S with Smax and Ssum`")
-            if spec.takes_with and len(s.with_) not in (0, 2):
+                           "only Softmax (and Sink, after it) keep running state: `Compute Softmax S with Smax and "
+                           "Ssum`")
+            if spec.takes_with and len(s.with_) not in ((0, 2) if spec.kind == "softmax" else (2,)):
                 self.error(s.line, s.col, "bad-arity",
-                           f"Softmax keeps two running values (row max and row sum), got {len(s.with_)}",
-                           "write `Compute Softmax S with Smax and Ssum`")
+                           f"{spec.name} takes two running values (row max and row sum), got {len(s.with_)}",
+                           f"write `Compute {spec.name} {s.args[0].name if s.args else 'S'} with Smax and Ssum`")
         is_gemm = spec is not None and spec.kind == "gemm"
         entries = [self.operand(ref, s.line, is_gemm) for ref in s.args]
         if is_gemm and len(s.args) == 2:

@@ -31,6 +31,11 @@ CODES = {
                      "page table, ...)",
     "decode-split": "a decode loop over the split's keys that does not run from split_begin to split_end",
     "decode-combine": "split keys whose partial outputs are never combined, or a Combine with no split to merge",
+    "mask-kind": "a Mask's second operand is not Window (the sliding window is the only mask it can name)",
+    "softcap-order": "a Softcap of a tile no score GEMM writes, or after that tile's Mask or Softmax (it acts on the "
+                     "raw scores)",
+    "sink-place": "a Sink inside the key loop, before the Softmax it joins, with other running values than the "
+                  "Softmax's, or after the output was divided by the sum",
     "internal": "the checker itself failed (a bug: please report the input)",
 }
 

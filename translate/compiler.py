@@ -61,6 +61,10 @@ def layout_problems(program: Program, spec: KernelSpec, warp_specialized: bool) 
     if spec.layout != "dense" and not warp_specialized:
         problems.append(f"packed sequences ({spec.layout}) are built by the warp-specialised Hopper kernel, whose "
                         "scheduler walks them: use a sketch with warpgroup roles (tl/sketches/hopper)")
+    features = getattr(spec, "features", ())
+    if features and not warp_specialized:
+        problems.append(f"{', '.join(features)}: built by the warp-specialised Hopper kernels only (a sketch with "
+                        "warpgroup roles, tl/sketches/hopper)")
     return problems
 
 

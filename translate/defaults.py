@@ -141,9 +141,26 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
                                   pingpong=warp_specialized and _serving_pingpong(spec))
             errors = validate(params, profile, probe, warp_specialized=warp_specialized)
             if not errors:
-                return params
+                return _local_params(params, spec, profile, probe) if warp_specialized else params
             tried.append(f"{params.key()}: {'; '.join(errors)}")
     raise ValueError(f"no Hopper candidate fits {profile.name} for {spec.label()}:\n  " + "\n  ".join(tried))
+
+
+# A local kernel of a grouped head layout at head dim 64 (gpt-oss: 64/8 heads, 128-key windows): 128-row tiles of the
+# group's 8 heads packed (16 tokens each) and 64-key tiles, so that a window spans few key tiles and one K/V tile
+# serves the whole group. Window 128, 64/8 heads, causal, 2k and 16k keys (H200, FA4 in the same process,
+# BENCHMARKS.md 2026-11-27): 126.1 and 128.0 TFLOPS, 1.044x and 1.049x FA4, against 97.3 and 98.2 (0.81x) with
+# the head dim's default 192 x 128 unpacked; every other tile of 64-192 x 64-128, packed or not, 0.75-0.98x.
+LOCAL_GROUPED_D64 = dict(block_m=128, block_n=64, num_warps=8, pack_gqa=True, producer_regs=24)
+
+
+def _local_params(params: KernelParams, spec: KernelSpec, profile: Profile, probe: Problem) -> KernelParams:
+    """LOCAL_GROUPED_D64 for a dense local spec of grouped heads at head dim 64 where it is valid; else ``params``."""
+    if not (getattr(spec, "local", False) and spec.layout == "dense" and spec.variant in ("gqa", "mqa")
+            and spec.d_qk == spec.d_v == 64):
+        return params
+    local = KernelParams.from_dict({**params.to_dict(), **LOCAL_GROUPED_D64})
+    return local if not validate(local, profile, probe, warp_specialized=True) else params
 
 
 def _whole_tile_pages(spec: KernelSpec, page_size: int | None, block_n: int) -> bool:

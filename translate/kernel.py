@@ -1,7 +1,7 @@
 """What the translator hands out: a generated kernel (source + launch facts) and its error type."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from kernel_abi.abi import ABI_VERSION, KERNEL_ARGS
 from translate.params import KernelParams
@@ -62,7 +62,7 @@ class GeneratedKernel:
             "smem_bytes": self.smem_bytes,
             "block_m": self.block_m,
             "block_n": self.block_n,
-            "spec": asdict(self.spec),
+            "spec": self.spec.to_dict(),
             "params": self.params.to_dict(),
             # a decode kernel takes one struct (translate/decode): its extra_args are the whole list
             "args": [list(a) for a in (() if self.grid == "decode" else KERNEL_ARGS) + tuple(self.extra_args)],

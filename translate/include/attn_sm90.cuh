@@ -203,6 +203,67 @@ __forceinline__ __device__ void apply_mask_packed(TS& acc_s, TC const& coord, in
   }
 }
 
+// ---- the options of kernel_abi.spec: sliding windows, soft-capping, sinks -----------------------------------
+// The mask of a tile of a local kernel (a sliding window, run-time sizes; -1 leaves a side open): key c of row r is
+// visible iff c < seqlen_k and r + offset - left <= c <= r + offset + right (causal kernels pass right 0). A row's
+// token is its tile row / pack where query heads are packed into the rows (pack 1: unpacked). Per row, one division.
+template <typename TS, typename TC>
+__forceinline__ __device__ void apply_mask_window(TS& acc_s, TC const& coord, int row0, int col0, int seqlen_k,
+                                                  int causal_offset, int window_left, int window_right, int pack = 1) {
+  Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
+  Tensor c = make_tensor(coord.data(), rowcol_layout(coord.layout()));
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(s); ++mi) {
+    const int diag = (row0 + get<0>(c(mi, 0))) / pack + causal_offset;
+    const int last_key = window_right >= 0 ? min(seqlen_k - 1, diag + window_right) : seqlen_k - 1;
+    const int first_key = window_left >= 0 ? diag - window_left : 0;
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) {
+      const int col = col0 + get<1>(c(mi, ni));
+      if (col > last_key || col < first_key) { s(mi, ni) = -INFINITY; }
+    }
+  }
+}
+
+// Soft-capping, FlashAttention's softcap * tanh(score / softcap), before the mask and the softmax: S becomes
+// tanh(S * prescale) with prescale = softmax scale / softcap, and the softmax's exponent scale (the softmax_scale_log2
+// argument) carries softcap * log2(e). One MUFU.TANH an element, beside the exponential's MUFU.EX2.
+template <typename TS>
+__forceinline__ __device__ void softcap_tile(TS& acc_s, float prescale) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(acc_s(i) * prescale));
+    acc_s(i) = t;
+  }
+}
+
+// Attention sinks (FA4's learnable_sink): after the last key tile, each row's sink logit joins its softmax as one
+// more key without a value. With m the row's running max (the P values and the sum are relative to m * scale_log2)
+// and s the sink in log2 units, M = max(m * scale_log2, s): the sum becomes sum * 2^(m' - M) + 2^(s - M) and the
+// output is multiplied by 2^(m' - M), so the final division normalises over the keys and the sink. The sum is
+// thread-local (a quad's four threads share a row until normalize_rows adds them): every thread scales its part,
+// and the first thread of the quad adds the sink's term once. A row that saw no key (max -inf) gets output 0.
+// The query head of tile row r is head0 + (r % pack) (packed heads) or head0.
+template <typename TO, typename TMax, typename TSum, typename TC>
+__forceinline__ __device__ void add_sink(TO& acc_o, TMax const& row_max, TSum& row_sum, TC const& coord,
+                                         float const* sinks, int head0, int pack, float scale_log2, int thread) {
+  Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
+  Tensor c = make_tensor(coord.data(), rowcol_layout(coord.layout()));
+  constexpr float kLog2e = 1.4426950408889634f;
+  CUTE_UNROLL
+  for (int mi = 0; mi < size<0>(o); ++mi) {
+    const int head = head0 + (pack > 1 ? get<0>(c(mi, 0)) % pack : 0);
+    const float sink = __ldg(sinks + head) * kLog2e;
+    const float m = row_max(mi) == -INFINITY ? -INFINITY : row_max(mi) * scale_log2;
+    const float top = fmaxf(m, sink);
+    const float factor = m == -INFINITY ? 0.f : attn_tl::fast_exp2(m - top);
+    row_sum(mi) = row_sum(mi) * factor + (thread % 4 == 0 ? attn_tl::fast_exp2(sink - top) : 0.f);
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= factor; }
+  }
+}
+
 // Second half: the output accumulator's rows times their factors. kSkipUnit (with softmax_tile's threshold):
 // a warp none of whose rows moved its max skips the multiply (one vote instead of a multiply per element).
 template <bool kSkipUnit = false, typename TO, typename TScale>

@@ -51,6 +51,12 @@ class Ctx:
     # cp.async producer: the page lookups in scope, by tile expression (K's serves V's copy of the same tile)
     page_lookups: dict = field(default_factory=dict)
 
+    @property
+    def top(self) -> str:
+        """One past the KV block of iteration 0 (the walk goes down from it): n_tiles, or a local kernel's
+        n_block_max (translate/sm90/tiles.py window_bounds)."""
+        return "n_block_max" if getattr(self.spec, "local", False) else "n_tiles"
+
     def gemm_id(self, op: Op) -> str:
         if op not in self.gemm_names:
             self.gemm_names[op] = f"g{op.line}_{len(self.gemm_names)}"
@@ -99,13 +105,13 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
         lines = []
         if lookup is None:   # the first copy of this tile in scope reads the table (before its wait); the next reuses it
             lookup = ctx.page_lookups[tile] = f"tile_pages_{len(ctx.page_lookups)}"
-            lines.append(f"const attn_sm90::PagedGroup {lookup} = attn_sm90::paged_group_rows<kBlockN>((n_tiles - 1 - "
+            lines.append(f"const attn_sm90::PagedGroup {lookup} = attn_sm90::paged_group_rows<kBlockN>(({ctx.top} - 1 - "
                          f"({tile})) * kBlockN, seqlen_k, pages, page_size, page_shift, tidx);  // tile {tile}'s pages, "
                          "read before the stage's wait (K's and V's)")
         return lines + [
             "{",
             f"{INDENT}const int slot = {x}_write % kStages;",
-            f"{INDENT}const int n_block = n_tiles - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
+            f"{INDENT}const int n_block = {ctx.top} - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
             f"{INDENT}const int64_t rows_at = attn_sm90::paged_group_offset({lookup}, {x}_batch_stride, "
             f"{x}_row_stride);",
             f"{INDENT}attn_sm90::wait_barrier(&{x}_empty[slot], ((({x}_write / kStages) & 1) ^ 1));"
@@ -130,7 +136,7 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
         "  // the consumers handed the stage back",
         f"{INDENT}++{x}_write;",
         f"{INDENT}attn_sm90::FullBarrier::arrive_and_expect_tx(&{x}_full[slot], kTile{x.upper()}Bytes);",
-        f"{INDENT}const int n_block = n_tiles - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
+        f"{INDENT}const int n_block = {ctx.top} - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
         load,
         "}",
     ]
@@ -185,6 +191,11 @@ def emit_gemm(op: Op, ctx: Ctx, stage_waited: bool = False) -> list[str]:
 
 def emit_mask(op: Op, ctx: Ctx) -> list[str]:
     t = op.data["target"]
+    if op.data.get("window"):   # a local kernel: the tiles at both ends of the walk, by the window's sizes
+        return [f"if (tile_{t} < n_masked || tile_{t} >= n_tiles - n_masked_left) {{  // the window's edge tiles",
+                f"{INDENT}attn_sm90::apply_mask_window(acc_{t}, tScS, m_block * kBlockM, (n_block_max - 1 - tile_{t}) "
+                f"* kBlockN, seqlen_k, causal_offset, wl, wr{', pack' if ctx.pack else ''});",
+                "}"]
     causal = "kCausal" if op.data["causal"] else "false"
     if ctx.pack:   # a row's token is its tile row / pack (rows are token x pack + head)
         return [f"if (tile_{t} < n_masked) {{  // the diagonal / ragged tiles come first",
@@ -195,6 +206,17 @@ def emit_mask(op: Op, ctx: Ctx) -> list[str]:
             f"{INDENT}attn_tl::apply_mask<{causal}>(acc_{t}, tScS, m_block * kBlockM, "
             f"(n_tiles - 1 - tile_{t}) * kBlockN, seqlen_k, causal_offset);",
             "}"]
+
+
+def emit_softcap(op: Op, ctx: Ctx) -> list[str]:
+    return [f"attn_sm90::softcap_tile(acc_{op.data['target']}, softcap_prescale);  // softcap * tanh(S / softcap): "
+            "the cap is in kScaleLog2"]
+
+
+def emit_sink(op: Op, ctx: Ctx) -> list[str]:
+    head0 = "bidh * pack" if ctx.pack else "bidh"
+    return [f"attn_sm90::add_sink(acc_{op.data['target']}, {op.data['max']}, {op.data['sum']}, tScS, sinks, {head0}, "
+            f"{'pack' if ctx.pack else '1'}, kScaleLog2, mma_tidx);  // the sink joins each row's max and sum"]
 
 
 def emit_softmax(op: Op, ctx: Ctx) -> list[str]:
@@ -298,6 +320,8 @@ EMITTERS = {
     "alloc_acc": emit_alloc_acc,
     "gemm": emit_gemm,
     "mask": emit_mask,
+    "softcap": emit_softcap,
+    "sink": emit_sink,
     "softmax": emit_softmax,
     "reshape": emit_reshape,
     "normalize": emit_normalize,

@@ -151,7 +151,11 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
     return lines
 
 
-def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack: bool = False) -> list[str]:
+_CPP_ARG = {"i32": "const int {}", "f32": "const float {}", "ptr": "const float* __restrict__ {}"}
+
+
+def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack: bool = False,
+                     options: tuple = ()) -> list[str]:
     args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
     if pack:   # the query heads a tile holds: the group where it divides 64, else 1 (tuner/serving/launch/plan.py)
         args.append("const int pack")
@@ -160,6 +164,7 @@ def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack:
                  "const int* __restrict__ seqused_k"]
     if paged:
         args += ["const int* __restrict__ page_table", "const int64_t page_table_stride", "const int page_size"]
+    args += [_CPP_ARG[kind].format(arg) for arg, kind in options]   # (translate/sm90/generate.py OPTION_ARGS)
     args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
     return base.kernel_signature(name, args)
 

@@ -38,12 +38,23 @@ PAGED_ARGS = (("page_table", "ptr"), ("page_table_stride", "i64"), ("page_size",
 
 # Packed query heads (pack_gqa): the query heads a tile holds, after the tile counter.
 PACK_ARGS = (("pack", "i32"),)
+# The options of kernel_abi.spec a kernel is built with, before the descriptors: the window's sizes (keys left and
+# right of the diagonal, -1: open), the soft-cap's prescale (softmax scale / cap; softmax_scale_log2 then carries
+# cap * log2(e)), the sinks (fp32, one logit per query head).
+OPTION_ARGS = {"local": (("window_left", "i32"), ("window_right", "i32")), "softcap": (("softcap_prescale", "f32"),),
+               "sinks": (("sinks", "ptr"),)}
 
 
-def extra_args(layout: str, pack: bool = False) -> tuple:
+def option_args(spec) -> tuple:
+    return tuple(a for option in spec.features for a in OPTION_ARGS[option]) if hasattr(spec, "features") else ()
+
+
+def extra_args(layout: str, pack: bool = False, options: tuple = ()) -> tuple:
     if layout == "dense":
-        return EXTRA_ARGS[:3] + PACK_ARGS + EXTRA_ARGS[3:] if pack else EXTRA_ARGS
-    return EXTRA_ARGS[:3] + VARLEN_ARGS + (PAGED_ARGS if layout == "paged" else ()) + EXTRA_ARGS[3:]
+        head = EXTRA_ARGS[:3] + (PACK_ARGS if pack else ())
+    else:
+        head = EXTRA_ARGS[:3] + VARLEN_ARGS + (PAGED_ARGS if layout == "paged" else ())
+    return head + tuple(options) + EXTRA_ARGS[3:]
 
 
 def generate_warp_specialized(program: Program, params, profile, spec) -> GeneratedKernel:
@@ -69,6 +80,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
                                f"only from a paged cache (layout paged); the {spec.layout} layout loads them with TMA "
                                "(g2s_atom SM90_TMA)")
     pack = bool(params.pack_gqa)
+    local = bool(getattr(spec, "local", False))
     if pack and spec.layout != "dense":
         raise TranslationError(f"pack_gqa packs the query heads of a KV head into the rows of a dense tile; the "
                                f"{spec.layout} layout finds its rows by sequence (one query head a tile)")
@@ -117,14 +129,14 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
             f"{I}{one}{{ *tile_slot = tile; *tile_info = vt; }}" if cp_async else f"{I}*tile_slot = tile;",
             *([] if cp_async else [f"{I}*tile_info = vt;"]),
             f"{I}if (tile == attn_sm90::kNoTile) {{ {one}attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more",
-            *em._indent(tiles.tile_setup(True, "vt"), 1),
+            *em._indent(tiles.tile_setup(True, "vt", local=local), 1),
             *([f"{I}const int* pages = page_table + vt.seq * page_table_stride;  // the sequence's pages"]
               if paged else [])]
     else:
         hand_out = [
             f"{I}*tile_slot = tile;",
             f"{I}if (tile >= num_tiles) {{ attn_sm90::FullBarrier::arrive(q_full); break; }}  // no more: tell them",
-            *em._indent(tiles.tile_setup(pack=pack) + [tiles.DECODED_COORDS], 1)]
+            *em._indent(tiles.tile_setup(pack=pack, local=local) + [tiles.DECODED_COORDS], 1)]
     producer = [
         "int tile = blockIdx.x;",
         *(["attn_sm90::VarlenCursor cursor;  // the sequence this CTA's tiles have reached"] if varlen else []),
@@ -146,11 +158,12 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         # 168 registers after setmaxnreg (344 bytes of spills; nvcc 13.0, checked in tests/translate)
         take = [f"{I}if (*tile_slot >= num_tiles) {{ break; }}  // kNoTile: no tile left",
                 f"{I}const attn_sm90::VarlenTile vt = *tile_info;  // the sequence's lengths, from the producer",
-                *em._indent(tiles.tile_setup(True, "vt") + tiles.varlen_masking() + tiles.zero_tile(True))]
+                *em._indent(tiles.tile_setup(True, "vt", local=local) + tiles.varlen_masking(local)
+                            + tiles.zero_tile(True))]
     else:
         take = [f"{I}const int tile = *tile_slot;",
                 f"{I}if (tile >= num_tiles) {{ break; }}",
-                *em._indent(tiles.tile_setup(pack=pack, decoded=True) + tiles.tile_masking(pack)
+                *em._indent(tiles.tile_setup(pack=pack, decoded=True, local=local) + tiles.tile_masking(pack, local)
                             + tiles.zero_tile(pack=pack))]
     consumer_loop = [
         "for (;;) {",
@@ -189,7 +202,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
     body_lines = header + frame.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += frame.kernel_types(spec, params, lowered.stages, separate_o) + [""]
-    body_lines += frame.kernel_signature(name, varlen, paged, pack)
+    body_lines += frame.kernel_signature(name, varlen, paged, pack, option_args(spec))
     setup = frame.kernel_setup(params, pack)
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
@@ -203,7 +216,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     smem = smem_bytes_ws(params, spec, lowered.stages, separate_o, ordered)
     return GeneratedKernel(name=name, preamble=HOPPER_PREAMBLE, body="\n".join(body_lines),
                            num_threads=128 * (wgs + 1), smem_bytes=smem, block_m=params.block_m,
-                           block_n=params.block_n, spec=spec, params=params, extra_args=extra_args(spec.layout, pack),
+                           block_n=params.block_n, spec=spec, params=params,
+                           extra_args=extra_args(spec.layout, pack, option_args(spec)),
                            tensor_maps=tensor_map_boxes(params, spec),
                            grid="persistent" if params.persistent else "tiles")
 

@@ -109,9 +109,35 @@ class WsLowering:
         if stores[0].tensor.name not in self.pv_results:
             raise TranslationError(f"only the output accumulator ({next(iter(self.pv_results))}) can be written "
                                    "back", stores[0].line)
-        self.has_mask = any(isinstance(s, Compute) and s.op_key == "mask" for s in walk(self.consumer_block.body))
+        computes = [s for s in walk(self.consumer_block.body) if isinstance(s, Compute)]
+        masks = [s for s in computes if s.op_key == "mask"]
+        self.has_mask = bool(masks)
         if self.spec.causal and not self.has_mask:
             raise TranslationError("a causal kernel needs `Compute Mask S` after the score GEMM; the sketch has none")
+        self._check_options(masks, computes)
+
+    def _check_options(self, masks: list, computes: list) -> None:
+        """The spec's options (kernel_abi.spec: local, softcap, sinks) and the sketch's statements agree: a window
+        is masked by `Compute Mask S, Window`, the scores soft-capped by `Compute Softcap S`, the sinks joined by
+        `Compute Sink O with Smax and Ssum`; a statement for an option the spec lacks is an error too."""
+        windowed = [m for m in masks if len(m.args) == 2 and m.args[1].name.lower() == "window"]
+        other = [m for m in masks if len(m.args) == 2 and m.args[1].name.lower() != "window"]
+        if other:
+            raise TranslationError(f"`Compute Mask {other[0].args[0].name}, {other[0].args[1].name}`: the second operand "
+                                   "of a Mask can only be Window (the sliding window)", other[0].line)
+        wants = {"local": ("a sliding window", windowed, "Compute Mask S, Window"),
+                 "softcap": ("soft-capping", [c for c in computes if c.op_key == "softcap"], "Compute Softcap S"),
+                 "sinks": ("attention sinks", [c for c in computes if c.op_key == "sink"],
+                           "Compute Sink O_register with Smax and Ssum")}
+        for option, (what, found, statement) in wants.items():
+            if getattr(self.spec, option, False) and not found:
+                raise TranslationError(f"the kernel spec has {what}; the sketch states none (`{statement}`)")
+            if found and not getattr(self.spec, option, False):
+                raise TranslationError(f"the sketch states {what} but the kernel spec has none (build it for a "
+                                       f"spec with {option})", found[0].line)
+        if self.spec.local and len(windowed) != len(masks):
+            raise TranslationError("a local kernel masks every score tile by its window: write `, Window` on every "
+                                   "Mask", next(m for m in masks if m not in windowed).line)
 
     def _role(self, name: str, role: str, line: int) -> None:
         if self.roles.get(name, role) != role:
@@ -217,6 +243,8 @@ class WsLowering:
         self.layout: dict[str, str] = {}      # physical tensor -> "C" | "A"
         self.score_accs: set[str] = set()
         self.p_tensors: set[str] = set()
+        self.masked: set[str] = set()          # score tiles masked since their GEMM (Softcap must come first)
+        self.loop_depth = 0
         return self._consumer_block(self.consumer_block.body)
 
     def _consumer_block(self, stmts) -> list:
@@ -226,7 +254,10 @@ class WsLowering:
             if isinstance(s, For):
                 if s.stages is not None:
                     raise TranslationError("stages belong on the producer's loop", s.line)
-                out.append(Loop(s.var, s.start, s.stop, self._consumer_block(s.body), s, text))
+                self.loop_depth += 1
+                body = self._consumer_block(s.body)
+                self.loop_depth -= 1
+                out.append(Loop(s.var, s.start, s.stop, body, s, text))
             elif isinstance(s, If):
                 out.append(Cond(s.condition, self._consumer_block(s.body), s, text))
             elif isinstance(s, Allocate):
@@ -294,9 +325,31 @@ class WsLowering:
                              "buffers": (b.name,)})]
         if key == "mask":
             acc = self._score(s.args[0].name, s.line)
-            return [Op("mask", s, text, reads=(acc,), writes=(acc,), data={"target": acc, "causal": True})]
+            self.masked.add(acc)
+            return [Op("mask", s, text, reads=(acc,), writes=(acc,),
+                       data={"target": acc, "causal": True, "window": len(s.args) == 2})]
+        if key == "softcap":   # on the raw scores: before the tile's mask and softmax
+            acc = self._score(s.args[0].name, s.line)
+            if acc in self.masked:
+                raise TranslationError(f"Softcap {s.args[0].name} after its Mask: soft-capping applies to the raw "
+                                       "scores (put it right after the score GEMM)", s.line)
+            return [Op("softcap", s, text, reads=(acc,), writes=(acc,), data={"target": acc})]
+        if key == "sink":
+            if self.loop_depth:
+                raise TranslationError("the sink joins each row's softmax once, after the last key tile: put "
+                                       "`Compute Sink` after the loop", s.line)
+            target = self._phys(s.args[0].name, s.line)
+            stats = getattr(self, "stats", None)
+            if stats is None or tuple(s.with_) != tuple(stats):
+                raise TranslationError(f"Sink needs the softmax's running max and sum: `Compute Sink {s.args[0].name} "
+                                       f"with {' and '.join(stats or ('Smax', 'Ssum'))}`", s.line)
+            if target != next(iter(self.pv_results)):
+                raise TranslationError("Sink rescales the output accumulator: its operand is the P·V result", s.line)
+            return [Op("sink", s, text, reads=(target,), writes=(target,),
+                       data={"target": target, "max": stats[0], "sum": stats[1]})]
         if key == "softmax":
             acc = self._score(s.args[0].name, s.line)
+            self.masked.discard(acc)   # the next GEMM into it starts a new tile
             names = (list(s.with_) + [f"{acc}_max", f"{acc}_sum"])[:2]
             self.stats = tuple(names)
             ops = []
@@ -320,7 +373,8 @@ class WsLowering:
                                        "explicit Multiply by the scale", s.line)
             raise TranslationError(f"Compute {s.op} {a.name}, {b.name} is not supported in a consumer warpgroup "
                                    "(supported: Mask, Softmax, Divide by the softmax sum)", s.line)
-        raise TranslationError(f"unknown operator {s.op!r} in the consumer (known: GEMM, Mask, Softmax, Divide)",
+        raise TranslationError(f"unknown operator {s.op!r} in the consumer (known: GEMM, Softcap, Mask, Softmax, "
+                               "Sink, Divide)",
                                s.line)
 
     def _score(self, name: str, line: int) -> str:

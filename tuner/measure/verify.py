@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional, Sequence
 
 from kernel_abi.spec import KernelSpec, Problem
@@ -55,18 +55,56 @@ class VerificationReport:
                 "checks": [asdict(c) for c in self.checks]}
 
 
+# A kernel built with an option of kernel_abi.spec is checked at the sizes where its tile arithmetic turns: windows
+# of 0 and 1 keys, 63-65 and 127-129 (a 64- or 128-key tile +- 1), one longer than every sequence, on the left, the
+# right and both (a causal kernel's right side is 0); caps of 1 and 50; sink logits of +-30 beside small ones.
+CAUSAL_WINDOWS = ((0, 0), (1, 0), (63, 0), (64, 0), (65, 0), (127, 0), (128, 0), (129, 0), (5000, 0), (-1, 0))
+WINDOWS = ((0, 0), (1, 1), (63, -1), (-1, 65), (127, 128), (129, 1), (64, 64), (-1, 0), (5000, 5000), (0, -1))
+SOFTCAPS = (1.0, 50.0)
+
+
 def default_check_problems(spec: KernelSpec, bench_problem: Optional[Problem] = None) -> list[Problem]:
     hq, hkv = CHECK_HEADS[spec.variant]
-    out = [Problem(spec.variant, b, hq, hkv, sq, sk, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
-           for b, sq, sk in CHECK_SHAPES]
+    windows = (CAUSAL_WINDOWS if spec.causal else WINDOWS) if getattr(spec, "local", False) else ((-1, -1),)
+    caps = SOFTCAPS if getattr(spec, "softcap", False) else (0.0,)
+    sinks = bool(getattr(spec, "sinks", False))
+    out = [Problem(spec.variant, b, hq, hkv, sq, sk, spec.d_qk, spec.d_v, spec.causal, spec.dtype,
+                   window=windows[i % len(windows)], softcap=caps[i % len(caps)], sinks=sinks)
+           for i, (b, sq, sk) in enumerate(CHECK_SHAPES)]
+    if len(windows) > len(CHECK_SHAPES) // 2:   # every window once more, on a ragged shape of its own
+        out += [Problem(spec.variant, 1, hq, hkv, 200 + 37 * i, 333, spec.d_qk, spec.d_v, spec.causal, spec.dtype,
+                        window=w, softcap=caps[(i + 1) % len(caps)], sinks=sinks) for i, w in enumerate(windows)]
     if bench_problem is not None:
         out.append(bench_problem)
     return out
 
 
-def reference(q, k, v, causal: bool, dtype=None, chunk_bytes: int = 1 << 29):
+def spec_serves(spec: KernelSpec, problem: Problem) -> bool:
+    """Whether a kernel of ``spec`` computes ``problem``: the same variant, dims, mask and dtype; a window only on
+    a local kernel (which also runs without one); a cap and sinks exactly where the kernel has them."""
+    of = KernelSpec.of(problem)
+    plain = dict(local=False, softcap=False, sinks=False)
+    return (replace(of, **plain, layout=spec.layout, phase=spec.phase) == replace(spec, **plain)
+            and (not of.local or spec.local) and of.softcap == spec.softcap and of.sinks == spec.sinks)
+
+
+def sink_logits(heads_q: int, gen, device):
+    """One logit per query head: the first two +30 and -30 (a sink that swamps the row, one that vanishes), the
+    others of order one."""
+    import torch
+
+    logits = torch.randn(heads_q, generator=gen, device=device, dtype=torch.float32) * 2
+    logits[0] = 30.0
+    if heads_q > 1:
+        logits[1] = -30.0
+    return logits
+
+
+def reference(q, k, v, causal: bool, dtype=None, chunk_bytes: int = 1 << 29, *, window=(-1, -1), softcap: float = 0.0,
+              sinks=None, scale: float | None = None):
     """Plain attention in torch, in ``dtype`` (default fp32 on upcast inputs); rows with no visible key
-    are 0. Chunked over query rows so benchmark-sized shapes fit in memory."""
+    are 0. Chunked over query rows so benchmark-sized shapes fit in memory. ``window`` (left, right), ``softcap``
+    and ``sinks`` (one logit per query head) as kernel_abi.spec defines them; ``scale`` None is 1/sqrt(d_qk)."""
     import torch
 
     dt = dtype or torch.float32
@@ -77,21 +115,62 @@ def reference(q, k, v, causal: bool, dtype=None, chunk_bytes: int = 1 << 29):
     k = k.repeat_interleave(group, dim=2).transpose(1, 2)     # (b, hq, sk, d)
     v = v.repeat_interleave(group, dim=2).transpose(1, 2)
     qt = q.transpose(1, 2)                                    # (b, hq, sq, d)
-    scale = 1.0 / math.sqrt(d)
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    left, right = window[0], 0 if causal else window[1]
+    bounded = causal or left >= 0 or right >= 0
+    sink = None if sinks is None else sinks.to(device=q.device, dtype=torch.float32).view(1, hq, 1, 1)
     out = torch.empty((b, hq, sq, v.shape[-1]), dtype=dt, device=q.device)
     rows = max(1, chunk_bytes // max(1, b * hq * sk * 4))
     cols = torch.arange(sk, device=q.device)
     for r0 in range(0, sq, rows):
         r1 = min(sq, r0 + rows)
         s = torch.matmul(qt[:, :, r0:r1], k.transpose(-1, -2)) * scale
-        if causal:
-            r = torch.arange(r0, r1, device=q.device)[:, None]
-            visible = cols[None, :] <= r + (sk - sq)
+        if softcap:
+            s = softcap * torch.tanh(s / softcap)
+        if bounded:
+            diag = torch.arange(r0, r1, device=q.device)[:, None] + (sk - sq)
+            visible = torch.ones_like(diag, dtype=torch.bool) & (cols[None, :] >= 0)
+            if right >= 0:
+                visible &= cols[None, :] <= diag + right
+            if left >= 0:
+                visible &= cols[None, :] >= diag - left
             s = s.masked_fill(~visible, float("-inf"))
-        p = torch.softmax(s.float(), dim=-1).to(dt)
-        p = torch.nan_to_num(p, nan=0.0)                      # rows with no visible key -> 0
+        s = s.float()
+        if sink is not None:   # one more key of logit sink and no value: it joins the max and the denominator
+            s = torch.cat([s, sink.expand(b, hq, r1 - r0, 1)], dim=-1)
+        p = torch.softmax(s, dim=-1)
+        if sink is not None:
+            p = p[..., :-1]
+        p = torch.nan_to_num(p.to(dt), nan=0.0)               # rows with no visible key -> 0
         out[:, :, r0:r1] = torch.matmul(p, v)
     return out.transpose(1, 2)                                # (b, sq, hq, d_v)
+
+
+def reference_lse(q, k, causal: bool, *, window=(-1, -1), softcap: float = 0.0, sinks=None,
+                  scale: float | None = None):
+    """The fp32 log-sum-exp (natural log) of every row's scores, (b, hq, sq), the sink included; -inf for a row
+    with no visible key and no sink (FlashAttention's convention for an empty row)."""
+    import torch
+
+    q, k = q.float(), k.float()
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k = k.repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
+    s = torch.matmul(q.transpose(1, 2), k.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    left, right = window[0], 0 if causal else window[1]
+    diag = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    cols = torch.arange(sk, device=q.device)[None, :]
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if right >= 0:
+        visible &= cols <= diag + right
+    if left >= 0:
+        visible &= cols >= diag - left
+    s = s.masked_fill(~visible, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float().to(q.device).view(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
+    return torch.logsumexp(s, dim=-1)
 
 
 def _inputs(problem: Problem, gen, device):
@@ -120,8 +199,16 @@ def check_problem(kernel: Callable, problem: Problem, gen, device: str = "cuda")
     def fail(reason, max_err=math.nan, rel=math.nan, bound=math.nan, lowp=math.nan):
         return ShapeCheck(label, False, max_err, rel, bound, lowp, reason)
 
+    options = {}
+    if problem.window != (-1, -1):
+        options["window_size"] = problem.window
+    if problem.softcap:
+        options["softcap"] = problem.softcap
+    sinks = sink_logits(problem.heads_q, gen, device) if problem.sinks else None
+    if sinks is not None:
+        options["sinks"] = sinks
     try:
-        result = kernel(q, k, v, out=out)
+        result = kernel(q, k, v, out=out, **options)
         torch.cuda.synchronize()
     except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
         return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -133,8 +220,9 @@ def check_problem(kernel: Callable, problem: Problem, gen, device: str = "cuda")
     if not bool(finite.all()):
         n_bad = int((~finite).sum())
         return fail(f"{n_bad} of {out.numel()} output elements are NaN/Inf (unwritten or overflowed)")
-    ref = reference(q, k, v, problem.causal)
-    lowp = reference(q, k, v, problem.causal, dtype=q.dtype).float()
+    ref_options = {"window": problem.window, "softcap": problem.softcap, "sinks": sinks}
+    ref = reference(q, k, v, problem.causal, **ref_options)
+    lowp = reference(q, k, v, problem.causal, dtype=q.dtype, **ref_options).float()
     return judge(label, out, ref, lowp, problem.dtype)
 
 
@@ -171,7 +259,7 @@ def verify(kernel: Callable, spec: KernelSpec, problems: Optional[Sequence[Probl
     gen.manual_seed(seed)
     probs = list(problems) if problems is not None else default_check_problems(spec)
     for p in probs:
-        if KernelSpec.of(p) != spec:
+        if not spec_serves(spec, p):
             raise ValueError(f"check problem {p.label()} does not match the kernel spec {spec}")
     checks = tuple(check_problem(kernel, p, gen, device) for p in probs)
     bad = [c for c in checks if not c.passed]

@@ -25,10 +25,10 @@ from typing import Any
 
 from kernel_abi.abi import ABI1_ARGS, ABI_VERSION
 from tuner.serving.launch import driver as cuda
-from tuner.serving.launch.plan import (FOUR_POINTERS, POINTER, LaunchPlan, build_paged_plan, build_plan,
-                                       build_varlen_plan, point_map)
+from tuner.serving.launch.plan import (FOUR_POINTERS, NO_OPTIONS, POINTER, CallOptions, LaunchPlan,
+                                       build_paged_plan, build_plan, build_varlen_plan, point_map)
 
-SUPPORTED_ABIS = (1, 2, ABI_VERSION)   # kernel_abi.abi: what each version changed
+SUPPORTED_ABIS = tuple(range(1, ABI_VERSION + 1))   # kernel_abi.abi: what each version changed
 _DEFAULT_SMEM_LIMIT = 48 * 1024
 _LOG2E = math.log2(math.e)
 _MAX_PLANS = 256               # per kernel; a model has a handful of shapes per layer kind
@@ -133,19 +133,23 @@ class AttentionKernel:
         with -DATTN_DECODE_TRACE (scripts/decode_trace.py); KernelLoadError when the module has no such global."""
         return cuda.check(cuda.api().cuModuleGetGlobal(self._module, name.encode()), name)
 
-    def __call__(self, q, k, v, out=None, softmax_scale: float | None = None):
+    def __call__(self, q, k, v, out=None, softmax_scale: float | None = None, *, window_size=(-1, -1),
+                 softcap: float = 0.0, sinks=None):
         """``out`` (b, sq, hq, d_v) = attention(q, k, v) on the tensors' device and torch's current stream.
         ValueError (before any launch) for inputs the kernel cannot take; ``softmax_scale`` None is
-        1/sqrt(d_qk)."""
-        plan = self._plan_for(q, k, v, out, softmax_scale)
+        1/sqrt(d_qk). ``window_size``, ``softcap``, ``sinks``: the options of kernel_abi.spec, for a kernel built
+        with them (tuner.serving.launch.plan.option_values)."""
+        plain = sinks is None and not softcap and (window_size is None or tuple(window_size) == (-1, -1))
+        options = NO_OPTIONS if plain else CallOptions(tuple(window_size), softcap, sinks)
+        plan = self._plan_for(q, k, v, out, softmax_scale, options)
         if out is None:
             import torch
 
             out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
-        self._launch(plan, q, k, v, out)
+        self._launch(plan, q, k, v, out, () if sinks is None else (sinks.data_ptr(),))
         return out
 
-    def prepare(self, q, k, v, softmax_scale: float | None = None):
+    def prepare(self, q, k, v, softmax_scale: float | None = None):   # (a kernel with no sinks)
         """``launcher(q, k, v) -> out`` bound to the plan of these tensors' signature (shapes, strides, dtypes,
         device, scale), for a caller that keys its own cache by that signature (tuner.serving's eager path):
         one lookup there instead of two. Only tensors of the same signature may be passed; the per-call
@@ -163,7 +167,8 @@ class AttentionKernel:
         return launcher
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, seqused_k=None,
-               out=None, softmax_scale: float | None = None):
+               out=None, softmax_scale: float | None = None, *, window_size=(-1, -1), softcap: float = 0.0,
+               sinks=None):
         """Packed sequences (a kernel of the varlen layout): q (total_q, hq, d_qk), k (total_k, hkv, d_qk),
         v (total_k, hkv, d_v), ``cu_seqlens_q``/``cu_seqlens_k`` int32 (batch + 1) on the same GPU,
         ``seqused_k`` int32 (batch) or None -> out (total_q, hq, d_v). Causal aligns bottom-right within
@@ -175,19 +180,22 @@ class AttentionKernel:
         batch = cu_seqlens_q.shape[0] - 1
         key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, batch, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
-               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device),
+               CallOptions(tuple(window_size or (-1, -1)), softcap, sinks).key())
         plan = self._plans.get(key) if self._plans is not None else None
         if plan is None:
-            plan = build_varlen_plan(self, q, k, v, out, softmax_scale, batch, int(max_seqlen_q), int(max_seqlen_k))
+            plan = build_varlen_plan(self, q, k, v, out, softmax_scale, batch, int(max_seqlen_q), int(max_seqlen_k),
+                                     CallOptions(tuple(window_size or (-1, -1)), softcap, sinks))
             self._remember_plan(key, plan)
         if out is None:
             out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
         self._launch(plan, q, k, v, out, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
-                                          0 if seqused_k is None else seqused_k.data_ptr()))
+                                          0 if seqused_k is None else seqused_k.data_ptr())
+                     + (() if sinks is None else (sinks.data_ptr(),)))
         return out
 
     def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q: int, out=None,
-              softmax_scale: float | None = None):
+              softmax_scale: float | None = None, *, window_size=(-1, -1), softcap: float = 0.0, sinks=None):
         """Prefill over a paged cache (a kernel of the paged layout): packed q (total_q, hq, d_qk) with
         ``cu_seqlens_q`` int32 (batch + 1); k_cache/v_cache (pages, page_size, hkv, d); ``page_table`` int32
         (batch, pages per sequence); ``seqused_k`` int32 (batch) the keys of each sequence -> out (total_q, hq,
@@ -205,16 +213,18 @@ class AttentionKernel:
             raise ValueError(f"page_table has {page_table.shape[0]} rows for {batch} sequences")
         key = ("paged", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
                k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, batch, int(max_seqlen_q),
-               page_table.stride(0), softmax_scale, None if out is None else (out.shape, out.stride(), out.dtype))
+               page_table.stride(0), softmax_scale, None if out is None else (out.shape, out.stride(), out.dtype),
+               CallOptions(tuple(window_size or (-1, -1)), softcap, sinks).key())
         plan = self._plans.get(key) if self._plans is not None else None
         if plan is None:
             plan = build_paged_plan(self, q, k_cache, v_cache, out, softmax_scale, batch, int(max_seqlen_q),
-                                    page_table.stride(0))
+                                    page_table.stride(0), CallOptions(tuple(window_size or (-1, -1)), softcap, sinks))
             self._remember_plan(key, plan)
         if out is None:
             out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
         self._launch(plan, q, k_cache, v_cache, out,
-                     (cu_seqlens_q.data_ptr(), 0, seqused_k.data_ptr(), page_table.data_ptr()))
+                     (cu_seqlens_q.data_ptr(), 0, seqused_k.data_ptr(), page_table.data_ptr())
+                     + (() if sinks is None else (sinks.data_ptr(),)))
         return out
 
     def _remember_plan(self, key, plan) -> None:
@@ -224,14 +234,16 @@ class AttentionKernel:
             self._plans.pop(next(iter(self._plans)))
         self._plans[key] = plan
 
-    def _plan_for(self, q, k, v, out, softmax_scale) -> "LaunchPlan":
+    def _plan_for(self, q, k, v, out, softmax_scale, options: CallOptions = NO_OPTIONS) -> "LaunchPlan":
         key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, softmax_scale,
                None if out is None else (out.shape, out.stride(), out.dtype, out.device))
+        if options is not NO_OPTIONS:
+            key += options.key()
         plans = self._plans
         plan = plans.get(key) if plans is not None else None
         if plan is None:
-            plan = build_plan(self, q, k, v, out, softmax_scale)
+            plan = build_plan(self, q, k, v, out, softmax_scale, options)
             self._remember_plan(key, plan)
         return plan
 

@@ -110,6 +110,64 @@ def _scale_of(kernel, softmax_scale) -> float:
     return scale
 
 
+@dataclass(frozen=True)
+class CallOptions:
+    """A call's options of kernel_abi.spec (FlashAttention's conventions): ``window`` (left, right), -1 open;
+    ``softcap`` 0 none; ``sinks`` a tensor of one fp32 logit per query head, or None. Hashable but for the sinks
+    tensor, which goes into a plan's key as present or not (its pointer is written per call)."""
+
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    sinks: Any = None
+
+    def key(self) -> tuple:
+        return (self.window, self.softcap, self.sinks is not None)
+
+
+NO_OPTIONS = CallOptions()
+_OPTION_TEXT = {"local": "a sliding window (window_size)", "softcap": "soft-capping (softcap)",
+                "sinks": "attention sinks (learnable_sink)"}
+
+
+def option_values(kernel, options: CallOptions, heads_q: int, device, scale: float) -> dict:
+    """The kernel arguments of a call's options, and the exponent scale (softmax_scale_log2: the softmax scale, or
+    with soft-capping the cap, times log2(e)). ValueError, before any launch, for an option the kernel was not built
+    with, one it was built with and the call lacks (a soft-capping kernel always caps, a sinks kernel always adds
+    them), or a malformed value."""
+    spec = kernel.meta["spec"]
+    window = tuple(options.window) if options.window is not None else (-1, -1)
+    if len(window) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window):
+        raise ValueError(f"window_size must be (left, right) ints >= -1 (-1: unbounded), got {options.window!r}")
+    causal = bool(spec.get("causal"))
+    local = window[0] >= 0 or (window[1] >= 0 and not causal)
+    softcap = options.softcap or 0.0
+    if not (isinstance(softcap, (int, float)) and math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be a finite number >= 0, got {options.softcap!r}")
+    asked = {"local": local, "softcap": softcap > 0, "sinks": options.sinks is not None}
+    for option, given in asked.items():
+        built = bool(spec.get(option))
+        if given and not built:
+            raise ValueError(f"{kernel.name} was built without {_OPTION_TEXT[option]}: the call needs a kernel built with "
+                             f"{option}")
+        if built and not given and option != "local":
+            raise ValueError(f"{kernel.name} is built with {_OPTION_TEXT[option]}: the call must give it")
+    values = {"softmax_scale_log2": (softcap if softcap > 0 else scale) * _LOG2E}
+    if spec.get("local"):
+        values.update(window_left=window[0], window_right=0 if causal else window[1])
+    if softcap > 0:
+        values["softcap_prescale"] = scale / softcap
+    if options.sinks is not None:
+        t = options.sinks
+        import torch
+
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or tuple(t.shape) != (heads_q,) \
+                or t.device != device or t.stride(0) != 1:
+            raise ValueError(f"sinks (learnable_sink) must be a contiguous fp32 tensor of {heads_q} logits (one per "
+                             f"query head) on {device}, got {getattr(t, 'dtype', type(t).__name__)} "
+                             f"{tuple(getattr(t, 'shape', ()))}")
+    return values
+
+
 def _check_out(out, out_shape, dtype, device) -> None:
     if out is not None:
         if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != device:
@@ -148,7 +206,7 @@ def _grid(kernel, batch: int, heads_q: int, seqlen_q: int, group: int = 1) -> tu
     return (m_blocks, heads_q, batch)
 
 
-def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
+def build_plan(kernel, q, k, v, out, softmax_scale, options: CallOptions = NO_OPTIONS) -> LaunchPlan:
     """Validate one call signature against ``kernel`` (an AttentionKernel) and pack everything it fixes;
     ValueError for inputs the kernel cannot take, before any launch."""
     import torch
@@ -166,17 +224,22 @@ def build_plan(kernel, q, k, v, out, softmax_scale) -> LaunchPlan:
     _check_out(out, out_shape, dtype, q.device)
     values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
               "pack": heads_per_tile(kernel.meta, hq // hkv),
-              "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E}
+              **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
     probe_out = out if out is not None else _ContiguousShape(out_shape, q.element_size())
     return _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq, hq // hkv),
-                      out_shape)
+                      out_shape, dynamic=sink_pointer(kernel))
 
 
 VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")   # written per call, like the data pointers
 
 
+def sink_pointer(kernel) -> tuple:
+    """The per-call pointer of a sinks kernel (after its layout's): its sinks tensor."""
+    return ("sinks",) if kernel.meta["spec"].get("sinks") else ()
+
+
 def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqlen_q: int,
-                      max_seqlen_k: int) -> LaunchPlan:
+                      max_seqlen_k: int, options: CallOptions = NO_OPTIONS) -> LaunchPlan:
     """The plan of a varlen kernel: q (total_q, hq, d_qk), k (total_k, hkv, d_qk), v (total_k, hkv, d_v) ->
     out (total_q, hq, d_v); ``batch`` sequences, none longer than ``max_seqlen_q`` / ``max_seqlen_k``
     (FlashAttention's contract: the grid is sized by them). The tensors are seen as one 'batch' of
@@ -203,17 +266,19 @@ def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqle
     out_shape = (total_q, hq, spec["d_v"])
     _check_out(out, out_shape, dtype, q.device)
     values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": max(1, max_seqlen_k), "group": hq // hkv,
-              "heads_q": hq, "batch": batch, "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E}
+              "heads_q": hq, "batch": batch,
+              **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
     probe_out = _Packed(out if out is not None else _ContiguousShape(out_shape, q.element_size()))
     return _pack_plan(kernel, {"q": q4, "k": k4, "v": v4, "o": probe_out}, values,
-                      _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape, dynamic=VARLEN_POINTERS)
+                      _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape,
+                      dynamic=VARLEN_POINTERS + sink_pointer(kernel))
 
 
 PAGED_POINTERS = VARLEN_POINTERS + ("page_table",)
 
 
 def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int, max_seqlen_q: int,
-                     page_table_stride: int) -> LaunchPlan:
+                     page_table_stride: int, options: CallOptions = NO_OPTIONS) -> LaunchPlan:
     """The plan of a paged kernel: packed q (total_q, hq, d_qk) and out, keys and values in caches
     (pages, page_size, hkv, d) found through a page table (int32, batch x its row stride). The page size
     must divide block N or be a multiple of it: a tile is read in boxes of min(block N, page size) rows."""
@@ -247,11 +312,12 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
     out_shape = (total_q, hq, spec["d_v"])
     _check_out(out, out_shape, dtype, q.device)
     values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": 1, "group": hq // hkv, "heads_q": hq, "batch": batch,
-              "softmax_scale_log2": _scale_of(kernel, softmax_scale) * _LOG2E,
-              "page_table_stride": page_table_stride, "page_size": page_size}
+              "page_table_stride": page_table_stride, "page_size": page_size,
+              **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
     probe_out = _Packed(out if out is not None else _ContiguousShape(out_shape, q.element_size()))
     return _pack_plan(kernel, {"q": q4, "k": k_cache, "v": v_cache, "o": probe_out}, values,
-                      _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape, dynamic=PAGED_POINTERS,
+                      _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape,
+                      dynamic=PAGED_POINTERS + sink_pointer(kernel),
                       box_rows={"k": min(block_n, page_size), "v": min(block_n, page_size)})
 
 
