@@ -46,8 +46,57 @@ def parse_params_arg(text: Optional[str], base):
         raise UsageError(f"{source}: {exc}") from None
 
 
+@dataclass(frozen=True)
+class ModelOptions:
+    """The attention options of ``--window L,R``, ``--softcap X`` and ``--sinks`` (kernel_abi.spec's
+    conventions: the window in keys left and right of the diagonal, -1 open; a causal target closes the right side
+    at 0)."""
+
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    sinks: bool = False
+
+    def window_for(self, causal: bool) -> tuple:
+        return (self.window[0], 0 if causal and self.window != (-1, -1) else self.window[1])
+
+    def problem_changes(self, causal: bool) -> dict:
+        """Problem.with_ changes for a problem of this causality."""
+        return {"window": self.window_for(causal), "softcap": self.softcap, "sinks": self.sinks}
+
+    def spec_changes(self, causal: bool) -> dict:
+        from kernel_abi.spec import is_local
+
+        return {"local": is_local(self.window_for(causal), causal), "softcap": self.softcap > 0,
+                "sinks": self.sinks}
+
+
+NO_OPTIONS = ModelOptions()
+
+
+def parse_options(window: Optional[str], softcap: Optional[float], sinks: bool) -> ModelOptions:
+    """``--window L,R`` (ints >= -1, -1 open), ``--softcap X`` (> 0), ``--sinks``; UsageError naming the flag."""
+    import math
+
+    from kernel_abi.spec import window_errors
+
+    pair = (-1, -1)
+    if window is not None:
+        try:
+            pair = tuple(int(x) for x in window.replace(" ", "").split(","))
+        except ValueError:
+            raise UsageError(f"--window must be L,R (keys left and right of the diagonal, -1: open), got {window!r}") \
+                from None
+        errors = window_errors(pair, False) if len(pair) == 2 else ["it needs two numbers"]
+        if errors or pair == (-1, -1):
+            raise UsageError(f"--window {window}: " + ("; ".join(errors) or "-1,-1 is no window"))
+    if softcap is not None and not (math.isfinite(softcap) and softcap > 0):
+        raise UsageError(f"--softcap must be a positive number (the cap of the scores), got {softcap}")
+    return ModelOptions(pair, float(softcap or 0.0), bool(sinks))
+
+
 def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optional[str],
-                   causal: bool, layout: str = "dense") -> tuple[Profile, KernelSpec]:
+                   causal: bool, layout: str = "dense", options: ModelOptions = NO_OPTIONS
+                   ) -> tuple[Profile, KernelSpec]:
     """Profile and kernel spec from the command line; UsageError naming the choices when one is wrong."""
     import dataclasses
 
@@ -63,7 +112,7 @@ def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optio
         spec = spec_for(variant, head_dim, dtype or profile.default_dtype, causal)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return profile, dataclasses.replace(spec, layout=layout)
+    return profile, dataclasses.replace(spec, layout=layout, **options.spec_changes(causal))
 
 
 def resolve_schedule(schedule: Optional[str], profile: Profile) -> str:
@@ -93,15 +142,22 @@ def read_sketch(path: Path) -> str:
 
 
 def load_checked_program(variant: str, causal: bool, sketch: Optional[Path], schedule: str = "fa2",
-                         layout: str = "dense"):
+                         layout: str = "dense", spec: Optional[KernelSpec] = None):
     """(program, source text, path label, diagnostics). The built-in reference sketch of ``schedule`` in
-    ``layout`` when no file is given."""
+    ``layout`` when no file is given, with the statements of ``spec``'s options (tl/options.py: a window, a cap,
+    sinks) added; a sketch file states them itself."""
     import tl
 
     if sketch is None:
         text = tl.load_sketch(variant, causal, schedule, layout)
+        features = getattr(spec, "features", ())
+        if features:
+            from tl.options import with_options
+
+            text = tl.format_program(with_options(tl.parse_program(text), "local" in features, "softcap" in features,
+                                                  "sinks" in features))
         label = f"<reference {schedule} {variant} {'causal' if causal else 'noncausal'}" + \
-            (f" {layout}>" if layout != "dense" else ">")
+            (f" {layout}" if layout != "dense" else "") + "".join(f" {f}" for f in features) + ">"
     else:
         text, label = read_sketch(Path(sketch)), str(sketch)
     program, diagnostics = tl.check_source(text, label)
@@ -137,7 +193,7 @@ def build_kernels(targets, variant, params, sketch, profile, err, cache_dir, sch
     for prof, spec in targets:
         try:
             program, _, label, diagnostics = load_checked_program(variant, spec.causal, sketch, schedule,
-                                                                  spec.layout)
+                                                                  spec.layout, spec)
             warp_specialized = program is not None and has_roles(program.statements)
             kp = parse_params_arg(params, default_params(prof, spec, "ws_overlap" if warp_specialized else "fa2",
                                                          page_size=page_size))

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 from rich.console import Console
 from rich.table import Table
 
-from tuner.build import build_kernels
+from tuner.build import ModelOptions, build_kernels
 from tuner.measure import fa4
 from tuner.measure.dense import BASELINES, DEFAULT_SEQLENS, bench_problems, bench_rows
 from tuner.measure.timer import first_line
@@ -124,10 +124,14 @@ def environment_record(profile, nvcc_version) -> dict:
 def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: Optional[Path],
               head_dim: Optional[int], dtype: Optional[str], causal: Optional[bool], seqlens: Optional[str],
               out_json: Optional[Path], console: Optional[Console] = None, cache_dir: Optional[Path] = None,
-              schedule: Optional[str] = None, page_size: Optional[int] = None, model: Optional[str] = None) -> int:
+              schedule: Optional[str] = None, page_size: Optional[int] = None, model: Optional[str] = None,
+              options: Optional["ModelOptions"] = None) -> int:
     """0 measured (some rows may be FAILED: see the table); 1 sketch/params/compile failed; 2 bad input,
-    no GPU, or a GPU the profile's cubins cannot run on."""
-    from tuner.build import UsageError, resolve_schedule, resolve_target
+    no GPU, or a GPU the profile's cubins cannot run on. ``options``: a window, a cap, sinks (tuner.build), built
+    into the kernel and given to every problem, FA4 and the reference alike."""
+    from tuner.build import NO_OPTIONS, UsageError, resolve_schedule, resolve_target
+
+    options = options or NO_OPTIONS
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
@@ -142,7 +146,7 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
         target = resolve_bench_target(variant, model, head_dim, dtype, causal)
         variant, head_dim, dtype = target.variant, target.head_dim, target.dtype
         seqlen_list = parse_seqlens(seqlens)
-        targets = [resolve_target(gpu, variant, head_dim, dtype, c) for c in target.causals]
+        targets = [resolve_target(gpu, variant, head_dim, dtype, c, options=options) for c in target.causals]
         schedule = resolve_schedule(schedule, targets[0][0])
     except (UsageError, ValueError) as exc:
         return usage(str(exc))
@@ -166,8 +170,9 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
     kernels_info = {}
     for b in built:
         label = b.spec.label() if b.seqlens is None else f"{b.spec.label()}@{','.join(map(str, b.seqlens))}"
-        problems = bench_problems(variant, head_dim, b.spec.dtype, b.spec.causal, b.seqlens or seqlen_list,
-                                  target.heads)
+        problems = [p.with_(**options.problem_changes(p.causal))
+                    for p in bench_problems(variant, head_dim, b.spec.dtype, b.spec.causal, b.seqlens or seqlen_list,
+                                            target.heads)]
         kernel, verified, reason, report = None, False, "", None
         try:
             kernel = load_kernel(b.compiled.cubin, b.kernel.meta())

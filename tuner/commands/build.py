@@ -12,13 +12,15 @@ from hardware_profiles import Profile
 from kernel_abi.spec import KernelSpec
 from tl.pipelines import has_roles
 from translate.params import KernelParams, validate
-from tuner.build import UsageError, load_checked_program, parse_params_arg, resolve_schedule, resolve_target
+from tuner.build import (NO_OPTIONS, ModelOptions, UsageError, load_checked_program, parse_params_arg,
+                         resolve_schedule, resolve_target)
 
 
 def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[str], head_dim: Optional[int],
               dtype: Optional[str], causal: bool, out: Path, console: Optional[Console] = None,
               cache_dir: Optional[Path] = None, schedule: Optional[str] = None, layout: str = "dense",
-              page_size: Optional[int] = None, seqlen: Optional[int] = None) -> int:
+              page_size: Optional[int] = None, seqlen: Optional[int] = None,
+              options: Optional[ModelOptions] = None) -> int:
     """0 built; 1 the sketch, the parameters or the compile failed; 2 bad input (a page size the kernel's block
     N cannot tile included: tuner.serving.launch.paging) or missing toolchain. ``seqlen``: the key length the kernel is for;
     the base parameters are then the profile's default for that bucket (tuner/defaults/table.py)."""
@@ -31,7 +33,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
     try:
-        profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal, layout)
+        profile, spec = resolve_target(gpu, variant, head_dim, dtype, causal, layout, options or NO_OPTIONS)
         problem = page_size_error(layout, page_size)
         if problem is not None:
             raise UsageError(problem)
@@ -39,7 +41,7 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
         if layout != "dense" and not schedule.startswith("ws_"):
             raise UsageError(f"the {layout} layout is built by the warp-specialised Hopper schedules (ws_overlap, "
                              f"ws_serial); {profile.name} builds {schedule}")
-        program, _, label, diagnostics = load_checked_program(variant, causal, sketch, schedule, layout)
+        program, _, label, diagnostics = load_checked_program(variant, causal, sketch, schedule, layout, spec)
         if diagnostics or program is None:
             for d in diagnostics:
                 err.print(str(d), markup=False, highlight=False)

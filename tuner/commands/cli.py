@@ -90,9 +90,31 @@ SCHEDULE_HELP = ("Reference sketch set when no --sketch: fa2 (the paper's flow; 
 LAYOUT_HELP = ("dense, varlen (packed sequences, cu_seqlens) or paged (a paged KV cache): the reference sketch's "
                "offsets.")
 PAGE_SIZE_HELP = "With --layout paged: keys per page of the KV cache, one of 16, 32, 64, 128, 256."
+WINDOW_HELP = ("L,R: a sliding window, L keys left and R right of each query's diagonal (-1: open; FlashAttention's "
+               "window_size; causal closes the right side). The kernel takes the sizes at run time.")
+SOFTCAP_HELP = "Soft-cap the scores: cap * tanh(scores / cap) (Gemma 2: 50)."
+SINKS_HELP = "A learned logit per query head joins each row's softmax (gpt-oss; FA4's learnable_sink)."
 PHASE_HELP = ("prefill, or decode: split-KV decode kernels (a few new tokens per sequence against a KV cache, "
               "paged with 16-token pages by default, or --layout dense), tuned per decode bucket (batch x KV "
               "capacity, tuner/serving/buckets/decode.py) against FA4's paged decode.")
+
+
+def _model_options(command: str, window, softcap, sinks, phase: str, layout: str = "dense"):
+    """--window / --softcap / --sinks as tuner.build.ModelOptions; a one-line usage error where they do not apply
+    (decode, and for `tune bench` the serving layouts, take none yet)."""
+    from tuner.build import UsageError, parse_options
+
+    try:
+        options = parse_options(window, softcap, sinks)
+    except UsageError as exc:
+        typer.echo(f"{command}: error: {exc}", err=True)
+        raise typer.Exit(2)
+    given = window is not None or softcap is not None or sinks
+    if given and (phase == "decode" or (command == "tune bench" and layout != "dense")):
+        typer.echo(f"{command}: error: --window, --softcap and --sinks are built into prefill kernels "
+                   f"({'dense' if command == 'tune bench' else 'dense, varlen, paged'}) only so far", err=True)
+        raise typer.Exit(2)
+    return options
 
 
 def _fail_usage(message: str, command: str = "tune") -> "typer.Exit":
@@ -254,6 +276,9 @@ def build(
     seqlen: Optional[int] = typer.Option(None, "--seqlen", help="Key length the kernel is for: the default is "
                                          "the profile's for its bucket (hardware_profiles/bucket_defaults/; "
                                          "--params change that one). Dense prefill only."),
+    window: Optional[str] = typer.Option(None, "--window", help=WINDOW_HELP),
+    softcap: Optional[float] = typer.Option(None, "--softcap", help=SOFTCAP_HELP),
+    sinks: bool = typer.Option(False, "--sinks", help=SINKS_HELP),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.commands.build import run_build
@@ -262,6 +287,7 @@ def build(
     if phase not in ("prefill", "decode"):
         typer.echo(f"tune build: error: --phase must be prefill or decode, got {phase!r}", err=True)
         raise typer.Exit(2)
+    options = _model_options("tune build", window, softcap, sinks, phase)
     if phase == "decode":
         if seqlen is not None:
             typer.echo("tune build: error: --seqlen picks a dense prefill bucket's default; a decode kernel's "
@@ -275,7 +301,7 @@ def build(
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
                                dtype=dtype, causal=causal, out=out, schedule=schedule, layout=layout,
-                               page_size=page_size, seqlen=seqlen))
+                               page_size=page_size, seqlen=seqlen, options=options))
 
 
 @app.command(cls=TuneCommand)
@@ -299,12 +325,16 @@ def bench(
     phase: str = typer.Option("prefill", "--phase", help="prefill, or decode: 1 new token per sequence against a "
                                                          "KV cache (--layout paged, the default, or dense), timed "
                                                          "in GB/s against FA4's paged decode."),
+    window: Optional[str] = typer.Option(None, "--window", help=WINDOW_HELP),
+    softcap: Optional[float] = typer.Option(None, "--softcap", help=SOFTCAP_HELP),
+    sinks: bool = typer.Option(False, "--sinks", help=SINKS_HELP),
 ) -> None:
     """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
     FlashAttention-4 (flash_attn.cute) where installed; with --layout varlen|paged on the serving mixes against
     FA4's flash_attn_varlen_func, FlashInfer (if installed) and SDPA on the padded batch."""
     layout_given, layout = layout, (layout or "dense").strip().lower()
     phase = phase.strip().lower()
+    options = _model_options("tune bench", window, softcap, sinks, phase, layout)
     if phase not in ("prefill", "decode"):
         typer.echo(f"tune bench: error: --phase must be prefill or decode, got {phase!r}", err=True)
         raise typer.Exit(2)
@@ -331,7 +361,7 @@ def bench(
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,
                                dtype=dtype, causal=causal, seqlens=seqlens, out_json=out_json, schedule=schedule,
-                               page_size=page_size, model=model))
+                               page_size=page_size, model=model, options=options))
 
 
 @app.command("export", cls=TuneCommand)

@@ -144,8 +144,10 @@ def load_table(gpu: str, directory: Path = TABLE_DIR) -> tuple[BucketChange, ...
 
 
 def applies_to(spec, schedule: str) -> bool:
-    """Whether bucket defaults exist for this kind of kernel: dense prefill, warp-specialised."""
-    return spec.layout == "dense" and spec.phase == "prefill" and schedule.startswith("ws_")
+    """Whether bucket defaults exist for this kind of kernel: dense prefill, warp-specialised, without the options of
+    kernel_abi.spec (the table's changes were measured on plain kernels)."""
+    return (spec.layout == "dense" and spec.phase == "prefill" and schedule.startswith("ws_")
+            and not getattr(spec, "features", ()))
 
 
 def bucket_change(profile, spec, bucket: str, schedule: str = "ws_overlap") -> BucketChange | None:

@@ -60,24 +60,73 @@ def make_inputs(problem: Problem, sets: int = 3, seed: int = 0, device: str = "c
              randn(p.batch, p.seqlen_k, p.heads_kv, p.d_v)) for _ in range(max(1, sets))]
 
 
+def problem_sinks(problem: Problem, device: str = "cuda"):
+    """The sink logits of a problem with sinks (one per query head, seeded by the head count, bf16-exact so that
+    a library taking them in bf16 sees the same values), else None: ours, FA4 and the reference read the same."""
+    if not problem.sinks:
+        return None
+    import torch
+
+    gen = torch.Generator().manual_seed(1009 + problem.heads_q)
+    return (torch.randn(problem.heads_q, generator=gen) * 2).to(torch.bfloat16).float().to(device)
+
+
+def kernel_options(problem: Problem, device: str = "cuda") -> dict:
+    """Our kernel's keyword arguments for the problem's options (kernel_abi.spec): window_size, softcap, sinks."""
+    options = {}
+    if problem.window != (-1, -1):
+        options["window_size"] = problem.window
+    if problem.softcap:
+        options["softcap"] = problem.softcap
+    if problem.sinks:
+        options["sinks"] = problem_sinks(problem, device)
+    return options
+
+
+def ours_call(kernel, problem: Problem, device: str = "cuda"):
+    """``call(q, k, v)`` of our kernel with the problem's options."""
+    options = kernel_options(problem, device)
+    return (lambda q, k, v: kernel(q, k, v, **options)) if options else kernel
+
+
 def measure_problem(kernel, problem: Problem, rotate: int = 3, inputs: Optional[Sequence[tuple]] = None, *,
                     timing: Optional[timer.Timing] = None, device: str = "cuda") -> float:
-    """Median ms of ``kernel(q, k, v)`` on this problem, rotating ``rotate`` input sets (``timing.rotate``
-    when a timing is given)."""
+    """Median ms of ``kernel(q, k, v)`` (with the problem's options) on this problem, rotating ``rotate`` input
+    sets (``timing.rotate`` when a timing is given)."""
     if inputs is None:
         inputs = make_inputs(problem, timing.rotate if timing is not None else rotate, device=device)
-    return timer.time_ms(timer.rotating(kernel, inputs), timing=timing)
+    return timer.time_ms(timer.rotating(ours_call(kernel, problem, inputs[0][0].device), inputs), timing=timing)
 
 
 def sdpa_call(problem: Problem):
+    """torch SDPA's ``call(q, k, v)`` in (b, h, s, d) out; a window as a boolean mask. NotImplementedError for
+    soft-capping and sinks, which SDPA has no way to compute."""
+    import torch
     import torch.nn.functional as F
 
+    missing = [what for what, on in (("soft-capping", problem.softcap), ("sinks", problem.sinks)) if on]
+    if missing:
+        raise NotImplementedError(f"torch SDPA has no {' and '.join(missing)}")
     gqa = problem.heads_q != problem.heads_kv
+    mask = None
+    if problem.window != (-1, -1):
+        left, right = problem.effective_window
+        diag = torch.arange(problem.seqlen_q)[:, None] + problem.seqlen_k - problem.seqlen_q
+        cols = torch.arange(problem.seqlen_k)[None, :]
+        mask = torch.ones(problem.seqlen_q, problem.seqlen_k, dtype=torch.bool)
+        if left >= 0:
+            mask &= cols >= diag - left
+        if right >= 0:
+            mask &= cols <= diag + right
 
     def call(q, k, v):
         kwargs = {"enable_gqa": True} if gqa else {}
+        if mask is not None:
+            kwargs["attn_mask"] = mask.to(q.device)
+        else:
+            kwargs["is_causal"] = problem.causal
         return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                              is_causal=problem.causal, scale=problem.softmax_scale, **kwargs)
+                                              scale=problem.softmax_scale, **kwargs)
 
     return call
 
@@ -93,7 +142,7 @@ def _baseline(name: str, problem: Problem):
     """(context to run it in, ``call(q, k, v)`` to time, its output -> (b, s, h, d)). FA4 raises
     fa4.Fa4Unavailable here when it is not importable."""
     if name == "fa4":
-        return contextlib.nullcontext(), fa4.attention_call(problem), (lambda out: out)
+        return contextlib.nullcontext(), fa4.attention_call(problem, problem_sinks(problem)), (lambda out: out)
     from torch.nn.attention import sdpa_kernel
 
     return sdpa_kernel(_backend(name)), sdpa_call(problem), (lambda out: out.transpose(1, 2))
@@ -143,18 +192,30 @@ def rel_err(out, ref) -> float:
 
 
 def sdpa_rel_err(kernel, problem: Problem, qkv) -> float:
-    """Relative error of ``kernel`` against torch SDPA (whichever backend torch picks) on one input set; NaN when
-    our output is not finite."""
+    """Relative error of ``kernel`` (with the problem's options) against torch SDPA (whichever backend torch
+    picks) on one input set, or against the fp32 reference where SDPA cannot compute the problem (soft-capping,
+    sinks); NaN when our output is not finite."""
     import torch
 
-    out = kernel(*qkv)
-    ref = sdpa_call(problem)(*qkv).transpose(1, 2)
+    out = ours_call(kernel, problem, qkv[0].device)(*qkv)
     timer.sync()
-    out, ref = out.float(), ref.float()
-    if not bool(torch.isfinite(out).all()):
+    if not bool(torch.isfinite(out.float()).all()):
         return float("nan")
-    base = float(ref.norm())
-    return float((out - ref).norm()) / base if base else float("inf")
+    if problem.softcap or problem.sinks:
+        return reference_rel_err(out, problem, qkv)
+    return rel_err(out, sdpa_call(problem)(*qkv).transpose(1, 2))
+
+
+def reference_rel_err(out, problem: Problem, qkv, rows: int = 256) -> float:
+    """Relative error of ``out`` on the last ``rows`` query rows of the first sequence against the fp32 reference
+    (those rows see the whole sequence's keys, as bottom-right alignment puts them)."""
+    from tuner.measure.verify import reference
+
+    q, k, v = qkv
+    n = min(rows, problem.seqlen_q)
+    ref = reference(q[:1, problem.seqlen_q - n:], k[:1], v[:1], problem.causal, window=problem.window,
+                    softcap=problem.softcap, sinks=problem_sinks(problem, q.device), scale=problem.softmax_scale)
+    return rel_err(out[:1, problem.seqlen_q - n:], ref)
 
 
 def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, verify_reason: str = "",
@@ -182,15 +243,19 @@ def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, ve
             row["reason"] = verify_reason or "verification failed"
         else:
             try:
-                out = kernel(*inputs[0])
+                out = ours_call(kernel, problem, inputs[0][0].device)(*inputs[0])
                 timer.sync()
                 ref = next((n for n in BASELINES if n in outputs), None)
                 if ref is not None:
                     row["cross_check_rel_err"] = rel_err(out, outputs[ref])
                     row["cross_check_against"] = ref
+                else:   # no library computes the problem (soft-capping, sinks without FA4): the fp32 reference
+                    ref = "reference"
+                    row["cross_check_rel_err"] = reference_rel_err(out, problem, inputs[0])
+                    row["cross_check_against"] = ref
                 bad = (not torch.isfinite(out).all().item()) or row.get("cross_check_rel_err", 0.0) > CROSS_CHECK_REL_ERR
                 if bad:
-                    against = "FA4" if ref == "fa4" else f"SDPA {ref}"
+                    against = {"fa4": "FA4", "reference": "the fp32 reference"}.get(ref, f"SDPA {ref}")
                     row["status"] = "FAILED"
                     row["reason"] = ("output is not finite" if ref is None else
                                      f"output differs from {against} on the benchmark inputs "

@@ -128,7 +128,7 @@ def _dense() -> TrialKind:
                      baselines=lambda p, timing, device, errors: dense.measure_baselines(
                          p, timing=timing, device=device, errors=errors),
                      baseline_names=dense.BASELINES, cross_check=lambda kernel, p, x: dense.sdpa_rel_err(kernel, p, x[0]),
-                     against="torch SDPA")
+                     against="torch SDPA (the fp32 reference for soft-capping or sinks)")
 
 
 def _serving() -> TrialKind:
