@@ -10,6 +10,7 @@ functions included): no import circle anywhere, and each layer imports only what
 """
 import ast
 from pathlib import Path
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("kernel_abi", "tl", "translate", "tuner", "search_spaces", "hardware_profiles")
@@ -124,3 +125,17 @@ def test_the_runtime_stands_on_itself_and_the_shared_facts():
 def test_the_measurement_library_is_below_the_campaign_commands_and_store():
     assert _breaking("tuner.measure", ("tuner.measure", "tuner.serving", "kernel_abi", "translate", "tl",
                                        "hardware_profiles")) == {}
+
+
+def test_the_fork_servers_preload_the_projects_modules_by_their_current_names():
+    """multiprocessing's fork server skips a preload it cannot import without a word: a renamed module would quietly
+    cost every trial its import time."""
+    import importlib.util
+
+    pytest.importorskip("ray")
+    from tuner.campaign.workers import PRELOAD
+
+    ours = {m for names in PRELOAD.values() for m in names if m.split(".")[0] in PACKAGES}
+    assert ours
+    missing = sorted(m for m in ours if importlib.util.find_spec(m) is None)
+    assert not missing, f"PRELOAD names modules that do not exist: {missing}"

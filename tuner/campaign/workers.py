@@ -27,7 +27,8 @@ from .cluster import GpuPool
 # CUDA itself is never initialised there (a forked child could not use it).
 PRELOAD = {
     "gpu": ("tuner.campaign.trialproc", "tuner.campaign.backends", "tuner.campaign.retime", "torch",
-            "cuda.bindings.driver", "triton.testing", "tuner.bench", "tuner.measure.verify", "tuner.serving.launch.kernel"),
+            "cuda.bindings.driver", "triton.testing", "tuner.measure.trial", "tuner.measure.dense",
+            "tuner.measure.verify", "tuner.serving.launch.kernel"),
     "replay": ("tuner.campaign.trialproc", "tuner.campaign.backends", "tuner.campaign.retime",
                "tuner.campaign.perfmodel", "hardware_profiles", "translate.params"),
 }
