@@ -1,4 +1,4 @@
-"""The exported kernel inside a model, measured (issue 13's targets), in one process on one GPU:
+"""The exported kernel inside a model, measured, in one process on one GPU:
 
 1. an export of the profile's default kernels (tuner.defaults.export: built, verified by the campaign's gate,
    stored, exported) loaded with tuner.serving.load_exported;

@@ -1,4 +1,4 @@
-"""Does an export serve a model's decode calls on the kernel path, correctly and fast? (issue 15's acceptance)
+"""Does an export serve a model's decode calls on the kernel path, correctly and fast? 
 
     python3 scripts/decode_serve_check.py EXPORT_DIR --model llama3-8b --page-size 16 --json out.json
     python3 scripts/decode_serve_check.py EXPORT_DIR --model deepseek-v3 --page-size 64

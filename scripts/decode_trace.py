@@ -1,7 +1,7 @@
 """Where an MLA decode call's time goes, CTA by CTA: the seesaw kernel (attn_decode_sm90_seesaw.cuh) built with
 -DATTN_DECODE_TRACE stamps %globaltimer at its phases (translate/include/attn_trace.cuh): start, Q loaded, the first
 scores, the loop's end, the output staged, the end. ncu gives a kernel's totals; this gives the prologue, the loop's
-time per pair of tiles, the output store and how far apart the CTAs end (BENCHMARKS.md 2026-11-26 session 8: the
+time per pair of tiles, the output store and how far apart the CTAs end (BENCHMARKS.md 2026-11-26: the
 old output store was 12 us of a 150 us call).
 
     python3 scripts/decode_trace.py build DIR OUT [--waits]   (nvcc and CUTLASS: DIR is `tune build --phase decode` output)

@@ -1,4 +1,4 @@
-"""Where the dense Hopper kernels lose to FA4 (issue 16, deliverable 1): ncu of ours and FA4 on the same
+"""Where the dense Hopper kernels lose to FA4: ncu of ours and FA4 on the same
 shape, and the SM clock and board power while each runs at free clocks.
 
     python3 scripts/dense_profile.py --gpu h100 --points mha64n:8192,mha128n:16384 --out DIR \

@@ -1,5 +1,5 @@
 #!/bin/bash
-# tune bench over the paper grid's dense specs (issue 16's table), FA4 and cuDNN in the same process, on a GPU
+# tune bench over the paper grid's dense specs (the bucket table's grid), FA4 and cuDNN in the same process, on a GPU
 # machine with the FA4 bundle installed (e.g. `bash .fa4/install.sh` and the device README):
 #
 #   bash scripts/grid_bench.sh OUT_DIR [--gpu h100] [SPEC ...]

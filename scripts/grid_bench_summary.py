@@ -1,4 +1,4 @@
-"""The paper grid's `tune bench --json` records of one folder as one table (issue 16's measure).
+"""The paper grid's `tune bench --json` records of one folder as one table.
 
     python3 scripts/grid_bench_summary.py DIR       # DIR: what scripts/grid_bench.sh wrote
 

@@ -1,4 +1,4 @@
-"""Parameter changes of the dense Hopper defaults, re-timed against the defaults (issue 16: defaults from
+"""Parameter changes of the dense Hopper defaults, re-timed against the defaults (defaults from
 measurement, not from one pass of single measurements).
 
     python3 scripts/param_ab_check.py --gpu h100 --change '{"rescale_threshold": 8}' \

@@ -1,4 +1,4 @@
-"""Does an export serve every serving mix of a layout on the kernel path, correctly? (issue 14's acceptance)
+"""Does an export serve every serving mix of a layout on the kernel path, correctly?
 
     python3 scripts/serving_check.py EXPORT_DIR --layout paged --page-size 16 --model llama3-8b --json out.json
 

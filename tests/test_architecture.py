@@ -10,6 +10,7 @@ functions included): no import circle anywhere, and each layer imports only what
 """
 import ast
 from pathlib import Path
+
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]

@@ -103,7 +103,7 @@ def test_the_h100_table_gives_the_measured_kernels_per_bucket():
         "s512": (128, 128, 0, False), "s1024": (128, 128, 0, False), "s4096": (192, 96, 8, False),
         "s8192": (192, 96, 8, False), "s2048": (192, 96, 8, False), "s16384": (192, 96, 8, False)}
     assert d64c["s512"].num_warps == 8 and d64c["s2048"].kv_stages == 3
-    gqa = bucket_defaults(H100, GQA128N)   # re-timed against the current default (session 6): short keys only
+    gqa = bucket_defaults(H100, GQA128N)   # re-timed against the current default: short keys only
     assert [b for b, p in gqa.items() if p.pingpong and p.producer_regs == 56 and p.pack_gqa] == ["s512", "s1024"]
     assert not any(p.pingpong or p.pack_gqa for b, p in gqa.items() if b in ("s2048", "s4096", "s8192"))
     assert gqa["s16384"].pingpong and not gqa["s16384"].persistent and gqa["s16384"].block_n == 128

@@ -1,4 +1,4 @@
-"""scripts/grid_bench_summary.py on the CPU: issue 16's measure over a folder of `tune bench --json` records."""
+"""scripts/grid_bench_summary.py on the CPU: the grid's measure over a folder of `tune bench --json` records."""
 import json
 import math
 import subprocess

@@ -75,8 +75,7 @@ SERVING_SEED_CHANGES = {"paged": ({"persistent": False},)}
 # With pages a whole number of K/V tiles (page size a multiple of block N), a paged kernel whose page size is known
 # (`tune build --page-size`, a paged campaign, an export per page size) reads its tiles as TMA boxes and waits for its
 # P.V GEMM after half the exponentials (pv_wait "half"): llama3-8b's paged kernel with pages of 128, against the
-# cp.async producer (both with ping-pong), in three processes (runs 1, 3 and 8 of BENCHMARKS.md 2026-11-26 session
-# 4): ahead on all four mixes each time, 8x2k 1.045-1.064 against 0.977-0.991 of FA4, 1x8k+32x256 0.993-1.004 against
+# cp.async producer (both with ping-pong), in three processes (BENCHMARKS.md 2026-11-26): ahead on all four mixes each time, 8x2k 1.045-1.064 against 0.977-0.991 of FA4, 1x8k+32x256 0.993-1.004 against
 # 0.908-0.934, 64 random 1-512 1.126-1.141 against 1.115-1.135, 2x(2k on 6k) 0.965-0.968 against 0.893-0.909. Pages
 # smaller than a tile keep the cp.async producer (TMA boxes of 16 rows ran 0.45-0.54x FA4); pages of 256 take TMA by
 # the same rule, not measured.

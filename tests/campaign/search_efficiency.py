@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--budget", type=int, default=200)
     ap.add_argument("--samplers", default="tpe,random")
-    ap.add_argument("--measured", action="store_true", help="the measured Hopper grid (issue 9) instead of the "
+    ap.add_argument("--measured", action="store_true", help="the measured Hopper grid instead of the "
                                                             "model grid; budget: the grid's size")
     a = ap.parse_args()
     if a.measured:
@@ -123,7 +123,7 @@ def main() -> None:
 
 
 
-# ---- the measured Hopper grid (issue 9): every valid point of a space measured on the H100 ----------------
+# ---- the measured Hopper grid: every valid point of a space measured on the H100 ----------------
 
 MEASURED = Path(__file__).parent / "fixtures" / "h100_mha_d128_bf16_causal_ws_measured.jsonl.gz"
 MEASURED_SPACE = Path(__file__).parent / "fixtures" / "h100_mha_d128_ws_space.toml"

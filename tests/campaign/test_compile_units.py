@@ -1,5 +1,5 @@
 """Compile units are filled to --compile-batch across ask slices (tuner/campaign/loop.py FILL_WAIT_S): a lone
-Hopper kernel costs ~3x the nvcc time of one in a unit of four (device runs 13 and 14)."""
+Hopper kernel costs ~3x the nvcc time of one in a unit of four (H100 campaigns, BENCHMARKS.md)."""
 import pytest
 
 from tuner.campaign import loop as loop_module

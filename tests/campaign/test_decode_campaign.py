@@ -1,4 +1,4 @@
-"""A decode campaign (issue 15): `--phase decode` searches the decode space (search_spaces/decode/) over the decode
+"""A decode campaign: `--phase decode` searches the decode space (search_spaces/decode/) over the decode
 sketches, measures one decode call per decode bucket, decides and stores per decode bucket, and refuses bad
 input with reasons."""
 import json

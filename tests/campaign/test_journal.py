@@ -1,4 +1,4 @@
-"""A torn or corrupt journal (issue 17, part 4): a torn last record is cut off under Optuna's lock with a
+"""A torn or corrupt journal: a torn last record is cut off under Optuna's lock with a
 backup, a corrupt record before it is an error naming the line, a writer mid-append is never "repaired",
 and a campaign resumes from a torn journal."""
 import re

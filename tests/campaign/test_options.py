@@ -1,4 +1,4 @@
-"""The campaign's numeric options (issue 17, part 5): nonsense is refused with one message naming the option,
+"""The campaign's numeric options: nonsense is refused with one message naming the option,
 exit 2, before anything is created (no study dir, no journal, no Ray cluster)."""
 import math
 

@@ -28,7 +28,7 @@ def test_a_run_stops_counting_at_the_target():
 
 @pytest.mark.slow
 def test_on_the_measured_hopper_grid_tpe_needs_under_15_percent_and_half_of_randoms_trials():
-    """Issue 9's bar on a grid measured point by point on the H100 (380 warp-specialised kernels, 2 within 3%
+    """The search's bar on a grid measured point by point on the H100 (380 warp-specialised kernels, 2 within 3%
     of the best): distinct kernels measured until one is within 3%, 10 sampler seeds each, each sampler as the
     campaign runs it (the nearest unasked point after a repeat)."""
     from .search_efficiency import compare_measured, measured_grid

@@ -1,4 +1,4 @@
-"""Issue 9 in the campaign loop, on the session's fake-GPU Ray cluster with the replay backend: --trials
+"""The search bar in the campaign loop, on the session's fake-GPU Ray cluster with the replay backend: --trials
 counts measured candidates only, the lookahead is bounded, the measurement cache answers what was measured
 (within a study and across the studies of a study dir) unless --remeasure, several combinations share one
 run fairly, and a model preset expands to its own shapes."""

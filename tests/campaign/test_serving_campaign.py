@@ -1,4 +1,4 @@
-"""A campaign of a serving layout (issue 14): `--layout varlen|paged --page-size N` measures the serving mixes
+"""A campaign of a serving layout: `--layout varlen|paged --page-size N` measures the serving mixes
 of tuner/measure/mixes.toml, keys the trials' TFLOPS by mix, decides per serving bucket, and refuses bad input."""
 import json
 

@@ -109,7 +109,7 @@ def test_the_seesaw_compiles_without_spills_or_serialisation(compiled):
     lines = sass_instructions(cubin)[k.name]
     assert sum("SYNCS.PHASECHK" in line for line in lines) >= 8, "no mbarrier waits"
     # warpgroup 0 tests once a pair, without spinning (mbarrier.test_wait), whether its next tile's left half has
-    # landed, to choose what goes first: that tile's score wgmmas or the odd tile's reload (BENCHMARKS.md session 9)
+    # landed, to choose what goes first: that tile's score wgmmas or the odd tile's reload (BENCHMARKS.md 2026-11-26)
     # (unpredicated: a spin loop's retry after a try-wait is a predicated test)
     assert sum(re.match(r"\s*SYNCS\.PHASECHK\.TRANS64\s", line) is not None for line in lines) == 1
     # (and the output's bulk copies are waited for once, before the CTA exits)

@@ -33,7 +33,7 @@ CASES = [
     ("mha128n_pingpong_176", S("mha", False), "ws_overlap", {"pingpong": True, "block_n": 176}),
     ("mha128c_ss", S("mha", True), "ws_serial", {"pv_operand": "ss"}),
     ("mha64c_three_wgs", S("mha", True, d=64), "ws_overlap", {}),
-    # issue 16's softmax candidates: exponentials by the FMA pipe's polynomial (fully masked rows must still give 0),
+    # the softmax candidates: exponentials by the FMA pipe's polynomial (fully masked rows must still give 0),
     # and the softmax split around the wait for the P.V GEMM, with and without the conditional rescale, fp16 too
     ("mha64c_exp2_poly_mid", S("mha", True, d=64), "ws_overlap", {"exp2_poly": 4, "pv_wait": "mid"}),
     ("mha64n_exp2_poly_fp16", S("mha", False, "fp16", d=64), "ws_overlap", {"exp2_poly": 2, "rescale_threshold": 8}),

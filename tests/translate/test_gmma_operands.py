@@ -102,7 +102,7 @@ def test_the_kernel_takes_its_descriptors_from_gmma_operand():
 # collectives slice by warpgroup index too): a GMMA operand's partition depends on the warpgroup alone, and a
 # slice by the uniform wg keeps the descriptors in uniform registers, as the kernels' do. (Sliced by the thread's
 # own index, ptxas kept them in ordinary registers and moved each to a uniform one before its wgmma: 2-6% slower
-# dense kernels on the H100, BENCHMARKS.md 2026-11-26 session 5.)
+# dense kernels on the H100, BENCHMARKS.md 2026-11-26.)
 CUTE_PARTITIONS = {
     "tSrQ": "tiled_mma_qk.get_thread_slice(wg * 128).partition_fragment_A(make_tensor(make_smem_ptr(smem_q), "
             "SmemLayoutQ{}))",

@@ -20,7 +20,7 @@ real trial's verify + benchmark would (the overlap tests need timed sections tha
 true speed, times exp(sigma * z), z drawn from a generator keyed by the seed, the kernel, the seqlen and the
 measurement (the trial number or the re-timing round), so a replay stays deterministic.
 An entry's optional ``"retimed": {"<seqlen>": TFLOPS}`` is what a re-timing (retime.py) measures instead of
-``tflops``: a kernel whose single measurement in a trial was lucky (the winner's curse, issue 17).
+``tflops``: a kernel whose single measurement in a trial was lucky (the winner's curse).
 Entries are keyed by ``KernelParams.key()``, and by the sketch too when a line names it (``"schedule":
 "ws_serial"``: the same parameters through two sketches are two kernels); a lookup tries the sketch's own
 entry first, then one for any sketch. A configuration the file does not hold is valued by the

@@ -1,5 +1,5 @@
 """When a re-timed challenger beats an incumbent: the rule behind every stored winner and every "search beat
-the seeds" (DESIGN.md: a win is a re-timed win).
+the seeds" (docs/design.md: a win is a re-timed win).
 
 GPU timings move 3-6% between runs, so the best of many single measurements is biased upwards (the
 winner's curse): on an H100 a stored "+1.7%" winner was slower than the seed when both were timed again

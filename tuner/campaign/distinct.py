@@ -2,7 +2,7 @@
 
 A re-proposed kernel is told its cached result again (the loop must tell every ask), so the study holds it
 twice, ten times, a hundred. Late in a campaign most asks are such repeats: in the H100 campaign of
-2026-11-25 (run 6-7), 1221 of 1626 trials were answers from this study's own cache. For the sampler each copy
+2026-11-25 (BENCHMARKS.md), 1221 of 1626 trials were answers from this study's own cache. For the sampler each copy
 is another observation at the same point. Two costs follow. TPE's "good" density piles onto points already
 measured, so it proposes them again more often (a loop that feeds itself). And every ask walks all trials once
 per parameter group (~20 groups): 172 ms an ask over those 1626 trials on this 2-core machine, 43 ms over the

@@ -1,4 +1,4 @@
-"""Stop timing a candidate early when it cannot win a bucket (issue 17).
+"""Stop timing a candidate early when it cannot win a bucket.
 
 A trial verifies its kernel and times it at every benchmark shape, 25 + 100 ms of do_bench windows each,
 about 1.6 s of its GPU's lock on the H100 (TrialCost). Most of what a search proposes is far slower than
@@ -74,7 +74,7 @@ def decide(plan: dict, probe_tflops: float) -> dict | None:
 
 @dataclass(frozen=True)
 class TrialCost:
-    """Seconds a trial holds its GPU's lock, from the H100 campaign of 2026-11-21 (session 2, run 5):
+    """Seconds a trial holds its GPU's lock, from the H100 campaign of 2026-11-21 (BENCHMARKS.md):
     verification 0.27 s; the benchmark of 6 shapes 1.32 s, 0.75 s of it do_bench's windows (6 x 125 ms), so
     0.095 s per shape besides its windows (inputs, the SDPA cross-check, do_bench's estimate and L2 flush).
     A probe is counted as a shape of its own (its set-up cost included) even where it reuses the shape's

@@ -49,7 +49,7 @@ ASK_SLICE_S = 0.5
 # second, 0.4-0.6 new kernels/s against the GPU's 1.1, and the GPU was locked 30-50% of its last 3 minutes.
 ASK_WAIT_S = 0.02
 # A unit short of its size when an ask slice ends waits for the next slices this long before it is compiled as
-# it is. Device run 14 (2026-11-24): each ask (TPE over ~500 trials, translation, ~2 of 3 asks cache hits) takes
+# it is. In the H100 campaign of 2026-11-24 each ask (TPE over ~500 trials, translation, ~2 of 3 asks cache hits) takes
 # long enough that a 0.5 s slice often ended a unit at 1-3 kernels; 86 of 277 were built alone at 19.6 s of
 # nvcc each, against 6.4 s in units of four.
 FILL_WAIT_S = 3.0

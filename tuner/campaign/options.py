@@ -59,9 +59,9 @@ class CampaignOptions:
                                           # then its process is killed (workers.py)
     gpu_overlap: int = 4                  # trial processes per GPU at once (the next ones start up while one
                                           # is timed; the GPU lock keeps timed sections apart); 1: one at a time.
-                                          # 4: a fresh process needs ~5x its timed section to start (H100, run 8)
+                                          # 4: a fresh process needs ~5x its timed section to start (H100 campaigns, BENCHMARKS.md)
     compile_timeout: float = 900.0        # one compile batch, seconds
-    compile_batch: int = 8                # configs per nvcc translation unit (CUTE.md §1.6)
+    compile_batch: int = 8                # configs per nvcc translation unit (one front end shared)
     seqlens: Optional[tuple[int, ...]] = None   # benchmark shapes; default the paper grid
     infra_retries: int = 2                # re-enqueues of one parameter set after infrastructure failures
     # Trial timing (tuner.measure.timer.Timing): `tune bench`'s 25/100 ms. Shorter windows cost little GPU time

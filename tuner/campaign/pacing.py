@@ -102,7 +102,7 @@ def first_round(full: int, n_gpus: int, compile_slots: int) -> int:
 def unit_size(room: int, end_room: int, planned: int) -> int:
     """Kernels in the next compile unit: ``planned`` (batch_size) whenever the GPUs need any (``room`` > 0),
     even past Little's law's target, since a unit's own cost is shared by its kernels. H100 campaign of
-    2026-11-24 (device run 13): with the unit cut to the room, 96 of 289 kernels were built alone, at a
+    2026-11-24 (BENCHMARKS.md): with the unit cut to the room, 96 of 289 kernels were built alone, at a
     median of 18.2 s of nvcc each against 6.2 s in units of four (16 nvccs on 16 CPUs), and the compiles,
     at 0.64 kernels/s, starved a GPU that takes 1.03/s. Only the end of ``--timeout`` (``end_room``: kernels
     that can still be measured after they compile) cuts a unit short."""

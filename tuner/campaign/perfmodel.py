@@ -2,7 +2,7 @@
 
 It builds the recorded grids that the replay backend serves in CI (tests/campaign/make_replay_grid.py)
 and values configurations a replay file does not hold. The shape of the model follows what FA2's
-launch template comments record (CUTE.md §2.3): register spills are ruinous, 8 warps on small tiles are
+launch template comments record: register spills are ruinous, 8 warps on small tiles are
 slower, ldmatrix and cp.async matter, causal masking and short sequences cost more with large tiles.
 Its numbers are plausible, not measured: never store them as a real GPU's.
 """

@@ -2,7 +2,7 @@
 
 A trial must run in a process of its own: a kernel that writes out of bounds kills its CUDA context, and a
 hung kernel can only be stopped by killing its process. Starting a fresh Python for every trial costs
-~7-13 s of CPU (interpreter, Ray worker, torch, CuPy, triton: H100 runs 8 and 1 of the device) against
+~7-13 s of CPU (interpreter, Ray worker, torch, CuPy, triton; H100, BENCHMARKS.md) against
 ~1-2 s of GPU work, so the GPU waited on process start-ups. Here a fork server (``multiprocessing``'s
 "forkserver" start method) imports those modules once; each trial is a ``fork()`` of it: a new process
 with a new CUDA context (CUDA is never initialised in the server), ready in milliseconds.

@@ -1,6 +1,6 @@
 """Confirmed winners: a bucket's best is stored, and reported as beating the seeds, only after a re-timing.
 
-After the search, per shape bucket (issue 17, DESIGN.md "a win is a re-timed win"):
+After the search, per shape bucket (docs/design.md: "a win is a re-timed win"):
 
 * the **challenger** is the verified kernel with the highest single measurement at the bucket's shape (the
   maximum of many noisy numbers: biased upwards);

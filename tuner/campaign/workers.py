@@ -4,7 +4,7 @@ A worker asks Ray for one whole GPU, pinned to the accelerator type (label or re
 keeps a warm fork server (trialproc.py) that has imported torch, cuda-python and triton once. Every trial (and
 the library baselines) is a fork of it: a new process with a new CUDA context, so a kernel that corrupts
 its context or hangs takes down only its own trial, while starting one costs milliseconds instead of the
-~7-13 s of a fresh Python (H100 device runs 8 and 1). Up to ``--gpu-overlap K`` trials per GPU are in
+~7-13 s of a fresh Python (H100, BENCHMARKS.md). Up to ``--gpu-overlap K`` trials per GPU are in
 flight: the next ones load their kernels and warm up while one is timed; the GPU lock (gpulock.py)
 keeps timed sections apart, and the worker enforces each trial's limits (trialproc.py).
 

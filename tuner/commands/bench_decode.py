@@ -169,7 +169,7 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
     return 0
 
 
-MLA_BATCHES, MLA_KV_LENS, MLA_SEQLENS_Q = (64, 128), (4096, 8192, 16384), (1, 2, 4)   # issue 15's MLA target grid
+MLA_BATCHES, MLA_KV_LENS, MLA_SEQLENS_Q = (64, 128), (4096, 8192, 16384), (1, 2, 4)   # served MLA batches, key lengths, draft lengths
 
 
 def _mla_rows(kernel, spec, heads, page_size, copy, batches=None, kv_lens=None) -> list[dict]:

@@ -4,7 +4,7 @@ With an LLM: one request for structured output (``chat.completions.parse`` with 
 where the server rejects that, JSON mode with validation and a retry, or plain text as a last resort.
 Every candidate goes through ``translate.params.validate``; invalid ones are dropped with the reason
 logged, duplicates removed, and the list topped up with profile-derived seeds (FlashAttention-2/3's
-own choices, CUTE.md §2.3) so the search always starts from known-good points.
+own choices) so the search always starts from known-good points.
 """
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def _fa_choices(profile: Profile, spec: KernelSpec) -> list[dict]:
 
 
 def _fa_table(profile: Profile, spec: KernelSpec, t) -> list[dict]:
-    """FA2's shipped tiles and FA3's sm8x table for this head dim and arch (CUTE.md §2.3), best guess first."""
+    """FA2's shipped tiles and FA3's sm8x table for this head dim and arch, best guess first."""
     d = max(spec.d_qk, spec.d_v)
     ampere_or_hopper = profile.sm in (80, 90)
     if d <= 64:
