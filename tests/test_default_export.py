@@ -46,7 +46,7 @@ def test_serving_defaults_are_stored_under_their_mixes_serving_buckets(spec, unt
     import tuner.defaults.export as de
 
     real = de.serving_call
-    monkeypatch.setattr(de, "serving_call", lambda kernel, problem: real(kernel, problem, device="cpu"))
+    monkeypatch.setattr(de, "serving_call", lambda kernel, problem, **kw: real(kernel, problem, device="cpu", **kw))
     kernel = ShapeKernel()
     rows = _measurements(kernel, spec, ("s1024",), (16, 64))
     buckets = sorted(b for b, _, _ in rows)

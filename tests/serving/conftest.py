@@ -21,28 +21,49 @@ class StandInKernel:
     def __init__(self, meta: dict):
         self.meta = meta
         self.calls = 0
+        self.seen = []      # (window, softcap, sinks given) of each call
 
-    def __call__(self, q, k, v, out=None, softmax_scale=None):
-        from tuner.serving.sdpa import sdpa_attention
+    def _options(self, q, window_size, softcap, sinks, heads_q):
+        """The options of a call, refused as tuner.serving.launch.plan.option_values refuses them: an option the
+        kernel was not built with, a cap or sinks it was built with and the call lacks, sinks not fp32 (hq,)."""
+        from tuner.serving.options import ModelOptions
+
+        spec = self.meta.get("spec", {})
+        window = tuple(window_size or (-1, -1))
+        local = window[0] >= 0 or (window[1] >= 0 and not spec.get("causal"))
+        for option, given in (("local", local), ("softcap", bool(softcap)), ("sinks", sinks is not None)):
+            if given and not spec.get(option):
+                raise ValueError(f"built without {option}")
+            if spec.get(option) and not given and option != "local":
+                raise ValueError(f"built with {option}: the call must give it")
+        if sinks is not None and (sinks.dtype != torch.float32 or tuple(sinks.shape) != (heads_q,)):
+            raise ValueError("sinks must be fp32 (heads_q,)")
+        self.seen.append((window, softcap, sinks is not None))
+        return ModelOptions(window, float(softcap or 0.0), sinks)
+
+    def __call__(self, q, k, v, out=None, softmax_scale=None, *, window_size=(-1, -1), softcap=0.0, sinks=None):
+        from tuner.serving.options import reference_attention
 
         spec = self.meta.get("spec", {"causal": self.meta.get("causal", True)})
         if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
             raise ValueError("the head dim must be contiguous")
+        options = self._options(q, window_size, softcap, sinks, q.shape[2])
         self.calls += 1
-        res = sdpa_attention(q.float(), k.float(), v.float(), causal=spec["causal"], softmax_scale=softmax_scale)
-        return res.to(q.dtype)
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[3])
+        return reference_attention(q.float(), k.float(), v.float(), spec["causal"], scale, options).to(q.dtype)
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, out=None,
-               softmax_scale=None):
-        from tuner.serving.sdpa import varlen_sdpa
+               softmax_scale=None, *, window_size=(-1, -1), softcap=0.0, sinks=None):
+        from tuner.serving.options import reference_varlen
 
         spec = self.meta["spec"]
         if spec.get("layout") != "varlen":
             raise ValueError("not a varlen kernel")
+        options = self._options(q, window_size, softcap, sinks, q.shape[1])
         self.calls += 1
-        res = varlen_sdpa(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, seqused_k, spec["causal"],
-                          softmax_scale)
-        return res.to(q.dtype)
+        scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
+        return reference_varlen(q.float(), k.float(), v.float(), cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                spec["causal"], scale, options).to(q.dtype)
 
     def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, out=None,
               softmax_scale=None):

@@ -93,7 +93,7 @@ def test_varlen_under_torch_compile_fullgraph(served):
     assert served.last_path == "kernel"
 
 
-@pytest.mark.parametrize("kwargs,what", [({"dropout_p": 0.1}, "dropout"), ({"window_size": (8, 0)}, "window_size")])
+@pytest.mark.parametrize("kwargs,what", [({"dropout_p": 0.1}, "dropout"), ({"alibi_slopes": torch.ones(8)}, "alibi")])
 def test_what_varlen_cannot_do_is_refused(served, kwargs, what):
     q, k, v, cu_q, cu_k = packed([10])
     with pytest.raises(NotImplementedError, match=what):

@@ -155,7 +155,8 @@ def _top_record(camp, stored: list, decisions: dict):
     spec = camp.spec
     try:
         kept = KernelStore(camp.options.study_dir).best(camp.profile.arch_family, spec.variant, spec.dtype,
-                                                         spec.d_qk, spec.d_v, spec.causal)
+                                                         spec.d_qk, spec.d_v, spec.causal, spec.layout, spec.phase,
+                                                         spec.features)
     except (StoreError, OSError):
         return None
     return max(kept.values(), key=lambda r: r.tflops) if kept else None

@@ -171,7 +171,8 @@ def stored_records(camp) -> dict:
     spec = camp.spec
     try:
         return KernelStore(camp.options.study_dir).best(camp.profile.arch_family, spec.variant, spec.dtype,
-                                                        spec.d_qk, spec.d_v, spec.causal, spec.layout, spec.phase)
+                                                        spec.d_qk, spec.d_v, spec.causal, spec.layout, spec.phase,
+                                                        spec.features)
     except (StoreError, OSError) as exc:
         camp.console.print(f"[yellow]{camp.label}: the stored kernels cannot be read ({exc}); the buckets' "
                            "winners are compared with this run's seeds only[/]")

@@ -54,6 +54,10 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
     items = []   # (spec, generated, sketch text, buckets served)
     for spec in specs:
         text = tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout)
+        if spec.features:   # the reference sketch with the statements of the spec's options (tl/options.py)
+            from tl.options import with_options
+
+            text = tl.format_program(with_options(tl.parse_program(text), spec.local, spec.softcap, spec.sinks))
         program = tl.parse_program(text)
         kind = "ws_overlap" if has_roles(program.statements) else "fa2"
         if spec.layout == "paged" and page_sizes:
@@ -127,9 +131,30 @@ def _heads(variant: str) -> tuple[int, int]:
     return 16, 16 if variant == "mha" else 2     # what the dense kernels were always timed with
 
 
-def serving_call(kernel, problem, device: str = "cuda"):
+# The option values a kernel built with options is timed with (its verification covers the edge values): a
+# window of 1024 keys (the Gemma 3 / Mistral scale), Gemma 2's cap of 50, and sinks (their values cost nothing).
+TIMED_WINDOW = 1024
+TIMED_SOFTCAP = 50.0
+
+
+def timed_options(spec: KernelSpec, heads_q: int, device: str = "cuda") -> dict:
+    """The keyword arguments of a timed call of a kernel of ``spec`` (none for a plain kernel)."""
+    out = {}
+    if spec.local:
+        out["window_size"] = (TIMED_WINDOW, 0 if spec.causal else TIMED_WINDOW)
+    if spec.softcap:
+        out["softcap"] = TIMED_SOFTCAP
+    if spec.sinks:
+        import torch
+
+        out["sinks"] = torch.zeros(heads_q, dtype=torch.float32, device=device)
+    return out
+
+
+def serving_call(kernel, problem, device: str = "cuda", options: dict | None = None):
     """``() -> out`` running ``kernel`` on random inputs of a ServingProblem: packed sequences, or (paged) their
-    keys in a shuffled cache of ``problem.page_size`` rows a page."""
+    keys in a shuffled cache of ``problem.page_size`` rows a page; ``options`` the kernel's option arguments."""
+    options = options or {}
     import torch
 
     dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[problem.dtype]
@@ -147,14 +172,14 @@ def serving_call(kernel, problem, device: str = "cuda"):
         k, v = randn(problem.total_k, problem.heads_kv, problem.d_qk), randn(problem.total_k, problem.heads_kv,
                                                                              problem.d_v)
         cu_k = offsets(problem.seqlens_k)
-        return lambda: kernel.varlen(q, k, v, cu_q, cu_k, max_q, problem.max_seqlen_k)
+        return lambda: kernel.varlen(q, k, v, cu_q, cu_k, max_q, problem.max_seqlen_k, **options)
     page = problem.page_size
     per = max(-(-n // page) for n in problem.seqlens_k)
     table = torch.randperm(problem.batch * per).to(device=device, dtype=torch.int32).view(problem.batch, per)
     kc = randn(problem.batch * per, page, problem.heads_kv, problem.d_qk)
     vc = randn(problem.batch * per, page, problem.heads_kv, problem.d_v)
     used = torch.tensor(problem.seqlens_k, dtype=torch.int32, device=device)
-    return lambda: kernel.paged(q, kc, vc, cu_q, used, table, max_q)
+    return lambda: kernel.paged(q, kc, vc, cu_q, used, table, max_q, **options)
 
 
 def _measurements(kernel, spec: KernelSpec, buckets: Sequence[str], page_sizes: Sequence[int]):
@@ -168,14 +193,17 @@ def _measurements(kernel, spec: KernelSpec, buckets: Sequence[str], page_sizes: 
 
     hq, hkv = _heads(spec.variant)
     if spec.layout not in SERVING_LAYOUTS:
-        problem = Problem(spec.variant, 4, hq, hkv, 4096, 4096, spec.d_qk, spec.d_v, spec.causal, spec.dtype)
+        options = timed_options(spec, hq)
+        problem = Problem(spec.variant, 4, hq, hkv, 4096, 4096, spec.d_qk, spec.d_v, spec.causal, spec.dtype,
+                          window=options.get("window_size", (-1, -1)), softcap=options.get("softcap", 0.0),
+                          sinks=spec.sinks)
         value = dense.tflops(problem, dense.measure_problem(kernel, problem))
         return [(bucket, value, {"seqlen_k": 4096}) for bucket in buckets]
     out = []
     for page in (page_sizes if spec.layout == "paged" else (None,)):
         for problem in serving_problems(spec.layout, spec.variant, hq, hkv, spec.d_qk, spec.d_v, spec.causal,
                                         spec.dtype, page):
-            ms = timer.time_ms(serving_call(kernel, problem))
+            ms = timer.time_ms(serving_call(kernel, problem, options=timed_options(spec, hq)))
             out.append((problem.bucket, problem.flops / (ms * 1e-3) / 1e12, asdict(problem)))
     return out
 

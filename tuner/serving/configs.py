@@ -26,7 +26,7 @@ from tuner.serving.buckets.names import LAYOUTS, SEQLEN_RULE, SERVING_RULE, buck
 from tuner.serving.buckets.seqlen import bucket_seqlen
 from tuner.serving.buckets.decode import DECODE_RULE, decode_bucket_errors, is_decode_bucket, parse_decode_bucket
 from tuner.serving.buckets.serving import parse_serving_bucket
-from kernel_abi.spec import variant_of_heads
+from kernel_abi.spec import FEATURES, variant_of_heads
 from tuner.serving.decode_rule import DecodeTable
 from tuner.serving.rule import ServingTable
 
@@ -89,6 +89,9 @@ class ExportedConfig:
     serving: ServingTable | None = field(default=None, compare=False)    # set when the buckets are serving ones
     phase: str = "prefill"     # or "decode": split-KV decode kernels (tuner/serving/launch/decode_kernel.py)
     decode: DecodeTable | None = field(default=None, compare=False)      # set for a decode config
+    # the options its kernels are built with (kernel_abi.spec.FEATURES: "local", "softcap", "sinks"): such a
+    # config serves only calls that need exactly these, and a plain config never serves them
+    features: tuple = ()
 
     @property
     def bucket_rule(self) -> str:
@@ -180,6 +183,11 @@ def read_config(path: Path) -> ExportedConfig:
         phase = meta.get("phase", "prefill")
         if phase not in ("prefill", "decode"):
             raise ValueError(f"phase must be prefill or decode, got {phase!r}")
+        features = meta.get("features", [])
+        if not isinstance(features, list) or any(f not in FEATURES for f in features) \
+                or list(features) != [f for f in FEATURES if f in features]:
+            raise ValueError(f"features must be a list of {', '.join(FEATURES)} in that order, got {features!r}")
+        features = tuple(features)
         kernels = {}
         for bucket, entry in doc.items():
             if bucket == METADATA_KEY:
@@ -195,6 +203,11 @@ def read_config(path: Path) -> ExportedConfig:
                 wrong = bucket_errors(bucket, layout) if layout in LAYOUTS else []
             if wrong:
                 raise ValueError(wrong[0])
+            spec = entry["meta"].get("spec") if isinstance(entry.get("meta"), dict) else None
+            built = tuple(f for f in FEATURES if isinstance(spec, dict) and spec.get(f))
+            if built != features:
+                raise ValueError(f"bucket {bucket}'s kernel is built with ({', '.join(built) or 'no options'}) "
+                                 f"but the config states ({', '.join(features) or 'no options'})")
             for key in _FILE_FIELDS:
                 if key in entry or key == "cubin":
                     inside_folder(path.parent, entry[key], f"bucket {bucket}'s {key}", path)
@@ -215,7 +228,8 @@ def read_config(path: Path) -> ExportedConfig:
         return ExportedConfig(path=path, variant=meta["variant"], d_qk=int(meta["d_qk"]), d_v=int(meta["d_v"]),
                               dtype=meta["dtype"], causal=bool(meta["causal"]), device_names=tuple(names),
                               kernels=kernels, sm=None if sm is None else int(sm), bucket_order=order,
-                              bucket_bounds=bounds, layout=layout, serving=serving, phase=phase, decode=decode)
+                              bucket_bounds=bounds, layout=layout, serving=serving, phase=phase, decode=decode,
+                              features=features)
     except ExportError:
         raise
     except OSError as exc:
@@ -249,26 +263,29 @@ def read_configs(folder: Path) -> list[ExportedConfig]:
 
 
 def dispatch_table(configs: list[ExportedConfig], layout: str = "dense", phase: str = "prefill") -> dict:
-    """(d_qk, d_v, dtype, causal) -> {variant: config, "*": the fallback variant's} over one device's configs
-    of one layout and phase: what ``pick`` reads, settled once so that a traced call does nothing but look it up."""
+    """(d_qk, d_v, dtype, causal, features) -> {variant: config, "*": the fallback variant's} over one device's
+    configs of one layout and phase: what ``pick`` reads, settled once so that a traced call does nothing but look
+    it up."""
     table: dict = {}
     for c in sorted(configs, key=lambda c: c.variant):
         if not c.kernels or c.layout != layout or c.phase != phase:
             continue
-        by_variant = table.setdefault((c.d_qk, c.d_v, c.dtype, c.causal), {})
+        by_variant = table.setdefault((c.d_qk, c.d_v, c.dtype, c.causal, c.features), {})
         by_variant.setdefault(c.variant, c)
         by_variant.setdefault(ANY_VARIANT, c)
     return table
 
 
-def pick(table: dict, *, heads_q: int, heads_kv: int, d_qk: int, d_v: int, dtype: str | None, causal: bool):
+def pick(table: dict, *, heads_q: int, heads_kv: int, d_qk: int, d_v: int, dtype: str | None, causal: bool,
+         features: tuple = ()):
     """(config, "kernel") or (None, reason code): the dispatch rule, pure and traceable by torch.compile
-    (dict lookups and integer tests only)."""
+    (dict lookups and integer tests only). ``features``: the options the call needs (tuner/serving/options.py)."""
     if dtype is None:
         return None, "dtype"
-    by_variant = table.get((d_qk, d_v, dtype, causal))
+    by_variant = table.get((d_qk, d_v, dtype, causal, features))
     if by_variant is None:
-        return None, "no-shape-config"
+        return None, "no-option-config" if features and table.get((d_qk, d_v, dtype, causal, ())) else \
+            "no-shape-config"
     if heads_kv < 1 or heads_q % heads_kv:
         return None, "no-variant"
     want = "mla" if d_qk != d_v else "mha" if heads_q == heads_kv else "mqa" if heads_kv == 1 else "gqa"
@@ -278,7 +295,7 @@ def pick(table: dict, *, heads_q: int, heads_kv: int, d_qk: int, d_v: int, dtype
 
 def choose(configs: list[ExportedConfig], *, heads_q: int, heads_kv: int, d_qk: int, d_v: int, dtype: str | None,
            causal: bool, seqlen_k: int | None, device_name: str | None,
-           capability: tuple[int, int] | None = None) -> Choice:
+           capability: tuple[int, int] | None = None, features: tuple = ()) -> Choice:
     """The exported kernel for one call, or why there is none, with the sentence. Pure: no GPU, no files read.
 
     ``seqlen_k`` None picks the config and leaves the bucket to the run time (``kernel`` None, ``config``
@@ -296,14 +313,19 @@ def choose(configs: list[ExportedConfig], *, heads_q: int, heads_kv: int, d_qk: 
                                       f"this GPU is sm_{sm}", "other-arch")
         on_device = same_sm
     config, code = pick(dispatch_table(on_device), heads_q=heads_q, heads_kv=heads_kv, d_qk=d_qk, d_v=d_v,
-                        dtype=dtype, causal=causal)
+                        dtype=dtype, causal=causal, features=features)
     if code == "dtype":
         return Choice(None, None, "dtype has no exported kernels (fp16 and bf16 only)", code)
+    shape = f"head dims {d_qk}/{d_v}, {dtype}, {'causal' if causal else 'non-causal'}"
     if code == "no-shape-config":
-        return Choice(None, None, f"no exported config for head dims {d_qk}/{d_v}, {dtype}, "
-                                  f"{'causal' if causal else 'non-causal'} on {device_name!r}", code)
+        built = f" built with {'+'.join(features)}" if features else ""
+        return Choice(None, None, f"no exported config{built} for {shape} on {device_name!r}", code)
+    if code == "no-option-config":
+        return Choice(None, None, f"no exported kernel built with {'+'.join(features)} for {shape} on "
+                                  f"{device_name!r} (export a campaign or `tune build` of these options)", code)
     if code == "no-variant":
-        have = sorted({c.variant for c in on_device if (c.d_qk, c.d_v, c.dtype, c.causal) == (d_qk, d_v, dtype, causal)})
+        have = sorted({c.variant for c in on_device
+                       if (c.d_qk, c.d_v, c.dtype, c.causal, c.features) == (d_qk, d_v, dtype, causal, features)})
         return Choice(None, None, f"no exported variant serves {heads_q} query heads over {heads_kv} KV heads "
                                   f"(have {', '.join(have)})", code)
     if seqlen_k is None:

@@ -1,6 +1,6 @@
 """The drop-in entry points of an export, beside ``ExportedAttention.__call__``: torch SDPA's signature and
-semantics, FlashAttention 2's ``flash_attn_func``, and the fallbacks they need (a mask, dropout, a sliding
-window), counted by reason."""
+semantics, FlashAttention 2's ``flash_attn_func`` (with FA4's ``learnable_sink``), and the fallbacks they need (a
+mask, dropout), counted by reason."""
 from __future__ import annotations
 
 import torch
@@ -53,26 +53,25 @@ class DropIns:
 
     def flash_attn_func(self, q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None,
                         causal: bool = False, window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                        deterministic: bool = False, return_attn_probs: bool = False):
-        """``flash_attn.flash_attn_func``'s signature (FlashAttention 2): q (b, sq, hq, d), k/v (b, sk, hkv, d),
-        bottom-right causal. Dropout and a sliding window run torch SDPA (counted); soft-capping, ALiBi and
+                        deterministic: bool = False, return_attn_probs: bool = False, learnable_sink=None):
+        """``flash_attn.flash_attn_func``'s signature (FlashAttention 2, and FA4's ``learnable_sink``): q (b, sq, hq,
+        d), k/v (b, sk, hkv, d), bottom-right causal. A window, soft-capping and sinks go to a kernel built with
+        them (``__call__``); dropout runs torch SDPA (counted); dropout with soft-capping or sinks, ALiBi and
         returning the probabilities are refused (NotImplementedError), as no fallback computes them here."""
         if return_attn_probs:
             raise NotImplementedError("return_attn_probs=True: the exported kernels return only the output")
-        if softcap:
-            raise NotImplementedError("softcap: logit soft-capping is not supported by the exported kernels")
         if alibi_slopes is not None:
             raise NotImplementedError("alibi_slopes: ALiBi is not supported by the exported kernels")
-        window = tuple(window_size) if window_size is not None else (-1, -1)
-        windowed = window[0] >= 0 or window[1] >= 0
-        if windowed or dropout_p > 0.0:
-            check_shapes(q, k, v)
-        mask = _window_mask(q.shape[1], k.shape[1], window, causal, q.device) if windowed else None
         if dropout_p > 0.0:
+            if softcap or learnable_sink is not None:
+                raise NotImplementedError("dropout with softcap or learnable_sink is not supported here")
+            check_shapes(q, k, v)
+            window = tuple(window_size) if window_size is not None else (-1, -1)
+            windowed = window[0] >= 0 or window[1] >= 0
+            mask = _window_mask(q.shape[1], k.shape[1], window, causal, q.device) if windowed else None
             return self._dropout(q, k, v, causal and not windowed, softmax_scale, dropout_p, mask)
-        if windowed:
-            return self.fallback("window", q, k, v, False, softmax_scale, mask)
-        return self(q, k, v, causal=causal, softmax_scale=softmax_scale)
+        return self(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
+                    learnable_sink=learnable_sink)
 
 
 def _window_mask(sq: int, sk: int, window, causal: bool, device):

@@ -30,6 +30,8 @@ import torch
 from tuner.serving import op
 from tuner.serving.decode import DecodeCalls
 from tuner.serving.dropin import DropIns
+from tuner.serving.option_calls import OptionCalls
+from tuner.serving.options import PLAIN, ModelOptions
 from tuner.serving.paged import PagedCalls
 from tuner.serving.varlen import VarlenCalls
 from tuner.serving.configs import (Choice, ExportedConfig, ExportedKernel, ExportError, choose, dispatch_table,
@@ -65,7 +67,7 @@ def _default_kernel_loader(cubin: bytes, meta: dict, device_index: int = 0):
     return load_kernel(cubin, meta, device_index)
 
 
-class ExportedAttention(DropIns, VarlenCalls, PagedCalls, DecodeCalls):
+class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCalls):
     """The attention functions of one exported folder; see the module docstring."""
 
     def __init__(self, configs: list[ExportedConfig], device_name: str | None = None,
@@ -110,16 +112,18 @@ class ExportedAttention(DropIns, VarlenCalls, PagedCalls, DecodeCalls):
         self.reasons: collections.Counter = collections.Counter()
 
     # --- dispatch (traced by torch.compile: pure reads of what __init__ settled) --------------------------
-    def route(self, q, k, v, causal: bool, scale: float) -> int:
+    def route(self, q, k, v, causal: bool, scale: float, options: ModelOptions = PLAIN) -> int:
         """The route of a call in (b, s, h, d) layout: traced as dict lookups under torch.compile, memoised
-        per call signature in eager (with the sentence that ``last_reason`` shows)."""
+        per call signature in eager (with the sentence that ``last_reason`` shows). ``options``: a window, a cap,
+        sinks (tuner/serving/options.py): only a config built with exactly those serves the call."""
         if torch.compiler.is_compiling():
-            return self._decide(q, k, v, causal, scale)
-        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale)
+            return self._decide(q, k, v, causal, scale, options)
+        key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device, causal, scale,
+               options.window, options.softcap > 0, options.sinks is not None)
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = self._decide(q, k, v, causal, scale)
-            self._messages[found] = self._sentence(q, k, v, causal, scale, found)
+            found = self._memo[key] = self._decide(q, k, v, causal, scale, options)
+            self._messages[found] = self._sentence(q, k, v, causal, scale, found, options)
         return found
 
     def _table_or_fallback(self, tables: dict, q, k, v, scale):
@@ -138,34 +142,37 @@ class ExportedAttention(DropIns, VarlenCalls, PagedCalls, DecodeCalls):
             return None, self._fallback["scale"]
         return table, None
 
-    def _decide(self, q, k, v, causal, scale) -> int:
+    def _decide(self, q, k, v, causal, scale, options: ModelOptions = PLAIN) -> int:
         table, fallback = self._table_or_fallback(self._tables, q, k, v, scale)
         if table is None:
             return fallback
         # int(): heads and head dims are specialised when torch.compile made them symbolic (dynamic=True);
         # a model's never change, and dispatch is by them
         config, code = pick(table, heads_q=int(q.shape[2]), heads_kv=int(k.shape[2]), d_qk=int(q.shape[3]),
-                            d_v=int(v.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
-        if config is None and code == "no-shape-config" and q.shape[1] == 1:
-            # one query row: bottom-right causal sees every key, so causal and non-causal kernels agree
+                            d_v=int(v.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal),
+                            features=options.features(bool(causal)))
+        if config is None and code in ("no-shape-config", "no-option-config") and q.shape[1] == 1:
+            # one query row: bottom-right causal sees every key, so causal and non-causal kernels agree (a
+            # window's right side then bounds nothing either)
             config, code = pick(table, heads_q=int(q.shape[2]), heads_kv=int(k.shape[2]), d_qk=int(q.shape[3]),
-                                d_v=int(v.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype), causal=not causal)
+                                d_v=int(v.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype), causal=not causal,
+                                features=options.features(not causal))
         if config is None:
             return self._fallback[code]
         seqlen_k = k.shape[1]
         bucket = config.bucket_for(seqlen_k) if type(seqlen_k) is int else None   # a SymInt: chosen per call
         return self._routes[(id(config), bucket)]
 
-    def _sentence(self, q, k, v, causal, scale, route_id: int) -> str:
+    def _sentence(self, q, k, v, causal, scale, route_id: int, options: ModelOptions = PLAIN) -> str:
         """Why a route was taken, for people (eager only: ``choose`` builds strings)."""
         route = op._ROUTES[route_id]
         if route.config is not None:
             return f"{route.config.variant} kernel"
         facts = self.devices.get((q.device.type, q.device.index))
-        if route.code in ("no-shape-config", "no-variant", "dtype") and facts is not None:
+        if route.code in ("no-shape-config", "no-option-config", "no-variant", "dtype") and facts is not None:
             return choose(self._on_device[(q.device.type, q.device.index)], heads_q=q.shape[2], heads_kv=k.shape[2],
                           d_qk=q.shape[3], d_v=v.shape[3], dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal),
-                          seqlen_k=k.shape[1], device_name=facts.name).reason
+                          seqlen_k=k.shape[1], device_name=facts.name, features=options.features(bool(causal))).reason
         if route.code == "scale":
             return f"{REASONS['scale']}: {scale}"
         return f"{REASONS[route.code]} ({q.device})" if route.code == "not-cuda" else REASONS[route.code]
@@ -241,13 +248,26 @@ class ExportedAttention(DropIns, VarlenCalls, PagedCalls, DecodeCalls):
 
     # --- entry points ---------------------------------------------------------------------------------
     def __call__(self, q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
-                 scale: float | None = None, layout: str = "bshd"):
+                 scale: float | None = None, layout: str = "bshd", window_size=(-1, -1), softcap: float = 0.0,
+                 learnable_sink=None):
         """Attention in FlashAttention's layout (``layout="bshd"``: (batch, seqlen, heads, dim)) or SDPA's
         (``"bhsd"``); the output in the same layout. ``scale`` and ``softmax_scale`` are the same thing
-        (default 1/sqrt(d_qk)); causal is aligned bottom-right when seqlen_q != seqlen_k.
+        (default 1/sqrt(d_qk)); causal is aligned bottom-right when seqlen_q != seqlen_k. ``window_size``,
+        ``softcap`` and ``learnable_sink`` (one logit per query head) as FlashAttention takes them
+        (tuner/serving/options.py): served by a kernel built with them, else by the fp32 reference (counted).
 
         Eager calls with nothing observing them (op.nothing_observes) take a launcher remembered per call
         signature the first time the signature ran a kernel: one dictionary lookup, then the launch."""
+        if learnable_sink is not None or softcap or (window_size is not None and tuple(window_size) != (-1, -1)):
+            if layout not in ("bshd", "bhsd"):
+                raise ValueError(f"layout must be 'bshd' (batch, seqlen, heads, dim) or 'bhsd', got {layout!r}")
+            if scale is not None and softmax_scale is not None and scale != softmax_scale:
+                raise ValueError(f"scale ({scale}) and softmax_scale ({softmax_scale}) differ; give one")
+            if layout == "bhsd":
+                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            out = self.attend_options(q, k, v, causal, softmax_scale if softmax_scale is not None else scale,
+                                      window_size, softcap, learnable_sink)
+            return out.transpose(1, 2) if layout == "bhsd" else out
         key = None
         if not torch.compiler.is_compiling():
             key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,

@@ -8,12 +8,14 @@
 
 The masks: ``attention_mask`` below returns None exactly when the layer's mask is the kernels' own causal
 pattern (FlashAttention's bottom-right alignment: every query sees the keys up to its own position, a
-plain causal mask over a cache with no padding), also while torch.compile traces the model, where
-transformers' ``sdpa_mask`` always materialises the mask (it cannot tell torch.export's fixed shapes from
-compile's guarded ones); any other mask (padding, a static cache's empty tail, sliding windows, packed
-sequences) is built by ``sdpa_mask`` and given to torch SDPA. The function: the same causal rule as
-transformers' ``sdpa`` implementation; where the mask is None the exported kernel runs (through the custom
-op); a mask, a position bias or dropout run torch SDPA, counted by reason in ``attn.reasons`` ("mask",
+plain causal mask over a cache with no padding), or that pattern within transformers' sliding window, also
+while torch.compile traces the model, where transformers' ``sdpa_mask`` always materialises the mask (it cannot
+tell torch.export's fixed shapes from compile's guarded ones); any other mask (padding, a static cache's empty
+tail, packed sequences, chunked attention) is built by ``sdpa_mask`` and given to torch SDPA. The function: the
+same causal rule as transformers' ``sdpa`` implementation; where the mask is None the exported kernel runs
+(through the custom op) with the layer's options: ``sliding_window`` (window (W - 1, 0)), ``softcap`` (Gemma 2)
+and ``s_aux`` (gpt-oss's sinks), which need a kernel built with them; a mask, a position bias or dropout run
+torch SDPA (with a cap or sinks: the fp32 reference), counted by reason in ``attn.reasons`` ("mask",
 "dropout"), as is anything the export has no kernel for. transformers is an optional extra
 (``pip install attn-autotuner[hf]``).
 """
@@ -29,7 +31,8 @@ def attention_function(attn):
 
     def attn_tuner_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
                                      scaling: float | None = None, is_causal: bool | None = None,
-                                     position_bias=None, **kwargs):
+                                     position_bias=None, sliding_window: int | None = None,
+                                     softcap: float | None = None, s_aux=None, **kwargs):
         # query (b, hq, sq, d), key/value (b, hkv, sk, d): transformers hands over the KV heads unrepeated
         is_causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         # a None mask is the kernels' causal pattern (attention_mask below): bottom-right over every key
@@ -40,12 +43,19 @@ def attention_function(attn):
             attention_mask = create_position_bias_mask(position_bias, attention_mask, is_causal, query, key)
             is_causal = False
         q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        softcap = softcap or 0.0
         if dropout > 0.0:
+            if softcap or s_aux is not None:
+                raise NotImplementedError("attention dropout with soft-capping or sinks: no kernel or fallback here")
             out = attn._dropout(q, k, v, is_causal, scaling, dropout, attention_mask)
         elif attention_mask is not None:
-            out = attn.fallback("mask", q, k, v, False, scaling, attention_mask)
+            # the materialised mask holds the window already; the cap and the sinks are the reference's
+            out = attn.attend_options(q, k, v, False, scaling, (-1, -1), softcap, s_aux, attention_mask,
+                                      where="transformers")
         else:
-            out = attn(q, k, v, causal=is_causal, softmax_scale=scaling)
+            # transformers' sliding window: key j visible from query i when j > i - sliding_window
+            window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, 0 if is_causal else -1)
+            out = attn.attend_options(q, k, v, is_causal, scaling, window, softcap, s_aux, where="transformers")
         return out, None
 
     return attn_tuner_attention_forward
@@ -54,25 +64,41 @@ def attention_function(attn):
 def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mask_function=None,
                    attention_mask=None, local_size=None, allow_is_causal_skip: bool = True, **kwargs):
     """transformers' mask interface for the exported kernels: None when the mask is the kernels' causal
-    pattern, else ``sdpa_mask``'s materialised mask (module docstring)."""
+    pattern, also within a sliding window (the layer hands the window to the attention function), else
+    ``sdpa_mask``'s materialised mask (module docstring)."""
     from transformers.masking_utils import causal_mask_function, sdpa_mask
 
     mask_function = causal_mask_function if mask_function is None else mask_function
-    if (allow_is_causal_skip and mask_function is causal_mask_function and local_size is None and kv_offset == 0
-            and q_offset + q_length == kv_length and _no_padding(attention_mask, kv_length)):
+    kernels_pattern = (mask_function is causal_mask_function and local_size is None) or \
+        sliding_window_mask(local_size, kwargs.get("config"))
+    # the last query and the last key at the same position: bottom-right alignment is the mask's, also over a
+    # sliding-window cache that keeps only the window's keys (kv_offset > 0)
+    if (allow_is_causal_skip and kernels_pattern and kv_offset + kv_length == q_offset + q_length
+            and _no_padding(attention_mask, kv_length)):
         return None
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=False, **kwargs)
 
 
+def sliding_window_mask(local_size, config) -> bool:
+    """Whether a mask request with ``local_size`` is transformers' causal sliding-window mask of the model's
+    window: ``create_sliding_window_causal_mask`` passes ``local_size=config.sliding_window`` (chunked attention
+    passes its chunk size, and every variant with other overlays, packing or bidirection refuses the causal skip
+    this is asked under). Read from the config, not the mask function's closure: torch.compile traces this."""
+    window = getattr(config, "sliding_window", None) if config is not None else None
+    chunk = getattr(config, "attention_chunk_size", None) if config is not None else None
+    return local_size is not None and type(window) is int and local_size == window and local_size != chunk
+
+
 def _no_padding(padding_mask, kv_length) -> bool:
-    """No 2-D padding mask, or (in eager only: it reads the tensor) one that keeps every key."""
+    """No 2-D padding mask, or (in eager only: it reads the tensor) one that keeps every key: of the call's keys,
+    or of every position so far (a sliding-window layer's keys are the mask's last ``kv_length``)."""
     if padding_mask is None:
         return True
     if not host_reads_allowed():
         return False
-    return padding_mask.dim() == 2 and padding_mask.shape[-1] == kv_length and bool(padding_mask.all())
+    return padding_mask.dim() == 2 and padding_mask.shape[-1] >= kv_length and bool(padding_mask.all())
 
 
 def register_transformers(attn, name: str = DEFAULT_NAME) -> str:

@@ -10,6 +10,7 @@ REASONS = {
     "mixed-dtypes": "q, k, v have different dtypes",
     "mixed-devices": "q, k, v are on different devices",
     "no-shape-config": "no exported config for these head dims, dtype and causality",
+    "no-option-config": "no exported kernel built with the call's options (window, soft-capping, sinks)",
     "no-variant": "no exported variant serves this head layout",
     "scale": "the softmax scale is not a positive finite number",
     "kernel-unloadable": "the kernel cannot be loaded (its warning says why)",

@@ -23,6 +23,7 @@ import torch
 
 from tuner.serving import op
 from tuner.serving.configs import pick
+from tuner.serving.options import PLAIN, ModelOptions
 from tuner.serving.rule import plain_ints
 from tuner.serving.sdpa import varlen_sdpa
 
@@ -34,12 +35,13 @@ class VarlenCalls:
     ``reasons``; ``_varlen_tables`` is built in its __init__."""
 
     def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k, cu_seqlens_q=None,
-                     max_seqlen_q=None) -> int:
+                     max_seqlen_q=None, options: ModelOptions = PLAIN) -> int:
         table, fallback = self._table_or_fallback(self._varlen_tables, q, k, v, scale)
         if table is None:
             return fallback
         config, code = pick(table, heads_q=int(q.shape[1]), heads_kv=int(k.shape[1]), d_qk=int(q.shape[2]),
-                            d_v=int(v.shape[2]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
+                            d_v=int(v.shape[2]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal),
+                            features=options.features(bool(causal)))
         if config is None:
             return self._fallback[code]
         if config.serving is None:    # key-length buckets: max_seqlen_k alone
@@ -83,16 +85,20 @@ class VarlenCalls:
                                dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
                                window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
                                deterministic: bool = False, return_attn_probs: bool = False, block_table=None,
-                               seqused_k=None, page_table=None):
-        """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k`` and ``page_table``
-        as FA3/FA4 name them): causal aligned bottom-right within each sequence, ``max_seqlen_q`` at least
-        every sequence's length. ``block_table`` (or ``page_table``) makes k and v paged caches
-        (num_pages, page_size, kv_heads, head_dim): tuner/serving/paged.py. What neither the kernels nor a
-        per-sequence SDPA compute is refused (NotImplementedError): dropout, windows, soft-capping, ALiBi,
-        the probabilities."""
-        for given, what in ((dropout_p > 0.0, "dropout"), (tuple(window_size or (-1, -1)) != (-1, -1), "window_size"),
-                            (bool(softcap), "softcap"), (alibi_slopes is not None, "alibi_slopes"),
-                            (return_attn_probs, "return_attn_probs")):
+                               seqused_k=None, page_table=None, learnable_sink=None):
+        """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k``, ``page_table`` and
+        ``learnable_sink`` as FA3/FA4 name them): causal aligned bottom-right within each sequence,
+        ``max_seqlen_q`` at least every sequence's length. ``window_size``, ``softcap`` and ``learnable_sink`` go
+        to a kernel built with them (tuner/serving/option_calls.py). ``block_table`` (or ``page_table``) makes k
+        and v paged caches (num_pages, page_size, kv_heads, head_dim): tuner/serving/paged.py. What neither the
+        kernels nor the per-sequence fallback compute is refused (NotImplementedError): dropout, ALiBi, the
+        probabilities, and options over a paged cache."""
+        has_options = (learnable_sink is not None or bool(softcap)
+                       or (window_size is not None and tuple(window_size) != (-1, -1)))
+        paged = block_table is not None or page_table is not None
+        for given, what in ((dropout_p > 0.0, "dropout"), (alibi_slopes is not None, "alibi_slopes"),
+                            (return_attn_probs, "return_attn_probs"),
+                            (paged and has_options, "window_size, softcap or learnable_sink over a paged cache")):
             if given:
                 raise NotImplementedError(f"flash_attn_varlen_func: {what} is not supported by the exported kernels")
         if block_table is not None and page_table is not None and block_table is not page_table:
@@ -110,6 +116,9 @@ class VarlenCalls:
         if k.shape[1] < 1 or q.shape[1] % k.shape[1] or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: query heads must be a "
                              "multiple of the KV heads, k and v alike in tokens and heads, q and k in head dim")
+        if has_options:
+            return self.varlen_options(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                                       window_size, softcap, learnable_sink, seqused_k)
         route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k, cu_seqlens_q, max_seqlen_q)
         return op.launch_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                 bool(causal), scale, route)

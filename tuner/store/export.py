@@ -54,13 +54,15 @@ def head_dim_token(d_qk: int, d_v: int) -> str:
 
 
 def config_file_name(variant: str, d_qk: int, d_v: int, dtype: str, causal: bool, device_name: str,
-                     layout: str = "dense", phase: str = "prefill") -> str:
-    """The dense layout's names are what they were; another layout says so after causal, and a decode
-    config says ``,phase=decode`` after that."""
+                     layout: str = "dense", phase: str = "prefill", features: tuple = ()) -> str:
+    """The dense layout's names are what they were; another layout says so after causal, a decode
+    config says ``,phase=decode`` after that, and a config of kernels built with options names them
+    (``,features=local+sinks``) after that."""
     layout_token = "" if layout == "dense" else f",layout={layout}"
     phase_token = "" if phase == "prefill" else f",phase={phase}"
+    features_token = f",features={'+'.join(features)}" if features else ""
     return (f"variant={variant},head_dim={head_dim_token(d_qk, d_v)},dtype={dtype},"
-            f"causal={int(bool(causal))}{layout_token}{phase_token},"
+            f"causal={int(bool(causal))}{layout_token}{phase_token}{features_token},"
             f"device_name={device_file_token(device_name)}.json")
 
 
@@ -152,7 +154,7 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
     groups: dict[str, list[KernelRecord]] = {}
     for r in records:
         groups.setdefault(config_file_name(r.variant, r.d_qk, r.d_v, r.dtype, r.causal, r.device_name, r.layout,
-                                           r.phase), []).append(r)
+                                           r.phase, r.features), []).append(r)
     docs = {}
     for name, recs in sorted(groups.items()):
         errors = phase_errors(recs)
@@ -191,6 +193,8 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
             "layout": first.layout,
             "exported_at": exported_at,
         }
+        if first.features:
+            meta["features"] = list(first.features)
         if first.phase == "decode":
             meta["phase"] = "decode"
             meta["bucket_rule"] = DECODE_RULE

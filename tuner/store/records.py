@@ -33,6 +33,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Iterator
 
+from kernel_abi.spec import FEATURES
 from tuner.serving.buckets.names import bucket_errors, bucket_sort_key
 from tuner.serving.buckets.decode import decode_bucket_errors, decode_bucket_sort_key, is_decode_bucket
 
@@ -101,9 +102,15 @@ class KernelRecord:
         return hashlib.sha256(self.cubin).hexdigest()
 
     @property
+    def features(self) -> tuple[str, ...]:
+        """The options the kernel is built with (kernel_abi.spec.FEATURES), as its metadata's spec states them."""
+        spec = self.kernel_meta.get("spec") if isinstance(self.kernel_meta, dict) else None
+        return tuple(f for f in FEATURES if isinstance(spec, dict) and spec.get(f))
+
+    @property
     def key(self) -> tuple:
         return (self.arch, self.variant, self.dtype, self.d_qk, self.d_v, self.causal, self.bucket, self.layout,
-                self.phase)
+                self.phase, self.features)
 
     def to_json(self) -> dict:
         """record.json's content: every field but the blobs, plus the cubin hash."""
@@ -162,8 +169,9 @@ def validate_record(record: KernelRecord) -> list[str]:
 
 
 def shape_dir_name(dtype: str, d_qk: int, d_v: int, causal: bool, layout: str = "dense",
-                   phase: str = "prefill") -> str:
-    name = f"{dtype}-d{d_qk}x{d_v}-{'causal' if causal else 'noncausal'}"
+                   phase: str = "prefill", features: tuple = ()) -> str:
+    # a kernel built with options (a window, a cap, sinks) never serves a plain call: a folder of its own
+    name = "-".join([f"{dtype}-d{d_qk}x{d_v}-{'causal' if causal else 'noncausal'}", *features])
     if phase == "decode":   # decode kernels of every cache layout apart from the prefill ones
         return f"{name}-{layout}-decode"
     return name if layout == "dense" else f"{name}-{layout}"   # dense names as before: stores stay readable
@@ -179,8 +187,8 @@ class KernelStore:
     # ---- writing -------------------------------------------------------------------------------
 
     def record_dir(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
-                   bucket: str, layout: str = "dense", phase: str = "prefill") -> Path:
-        return (self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase)
+                   bucket: str, layout: str = "dense", phase: str = "prefill", features: tuple = ()) -> Path:
+        return (self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase, features)
                 / bucket)
 
     def offer(self, record: KernelRecord) -> bool:
@@ -242,9 +250,10 @@ class KernelStore:
                                           _bucket_order(r.bucket)))
 
     def best(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
-             layout: str = "dense", phase: str = "prefill") -> dict[str, KernelRecord]:
+             layout: str = "dense", phase: str = "prefill", features: tuple = ()) -> dict[str, KernelRecord]:
         """The stored kernels of one kernel spec, by bucket name."""
-        shape = self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase)
+        shape = self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase,
+                                                                   tuple(features))
         if not shape.is_dir():
             return {}
         with self._lock(exclusive=False):

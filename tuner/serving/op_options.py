@@ -1,0 +1,180 @@
+"""The custom ops of calls with model options (tuner/serving/options.py: a window, soft-capping, sinks), beside
+the plain ops of tuner/serving/op.py and routed the same way:
+
+``attn_tuner::attention_options(q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks,
+route)``: (b, s, h, d) as ``attention``; ``attn_mask`` only ever reaches a fallback route.
+``attn_tuner::varlen_attention_options(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+max_seqlen_k, causal, scale, window_left, window_right, softcap, sinks, route)``: packed sequences.
+
+Options are op arguments, not part of the route: a model's layers differ in their windows and sinks but share
+their kernels. Autograd: the backward recomputes with ``reference_attention`` (fp32 torch) from the saved inputs
+and returns its gradients, the sinks' included (they are a trained parameter in the models that have them).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tuner.serving.op import _ROUTES, NAMESPACE, nothing_observes
+from tuner.serving.options import ModelOptions, reference_attention, reference_varlen
+
+_lib = torch.library.Library(NAMESPACE, "FRAGMENT")
+
+_OPTIONS = "int window_left, int window_right, float softcap, Tensor? sinks"
+_lib.define(f"attention_options(Tensor q, Tensor k, Tensor v, Tensor? attn_mask, bool causal, float scale, {_OPTIONS}, "
+            "int route) -> Tensor")
+_lib.define(f"attention_options_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor? attn_mask, "
+            f"bool causal, float scale, {_OPTIONS}) -> (Tensor, Tensor, Tensor, Tensor)")
+_lib.define(f"varlen_attention_options(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+            f"Tensor? seqused_k, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float scale, {_OPTIONS}, "
+            "int route) -> Tensor")
+_lib.define(f"varlen_attention_options_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, "
+            f"Tensor cu_seqlens_k, Tensor? seqused_k, bool causal, float scale, {_OPTIONS}) "
+            "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _options(window_left, window_right, softcap, sinks) -> ModelOptions:
+    return ModelOptions((int(window_left), int(window_right)), float(softcap), sinks)
+
+
+def _gradients(forward, grad_out, tensors, sinks):
+    """(dq, dk, dv, dsinks) of ``forward(q, k, v, sinks)`` by autograd from fresh leaves; dsinks is an empty
+    tensor for a call without sinks (the schema's fixed arity)."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in tensors]
+        sink_leaf = None if sinks is None else sinks.detach().requires_grad_()
+        out = forward(*leaves, sink_leaf)
+        wrt = leaves + ([sink_leaf] if sink_leaf is not None else [])
+        grads = torch.autograd.grad(out, wrt, grad_out, allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(grads, wrt)]
+    dsinks = grads[3] if sinks is not None else grad_out.new_empty(0, dtype=torch.float32)
+    return grads[0], grads[1], grads[2], dsinks
+
+
+# ---- dense (b, s, h, d) ----
+def _attention_impl(q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks, route):
+    r = _ROUTES[route]
+    return r.owner.run_options(r, q, k, v, attn_mask, causal, scale,
+                               _options(window_left, window_right, softcap, sinks))
+
+
+def _attention_backward_impl(grad_out, q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks):
+    def forward(q, k, v, s):
+        return reference_attention(q, k, v, causal, scale, _options(window_left, window_right, softcap, s), attn_mask)
+
+    return _gradients(forward, grad_out, (q, k, v), sinks)
+
+
+_lib.impl("attention_options", _attention_impl, "CompositeExplicitAutograd")
+_lib.impl("attention_options_backward", _attention_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::attention_options", lib=_lib)
+def _attention_fake(q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks, route):
+    return q.new_empty((q.shape[0], q.shape[1], q.shape[2], v.shape[3]))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::attention_options_backward", lib=_lib)
+def _attention_backward_fake(grad_out, q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks):
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks, _ = inputs
+    ctx.save_for_backward(q, k, v, attn_mask, sinks)
+    ctx.args = (causal, scale, window_left, window_right, softcap)
+
+
+def _attention_backward(ctx, grad_out):
+    q, k, v, attn_mask, sinks = ctx.saved_tensors
+    causal, scale, left, right, softcap = ctx.args
+    dq, dk, dv, dsinks = torch.ops.attn_tuner.attention_options_backward(grad_out, q, k, v, attn_mask, causal, scale,
+                                                                         left, right, softcap, sinks)
+    return dq, dk, dv, None, None, None, None, None, None, (dsinks if sinks is not None else None), None
+
+
+torch.library.register_autograd(f"{NAMESPACE}::attention_options", _attention_backward,
+                                setup_context=_attention_setup, lib=_lib)
+attention_options_op = torch.ops.attn_tuner.attention_options.default
+
+
+# ---- packed sequences ----
+def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                 window_left, window_right, softcap, sinks, route):
+    r = _ROUTES[route]
+    return r.owner.run_varlen_options(r, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                      causal, scale, _options(window_left, window_right, softcap, sinks))
+
+
+def _varlen_backward_impl(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, window_left,
+                          window_right, softcap, sinks):
+    def forward(q, k, v, s):
+        return reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
+                                _options(window_left, window_right, softcap, s))
+
+    return _gradients(forward, grad_out, (q, k, v), sinks)
+
+
+_lib.impl("varlen_attention_options", _varlen_impl, "CompositeExplicitAutograd")
+_lib.impl("varlen_attention_options_backward", _varlen_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::varlen_attention_options", lib=_lib)
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, scale,
+                 window_left, window_right, softcap, sinks, route):
+    return q.new_empty((q.shape[0], q.shape[1], v.shape[2]))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::varlen_attention_options_backward", lib=_lib)
+def _varlen_backward_fake(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, window_left,
+                          window_right, softcap, sinks):
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
+def _varlen_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used, _, _, causal, scale, window_left, window_right, softcap, sinks, _ = inputs
+    ctx.save_for_backward(q, k, v, cu_q, cu_k, used, sinks)
+    ctx.args = (causal, scale, window_left, window_right, softcap)
+
+
+def _varlen_backward(ctx, grad_out):
+    q, k, v, cu_q, cu_k, used, sinks = ctx.saved_tensors
+    causal, scale, left, right, softcap = ctx.args
+    dq, dk, dv, dsinks = torch.ops.attn_tuner.varlen_attention_options_backward(grad_out, q, k, v, cu_q, cu_k, used,
+                                                                                causal, scale, left, right, softcap,
+                                                                                sinks)
+    return (dq, dk, dv) + (None,) * 10 + ((dsinks if sinks is not None else None), None)
+
+
+torch.library.register_autograd(f"{NAMESPACE}::varlen_attention_options", _varlen_backward,
+                                setup_context=_varlen_setup, lib=_lib)
+varlen_attention_options_op = torch.ops.attn_tuner.varlen_attention_options.default
+
+
+def _direct(q, k, v, sinks) -> bool:
+    """Whether nothing observes the call, its sinks included (a trained sink parameter needs the op's autograd)."""
+    return nothing_observes(q, k, v) and not (sinks is not None and torch.is_grad_enabled() and sinks.requires_grad)
+
+
+def launch_options(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, options: ModelOptions, route: int,
+                   attn_mask: Tensor | None = None) -> Tensor:
+    """The options op, or its route directly when nothing observes the call."""
+    if _direct(q, k, v, options.sinks):
+        r = _ROUTES[route]
+        return r.owner.run_options(r, q, k, v, attn_mask, causal, scale, options)
+    return attention_options_op(q, k, v, attn_mask, causal, scale, options.window[0], options.window[1],
+                                options.softcap, options.sinks, route)
+
+
+def launch_varlen_options(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal: bool,
+                          scale: float, options: ModelOptions, route: int) -> Tensor:
+    """The packed options op, or its route directly when nothing observes the call."""
+    if _direct(q, k, v, options.sinks):
+        r = _ROUTES[route]
+        return r.owner.run_varlen_options(r, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                          max_seqlen_k, causal, scale, options)
+    return varlen_attention_options_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                       causal, scale, options.window[0], options.window[1], options.softcap,
+                                       options.sinks, route)

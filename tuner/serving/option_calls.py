@@ -1,0 +1,121 @@
+"""Calls with model options (a sliding window, soft-capping, attention sinks: tuner/serving/options.py) through an
+export, mixed into ExportedAttention: dense (b, s, h, d) and packed sequences.
+
+Dispatch is the plain calls' rule plus the options: a config whose kernels are built with exactly the options the
+call needs (``ExportedConfig.features``) serves it, its bucket chosen as for a plain call; otherwise the fp32
+torch reference runs, through the options op (tuner/serving/op_options.py), counted by reason
+("no-option-config" when the export has plain kernels of the shape but none built with these options).
+"""
+from __future__ import annotations
+
+import math
+
+from tuner.serving.op_options import launch_options, launch_varlen_options
+from tuner.serving.options import ModelOptions, model_options, reference_attention, reference_varlen
+from tuner.serving.sdpa import check_shapes
+
+
+def kernel_window(options: ModelOptions, kernel_causal: bool) -> tuple:
+    """The window to hand a kernel: a causal kernel's is (left, 0), FlashAttention's causal convention (a one-row
+    call may run on the kernel of the other causality: bottom-right, both see every key)."""
+    if not kernel_causal:
+        return options.window
+    return (options.window[0], 0) if options.window[0] >= 0 else (-1, -1)
+
+
+class OptionCalls:
+    """Mixed into ExportedAttention: uses its ``route``, ``route_varlen``, ``kernel``, ``_fallback``, ``_messages``,
+    ``stats``, ``reasons`` and ``last_*``."""
+
+    def attend_options(self, q, k, v, causal: bool, scale: float | None, window_size=(-1, -1), softcap: float = 0.0,
+                       learnable_sink=None, attn_mask=None, where: str = "attention"):
+        """(b, s, h, d) tensors with options (FlashAttention's names) through the options op. ``attn_mask`` (SDPA's
+        meaning) sends the call to the reference, which applies the mask on top of the options."""
+        check_shapes(q, k, v)
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
+        options = model_options(window_size, softcap, learnable_sink, causal=bool(causal), heads_q=int(q.shape[2]),
+                                device=q.device, where=where)
+        if not options.any:
+            if attn_mask is not None:
+                return self.fallback("mask", q, k, v, False, scale, attn_mask)
+            return self(q, k, v, causal=causal, softmax_scale=scale)
+        if attn_mask is not None:
+            if causal:
+                raise ValueError(f"{where}: give an attention mask or causal, not both")
+            return launch_options(q, k, v, False, scale, options, self._fallback["mask"], attn_mask)
+        return launch_options(q, k, v, bool(causal), scale, options, self.route(q, k, v, causal, scale, options))
+
+    def run_options(self, route, q, k, v, attn_mask, causal: bool, scale: float, options: ModelOptions):
+        """What an options route runs (inside the op or directly): the config's kernel with the options, or the
+        reference and why."""
+        if route.config is not None and attn_mask is None:
+            bucket = route.bucket or route.config.bucket_for(k.shape[1])
+            entry = route.config.kernels[bucket]
+            try:
+                kern = self.kernel(entry, q.device.index or 0)
+            except Exception as exc:  # noqa: BLE001 - any load failure means the reference, warned once
+                return self._reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
+                                       q, k, v, None, causal, scale, options)
+            try:
+                out = kern(q, k, v, softmax_scale=scale, window_size=kernel_window(options, route.config.causal),
+                           softcap=options.softcap, sinks=options.sinks)
+            except ValueError as exc:   # refused before launch (strides, alignment)
+                return self._reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
+                                       q, k, v, None, causal, scale, options)
+            self.last_path, self.last_reason, self.last_bucket = "kernel", route.config.variant, bucket
+            self.stats["kernel"] += 1
+            return out
+        code = route.code if route.config is None else "mask"
+        return self._reference(code, self._messages.get(self._fallback.get(code), code), q, k, v, attn_mask, causal,
+                               scale, options)
+
+    def _reference(self, code, message, q, k, v, attn_mask, causal, scale, options):
+        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
+        self.stats["sdpa"] += 1
+        self.reasons[code] += 1
+        return reference_attention(q, k, v, causal, scale, options, attn_mask)
+
+    # --- packed sequences --------------------------------------------------------------------------------
+    def varlen_options(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool,
+                       scale: float, window_size, softcap, learnable_sink, seqused_k=None):
+        """``flash_attn_varlen_func`` with options (q (total_q, hq, d), k/v (total_k, hkv, d)) through the packed
+        options op."""
+        options = model_options(window_size, softcap, learnable_sink, causal=bool(causal), heads_q=int(q.shape[1]),
+                                device=q.device, where="flash_attn_varlen_func")
+        route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k, cu_seqlens_q, max_seqlen_q, options)
+        return launch_varlen_options(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                     bool(causal), scale, options, route)
+
+    def run_varlen_options(self, route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                           causal: bool, scale: float, options: ModelOptions):
+        if route.config is not None:
+            bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
+                                                                 int(max_seqlen_q), int(max_seqlen_k))
+            entry = route.config.kernels[bucket]
+            try:
+                kern = self.kernel(entry, q.device.index or 0)
+                out = kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                                  seqused_k=seqused_k, softmax_scale=scale,
+                                  window_size=kernel_window(options, route.config.causal), softcap=options.softcap,
+                                  sinks=options.sinks)
+            except ValueError as exc:   # refused before launch (strides, alignment, arguments)
+                return self._varlen_reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: "
+                                              f"{exc}", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
+                                              options)
+            except Exception as exc:  # noqa: BLE001 - a load failure (warned once by ``kernel``)
+                return self._varlen_reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: "
+                                              f"{exc}", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
+                                              options)
+            self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} varlen", bucket
+            self.stats["kernel"] += 1
+            return out
+        return self._varlen_reference(route.code, self._messages.get(self._fallback.get(route.code), route.code),
+                                      q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, options)
+
+    def _varlen_reference(self, code, message, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
+                          options):
+        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
+        self.stats["sdpa"] += 1
+        self.reasons[code] += 1
+        return reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, options)
+

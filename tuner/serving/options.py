@@ -1,0 +1,163 @@
+"""A call's model options at the serving entry points: sliding windows, soft-capping and attention sinks
+(kernel_abi.spec's conventions, which are FlashAttention's), checked once, and the torch computation that
+serves them where no exported kernel does (and that the op's backward differentiates).
+
+    window_size (left, right): query row i of a sequence sees key j when i + off - left <= j <= i + off + right,
+        off = seqlen_k - seqlen_q (bottom-right alignment); -1 leaves a side open; causal closes the right at 0.
+    softcap: the scaled scores become softcap * tanh(scores / softcap); 0 is none.
+    sinks (FA4's ``learnable_sink``, transformers' ``s_aux``): one logit per query head that joins every row's
+        softmax as a key with no value. The entry points hand the kernels fp32 sinks; a sink tensor of another
+        float dtype is converted (differentiably: its gradient reaches the caller's parameter).
+
+``features`` names what a kernel must be built with (kernel_abi.spec.FEATURES), which is what dispatch
+matches an exported config on. ``reference_attention`` is plain torch in fp32 and differentiable in q, k, v and
+the sinks: the fallback and the recompute of the op's backward, not a fast path.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from kernel_abi.spec import FEATURES, is_local
+
+NO_WINDOW = (-1, -1)
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """One call's options, checked (``model_options``): ``window`` with causal's right side closed to 0."""
+
+    window: tuple = NO_WINDOW
+    softcap: float = 0.0
+    sinks: Any = None          # fp32 (heads_q,) tensor or None
+
+    @property
+    def any(self) -> bool:
+        return self.window != NO_WINDOW or self.softcap > 0 or self.sinks is not None
+
+    def features(self, causal: bool) -> tuple[str, ...]:
+        """What a kernel must be built with to compute this call, in kernel_abi.spec.FEATURES' order."""
+        given = {"local": is_local(self.window, causal), "softcap": self.softcap > 0, "sinks": self.sinks is not None}
+        return tuple(f for f in FEATURES if given[f])
+
+
+PLAIN = ModelOptions()
+
+
+def model_options(window_size, softcap, sinks, *, causal: bool, heads_q: int, device, where: str) -> ModelOptions:
+    """The checked options of one call; ValueError naming the argument (and ``where``, the entry point) for a
+    window that is not two ints >= -1, a cap that is not a finite number >= 0, sinks that are not one float per
+    query head on the queries' device. A causal window's right side is 0 whatever is given (FlashAttention's
+    convention: causal is window (left, 0))."""
+    import torch
+
+    window = NO_WINDOW if window_size is None else window_size
+    try:
+        window = tuple(int(w) if not isinstance(w, bool) and float(w) == int(w) else w for w in window)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: window_size must be a (left, right) pair of ints >= -1, got {window_size!r}") \
+            from None
+    if len(window) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window):
+        raise ValueError(f"{where}: window_size must be a (left, right) pair of ints >= -1 (-1: open), "
+                         f"got {window_size!r}")
+    if causal and window[1] != -1:
+        window = (window[0], 0)
+    if window == (-1, 0) and causal:
+        window = NO_WINDOW
+    cap = 0.0 if softcap is None else softcap
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0:
+        raise ValueError(f"{where}: softcap must be a finite number >= 0 (0: none), got {softcap!r}")
+    if sinks is not None:
+        if not isinstance(sinks, torch.Tensor) or not sinks.dtype.is_floating_point or sinks.dim() != 1 \
+                or sinks.shape[0] != heads_q:
+            raise ValueError(f"{where}: learnable_sink must be a float tensor of {heads_q} logits (one per query "
+                             f"head), got {getattr(sinks, 'dtype', type(sinks).__name__)} "
+                             f"{tuple(getattr(sinks, 'shape', ()))}")
+        if sinks.device != device:
+            raise ValueError(f"{where}: learnable_sink is on {sinks.device}, the queries on {device}")
+        sinks = sinks.float().contiguous()
+    return ModelOptions(window, float(cap), sinks)
+
+
+def visible(sq: int, sk: int, causal: bool, window, device):
+    """(sq, sk) bool: which keys each query row sees (module doc), or None when every row sees every key."""
+    import torch
+
+    left, right = window[0], 0 if causal else window[1]
+    if left < 0 and right < 0:
+        return None
+    rows = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    cols = torch.arange(sk, device=device)[None, :]
+    mask = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if left >= 0:
+        mask = mask & (cols >= rows - left)
+    if right >= 0:
+        mask = mask & (cols <= rows + right)
+    return mask
+
+
+def reference_attention(q, k, v, causal: bool, scale: float, options: ModelOptions, attn_mask=None,
+                        rows: int = 1024):
+    """attention(q, k, v) with ``options`` in fp32, (b, s, h, d) in and out (the output in q's dtype): GQA by
+    head groups, bottom-right causal, ``attn_mask`` (SDPA's meaning: bool keeps, float adds; broadcastable to
+    (b, hq, sq, sk)) on top. A row that sees no key and has no sink is 0. Differentiable, a block of ``rows``
+    query rows at a time (autograd keeps each block's probabilities: b·hq·sq·sk floats in all)."""
+    import torch
+
+    b, sq, hq, _ = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    group = hq // hkv
+    work = torch.promote_types(q.dtype, torch.float32)
+    qf = q.to(work).transpose(1, 2)
+    kf = k.to(work).transpose(1, 2).repeat_interleave(group, dim=1)
+    vf = v.to(work).transpose(1, 2).repeat_interleave(group, dim=1)
+    keep = visible(sq, sk, causal, options.window, q.device)
+    sink = None if options.sinks is None else options.sinks.to(work).view(1, hq, 1, 1)
+    outs = []
+    for start in range(0, sq, rows):
+        stop = min(start + rows, sq)
+        s = qf[:, :, start:stop] @ kf.transpose(-1, -2) * scale
+        if options.softcap > 0:
+            s = options.softcap * torch.tanh(s / options.softcap)
+        if keep is not None:
+            s = s.masked_fill(~keep[start:stop], float("-inf"))
+        if attn_mask is not None:
+            m = attn_mask[..., start:stop, :] if attn_mask.dim() >= 2 and attn_mask.shape[-2] == sq else attn_mask
+            s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(work)
+        if sink is not None:
+            s = torch.cat([s, sink.expand(b, hq, stop - start, 1)], dim=-1)
+            p = torch.softmax(s, dim=-1)[..., :sk]
+        else:
+            p = torch.softmax(s, dim=-1)
+        p = torch.where(torch.isnan(p), torch.zeros_like(p), p)
+        outs.append(p @ vf)
+    out = torch.cat(outs, dim=2) if len(outs) != 1 else outs[0]
+    return out.transpose(1, 2).to(q.dtype).contiguous()
+
+
+def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal: bool, scale: float,
+                     options: ModelOptions):
+    """Packed sequences (q (total_q, hq, d), k/v (total_k, hkv, d)) by ``reference_attention``, one sequence at a
+    time (the lengths read on the host); keys past ``seqused_k`` unused; a sequence with no key, and any row
+    past the last sequence, is 0 (a sink has no value). Differentiable."""
+    import torch
+
+    starts_q, starts_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    used = seqused_k.tolist() if seqused_k is not None else None
+    pieces = []
+    for i in range(len(starts_q) - 1):
+        q0, q1, k0 = starts_q[i], starts_q[i + 1], starts_k[i]
+        n = used[i] if used is not None else starts_k[i + 1] - k0
+        if q1 <= q0:
+            continue
+        if n <= 0:
+            pieces.append(q.new_zeros(q1 - q0, q.shape[1], v.shape[2]))
+            continue
+        pieces.append(reference_attention(q[None, q0:q1], k[None, k0:k0 + n], v[None, k0:k0 + n], causal, scale,
+                                          options)[0])
+    total = starts_q[-1] if starts_q else 0
+    out = torch.cat(pieces, dim=0) if pieces else q.new_zeros(0, q.shape[1], v.shape[2])
+    if total < q.shape[0]:
+        out = torch.cat([out, q.new_zeros(q.shape[0] - total, q.shape[1], v.shape[2])], dim=0)
+    return out
