@@ -51,6 +51,8 @@ class Problem:
     sinks: bool = False                     # a learned logit per query head joins each row's softmax
 
     def __post_init__(self) -> None:
+        if isinstance(self.window, list):   # read back from JSON, where a tuple is a list
+            object.__setattr__(self, "window", tuple(self.window))
         errors = validate_problem(self)
         if errors:
             raise ValueError("; ".join(errors))

@@ -50,3 +50,14 @@ def test_the_kernel_spec_of_a_problem_names_its_options_and_stores_as_before_wit
                                "layout": "dense", "phase": "prefill"}     # the keys and hashes of stored kernels
     assert plain.label() == "gqa_d128x128_causal_bf16" and plain.features == ()
     assert "window64,0 softcap30 sinks" in p.label()
+
+
+def test_a_problem_read_back_from_json_is_the_problem_written():
+    import dataclasses
+    import json
+
+    from kernel_abi.spec import Problem
+
+    for window in ((-1, -1), (128, 0)):
+        p = Problem("gqa", 2, 8, 2, 512, 512, 64, 64, True, "bf16", window=window, sinks=True)
+        assert Problem(**json.loads(json.dumps(dataclasses.asdict(p)))) == p

@@ -42,7 +42,7 @@ class TrialKind:
     baselines: Callable         # (problem, timing, device, errors) -> {library: TFLOPS or None}
     baseline_names: tuple
     cross_check: Optional[Callable] = None   # (kernel, problem, inputs) -> relative error; None: the gate suffices
-    against: str = ""           # what the cross-check compares with, for its message
+    against: Callable = lambda problem: "the reference"   # what the cross-check compares with, for its message
     digits: int = 2             # TFLOPS are rounded to this many digits
 
 
@@ -86,7 +86,7 @@ def run_trial(kind: TrialKind, kernel, payload: dict, device: str, name: str, ti
                 if not rel <= BENCH_CROSS_CHECK_REL_ERR:   # also NaN
                     verification.update(passed=False, bench_cross_check=cross)
                     return failure(name, f"wrong result at the benchmark shape {problem.label()}: relative error "
-                                         f"{rel:.3g} against {kind.against} > {BENCH_CROSS_CHECK_REL_ERR}",
+                                         f"{rel:.3g} against {kind.against(problem)} > {BENCH_CROSS_CHECK_REL_ERR}",
                                    verification)
             if plan and key == str(plan["seqlen"]):
                 probe_ms = kind.time_ms(kernel, problem, inputs, timer.Timing(**plan["probe"]))
@@ -128,7 +128,7 @@ def _dense() -> TrialKind:
                      baselines=lambda p, timing, device, errors: dense.measure_baselines(
                          p, timing=timing, device=device, errors=errors),
                      baseline_names=dense.BASELINES, cross_check=lambda kernel, p, x: dense.sdpa_rel_err(kernel, p, x[0]),
-                     against="torch SDPA (the fp32 reference for soft-capping or sinks)")
+                     against=lambda p: "the fp32 reference" if p.softcap or p.sinks else "torch SDPA")
 
 
 def _serving() -> TrialKind:
@@ -161,7 +161,7 @@ def _decode() -> TrialKind:
                      time_ms=time_ms, key=lambda p: p.key, tflops=decode.problem_tflops,
                      baselines=decode.measure_baselines, baseline_names=decode.BASELINES,
                      cross_check=lambda kernel, p, x: decode.cross_check(decode.ours_call(kernel, p, x)(), x, p),
-                     against="the fp32 reference", digits=3)
+                     against=lambda p: "the fp32 reference", digits=3)
 
 
 def trial_kind(spec) -> TrialKind:
