@@ -43,19 +43,61 @@ def test_logits_match_sdpa_eager_and_compiled_without_graph_breaks(served):
     assert served.reasons == {}                             # compiled too: no mask was materialised
 
 
-def test_a_padding_mask_runs_sdpa_with_the_mask_and_is_counted(served):
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_a_padded_batch_runs_the_packed_kernels(served, side):
     ref, ours = _models(served)
     ids = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(2, 40, dtype=torch.long)
-    mask[0, :7] = 0
+    real = slice(7, None) if side == "left" else slice(None, 33)
+    mask[0] = 0
+    mask[0, real] = 1
     with torch.no_grad():
         want = ref(ids, attention_mask=mask).logits.float()
         got = ours(ids, attention_mask=mask).logits.float()
-    assert (got[1] - want[1]).abs().max() < LOGIT_TOL and (got[0, 7:] - want[0, 7:]).abs().max() < LOGIT_TOL
-    assert served.reasons == {"mask": 2} and "kernel" not in served.stats
+    assert (got[1] - want[1]).abs().max() < LOGIT_TOL and (got[0, real] - want[0, real]).abs().max() < LOGIT_TOL
+    assert served.stats == {"kernel": 2} and not served.reasons     # the varlen kernel, once per layer
+    assert served.last_reason == "gqa varlen"
     with torch.no_grad():
-        ours(ids, attention_mask=torch.ones(2, 40, dtype=torch.long))   # all ones: no padding, the kernel
-    assert served.stats["kernel"] == 2
+        ours(ids, attention_mask=torch.ones(2, 40, dtype=torch.long))   # all ones: no padding, the dense kernel
+    assert served.last_reason == "gqa"
+
+
+def test_padding_inside_a_sequence_runs_sdpa_with_the_mask(served):
+    ref, ours = _models(served)
+    ids = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[0, 10:14] = 0
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits.float()
+        got = ours(ids, attention_mask=mask).logits.float()
+    assert (got[1] - want[1]).abs().max() < LOGIT_TOL and (got[0, 14:] - want[0, 14:]).abs().max() < LOGIT_TOL
+    assert served.reasons == {"mask": 2} and "kernel" not in served.stats
+
+
+def test_a_left_padded_batch_generates_on_the_kernels(served):
+    ref, ours = _models(served)
+    ids = torch.randint(0, 320, (2, 24), generator=torch.Generator().manual_seed(5))
+    mask = torch.ones(2, 24, dtype=torch.long)
+    mask[1, :9] = 0
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        got = ours.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, want)
+    assert served.stats == {"kernel": 2 * 6} and not served.reasons   # the prefill and 5 steps, packed
+
+
+@pytest.mark.slow   # torch.compile of a model
+def test_a_padded_batch_compiles_without_graph_breaks(served):
+    ref, ours = _models(served)
+    ids = torch.randint(0, 320, (2, 48), generator=torch.Generator().manual_seed(6))
+    mask = torch.ones(2, 48, dtype=torch.long)
+    mask[0, :11] = 0
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits.float()
+        assert torch._dynamo.explain(ours)(ids, attention_mask=mask).graph_break_count == 0
+        got = torch.compile(ours, fullgraph=True, backend="aot_eager")(ids, attention_mask=mask).logits.float()
+    assert (got[1] - want[1]).abs().max() < LOGIT_TOL and (got[0, 11:] - want[0, 11:]).abs().max() < LOGIT_TOL
+    assert not served.reasons
 
 
 def test_generation_decodes_with_the_kernels(served):

@@ -10,8 +10,11 @@ The masks: ``attention_mask`` below returns None exactly when the layer's mask i
 pattern (FlashAttention's bottom-right alignment: every query sees the keys up to its own position, a
 plain causal mask over a cache with no padding), or that pattern within transformers' sliding window, also
 while torch.compile traces the model, where transformers' ``sdpa_mask`` always materialises the mask (it cannot
-tell torch.export's fixed shapes from compile's guarded ones); any other mask (padding, a static cache's empty
-tail, packed sequences, chunked attention) is built by ``sdpa_mask`` and given to torch SDPA. The function: the
+tell torch.export's fixed shapes from compile's guarded ones). The same pattern over a padded batch (left or right
+padding, as tokenizers and ``generate()`` make it) returns the keys' 2-D padding mask, and the attention function
+packs the batch through the packed-sequence kernels (tuner/serving/padded.py), prefill and decode steps alike.
+Any other mask (padding inside a sequence, a static cache's empty tail, packed sequences, chunked attention) is
+built by ``sdpa_mask`` and given to torch SDPA. The function: the
 same causal rule as transformers' ``sdpa`` implementation; where the mask is None the exported kernel runs
 (through the custom op) with the layer's options: ``sliding_window`` (window (W - 1, 0)), ``softcap`` (Gemma 2)
 and ``s_aux`` (gpt-oss's sinks), which need a kernel built with them; a mask, a position bias or dropout run
@@ -21,6 +24,7 @@ torch SDPA (with a cap or sinks: the fp32 reference), counted by reason in ``att
 """
 from __future__ import annotations
 
+from tuner.serving.padded import attend_padded, dense_mask, is_edge_padding
 from tuner.serving.rule import host_reads_allowed
 
 DEFAULT_NAME = "attn_tuner"
@@ -47,7 +51,15 @@ def attention_function(attn):
         if dropout > 0.0:
             if softcap or s_aux is not None:
                 raise NotImplementedError("attention dropout with soft-capping or sinks: no kernel or fallback here")
+            if attention_mask is not None and attention_mask.dim() == 2:
+                window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, 0)
+                attention_mask = dense_mask(attention_mask, query.shape[2], query.shape[2] > 1, window)
             out = attn._dropout(q, k, v, is_causal, scaling, dropout, attention_mask)
+        elif attention_mask is not None and attention_mask.dim() == 2:
+            # the keys' padding (attention_mask below): the batch packed through the packed-sequence kernels
+            causal = query.shape[2] > 1
+            window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, 0 if causal else -1)
+            out = attend_padded(attn, q, k, v, attention_mask, causal, scaling, window, softcap, s_aux)
         elif attention_mask is not None:
             # the materialised mask holds the window already; the cap and the sinks are the reference's
             out = attn.attend_options(q, k, v, False, scaling, (-1, -1), softcap, s_aux, attention_mask,
@@ -73,9 +85,12 @@ def attention_mask(batch_size, q_length, kv_length, q_offset=0, kv_offset=0, mas
         sliding_window_mask(local_size, kwargs.get("config"))
     # the last query and the last key at the same position: bottom-right alignment is the mask's, also over a
     # sliding-window cache that keeps only the window's keys (kv_offset > 0)
-    if (allow_is_causal_skip and kernels_pattern and kv_offset + kv_length == q_offset + q_length
-            and _no_padding(attention_mask, kv_length)):
-        return None
+    if allow_is_causal_skip and kernels_pattern and kv_offset + kv_length == q_offset + q_length:
+        if _no_padding(attention_mask, kv_length):
+            return None
+        padding = _edge_padding(attention_mask, kv_offset, kv_length)
+        if padding is not None:     # the keys' padding alone: the attention function packs the batch
+            return padding
     return sdpa_mask(batch_size, q_length, kv_length, q_offset=q_offset, kv_offset=kv_offset,
                      mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=False, **kwargs)
@@ -89,6 +104,18 @@ def sliding_window_mask(local_size, config) -> bool:
     window = getattr(config, "sliding_window", None) if config is not None else None
     chunk = getattr(config, "attention_chunk_size", None) if config is not None else None
     return local_size is not None and type(window) is int and local_size == window and local_size != chunk
+
+
+def _edge_padding(padding_mask, kv_offset, kv_length):
+    """The (batch, kv_length) bool columns of a 2-D padding mask that cover the call's keys, where packing serves
+    it (tuner/serving/padded.py): padding at the sequences' edges only (checked in eager; under torch.compile
+    transformers' padding is taken as its tokenizers and generate() make it, left or right); else None."""
+    if padding_mask is None or padding_mask.dim() != 2 or padding_mask.shape[-1] < kv_offset + kv_length:
+        return None
+    kept = padding_mask[:, kv_offset:kv_offset + kv_length].bool()
+    if host_reads_allowed() and not is_edge_padding(kept):
+        return None
+    return kept
 
 
 def _no_padding(padding_mask, kv_length) -> bool:
