@@ -66,7 +66,7 @@ class StandInKernel:
                                 spec["causal"], scale, options).to(q.dtype)
 
     def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, out=None,
-              softmax_scale=None):
+              softmax_scale=None, *, window_size=(-1, -1), softcap=0.0, sinks=None):
         """tuner.serving.launch.kernel.AttentionKernel.paged's contract and refusals (tuner/serving/launch/plan.py build_paged_plan:
         the layout, seqused_k, an int32 table of one row a sequence, a page size that tiles block N)."""
         from tuner.serving.paged_sdpa import paged_sdpa
@@ -81,7 +81,14 @@ class StandInKernel:
         page, block_n = int(k_cache.shape[1]), int(self.meta.get("block_n", self.meta["params"]["block_n"]))
         if page % block_n and block_n % page:
             raise ValueError(f"page size {page} must divide block N {block_n} or be a multiple of it")
+        options = self._options(q, window_size, softcap, sinks, q.shape[1])
         self.calls += 1
+        if options.any:
+            from tuner.serving.options import reference_paged
+
+            scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[2])
+            return reference_paged(q.float(), k_cache.float(), v_cache.float(), cu_seqlens_q, seqused_k, page_table,
+                                   spec["causal"], scale, options).to(q.dtype)
         res = paged_sdpa(q.float(), k_cache.float(), v_cache.float(), cu_seqlens_q, seqused_k, page_table,
                          spec["causal"], softmax_scale)
         return res.to(q.dtype)

@@ -25,7 +25,7 @@ def _record(features=(), layout="dense", bucket="s1024", causal=True, cubin=None
 
 
 OPTION_RECORDS = [_record(), _record(("local",)), _record(("local", "sinks")), _record(("softcap",)),
-                  _record(("local",), layout="varlen")]
+                  _record(("local",), layout="varlen"), _record(("local", "sinks"), layout="paged", bucket="t4k-even-p16")]
 
 
 def _serve(folder, records=OPTION_RECORDS):
@@ -89,7 +89,7 @@ def _close(out, ref, tol=2e-2):
 def test_configs_of_option_kernels_are_named_stated_and_kept_apart(tmp_path):
     served = _serve(tmp_path / "export")
     names = sorted(p.name for p in (tmp_path / "export").glob("variant=*.json"))
-    assert len(names) == 5
+    assert len(names) == 6
     assert any(",features=local+sinks," in n for n in names) and any(",features=softcap," in n for n in names)
     assert sum(",features=" not in n for n in names) == 1
     by_features = {c.features: c for c in served.configs if c.layout == "dense"}
@@ -203,7 +203,7 @@ def test_gradients_through_the_options_op_include_the_sinks(served_options):
         torch.testing.assert_close(g, t.grad, atol=1e-6, rtol=1e-5)   # the sinks enter in fp32, as kernels take them
 
 
-def test_varlen_windows_run_the_varlen_kernel_and_paged_options_are_refused(served_options):
+def test_varlen_windows_run_the_varlen_kernel(served_options):
     lengths = [30, 1, 50]
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(sum(lengths), h, 128, generator=g).to(torch.bfloat16) for h in (8, 2, 2))
@@ -216,10 +216,7 @@ def test_varlen_windows_run_the_varlen_kernel_and_paged_options_are_refused(serv
     assert served_options.reasons == {"no-shape-config": 1}
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist()):
         _close(out[a:b][None], expected(q[a:b][None], k[a:b][None], v[a:b][None], True, softcap=5.0))
-    table = torch.zeros(3, 4, dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="over a paged cache"):
-        served_options.flash_attn_varlen_func(q, k.view(-1, 1, 2, 128), v.view(-1, 1, 2, 128), cu, cu, 50, 50,
-                                              causal=True, window_size=(9, 0), block_table=table)
+
 
 
 def test_option_calls_trace_without_graph_breaks(served_options):
@@ -233,3 +230,35 @@ def test_option_calls_trace_without_graph_breaks(served_options):
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k, v), f(q, k, v))
     assert served_options.last_path == "kernel" and not served_options.reasons
+
+
+def test_a_paged_cache_with_a_window_and_sinks_runs_the_paged_kernel_and_differentiates(served_options):
+    """Pages of 16 in a shuffled table: the paged kernel built with local+sinks, its output against each sequence
+    computed alone; without such a kernel (a cap) the reference over the gathered pages; gradients reach q, the
+    caches and the sinks."""
+    g = torch.Generator().manual_seed(9)
+    lengths, page = [40, 7], 16
+    q = torch.randn(sum(lengths), 8, 128, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    k_cache, v_cache = (torch.randn(8, page, 2, 128, generator=g).to(torch.bfloat16) for _ in range(2))
+    table = torch.tensor([[5, 2, 7], [0, 3, 1]], dtype=torch.int32)
+    cu_q = torch.tensor([0, 40, 47], dtype=torch.int32)
+    used = torch.tensor(lengths, dtype=torch.int32)
+    sinks = torch.linspace(-3, 3, 8)
+    out = served_options.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 40, 48, causal=True,
+                                                window_size=(9, 0), learnable_sink=sinks, block_table=table,
+                                                seqused_k=used)
+    assert served_options.last_path == "kernel" and served_options.last_reason == "gqa paged"
+    for b, (start, n) in enumerate(((0, 40), (40, 7))):
+        rows = table[b].long()[:, None] * page + torch.arange(page)
+        keys = rows.reshape(-1)[:n]
+        k, v = (c.reshape(-1, 2, 128)[keys][None] for c in (k_cache, v_cache))
+        _close(out[start:start + n][None], expected(q[start:start + n][None], k, v, True, window=(9, 0), sinks=sinks))
+    out = served_options.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, 40, 48, causal=True, softcap=5.0,
+                                                block_table=table, seqused_k=used)
+    assert served_options.last_path == "sdpa"
+    leaves = [t.detach().double().requires_grad_() for t in (q, k_cache, v_cache)]
+    sink_leaf = sinks.clone().double().requires_grad_()
+    served_options.flash_attn_varlen_func(*leaves, cu_q, None, 40, 48, causal=True, window_size=(9, 0),
+                                          learnable_sink=sink_leaf, block_table=table, seqused_k=used).sum().backward()
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (*leaves, sink_leaf))
+    assert not leaves[1].grad[4].any()      # a page no sequence uses

@@ -5,6 +5,9 @@ the plain ops of tuner/serving/op.py and routed the same way:
 route)``: (b, s, h, d) as ``attention``; ``attn_mask`` only ever reaches a fallback route.
 ``attn_tuner::varlen_attention_options(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
 max_seqlen_k, causal, scale, window_left, window_right, softcap, sinks, route)``: packed sequences.
+``attn_tuner::paged_attention_options(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+max_seqlen_k, causal, scale, window_left, window_right, softcap, sinks, route)``: a paged KV cache (q, the caches
+and the sinks get gradients).
 
 Options are op arguments, not part of the route: a model's layers differ in their windows and sinks but share
 their kernels. Autograd: the backward recomputes with ``reference_attention`` (fp32 torch) from the saved inputs
@@ -16,7 +19,7 @@ import torch
 from torch import Tensor
 
 from tuner.serving.op import _ROUTES, NAMESPACE, nothing_observes
-from tuner.serving.options import ModelOptions, reference_attention, reference_varlen
+from tuner.serving.options import ModelOptions, reference_attention, reference_paged, reference_varlen
 
 _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
 
@@ -153,6 +156,67 @@ torch.library.register_autograd(f"{NAMESPACE}::varlen_attention_options", _varle
 varlen_attention_options_op = torch.ops.attn_tuner.varlen_attention_options.default
 
 
+# ---- a paged KV cache ----
+_lib.define(f"paged_attention_options(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, "
+            f"Tensor seqused_k, Tensor page_table, SymInt max_seqlen_q, SymInt max_seqlen_k, bool causal, float scale, "
+            f"{_OPTIONS}, int route) -> Tensor")
+_lib.define(f"paged_attention_options_backward(Tensor grad_out, Tensor q, Tensor k_cache, Tensor v_cache, "
+            f"Tensor cu_seqlens_q, Tensor seqused_k, Tensor page_table, bool causal, float scale, {_OPTIONS}) "
+            "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _paged_impl(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, causal, scale,
+                window_left, window_right, softcap, sinks, route):
+    r = _ROUTES[route]
+    return r.owner.run_paged_options(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                     max_seqlen_k, causal, scale, _options(window_left, window_right, softcap, sinks))
+
+
+def _paged_backward_impl(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale,
+                         window_left, window_right, softcap, sinks):
+    def forward(q, k_cache, v_cache, s):
+        return reference_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale,
+                               _options(window_left, window_right, softcap, s))
+
+    return _gradients(forward, grad_out, (q, k_cache, v_cache), sinks)
+
+
+_lib.impl("paged_attention_options", _paged_impl, "CompositeExplicitAutograd")
+_lib.impl("paged_attention_options_backward", _paged_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::paged_attention_options", lib=_lib)
+def _paged_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, causal, scale,
+                window_left, window_right, softcap, sinks, route):
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]))
+
+
+@torch.library.register_fake(f"{NAMESPACE}::paged_attention_options_backward", lib=_lib)
+def _paged_backward_fake(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale,
+                         window_left, window_right, softcap, sinks):
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(q.shape), k_cache.new_empty(k_cache.shape), v_cache.new_empty(v_cache.shape), dsinks
+
+
+def _paged_setup(ctx, inputs, output):
+    q, k_cache, v_cache, cu_q, used, table, _, _, causal, scale, window_left, window_right, softcap, sinks, _ = inputs
+    ctx.save_for_backward(q, k_cache, v_cache, cu_q, used, table, sinks)
+    ctx.args = (causal, scale, window_left, window_right, softcap)
+
+
+def _paged_backward(ctx, grad_out):
+    q, k_cache, v_cache, cu_q, used, table, sinks = ctx.saved_tensors
+    causal, scale, left, right, softcap = ctx.args
+    dq, dk, dv, dsinks = torch.ops.attn_tuner.paged_attention_options_backward(
+        grad_out, q, k_cache, v_cache, cu_q, used, table, causal, scale, left, right, softcap, sinks)
+    return (dq, dk, dv) + (None,) * 10 + ((dsinks if sinks is not None else None), None)
+
+
+torch.library.register_autograd(f"{NAMESPACE}::paged_attention_options", _paged_backward, setup_context=_paged_setup,
+                                lib=_lib)
+paged_attention_options_op = torch.ops.attn_tuner.paged_attention_options.default
+
+
 def _direct(q, k, v, sinks) -> bool:
     """Whether nothing observes the call, its sinks included (a trained sink parameter needs the op's autograd)."""
     return nothing_observes(q, k, v) and not (sinks is not None and torch.is_grad_enabled() and sinks.requires_grad)
@@ -178,3 +242,15 @@ def launch_varlen_options(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_se
     return varlen_attention_options_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                        causal, scale, options.window[0], options.window[1], options.softcap,
                                        options.sinks, route)
+
+
+def launch_paged_options(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
+                         causal: bool, scale: float, options: ModelOptions, route: int) -> Tensor:
+    """The paged options op, or its route directly when nothing observes the call."""
+    if _direct(q, k_cache, v_cache, options.sinks):
+        r = _ROUTES[route]
+        return r.owner.run_paged_options(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                         max_seqlen_k, causal, scale, options)
+    return paged_attention_options_op(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                      max_seqlen_k, causal, scale, options.window[0], options.window[1],
+                                      options.softcap, options.sinks, route)

@@ -1,5 +1,5 @@
 """Calls with model options (a sliding window, soft-capping, attention sinks: tuner/serving/options.py) through an
-export, mixed into ExportedAttention: dense (b, s, h, d) and packed sequences.
+export, mixed into ExportedAttention: dense (b, s, h, d), packed sequences and a paged KV cache.
 
 Dispatch is the plain calls' rule plus the options: a config whose kernels are built with exactly the options the
 call needs (``ExportedConfig.features``) serves it, its bucket chosen as for a plain call; otherwise the fp32
@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from tuner.serving.op_options import launch_options, launch_varlen_options
-from tuner.serving.options import ModelOptions, model_options, reference_attention, reference_varlen
+from tuner.serving.options import ModelOptions, model_options, reference_attention, reference_paged, reference_varlen
 from tuner.serving.sdpa import check_shapes
 
 
@@ -119,3 +119,38 @@ class OptionCalls:
         self.reasons[code] += 1
         return reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, options)
 
+
+    # --- a paged KV cache --------------------------------------------------------------------------------
+    def run_paged_options(self, route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                          max_seqlen_k, causal: bool, scale: float, options: ModelOptions):
+        args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale, options)
+        if route.config is None:
+            return self._paged_reference(route.code, self._messages.get(self._fallback.get(route.code), route.code),
+                                         *args)
+        lengths = (int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1, int(max_seqlen_q), int(max_seqlen_k),
+                   int(k_cache.shape[1]))
+        bucket = route.bucket or route.config.bucket_of_call(*lengths)
+        if bucket is None:
+            return self._paged_reference("page-size", "page-size", *args)
+        entry = route.config.kernels[bucket]
+        try:
+            kern = self.kernel(entry, q.device.index or 0)
+            out = kern.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, int(max_seqlen_q),
+                             softmax_scale=scale, window_size=kernel_window(options, route.config.causal),
+                             softcap=options.softcap, sinks=options.sinks)
+        except ValueError as exc:   # refused before launch (strides, alignment, the page size, arguments)
+            return self._paged_reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
+                                         *args)
+        except Exception as exc:  # noqa: BLE001 - a load failure (warned once by ``kernel``)
+            return self._paged_reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
+                                         *args)
+        self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} paged", bucket
+        self.stats["kernel"] += 1
+        return out
+
+    def _paged_reference(self, code, message, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale,
+                         options):
+        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
+        self.stats["sdpa"] += 1
+        self.reasons[code] += 1
+        return reference_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale, options)

@@ -161,3 +161,14 @@ def reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal: boo
     if total < q.shape[0]:
         out = torch.cat([out, q.new_zeros(q.shape[0] - total, q.shape[1], v.shape[2])], dim=0)
     return out
+
+
+def reference_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal: bool, scale: float,
+                    options: ModelOptions):
+    """A paged cache (tuner/serving/paged_sdpa.py's layout) by ``reference_varlen`` over its pages gathered on the
+    device; differentiable in q, the caches (through the gather) and the sinks."""
+    from tuner.serving.paged_sdpa import check_used, gather_pages
+
+    check_used(seqused_k, page_table, int(k_cache.shape[1]))
+    k, v, cu_k = gather_pages(k_cache, v_cache, page_table)
+    return reference_varlen(q, k, v, cu_seqlens_q, cu_k, seqused_k, causal, scale, options)

@@ -22,6 +22,7 @@ import torch
 
 from tuner.serving import op
 from tuner.serving.configs import pick
+from tuner.serving.options import PLAIN, ModelOptions, model_options
 from tuner.serving.paged_sdpa import paged_sdpa
 from tuner.serving.reasons import REASONS
 from tuner.serving.rule import plain_ints
@@ -76,14 +77,15 @@ class PagedCalls:
     ``stats``, ``reasons``, ``last_*``; ``_paged_tables`` is built in its __init__."""
 
     def route_paged(self, q, k_cache, v_cache, causal: bool, scale: float, cu_seqlens_q, max_seqlen_q,
-                    max_seqlen_k) -> int:
+                    max_seqlen_k, options: ModelOptions = PLAIN) -> int:
         table, fallback = self._table_or_fallback(self._paged_tables, q, k_cache, v_cache, scale)
         if table is None:
             return fallback
         if not table:
             return self._fallback["no-paged-config"]
         config, code = pick(table, heads_q=int(q.shape[1]), heads_kv=int(k_cache.shape[2]), d_qk=int(q.shape[2]),
-                            d_v=int(v_cache.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal))
+                            d_v=int(v_cache.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype), causal=bool(causal),
+                            features=options.features(bool(causal)))
         if config is None:
             return self._fallback[code]
         lengths = (q.shape[0], cu_seqlens_q.shape[0] - 1, max_seqlen_q, max_seqlen_k, k_cache.shape[1])
@@ -125,8 +127,11 @@ class PagedCalls:
         return paged_sdpa(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
 
     def paged_varlen(self, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool,
-                     scale: float, page_table, seqused_k=None):
-        """flash_attn_varlen_func with a page table (see the module doc); the other arguments already checked."""
+                     scale: float, page_table, seqused_k=None, window_size=(-1, -1), softcap: float = 0.0,
+                     learnable_sink=None):
+        """flash_attn_varlen_func with a page table (see the module doc); the other arguments already checked. With
+        options (a window, a cap, sinks: tuner/serving/options.py) through the paged options op, to a paged kernel
+        built with them or the fp32 reference over the gathered pages."""
         errors = paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
                                     max_seqlen_q)
         if errors:
@@ -135,6 +140,15 @@ class PagedCalls:
             seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         if max_seqlen_k is None:   # FA4 may leave it out: the table's capacity bounds every sequence's keys
             max_seqlen_k = page_table.shape[1] * k_cache.shape[1]
+        options = model_options(window_size, softcap, learnable_sink, causal=bool(causal), heads_q=int(q.shape[1]),
+                                device=q.device, where="flash_attn_varlen_func")
+        if options.any:
+            from tuner.serving.op_options import launch_paged_options
+
+            route = self.route_paged(q, k_cache, v_cache, causal, scale, cu_seqlens_q, max_seqlen_q, max_seqlen_k,
+                                     options)
+            return launch_paged_options(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                        max_seqlen_k, bool(causal), scale, options, route)
         route = self.route_paged(q, k_cache, v_cache, causal, scale, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
         return op.launch_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
                                bool(causal), scale, route)

@@ -36,7 +36,7 @@ def gather_pages(k_cache, v_cache, page_table):
     return k, v, cu
 
 
-def _check_used(seqused_k, page_table, page_size: int) -> None:
+def check_used(seqused_k, page_table, page_size: int) -> None:
     """Keys past a sequence's pages are not in the cache: ValueError (the lengths are read on the host, as
     varlen_sdpa reads them anyway)."""
     capacity = page_table.shape[1] * page_size
@@ -52,7 +52,7 @@ def paged_sdpa(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal:
                softmax_scale: float | None = None):
     """Packed q (total_q, hq, d) over a paged cache -> (total_q, hq, d_v), bottom-right causal within each
     sequence (its queries are the last of its ``seqused_k`` keys). Differentiable."""
-    _check_used(seqused_k, page_table, int(k_cache.shape[1]))
+    check_used(seqused_k, page_table, int(k_cache.shape[1]))
     k, v, cu_k = gather_pages(k_cache, v_cache, page_table)
     return varlen_sdpa(q, k, v, cu_seqlens_q, cu_k, seqused_k, causal, softmax_scale)
 
@@ -62,7 +62,7 @@ def paged_gradients(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page
     """(dq, dk_cache, dv_cache) of ``paged_sdpa``: rows no sequence uses get zero gradients."""
     import torch
 
-    _check_used(seqused_k, page_table, int(k_cache.shape[1]))
+    check_used(seqused_k, page_table, int(k_cache.shape[1]))
     k, v, cu_k = gather_pages(k_cache, v_cache, page_table)
     dq, dk, dv = varlen_gradients(grad_out, q, k, v, cu_seqlens_q, cu_k, seqused_k, causal, softmax_scale)
     rows = _rows(page_table, int(k_cache.shape[0]), int(k_cache.shape[1]))

@@ -92,13 +92,11 @@ class VarlenCalls:
         to a kernel built with them (tuner/serving/option_calls.py). ``block_table`` (or ``page_table``) makes k
         and v paged caches (num_pages, page_size, kv_heads, head_dim): tuner/serving/paged.py. What neither the
         kernels nor the per-sequence fallback compute is refused (NotImplementedError): dropout, ALiBi, the
-        probabilities, and options over a paged cache."""
+        probabilities."""
         has_options = (learnable_sink is not None or bool(softcap)
                        or (window_size is not None and tuple(window_size) != (-1, -1)))
-        paged = block_table is not None or page_table is not None
         for given, what in ((dropout_p > 0.0, "dropout"), (alibi_slopes is not None, "alibi_slopes"),
-                            (return_attn_probs, "return_attn_probs"),
-                            (paged and has_options, "window_size, softcap or learnable_sink over a paged cache")):
+                            (return_attn_probs, "return_attn_probs")):
             if given:
                 raise NotImplementedError(f"flash_attn_varlen_func: {what} is not supported by the exported kernels")
         if block_table is not None and page_table is not None and block_table is not page_table:
@@ -108,7 +106,7 @@ class VarlenCalls:
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(head_dim))
         if table is not None:
             return self.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                                     table, seqused_k)
+                                     table, seqused_k, window_size, softcap, learnable_sink)
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
             hint = " (a paged cache needs block_table= or page_table=)" if k.dim() == 4 else ""
             raise ValueError(f"q, k, v must be 3-D (total_tokens, heads, head_dim); got {tuple(q.shape)}, "
