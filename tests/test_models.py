@@ -56,7 +56,14 @@ dtypes = ["bf16"]
         (lambda s: s.replace("heads_kv = 8", "heads_kv = 1"), "variant 'gqa' does not match heads 32q/1kv"),
         (lambda s: s.replace("heads_kv = 8", "heads_kv = 6"), "heads_q (32) must be a multiple of heads_kv (6)"),
         (lambda s: s.replace('variant = "gqa"', 'variant = "mla"'), "mla kernels have head dims 192/128"),
-        (lambda s: s.replace("d_qk = 128\nd_v = 128", "d_qk = 256\nd_v = 256"), "take d_qk == d_v in (64, 128)"),
+        (lambda s: s.replace("d_qk = 128\nd_v = 128", "d_qk = 128\nd_v = 64"), "have d_qk == d_v"),
+        (lambda s: s + 'layers = "LX"\nsliding_window = 64\n', "repeating pattern of L (local) and G (global)"),
+        (lambda s: s + 'layers = "LG"\n', "needs 'sliding_window'"),
+        (lambda s: s + "sliding_window = 64\nlayers = \"G\"\n", "needs 'sliding_window', and 'sliding_window' needs L"),
+        (lambda s: s + "sliding_window = 0\n", "field 'sliding_window' must be >= 1"),
+        (lambda s: s + "softcap = -1.0\n", "field 'softcap' must be a finite number >= 0"),
+        (lambda s: s + 'sinks = "yes"\n', "field 'sinks' must be bool"),
+        (lambda s: s + "sliding_window = true\n", "field 'sliding_window' must be int"),
         (lambda s: s.replace("heads_q = 32", "heads_q = true"), "field 'heads_q' must be int"),
         (lambda s: s.replace("causal = [true]", "causal = []"), "field 'causal' must list"),
         (lambda s: s.replace('dtypes = ["bf16"]', 'dtypes = ["fp8"]'), "field 'dtypes' must list"),
@@ -96,3 +103,57 @@ def test_broken_models_file_exits_2_with_one_line(tmp_path, capsys):
     assert show_models(path=f) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tune: error:") and "my-model" in err
+
+
+def test_the_presets_of_models_with_attention_options():
+    """config.json's numbers, the layer pattern (L local, G global) and the kernel options of each kind of layer
+    (a sliding window W is FlashAttention's (W - 1, 0): W keys up to and including the query's own)."""
+    expected = {
+        "gpt-oss-20b": (("gqa", 64, 8, 64), 128, 0.0, True, "LG"),
+        "mistral-7b-v0.1": (("gqa", 32, 8, 128), 4096, 0.0, False, "L"),
+        "gemma2-9b": (("gqa", 16, 8, 256), 4096, 50.0, False, "LG"),
+        "gemma3-12b": (("gqa", 16, 8, 256), 1024, 0.0, False, "LLLLLG"),
+        "phi3-mini": (("mha", 32, 32, 96), 2047, 0.0, False, "L"),
+    }
+    for name, (shape, window, cap, sinks, layers) in expected.items():
+        m = get_model(name)
+        assert (m.variant, m.heads_q, m.heads_kv, m.d_qk) == shape and m.d_v == m.d_qk
+        assert (m.sliding_window, m.softcap, m.sinks, m.layers) == (window, cap, sinks, layers)
+        assert m.options("local") == {"window": (window - 1, 0), "softcap": cap, "sinks": sinks}
+    assert get_model("gemma2-9b").options("global") == {"window": (-1, -1), "softcap": 50.0, "sinks": False}
+    assert get_model("gemma3-12b").layer_kinds() == ("local", "global")
+    assert get_model("mistral-7b-v0.1").layer_kinds() == ("local",)
+    with pytest.raises(ModelError, match="mistral-7b-v0.1 has no global layers"):
+        get_model("mistral-7b-v0.1").options("global")
+    assert get_model("llama3-8b").layer_kinds() == ("global",) and get_model("llama3-8b").options("global") == {
+        "window": (-1, -1), "softcap": 0.0, "sinks": False}
+    assert "head dim 256, which the kernels do not take yet" in get_model("gemma2-9b").kernel_support()
+    assert "head dim 96" in get_model("phi3-mini").kernel_support()
+    assert get_model("gpt-oss-20b").kernel_support() is None
+
+
+def test_a_bench_of_a_preset_takes_its_layers_options_and_refuses_what_the_kernels_cannot():
+    from tuner.build import NO_OPTIONS, ModelOptions, UsageError
+    from tuner.commands.bench import preset_options
+
+    options, note = preset_options("gpt-oss-20b", None, NO_OPTIONS)
+    assert options == ModelOptions((127, 0), 0.0, True) and "gpt-oss-20b local layers" in note
+    options, _ = preset_options("gpt-oss-20b", "global", NO_OPTIONS)
+    assert options == ModelOptions((-1, -1), 0.0, True)
+    given = ModelOptions((4095, 0), 0.0, False)
+    assert preset_options("gpt-oss-20b", None, given)[0] == given              # the flags win
+    assert preset_options("llama3-8b", None, NO_OPTIONS) == (NO_OPTIONS, None)
+    with pytest.raises(UsageError, match="mistral-7b-v0.1 has local layers; --layer global is not one of them"):
+        preset_options("mistral-7b-v0.1", "global", NO_OPTIONS)
+    with pytest.raises(UsageError, match="give --model"):
+        preset_options(None, "local", NO_OPTIONS)
+    result = CliRunner().invoke(app, ["bench", "--gpu", "h100", "--model", "gemma2-9b"])
+    assert result.exit_code == 2 and "head dim 256, which the kernels do not take yet" in result.stderr
+
+
+def test_a_campaign_of_a_preset_with_options_says_it_cannot_tune_them_yet(tmp_path):
+    result = CliRunner().invoke(app, ["--gpu", "h100", "--model", "gpt-oss-20b", "--dry-run", "--study-dir",
+                                      str(tmp_path / "s")])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "sliding windows and sinks, which a campaign does not tune yet" in result.stderr
+    assert not (tmp_path / "s").exists()

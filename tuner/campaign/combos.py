@@ -166,6 +166,12 @@ def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None
         preset = get_model(name)
     except ModelError as exc:
         raise ComboError(str(exc)) from None
+    if preset.kernel_support():
+        raise ComboError(preset.kernel_support())
+    if preset.sliding_window is not None or preset.softcap or preset.sinks:
+        raise ComboError(f"model {preset.name}'s attention has {preset_option_words(preset)}, which a campaign does "
+                         f"not tune yet (its kernels would not serve the model); `tune bench --model {preset.name}` "
+                         "builds and times them")
     if dtype is not None:
         dtypes = _dtypes(dtype, profile)
     else:
@@ -177,6 +183,11 @@ def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None
     head_dim = None if preset.variant == "mla" else preset.d_qk
     heads = (preset.heads_q, preset.heads_kv)
     return [Combination(preset.variant, head_dim, d, c, heads, preset.name) for d in dtypes for c in flags]
+
+
+def preset_option_words(preset) -> str:
+    return " and ".join(x for x in (preset.sliding_window is not None and "sliding windows",
+                                    preset.softcap and "soft-capping", preset.sinks and "sinks") if x)
 
 
 def expand_combinations(profile, variant: str | None, head_dim: str | int | None, dtype: str | None,

@@ -34,10 +34,45 @@ class BenchTarget:
     model: Optional[str] = None
 
 
+def preset_options(model: Optional[str], layer: Optional[str], options: "ModelOptions") -> tuple:
+    """(the options to build and time, a line saying where they came from, or None). A --model preset whose attention
+    has options (a sliding window on its local layers, a cap, sinks: tuner/models.toml) gives those of its ``layer``
+    kind (local or global; default: the pattern's first), unless --window/--softcap/--sinks are given, which win.
+    UsageError for --layer without --model or a kind the model does not have."""
+    from tuner.build import NO_OPTIONS, UsageError
+    from tuner.models import ModelError, get_model
+
+    if model is None:
+        if layer is not None:
+            raise UsageError("--layer picks a --model preset's kind of layer (local or global); give --model")
+        return options, None
+    try:
+        preset = get_model(model)
+    except ModelError as exc:
+        raise UsageError(str(exc)) from None
+    kinds = preset.layer_kinds()
+    if layer is not None and layer.strip().lower() not in kinds:
+        raise UsageError(f"model {preset.name} has {' and '.join(kinds)} layers; --layer {layer} is not one of them")
+    if options != NO_OPTIONS:
+        return options, f"{preset.name}: the options given (--window/--softcap/--sinks), not the preset's"
+    kind = layer.strip().lower() if layer is not None else kinds[0]
+    values = preset.options(kind)
+    from tuner.build import ModelOptions
+
+    chosen = ModelOptions(values["window"], values["softcap"], values["sinks"])
+    if chosen == NO_OPTIONS:
+        return options, None
+    said = ", ".join(x for x in (values["window"] != (-1, -1) and f"window {values['window'][0]},{values['window'][1]}",
+                                 values["softcap"] and f"softcap {values['softcap']:g}", values["sinks"] and "sinks")
+                     if x)
+    return chosen, f"{preset.name} {kind} layers ({preset.layers} repeating): {said}"
+
+
 def resolve_bench_target(variant: Optional[str], model: Optional[str], head_dim: Optional[int],
                          dtype: Optional[str], causal: Optional[bool]) -> BenchTarget:
     """--variant or --model (UsageError naming the conflict); a model gives its variant, head dims, heads, the
-    masks it runs with (unless --causal/--no-causal) and its serving dtype (unless --dtype)."""
+    masks it runs with (unless --causal/--no-causal) and its serving dtype (unless --dtype); a model whose head
+    dims the kernels do not take yet is refused, saying so."""
     from tuner.build import UsageError
     from tuner.models import ModelError, get_model
 
@@ -51,6 +86,8 @@ def resolve_bench_target(variant: Optional[str], model: Optional[str], head_dim:
         preset = get_model(model)
     except ModelError as exc:
         raise UsageError(str(exc)) from None
+    if preset.kernel_support():
+        raise UsageError(preset.kernel_support())
     return BenchTarget(preset.variant, None if preset.variant == "mla" else preset.d_qk,
                        (preset.heads_q, preset.heads_kv),
                        tuple(sorted(preset.causal)) if causal is None else (causal,),
@@ -125,7 +162,7 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
               head_dim: Optional[int], dtype: Optional[str], causal: Optional[bool], seqlens: Optional[str],
               out_json: Optional[Path], console: Optional[Console] = None, cache_dir: Optional[Path] = None,
               schedule: Optional[str] = None, page_size: Optional[int] = None, model: Optional[str] = None,
-              options: Optional["ModelOptions"] = None) -> int:
+              options: Optional["ModelOptions"] = None, layer: Optional[str] = None) -> int:
     """0 measured (some rows may be FAILED: see the table); 1 sketch/params/compile failed; 2 bad input,
     no GPU, or a GPU the profile's cubins cannot run on. ``options``: a window, a cap, sinks (tuner.build), built
     into the kernel and given to every problem, FA4 and the reference alike."""
@@ -144,6 +181,7 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
         if page_size is not None:
             raise UsageError("--page-size applies to --layout paged only (got --layout dense)")
         target = resolve_bench_target(variant, model, head_dim, dtype, causal)
+        options, options_note = preset_options(model, layer, options)
         variant, head_dim, dtype = target.variant, target.head_dim, target.dtype
         seqlen_list = parse_seqlens(seqlens)
         targets = [resolve_target(gpu, variant, head_dim, dtype, c, options=options) for c in target.causals]
@@ -151,6 +189,8 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
     except (UsageError, ValueError) as exc:
         return usage(str(exc))
     profile = targets[0][0]
+    if options_note:
+        err.print(f"tune bench: {options_note}", markup=False, highlight=False)
 
     import torch
 

@@ -328,6 +328,10 @@ def bench(
     window: Optional[str] = typer.Option(None, "--window", help=WINDOW_HELP),
     softcap: Optional[float] = typer.Option(None, "--softcap", help=SOFTCAP_HELP),
     sinks: bool = typer.Option(False, "--sinks", help=SINKS_HELP),
+    layer: Optional[str] = typer.Option(None, "--layer", help="With --model: which kind of the model's layers to "
+                                        "bench, local (its sliding window) or global; the preset's options "
+                                        "(window, softcap, sinks) unless --window/--softcap/--sinks are given. "
+                                        "Default: the first kind of its layer pattern."),
 ) -> None:
     """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
     FlashAttention-4 (flash_attn.cute) where installed; with --layout varlen|paged on the serving mixes against
@@ -361,7 +365,7 @@ def bench(
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,
                                dtype=dtype, causal=causal, seqlens=seqlens, out_json=out_json, schedule=schedule,
-                               page_size=page_size, model=model, options=options))
+                               page_size=page_size, model=model, options=options, layer=layer))
 
 
 @app.command("export", cls=TuneCommand)
