@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from tuner.models import ModelError, get_model
 from kernel_abi.spec import (DTYPES, HEAD_DIMS, MLA_D_QK, MLA_D_V, VARIANTS, KernelSpec, Problem, grid_problems,
-                           heads_for, spec_for)
+                           heads_for, is_local, spec_for)
 from kernel_abi.spec import MLA_ABSORBED_D_QK, MLA_ABSORBED_D_V
 
 CAUSAL_WORDS = {"both": (True, False),
@@ -32,6 +32,33 @@ class Combination:
     layout: str = "dense"                 # dense, or a serving layout: varlen / paged (tuner/measure/mixes.py)
     page_size: int | None = None          # paged only
     phase: str = "prefill"                # decode: split-KV decode over a paged or dense cache
+    # The attention options built into the kernels and given to every problem (kernel_abi.spec: a window (left,
+    # right) in keys, a cap, sinks), from --window/--softcap/--sinks or a preset's kind of layer (``layer``)
+    window: tuple[int, int] = (-1, -1)
+    softcap: float = 0.0
+    sinks: bool = False
+    layer: str | None = None              # "local" or "global": the preset's kind of layer these options are
+
+    def window_for_mask(self) -> tuple[int, int]:
+        """The window as a problem of this causality states it (causal: the right side 0)."""
+        if self.window == (-1, -1):
+            return self.window
+        return (self.window[0], 0) if self.causal else self.window
+
+    def has_options(self) -> bool:
+        return self.window != (-1, -1) or self.softcap > 0 or self.sinks
+
+    def options_text(self) -> str:
+        """``window 127,0, sinks``: the options as the label and the study name's reader see them; "" for none."""
+        w = self.window_for_mask()
+        return ", ".join(x for x in (w != (-1, -1) and f"window {w[0]},{w[1]}",
+                                     self.softcap and f"softcap {self.softcap:g}", self.sinks and "sinks") if x)
+
+    def options_tag(self) -> str:
+        """The options in a study name: ``-w127-sinks``, ``-w4096x4096-cap50``; "" for none (names as before)."""
+        w = self.window_for_mask()
+        window = "" if w == (-1, -1) else (f"-w{w[0]}" if w[1] in (0, -1) and self.causal else f"-w{w[0]}x{w[1]}")
+        return window + (f"-cap{self.softcap:g}" if self.softcap else "") + ("-sinks" if self.sinks else "")
 
     def label(self) -> str:
         dims = f"d{MLA_D_QK}/{MLA_D_V}" if self.variant == "mla" else f"d{self.head_dim}"
@@ -41,11 +68,15 @@ class Combination:
             text = text.replace(f"d{MLA_D_QK}/{MLA_D_V}", f"d{MLA_ABSORBED_D_QK}/{MLA_ABSORBED_D_V} absorbed")
             serving = f"decode, {serving if self.page_size else 'dense'} cache"
         extra = [x for x in (self.model, self.heads and f"{self.heads[0]}q/{self.heads[1]}kv",
-                             (self.layout != "dense" or self.phase == "decode") and serving) if x]
+                             (self.layout != "dense" or self.phase == "decode") and serving,
+                             self.layer and f"{self.layer} layers", self.options_text()) if x]
         return f"{text} ({', '.join(extra)})" if extra else text
 
     def spec(self) -> KernelSpec:
         spec = replace(spec_for(self.variant, self.head_dim, self.dtype, self.causal), layout=self.layout)
+        if self.has_options():
+            spec = replace(spec, local=is_local(self.window_for_mask(), self.causal), softcap=self.softcap > 0,
+                           sinks=self.sinks)
         if self.phase != "decode":
             return spec
         if self.variant == "mla":   # DeepSeek decodes MLA absorbed: the latent rows are K, their first 512 V
@@ -71,7 +102,11 @@ class Combination:
             return decode_problems(self.variant, hq, hkv, spec.d_qk, spec.d_v, self.causal, self.dtype,
                                    self.page_size)
         if self.layout == "dense":
-            return grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads, **grid)
+            problems = grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads,
+                                     **grid)
+            if not self.has_options():
+                return problems
+            return [p.with_(window=self.window_for_mask(), softcap=self.softcap, sinks=self.sinks) for p in problems]
         from tuner.measure.mixes import serving_problems
 
         spec = self.spec()
@@ -161,17 +196,14 @@ def _causal(value: str | bool | None) -> tuple[bool, ...]:
     return flags
 
 
-def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None) -> list[Combination]:
+def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None,
+                layer: str | None = None) -> list[Combination]:
     try:
         preset = get_model(name)
     except ModelError as exc:
         raise ComboError(str(exc)) from None
     if preset.kernel_support():
         raise ComboError(preset.kernel_support())
-    if preset.sliding_window is not None or preset.softcap or preset.sinks:
-        raise ComboError(f"model {preset.name}'s attention has {preset_option_words(preset)}, which a campaign does "
-                         f"not tune yet (its kernels would not serve the model); `tune bench --model {preset.name}` "
-                         "builds and times them")
     if dtype is not None:
         dtypes = _dtypes(dtype, profile)
     else:
@@ -182,23 +214,51 @@ def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None
     flags = sorted(preset.causal, reverse=True) if causal is None else _causal(causal)  # causal first
     head_dim = None if preset.variant == "mla" else preset.d_qk
     heads = (preset.heads_q, preset.heads_kv)
-    return [Combination(preset.variant, head_dim, d, c, heads, preset.name) for d in dtypes for c in flags]
-
-
-def preset_option_words(preset) -> str:
-    return " and ".join(x for x in (preset.sliding_window is not None and "sliding windows",
-                                    preset.softcap and "soft-capping", preset.sinks and "sinks") if x)
+    kinds = preset.layer_kinds() if layer is None else (layer,)
+    if layer is not None and layer not in preset.layer_kinds():
+        raise ComboError(f"model {preset.name} has {' and '.join(preset.layer_kinds())} layers; --layer {layer} is "
+                         "not one of them")
+    out = []
+    for kind in kinds:      # a model with local and global layers needs kernels of both: one combination each
+        o = preset.options(kind)
+        named = kind if len(preset.layer_kinds()) > 1 or o["window"] != (-1, -1) else None
+        out += [Combination(preset.variant, head_dim, d, c, heads, preset.name, window=o["window"],
+                            softcap=o["softcap"], sinks=o["sinks"], layer=named) for d in dtypes for c in flags]
+    return out
 
 
 def expand_combinations(profile, variant: str | None, head_dim: str | int | None, dtype: str | None,
                         causal: str | bool | None, model: str | None, layout: str = "dense",
-                        page_size: int | None = None, phase: str = "prefill") -> list[Combination]:
+                        page_size: int | None = None, phase: str = "prefill", window=None,
+                        softcap: float | None = None, sinks: bool = False, layer: str | None = None
+                        ) -> list[Combination]:
     """Every combination the options name, variant-major, then head dim, dtype, causal (causal first); each of
     ``layout`` (a serving layout needs the warp-specialised Hopper kernels: an sm90 profile) and ``phase``
     (decode kernels need cp.async and mma.sync: sm80+).
 
+    Attention options: ``window`` (left, right), ``softcap``, ``sinks`` (--window/--softcap/--sinks) apply to every
+    combination; without them a model preset's own (tuner/models.toml) give one combination per kind of its layers
+    (local, global), or the ``layer`` kind alone. Options are tuned for the dense prefill of Hopper GPUs (the
+    warp-specialised kernels build them) so far: elsewhere a ComboError says so.
+
     ``profile`` is a hardware_profiles.Profile (its name and dtypes are used)."""
-    combos = _combinations(profile, variant, head_dim, dtype, causal, model)
+    layer = layer.strip().lower() if isinstance(layer, str) else layer
+    if layer is not None and model is None:
+        raise ComboError("--layer picks a --model preset's kind of layer (local or global); give --model")
+    given = window is not None or bool(softcap) or sinks
+    combos = _combinations(profile, variant, head_dim, dtype, causal, model, None if given else layer)
+    if given:
+        combos = list(dict.fromkeys(replace(c, window=tuple(window) if window is not None else (-1, -1),
+                                            softcap=float(softcap or 0.0), sinks=bool(sinks), layer=None)
+                                    for c in combos))
+    if any(c.has_options() for c in combos):
+        if phase == "decode" or layout != "dense":
+            raise ComboError("sliding windows, soft-capping and sinks are tuned for dense prefill so far (the "
+                             "serving layouts and decode serve them, `tune bench` times them); drop --layout/--phase "
+                             "or the options")
+        if "SM90_GMMA" not in getattr(profile, "mma_atoms", ()):
+            raise ComboError(f"sliding windows, soft-capping and sinks are built into the warp-specialised Hopper "
+                             f"kernels; {profile.name} is not a Hopper GPU")
     if phase == "decode":
         if profile.sm < 80:
             raise ComboError(f"--phase decode needs an sm80+ GPU (its kernels gather with cp.async); {profile.name} "
@@ -216,11 +276,11 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
     return [replace(c, layout=layout, page_size=page_size) for c in combos]
 
 
-def _combinations(profile, variant, head_dim, dtype, causal, model) -> list[Combination]:
+def _combinations(profile, variant, head_dim, dtype, causal, model, layer=None) -> list[Combination]:
     if model is not None:
         if variant is not None or head_dim is not None:
             raise ComboError("--model sets the variant and head dim; drop --variant/--head-dim")
-        return _from_model(profile, model, dtype, causal)
+        return _from_model(profile, model, dtype, causal, layer)
     if variant is None:
         raise ComboError(f"give --variant ({', '.join(VARIANTS)}, a comma list or all) or --model")
     variants = _variants(variant)

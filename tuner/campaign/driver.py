@@ -42,7 +42,8 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     """Check every option that can be checked without a cluster; ValueError-family on bad input."""
     profile = load_profile(options.gpu)
     combos = expand_combinations(profile, options.variant, options.head_dim, options.dtype, options.causal,
-                                 options.model, options.layout, options.page_size, options.phase)
+                                 options.model, options.layout, options.page_size, options.phase, options.window,
+                                 options.softcap, options.sinks, options.layer)
     if options.sampler not in st.SAMPLERS:
         raise ValueError(f"unknown sampler {options.sampler!r}; choose one of: {', '.join(st.SAMPLERS)}")
     problems = option_problems(options)
@@ -60,7 +61,8 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
         problems = combo.problems(seqlens=seqlens) if dense_grid else combo.problems()
         space.domains(profile, spec.d_qk, spec.dtype)  # an empty domain is an error now, not at trial 1
         heads = combo.decode_heads() if combo.phase == "decode" and combo.heads else combo.heads
-        name = st.study_name(profile.name, spec, options.dry_run, heads=heads, page_size=combo.page_size)
+        name = st.study_name(profile.name, spec, options.dry_run, heads=heads, page_size=combo.page_size,
+                             options_tag=combo.options_tag())
         camps.append(Campaign(options, combo, profile, spec, space, problems, backend, name,
                               options.study_dir / name / "compiled", console,
                               fake_compile=backend.kind == "replay" and not options.dry_run, cache=cache,
@@ -249,7 +251,7 @@ def _sketch_stage(camp: Campaign) -> None:
             camp.llm_message = f"{config.not_configured_reason}; the built-in sketches only"
         bases = [name for name, _ in default_sketches(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype)]
         camp.sketches = sk.campaign_sketches(camp.spec.variant, camp.spec.causal, bases, programs, camp.spec.layout,
-                                             camp.spec.phase)
+                                             camp.spec.phase, camp.spec.features)
         camp.study.set_user_attr(sk.ATTR, sk.to_attr(camp.sketches))
         if camp.llm_message:
             camp.console.print(f"sketches: {camp.llm_message}", markup=False)

@@ -75,6 +75,12 @@ class CampaignOptions:
     page_size: Optional[int] = None       # the paged layout's KV-cache page (tuner.measure.mixes.PAGE_SIZES)
     phase: str = "prefill"                # or decode: split-KV decode kernels on the decode buckets
                                           # (tuner/serving/buckets/decode.py) over a paged (default) or dense cache
+    # Attention options built into the kernels (combos.py): --window L,R, --softcap X, --sinks; --layer picks a
+    # model preset's kind of layer (local or global) whose options it tunes (default: every kind it has)
+    window: Optional[tuple] = None
+    softcap: Optional[float] = None
+    sinks: bool = False
+    layer: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "study_dir", Path(self.study_dir))

@@ -27,34 +27,55 @@ class Sketch:
         return asdict(self)
 
 
-def builtin_sketches(variant: str, causal: bool, bases, layout: str = "dense") -> list[Sketch]:
+def builtin_sketches(variant: str, causal: bool, bases, layout: str = "dense", features=()) -> list[Sketch]:
     import tl
 
-    return [Sketch(name, base, tl.load_sketch(variant, causal, name, layout), "builtin")
+    return [Sketch(name, base, with_features(tl.load_sketch(variant, causal, name, layout), features), "builtin")
             for base in bases for name in tl.schedule_variants(base)]
 
 
+def with_features(text: str, features) -> str:
+    """A sketch with the statements of the kernel options ``features`` (kernel_abi.spec.FEATURES: a window's masks
+    and bounds, the cap, the sinks; tl/options.py) where it lacks them; ``text`` as it is without options.
+    ValueError where tl/options.py cannot place them in this program."""
+    if not features:
+        return text
+    import tl
+    from tl.options import options_of, with_options
+
+    program = tl.parse_program(text)
+    if set(options_of(program)) >= set(features):
+        return text
+    return tl.format_program(with_options(program, "local" in features, "softcap" in features, "sinks" in features))
+
+
 def campaign_sketches(variant: str, causal: bool, bases, llm_programs=(), layout: str = "dense",
-                      phase: str = "prefill") -> list[Sketch]:
+                      phase: str = "prefill", features=()) -> list[Sketch]:
     """The built-in sketches of the reference schedules ``bases`` (in order), each followed by the LLM's
     programs of its kind; an LLM program of a kind the profile does not offer is left out. A serving layout
-    keeps the warp-specialised schedules (the only ones that build it), in that layout. Decode searches its
-    own sketches (tl.DECODE_SCHEDULES) in its cache layout; the LLM's programs are prefill flows."""
+    keeps the warp-specialised schedules (the only ones that build it), in that layout, and so do kernel options
+    (``features``: the warp-specialised kernels build them), whose statements every sketch gets (an LLM program
+    they cannot be placed in is left out). Decode searches its own sketches (tl.DECODE_SCHEDULES) in its cache
+    layout; the LLM's programs are prefill flows."""
     from tl.pipelines import has_roles
 
     if phase == "decode":
         return builtin_sketches(variant, causal, bases, layout)
-    if layout != "dense":
+    if layout != "dense" or features:
         bases = [b for b in bases if b.startswith("ws_")]
-    out = builtin_sketches(variant, causal, bases, layout)
+    out = builtin_sketches(variant, causal, bases, layout, features)
     seen = {_canonical(s.text) for s in out}
     for i, outcome in enumerate(llm_programs, 1):
         base = "ws_overlap" if has_roles(outcome.program.statements) else "fa2"
-        if base not in bases or _canonical(outcome.program_text) in seen:   # (an LLM re-writing a reference)
+        try:
+            text = with_features(outcome.program_text, features)
+        except Exception:  # noqa: BLE001 - an LLM program the options cannot be placed in is not searched
             continue
-        seen.add(_canonical(outcome.program_text))
+        if base not in bases or _canonical(text) in seen:   # (an LLM re-writing a reference)
+            continue
+        seen.add(_canonical(text))
         at = max(k for k, s in enumerate(out) if s.base == base) + 1
-        out.insert(at, Sketch(f"{LLM_PREFIX}{i}", base, outcome.program_text, "llm"))
+        out.insert(at, Sketch(f"{LLM_PREFIX}{i}", base, text, "llm"))
     return out
 
 

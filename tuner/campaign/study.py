@@ -49,9 +49,10 @@ class StudyError(RuntimeError):
 
 
 def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | None = None,
-               page_size: int | None = None) -> str:
+               page_size: int | None = None, options_tag: str = "") -> str:
     """One study per combination; a model's heads (they change the benchmark shapes) name their own, and so
-    does a serving layout (and its page size). Dense names are as they were."""
+    does a serving layout (and its page size), and attention options (``options_tag``: ``-w127-sinks``, the
+    window's size included: another window is another benchmark). Names without them are as they were."""
     c = "causal" if spec.causal else "noncausal"
     d = f"d{spec.d_qk}" if spec.d_qk == spec.d_v else f"d{spec.d_qk}x{spec.d_v}"
     h = f"-{heads[0]}q{heads[1]}kv" if heads else ""
@@ -59,7 +60,7 @@ def study_name(gpu: str, spec, dry_run: bool = False, heads: tuple[int, int] | N
     lay = "" if layout == "dense" else f"-{layout}" + (f"{page_size}" if page_size else "")
     if getattr(spec, "phase", "prefill") == "decode":   # decode studies apart, the dense-cache ones too
         lay += "-decode"
-    return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}{h}{lay}" + ("-dryrun" if dry_run else "")
+    return f"{gpu}-{spec.variant}-{spec.dtype}-{d}-{c}{h}{options_tag}{lay}" + ("-dryrun" if dry_run else "")
 
 
 def make_storage(url: str | None, study_dir: Path, name: str, resume: bool = False):

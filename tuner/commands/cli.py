@@ -192,6 +192,12 @@ def campaign(
     page_size: Optional[int] = typer.Option(None, "--page-size", help="KV-cache page size of --layout paged: "
                                                                        "16, 32, 64, 128 or 256."),
     phase: str = typer.Option("prefill", "--phase", help=PHASE_HELP),
+    window: Optional[str] = typer.Option(None, "--window", help=WINDOW_HELP),
+    softcap: Optional[float] = typer.Option(None, "--softcap", help=SOFTCAP_HELP),
+    sinks: bool = typer.Option(False, "--sinks", help=SINKS_HELP),
+    layer: Optional[str] = typer.Option(None, "--layer", help="With --model: tune only this kind of the model's "
+                                        "layers, local (its sliding window) or global (default: every kind it has, "
+                                        "each its own study with the preset's options)."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -200,9 +206,14 @@ def campaign(
             typer.echo(ctx.get_help())
         raise _fail_usage("a campaign needs --gpu and --variant or --model, e.g. tune --gpu t4 --variant mha "
                           f"--dry-run (or use a sub-command: {', '.join(command_names())}; tune --help)")
+    from tuner.build import UsageError, parse_options
     from tuner.campaign import CampaignOptions, run_campaign
     from tuner.campaign.options import default_trials
 
+    try:
+        attention = parse_options(window, softcap, sinks)
+    except UsageError as exc:
+        raise _fail_usage(str(exc)) from None
     options = CampaignOptions(
         gpu=gpu, variant=variant, trials=default_trials(dry_run) if trials is None else trials, timeout=timeout,
         head_dim=head_dim, dtype=dtype,
@@ -212,7 +223,8 @@ def campaign(
         sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout, gpu_overlap=gpu_overlap,
         compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens), early_stop=early_stop,
         layout=_campaign_layout(layout, phase), page_size=_campaign_page_size(layout, page_size, phase),
-        phase=phase.strip().lower(),
+        phase=phase.strip().lower(), window=attention.window if window is not None else None,
+        softcap=attention.softcap if softcap is not None else None, sinks=attention.sinks, layer=layer,
     )
     raise typer.Exit(run_campaign(options))
 

@@ -1,0 +1,103 @@
+"""Campaigns of kernels built with attention options (--window, --softcap, --sinks, a preset's layers): the
+combinations and study names they make, the sketches they search (the warp-specialised ones, with the options'
+statements), what is refused where the kernels cannot build them, and (slow: the fake-GPU Ray cluster, the replay
+backend) a window campaign that stores and exports local kernels."""
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware_profiles import load_profile
+from tuner.campaign.combos import ComboError, expand_combinations
+from tuner.campaign import sketches as sk
+from tuner.campaign import study as st
+
+
+def test_a_preset_with_local_and_global_layers_is_two_combinations_with_their_options():
+    combos = expand_combinations(load_profile("h100"), None, None, None, None, "gpt-oss-20b")
+    assert [(c.layer, c.window, c.softcap, c.sinks) for c in combos] == [("local", (127, 0), 0.0, True),
+                                                                           ("global", (-1, -1), 0.0, True)]
+    local, global_ = (c.spec() for c in combos)
+    assert local.features == ("local", "sinks") and global_.features == ("sinks",)
+    names = [st.study_name("h100", c.spec(), heads=c.heads, options_tag=c.options_tag()) for c in combos]
+    assert names == ["h100-gqa-bf16-d64-causal-64q8kv-w127-sinks", "h100-gqa-bf16-d64-causal-64q8kv-sinks"]
+    problem = combos[0].problems(seqlens=(2048,))[0]
+    assert (problem.window, problem.sinks, problem.heads_q, problem.heads_kv) == ((127, 0), True, 64, 8)
+    (only,) = expand_combinations(load_profile("h100"), None, None, None, None, "gpt-oss-20b", layer="global")
+    assert only.layer == "global" and only.window == (-1, -1)
+    plain = expand_combinations(load_profile("h100"), None, None, None, None, "llama3-8b")
+    assert [c.has_options() for c in plain] == [False] and st.study_name(
+        "h100", plain[0].spec(), heads=plain[0].heads, options_tag=plain[0].options_tag()) == "h100-gqa-bf16-d128-causal-32q8kv"
+
+
+def test_flags_apply_to_every_combination_and_win_over_a_presets_options():
+    combos = expand_combinations(load_profile("h100"), "mha,gqa", "128", None, "both", None, window=(4096, 0),
+                                 softcap=50.0)
+    assert len(combos) == 4 and all(c.spec().features == ("local", "softcap") for c in combos)
+    assert {c.options_tag() for c in combos} == {"-w4096-cap50", "-w4096x0-cap50"}
+    (c,) = expand_combinations(load_profile("h100"), None, None, None, None, "gpt-oss-20b", window=(255, 0))
+    assert (c.window, c.sinks, c.layer) == ((255, 0), False, None)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(variant="mha", window=(128, 0), gpu="a100"), "a100 is not a Hopper GPU"),
+    (dict(variant="mha", sinks=True, layout="varlen"), "tuned for dense prefill so far"),
+    (dict(variant="gqa", softcap=30.0, phase="decode"), "tuned for dense prefill so far"),
+    (dict(variant="mha", layer="local"), "give --model"),
+    (dict(model="mistral-7b-v0.1", layer="global"), "has local layers; --layer global is not one of them"),
+    (dict(model="gemma2-9b"), "head dim 256, which the kernels do not take yet"),
+])
+def test_what_cannot_be_tuned_is_refused_saying_why(kwargs, words):
+    profile = load_profile(kwargs.pop("gpu", "h100"))
+    args = dict(variant=None, head_dim=None, dtype=None, causal=None, model=None)
+    args.update({k: kwargs.pop(k) for k in list(kwargs) if k in args})
+    with pytest.raises(ComboError, match=words):
+        expand_combinations(profile, args["variant"], args["head_dim"], args["dtype"], args["causal"], args["model"],
+                            **kwargs)
+
+
+def test_option_sketches_are_the_warp_specialised_ones_with_the_options_stated():
+    from tl.options import options_of
+    import tl
+
+    out = sk.campaign_sketches("gqa", True, ["fa2", "fa2_late_prefetch", "ws_overlap", "ws_serial"],
+                               features=("local", "sinks"))
+    assert out and all(s.base.startswith("ws_") for s in out)
+    assert all(options_of(tl.parse_program(s.text)) == {"local", "sinks"} for s in out)
+    plain = sk.campaign_sketches("gqa", True, ["fa2", "ws_overlap"])
+    assert any(s.base == "fa2" for s in plain) and all(not options_of(tl.parse_program(s.text)) for s in plain)
+
+
+def test_the_cli_takes_the_flags_and_refuses_bad_values_in_one_line(tmp_path):
+    from tuner.commands.cli import app
+
+    for args, words in ((["--window", "abc"], "--window must be L,R"), (["--softcap", "-3"], "--softcap must be"),
+                        (["--gpu", "a100", "--sinks"], "not a Hopper GPU")):
+        argv = ["--gpu", "h100", "--variant", "mha", "--dry-run", "--study-dir", str(tmp_path / "s"), *args]
+        result = CliRunner().invoke(app, argv)
+        assert result.exit_code == 2 and result.stderr.count("\n") == 1 and words in result.stderr, result.stderr
+        assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_a_window_campaign_stores_and_exports_local_kernels(ray_cluster, tmp_path):
+    from tuner.campaign import run_campaign
+    from tuner.serving import read_configs
+    from tuner.store.export import run_export
+    from tuner.store.records import KernelStore
+
+    from .conftest import STUDY, replay_options
+
+    studies = tmp_path / "studies"
+    assert run_campaign(replay_options(studies, window=(4096, 0), trials=6)) == 0
+    name = f"{STUDY}-w4096"
+    summary = json.loads((studies / name / "summary.json").read_text())
+    assert summary["trials"]["done"] == 6
+    records = KernelStore(studies).records(gpu="h100", variant="mha")
+    assert records and all(r.features == ("local",) for r in records)
+    assert all("Window" in r.tl_program and tuple(r.problem["window"]) == (4096, 0) for r in records)
+    assert all(r.kernel_meta["spec"]["local"] is True for r in records)
+    out = tmp_path / "exported"
+    assert run_export(gpu="h100", variant="mha", study_dir=studies, out_dir=out) == 0
+    (config,) = read_configs(out)
+    assert config.features == ("local",) and ",features=local," in config.path.name
