@@ -109,7 +109,9 @@ def sliding_window_mask(local_size, config) -> bool:
 def _edge_padding(padding_mask, kv_offset, kv_length):
     """The (batch, kv_length) bool columns of a 2-D padding mask that cover the call's keys, where packing serves
     it (tuner/serving/padded.py): padding at the sequences' edges only (checked in eager; under torch.compile
-    transformers' padding is taken as its tokenizers and generate() make it, left or right); else None."""
+    transformers' padding is taken as its tokenizers and generate() make it, left or right: where a sequence has a
+    hole, packing still computes the causal attention among its kept tokens, and a window then counts kept tokens,
+    as transformers' own flash-attention path does); else None."""
     if padding_mask is None or padding_mask.dim() != 2 or padding_mask.shape[-1] < kv_offset + kv_length:
         return None
     kept = padding_mask[:, kv_offset:kv_offset + kv_length].bool()

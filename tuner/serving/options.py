@@ -16,6 +16,7 @@ the sinks: the fallback and the recompute of the op's backward, not a fast path.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,8 +55,8 @@ def model_options(window_size, softcap, sinks, *, causal: bool, heads_q: int, de
 
     window = NO_WINDOW if window_size is None else window_size
     try:
-        window = tuple(int(w) if not isinstance(w, bool) and float(w) == int(w) else w for w in window)
-    except (TypeError, ValueError):
+        window = tuple(int(w) if isinstance(w, numbers.Integral) and not isinstance(w, bool) else w for w in window)
+    except TypeError:
         raise ValueError(f"{where}: window_size must be a (left, right) pair of ints >= -1, got {window_size!r}") \
             from None
     if len(window) != 2 or not all(isinstance(w, int) and not isinstance(w, bool) and w >= -1 for w in window):
