@@ -97,3 +97,46 @@ def test_a_kernel_that_drops_an_option_fails_the_gate(monkeypatch, drop):
         assert report.passed, report.reason
     else:
         assert not report.passed and "max error" in report.reason
+
+
+class ReferenceVarlenKernel:
+    """The reference as a packed-sequence kernel on the CPU (sequence by sequence), optionally dropping an option."""
+
+    def __init__(self, causal: bool, drop=None):
+        self.causal, self.drop = causal, drop
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, out=None,
+               window_size=(-1, -1), softcap=0.0, sinks=None):
+        opts = {"window": window_size, "softcap": softcap, "sinks": sinks}
+        if self.drop:
+            opts[self.drop] = {"window": (-1, -1), "softcap": 0.0, "sinks": None}[self.drop]
+        cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        used = seqused_k.tolist() if seqused_k is not None else [b - a for a, b in zip(cu_k, cu_k[1:])]
+        out.zero_()
+        for b in range(len(cu_q) - 1):
+            if cu_q[b + 1] > cu_q[b] and used[b] > 0:
+                ks = slice(cu_k[b], cu_k[b] + used[b])
+                out[cu_q[b]:cu_q[b + 1]] = verify.reference(q[None, cu_q[b]:cu_q[b + 1]], k[None, ks], v[None, ks],
+                                                            self.causal, **opts)[0].to(out.dtype)
+        return out
+
+
+@pytest.mark.parametrize("drop", [None, "window", "softcap", "sinks"])
+def test_the_packed_sequence_gate_checks_every_option_too(monkeypatch, drop):
+    """verify_varlen gives an option kernel the dense gate's windows (every one, the mixes cycled), caps and sinks,
+    and the reference alike: a kernel that drops one fails it."""
+    from tuner.measure import verify_varlen
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    spec = KernelSpec("gqa", 64, 64, True, "bf16", "varlen", local=True, softcap=True, sinks=True)
+    small = tuple(m for m in verify_varlen.CHECK_MIXES if max(m.keys) <= 300)
+    assert small
+    report = verify_varlen.verify_varlen(ReferenceVarlenKernel(True, drop), spec, mixes=small, seed=5, device="cpu")
+    labels = [c.problem for c in report.checks]
+    assert len(report.checks) == len(verify.CAUSAL_WINDOWS)
+    assert all(f" window{w[0]},{w[1]}" in " ".join(labels) for w in verify.CAUSAL_WINDOWS)
+    assert all("sinks" in label and "softcap" in label for label in labels)
+    if drop is None:
+        assert report.passed, report.reason
+    else:
+        assert not report.passed

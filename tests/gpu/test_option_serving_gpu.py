@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
 
 from kernel_abi.spec import KernelSpec  # noqa: E402
 from tuner.serving import load_exported  # noqa: E402
-from tuner.serving.options import ModelOptions, reference_attention, reference_varlen  # noqa: E402
+from tuner.serving.options import ModelOptions, reference_attention, reference_paged, reference_varlen  # noqa: E402
 
 
 def _spec(d, *features, layout="dense"):
@@ -23,7 +23,9 @@ def _spec(d, *features, layout="dense"):
 
 
 SPECS = [_spec(128), _spec(128, "local"), _spec(128, "softcap"), _spec(128, "local", "softcap"),
-         _spec(128, "local", layout="varlen"), _spec(64, "local", "sinks"), _spec(64, "sinks")]
+         _spec(128, "local", layout="varlen"), _spec(64, "local", "sinks"), _spec(64, "sinks"),
+         _spec(64, "local", "sinks", layout="varlen"), _spec(64, "sinks", layout="varlen"),
+         _spec(64, "local", "sinks", layout="paged")]
 # The bf16 output against the fp32 reference on the same inputs: a dropped window, cap or sink errs by 0.1 or more
 ATOL = 2 ** -6
 
@@ -92,6 +94,31 @@ def test_varlen_window_on_the_kernel(attn):
     assert (out.float() - ref).abs().max().item() <= ATOL
 
 
+def test_a_paged_cache_with_a_window_and_sinks_on_the_kernel(attn):
+    g = torch.Generator(device="cuda").manual_seed(11)
+    lengths, page = [700, 129, 1], 16
+    pages_each = [-(-n // page) for n in lengths]
+    q = torch.randn(sum(lengths), 16, 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k_cache, v_cache = (torch.randn(sum(pages_each) + 3, page, 4, 64, device="cuda", dtype=torch.bfloat16,
+                                    generator=g) for _ in range(2))
+    order = torch.randperm(sum(pages_each) + 3, device="cuda", generator=g)[:sum(pages_each)].to(torch.int32)
+    table = torch.zeros(len(lengths), max(pages_each), dtype=torch.int32, device="cuda")
+    at = 0
+    for b, n in enumerate(pages_each):
+        table[b, :n] = order[at:at + n]
+        at += n
+    cu_q = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    used = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    sinks = torch.linspace(-30, 30, 16, device="cuda")
+    out = attn.flash_attn_varlen_func(q, k_cache, v_cache, cu_q, None, max(lengths), max(pages_each) * page,
+                                      causal=True, window_size=(127, 0), learnable_sink=sinks, block_table=table,
+                                      seqused_k=used)
+    assert attn.last_path == "kernel" and attn.last_reason == "gqa paged", attn.last_reason
+    ref = reference_paged(q.float(), k_cache.float(), v_cache.float(), cu_q, used, table, True, 64 ** -0.5,
+                          ModelOptions((127, 0), 0.0, sinks))
+    assert (out.float() - ref).abs().max().item() <= ATOL
+
+
 def test_gradients_through_the_options_op(attn):
     q, k, v = (t.requires_grad_() for t in _qkv(b=1, s=256, hq=16, hkv=4, d=64))
     sinks = torch.randn(16, device="cuda", requires_grad=True)
@@ -150,3 +177,28 @@ def test_models_run_every_attention_call_on_the_kernels(attn, family):
     # eager transformers computes in bf16 between fp32 softmaxes: a few bf16 ulps of the logits' scale
     tol = 0.05 * max(1.0, want.abs().max().item())
     assert (got - want).abs().max().item() < tol and (got_compiled - want).abs().max().item() < tol
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt-oss"])
+def test_a_left_padded_batch_packs_onto_the_kernels_and_generates(attn, family):
+    """Left padding, as generate() makes it: the prefill and every decode step packed onto the varlen kernels
+    built with the layers' options (Gemma 2 here has none with a cap: its calls run the reference, counted)."""
+    pytest.importorskip("transformers")
+    ref, ours = _pair(attn, family)
+    ids = torch.randint(0, 1000, (2, 300), device="cuda", generator=torch.Generator(device="cuda").manual_seed(2))
+    mask = torch.ones(2, 300, dtype=torch.long, device="cuda")
+    mask[0, :57] = 0
+    attn.stats.clear()
+    attn.reasons.clear()
+    with torch.no_grad():
+        want = ref(ids, attention_mask=mask).logits.float()
+        got = ours(ids, attention_mask=mask).logits.float()
+    tol = 0.05 * max(1.0, want.abs().max().item())
+    assert (got[1] - want[1]).abs().max().item() < tol and (got[0, 57:] - want[0, 57:]).abs().max().item() < tol
+    if family == "gpt-oss":
+        assert attn.stats == {"kernel": 4} and not attn.reasons, (attn.stats, attn.reasons)
+        with torch.no_grad():
+            ours.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=False)
+        assert not attn.reasons and attn.stats["kernel"] == 4 + 4 * 4, (attn.stats, attn.reasons)
+    else:
+        assert attn.reasons == {"no-shape-config": 4}

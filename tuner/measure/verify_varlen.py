@@ -19,7 +19,8 @@ from typing import Callable, Optional, Sequence
 
 from tuner.serving.launch.paging import TMA_KV, kv_copy_of, page_misfit
 from kernel_abi.spec import KernelSpec
-from tuner.measure.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
+from tuner.measure.verify import (CAUSAL_WINDOWS, CHECK_HEADS, SOFTCAPS, WINDOWS, ShapeCheck, VerificationReport, judge,
+                                  reference, sink_logits)
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 _UNUSED_KEY = 1.0e4   # what keys and values past seqused_k hold
@@ -151,14 +152,45 @@ def _paged_cache(k, v, cu_k, mix: PagedMix, gen, device):
     return kc, vc, table.to(device)
 
 
-def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda") -> ShapeCheck:
+def mix_options(spec: KernelSpec, index: int, gen, device: str) -> dict:
+    """The options a kernel of ``spec`` is checked with on its ``index``-th check: the windows, caps and sink logits
+    of the dense gate (tuner/measure/verify.py: windows at the tile edges +- 1 and longer than every sequence,
+    caps of 1 and 50, sinks of +-30), cycled over the checks; {} for a plain kernel."""
+    out = {}
+    if getattr(spec, "local", False):
+        windows = CAUSAL_WINDOWS if spec.causal else WINDOWS
+        out["window"] = windows[index % len(windows)]
+    if getattr(spec, "softcap", False):
+        out["softcap"] = SOFTCAPS[index % len(SOFTCAPS)]
+    if getattr(spec, "sinks", False):
+        out["sinks"] = sink_logits(CHECK_HEADS[spec.variant][0], gen, device)
+    return out
+
+
+def option_checks(spec: KernelSpec, mixes: int) -> int:
+    """How many checks cover every window of the gate at least once (a local kernel: one more pass over the first
+    mix for the windows the mixes did not reach)."""
+    if not getattr(spec, "local", False):
+        return mixes
+    return max(mixes, len(CAUSAL_WINDOWS if spec.causal else WINDOWS))
+
+
+def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda", options_index: int = 0) -> ShapeCheck:
     """``kernel.varlen(...)`` (or ``kernel.paged(...)`` for a PagedMix) on one mix against the reference,
-    sequence by sequence."""
+    sequence by sequence; a kernel built with options gets those of its ``options_index``-th check
+    (``mix_options``), the reference alike."""
     import torch
 
     hq, hkv = CHECK_HEADS[spec.variant]
     dt = getattr(torch, _DTYPES[spec.dtype])
-    label = f"{spec.label()} {mix.label()} hq{hq} hkv{hkv}"
+    options = mix_options(spec, options_index, gen, device)
+    said = "".join(f" window{w[0]},{w[1]}" for w in [options["window"]] if "window" in options) + \
+        (f" softcap{options['softcap']:g}" if "softcap" in options else "") + (" sinks" if "sinks" in options else "")
+    label = f"{spec.label()} {mix.label()} hq{hq} hkv{hkv}{said}"
+    kernel_options = {k: v for k, v in (("window_size", options.get("window")), ("softcap", options.get("softcap")),
+                                        ("sinks", options.get("sinks"))) if v is not None}
+    ref_options = {"window": options.get("window", (-1, -1)), "softcap": options.get("softcap", 0.0),
+                   "sinks": options.get("sinks")}
     q, k, v, cu_q, cu_k, out = _packed_case(spec, mix, gen, device)
     as_i32 = {"dtype": torch.int32, "device": device}
     cu_seqlens_q, cu_seqlens_k = torch.tensor(cu_q, **as_i32), torch.tensor(cu_k, **as_i32)
@@ -175,10 +207,11 @@ def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda"
 
     try:
         if paged:
-            result = kernel.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, table, max(mix.seqlens_q), out=out)
+            result = kernel.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, table, max(mix.seqlens_q), out=out,
+                                  **kernel_options)
         else:
             result = kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q), max(mix.keys),
-                                   seqused_k=seqused_k, out=out)
+                                   seqused_k=seqused_k, out=out, **kernel_options)
         torch.cuda.synchronize()
     except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
         return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
@@ -201,8 +234,8 @@ def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda"
             continue
         if used == 0:      # no key at all: the rows are 0, as for causal rows that see none
             continue
-        ref[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal)[0]
-        lowp[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal, dtype=dt)[0].float()
+        ref[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal, **ref_options)[0]
+        lowp[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, spec.causal, dtype=dt, **ref_options)[0].float()
     return judge(label, out, ref, lowp, spec.dtype)
 
 
@@ -222,7 +255,10 @@ def verify_varlen(kernel, spec: KernelSpec, mixes: Optional[Sequence] = None, se
         meta = getattr(kernel, "meta", None) or {}
         default = readable_paged_mixes(int(meta["block_n"]), kv_copy_of(meta)) if "block_n" in meta \
             else CHECK_PAGED_MIXES
-    checks = tuple(check_mix(kernel, spec, m, gen, device) for m in (mixes or default))
+    mixes = tuple(mixes or default)
+    smallest = min(mixes, key=lambda m: sum(m.keys))     # the windows the mixes did not reach: on the cheapest
+    checks = tuple(check_mix(kernel, spec, mixes[i] if i < len(mixes) else smallest, gen, device, i)
+                   for i in range(option_checks(spec, len(mixes))))
     bad = [c for c in checks if not c.passed]
     reason = f"{len(bad)} of {len(checks)} mixes failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""
     return VerificationReport(passed=not bad, checks=checks, reason=reason, seed=seed)
