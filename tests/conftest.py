@@ -26,6 +26,7 @@ _SERIAL_FILES = ("test_compile_pool.py", "test_trialproc.py", "test_retime.py", 
                  "test_decode_bench_cli.py")
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own hook, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "ray_cluster" in getattr(item, "fixturenames", ()) or Path(str(item.fspath)).name in _SERIAL_FILES:

@@ -235,7 +235,8 @@ class Loop:
             task = compile_batch.options(**placed) if placed else compile_batch
             ref = task.remote(items, [c.kernel for c in unit], camp.profile.nvcc_arch,
                               str(self.opts.study_dir / "nvcc-cache"), self.opts.compile_timeout,
-                              camp.backend.path if camp.fake_compile else None)
+                              camp.backend.path if camp.fake_compile else None,
+                              camp.spec.to_dict() if camp.fake_compile else None)
             self.compiling[ref] = (unit, time.monotonic())
             self.compile_node[ref] = node
 

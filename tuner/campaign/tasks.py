@@ -12,7 +12,7 @@ from .backends import replay_fault
 
 @ray.remote(num_cpus=1, max_retries=1)
 def compile_batch(items: list, kernels: list, arch: str, cache_dir: str, timeout: float,
-                  fake_replay: str | None) -> list[dict]:
+                  fake_replay: str | None, spec: dict | None = None) -> list[dict]:
     """Compile one batch of candidates into cubins (one translation unit); one result dict per item, in order.
 
     ``items`` are ``(trial_number, params_dict, schedule)`` and ``kernels`` their translated kernels (the
@@ -24,14 +24,14 @@ def compile_batch(items: list, kernels: list, arch: str, cache_dir: str, timeout
         import time
 
         started = time.time()
-        results = [_fake_compile(number, params, schedule, fake_replay) for number, params, schedule in items]
+        results = [_fake_compile(number, params, schedule, fake_replay, spec) for number, params, schedule in items]
         timing = {"task_s": round(time.time() - started, 2), "unit_kernels": len(items), "nvcc_cached": False,
                   "unit_nvcc_s": 0.0, "node_id": _node_id()}   # nothing was compiled
         return [{**r, "timing": timing} for r in results]
     return _real_compile(items, kernels, arch, cache_dir, timeout)
 
 
-def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) -> dict:
+def _fake_compile(number: int, params: dict, schedule: str, replay_path: str, spec: dict | None = None) -> dict:
     from search_spaces import params_from
 
     key = params_from(params, schedule).key()
@@ -39,7 +39,10 @@ def _fake_compile(number: int, params: dict, schedule: str, replay_path: str) ->
         return {"trial": number, "ok": False, "error": "compile error (recorded): ptxas fatal: "
                 "Entry function uses too much shared data", "error_kind": "compile"}
     return {"trial": number, "ok": True, "kernel_name": f"replay_{schedule}_{key}", "cubin": f"REPLAY:{schedule}:{key}".encode(),
-            "meta": {"replay": True, "key": key}, "source": f"// replay backend: {schedule}:{key} was not compiled\n",
+            # the campaign's kernel spec (``spec``, KernelSpec.to_dict): what a record and an export read its options
+            # from, as from a real kernel's metadata
+            "meta": {"replay": True, "key": key, **({"spec": spec} if spec is not None else {})},
+            "source": f"// replay backend: {schedule}:{key} was not compiled\n",
             "registers": None, "spill_stores": None}
 
 
