@@ -430,3 +430,15 @@ def test_a_campaign_on_a_machine_without_the_gpu_is_one_line_and_leaves_no_study
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "tune: error: the Ray cluster has no T4 GPU" in proc.stderr and "--dry-run" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "s").exists()
+
+
+def test_help_read_by_a_pager_that_stops_early_is_no_traceback():
+    """`tune --help | head -1`: the closed pipe ends the command quietly (it once raised an AttributeError from an
+    exception class the vendored click lacks)."""
+    proc = subprocess.Popen([sys.executable, "-m", "tuner", "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=dict(os.environ, COLUMNS="120"))
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err and "AttributeError" not in err, err

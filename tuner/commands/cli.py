@@ -29,6 +29,13 @@ def _click_exceptions():
     return exceptions
 
 
+def _aborts(exceptions) -> tuple:
+    """What ends a command as "aborted": click's Abort where the vendored click has one (typer's does not: an
+    ``except`` naming it would itself raise while another exception, e.g. a closed pipe's SystemExit, passes), and
+    Ctrl-C."""
+    return tuple(c for c in (getattr(exceptions, "Abort", None), KeyboardInterrupt) if c is not None)
+
+
 class _Flags:
     """A flag takes no value, so its help row shows no type. typer's rich help panel prints every option's type,
     a flag's as ``<bool>`` (``TyperOption.display_type_rich`` does not skip flags as its plain help and earlier
@@ -65,7 +72,7 @@ class TuneGroup(_Flags, TyperGroup):
             hint = f" (see `{where} --help`)" if isinstance(exc, exceptions.UsageError) else ""
             typer.echo(f"{where}: error: {message}{hint}", err=True)
             sys.exit(exc.exit_code)
-        except exceptions.Abort:
+        except _aborts(exceptions):
             typer.echo("tune: aborted", err=True)
             sys.exit(1)
         sys.exit(code if isinstance(code, int) else 0)
