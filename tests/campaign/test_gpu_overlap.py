@@ -133,10 +133,19 @@ def test_a_hung_trial_is_cancelled_and_frees_its_gpu_for_the_trial_waiting_on_it
     _assert_disjoint(_locked_intervals(study))
     # The forced cancel freed the hung trial's GPU: every GPU's lock is free now (a killed holder that kept its
     # lock would block the next trial on that GPU for ever).
+    # (The kill is asynchronous: a loaded machine may take a few seconds to reap the process and drop its lock.)
     for key in {t.user_attrs["gpu_lock"]["key"] for t in others} | {"gpu-0", "gpu-1"}:
         fd = os.open(os.path.join(lock_dir(), key + ".lock"), os.O_RDWR | os.O_CREAT, 0o666)
+        deadline = time.monotonic() + 20
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # raises BlockingIOError if still held
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # BlockingIOError while still held
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.5)
         finally:
             os.close(fd)
     # A trial that asked for the lock while the hang held it (it waited, and no finished trial released that

@@ -184,7 +184,8 @@ def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda"
     hq, hkv = CHECK_HEADS[spec.variant]
     dt = getattr(torch, _DTYPES[spec.dtype])
     options = mix_options(spec, options_index, gen, device)
-    said = "".join(f" window{w[0]},{w[1]}" for w in [options["window"]] if "window" in options) + \
+    window = options.get("window")
+    said = (f" window{window[0]},{window[1]}" if window is not None else "") + \
         (f" softcap{options['softcap']:g}" if "softcap" in options else "") + (" sinks" if "sinks" in options else "")
     label = f"{spec.label()} {mix.label()} hq{hq} hkv{hkv}{said}"
     kernel_options = {k: v for k, v in (("window_size", options.get("window")), ("softcap", options.get("softcap")),
