@@ -259,15 +259,7 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
         Eager calls with nothing observing them (op.nothing_observes) take a launcher remembered per call
         signature the first time the signature ran a kernel: one dictionary lookup, then the launch."""
         if learnable_sink is not None or softcap or (window_size is not None and tuple(window_size) != (-1, -1)):
-            if layout not in ("bshd", "bhsd"):
-                raise ValueError(f"layout must be 'bshd' (batch, seqlen, heads, dim) or 'bhsd', got {layout!r}")
-            if scale is not None and softmax_scale is not None and scale != softmax_scale:
-                raise ValueError(f"scale ({scale}) and softmax_scale ({softmax_scale}) differ; give one")
-            if layout == "bhsd":
-                q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            out = self.attend_options(q, k, v, causal, softmax_scale if softmax_scale is not None else scale,
-                                      window_size, softcap, learnable_sink)
-            return out.transpose(1, 2) if layout == "bhsd" else out
+            return self._call(q, k, v, causal, softmax_scale, scale, layout, (window_size, softcap, learnable_sink))
         key = None
         if not torch.compiler.is_compiling():
             key = (q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
@@ -313,14 +305,17 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
             self._fast.pop(next(iter(self._fast)))
         self._fast[key] = fast
 
-    def _call(self, q, k, v, causal, softmax_scale, scale, layout):
+    def _call(self, q, k, v, causal, softmax_scale, scale, layout, options=None):
+        """``__call__`` past its fast path; ``options`` (window_size, softcap, learnable_sink) for an options call."""
         if layout not in ("bshd", "bhsd"):
             raise ValueError(f"layout must be 'bshd' (batch, seqlen, heads, dim) or 'bhsd', got {layout!r}")
         if scale is not None and softmax_scale is not None and scale != softmax_scale:
             raise ValueError(f"scale ({scale}) and softmax_scale ({softmax_scale}) differ; give one")
         if layout == "bhsd":
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        out = self.attend(q, k, v, causal, softmax_scale if softmax_scale is not None else scale)
+        scale = softmax_scale if softmax_scale is not None else scale
+        out = self.attend(q, k, v, causal, scale) if options is None else self.attend_options(q, k, v, causal, scale,
+                                                                                            *options)
         return out.transpose(1, 2) if layout == "bhsd" else out
 
     attention = __call__

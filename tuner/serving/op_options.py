@@ -54,6 +54,12 @@ def _gradients(forward, grad_out, tensors, sinks):
     return grads[0], grads[1], grads[2], dsinks
 
 
+def _gradients_fake(q, k, v, sinks):
+    """The shapes ``_gradients`` returns, for the backward ops' fake implementations."""
+    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+
+
 # ---- dense (b, s, h, d) ----
 def _attention_impl(q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks, route):
     r = _ROUTES[route]
@@ -79,8 +85,7 @@ def _attention_fake(q, k, v, attn_mask, causal, scale, window_left, window_right
 
 @torch.library.register_fake(f"{NAMESPACE}::attention_options_backward", lib=_lib)
 def _attention_backward_fake(grad_out, q, k, v, attn_mask, causal, scale, window_left, window_right, softcap, sinks):
-    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0, dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+    return _gradients_fake(q, k, v, sinks)
 
 
 def _attention_setup(ctx, inputs, output):
@@ -132,8 +137,7 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, m
 @torch.library.register_fake(f"{NAMESPACE}::varlen_attention_options_backward", lib=_lib)
 def _varlen_backward_fake(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, window_left,
                           window_right, softcap, sinks):
-    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0, dtype=torch.float32)
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsinks
+    return _gradients_fake(q, k, v, sinks)
 
 
 def _varlen_setup(ctx, inputs, output):
@@ -194,8 +198,7 @@ def _paged_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_se
 @torch.library.register_fake(f"{NAMESPACE}::paged_attention_options_backward", lib=_lib)
 def _paged_backward_fake(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale,
                          window_left, window_right, softcap, sinks):
-    dsinks = sinks.new_empty(sinks.shape) if sinks is not None else q.new_empty(0, dtype=torch.float32)
-    return q.new_empty(q.shape), k_cache.new_empty(k_cache.shape), v_cache.new_empty(v_cache.shape), dsinks
+    return _gradients_fake(q, k_cache, v_cache, sinks)
 
 
 def _paged_setup(ctx, inputs, output):
