@@ -15,8 +15,10 @@ sys.dont_write_bytecode = False
 
 # The GPU locks (tuner/campaign/gpulock.py) of this test process and the Ray workers and trial processes it starts:
 # a folder of its own, so that another test run, a campaign or a parallel test worker on this machine never holds
-# the lock a test waits for.
-os.environ.setdefault("TUNER_GPU_LOCK_DIR", tempfile.mkdtemp(prefix="tuner-test-locks-"))
+# the lock a test waits for. Set in every process that loads this file, never inherited: pytest-xdist's workers
+# start from the controller's environment, which has loaded this file first (with setdefault, all workers shared
+# the controller's folder, and a hung-trial test found another worker's campaign holding "gpu-0").
+os.environ["TUNER_GPU_LOCK_DIR"] = tempfile.mkdtemp(prefix=f"tuner-test-locks-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 
 # With parallel workers (pytest -n, pytest-xdist with --dist loadgroup), the tests that start Ray clusters run one
 # after another in one worker: two local clusters at once on a 2-core machine slow each other past the tests' time

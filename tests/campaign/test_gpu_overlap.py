@@ -40,6 +40,25 @@ def _locked_intervals(study) -> dict[str, list[tuple[float, float, int]]]:
     return by_gpu
 
 
+def _lock_holders(fd: int) -> list[str]:
+    """The processes holding a flock on the file open as ``fd``, from /proc/locks: pid and command line."""
+    inode = os.fstat(fd).st_ino
+    holders = []
+    try:
+        lines = open("/proc/locks").read().splitlines()
+    except OSError:
+        return ["(no /proc/locks)"]
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 5 and fields[1] == "FLOCK" and fields[5].rsplit(":", 1)[-1] == str(inode):
+            try:
+                cmd = open(f"/proc/{fields[4]}/cmdline", "rb").read().replace(b"\0", b" ").decode()[:200]
+            except OSError:
+                cmd = "(gone)"
+            holders.append(f"pid {fields[4]}: {cmd}")
+    return holders
+
+
 def _assert_disjoint(by_gpu) -> None:
     for key, spans in by_gpu.items():
         spans.sort()
@@ -143,8 +162,7 @@ def test_a_hung_trial_is_cancelled_and_frees_its_gpu_for_the_trial_waiting_on_it
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)      # BlockingIOError while still held
                     break
                 except BlockingIOError:
-                    if time.monotonic() > deadline:
-                        raise
+                    assert time.monotonic() < deadline, f"{key}'s lock still held after 20 s by {_lock_holders(fd)}"
                     time.sleep(0.5)
         finally:
             os.close(fd)
