@@ -102,7 +102,7 @@ def absorbed_mla_values(q, k_cache):
 
 class DecodeCalls:
     """Mixed into ExportedAttention: uses its ``_table_or_fallback``, ``_fallback``, ``_routes``, ``kernel``,
-    ``stats``, ``reasons``, ``last_*``; ``_decode_tables`` ({"paged"|"dense": per device dispatch tables of the
+    ``stats``, ``_count_fallback``, ``last_*``; ``_decode_tables`` ({"paged"|"dense": per device dispatch tables of the
     decode configs}) and ``_decode_memo`` are built in its __init__."""
 
     def route_decode(self, q, k_cache, v_cache, page_table, causal: bool, scale: float) -> int:
@@ -179,9 +179,7 @@ class DecodeCalls:
 
     def _decode_reference(self, code, message, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
                           return_lse, out):
-        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
-        self.stats["sdpa"] += 1
-        self.reasons[code] += 1
+        self._count_fallback(code, message)
         res, lse = decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale)
         if out is not None:
             out.copy_(res)

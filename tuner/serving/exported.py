@@ -210,10 +210,14 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
         message = self._messages.get(self._fallback.get(code), REASONS[code])
         return self._sdpa(code, message, q, k, v, attn_mask, causal, scale)
 
-    def _sdpa(self, code: str, message: str, q, k, v, attn_mask, causal, scale):
+    def _count_fallback(self, code: str, message: str) -> None:
+        """A call that runs a fallback (torch SDPA, the fp32 reference): counted by reason, and ``last_*`` says why."""
         self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
         self.stats["sdpa"] += 1
         self.reasons[code] += 1
+
+    def _sdpa(self, code: str, message: str, q, k, v, attn_mask, causal, scale):
+        self._count_fallback(code, message)
         return sdpa_attention(q, k, v, causal=causal, softmax_scale=scale, attn_mask=attn_mask)
 
     def kernel(self, entry: ExportedKernel, device_index: int = 0):

@@ -111,8 +111,8 @@ attention_options_op = torch.ops.attn_tuner.attention_options.default
 def _varlen_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, causal, scale,
                  window_left, window_right, softcap, sinks, route):
     r = _ROUTES[route]
-    return r.owner.run_varlen_options(r, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                                      causal, scale, _options(window_left, window_right, softcap, sinks))
+    return r.owner.run_varlen(r, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                              causal, scale, _options(window_left, window_right, softcap, sinks))
 
 
 def _varlen_backward_impl(grad_out, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, window_left,
@@ -172,8 +172,8 @@ _lib.define(f"paged_attention_options_backward(Tensor grad_out, Tensor q, Tensor
 def _paged_impl(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, causal, scale,
                 window_left, window_right, softcap, sinks, route):
     r = _ROUTES[route]
-    return r.owner.run_paged_options(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
-                                     max_seqlen_k, causal, scale, _options(window_left, window_right, softcap, sinks))
+    return r.owner.run_paged(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                             max_seqlen_k, causal, scale, _options(window_left, window_right, softcap, sinks))
 
 
 def _paged_backward_impl(grad_out, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale,
@@ -240,8 +240,8 @@ def launch_varlen_options(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_se
     """The packed options op, or its route directly when nothing observes the call."""
     if _direct(q, k, v, options.sinks):
         r = _ROUTES[route]
-        return r.owner.run_varlen_options(r, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                                          max_seqlen_k, causal, scale, options)
+        return r.owner.run_varlen(r, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                                  max_seqlen_k, causal, scale, options)
     return varlen_attention_options_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                        causal, scale, options.window[0], options.window[1], options.softcap,
                                        options.sinks, route)
@@ -252,8 +252,8 @@ def launch_paged_options(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_tabl
     """The paged options op, or its route directly when nothing observes the call."""
     if _direct(q, k_cache, v_cache, options.sinks):
         r = _ROUTES[route]
-        return r.owner.run_paged_options(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
-                                         max_seqlen_k, causal, scale, options)
+        return r.owner.run_paged(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                 max_seqlen_k, causal, scale, options)
     return paged_attention_options_op(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
                                       max_seqlen_k, causal, scale, options.window[0], options.window[1],
                                       options.softcap, options.sinks, route)

@@ -11,21 +11,13 @@ from __future__ import annotations
 import math
 
 from tuner.serving.op_options import launch_options, launch_varlen_options
-from tuner.serving.options import ModelOptions, model_options, reference_attention, reference_paged, reference_varlen
+from tuner.serving.options import ModelOptions, kernel_window, model_options, reference_attention
 from tuner.serving.sdpa import check_shapes
-
-
-def kernel_window(options: ModelOptions, kernel_causal: bool) -> tuple:
-    """The window to hand a kernel: a causal kernel's is (left, 0), FlashAttention's causal convention (a one-row
-    call may run on the kernel of the other causality: bottom-right, both see every key)."""
-    if not kernel_causal:
-        return options.window
-    return (options.window[0], 0) if options.window[0] >= 0 else (-1, -1)
 
 
 class OptionCalls:
     """Mixed into ExportedAttention: uses its ``route``, ``route_varlen``, ``kernel``, ``_fallback``, ``_messages``,
-    ``stats``, ``reasons`` and ``last_*``."""
+    ``stats``, ``_count_fallback`` and ``last_*``."""
 
     def attend_options(self, q, k, v, causal: bool, scale: float | None, window_size=(-1, -1), softcap: float = 0.0,
                        learnable_sink=None, attn_mask=None, where: str = "attention"):
@@ -70,9 +62,7 @@ class OptionCalls:
                                scale, options)
 
     def _reference(self, code, message, q, k, v, attn_mask, causal, scale, options):
-        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
-        self.stats["sdpa"] += 1
-        self.reasons[code] += 1
+        self._count_fallback(code, message)
         return reference_attention(q, k, v, causal, scale, options, attn_mask)
 
     # --- packed sequences --------------------------------------------------------------------------------
@@ -85,72 +75,3 @@ class OptionCalls:
         route = self.route_varlen(q, k, v, causal, scale, max_seqlen_k, cu_seqlens_q, max_seqlen_q, options)
         return launch_varlen_options(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                      bool(causal), scale, options, route)
-
-    def run_varlen_options(self, route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                           causal: bool, scale: float, options: ModelOptions):
-        if route.config is not None:
-            bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
-                                                                 int(max_seqlen_q), int(max_seqlen_k))
-            entry = route.config.kernels[bucket]
-            try:
-                kern = self.kernel(entry, q.device.index or 0)
-                out = kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                                  seqused_k=seqused_k, softmax_scale=scale,
-                                  window_size=kernel_window(options, route.config.causal), softcap=options.softcap,
-                                  sinks=options.sinks)
-            except ValueError as exc:   # refused before launch (strides, alignment, arguments)
-                return self._varlen_reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: "
-                                              f"{exc}", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
-                                              options)
-            except Exception as exc:  # noqa: BLE001 - a load failure (warned once by ``kernel``)
-                return self._varlen_reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: "
-                                              f"{exc}", q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
-                                              options)
-            self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} varlen", bucket
-            self.stats["kernel"] += 1
-            return out
-        return self._varlen_reference(route.code, self._messages.get(self._fallback.get(route.code), route.code),
-                                      q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, options)
-
-    def _varlen_reference(self, code, message, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale,
-                          options):
-        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
-        self.stats["sdpa"] += 1
-        self.reasons[code] += 1
-        return reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, options)
-
-
-    # --- a paged KV cache --------------------------------------------------------------------------------
-    def run_paged_options(self, route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
-                          max_seqlen_k, causal: bool, scale: float, options: ModelOptions):
-        args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale, options)
-        if route.config is None:
-            return self._paged_reference(route.code, self._messages.get(self._fallback.get(route.code), route.code),
-                                         *args)
-        lengths = (int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1, int(max_seqlen_q), int(max_seqlen_k),
-                   int(k_cache.shape[1]))
-        bucket = route.bucket or route.config.bucket_of_call(*lengths)
-        if bucket is None:
-            return self._paged_reference("page-size", "page-size", *args)
-        entry = route.config.kernels[bucket]
-        try:
-            kern = self.kernel(entry, q.device.index or 0)
-            out = kern.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, int(max_seqlen_q),
-                             softmax_scale=scale, window_size=kernel_window(options, route.config.causal),
-                             softcap=options.softcap, sinks=options.sinks)
-        except ValueError as exc:   # refused before launch (strides, alignment, the page size, arguments)
-            return self._paged_reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
-                                         *args)
-        except Exception as exc:  # noqa: BLE001 - a load failure (warned once by ``kernel``)
-            return self._paged_reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
-                                         *args)
-        self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} paged", bucket
-        self.stats["kernel"] += 1
-        return out
-
-    def _paged_reference(self, code, message, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale,
-                         options):
-        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
-        self.stats["sdpa"] += 1
-        self.reasons[code] += 1
-        return reference_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale, options)

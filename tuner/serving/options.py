@@ -173,3 +173,16 @@ def reference_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, ca
     check_used(seqused_k, page_table, int(k_cache.shape[1]))
     k, v, cu_k = gather_pages(k_cache, v_cache, page_table)
     return reference_varlen(q, k, v, cu_seqlens_q, cu_k, seqused_k, causal, scale, options)
+
+
+def kernel_window(options: ModelOptions, kernel_causal: bool) -> tuple:
+    """The window to hand a kernel: a causal kernel's is (left, 0), FlashAttention's causal convention (a one-row
+    call may run on the kernel of the other causality: bottom-right, both see every key)."""
+    if not kernel_causal:
+        return options.window
+    return (options.window[0], 0) if options.window[0] >= 0 else (-1, -1)
+
+
+def option_arguments(options: ModelOptions, kernel_causal: bool) -> dict:
+    """The options as a kernel launch takes them (window_size, softcap, sinks)."""
+    return {"window_size": kernel_window(options, kernel_causal), "softcap": options.softcap, "sinks": options.sinks}

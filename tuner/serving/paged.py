@@ -22,7 +22,7 @@ import torch
 
 from tuner.serving import op
 from tuner.serving.configs import pick
-from tuner.serving.options import PLAIN, ModelOptions, model_options
+from tuner.serving.options import PLAIN, ModelOptions, model_options, option_arguments, reference_paged
 from tuner.serving.paged_sdpa import paged_sdpa
 from tuner.serving.reasons import REASONS
 from tuner.serving.rule import plain_ints
@@ -73,8 +73,8 @@ def paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_
 
 
 class PagedCalls:
-    """Mixed into ExportedAttention: uses its ``_table_or_fallback``, ``_fallback``, ``_routes``, ``kernel``,
-    ``stats``, ``reasons``, ``last_*``; ``_paged_tables`` is built in its __init__."""
+    """Mixed into ExportedAttention: uses its ``_table_or_fallback``, ``_fallback``, ``_messages``, ``_routes``,
+    ``kernel``, ``stats``, ``_count_fallback``, ``last_*``; ``_paged_tables`` is built in its __init__."""
 
     def route_paged(self, q, k_cache, v_cache, causal: bool, scale: float, cu_seqlens_q, max_seqlen_q,
                     max_seqlen_k, options: ModelOptions = PLAIN) -> int:
@@ -97,34 +97,36 @@ class PagedCalls:
         return self._routes[(id(config), bucket)]
 
     def run_paged(self, route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
-                  causal: bool, scale: float):
-        args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
+                  causal: bool, scale: float, options: ModelOptions | None = None):
+        """A call over a page table on its route's kernel (built with ``options``), else its fallback: torch SDPA
+        over the gathered pages, or with options the fp32 reference."""
+        def fallback(code: str, message: str):
+            self._count_fallback(code, message)
+            args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
+            return paged_sdpa(*args) if options is None else reference_paged(*args, options)
+
         if route.config is None:
-            return self._paged_sdpa(route.code, REASONS[route.code], *args)
+            message = self._messages.get(self._fallback.get(route.code), REASONS.get(route.code, route.code))
+            return fallback(route.code, message)
         lengths = (int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1, int(max_seqlen_q), int(max_seqlen_k),
                    int(k_cache.shape[1]))
         bucket = route.bucket or route.config.bucket_of_call(*lengths)
         if bucket is None:
-            return self._paged_sdpa("page-size", REASONS["page-size"], *args)
+            return fallback("page-size", REASONS["page-size"])
         entry = route.config.kernels[bucket]
         try:
             kern = self.kernel(entry, q.device.index or 0)
-        except Exception as exc:  # noqa: BLE001 - any load failure means SDPA, warned once
-            return self._paged_sdpa("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}", *args)
+        except Exception as exc:  # noqa: BLE001 - any load failure means the fallback, warned once
+            return fallback("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}")
+        extra = {} if options is None else option_arguments(options, route.config.causal)
         try:
             out = kern.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, int(max_seqlen_q),
-                             softmax_scale=scale)
-        except ValueError as exc:   # refused before launch (strides, alignment, the page size)
-            return self._paged_sdpa("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}", *args)
+                             softmax_scale=scale, **extra)
+        except ValueError as exc:   # refused before launch (strides, alignment, the page size, arguments)
+            return fallback("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}")
         self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} paged", bucket
         self.stats["kernel"] += 1
         return out
-
-    def _paged_sdpa(self, code, message, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale):
-        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
-        self.stats["sdpa"] += 1
-        self.reasons[code] += 1
-        return paged_sdpa(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
 
     def paged_varlen(self, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool,
                      scale: float, page_table, seqused_k=None, window_size=(-1, -1), softcap: float = 0.0,

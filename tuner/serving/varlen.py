@@ -23,7 +23,8 @@ import torch
 
 from tuner.serving import op
 from tuner.serving.configs import pick
-from tuner.serving.options import PLAIN, ModelOptions
+from tuner.serving.options import PLAIN, ModelOptions, option_arguments, reference_varlen
+from tuner.serving.reasons import REASONS
 from tuner.serving.rule import plain_ints
 from tuner.serving.sdpa import varlen_sdpa
 
@@ -31,8 +32,8 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 class VarlenCalls:
-    """Mixed into ExportedAttention: uses its ``devices``, ``_fallback``, ``_routes``, ``kernel``, ``stats``,
-    ``reasons``; ``_varlen_tables`` is built in its __init__."""
+    """Mixed into ExportedAttention: uses its ``devices``, ``_fallback``, ``_messages``, ``_routes``, ``kernel``,
+    ``stats``, ``_count_fallback``; ``_varlen_tables`` is built in its __init__."""
 
     def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k, cu_seqlens_q=None,
                      max_seqlen_q=None, options: ModelOptions = PLAIN) -> int:
@@ -53,33 +54,34 @@ class VarlenCalls:
         return self._routes[(id(config), bucket)]
 
     def run_varlen(self, route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                   causal: bool, scale: float):
-        if route.config is not None:
-            bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
-                                                                 int(max_seqlen_q), int(max_seqlen_k))
-            entry = route.config.kernels[bucket]
-            try:
-                kern = self.kernel(entry, q.device.index or 0)
-            except Exception as exc:  # noqa: BLE001 - any load failure means SDPA, warned once
-                return self._varlen_sdpa("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
-                                         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
-            try:
-                out = kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                                  seqused_k=seqused_k, softmax_scale=scale)
-            except ValueError as exc:   # refused before launch (strides, alignment, arguments)
-                return self._varlen_sdpa("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
-                                         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
-            self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} varlen", bucket
-            self.stats["kernel"] += 1
-            return out
-        return self._varlen_sdpa(route.code, self._messages.get(self._fallback.get(route.code), route.code),
-                                 q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+                   causal: bool, scale: float, options: ModelOptions | None = None):
+        """A packed call on its route's kernel (built with ``options``: a window, a cap, sinks), else its fallback:
+        torch SDPA per sequence, or with options the fp32 reference."""
+        def fallback(code: str, message: str):
+            self._count_fallback(code, message)
+            if options is None:
+                return varlen_sdpa(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+            return reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, options)
 
-    def _varlen_sdpa(self, code, message, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale):
-        self.last_path, self.last_reason, self.last_bucket = "sdpa", message, None
-        self.stats["sdpa"] += 1
-        self.reasons[code] += 1
-        return varlen_sdpa(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
+        if route.config is None:
+            message = self._messages.get(self._fallback.get(route.code), REASONS.get(route.code, route.code))
+            return fallback(route.code, message)
+        bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
+                                                             int(max_seqlen_q), int(max_seqlen_k))
+        entry = route.config.kernels[bucket]
+        try:
+            kern = self.kernel(entry, q.device.index or 0)
+        except Exception as exc:  # noqa: BLE001 - any load failure means the fallback, warned once
+            return fallback("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}")
+        extra = {} if options is None else option_arguments(options, route.config.causal)
+        try:
+            out = kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+                              seqused_k=seqused_k, softmax_scale=scale, **extra)
+        except ValueError as exc:   # refused before launch (strides, alignment, arguments)
+            return fallback("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}")
+        self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} varlen", bucket
+        self.stats["kernel"] += 1
+        return out
 
     def flash_attn_varlen_func(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
