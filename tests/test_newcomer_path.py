@@ -66,7 +66,7 @@ def campaign(tmp_path, *args: str, study_dir=None):
     (["--sampler", "annealing"], "unknown sampler 'annealing'"),
     (["--seqlens", "512,abc"], "--seqlens"),
     (["--seqlens", "0"], "--seqlens"),
-    (["--phase", "training"], "--phase must be prefill or decode"),
+    (["--phase", "training"], "--phase must be prefill, decode or all"),
     (["--seed", "-1"], "--seed"),
     (["--gpu-overlap", "0"], "--gpu-overlap"),
     (["--bogus"], "No such option: --bogus"),

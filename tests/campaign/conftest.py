@@ -30,8 +30,8 @@ def ray_cluster():
 
 
 def campaign_seed_keys(gpu="h100", variant="mha", dtype="bf16", head_dim=None):
-    """Keys of the seeds a campaign without an LLM endpoint enqueues first, in order: the profile's per-bucket
-    defaults, the search space's published choices, then the profile's stand-ins (driver._enqueue_seeds), each
+    """Keys of the seeds a campaign without an LLM endpoint enqueues first, in order: the per-spec default and the
+    profile's per-bucket defaults, the search space's published choices, then the profile's stand-ins (driver._enqueue_seeds), each
     once and only if valid."""
     from hardware_profiles import load_profile
     from search_spaces import load_space
@@ -44,10 +44,10 @@ def campaign_seed_keys(gpu="h100", variant="mha", dtype="bf16", head_dim=None):
     spec = spec_for(variant, head_dim, dtype, True)
     problems = grid_problems(variant, spec.d_qk, dtype, True)
     fs = feasible_space(space, profile, spec.d_qk, dtype, problems)
-    from tuner.campaign.driver import bucket_default_seeds
+    from tuner.campaign.driver import bucket_default_seeds, per_spec_default_seed
 
     offered = [(KernelParams(**{k: v for k, v in params.items() if k != "schedule"}), params["schedule"])
-               for params, _, _ in bucket_default_seeds(profile, spec)]
+               for params, _, _ in per_spec_default_seed(profile, spec) + bucket_default_seeds(profile, spec)]
     for seed in space.seeds_for(spec.d_qk):
         raw = dict(seed.params)
         schedule = raw.pop("schedule", "fa2")

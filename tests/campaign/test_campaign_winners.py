@@ -139,3 +139,37 @@ def test_the_separate_check_re_times_every_claim_and_says_whether_it_holds(hones
         assert {c["bucket"] for c in result["claims"]} == claimed and result["rounds"] == 15
         assert all(c["holds"] is (code == 0) and c["recheck"]["rounds"] == 15 for c in result["claims"])
         assert proc.stdout.count("HOLDS" if code == 0 else "DOES NOT HOLD") == len(claimed)
+
+
+def test_each_winner_is_re_timed_against_the_per_spec_default_and_tune_defaults_reads_the_study_dir(honest_run, tmp_path):
+    """The per-spec default is a seed of the dense campaign and every bucket's winner that is not it is re-timed
+    against it in each fresh process; `tune defaults` derives the GPU's table from the study dir (here the winners
+    are sm80-schedule kernels, which a table of KernelParams changes to the warp-specialised default cannot hold:
+    left out, each with its reason)."""
+    from typer.testing import CliRunner
+
+    from tuner.commands.cli import app
+
+    summary = honest_run["summary"]
+    assert summary["spec"] == {"variant": "mha", "d_qk": 128, "d_v": 128, "causal": True, "dtype": "bf16",
+                               "layout": "dense", "phase": "prefill"}
+    study = load_study(honest_run["root"] / "studies")
+    (default_trial,) = [t for t in study.trials if str(t.user_attrs.get("source", "")).startswith("the per-spec default")]
+    rounds, processes = summary["confirm_rule"]["rounds"], summary["confirm_rule"]["processes"]
+    judged = [w for w in summary["winners"] if w["default"]["sha256"] != w[w["winner"]]["sha256"]]
+    assert judged
+    for w in summary["winners"]:
+        assert w["default"]["trial"] == default_trial.number
+    for w in judged:
+        assert w["vs_default"] is not None and len(w["ms_per_process"]) == processes
+        assert all(len(p["default"]) == len(p[w["winner"]]) == rounds for p in w["ms_per_process"])
+    out = tmp_path / "h100.toml"
+    result = CliRunner().invoke(app, ["defaults", "--gpu", "h100", "--study-dir", str(honest_run["root"] / "studies"),
+                                      "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    confirmed = [w for w in judged if w["vs_default"]["confirmed"]]
+    assert confirmed
+    for w in confirmed:
+        assert f"{w['bucket']}: the winner's schedule" in " ".join(result.output.split())
+    assert "No change was confirmed" in out.read_text()
+    assert [p.name for p in (tmp_path / "records" / "h100").iterdir()] == [f"campaign-{STUDY}.json"]

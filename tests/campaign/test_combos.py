@@ -137,3 +137,52 @@ def test_the_campaign_reads_causal_both_beside_the_causal_flags():
     assert campaign_argv(["--gpu", "h100", "--causal", "--dtype", "bf16"]) == ["--gpu", "h100", "--causal", "--dtype",
                                                                              "bf16"]
     assert campaign_argv(["bench", "--gpu", "h100", "--causal"]) == ["bench", "--gpu", "h100", "--causal"]
+
+
+# ---- one run for a model's serving: several layouts and phases ---------------------------------------------
+
+def test_layout_all_phase_all_gives_a_model_every_serving_kernel_one_combination_each():
+    from tuner.campaign.combos import expand_combinations
+
+    notes = []
+    combos = expand_combinations(load_profile("h100"), None, None, None, None, "llama3-8b", "all", None, "all",
+                                 notes=notes)
+    assert [(c.layout, c.phase, c.page_size) for c in combos] == [
+        ("dense", "prefill", None), ("varlen", "prefill", None), ("paged", "prefill", 16), ("paged", "decode", 16)]
+    assert notes == [] and len({c.spec() for c in combos}) == 4
+    assert all(c.heads == (32, 8) and c.model == "llama3-8b" for c in combos)
+    # page sizes given: each paged kernel, prefill and decode, for each
+    combos = expand_combinations(load_profile("h100"), "gqa", None, None, None, None, "all", (16, 64), "all")
+    assert [(c.layout, c.phase, c.page_size) for c in combos if c.layout == "paged"] == [
+        ("paged", "prefill", 16), ("paged", "prefill", 64), ("paged", "decode", 16), ("paged", "decode", 64)]
+
+
+def test_several_layouts_keep_what_the_gpu_and_the_options_allow_and_say_what_they_leave_out():
+    from tuner.campaign.combos import expand_combinations
+
+    notes = []
+    combos = expand_combinations(load_profile("a100"), "mha", None, None, None, None, "all", None, "all", notes=notes)
+    assert [(c.layout, c.phase) for c in combos] == [("dense", "prefill"), ("paged", "decode")]
+    assert len(notes) == 2 and all("not a Hopper GPU" in n for n in notes)
+    notes = []
+    combos = expand_combinations(load_profile("h100"), None, None, None, None, "gpt-oss-20b", "all", None, "all",
+                                 notes=notes)
+    assert {(c.layout, c.phase) for c in combos} == {("dense", "prefill")} and len(combos) == 2
+    assert len(notes) == 3 and all("tuned for dense prefill only" in n for n in notes)
+    dense_decode = expand_combinations(load_profile("h100"), "mha", None, None, None, None, "dense", None, "all")
+    assert [(c.layout, c.phase) for c in dense_decode] == [("dense", "prefill"), ("dense", "decode")]
+
+
+@pytest.mark.parametrize("layout, phase, page_size, words", [
+    ("dense,ragged", "prefill", None, "--layout must be dense, varlen, paged"),
+    ("all", "training", None, "--phase must be prefill, decode"),
+    ("all", "all", (16, 48), "--page-size must be among"),
+    ("dense,varlen", "prefill", (16, 32), "--page-size applies to a paged layout"),
+])
+def test_several_layouts_refuse_bad_values_by_name(layout, phase, page_size, words):
+    from tuner.campaign.combos import expand_combinations
+
+    with pytest.raises(ComboError, match=words):
+        expand_combinations(load_profile("h100"), "mha", None, None, None, None, layout, page_size, phase)
+    with pytest.raises(ComboError, match="nothing to tune on t4"):
+        expand_combinations(load_profile("t4"), "mha", None, "fp16", None, None, "varlen,paged", None, "prefill")

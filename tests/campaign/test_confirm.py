@@ -157,3 +157,38 @@ def test_the_seed_stands_when_a_second_process_does_not_confirm_the_challenger()
     assert d.winner is SEED and not d.search_beat_seeds and not d.vs_seed.confirmed
     assert "2 fresh processes" in d.note and d.to_dict()["retimed"]["pids"] == [11, 12]
     assert decide(contest, [first, dict(first)]).search_beat_seeds
+
+
+# ---- the per-spec default (the bucket-defaults table's evidence) ---------------------------------------------
+
+DEFAULT = _c("default", "d", 480.0, True, 0)
+
+
+def test_the_winner_is_judged_against_the_per_spec_default_in_every_process_and_that_decides_nothing_else():
+    contest = Contest("s4096", PROBLEM, CHALLENGER, SEED, None, DEFAULT)
+    assert [c.role for c in contest.timed()] == ["challenger", "seed", "default"]
+    runs = [_retimed(challenger=1.0, seed=1.05, default=1.03), _retimed(challenger=1.0, seed=1.05, default=1.02)]
+    d = decide(contest, runs)
+    assert d.winner is CHALLENGER and d.store and d.vs_default.confirmed
+    assert d.vs_default.ratio == pytest.approx(1.025) and "the per-spec default (2 fresh processes)" in d.note
+    record = d.to_dict()
+    assert record["default"]["sha256"] == "d" and record["vs_default"]["confirmed"] is True
+    assert [p["default"] for p in record["ms_per_process"]] == [[1.03] * 9, [1.02] * 9]
+    # a second process that does not confirm it: not confirmed (the rule holds in each process)
+    split = decide(contest, [_retimed(challenger=1.0, seed=1.05, default=1.03), _retimed(challenger=1.0, seed=1.05, default=1.0)])
+    assert split.winner is CHALLENGER and not split.vs_default.confirmed
+
+
+def test_the_default_that_is_the_best_seed_is_timed_once_and_the_default_winning_gives_no_verdict():
+    as_seed = _c("default", "s", 500.0, True, 1)
+    contest = Contest("s4096", PROBLEM, CHALLENGER, SEED, None, as_seed)
+    assert [c.role for c in contest.timed()] == ["challenger", "seed"]
+    d = decide(contest, _retimed(challenger=1.0, seed=1.05))
+    assert d.vs_default.ratio == pytest.approx(1.05) and d.to_dict()["ms_per_process"][0]["default"] == [1.05] * 9
+    lost = decide(contest, _retimed(challenger=1.0, seed=0.99))
+    assert lost.winner is SEED and lost.vs_default is None       # the default itself won: nothing to change
+    # a challenger that is the best seed, with the default another seed: re-timed for the default alone
+    seed_best = _c("challenger", "s", 510.0, True, 1)
+    alone = Contest("s4096", PROBLEM, seed_best, None, None, DEFAULT)
+    assert alone.needs_retiming()
+    assert decide(alone, _retimed(challenger=1.0, default=1.04)).vs_default.confirmed

@@ -23,7 +23,7 @@ def test_decode_options_are_checked_with_reasons():
     assert "--page-size must be one of 16, 32, 64, 128, 256" in problems(layout="paged", page_size=24)
     assert "--page-size applies to a paged cache" in problems(layout="dense", page_size=16)
     assert "--seqlens sets the prefill grid" in problems(layout="paged", page_size=16, seqlens=(512,))
-    assert "--phase must be prefill or decode" in " ".join(option_problems(CampaignOptions(gpu="h100", variant="gqa",
+    assert "--phase must be prefill, decode or all" in " ".join(option_problems(CampaignOptions(gpu="h100", variant="gqa",
                                                                                            phase="append")))
     assert problems(layout="paged", page_size=64) == "" and problems(layout="dense") == ""
 

@@ -36,6 +36,34 @@ def test_a_model_preset_asks_for_a_serving_layout_and_gets_its_mixes():
         expand_combinations(load_profile("a100"), "gqa", None, None, None, None, "varlen")
 
 
+def test_one_run_for_a_models_serving_resolves_a_study_per_layout_and_phase(tmp_path):
+    """`tune --gpu h100 --model llama3-8b --layout all --phase all`: dense, varlen, paged (pages of 16) and decode,
+    each its own study in one study dir, with its own search space and problems (the grid, the mixes, the decode
+    buckets); bad --page-size values are one line."""
+    from rich.console import Console
+    from typer.testing import CliRunner
+
+    from tuner.campaign.driver import resolve
+    from tuner.commands.cli import app
+
+    camps = resolve(CampaignOptions(gpu="h100", model="llama3-8b", layout="all", phase="all", study_dir=tmp_path),
+                    Console(quiet=True))
+    assert [c.name for c in camps] == ["h100-gqa-bf16-d128-causal-32q8kv", "h100-gqa-bf16-d128-causal-32q8kv-varlen",
+                                       "h100-gqa-bf16-d128-causal-32q8kv-paged16",
+                                       "h100-gqa-bf16-d128-causal-32q8kv-paged16-decode"]
+    assert [(c.spec.layout, c.spec.phase) for c in camps] == [("dense", "prefill"), ("varlen", "prefill"),
+                                                               ("paged", "prefill"), ("paged", "decode")]
+    assert camps[0].problems[0].seqlen_k == 512 and camps[1].problems[0].name and camps[3].problems
+    for args, words in ((["--page-size", "16,x"], "--page-size must be an integer or a comma list"),
+                        (["--page-size", "16,48"], "--page-size must be among"),
+                        (["--phase", "all", "--layout", "all,ragged"], "--layout must be dense, varlen, paged")):
+        result = CliRunner().invoke(app, ["--gpu", "h100", "--model", "llama3-8b", "--layout", "all",
+                                          "--study-dir", str(tmp_path / "cli"), *args])
+        assert result.exit_code == 2 and words in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "cli").exists()
+
+
 def test_the_feasible_space_of_a_paged_layout_keeps_only_what_builds_it():
     from search_spaces import load_space
     from search_spaces.feasible import feasible_space, layout_reasons

@@ -227,11 +227,70 @@ def _from_model(profile, name: str, dtype: str | None, causal: str | bool | None
     return out
 
 
+ALL = "all"
+PREFILL_LAYOUTS = ("dense", "varlen", "paged")
+DECODE_LAYOUTS = ("paged", "dense")
+DEFAULT_PAGE_SIZE = 16       # vLLM's; what `--layout all` tunes when no --page-size is given
+
+
+def several(value) -> bool:
+    """Whether a --layout / --phase / --page-size value names more than one: ``all``, a comma list, a tuple."""
+    if isinstance(value, (tuple, list)):
+        return True
+    return isinstance(value, str) and (value.strip().lower() == ALL or "," in value)
+
+
+def serving_targets(profile, layout, phase, page_size) -> tuple[list[tuple[str, str, int | None]], list[str]]:
+    """The (layout, phase, page size) a run over several tunes, and a note per one the GPU cannot take.
+
+    ``phase`` all: prefill and decode. ``layout`` all: for prefill dense, varlen and paged (the serving layouts on
+    Hopper GPUs only), for decode a paged cache; a comma list names them (decode takes paged and dense). Paged
+    kernels, prefill and decode, are tuned for each page size of ``page_size`` (an int or a tuple; default 16)."""
+    from tuner.serving.buckets.serving import PAGE_SIZES
+
+    phases = ("prefill", "decode") if str(phase).strip().lower() == ALL else tuple(_items("phase", str(phase)))
+    bad = [p for p in phases if p not in ("prefill", "decode")]
+    if bad:
+        raise ComboError(f"--phase must be prefill, decode, a comma list of them or all, got {bad[0]!r}")
+    named = None if str(layout).strip().lower() == ALL else tuple(_items("layout", str(layout)))
+    bad = [x for x in named or () if x not in PREFILL_LAYOUTS]
+    if bad:
+        raise ComboError(f"--layout must be {', '.join(PREFILL_LAYOUTS)}, a comma list of them or all, got {bad[0]!r}")
+    sizes = tuple(page_size) if isinstance(page_size, (tuple, list)) else (() if page_size is None else (page_size,))
+    bad = [x for x in sizes if isinstance(x, bool) or x not in PAGE_SIZES]
+    if bad:
+        raise ComboError(f"--page-size must be among {', '.join(map(str, PAGE_SIZES))}, got {bad[0]!r}")
+    hopper = "SM90_GMMA" in getattr(profile, "mma_atoms", ())
+    out, notes = [], []
+    for ph in phases:
+        if ph == "decode" and profile.sm < 80:
+            notes.append(f"decode left out: its kernels need an sm80+ GPU, {profile.name} is sm{profile.sm}")
+            continue
+        layouts = named or (PREFILL_LAYOUTS if ph == "prefill" else ("paged",))
+        for lay in layouts:
+            if ph == "decode" and lay not in DECODE_LAYOUTS:
+                notes.append(f"decode over a {lay} cache left out: decode reads a paged or a dense cache")
+                continue
+            if ph == "prefill" and lay != "dense" and not hopper:
+                notes.append(f"{lay} prefill left out: its kernels are the warp-specialised Hopper ones, "
+                             f"{profile.name} is not a Hopper GPU")
+                continue
+            if lay == "paged":
+                out += [(lay, ph, size) for size in sizes or (DEFAULT_PAGE_SIZE,)]
+            else:
+                out.append((lay, ph, None))
+    if sizes and not any(lay == "paged" for lay, _, _ in out):
+        raise ComboError("--page-size applies to a paged layout; the layouts asked for have none")
+    if not out:
+        raise ComboError(f"nothing to tune on {profile.name}: " + "; ".join(notes))
+    return out, notes
+
+
 def expand_combinations(profile, variant: str | None, head_dim: str | int | None, dtype: str | None,
                         causal: str | bool | None, model: str | None, layout: str = "dense",
-                        page_size: int | None = None, phase: str = "prefill", window=None,
-                        softcap: float | None = None, sinks: bool = False, layer: str | None = None
-                        ) -> list[Combination]:
+                        page_size: int | tuple | None = None, phase: str = "prefill", window=None,
+                        softcap: float | None = None, sinks: bool = False, layer: str | None = None,
+                        notes: list | None = None) -> list[Combination]:
     """Every combination the options name, variant-major, then head dim, dtype, causal (causal first); each of
     ``layout`` (a serving layout needs the warp-specialised Hopper kernels: an sm90 profile) and ``phase``
     (decode kernels need cp.async and mma.sync: sm80+).
@@ -241,7 +300,28 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
     (local, global), or the ``layer`` kind alone. Options are tuned for the dense prefill of Hopper GPUs (the
     warp-specialised kernels build them) so far: elsewhere a ComboError says so.
 
+    Several layouts or phases (``all`` or comma lists, several page sizes: serving_targets) give the combinations
+    of each, in order (dense prefill, varlen, paged, decode); the combinations with options only for dense prefill,
+    each left out named in ``notes``.
+
     ``profile`` is a hardware_profiles.Profile (its name and dtypes are used)."""
+    if several(layout) or several(phase) or several(page_size):
+        targets, left_out = serving_targets(profile, layout, phase, page_size)
+        dense = expand_combinations(profile, variant, head_dim, dtype, causal, model, "dense", None, "prefill",
+                                    window, softcap, sinks, layer)
+        plain = [c for c in dense if not c.has_options()]
+        out = []
+        for lay, ph, size in targets:
+            if (lay, ph) == ("dense", "prefill"):
+                out += dense
+                continue
+            if len(plain) < len(dense):
+                left_out.append(f"{lay} {ph}{f' (pages of {size})' if size else ''}: the {len(dense) - len(plain)} "
+                                "combination(s) with a window, softcap or sinks are tuned for dense prefill only so far")
+            out += [replace(c, layout=lay, page_size=size, phase=ph) for c in plain]   # (the checks: serving_targets)
+        if notes is not None:
+            notes.extend(left_out)
+        return out
     layer = layer.strip().lower() if isinstance(layer, str) else layer
     if layer is not None and model is None:
         raise ComboError("--layer picks a --model preset's kind of layer (local or global); give --model")

@@ -36,14 +36,19 @@ from .state import WORKER_GRACE_S, Campaign
 from .baselines import finish_baselines, start_baselines
 
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
+DEFAULT_SEED_SOURCE = "the per-spec default (translate.defaults)"
+MEASURED_SEED_PREFIX = "measured:"     # a search space's seed from a developer's A/B runs (search_spaces/*.toml)
 
 
 def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     """Check every option that can be checked without a cluster; ValueError-family on bad input."""
     profile = load_profile(options.gpu)
+    left_out: list[str] = []
     combos = expand_combinations(profile, options.variant, options.head_dim, options.dtype, options.causal,
                                  options.model, options.layout, options.page_size, options.phase, options.window,
-                                 options.softcap, options.sinks, options.layer)
+                                 options.softcap, options.sinks, options.layer, notes=left_out)
+    for note in left_out:
+        console.print(f"left out: {note}", markup=False)
     if options.sampler not in st.SAMPLERS:
         raise ValueError(f"unknown sampler {options.sampler!r}; choose one of: {', '.join(st.SAMPLERS)}")
     problems = option_problems(options)
@@ -308,8 +313,12 @@ def _enqueue_seeds(camp: Campaign) -> None:
                               f"the {camp.spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
                               "won one serving bucket's mix, lost the others (translate.defaults.SERVING_SEED_CHANGES)"))
     if not decode and camp.spec.layout == "dense":
+        published += per_spec_default_seed(camp.profile, camp.spec)
         published += bucket_default_seeds(camp.profile, camp.spec)
+    hand_measured = tables_hidden()
     for seed in camp.space.seeds_for(hd):
+        if hand_measured and seed.source.startswith(MEASURED_SEED_PREFIX):
+            continue          # a developer's A/B result: not seeded when the campaign is to find the defaults itself
         raw = dict(seed.params)
         schedule = raw.pop(SCHEDULE, "decode" if decode else "fa2")
         full = {**cls(**raw).to_dict(), SCHEDULE: schedule}
@@ -353,6 +362,26 @@ def _enqueue_seeds(camp: Campaign) -> None:
         camp.console.print(f"{camp.label}: {other_schedule} seed(s) of the sm80-class schedules left out: the "
                            f"{camp.spec.layout} layout is built by the warp-specialised ones", markup=False)
     camp.console.print(f"{camp.label}: enqueued {count} seed(s)", markup=False)
+
+
+def tables_hidden() -> bool:
+    """`--no-bucket-table`: the campaign starts from the per-spec default alone (tuner/defaults/table.py)."""
+    from tuner.defaults.table import tables_dir
+
+    return tables_dir() is None
+
+
+def per_spec_default_seed(profile, spec) -> list[tuple[dict, str, str]]:
+    """The per-spec default (translate.defaults) of a warp-specialised profile, as a seed: the kernel every bucket's
+    winner is also re-timed against (winners.py, role "default"), so that a confirmed change to it can become a
+    bucket default (`tune defaults`)."""
+    from translate.defaults import default_params
+    from tuner.defaults.table import applies_to
+
+    if profile.sm < 90 or not applies_to(spec, "ws_overlap"):
+        return []
+    params = default_params(profile, spec, "ws_overlap")
+    return [({**params.to_dict(), SCHEDULE: "ws_overlap"}, DEFAULT_SEED_SOURCE, "")]
 
 
 def bucket_default_seeds(profile, spec) -> list[tuple[dict, str, str]]:

@@ -181,7 +181,7 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path, decisio
     data = {
         "study": camp.name, "gpu": camp.profile.name, "device_name": camp.device_name or None,
         "backend": camp.backend.label, "gpus": n_gpus, "gpu_overlap": camp.options.gpu_overlap,
-        "combination": camp.label, "sketches": [s.name for s in camp.sketches],
+        "combination": camp.label, "spec": camp.spec.to_dict(), "sketches": [s.name for s in camp.sketches],
         "trials": {"done": tally.done, "infeasible": tally.infeasible, "failed": tally.failed,
                    "rejected_before_compile": tally.rejected, "cache_hits": tally.cached,
                    "finished_this_run": finished_now, "measured_this_run": tally.measured,

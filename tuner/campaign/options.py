@@ -71,10 +71,12 @@ class CampaignOptions:
     bench_rotate: int = 3
     live: bool = True                     # rich live view
     early_stop: bool = True               # probe the longest seqlen first; stop a candidate far behind (earlystop.py)
-    layout: str = "dense"                 # dense (b, s, h, d); varlen / paged: the serving mixes (tuner/measure/mixes.py)
-    page_size: Optional[int] = None       # the paged layout's KV-cache page (tuner.measure.mixes.PAGE_SIZES)
+    layout: str = "dense"                 # dense (b, s, h, d); varlen / paged: the serving mixes (tuner/measure/mixes.py);
+                                          # "all" or a comma list: several (combos.serving_targets)
+    page_size: Union[int, tuple, None] = None   # the paged layout's KV-cache page (tuner.measure.mixes.PAGE_SIZES), or several
     phase: str = "prefill"                # or decode: split-KV decode kernels on the decode buckets
-                                          # (tuner/serving/buckets/decode.py) over a paged (default) or dense cache
+                                          # (tuner/serving/buckets/decode.py) over a paged (default) or dense cache;
+                                          # "all": both
     # Attention options built into the kernels (combos.py): --window L,R, --softcap X, --sinks; --layer picks a
     # model preset's kind of layer (local or global) whose options it tunes (default: every kind it has)
     window: Optional[tuple] = None
@@ -129,16 +131,22 @@ def option_problems(o: CampaignOptions) -> list[str]:
     from tl.layout import LAYOUTS
     from tuner.serving.buckets.serving import PAGE_SIZES
 
-    need(o.layout in LAYOUTS, "--layout", f"one of {', '.join(LAYOUTS)}", o.layout)
-    need(o.phase in ("prefill", "decode"), "--phase", "prefill or decode", o.phase)
-    if o.phase == "decode":
+    from .combos import several
+
+    if several(o.layout) or several(o.phase) or several(o.page_size):
+        pass            # several layouts or phases: combos.serving_targets checks each
+    elif o.layout not in LAYOUTS:
+        need(False, "--layout", f"one of {', '.join(LAYOUTS)}, a comma list of them or all", o.layout)
+    elif o.phase not in ("prefill", "decode"):
+        need(False, "--phase", "prefill, decode or all", o.phase)
+    elif o.phase == "decode":
         problems.extend(decode_option_problems(o))
     elif o.layout == "paged":
         need(o.page_size in PAGE_SIZES and _count(o.page_size, 1), "--page-size",
              f"one of {', '.join(map(str, PAGE_SIZES))} with --layout paged", o.page_size)
     elif o.page_size is not None:
         problems.append(f"--page-size applies to --layout paged only, got --layout {o.layout}")
-    if o.phase == "prefill" and o.layout != "dense" and o.seqlens is not None:
+    if o.phase == "prefill" and o.layout in LAYOUTS and o.layout != "dense" and o.seqlens is not None:
         problems.append(f"--seqlens applies to the dense layout; --layout {o.layout} measures the serving mixes "
                         "of tuner/measure/mixes.toml")
     need(_seconds(o.compile_timeout), "compile_timeout", "a positive number of seconds", o.compile_timeout)

@@ -12,7 +12,12 @@ After the search, per shape bucket (docs/design.md: "a win is a re-timed win"):
 The run's winner of a bucket is the challenger when it is clearly faster than the best seed, else the best
 seed: only then do the report and the summary say that the search beat the seeds. The run's winner replaces
 the stored kernel only when it is clearly faster than it too (``KernelStore.replace``); otherwise the store
-keeps its kernel. Without a re-timing (it failed, or was not run) nothing is claimed: the best seed is the
+keeps its kernel.
+
+Where a GPU's bucket defaults apply (dense prefill, warp-specialised: tuner/defaults/table.py), the **per-spec
+default** (translate.defaults, enqueued as a seed) is timed in the same rounds, and the run's winner is judged
+against it too (``vs_default``): a winner confirmed against it is what `tune defaults` turns into the GPU's
+table. It decides nothing here. Without a re-timing (it failed, or was not run) nothing is claimed: the best seed is the
 run's winner and a stored kernel stays. Nothing is re-timed when the challenger is the best seed itself and
 nothing (or the same kernel) is stored.
 """
@@ -31,7 +36,7 @@ from . import study as st
 from .confirm import DEFAULT_RULE, ConfirmRule, Verdict, verdict_across
 from .problems import bucket_of, problem_key, problem_order, record_key
 
-ROLES = ("challenger", "seed", "stored")
+ROLES = ("challenger", "seed", "stored", "default")
 
 
 @dataclass(frozen=True)
@@ -69,9 +74,10 @@ class Contest:
     challenger: Contender
     seed: Contender | None         # None: the challenger is the best seed, or no seed passed verification
     stored: Contender | None       # None: nothing stored for the bucket
+    default: Contender | None = None   # the per-spec default's trial (None: no bucket defaults here, or it failed)
 
     def contenders(self) -> list[Contender]:
-        return [c for c in (self.challenger, self.seed, self.stored) if c is not None]
+        return [c for c in (self.challenger, self.seed, self.stored, self.default) if c is not None]
 
     def timed(self) -> list[Contender]:
         """The distinct kernels to time (the stored kernel may be this run's challenger or seed)."""
@@ -95,6 +101,8 @@ class Decision:
     store: bool                    # write the winner: nothing is stored, or it beat the stored kernel
     note: str                      # the decision in words
     retimed: dict | None = None    # the re-timing's result (retime.py), None without one
+    vs_default: Verdict | None = None   # the run's winner against the per-spec default (re-timed; module doc)
+    runs: tuple = ()               # every fresh process's re-timing ({role: [ms per round]}), for the records
 
     @property
     def search_beat_seeds(self) -> bool:
@@ -117,8 +125,15 @@ class Decision:
                 "winner": self.winner.role, "winner_trial": self.winner.trial,
                 "vs_seed": self.vs_seed.to_dict() if self.vs_seed else None,
                 "vs_stored": self.vs_stored.to_dict() if self.vs_stored else None,
+                "vs_default": self.vs_default.to_dict() if self.vs_default else None,
                 "search_beat_seeds": self.search_beat_seeds, "store": self.store, "note": self.note,
-                "retimed": retimed}
+                "retimed": retimed, "ms_per_process": [self.times_of(run) for run in self.runs] or None}
+
+    def times_of(self, run: dict) -> dict:
+        """One process's per-round times by role (a role that is another's kernel gets its times)."""
+        twins = {cont.role: next(x for x in self.contest.timed() if x.sha256 == cont.sha256).role
+                 for cont in self.contest.contenders()}
+        return {role: (run.get("ms") or {}).get(twin) for role, twin in twins.items()}
 
 
 # ---- the contests ----------------------------------------------------------------------------------------
@@ -179,10 +194,37 @@ def stored_records(camp) -> dict:
         return {}
 
 
+def default_identity(profile, spec) -> str | None:
+    """The per-spec default's identity (schedule and KernelParams key) where bucket defaults apply, else None."""
+    from tuner.defaults.table import applies_to
+
+    if profile.sm < 90 or not applies_to(spec, "ws_overlap"):
+        return None
+    from translate.defaults import default_params
+
+    return "ws_overlap:" + default_params(profile, spec, "ws_overlap").key()
+
+
+def trial_identity(t) -> str | None:
+    """A trial's schedule and KernelParams key (None: not a prefill kernel's parameters)."""
+    from search_spaces import SCHEDULE
+    from translate.params import KernelParams
+
+    params = dict(t.user_attrs.get("kernel_params") or t.params)
+    schedule = t.user_attrs.get("schedule") or params.get(SCHEDULE, "")
+    try:
+        return f"{schedule}:" + KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).key()
+    except (TypeError, ValueError):
+        return None
+
+
 def contests(camp, best: dict) -> list[Contest]:
     """One contest per bucket with a verified kernel (see the module doc)."""
-    seeds = [t for t in verified(camp.study) if st.is_seed(t)]
+    verified_trials = verified(camp.study)
+    seeds = [t for t in verified_trials if st.is_seed(t)]
     stored = stored_records(camp)
+    identity = default_identity(camp.profile, camp.spec)
+    defaults = [t for t in verified_trials if identity is not None and trial_identity(t) == identity]
     out = []
     for bucket, (t, problem, _) in sorted(best.items(), key=lambda kv: problem_order(kv[1][1])):
         key = problem_key(problem)
@@ -192,8 +234,12 @@ def contests(camp, best: dict) -> list[Contest]:
             at = [s for s in seeds if (s.user_attrs.get("tflops") or {}).get(key) is not None]
             if at:
                 seed = _from_trial(camp, max(at, key=lambda s: float(s.user_attrs["tflops"][key])), "seed")
+        default = None
+        at = [d for d in defaults if (d.user_attrs.get("tflops") or {}).get(key) is not None]
+        if at:
+            default = _from_trial(camp, at[0], "default")
         record = stored.get(bucket)
-        out.append(Contest(bucket, problem, challenger, seed, _from_record(record) if record else None))
+        out.append(Contest(bucket, problem, challenger, seed, _from_record(record) if record else None, default))
     return out
 
 
@@ -247,20 +293,28 @@ def decide(contest: Contest, retimed: dict | list[dict] | None, error: str | Non
                          "the seed stands")
         else:
             notes.append(f"the best seed could not be timed again ({failed.get('seed', 'no times')})")
+    d = contest.default
+    vs_default = None
+    if d is not None and d.sha256 != winner.sha256 and timed(winner.role) and timed("default"):
+        vs_default = against(winner.role, "default")
+        notes.append(f"{winner.role} {vs_default.text()} the per-spec default{where}")
+
+    def decided(store: bool, vs_stored: Verdict | None = None, last: str | None = None) -> Decision:
+        return Decision(contest, winner, vs_seed, vs_stored, store, "; ".join(notes + ([last] if last else [])),
+                        record, vs_default, tuple(runs))
+
     if k is None:
-        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes + ["the store held nothing for the bucket: stored"]), record)
+        return decided(True, last="the store held nothing for the bucket: stored")
     if k.sha256 == winner.sha256:
-        return Decision(contest, winner, vs_seed, None, False, "; ".join(notes + ["already stored"]), record)
+        return decided(False, last="already stored")
     if not timed("stored"):
-        notes.append(f"the stored kernel could not be timed here ({failed.get('stored', 'no times')}): replaced")
-        return Decision(contest, winner, vs_seed, None, True, "; ".join(notes), record)
+        return decided(True, last=f"the stored kernel could not be timed here ({failed.get('stored', 'no times')}): "
+                                  "replaced")
     if not timed(winner.role):
-        return Decision(contest, winner, vs_seed, None, False, "; ".join(notes + ["the stored kernel stays"]),
-                        record)
+        return decided(False, last="the stored kernel stays")
     vs_stored = against(winner.role, "stored")
-    notes.append(f"{winner.role} {vs_stored.text()} the stored kernel{where}: "
-                 + ("replaces it" if vs_stored.confirmed else "not clearly faster, the stored kernel stays"))
-    return Decision(contest, winner, vs_seed, vs_stored, vs_stored.confirmed, "; ".join(notes), record)
+    return decided(vs_stored.confirmed, vs_stored, f"{winner.role} {vs_stored.text()} the stored kernel{where}: "
+                   + ("replaces it" if vs_stored.confirmed else "not clearly faster, the stored kernel stays"))
 
 
 # ---- the re-timing jobs -----------------------------------------------------------------------------------

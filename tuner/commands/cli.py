@@ -124,6 +124,17 @@ def _model_options(command: str, window, softcap, sinks, phase: str, layout: str
     return options
 
 
+NO_TABLE_HELP = ("Use no bucket-defaults table (hardware_profiles/bucket_defaults/): every key-length bucket takes the "
+                 "per-spec default, as on a GPU nobody has tuned.")
+
+
+def _no_bucket_table(hide: bool) -> None:
+    if hide:
+        from tuner.defaults.table import hide_tables
+
+        hide_tables()
+
+
 def _fail_usage(message: str, command: str = "tune") -> "typer.Exit":
     typer.echo(f"{command}: error: {message}", err=True)
     return typer.Exit(2)
@@ -195,19 +206,28 @@ def campaign(
                                                                 "cache): a serving layout is measured on the mixes of "
                                                                 "tuner/measure/mixes.toml and stored per serving bucket "
                                                                 "(Hopper only). --phase decode: paged (default, pages "
-                                                                "of 16) or dense."),
-    page_size: Optional[int] = typer.Option(None, "--page-size", help="KV-cache page size of --layout paged: "
-                                                                       "16, 32, 64, 128 or 256."),
-    phase: str = typer.Option("prefill", "--phase", help=PHASE_HELP),
+                                                                "of 16) or dense. A comma list, or all: every layout "
+                                                                "the GPU takes, one study each, one report and store "
+                                                                "(with --phase all: decode over a paged cache too)."),
+    page_size: Optional[str] = typer.Option(None, "--page-size", help="KV-cache page size of --layout paged: "
+                                                                       "16, 32, 64, 128 or 256, or a comma list "
+                                                                       "(with several layouts: default 16)."),
+    phase: str = typer.Option("prefill", "--phase", help=PHASE_HELP + " all: prefill and decode. The combinations "
+                              "share the run's --timeout by candidates: the next goes to the one with the fewest "
+                              "finished, each up to --trials."),
     window: Optional[str] = typer.Option(None, "--window", help=WINDOW_HELP),
     softcap: Optional[float] = typer.Option(None, "--softcap", help=SOFTCAP_HELP),
     sinks: bool = typer.Option(False, "--sinks", help=SINKS_HELP),
     layer: Optional[str] = typer.Option(None, "--layer", help="With --model: tune only this kind of the model's "
                                         "layers, local (its sliding window) or global (default: every kind it has, "
                                         "each its own study with the preset's options)."),
+    no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP + " The campaign seeds the "
+                                         "per-spec default alone and no developer-measured choice (to find the "
+                                         "defaults itself: `tune defaults`)."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
+    _no_bucket_table(no_bucket_table)
     if gpu is None or (variant is None and model is None):
         if gpu is None and variant is None and model is None:   # nothing asked: the help, then why
             typer.echo(ctx.get_help())
@@ -229,11 +249,24 @@ def campaign(
         llm_api_key=llm_api_key, llm_sketches=llm_sketches, dry_run=dry_run, resume=resume, remeasure=remeasure,
         sampler=sampler, backend=backend, seed=seed, trial_timeout=trial_timeout, gpu_overlap=gpu_overlap,
         compile_batch=compile_batch, seqlens=_parse_seqlens(seqlens), early_stop=early_stop,
-        layout=_campaign_layout(layout, phase), page_size=_campaign_page_size(layout, page_size, phase),
+        layout=_campaign_layout(layout, phase), page_size=_campaign_page_size(layout, _parse_page_sizes(page_size), phase),
         phase=phase.strip().lower(), window=attention.window if window is not None else None,
         softcap=attention.softcap if softcap is not None else None, sinks=attention.sinks, layer=layer,
     )
     raise typer.Exit(run_campaign(options))
+
+
+def _parse_page_sizes(text: Optional[str]):
+    """--page-size: one size (an int) or a comma list (a tuple)."""
+    if text is None:
+        return None
+    try:
+        sizes = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
+    except ValueError:
+        raise _fail_usage(f"--page-size must be an integer or a comma list of them, got {text!r}") from None
+    if not sizes:
+        raise _fail_usage(f"--page-size must be an integer or a comma list of them, got {text!r}")
+    return sizes[0] if len(sizes) == 1 and "," not in text else sizes
 
 
 def _campaign_layout(layout: Optional[str], phase: str) -> str:
@@ -244,7 +277,8 @@ def _campaign_layout(layout: Optional[str], phase: str) -> str:
 
 
 def _campaign_page_size(layout: Optional[str], page_size: Optional[int], phase: str) -> Optional[int]:
-    """--page-size as given; unset with a decode campaign's default paged cache: pages of 16 (vLLM's)."""
+    """--page-size as given; unset with a decode campaign's default paged cache: pages of 16 (vLLM's). (Several
+    layouts or phases: combos.serving_targets gives paged kernels pages of 16 by default.)"""
     if page_size is None and layout is None and phase.strip().lower() == "decode":
         return 16
     return page_size
@@ -298,10 +332,12 @@ def build(
     window: Optional[str] = typer.Option(None, "--window", help=WINDOW_HELP),
     softcap: Optional[float] = typer.Option(None, "--softcap", help=SOFTCAP_HELP),
     sinks: bool = typer.Option(False, "--sinks", help=SINKS_HELP),
+    no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.commands.build import run_build
 
+    _no_bucket_table(no_bucket_table)
     phase = phase.strip().lower()
     if phase not in ("prefill", "decode"):
         typer.echo(f"tune build: error: --phase must be prefill or decode, got {phase!r}", err=True)
@@ -351,10 +387,12 @@ def bench(
                                         "bench, local (its sliding window) or global; the preset's options "
                                         "(window, softcap, sinks) unless --window/--softcap/--sinks are given. "
                                         "Default: the first kind of its layer pattern."),
+    no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP),
 ) -> None:
     """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
     FlashAttention-4 (flash_attn.cute) where installed; with --layout varlen|paged on the serving mixes against
     FA4's flash_attn_varlen_func, FlashInfer (if installed) and SDPA on the padded batch."""
+    _no_bucket_table(no_bucket_table)
     layout_given, layout = layout, (layout or "dense").strip().lower()
     phase = phase.strip().lower()
     options = _model_options("tune bench", window, softcap, sinks, phase, layout)
@@ -393,16 +431,36 @@ def export_cmd(
     variant: Optional[str] = typer.Option(None, "--variant"),
     study_dir: Path = typer.Option(Path("studies"), "--study-dir"),
     out: Path = typer.Option(..., "-o", "--out"),
+    no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP + " (The default kernels "
+                                         "exported where nothing is stored.)"),
 ) -> None:
     """Export the stored best kernels of a GPU for production (JSON configs, sources, cubins)."""
     from tuner.store.export import run_export
 
+    _no_bucket_table(no_bucket_table)
     if not study_dir.is_dir():
         what = "is not a directory" if study_dir.exists() else "does not exist"
         raise _fail_usage(f"--study-dir {study_dir} {what}: a campaign stores its best kernels there "
                           f"(tune --gpu {gpu} --variant {variant or 'mha'} --study-dir {study_dir})", "tune export")
 
     raise typer.Exit(run_export(gpu=gpu, variant=variant, study_dir=study_dir, out_dir=out))
+
+
+@app.command("defaults", cls=TuneCommand)
+def defaults_cmd(
+    gpu: str = typer.Option(..., "--gpu"),
+    study_dir: Path = typer.Option(Path("studies"), "--study-dir", help="A campaign study dir (its */summary.json), "
+                                   "or a table's records folder (records/<gpu>/)."),
+    out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write the table here ('-': print it). Default: "
+                                       "<gpu>.toml where tables are read (hardware_profiles/bucket_defaults/ or "
+                                       "$TUNER_BUCKET_TABLES), so tune build/bench/export use it."),
+    force: bool = typer.Option(False, "--force", help="Replace the GPU's table where tables are read."),
+) -> None:
+    """Derive a GPU's bucket-defaults table from its campaigns: each bucket winner confirmed faster than the
+    per-spec default in fresh processes becomes a change for that bucket."""
+    from tuner.commands.defaults import run_defaults
+
+    raise typer.Exit(run_defaults(gpu, study_dir, out, force))
 
 
 def command_names() -> tuple[str, ...]:

@@ -14,6 +14,7 @@ read, never a wrong kernel.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -29,6 +30,24 @@ except ModuleNotFoundError:  # Python 3.10
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles" / "bucket_defaults"
 ENTRY_KEYS = {"variants", "head_dim", "causal", "buckets", "change", "measured"}
+# Where the tables are read from: a folder of <gpu>.toml, or NO_TABLES to use none (`--no-bucket-table`: every bucket
+# takes the per-spec default, as on a GPU nobody has tuned). An environment variable, so that the processes a command
+# starts (a campaign's Ray workers, trial processes) read the same tables as the command.
+TABLES_ENV = "TUNER_BUCKET_TABLES"
+NO_TABLES = "none"
+
+
+def tables_dir() -> Path | None:
+    """The folder the tables are read from (None: tables are hidden)."""
+    value = os.environ.get(TABLES_ENV, "").strip()
+    if value.lower() == NO_TABLES:
+        return None
+    return Path(value) if value else TABLE_DIR
+
+
+def hide_tables() -> None:
+    """No table from now on, in this process and those it starts (`--no-bucket-table`)."""
+    os.environ[TABLES_ENV] = NO_TABLES
 
 
 class BucketTableError(ValueError):
@@ -130,12 +149,21 @@ def parse_table(data: dict, source: str) -> tuple[BucketChange, ...]:
     return tuple(out)
 
 
-@lru_cache(maxsize=None)
-def load_table(gpu: str, directory: Path = TABLE_DIR) -> tuple[BucketChange, ...]:
-    """The GPU's table (empty when it has none)."""
-    path = Path(directory) / f"{gpu}.toml"
-    if not path.is_file():
+def load_table(gpu: str, directory: Path | None = None) -> tuple[BucketChange, ...]:
+    """The GPU's table (empty when it has none, or tables are hidden); ``directory`` default: ``tables_dir()``."""
+    directory = directory if directory is not None else tables_dir()
+    if directory is None:
         return ()
+    path = Path(directory) / f"{gpu}.toml"
+    try:
+        stamp = path.stat().st_mtime_ns      # a table rewritten (`tune defaults`) is read again
+    except OSError:
+        return ()
+    return _load_table(path, stamp)
+
+
+@lru_cache(maxsize=None)
+def _load_table(path: Path, stamp: int) -> tuple[BucketChange, ...]:
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
@@ -162,19 +190,29 @@ def bucket_change(profile, spec, bucket: str, schedule: str = "ws_overlap") -> B
 def bucket_params(profile, spec, bucket: str, schedule: str = "ws_overlap"):
     """The default KernelParams of ``spec`` in ``bucket``: the per-spec default with the table's change for the
     bucket, if any. A change the profile's validation refuses is a BucketTableError with the reasons."""
-    from translate.defaults import default_params, probe_problem
-    from translate.params import KernelParams, validate
+    from translate.defaults import default_params
 
     base = default_params(profile, spec, schedule)
     entry = bucket_change(profile, spec, bucket, schedule)
     if entry is None:
         return base
-    params = KernelParams.from_dict({**base.to_dict(), **entry.as_dict()})
-    reasons = validate(params, profile, probe_problem(spec), warp_specialized=True)
+    params, reasons = changed_params(profile, spec, entry.as_dict(), schedule)
     if reasons:
         raise BucketTableError(f"{profile.name} bucket default for {spec.label()} {bucket} ({entry.as_dict()}) is "
                                "not legal: " + "; ".join(reasons))
     return params
+
+
+def changed_params(profile, spec, change: dict, schedule: str = "ws_overlap"):
+    """(KernelParams, reasons): the per-spec default with ``change``, and why the profile refuses it (empty: legal)."""
+    from translate.defaults import default_params, probe_problem
+    from translate.params import KernelParams, validate
+
+    try:
+        params = KernelParams.from_dict({**default_params(profile, spec, schedule).to_dict(), **change})
+    except (TypeError, ValueError) as exc:
+        return None, [str(exc)]
+    return params, validate(params, profile, probe_problem(spec), warp_specialized=True)
 
 
 def params_for_seqlen(profile, spec, seqlen_k: int, schedule: str = "ws_overlap"):
