@@ -24,7 +24,7 @@ DTYPES = ("fp16", "bf16")
 # Head layouts of the variants at hidden 2048 (the paper grid) and DeepSeek-V3's MLA prefill.
 GQA_GROUP = 8          # 64 query heads share 8 KV heads in the anchors: group 8
 MLA_D_QK, MLA_D_V = 192, 128
-HEAD_DIMS = (64, 128)   # the head dims (d_qk == d_v) of the other variants' kernels
+HEAD_DIMS = (64, 128, 192, 256)   # the head dims (d_qk == d_v) of the other variants' kernels
 NO_WINDOW = (-1, -1)    # FlashAttention's window_size for none
 
 
@@ -270,5 +270,5 @@ def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> Ke
         return KernelSpec(variant, MLA_D_QK, MLA_D_V, causal, dtype)
     hd = 128 if head_dim is None else head_dim
     if hd not in HEAD_DIMS:
-        raise ValueError(f"head dim {hd} is not supported; choose {' or '.join(map(str, HEAD_DIMS))}")
+        raise ValueError(f"head dim {hd} is not supported; choose {', '.join(map(str, HEAD_DIMS))}")
     return KernelSpec(variant, hd, hd, causal, dtype)

@@ -34,7 +34,7 @@ def test_problem_rejects_inconsistent_heads():
 
 def test_spec_for_mla_and_bad_head_dim():
     assert spec_for("mla", None, "bf16", True).d_v == 128
-    with pytest.raises(ValueError, match="choose 64 or 128"):
+    with pytest.raises(ValueError, match="choose 64, 128, 192, 256"):
         spec_for("mha", 96, "bf16", True)
 
 

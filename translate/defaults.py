@@ -4,8 +4,8 @@ Seeds are tried in order of preference; the first that ``validate`` accepts for 
 profile with less shared memory (sm75: 64 KB, L40S: 99 KB) falls through to smaller tiles.
 
 On Hopper (sm90) the default schedule is the warp-specialised one (``ws_overlap`` sketches) with
-FA4's tiles per head dim (``_tile_size_fwd_sm90``: d64 192x128, d128 128x128, d192/128 128x128; RS P,
-two stages); persistent, because the H100 runs of 2026-11-22 (BENCHMARKS.md) measured it ahead of one
+FA4's tiles per head dim (``_tile_size_fwd_sm90``: d64 192x128, d128 128x128, d192/128 128x128, d192 128x112,
+d256 128x80; RS P, two stages); persistent, because the H100 runs of 2026-11-22 (BENCHMARKS.md) measured it ahead of one
 CTA per tile at 1k-4k for both causal (with its dynamic tile counter) and non-causal shapes.
 """
 from __future__ import annotations
@@ -107,9 +107,16 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     elif d <= 128:
         seeds = [dict(block_m=128, block_n=128), dict(block_m=128, block_n=176 if not spec.causal else 128),
                  dict(block_m=128, block_n=64)]
-    else:
+    elif d <= 192:   # MLA 192/128: FA4's 128x128; 192/192 falls to FA3's 128x112 (its O takes the registers)
         seeds = [dict(block_m=128, block_n=128), dict(block_m=128, block_n=112), dict(block_m=128, block_n=96),
                  dict(block_m=64, block_n=64)]
+    elif spec.layout == "dense" and not getattr(spec, "local", False):
+        # hd256: FA3's and FA4's 128x80 (O 64x256 is 128 of a consumer thread's registers)
+        seeds = [dict(block_m=128, block_n=80), dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
+    else:
+        # hd256 varlen/paged (their producers take registers from the consumers) and with a window (its bounds): ptxas
+        # spilled at 128x80 (nvcc 13.0, gqa causal: varlen 20 bytes, window + softcap 4) and not at 128x64
+        seeds = [dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
     if spec.layout != "dense":
         regs = SERVING_PRODUCER_REGS[spec.layout]
         seeds = [dict(seed, producer_regs=max(seed.get("producer_regs", 24), regs)) for seed in seeds]

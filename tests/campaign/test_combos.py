@@ -62,10 +62,18 @@ def test_mla_alone_rejects_other_head_dims_like_spec_for():
     assert expand(variant="mla", head_dim="192") == [Combination("mla", None, "bf16", True)]
 
 
+def test_head_dims_192_and_256_are_combinations_of_their_own_beside_mla():
+    combos = expand(variant="mha,mla", head_dim="192,256")
+    assert [(c.variant, c.spec().d_qk, c.spec().d_v) for c in combos] == [("mha", 192, 192), ("mha", 256, 256),
+                                                                             ("mla", 192, 128)]
+    problem = combos[1].problems()[0]
+    assert (problem.d_qk, problem.heads_q) == (256, 8)          # the paper grid: hidden 2048
+
+
 @pytest.mark.parametrize("variant, head_dim, message", [
     ("mha,flash", None, r"unknown variant 'flash'; choose from: mha, gqa, mqa, mla"),
-    ("mha", "96", "head dim 96 is not supported; choose 64 or 128"),
-    ("mha,mla", "192", "head dim 192 is not supported"),
+    ("mha", "96", "head dim 96 is not supported; choose 64, 128, 192, 256"),
+    ("mha,mla", "320", "head dim 320 is not supported"),
     ("mha", "sixty-four", "--head-dim must be a comma list"),
     (" , ", None, "--variant is empty"),
     (None, None, "give --variant"),

@@ -45,7 +45,7 @@ def test_flags_apply_to_every_combination_and_win_over_a_presets_options():
     (dict(variant="gqa", softcap=30.0, phase="decode"), "tuned for dense prefill so far"),
     (dict(variant="mha", layer="local"), "give --model"),
     (dict(model="mistral-7b-v0.1", layer="global"), "has local layers; --layer global is not one of them"),
-    (dict(model="gemma2-9b"), "head dim 256, which the kernels do not take yet"),
+    (dict(model="phi3-mini"), "head dim 96, which the kernels do not take yet"),
 ])
 def test_what_cannot_be_tuned_is_refused_saying_why(kwargs, words):
     profile = load_profile(kwargs.pop("gpu", "h100"))

@@ -94,6 +94,17 @@ def test_warp_specialised_hopper_kernel_uses_wgmma_tma_and_register_reallocation
     assert counts["LDGSTS"] == 0 and counts["LDSM"] == 0, counts
 
 
+def test_head_dim_256_builds_the_warp_specialised_default_without_spills():
+    """Gemma's head dim: FA3/FA4's 128x80 tile, O (64x256) in 128 of a consumer thread's registers, S and P beside it:
+    no spill, no serialised wgmma, and 16 k-blocks of the QK^T GEMM (d 256) plus 5 of P.V (block N 80) per tile."""
+    gen, result = _build_hopper(KernelSpec("gqa", 256, 256, True, "bf16"), "ws_overlap")
+    assert "n80" in gen.name
+    counts = _sass(result, gen.name)
+    if counts is None:
+        pytest.skip("cuobjdump not installed")
+    assert counts["HGMMA"] > 0 and counts["UTMALDG"] > 0 and counts["USETMAXREG"] > 0, counts
+
+
 def test_a_packed_heads_kernel_keeps_the_gemms_and_tma_of_its_unpacked_twin():
     """pack_gqa changes only coordinates, the tile count and the mask's row -> token: the same 32 wgmma, TMA loads
     and stores, no spill and no serialised wgmma (_build_hopper checks the last two)."""

@@ -115,7 +115,8 @@ def decode_smem_bytes(params: DecodeParams, spec: KernelSpec, split_dv: bool | N
 
 
 def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile: Profile | None = None) -> DecodeParams:
-    """The decode candidate to start from. GQA/MQA/MHA: DecodeParams(). MLA (split-d_v, one latent KV head, all
+    """The decode candidate to start from. GQA/MQA/MHA: DecodeParams(), with fewer stages or keys where the profile's
+    shared memory needs (below). MLA (split-d_v, one latent KV head, all
     heads packed into the rows): 128 heads (DeepSeek-V3) take 64-row tiles, 4 warps along the rows x 2 over
     d_v (O slice 16 x 256 per warp: 128 registers), 64 keys x 2 stages (Q 72 KB + K 144 KB + P 8 KB = 225 KB,
     one CTA per SM: the kernel is bound by its tensor cores there, 241 FLOP per cache byte); 16 heads (a
@@ -123,7 +124,14 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages; on Hopper the 64-row tile's GEMMs are
     warpgroup MMAs with the two warpgroups out of step (mma sm90_seesaw) and whole key tiles come by TMA."""
     if spec.variant != "mla":
-        return DecodeParams()
+        p = DecodeParams()
+        # where three stages of 64 keys do not fit (head dim 256: 200 KB, over the A100's 163; the L40S's 99 KB at
+        # head dim 128): fewer stages, then fewer keys over two warp groups
+        for fewer in (dict(kv_stages=2), dict(kv_stages=2, block_n=32, warps_n=2)):
+            if profile is None or decode_smem_bytes(p, spec) <= profile.smem_per_block_bytes:
+                break
+            p = DecodeParams(**{**DecodeParams().to_dict(), **fewer})
+        return p
     if heads_q is not None and heads_q <= 16:
         p = DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=2)
     else:

@@ -152,14 +152,14 @@ def _head_dims(value: str | int | None, variants: list[str]) -> list[int | None]
     if value is None:
         return [128]
     if isinstance(value, bool):  # bool is an int in Python
-        raise ComboError(f"--head-dim must be 64 or 128, got {value!r}")
+        raise ComboError(f"--head-dim must be one of {', '.join(map(str, HEAD_DIMS))}, got {value!r}")
     if isinstance(value, int):
         dims = [value]
     else:
         try:
             dims = list(dict.fromkeys(int(x) for x in _items("head-dim", value)))  # "128,0128" is one
         except ValueError:
-            raise ComboError(f"--head-dim must be a comma list of 64 and/or 128, got {value!r}") from None
+            raise ComboError(f"--head-dim must be a comma list of {', '.join(map(str, HEAD_DIMS))}, got {value!r}") from None
     if variants == ["mla"]:
         # As spec_for: an explicit head dim on an mla-only run must be its own (192).
         bad = [d for d in dims if d != MLA_D_QK]
@@ -168,7 +168,7 @@ def _head_dims(value: str | int | None, variants: list[str]) -> list[int | None]
         return [None]
     bad = [d for d in dims if d not in HEAD_DIMS]
     if bad:
-        raise ComboError(f"head dim {bad[0]} is not supported; choose 64 or 128 "
+        raise ComboError(f"head dim {bad[0]} is not supported; choose {', '.join(map(str, HEAD_DIMS))} "
                          f"(mla is always {MLA_D_QK}/{MLA_D_V} and needs no --head-dim)")
     return dims
 

@@ -165,7 +165,7 @@ def campaign(
                                               f"compiling do not). Default: {DEFAULT_TRIALS}; with --dry-run "
                                               f"{DRY_RUN_TRIALS}."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock budget in seconds (the whole run)."),
-    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="64 or 128, or a comma list (mla is 192/128)."),
+    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="64, 128, 192 or 256, or a comma list (mla is 192/128)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16 or bf16, or a comma list (default: bf16 where "
                                                               "supported)."),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask (bottom-right aligned); "

@@ -1,0 +1,56 @@
+"""Head dims 192 and 256 (d_qk = d_v: Gemma 2/3 take 256): specs, defaults per GPU and layout, search spaces and
+decode defaults that the profiles accept (CPU; the builds are in test_codegen_compile.py)."""
+from dataclasses import replace
+
+import pytest
+
+from hardware_profiles import load_profile
+from kernel_abi.spec import HEAD_DIMS, KernelSpec, grid_problems, spec_for
+from search_spaces import load_space
+from search_spaces.feasible import default_sketches, feasible_space
+from translate.decode.params import default_decode_params, validate_decode
+from translate.defaults import default_params, probe_problem
+from translate.params import validate
+
+
+def test_the_head_dims_and_their_hopper_defaults_are_fa3_fa4s_tiles():
+    assert HEAD_DIMS == (64, 128, 192, 256)
+    assert spec_for("gqa", 256, "bf16", True) == KernelSpec("gqa", 256, 256, True, "bf16")
+    h100 = load_profile("h100")
+    key = lambda spec, **kw: default_params(h100, spec, "ws_overlap", **kw).key()   # noqa: E731
+    assert key(KernelSpec("mha", 192, 192, False, "bf16")).startswith("m128n112w8s2_sm90_tma")
+    assert key(KernelSpec("mha", 256, 256, False, "bf16")).startswith("m128n80w8s2_sm90_tma")
+    assert key(KernelSpec("mla", 192, 128, True, "bf16")).startswith("m128n128w8s2_sm90_tma")     # MLA unchanged
+    # the serving layouts and a window take 64-key tiles at 256 (ptxas spilled at 80)
+    assert key(KernelSpec("gqa", 256, 256, True, "bf16", "varlen")).startswith("m128n64w8s2_sm90_tma_")
+    assert key(KernelSpec("gqa", 256, 256, True, "bf16", "paged"), page_size=16).startswith("m128n64w8s2_sm90_cpag")
+    assert key(KernelSpec("gqa", 256, 256, True, "bf16", local=True)).startswith("m128n64w8s2")
+
+
+@pytest.mark.parametrize("gpu, dtype", [("h100", "bf16"), ("a100", "bf16"), ("l40s", "bf16"), ("t4", "fp16")])
+@pytest.mark.parametrize("head_dim", [192, 256])
+def test_every_profile_has_a_legal_default_and_a_search_space_at_the_new_head_dims(gpu, dtype, head_dim):
+    profile = load_profile(gpu)
+    spec = KernelSpec("gqa", head_dim, head_dim, True, dtype)
+    schedule = "ws_overlap" if profile.sm >= 90 else "fa2"
+    params = default_params(profile, spec, schedule)
+    assert validate(params, profile, probe_problem(spec), warp_specialized=schedule == "ws_overlap") == []
+    space = load_space("gqa")
+    problems = grid_problems("gqa", head_dim, dtype, True)
+    fs = feasible_space(space, profile, head_dim, dtype, problems, default_sketches(space, profile, head_dim, dtype))
+    assert fs.points
+    assert all(p.params.block_n <= (128 if head_dim == 192 else 112) for p in fs.points if p.sketch.startswith("ws_"))
+    seeds = [s.source for s in space.seeds_for(head_dim)]
+    assert any(f"hdim{head_dim}" in s for s in seeds)
+
+
+@pytest.mark.parametrize("gpu", ["h100", "a100", "l40s"])
+@pytest.mark.parametrize("head_dim", [64, 128, 192, 256])
+def test_decode_defaults_fit_each_profiles_shared_memory(gpu, head_dim):
+    profile = load_profile(gpu)
+    spec = replace(KernelSpec("gqa", head_dim, head_dim, True, "bf16", "paged"), phase="decode")
+    params = default_decode_params(spec, 16, profile)
+    assert validate_decode(params, profile, spec) == []
+    # three stages of 64 keys where they fit, else two, else two of 32 keys (over two warp groups)
+    fewer = {("a100", 256): (2, 64), ("l40s", 128): (2, 64), ("l40s", 192): (2, 32), ("l40s", 256): (2, 32)}
+    assert (params.kv_stages, params.block_n) == fewer.get((gpu, head_dim), (3, 64))
