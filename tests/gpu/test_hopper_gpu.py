@@ -46,6 +46,11 @@ CASES = [
     ("mqa128n", S("mqa", False), "ws_overlap", {}),
     ("mla_causal", S("mla", True), "ws_overlap", {}),
     ("mla_noncausal_tiles", S("mla", False), "ws_overlap", {"persistent": False}),
+    # head dims 192 and 256 (FA3/FA4's 128x112 and 128x80), fp16 too, one CTA a tile too
+    ("mha192n", S("mha", False, d=192), "ws_overlap", {}),
+    ("gqa192c", S("gqa", True, d=192), "ws_overlap", {}),
+    ("gqa256c", S("gqa", True, d=256), "ws_overlap", {}),
+    ("mha256n_tiles_fp16", S("mha", False, "fp16", d=256), "ws_overlap", {"persistent": False}),
     ("plain_mha128c", S("mha", True), "fa2", {}),
     ("plain_mla_noncausal_ss", S("mla", False), "fa2", {"pv_operand": "ss", "kv_stages": 1}),
 ]

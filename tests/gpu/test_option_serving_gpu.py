@@ -25,7 +25,8 @@ def _spec(d, *features, layout="dense"):
 SPECS = [_spec(128), _spec(128, "local"), _spec(128, "softcap"), _spec(128, "local", "softcap"),
          _spec(128, "local", layout="varlen"), _spec(64, "local", "sinks"), _spec(64, "sinks"),
          _spec(64, "local", "sinks", layout="varlen"), _spec(64, "sinks", layout="varlen"),
-         _spec(64, "local", "sinks", layout="paged")]
+         _spec(64, "local", "sinks", layout="paged"),
+         _spec(256, "softcap"), _spec(256, "local", "softcap")]      # Gemma 2's global and local layers
 # The bf16 output against the fp32 reference on the same inputs: a dropped window, cap or sink errs by 0.1 or more
 ATOL = 2 ** -6
 
@@ -71,6 +72,16 @@ def test_caps_on_the_kernel(attn, softcap, window):
     out = attn.flash_attn_func(q, k, v, causal=True, softcap=softcap, window_size=window)
     assert attn.last_path == "kernel", attn.last_reason
     assert _err(out, q, k, v, window=window, softcap=softcap) <= ATOL
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (63, 0), (64, 0), (4095, 0)])
+def test_gemma_shaped_calls_at_head_dim_256_on_the_kernel(attn, window):
+    """Gemma 2: 16/8 heads of 256, scores capped at 50, every other layer a 4096-key window (64-key tiles at 256:
+    the window's edges at one tile and one past it too)."""
+    q, k, v = _qkv(s=900, sk=1100, hq=16, hkv=8, d=256, seed=window[0] + 7)
+    out = attn.flash_attn_func(q, k, v, causal=True, softcap=50.0, window_size=window)
+    assert attn.last_path == "kernel", attn.last_reason
+    assert _err(out, q, k, v, window=window, softcap=50.0) <= ATOL
 
 
 @pytest.mark.parametrize("window", [(-1, -1), (127, 0)])
