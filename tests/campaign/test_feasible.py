@@ -16,9 +16,20 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 ASKS = 2000
 
 
+def _validation_facts(profile) -> tuple:
+    """What validate and the space read of a profile: two profiles alike in these ask and refuse alike (the H200 is
+    the H100 with more memory; the RTX 8000 a T4 for these rules)."""
+    return (profile.compute_capability, profile.smem_per_block_kb, profile.registers_per_sm, profile.max_threads_per_sm,
+            profile.dtypes, profile.mma_atoms, profile.g2s_copy_atoms, profile.s2r_copy_atoms, profile.default_dtype)
+
+
 def _spaces():
-    for gpu in available_profiles():
+    seen = set()
+    for gpu in sorted(available_profiles(), key=lambda g: (g not in {s[0] for s in FAST_SPACES}, g)):
         profile = load_profile(gpu)
+        if _validation_facts(profile) in seen:
+            continue
+        seen.add(_validation_facts(profile))
         dtype = profile.default_dtype
         for variant in VARIANTS:
             for hd in ((None,) if variant == "mla" else (64, 128)):

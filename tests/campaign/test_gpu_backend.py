@@ -269,7 +269,7 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
 
     # Resumed with more trials: this run's best (a seed measured now) meets the stored kernel, re-timed side by
     # side by the real backend in a fresh process of the GPU worker (the fake timer: a time per kernel name)
-    proc = subprocess.run([sys.executable, "-m", "tests.campaign.fake_gpu_campaign", str(studies), "7", "--resume"],
+    proc = subprocess.run([sys.executable, "-m", "tests.campaign.fake_gpu_campaign", str(studies), "5", "--resume"],
                           cwd=REPO, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((studies / name / "summary.json").read_text())
