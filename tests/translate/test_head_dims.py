@@ -27,7 +27,8 @@ def test_the_head_dims_and_their_hopper_defaults_are_fa3_fa4s_tiles():
     assert key(KernelSpec("gqa", 256, 256, True, "bf16", local=True)).startswith("m128n64w8s2")
 
 
-@pytest.mark.parametrize("gpu, dtype", [("h100", "bf16"), ("a100", "bf16"), ("l40s", "bf16"), ("t4", "fp16")])
+@pytest.mark.parametrize("gpu, dtype", [("h100", "bf16"), ("t4", "fp16"), pytest.param("a100", "bf16", marks=pytest.mark.slow),
+                                        pytest.param("l40s", "bf16", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("head_dim", [192, 256])
 def test_every_profile_has_a_legal_default_and_a_search_space_at_the_new_head_dims(gpu, dtype, head_dim):
     profile = load_profile(gpu)
