@@ -431,13 +431,10 @@ def export_cmd(
     variant: Optional[str] = typer.Option(None, "--variant"),
     study_dir: Path = typer.Option(Path("studies"), "--study-dir"),
     out: Path = typer.Option(..., "-o", "--out"),
-    no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP + " (The default kernels "
-                                         "exported where nothing is stored.)"),
 ) -> None:
     """Export the stored best kernels of a GPU for production (JSON configs, sources, cubins)."""
     from tuner.store.export import run_export
 
-    _no_bucket_table(no_bucket_table)
     if not study_dir.is_dir():
         what = "is not a directory" if study_dir.exists() else "does not exist"
         raise _fail_usage(f"--study-dir {study_dir} {what}: a campaign stores its best kernels there "
@@ -453,7 +450,7 @@ def defaults_cmd(
                                    "or a table's records folder (records/<gpu>/)."),
     out: Optional[Path] = typer.Option(None, "-o", "--out", help="Write the table here ('-': print it). Default: "
                                        "<gpu>.toml where tables are read (hardware_profiles/bucket_defaults/ or "
-                                       "$TUNER_BUCKET_TABLES), so tune build/bench/export use it."),
+                                       "$TUNER_BUCKET_TABLES), so tune build, tune bench and campaigns use it."),
     force: bool = typer.Option(False, "--force", help="Replace the GPU's table where tables are read."),
 ) -> None:
     """Derive a GPU's bucket-defaults table from its campaigns: each bucket winner confirmed faster than the

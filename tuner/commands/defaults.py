@@ -46,7 +46,7 @@ def run_defaults(gpu: str, study_dir: Path, out: Optional[Path] = None, force: b
     to_stdout = out is not None and str(out) == "-"
     target = None if to_stdout else (Path(out) if out is not None else (tables_dir() or TABLE_DIR) / f"{profile.name}.toml")
     if target is not None and out is None and target.exists() and not force:
-        return fail(f"{target} exists (the table `tune build`/`bench`/export read for {profile.name}): pass --force "
+        return fail(f"{target} exists (the table `tune build` and `tune bench` read for {profile.name}): pass --force "
                     "to replace it, or -o FILE to write elsewhere", 2)
     try:
         results = read_results(study_dir)
@@ -95,7 +95,8 @@ def run_defaults(gpu: str, study_dir: Path, out: Optional[Path] = None, force: b
         console.print(f"  left out: {note}", markup=False, highlight=False)
     read_here = (tables_dir() or TABLE_DIR).resolve()
     if target.resolve().parent == read_here and target.name == f"{profile.name}.toml":
-        console.print(f"tune build, tune bench and tune export for {profile.name} use it from now on",
+        console.print(f"tune build --seqlen, tune bench, the default export and campaign seeds for {profile.name} "
+                      "use it from now on",
                       markup=False, highlight=False)
     else:
         console.print(f"to use it: TUNER_BUCKET_TABLES={target.parent} (a folder of <gpu>.toml tables)"
