@@ -121,7 +121,9 @@ class ReferenceVarlenKernel:
         return out
 
 
-@pytest.mark.parametrize("drop", [None, "window", "softcap", "sinks"])
+# (each ~9 s on a CPU: the fast tier keeps the kernel that keeps every option and one that drops one)
+@pytest.mark.parametrize("drop", [None, pytest.param("window", marks=pytest.mark.slow),
+                                  pytest.param("softcap", marks=pytest.mark.slow), "sinks"])
 def test_the_packed_sequence_gate_checks_every_option_too(monkeypatch, drop):
     """verify_varlen gives an option kernel the dense gate's windows (every one, the mixes cycled), caps and sinks,
     and the reference alike: a kernel that drops one fails it."""

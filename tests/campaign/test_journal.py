@@ -174,6 +174,7 @@ HALF_WRITER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow   # a process killed or racing mid-write: ~3 s each, the full tier's
 @pytest.mark.parametrize("lock_kind", ["JournalFileSymlinkLock", "JournalFileOpenLock"])
 def test_a_record_being_appended_under_the_lock_is_not_torn(tmp_path, lock_kind):
     path, ready = tmp_path / "s.journal", tmp_path / "ready"

@@ -174,6 +174,7 @@ _KILLER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow   # a process killed or racing mid-write: ~3 s each, the full tier's
 @pytest.mark.parametrize("point", ["mid-write", "between-renames"])
 def test_kill_9_during_a_replace_keeps_the_old_record(tmp_path, point):
     store = KernelStore(tmp_path)
