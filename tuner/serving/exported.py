@@ -190,25 +190,33 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
     def run(self, route: op.Route, q, k, v, attn_mask, causal: bool, scale: float):
         if route.config is not None and attn_mask is None:
             bucket = route.bucket or route.config.bucket_for(k.shape[1])
-            entry = route.config.kernels[bucket]
-            try:
-                kern = self.kernel(entry, q.device.index or 0)
-            except Exception as exc:  # noqa: BLE001 - any load failure means SDPA, warned once
-                return self._sdpa("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
-                                  q, k, v, None, causal, scale)
-            try:
+            def launch(kern):
                 out = kern(q, k, v, softmax_scale=scale)
-            except ValueError as exc:   # refused before launch (strides, alignment)
-                return self._sdpa("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
-                                  q, k, v, None, causal, scale)
-            self.last_path, self.last_reason, self.last_bucket = "kernel", route.config.variant, bucket
-            self.stats["kernel"] += 1
-            if route.bucket is not None:    # a bucket settled by the shapes: the eager path may remember it
-                self._local.ran = (kern, scale, route.config.variant, bucket)
-            return out
+                if route.bucket is not None:    # a bucket settled by the shapes: the eager path may remember it
+                    self._local.ran = (kern, scale, route.config.variant, bucket)
+                return out
+
+            return self._launch(route.config.kernels[bucket], bucket, route.config.variant, q.device.index or 0,
+                                launch, lambda code, message: self._sdpa(code, message, q, k, v, None, causal, scale))
         code = route.code if route.config is None else "mask"
         message = self._messages.get(self._fallback.get(code), REASONS[code])
         return self._sdpa(code, message, q, k, v, attn_mask, causal, scale)
+
+    def _launch(self, entry: ExportedKernel, bucket: str, label: str, device_index: int, launch, fallback):
+        """``launch(kernel)`` on ``entry``'s loaded kernel, counted as a kernel call (``last_reason`` ``label``); a
+        load failure, or a launch the kernel refused before it ran (ValueError: strides, alignment, the page size,
+        arguments), goes to ``fallback(code, message)`` instead."""
+        try:
+            kern = self.kernel(entry, device_index)
+        except Exception as exc:  # noqa: BLE001 - any load failure means the fallback, warned once
+            return fallback("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}")
+        try:
+            out = launch(kern)
+        except ValueError as exc:
+            return fallback("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}")
+        self.last_path, self.last_reason, self.last_bucket = "kernel", label, bucket
+        self.stats["kernel"] += 1
+        return out
 
     def _count_fallback(self, code: str, message: str) -> None:
         """A call that runs a fallback (torch SDPA, the fp32 reference): counted by reason, and ``last_*`` says why."""

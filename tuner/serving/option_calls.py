@@ -11,13 +11,13 @@ from __future__ import annotations
 import math
 
 from tuner.serving.op_options import launch_options, launch_varlen_options
-from tuner.serving.options import ModelOptions, kernel_window, model_options, reference_attention
+from tuner.serving.options import ModelOptions, model_options, option_arguments, reference_attention
 from tuner.serving.sdpa import check_shapes
 
 
 class OptionCalls:
-    """Mixed into ExportedAttention: uses its ``route``, ``route_varlen``, ``kernel``, ``_fallback``, ``_messages``,
-    ``stats``, ``_count_fallback`` and ``last_*``."""
+    """Mixed into ExportedAttention: uses its ``route``, ``route_varlen``, ``_launch``, ``_fallback``, ``_messages``
+    and ``_count_fallback``."""
 
     def attend_options(self, q, k, v, causal: bool, scale: float | None, window_size=(-1, -1), softcap: float = 0.0,
                        learnable_sink=None, attn_mask=None, where: str = "attention"):
@@ -42,21 +42,11 @@ class OptionCalls:
         reference and why."""
         if route.config is not None and attn_mask is None:
             bucket = route.bucket or route.config.bucket_for(k.shape[1])
-            entry = route.config.kernels[bucket]
-            try:
-                kern = self.kernel(entry, q.device.index or 0)
-            except Exception as exc:  # noqa: BLE001 - any load failure means the reference, warned once
-                return self._reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
-                                       q, k, v, None, causal, scale, options)
-            try:
-                out = kern(q, k, v, softmax_scale=scale, window_size=kernel_window(options, route.config.causal),
-                           softcap=options.softcap, sinks=options.sinks)
-            except ValueError as exc:   # refused before launch (strides, alignment)
-                return self._reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
-                                       q, k, v, None, causal, scale, options)
-            self.last_path, self.last_reason, self.last_bucket = "kernel", route.config.variant, bucket
-            self.stats["kernel"] += 1
-            return out
+            extra = option_arguments(options, route.config.causal)
+            return self._launch(route.config.kernels[bucket], bucket, route.config.variant, q.device.index or 0,
+                                lambda kern: kern(q, k, v, softmax_scale=scale, **extra),
+                                lambda code, message: self._reference(code, message, q, k, v, None, causal, scale,
+                                                                      options))
         code = route.code if route.config is None else "mask"
         return self._reference(code, self._messages.get(self._fallback.get(code), code), q, k, v, attn_mask, causal,
                                scale, options)

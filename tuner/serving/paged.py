@@ -74,7 +74,7 @@ def paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_
 
 class PagedCalls:
     """Mixed into ExportedAttention: uses its ``_table_or_fallback``, ``_fallback``, ``_messages``, ``_routes``,
-    ``kernel``, ``stats``, ``_count_fallback``, ``last_*``; ``_paged_tables`` is built in its __init__."""
+    ``_launch``, ``_count_fallback``; ``_paged_tables`` is built in its __init__."""
 
     def route_paged(self, q, k_cache, v_cache, causal: bool, scale: float, cu_seqlens_q, max_seqlen_q,
                     max_seqlen_k, options: ModelOptions = PLAIN) -> int:
@@ -113,20 +113,11 @@ class PagedCalls:
         bucket = route.bucket or route.config.bucket_of_call(*lengths)
         if bucket is None:
             return fallback("page-size", REASONS["page-size"])
-        entry = route.config.kernels[bucket]
-        try:
-            kern = self.kernel(entry, q.device.index or 0)
-        except Exception as exc:  # noqa: BLE001 - any load failure means the fallback, warned once
-            return fallback("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}")
         extra = {} if options is None else option_arguments(options, route.config.causal)
-        try:
-            out = kern.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, int(max_seqlen_q),
-                             softmax_scale=scale, **extra)
-        except ValueError as exc:   # refused before launch (strides, alignment, the page size, arguments)
-            return fallback("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}")
-        self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} paged", bucket
-        self.stats["kernel"] += 1
-        return out
+        return self._launch(route.config.kernels[bucket], bucket, f"{route.config.variant} paged", q.device.index or 0,
+                            lambda kern: kern.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table,
+                                                    int(max_seqlen_q), softmax_scale=scale, **extra),
+                            fallback)
 
     def paged_varlen(self, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool,
                      scale: float, page_table, seqused_k=None, window_size=(-1, -1), softcap: float = 0.0,

@@ -32,8 +32,8 @@ _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 
 
 class VarlenCalls:
-    """Mixed into ExportedAttention: uses its ``devices``, ``_fallback``, ``_messages``, ``_routes``, ``kernel``,
-    ``stats``, ``_count_fallback``; ``_varlen_tables`` is built in its __init__."""
+    """Mixed into ExportedAttention: uses its ``devices``, ``_fallback``, ``_messages``, ``_routes``, ``_launch``,
+    ``_count_fallback``; ``_varlen_tables`` is built in its __init__."""
 
     def route_varlen(self, q, k, v, causal: bool, scale: float, max_seqlen_k, cu_seqlens_q=None,
                      max_seqlen_q=None, options: ModelOptions = PLAIN) -> int:
@@ -68,20 +68,12 @@ class VarlenCalls:
             return fallback(route.code, message)
         bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
                                                              int(max_seqlen_q), int(max_seqlen_k))
-        entry = route.config.kernels[bucket]
-        try:
-            kern = self.kernel(entry, q.device.index or 0)
-        except Exception as exc:  # noqa: BLE001 - any load failure means the fallback, warned once
-            return fallback("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}")
         extra = {} if options is None else option_arguments(options, route.config.causal)
-        try:
-            out = kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
-                              seqused_k=seqused_k, softmax_scale=scale, **extra)
-        except ValueError as exc:   # refused before launch (strides, alignment, arguments)
-            return fallback("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}")
-        self.last_path, self.last_reason, self.last_bucket = "kernel", f"{route.config.variant} varlen", bucket
-        self.stats["kernel"] += 1
-        return out
+        return self._launch(route.config.kernels[bucket], bucket, f"{route.config.variant} varlen", q.device.index or 0,
+                            lambda kern: kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+                                                     int(max_seqlen_k), seqused_k=seqused_k, softmax_scale=scale,
+                                                     **extra),
+                            fallback)
 
     def flash_attn_varlen_func(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
