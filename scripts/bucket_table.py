@@ -133,22 +133,9 @@ def entries(chosen) -> list[dict]:
 
 
 def to_toml(items: list[dict]) -> str:
-    def value(v):
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        if isinstance(v, str):
-            return json.dumps(v)
-        if isinstance(v, list):
-            return "[" + ", ".join(value(x) for x in v) + "]"
-        if isinstance(v, dict):
-            return "{ " + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + " }"
-        return str(v)
+    from tuner.defaults.table import entry_toml
 
-    blocks = []
-    for e in items:
-        blocks.append("[[change]]\n" + "".join(f"{k} = {value(e[k])}\n" for k in
-                                                ("variants", "head_dim", "causal", "buckets", "change", "measured")))
-    return "\n".join(blocks)
+    return "\n".join(entry_toml(e) for e in items)
 
 
 def as_table(items: list[dict]):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernel_abi.spec import KernelSpec
+from tuner.defaults.table import entry_toml
 from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
 
 RECORD_FIELDS = ("study", "gpu", "device_name", "spec", "confirm_rule", "winners")
@@ -198,18 +199,6 @@ def derive(results: list[tuple[str, dict]], gpu: str, default_for, min_processes
     return out
 
 
-def _toml_value(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    raise DeriveError(f"a table value must be a boolean, number, string or list, got {value!r}")
-
-
 def render(derivation: Derivation, gpu: str, source: str, date: str, records_dir: str) -> str:
     """The table as TOML (tuner/defaults/table.py's format), with what it rests on in comments."""
     lines = [
@@ -227,13 +216,9 @@ def render(derivation: Derivation, gpu: str, source: str, date: str, records_dir
         lines.append("")
         for win in entry.wins:
             lines.append(f"# {win.study} {win.bucket}: {win.kernel_name}, interval [{win.low:.3f}, {win.high:.3f}]")
-        lines += ["[[change]]",
-                  f"variants = {_toml_value([entry.variant])}",
-                  f"head_dim = {entry.head_dim}",
-                  f"causal = {_toml_value(entry.causal)}",
-                  f"buckets = {_toml_value(entry.buckets)}",
-                  "change = { " + ", ".join(f"{k} = {_toml_value(v)}" for k, v in entry.change) + " }",
-                  f"measured = {_toml_value(entry.measured())}"]
+        lines += entry_toml({"variants": [entry.variant], "head_dim": entry.head_dim, "causal": entry.causal,
+                             "buckets": entry.buckets, "change": dict(entry.change),
+                             "measured": entry.measured()}).splitlines()
     if derivation.notes:
         lines += ["", "# Left out:"] + [f"#   {n}" for n in derivation.notes]
     return "\n".join(lines) + "\n"

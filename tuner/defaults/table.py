@@ -14,6 +14,7 @@ read, never a wrong kernel.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from functools import lru_cache
@@ -29,7 +30,8 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles" / "bucket_defaults"
-ENTRY_KEYS = {"variants", "head_dim", "causal", "buckets", "change", "measured"}
+ENTRY_ORDER = ("variants", "head_dim", "causal", "buckets", "change", "measured")   # as the tables write them
+ENTRY_KEYS = set(ENTRY_ORDER)
 # Where the tables are read from: a folder of <gpu>.toml, or NO_TABLES to use none (`--no-bucket-table`: every bucket
 # takes the per-spec default, as on a GPU nobody has tuned). An environment variable, so that the processes a command
 # starts (a campaign's Ray workers, trial processes) read the same tables as the command.
@@ -48,6 +50,24 @@ def tables_dir() -> Path | None:
 def hide_tables() -> None:
     """No table from now on, in this process and those it starts (`--no-bucket-table`)."""
     os.environ[TABLES_ENV] = NO_TABLES
+
+
+def toml_value(value) -> str:
+    """A table value as TOML: booleans, numbers, strings, lists and (inline) tables of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(x) for x in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(x)}" for k, x in value.items()) + " }"
+    return str(value)
+
+
+def entry_toml(entry: dict) -> str:
+    """One entry as the ``[[change]]`` table of a bucket-defaults file (keys in ENTRY_ORDER)."""
+    return "[[change]]\n" + "".join(f"{k} = {toml_value(entry[k])}\n" for k in ENTRY_ORDER)
 
 
 class BucketTableError(ValueError):
