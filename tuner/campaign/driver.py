@@ -315,9 +315,9 @@ def _enqueue_seeds(camp: Campaign) -> None:
     if not decode and camp.spec.layout == "dense":
         published += per_spec_default_seed(camp.profile, camp.spec)
         published += bucket_default_seeds(camp.profile, camp.spec)
-    hand_measured = tables_hidden()
+    from_scratch = tables_hidden()
     for seed in camp.space.seeds_for(hd):
-        if hand_measured and seed.source.startswith(MEASURED_SEED_PREFIX):
+        if from_scratch and seed.source.startswith(MEASURED_SEED_PREFIX):
             continue          # a developer's A/B result: not seeded when the campaign is to find the defaults itself
         raw = dict(seed.params)
         schedule = raw.pop(SCHEDULE, "decode" if decode else "fa2")

@@ -194,28 +194,20 @@ def stored_records(camp) -> dict:
         return {}
 
 
-def default_identity(profile, spec) -> str | None:
-    """The per-spec default's identity (schedule and KernelParams key) where bucket defaults apply, else None."""
+def default_identity(profile, spec) -> tuple[str, str] | None:
+    """The per-spec default's (schedule, KernelParams key) where bucket defaults apply, else None."""
     from tuner.defaults.table import applies_to
 
     if profile.sm < 90 or not applies_to(spec, "ws_overlap"):
         return None
     from translate.defaults import default_params
 
-    return "ws_overlap:" + default_params(profile, spec, "ws_overlap").key()
+    return "ws_overlap", default_params(profile, spec, "ws_overlap").key()
 
 
-def trial_identity(t) -> str | None:
-    """A trial's schedule and KernelParams key (None: not a prefill kernel's parameters)."""
-    from search_spaces import SCHEDULE
-    from translate.params import KernelParams
-
-    params = dict(t.user_attrs.get("kernel_params") or t.params)
-    schedule = t.user_attrs.get("schedule") or params.get(SCHEDULE, "")
-    try:
-        return f"{schedule}:" + KernelParams.from_dict({k: v for k, v in params.items() if k != SCHEDULE}).key()
-    except (TypeError, ValueError):
-        return None
+def trial_identity(t) -> tuple:
+    """A trial's (schedule, KernelParams key), as the loop recorded them when it asked for the trial."""
+    return t.user_attrs.get("schedule"), t.user_attrs.get("params_key")
 
 
 def contests(camp, best: dict) -> list[Contest]:

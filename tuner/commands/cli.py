@@ -140,13 +140,18 @@ def _fail_usage(message: str, command: str = "tune") -> "typer.Exit":
     return typer.Exit(2)
 
 
+def _comma_ints(text: str, option: str, what: str = "a comma list of integers") -> tuple:
+    """A comma list of integers, in order; a usage error ("``option`` must be ``what``") when one is not one."""
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise _fail_usage(f"{option} must be {what}, got {text!r}") from None
+
+
 def _parse_seqlens(text: Optional[str]):
     if not text:
         return None
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise _fail_usage(f"--seqlens must be a comma list of integers, got {text!r}") from None
+    values = _comma_ints(text, "--seqlens")
     if not values or min(values) < 1:
         raise _fail_usage(f"--seqlens must list positive integers, got {text!r}")
     return values
@@ -257,15 +262,14 @@ def campaign(
 
 
 def _parse_page_sizes(text: Optional[str]):
-    """--page-size: one size (an int) or a comma list (a tuple)."""
+    """--page-size: one size (an int) or a comma list (a tuple); the sizes are checked with the layouts
+    (tuner.campaign.combos)."""
     if text is None:
         return None
-    try:
-        sizes = tuple(dict.fromkeys(int(x) for x in text.split(",") if x.strip()))
-    except ValueError:
-        raise _fail_usage(f"--page-size must be an integer or a comma list of them, got {text!r}") from None
+    what = "an integer or a comma list of them"
+    sizes = tuple(dict.fromkeys(_comma_ints(text, "--page-size", what)))
     if not sizes:
-        raise _fail_usage(f"--page-size must be an integer or a comma list of them, got {text!r}")
+        raise _fail_usage(f"--page-size must be {what}, got {text!r}")
     return sizes[0] if len(sizes) == 1 and "," not in text else sizes
 
 
