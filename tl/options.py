@@ -30,6 +30,16 @@ def _is_window_mask(s) -> bool:
     return isinstance(s, Compute) and s.op_key == "mask" and len(s.args) == 2 and s.args[1].name.lower() == "window"
 
 
+def _divides_by_sum(s, stats) -> bool:
+    """The output's division by the softmax's sum: `Compute Divide O, Ssum`, or in a decode sketch the splits'
+    `Compute Combine O, Smax, Ssum` (which divides each row by its merged sum)."""
+    if not isinstance(s, Compute):
+        return False
+    if s.op_key == "divide":
+        return len(s.args) == 2 and s.args[1].name == stats[1]
+    return s.op_key == "combine" and [a.name for a in s.args[1:3]] == list(stats)
+
+
 def options_of(program: Program) -> frozenset:
     """The options the sketch states: "local" (a Mask naming the Window), "softcap", "sinks"."""
     found = set()
@@ -105,7 +115,7 @@ def option_diagnostics(program: Program, path: str) -> list[Diagnostic]:
                          f"move `Compute Sink` before `Compute Divide {target}, ...`")
             if where:
                 out.append(Diagnostic(path, s.line, s.col, "sink-place", *where))
-        elif key == "divide" and stats and len(s.args) == 2 and s.args[1].name == stats[1]:
+        elif stats and _divides_by_sum(s, stats):
             divided.add(s.result or target)
             divided.add(target)
     return out
@@ -140,8 +150,7 @@ def with_options(program: Program, local: bool = False, softcap: bool = False, s
                 if s.op_key == "softmax":
                     masked[tile.name] = capped[tile.name] = False   # the next GEMM into the tile starts over
                     stats[0] = tuple(s.with_)
-            if (isinstance(s, Compute) and s.op_key == "divide" and sinks and "sinks" not in stated and stats[0]
-                    and len(s.args) == 2 and s.args[1].name == stats[0][1]):
+            if (isinstance(s, Compute) and sinks and "sinks" not in stated and stats[0] and _divides_by_sum(s, stats[0])):
                 out.append(Compute("Sink", (s.args[0],), with_=stats[0], line=s.line, col=s.col))
             out.append(s)
         return out

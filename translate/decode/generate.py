@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from tl.ast import Compute, Copy, For, Program, Reshape, walk
 from tl.layout import layout_of
+from tl.options import OPTIONS, options_of
 from tl.phase import combines, split_loops
 from kernel_abi.decode import COMBINE_WARPS, v_from_k
 from translate.decode.params import WGMMA_KINDS, DecodeParams, decode_smem_bytes, validate_decode
@@ -116,6 +117,7 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
     q_in_regs = any(isinstance(s, Copy) and s.tensor.name in ("Q", "Q_shared") and s.src == "shared"
                     and s.dst == "register" for s in walk(program.statements))
     problems = validate_decode(params, profile, spec, split_dv=split_dv, q_in_regs=q_in_regs)
+    problems += option_problems(program, spec, params)
     if problems:
         raise TranslationError("parameters rejected: " + "; ".join(problems))
     name = f"attn_{spec.label()}_{params.key()}_dec{sketch_hash(program)}"
@@ -128,6 +130,37 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
                            smem_bytes=decode_smem_bytes(params, spec, split_dv=split_dv), block_m=params.block_m,
                            block_n=params.block_n, spec=spec, params=params,
                            extra_args=DECODE_TMA_ARGS if params.kv_load == "tma" else DECODE_ARGS, grid="decode")
+
+
+def option_problems(program: Program, spec: KernelSpec, params: DecodeParams) -> list[str]:
+    """Why the sketch and the spec disagree on the options (tl/options.py: a Mask naming the Window, Softcap, Sink),
+    or why this kernel cannot build them: the split kernel with CUDA-core MMAs computes them, the absorbed-MLA
+    (V from K) and Hopper warpgroup kernels do not."""
+    features = tuple(getattr(spec, "features", ()))
+    stated = tuple(o for o in OPTIONS if o in options_of(program))
+    problems = []
+    if stated != features:
+        problems.append(f"the sketch states the options ({', '.join(stated) or 'none'}) but the kernel is asked for "
+                        f"({', '.join(features) or 'none'}): tl.options.with_options adds them to a sketch")
+    if features and (v_from_k(spec) or params.mma in WGMMA_KINDS):
+        problems.append(f"{', '.join(features)}: built by the grouped decode kernel (mma sm80), not the absorbed-MLA "
+                        "or warpgroup kernels")
+    return problems
+
+
+def _options_cfg(spec: KernelSpec) -> list[str]:
+    """attn_decode.cuh's Options<Cfg>: emitted only for a kernel with options (the others keep their source)."""
+    features = tuple(getattr(spec, "features", ()))
+    if not features:
+        return []
+    b = lambda v: "true" if v else "false"   # noqa: E731
+    return [f"  struct Opts {{ static constexpr bool kLocal = {b('local' in features)}, "
+            f"kSoftcap = {b('softcap' in features)}, kSinks = {b('sinks' in features)}; }};   // run-time sizes: Args"]
+
+
+def _combine_call(name: str, spec: KernelSpec) -> str:
+    sinks = ", true" if "sinks" in getattr(spec, "features", ()) else ""
+    return f"  attn_decode::combine<{name}_ns::Cfg::Element, {spec.d_v}{sinks}>(args);"
 
 
 def _atom(width: int, swizzle: int) -> str:
@@ -160,6 +193,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         f"  static constexpr bool kCausal = {b(spec.causal)}, kPaged = {b(paged)}, kPackGqa = {b(p.pack_gqa)};",
         f"  static constexpr bool kPrefetchFirst = {b(prefetch_first)}, kQInRegs = {b(q_in_regs)};",
         f"  static constexpr bool kSplitDV = {b(split_dv)}, kVFromK = {b(v_from_k(spec))};",
+        *_options_cfg(spec),
         f"  using TiledMma = TiledMMA<MMA_Atom<{_MMA[spec.dtype]}>, Layout<Shape<Int<kWarpsM>, _1, _1>>,",
         "                            Tile<Int<16 * kWarpsM>, _16, _16>>;   // one warp group: warps along M",
         f"  using SmemAtom = {_atom(64, p.swizzle)};",
@@ -182,7 +216,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         "",
         f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}, {COMBINE_MIN_CTAS}) {name}_combine('
         "const attn_decode::Args args) {",
-        f"  attn_decode::combine<{name}_ns::Cfg::Element, {spec.d_v}>(args);",
+        _combine_call(name, spec),
         "}",
     ]
     return "\n".join(lines) + "\n"

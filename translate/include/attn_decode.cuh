@@ -47,8 +47,21 @@ struct Args {
   int page_shift;           // log2(page size); paged only
   int num_splits, blocks_per_split;
   int m_blocks;             // row blocks per unit: ceil(seqlen_q * P / kBlockM)
-  float scale_log2;         // softmax scale * log2(e)
+  float scale_log2;         // softmax scale * log2(e); with soft-capping cap * log2(e)
+  // The options (kernel_abi/spec.py), read only by a kernel built with them (Options<Cfg> below):
+  const float* sinks;       // (heads_q) fp32 sink logits (natural-log units), or null
+  int window_left, window_right;   // keys left / right of each token's diagonal; -1: open
+  float softcap_prescale;   // softmax scale / cap: the scores become tanh(scores * prescale), then * scale_log2
 };
+
+// The options a kernel is built with: a Cfg with `struct Opts { kLocal, kSoftcap, kSinks }` has them (generate.py
+// emits it only then, so that a kernel without options keeps its source and its compile-cache entry).
+template <class Cfg, class = void>
+struct Options {
+  static constexpr bool kLocal = false, kSoftcap = false, kSinks = false;
+};
+template <class Cfg>
+struct Options<Cfg, std::void_t<typename Cfg::Opts>> : Cfg::Opts {};
 
 __forceinline__ __device__ void cp_async_16(void* smem, const void* gmem, bool valid) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
@@ -173,15 +186,45 @@ __forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0,
 
 // -inf where the key is past the sequence or, causal, past the bottom-right diagonal of the row's token
 // (token t of seqlen_q sees keys <= t + seqlen_k - seqlen_q).
-template <bool kCausal, class TS, class TC>
+// kLocal: also past the sliding window, keys before t + causal_offset - left or (left/right -1: open) after
+// t + causal_offset + right.
+template <bool kCausal, bool kLocal = false, class TS, class TC>
 __forceinline__ __device__ void mask_tile(TS& acc_s, TC const& coord, int row0, int pack, int col0, int seqlen_k,
-                                          int causal_offset) {
+                                          int causal_offset, int left = -1, int right = -1) {
   CUTE_UNROLL
   for (int j = 0; j < size(acc_s); ++j) {
     const int c = col0 + get<1>(coord(j));
     const int t = (row0 + get<0>(coord(j))) / pack;
-    if (c >= seqlen_k || (kCausal && c > t + causal_offset)) { acc_s(j) = -INFINITY; }
+    bool out = c >= seqlen_k || (kCausal && c > t + causal_offset);
+    if constexpr (kLocal) {
+      out = out || (left >= 0 && c < t + causal_offset - left) || (right >= 0 && c > t + causal_offset + right);
+    }
+    if (out) { acc_s(j) = -INFINITY; }
   }
+}
+
+// Soft-capping of one score tile: tanh(S * prescale) (prescale = scale / cap; the softmax's scale_log2 carries
+// cap * log2(e)), one MUFU.TANH a score as in the prefill kernels.
+template <class TS>
+__forceinline__ __device__ void softcap_scores(TS& acc_s, float prescale) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(acc_s(i) * prescale));
+    acc_s(i) = t;
+  }
+}
+
+// The sink of head h joins a row's softmax, given as its max (log2 units) and sum relative to it: returns the
+// factor the row's output is multiplied by (its sum keeps the keys' share), and updates max and sum. A row with
+// no visible key (max -inf) gets weight 0 for its (zero) output and the sink's alone in the sum.
+__forceinline__ __device__ float join_sink(const Args& a, int h, float& mx, float& l) {
+  const float s2 = a.sinks[h] * 1.4426950408889634f;
+  const float m2 = fmaxf(mx, s2);
+  const float keep = mx == -INFINITY ? 0.f : attn_tl::fast_exp2(mx - m2);
+  l = l * keep + attn_tl::fast_exp2(s2 - m2);
+  mx = m2;
+  return keep;
 }
 
 // Split-d_v online softmax of one score tile: like attn_tl::online_softmax, but the new row max is the max over
@@ -268,11 +311,20 @@ __forceinline__ __device__ CtaWork cta_work(const Args& a) {
   w.seqlen_k = a.seqused_k ? a.seqused_k[w.b] : a.seqlen_k;
   w.causal_offset = w.seqlen_k - a.seqlen_q;
   int blk_end = (w.seqlen_k + kBlockN - 1) / kBlockN;
+  const int t_last = min(a.seqlen_q - 1, (w.row0 + kBlockM - 1) / w.pack);
   if (Cfg::kCausal) {   // the block's last token sees the most keys
-    const int t_last = min(a.seqlen_q - 1, (w.row0 + kBlockM - 1) / w.pack);
     blk_end = min(blk_end, max(0, (t_last + w.causal_offset + kBlockN) / kBlockN));
   }
-  w.blk_begin = w.split * a.blocks_per_split;
+  int blk_lo = 0;
+  if constexpr (Options<Cfg>::kLocal) {   // the window's tiles only: the splits divide them, from the first
+    if (a.window_right >= 0) {
+      blk_end = min(blk_end, max(0, (t_last + w.causal_offset + a.window_right + kBlockN) / kBlockN));
+    }
+    if (a.window_left >= 0) {
+      blk_lo = max(0, w.row0 / w.pack + w.causal_offset - a.window_left) / kBlockN;
+    }
+  }
+  w.blk_begin = blk_lo + w.split * a.blocks_per_split;
   blk_end = min(blk_end, w.blk_begin + a.blocks_per_split);
   w.n_tiles = max(0, blk_end - w.blk_begin);
   return w;
@@ -402,7 +454,11 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
     attn_tl::gemm_ss<Cfg::kQInRegs>(mma, acc_s, tSrQ, tSrK, s2r_thr_q.partition_S(sQ), s2r_thr_k.partition_S(sKw),
                                     s2r_q, s2r_k, s2r_thr_q, s2r_thr_k);
     const int col0 = (blk_begin + it) * kBlockN + wg * kBlockNW;
-    if ((blk_begin + it + 1) * kBlockN > (Cfg::kCausal ? causal_offset + 1 : seqlen_k)) {
+    if constexpr (Options<Cfg>::kSoftcap) { softcap_scores(acc_s, a.softcap_prescale); }
+    if constexpr (Options<Cfg>::kLocal) {   // the window's edges: every tile checks (one compare a score)
+      mask_tile<Cfg::kCausal, true>(acc_s, tScS, row0, pack, col0, seqlen_k, causal_offset, a.window_left,
+                                    a.window_right);
+    } else if ((blk_begin + it + 1) * kBlockN > (Cfg::kCausal ? causal_offset + 1 : seqlen_k)) {
       mask_tile<Cfg::kCausal>(acc_s, tScS, row0, pack, col0, seqlen_k, causal_offset);
     }
     if constexpr (Cfg::kSplitDV) {
@@ -470,6 +526,14 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
       f[w] = mx == -INFINITY ? 0.f : attn_tl::fast_exp2(s_m[w * kBlockM + r] - mx);
       l += f[w] * s_l[w * kBlockM + r];
     }
+    const int t = gr / pack, h = head0 + gr % pack;
+    if constexpr (Options<Cfg>::kSinks) {   // one split: the sink joins here; several: in the combine
+      if (a.num_splits == 1) {
+        const float keep = join_sink(a, h, mx, l);
+        CUTE_UNROLL
+        for (int w = 0; w < Cfg::kWarpsN; ++w) { f[w] *= keep; }
+      }
+    }
     const float inv = l > 0.f ? 1.f / l : 0.f;
     float acc[kVec] = {0.f, 0.f, 0.f, 0.f};
     CUTE_UNROLL
@@ -477,7 +541,6 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
       const float4 x = *reinterpret_cast<const float4*>(s_o + (w * kBlockM + r) * kDV + c);
       acc[0] += f[w] * x.x; acc[1] += f[w] * x.y; acc[2] += f[w] * x.z; acc[3] += f[w] * x.w;
     }
-    const int t = gr / pack, h = head0 + gr % pack;
     const float lse2 = l > 0.f ? mx + __log2f(l) : -INFINITY;
     if (a.num_splits == 1) {
       Element* dst = o + b * a.o_batch_stride + t * a.o_row_stride + h * a.o_head_stride + c;
@@ -510,7 +573,7 @@ constexpr int kCombineMaxSplits = 128;   // kernel_abi/splits.py MAX_SPLITS
 constexpr int kCombineWideSplits = 16;   // translate/decode/generate.py COMBINE_WIDE_SPLITS
 
 // lane's float4s of one row: kChunks of them, 32 float4s apart, from chunk `first`; kUnroll splits a step
-template <class Element, int kDV, int kChunks, int kUnroll>
+template <class Element, int kDV, int kChunks, int kUnroll, bool kSinks = false>
 __forceinline__ __device__ void combine_row(const Args& a, long long row, int first, bool write_lse) {
   constexpr int kRowChunks = kDV / 4;   // float4s a row
   constexpr int kWeightRegs = kCombineMaxSplits / 32;
@@ -532,6 +595,7 @@ __forceinline__ __device__ void combine_row(const Args& a, long long row, int fi
   for (int k = 0; k < kWeightRegs; ++k) { l += x[k] == -INFINITY ? 0.f : attn_tl::fast_exp2(x[k] - mx); }
   CUTE_UNROLL
   for (int d = 16; d > 0; d /= 2) { l += __shfl_xor_sync(0xffffffff, l, d); }
+  if constexpr (kSinks) { join_sink(a, int(row % a.heads_q), mx, l); }   // the sink: one more term of the sum
   const float lse2 = l > 0.f ? mx + __log2f(l) : -INFINITY;
   float w[kWeightRegs];   // split lane + 32 k's weight
   CUTE_UNROLL
@@ -593,7 +657,7 @@ __forceinline__ __device__ void combine_row(const Args& a, long long row, int fi
   }
 }
 
-template <class Element, int kDV>
+template <class Element, int kDV, bool kSinks = false>
 __forceinline__ __device__ void combine(const Args& a) {
   constexpr int kSlices = (kDV + kCombineSliceCols - 1) / kCombineSliceCols;
   const int lane = threadIdx.x % 32;
@@ -602,9 +666,9 @@ __forceinline__ __device__ void combine(const Args& a) {
   if (kSlices > 1 && a.num_splits >= kCombineWideSplits) {   // a warp a slice: float4 `slice * 32 + lane`
     const long long row = warp / kSlices;
     const int slice = int(warp % kSlices);
-    if (row < rows_all) { combine_row<Element, kDV, 1, 8>(a, row, slice * 32 + lane, slice == 0); }
+    if (row < rows_all) { combine_row<Element, kDV, 1, 8, kSinks>(a, row, slice * 32 + lane, slice == 0); }
   } else if (warp < rows_all) {   // a warp a row: float4s lane, lane + 32, ...
-    combine_row<Element, kDV, kSlices, 8 / kSlices>(a, warp, lane, true);
+    combine_row<Element, kDV, kSlices, 8 / kSlices, kSinks>(a, warp, lane, true);
   }
 }
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel_abi.decode import COMBINE_WARPS, combine_grid, v_from_k
-from kernel_abi.spec import KernelSpec
+from kernel_abi.spec import FEATURES, KernelSpec
 from kernel_abi.splits import plan_splits
 from tuner.serving.launch import driver as cuda
 from tuner.serving.launch.kernel import AttentionKernel, load_attention_kernel
@@ -43,7 +43,37 @@ class DecodeArgs(ctypes.Structure):
                 + [("page_table_stride", ctypes.c_longlong)]
                 + [(n, ctypes.c_int) for n in ("batch", "seqlen_q", "heads_q", "group", "seqlen_k", "page_shift",
                                                "num_splits", "blocks_per_split", "m_blocks")]
-                + [("scale_log2", ctypes.c_float)])
+                + [("scale_log2", ctypes.c_float), ("sinks", ctypes.c_void_p), ("window_left", ctypes.c_int),
+                   ("window_right", ctypes.c_int), ("softcap_prescale", ctypes.c_float)])
+
+
+def option_errors(features, window, softcap, sinks, heads_q: int, device) -> list[str]:
+    """Why a call's options do not fit a kernel built with ``features`` (kernel_abi.spec.FEATURES): a window, cap
+    or sinks the kernel does not compute, a sinks tensor that is not (heads_q,) fp32 contiguous on the device."""
+    import torch
+
+    errors = []
+    window = tuple(window or (-1, -1))
+    if len(window) != 2 or any(isinstance(w, bool) or not isinstance(w, int) or w < -1 for w in window):
+        errors.append(f"window_size must be two ints >= -1 (left, right; -1 open), got {window!r}")
+    elif window != (-1, -1) and "local" not in features:
+        errors.append(f"window_size {window}: this kernel has no sliding window")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
+            or softcap < 0:
+        errors.append(f"softcap must be a finite number >= 0, got {softcap!r}")
+    elif bool(softcap) != ("softcap" in features):
+        errors.append("this kernel soft-caps its scores: pass softcap > 0" if softcap == 0 else
+                      f"softcap {softcap:g}: this kernel has no soft-capping")
+    if sinks is None:
+        if "sinks" in features:
+            errors.append("this kernel adds sink logits: pass learnable_sink, (heads_q,) fp32")
+    elif "sinks" not in features:
+        errors.append("learnable_sink: this kernel has no sinks")
+    elif not isinstance(sinks, torch.Tensor) or sinks.dtype != torch.float32 or tuple(sinks.shape) != (heads_q,) \
+            or sinks.device != device or (heads_q > 1 and sinks.stride(0) != 1):
+        errors.append(f"learnable_sink must be a contiguous fp32 tensor of {heads_q} logits (one per query head) "
+                      f"on {device}")
+    return errors
 
 
 def k_map_spec(address: int, shape, strides, element_bytes: int, paged: bool, block_n: int):
@@ -152,15 +182,33 @@ class DecodeKernel:
         """V is the first d_v columns of k_cache (absorbed MLA): v_cache is None or that view."""
         return v_from_k(KernelSpec(**{f: self.spec[f] for f in ("variant", "d_qk", "d_v", "causal", "dtype")}))
 
+    @property
+    def features(self) -> tuple:
+        """The options the kernel is built with (kernel_abi.spec.FEATURES), from its spec."""
+        return tuple(f for f in FEATURES if self.spec.get(f))
+
     def __call__(self, q, k_cache, v_cache=None, cache_seqlens=None, page_table=None,
                  softmax_scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
-                 out=None, workspace=None):
+                 out=None, workspace=None, window_size=(-1, -1), softcap: float = 0.0, learnable_sink=None):
         """out (b, seqlen_q, hq, d_v) [, lse (b, hq, seqlen_q) fp32]. ``workspace``: (o_partial, lse_partial) to
-        use instead of fresh buffers (the verifier poisons them)."""
+        use instead of fresh buffers (the verifier poisons them). ``window_size``, ``softcap``, ``learnable_sink``
+        (FlashAttention's conventions, kernel_abi/spec.py) for a kernel built with those options; the lse then
+        includes the sinks."""
         import torch
 
         v_cache = self._values(k_cache, v_cache)
-        plan = self._plan(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out)
+        features = self.features
+        if features or learnable_sink is not None or softcap or tuple(window_size or (-1, -1)) != (-1, -1):
+            errors = option_errors(features, window_size, softcap, learnable_sink,
+                                   int(q.shape[2]) if isinstance(q, torch.Tensor) and q.dim() == 4 else 0,
+                                   q.device if isinstance(q, torch.Tensor) else None)
+            if errors:
+                raise ValueError(f"{self.name}: " + "; ".join(errors))
+        window = tuple(int(w) for w in (window_size or (-1, -1)))
+        if self.spec.get("causal") and window != (-1, -1):
+            window = (window[0], 0)   # FlashAttention: causal closes the right side
+        plan = self._plan(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out,
+                          window, float(softcap))
         if out is None:
             out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty((plan.out_shape[0], plan.out_shape[2], plan.out_shape[1]), dtype=torch.float32,
@@ -187,6 +235,7 @@ class DecodeKernel:
             a.lse = lse.data_ptr() if lse is not None else None
             a.page_table = page_table.data_ptr() if page_table is not None else None
             a.seqused_k = cache_seqlens.data_ptr() if cache_seqlens is not None else None
+            a.sinks = learnable_sink.data_ptr() if learnable_sink is not None else None
             if plan.k_map is not None:
                 plan.k_map.point(pointers[1])
             self._launch(plan.split_launch, stream, plan.pointers_address)
@@ -237,20 +286,23 @@ class DecodeKernel:
             raise cuda.KernelLaunchError(f"launch of {self.name} failed: {cuda.api().cuGetErrorName(err)[1]!r} "
                                        f"({err})")
 
-    def _plan(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out) -> DecodePlan:
+    def _plan(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out,
+              window=(-1, -1), softcap: float = 0.0) -> DecodePlan:
         key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
                q.device, None if page_table is None else (page_table.shape, page_table.stride()),
                cache_seqlens is None, softmax_scale, num_splits,
-               None if out is None else (out.shape, out.stride(), out.dtype))
+               None if out is None else (out.shape, out.stride(), out.dtype), window, softcap)
         plan = self._plans.get(key)
         if plan is None:
-            plan = self._build(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out)
+            plan = self._build(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out,
+                               window, softcap)
             if len(self._plans) >= _MAX_PLANS:
                 self._plans.pop(next(iter(self._plans)))
             self._plans[key] = plan
         return plan
 
-    def _build(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out) -> DecodePlan:
+    def _build(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out,
+               window=(-1, -1), softcap: float = 0.0) -> DecodePlan:
         import torch
 
         from tuner.serving.launch.plan import _check_layout
@@ -266,7 +318,11 @@ class DecodeKernel:
             capacity = page_table.shape[1] * page_size
         else:
             page_size, capacity = 0, k_cache.shape[1]
-        split, m_blocks, units = self.split_plan(b, hq, hkv, sq, capacity, num_splits)
+        # a window: the splits divide the keys it shows (the kernel starts them at the window's first tile)
+        left, right = window
+        visible = capacity if left < 0 or (right < 0 and not spec.get("causal")) else \
+            min(capacity, left + sq + max(right, 0) + int(self.params["block_n"]))
+        split, m_blocks, units = self.split_plan(b, hq, hkv, sq, visible, num_splits)
         out_shape = (b, sq, hq, spec["d_v"])
         if out is not None:
             if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != q.device:
@@ -290,6 +346,9 @@ class DecodeKernel:
         a.page_shift = int(page_size).bit_length() - 1 if page_size else 0
         a.num_splits, a.blocks_per_split, a.m_blocks = split.num_splits, split.blocks_per_split, m_blocks
         a.scale_log2 = float(scale) * _LOG2E
+        a.window_left, a.window_right = window
+        if softcap:   # the scores become cap * tanh(scores * scale / cap): tanh(S * prescale), then cap * log2(e)
+            a.softcap_prescale, a.scale_log2 = float(scale) / softcap, softcap * _LOG2E
         rows = b * sq * hq
         meta = self.base.meta
         k_map = None

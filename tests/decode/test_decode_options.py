@@ -1,0 +1,79 @@
+"""The options in decode (no GPU): tl.options.with_options states them in the decode sketches (the Sink before the
+splits' Combine), the decode translator emits them only for a spec that asks for them and refuses a sketch/spec
+mismatch or a kernel that cannot compute them, and the launcher refuses a call whose options do not fit its kernel
+(the kernels themselves: tests/gpu/test_decode_options_gpu.py)."""
+import pytest
+
+import tl
+from hardware_profiles import load_profile
+from kernel_abi.spec import KernelSpec
+from tl.ast import Compute, walk
+from tl.checker import check
+from tl.options import options_of, with_options
+from translate.compiler import generate
+from translate.decode.params import default_decode_params
+from translate.kernel import TranslationError
+
+
+def _program(layout="paged", **options):
+    return with_options(tl.parse_program(tl.load_sketch("gqa", True, "decode", layout)), **options)
+
+
+def _spec(layout="paged", d=128, **features):
+    return KernelSpec("gqa", d, d, True, "bf16", layout, "decode", **features)
+
+
+@pytest.mark.parametrize("layout", ["paged", "dense"])
+def test_with_options_states_every_option_in_a_decode_sketch(layout):
+    program = _program(layout, local=True, softcap=True, sinks=True)
+    assert options_of(program) == {"local", "softcap", "sinks"}
+    assert check(program) == []
+    order = [s.op_key for s in walk(program.statements) if isinstance(s, Compute)]
+    assert order.index("softcap") < order.index("mask") < order.index("softmax")
+    assert order.index("sink") == order.index("combine") - 1   # once, after the loop, before the merge by the sums
+
+
+def test_the_translator_emits_the_options_only_for_a_spec_that_asks():
+    profile = load_profile("h100")
+    plain = generate(_program(), default_decode_params(_spec(), 8, profile), profile, _spec())
+    assert "Opts" not in plain.body and "combine<" in plain.body and ", true>(args)" not in plain.body
+    spec = _spec(d=64, local=True, sinks=True)
+    gen = generate(_program(local=True, sinks=True), default_decode_params(spec, 16, profile), profile, spec)
+    assert "kLocal = true, kSoftcap = false, kSinks = true" in gen.body
+    assert ", 64, true>(args);" in gen.body   # the combine adds the sink to the merged sum
+    assert "local_sinks" in gen.name
+
+
+def test_a_sketch_and_spec_that_disagree_on_the_options_are_refused():
+    profile = load_profile("h100")
+    spec = _spec(local=True)
+    with pytest.raises(TranslationError, match="with_options"):
+        generate(_program(), default_decode_params(spec, 8, profile), profile, spec)
+    with pytest.raises(TranslationError, match=r"states the options \(local\)"):
+        generate(_program(local=True), default_decode_params(_spec(), 8, profile), profile, _spec())
+
+
+def test_the_absorbed_mla_kernel_refuses_options():
+    profile = load_profile("h100")
+    spec = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode", sinks=True)
+    program = with_options(tl.parse_program(tl.load_sketch("mla", True, "decode", "paged")), sinks=True)
+    with pytest.raises(TranslationError, match="grouped decode kernel"):
+        generate(program, default_decode_params(spec, 128, profile), profile, spec)
+
+
+def test_call_options_that_do_not_fit_the_kernel_are_named():
+    torch = pytest.importorskip("torch")
+    from tuner.serving.launch.decode_kernel import option_errors
+
+    cpu = torch.device("cpu")
+    assert option_errors(("local",), (64, 0), 0.0, None, 8, cpu) == []
+    assert option_errors(("local", "softcap", "sinks"), (-1, -1), 50.0, torch.zeros(8), 8, cpu) == []
+    assert "no sliding window" in option_errors((), (64, 0), 0.0, None, 8, cpu)[0]
+    assert "no soft-capping" in option_errors(("local",), (64, 0), 30.0, None, 8, cpu)[0]
+    assert "pass softcap" in option_errors(("softcap",), (-1, -1), 0.0, None, 8, cpu)[0]
+    assert "pass learnable_sink" in option_errors(("sinks",), (-1, -1), 0.0, None, 8, cpu)[0]
+    assert "no sinks" in option_errors((), (-1, -1), 0.0, torch.zeros(8), 8, cpu)[0]
+    assert "8 logits" in option_errors(("sinks",), (-1, -1), 0.0, torch.zeros(9), 8, cpu)[0]
+    assert "fp32" in option_errors(("sinks",), (-1, -1), 0.0, torch.zeros(8, dtype=torch.float16), 8, cpu)[0]
+    assert "two ints" in option_errors(("local",), (-2, 0), 0.0, None, 8, cpu)[0]
+    assert "finite" in option_errors(("softcap",), (-1, -1), float("inf"), None, 8, cpu)[0]
