@@ -150,7 +150,7 @@ def with_options(program: Program, local: bool = False, softcap: bool = False, s
                 if s.op_key == "softmax":
                     masked[tile.name] = capped[tile.name] = False   # the next GEMM into the tile starts over
                     stats[0] = tuple(s.with_)
-            if (isinstance(s, Compute) and sinks and "sinks" not in stated and stats[0] and _divides_by_sum(s, stats[0])):
+            if sinks and "sinks" not in stated and stats[0] and _divides_by_sum(s, stats[0]):
                 out.append(Compute("Sink", (s.args[0],), with_=stats[0], line=s.line, col=s.col))
             out.append(s)
         return out

@@ -203,28 +203,13 @@ __forceinline__ __device__ void mask_tile(TS& acc_s, TC const& coord, int row0, 
   }
 }
 
-// Soft-capping of one score tile: tanh(S * prescale) (prescale = scale / cap; the softmax's scale_log2 carries
-// cap * log2(e)), one MUFU.TANH a score as in the prefill kernels.
-template <class TS>
-__forceinline__ __device__ void softcap_scores(TS& acc_s, float prescale) {
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_s); ++i) {
-    float t;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(acc_s(i) * prescale));
-    acc_s(i) = t;
-  }
-}
-
-// The sink of head h joins a row's softmax, given as its max (log2 units) and sum relative to it: returns the
-// factor the row's output is multiplied by (its sum keeps the keys' share), and updates max and sum. A row with
-// no visible key (max -inf) gets weight 0 for its (zero) output and the sink's alone in the sum.
-__forceinline__ __device__ float join_sink(const Args& a, int h, float& mx, float& l) {
-  const float s2 = a.sinks[h] * 1.4426950408889634f;
-  const float m2 = fmaxf(mx, s2);
-  const float keep = mx == -INFINITY ? 0.f : attn_tl::fast_exp2(mx - m2);
-  l = l * keep + attn_tl::fast_exp2(s2 - m2);
-  mx = m2;
-  return keep;
+// The sink of head h joins a row's softmax, given as its max (log2 units) and sum relative to it
+// (attn_tl::join_sink): max and sum updated, returns the factor the row's output is multiplied by.
+__forceinline__ __device__ float add_sink(const Args& a, int h, float& mx, float& l) {
+  const attn_tl::SinkJoin j = attn_tl::join_sink(mx, a.sinks[h] * 1.4426950408889634f);
+  l = l * j.keep + j.term;
+  mx = j.top;
+  return j.keep;
 }
 
 // Split-d_v online softmax of one score tile: like attn_tl::online_softmax, but the new row max is the max over
@@ -454,7 +439,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
     attn_tl::gemm_ss<Cfg::kQInRegs>(mma, acc_s, tSrQ, tSrK, s2r_thr_q.partition_S(sQ), s2r_thr_k.partition_S(sKw),
                                     s2r_q, s2r_k, s2r_thr_q, s2r_thr_k);
     const int col0 = (blk_begin + it) * kBlockN + wg * kBlockNW;
-    if constexpr (Options<Cfg>::kSoftcap) { softcap_scores(acc_s, a.softcap_prescale); }
+    if constexpr (Options<Cfg>::kSoftcap) { attn_tl::softcap_tile(acc_s, a.softcap_prescale); }
     if constexpr (Options<Cfg>::kLocal) {   // the window's edges: every tile checks (one compare a score)
       mask_tile<Cfg::kCausal, true>(acc_s, tScS, row0, pack, col0, seqlen_k, causal_offset, a.window_left,
                                     a.window_right);
@@ -529,7 +514,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
     const int t = gr / pack, h = head0 + gr % pack;
     if constexpr (Options<Cfg>::kSinks) {   // one split: the sink joins here; several: in the combine
       if (a.num_splits == 1) {
-        const float keep = join_sink(a, h, mx, l);
+        const float keep = add_sink(a, h, mx, l);
         CUTE_UNROLL
         for (int w = 0; w < Cfg::kWarpsN; ++w) { f[w] *= keep; }
       }
@@ -595,7 +580,7 @@ __forceinline__ __device__ void combine_row(const Args& a, long long row, int fi
   for (int k = 0; k < kWeightRegs; ++k) { l += x[k] == -INFINITY ? 0.f : attn_tl::fast_exp2(x[k] - mx); }
   CUTE_UNROLL
   for (int d = 16; d > 0; d /= 2) { l += __shfl_xor_sync(0xffffffff, l, d); }
-  if constexpr (kSinks) { join_sink(a, int(row % a.heads_q), mx, l); }   // the sink: one more term of the sum
+  if constexpr (kSinks) { add_sink(a, int(row % a.heads_q), mx, l); }   // the sink: one more term of the sum
   const float lse2 = l > 0.f ? mx + __log2f(l) : -INFINITY;
   float w[kWeightRegs];   // split lane + 32 k's weight
   CUTE_UNROLL

@@ -225,18 +225,7 @@ __forceinline__ __device__ void apply_mask_window(TS& acc_s, TC const& coord, in
   }
 }
 
-// Soft-capping, FlashAttention's softcap * tanh(score / softcap), before the mask and the softmax: S becomes
-// tanh(S * prescale) with prescale = softmax scale / softcap, and the softmax's exponent scale (the softmax_scale_log2
-// argument) carries softcap * log2(e). One MUFU.TANH an element, beside the exponential's MUFU.EX2.
-template <typename TS>
-__forceinline__ __device__ void softcap_tile(TS& acc_s, float prescale) {
-  CUTE_UNROLL
-  for (int i = 0; i < size(acc_s); ++i) {
-    float t;
-    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(acc_s(i) * prescale));
-    acc_s(i) = t;
-  }
-}
+using attn_tl::softcap_tile;   // soft-capping: attn_tl.cuh (the decode kernels' too)
 
 // Attention sinks (FA4's learnable_sink): after the last key tile, each row's sink logit joins its softmax as one
 // more key without a value. With m the row's running max (the P values and the sum are relative to m * scale_log2)
@@ -256,11 +245,10 @@ __forceinline__ __device__ void add_sink(TO& acc_o, TMax const& row_max, TSum& r
     const int head = head0 + (pack > 1 ? get<0>(c(mi, 0)) % pack : 0);
     const float sink = __ldg(sinks + head) * kLog2e;
     const float m = row_max(mi) == -INFINITY ? -INFINITY : row_max(mi) * scale_log2;
-    const float top = fmaxf(m, sink);
-    const float factor = m == -INFINITY ? 0.f : attn_tl::fast_exp2(m - top);
-    row_sum(mi) = row_sum(mi) * factor + (thread % 4 == 0 ? attn_tl::fast_exp2(sink - top) : 0.f);
+    const attn_tl::SinkJoin j = attn_tl::join_sink(m, sink);
+    row_sum(mi) = row_sum(mi) * j.keep + (thread % 4 == 0 ? j.term : 0.f);
     CUTE_UNROLL
-    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= factor; }
+    for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= j.keep; }
   }
 }
 

@@ -117,6 +117,30 @@ __forceinline__ __device__ float fast_exp2(float x) {
   return y;
 }
 
+// Soft-capping, FlashAttention's softcap * tanh(score / softcap), before the mask and the softmax: S becomes
+// tanh(S * prescale) with prescale = softmax scale / softcap, and the softmax's exponent scale (scale_log2) carries
+// softcap * log2(e). One MUFU.TANH an element, beside the exponential's MUFU.EX2. (Prefill and decode kernels.)
+template <typename TS>
+__forceinline__ __device__ void softcap_tile(TS& acc_s, float prescale) {
+  CUTE_UNROLL
+  for (int i = 0; i < size(acc_s); ++i) {
+    float t;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(t) : "f"(acc_s(i) * prescale));
+    acc_s(i) = t;
+  }
+}
+
+// An attention sink joins a row's softmax as one more key without a value: with m the row's max and s the sink's
+// logit, both in log2 units (m -inf: the row saw no key), top = max(m, s) becomes the row's max, the row's sum and
+// output are multiplied by `keep` = 2^(m - top) (0 for a row with no key) and the sum gains `term` = 2^(s - top).
+struct SinkJoin {
+  float top, keep, term;
+};
+__forceinline__ __device__ SinkJoin join_sink(float m, float sink_log2) {
+  const float top = fmaxf(m, sink_log2);
+  return {top, m == -INFINITY ? 0.f : fast_exp2(m - top), fast_exp2(sink_log2 - top)};
+}
+
 template <typename T>
 __forceinline__ __device__ T quad_max(T x) {  // the 4 threads of a quad share a row
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel_abi.decode import COMBINE_WARPS, combine_grid, v_from_k
-from kernel_abi.spec import FEATURES, KernelSpec
+from kernel_abi.spec import FEATURES, KernelSpec, effective_window, softcap_errors
 from kernel_abi.splits import plan_splits
 from tuner.serving.launch import driver as cuda
 from tuner.serving.launch.kernel import AttentionKernel, load_attention_kernel
@@ -58,9 +58,9 @@ def option_errors(features, window, softcap, sinks, heads_q: int, device) -> lis
         errors.append(f"window_size must be two ints >= -1 (left, right; -1 open), got {window!r}")
     elif window != (-1, -1) and "local" not in features:
         errors.append(f"window_size {window}: this kernel has no sliding window")
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not math.isfinite(softcap) \
-            or softcap < 0:
-        errors.append(f"softcap must be a finite number >= 0, got {softcap!r}")
+    cap_errors = softcap_errors(softcap)
+    if cap_errors:
+        errors += cap_errors
     elif bool(softcap) != ("softcap" in features):
         errors.append("this kernel soft-caps its scores: pass softcap > 0" if softcap == 0 else
                       f"softcap {softcap:g}: this kernel has no soft-capping")
@@ -204,9 +204,7 @@ class DecodeKernel:
                                    q.device if isinstance(q, torch.Tensor) else None)
             if errors:
                 raise ValueError(f"{self.name}: " + "; ".join(errors))
-        window = tuple(int(w) for w in (window_size or (-1, -1)))
-        if self.spec.get("causal") and window != (-1, -1):
-            window = (window[0], 0)   # FlashAttention: causal closes the right side
+        window = effective_window(tuple(int(w) for w in (window_size or (-1, -1))), bool(self.spec.get("causal")))
         plan = self._plan(q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out,
                           window, float(softcap))
         if out is None:
