@@ -108,23 +108,6 @@ def load_before(folder: Path, specs: list) -> dict:
     return found
 
 
-def _fa4_call(problem):
-    """FA4's ``call(q, k, v)`` for the problem, or None when it is not importable or cannot run it."""
-    from tuner.measure import fa4
-    from tuner.measure import dense
-    from tuner.measure import timer
-
-    try:
-        call = fa4.attention_call(problem)
-        inputs = dense.make_inputs(problem, 1)
-        call(*inputs[0])
-        timer.sync()
-        return call
-    except Exception as exc:  # noqa: BLE001 - not installed, or this shape: the column stays empty
-        print(f"FA4: {timer.first_line(exc)}", flush=True)
-        return None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gpu", default="h100")
@@ -150,10 +133,10 @@ def main(argv=None) -> int:
         return 2
 
     import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tuner.measure import timer
     from tuner.measure import dense
+    from tuner.measure.paired import paired_point
     from tuner.campaign.confirm import ConfirmRule, verdict
     from kernel_abi.spec import grid_problems
     from tuner.serving.launch import load_kernel
@@ -202,19 +185,7 @@ def main(argv=None) -> int:
         roles = ["default", *per_spec[label], *(["before"] if label in before else [])]
         for problem in grid_problems(spec.variant, spec.d_qk if spec.variant != "mla" else 192, "bf16", spec.causal,
                                      seqlens=seqlens):
-            inputs = dense.make_inputs(problem, timing.rotate)
-            calls = {role: timer.rotating(kernels[(label, role)], inputs) for role in roles}
-            sdpa = timer.rotating(dense.sdpa_call(problem), inputs)
-            fa4 = _fa4_call(problem)
-            fa4 = timer.rotating(fa4, inputs) if fa4 is not None else None
-            ms = {role: [] for role in [*roles, "cudnn", "fa4"]}
-            for r in range(rule.rounds):
-                for role in roles[r % len(roles):] + roles[:r % len(roles)]:
-                    ms[role].append(timer.time_ms(calls[role], timing=timing))
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    ms["cudnn"].append(timer.time_ms(sdpa, timing=timing))
-                if fa4 is not None:
-                    ms["fa4"].append(timer.time_ms(fa4, timing=timing))
+            ms = paired_point(problem, {role: kernels[(label, role)] for role in roles}, rule.rounds, timing)
 
             def over(lib, role):
                 return statistics.median(c / d for d, c in zip(ms[role], ms[lib])) if ms[lib] else None
@@ -228,8 +199,6 @@ def main(argv=None) -> int:
             print(f"{label} s{problem.seqlen_q}: " + "  ".join(
                 f"{role} x{v['ratio']:.3f} [{v['low']:.3f}, {v['high']:.3f}]" for role, v in row["verdicts"].items()),
                 flush=True)
-            inputs = calls = sdpa = fa4 = None
-            torch.cuda.empty_cache()
     Path(args.out).write_text(json.dumps(record, indent=1, default=str))
     print(f"\n{record['device']}: changes against the default, {rule.rounds} paired rounds (default ms / changed "
           "ms, median [95%], * = above 1.001); cuDNN's and FA4's ms over each kernel's")

@@ -2,6 +2,7 @@
 (tuner/defaults/derive.py, tuner/commands/defaults.py), and `--no-bucket-table`."""
 import json
 import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -119,6 +120,21 @@ def test_tune_defaults_writes_the_table_build_reads_and_its_records_derive_it_ag
     assert strip(printed.output) == strip(written)
 
 
+def test_the_h200_table_is_what_its_campaigns_records_give(monkeypatch):
+    """The H200's table was made by `tune defaults` from its three campaigns (MHA d64 causal, MHA d128 non-causal,
+    GQA d128 causal, no table seeded); their records re-derive the same entries, and `tune build` reads them."""
+    tables = Path(table.TABLE_DIR)
+    printed = _run(["defaults", "--gpu", "h200", "--study-dir", str(tables / "records" / "h200"), "-o", "-"],
+                   monkeypatch, tables)
+    assert printed.exit_code == 0, printed.output
+    strip = lambda text: [l for l in text.splitlines() if not l.startswith("#")]   # noqa: E731
+    assert strip(printed.output) == strip((tables / "h200.toml").read_text())
+    h200 = load_profile("h200")
+    gqa = KernelSpec("gqa", 128, 128, True, "bf16")
+    assert [table.bucket_params(h200, gqa, b).pack_gqa for b in ("s512", "s4096", "s8192")] == [True, True, False]
+    assert table.bucket_params(h200, gqa, "s16384") == default_params(h200, gqa, "ws_overlap")
+
+
 def test_tune_defaults_refuses_bad_input_in_one_line(tmp_path, monkeypatch):
     tables = tmp_path / "tables"
     cases = [
@@ -138,7 +154,7 @@ def test_no_bucket_table_hides_every_table_from_defaults_and_campaign_seeds(monk
     from tuner.campaign.driver import bucket_default_seeds, per_spec_default_seed, tables_hidden
 
     causal = KernelSpec("gqa", 64, 64, True, "bf16")
-    monkeypatch.delenv(table.TABLES_ENV, raising=False)
+    monkeypatch.setenv(table.TABLES_ENV, "")     # "" reads the shipped tables; set (not deleted) so the CLI's hiding is undone
     assert table.bucket_change(PROFILE, causal, "s512") is not None and bucket_default_seeds(PROFILE, causal)
     assert not tables_hidden()
     result = CliRunner().invoke(app, ["build", "--gpu", "h900", "--variant", "mha", "-o", "x", "--no-bucket-table"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -67,7 +68,9 @@ def run_defaults(gpu: str, study_dir: Path, out: Optional[Path] = None, force: b
             return fail(f"{spec.label()} {','.join(entry.buckets)}: the change {dict(entry.change)} is not legal on "
                         f"{profile.name}: {'; '.join(reasons)}", 1)
     records_dir = (target.parent if target is not None else Path(".")) / "records" / profile.name
-    text = render(derivation, profile.name, str(study_dir), datetime.date.today().isoformat(), str(records_dir))
+    # named from the table's folder, so that a table and its records move (and are committed) together
+    shown = str(records_dir) if target is None else os.path.relpath(records_dir, target.parent)
+    text = render(derivation, profile.name, str(study_dir), datetime.date.today().isoformat(), shown)
     try:
         parse_table(tomllib.loads(text), str(target or "<stdout>"))
     except (tomllib.TOMLDecodeError, BucketTableError) as exc:   # a bug here, never a wrong table written

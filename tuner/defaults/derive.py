@@ -206,8 +206,8 @@ def render(derivation: Derivation, gpu: str, source: str, date: str, records_dir
         f"# campaigns in {source}: changes to translate.defaults' per-spec default. An entry is a bucket winner",
         "# re-timed against the per-spec default in fresh processes and faster by the confirm rule",
         "# (tuner/campaign/confirm.py) in each of them; `measured` lists the per-process median ratios (default ms /",
-        f"# winner ms). The campaigns' records are in {records_dir}; `tune defaults --gpu {gpu} --study-dir",
-        f"# {records_dir}` derives this table again from them. Specs and buckets not listed keep the per-spec",
+        f"# winner ms). The campaigns' records are in {records_dir} (from this table's folder); `tune defaults --gpu",
+        f"# {gpu} --study-dir {records_dir}` there derives this table again from them. Specs and buckets not listed keep the per-spec",
         "# default. Measured on bf16 or fp16 kernels; an entry applies to both (the same tiles and schedule).",
     ]
     if not derivation.entries:
