@@ -138,3 +138,29 @@ def test_the_gate_passes_a_kernel_that_computes_its_options_and_fails_one_that_d
         assert not failed, failed[0]
     else:
         assert failed, drop
+
+
+@pytest.mark.parametrize("layout", ["paged", "dense"])
+def test_a_campaign_trial_cross_checks_the_options_of_its_problem(layout):
+    """tuner.measure.decode.cross_check (a trial's check at benchmark size) applies the problem's window, cap and
+    sinks: the reference with them passes, the same call without its window does not."""
+    import torch
+
+    from tuner.measure.decode import cross_check, decode_options, make_decode_inputs
+    from tuner.measure.decode_problem import DecodeProblem
+    from tuner.serving.decode_sdpa import decode_reference
+    from tuner.serving.options import ModelOptions
+
+    problem = DecodeProblem("gqa", 2, 300, 16, 2, 64, 64, True, "bf16", 2, 16 if layout == "paged" else 0,
+                            window=(40, 0), softcap=30.0, sinks=True)
+    x = make_decode_inputs(problem.point(), device="cpu")
+    given = decode_options(problem, "cpu")
+    assert given["window_size"] == (40, 0) and given["softcap"] == 30.0 and given["learnable_sink"].shape == (16,)
+
+    def out(window):
+        o, _ = decode_reference(x["q"], x["k"], x["v"], x["seqused_k"], x["page_table"], True,
+                                problem.softmax_scale, ModelOptions(window, 30.0, given["learnable_sink"]))
+        return o
+
+    assert cross_check(out((40, 0)), x, problem) < 2e-2
+    assert cross_check(out((-1, -1)), x, problem) > 5e-2
