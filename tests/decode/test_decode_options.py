@@ -1,6 +1,7 @@
 """The options in decode (no GPU): tl.options.with_options states them in the decode sketches (the Sink before the
 splits' Combine), the decode translator emits them only for a spec that asks for them and refuses a sketch/spec
-mismatch or a kernel that cannot compute them, and the launcher refuses a call whose options do not fit its kernel
+mismatch or a kernel that cannot compute them, the launcher refuses a call whose options do not fit its kernel, the
+decode gate's option cases catch a kernel that drops an option, and a campaign trial's cross-check applies them
 (the kernels themselves: tests/gpu/test_decode_options_gpu.py)."""
 import pytest
 

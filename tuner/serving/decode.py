@@ -10,8 +10,18 @@ flash-attn's conventions: sequence b's keys are the first ``cache_seqlens[b]`` r
 dense cache, the table's capacity for a paged one); causal aligns bottom-right (the new queries are the last
 ``seqlen_q`` of those keys). ``k``/``v`` append new rows at ``cache_seqlens`` first (in place, through the table),
 rotated by ``rotary_cos``/``rotary_sin`` where given, as FA2 does (tuner/serving/kvcache_append.py). What the decode
-kernels do not compute is refused, naming the argument: ``cache_batch_idx``, ``cache_leftpad``, sliding windows,
-soft-capping, ALiBi.
+kernels do not compute is refused, naming the argument: ``cache_batch_idx``, ``cache_leftpad``, ALiBi.
+
+Model options (tuner/serving/options.py, FlashAttention's and FA4's names): ``window_size=(left, right)`` (-1 open;
+causal closes the right side at 0), aligned to each sequence's ``cache_seqlens`` (query i of sequence b sees key j
+when i + off - left <= j <= i + off + right, off = cache_seqlens[b] - seqlen_q), ``softcap=`` and, keyword-only,
+``learnable_sink=`` ((hq,) fp32 or q's dtype: one logit per query head that joins each row's max and denominator;
+the returned lse includes it). Bad values are a one-line ValueError naming the argument before anything is
+appended or launched. Such a call is served by the decode config whose kernels are built with exactly the options
+it needs (``ExportedConfig.features``), through ``torch.ops.attn_tuner.decode_kvcache_options`` (the options are op
+arguments, not part of the route: a model's layers share their kernels; its backward differentiates the reference,
+the sinks included); without one, the reference with the options, counted ``no-option-config`` (the export has
+plain decode kernels of the shape) or as a plain call would be.
 
 Dispatch, from shapes, dtypes and the device alone (decided while tracing when they are plain ints; per call
 otherwise): the decode config of the cache layout (paged when a table is given), head dims, dtype and causality
