@@ -80,15 +80,40 @@ def test_the_reference_sketch_gains_the_options_statements():
     assert "Softcap" not in plain_text and "Window" not in plain_text and plain_label.endswith("causal>")
 
 
+@pytest.mark.parametrize("layout", ["paged", "dense"])
+def test_a_decode_target_builds_the_options_into_its_spec_and_sketch(layout):
+    from tuner.commands.bench_decode import resolve_decode_target
+
+    _, spec, heads, _, _ = resolve_decode_target("h200", "gqa", None, 64, None, True, layout, None,
+                                                 ModelOptions((127, 64), 0.0, True))
+    assert spec.phase == "decode" and spec.layout == layout and spec.features == ("local", "sinks")
+    program, text, label, diagnostics = load_checked_program("gqa", True, None, "decode", layout, spec)
+    assert program is not None and not diagnostics, diagnostics
+    assert "Sink" in text and "Window" in text and "Softcap" not in text and label.endswith("local sinks>")
+    _, plain, _, _, _ = resolve_decode_target("h200", "gqa", None, 64, None, True, layout, None, NO_OPTIONS)
+    assert plain.features == ()
+
+
+def test_a_model_presets_decode_bench_takes_its_layers_options():
+    from tuner.commands.bench import preset_options
+
+    options, note = preset_options("gemma2-9b", "local", NO_OPTIONS)
+    assert options == ModelOptions((4095, 0), 50.0, False) and "gemma2-9b local layers" in note
+
+
 # --- the command line ------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, needle", [
-    (["bench", "--gpu", "h100", "--variant", "gqa", "--phase", "decode", "--window", "128,0"], "prefill kernels"),
-    (["bench", "--gpu", "h100", "--variant", "gqa", "--layout", "varlen", "--softcap", "50"], "(dense) only"),
+    (["bench", "--gpu", "h100", "--variant", "mla", "--phase", "decode", "--window", "128,0"],
+     "absorbed MLA decode kernels are built without"),
+    (["bench", "--gpu", "h100", "--variant", "gqa", "--layout", "varlen", "--softcap", "50"],
+     "timed on dense prefill and decode only"),
     (["bench", "--gpu", "h100", "--variant", "gqa", "--window", "x"], "--window must be L,R"),
     (["build", "--gpu", "h100", "--variant", "gqa", "--softcap", "-1", "--out", "unused"], "--softcap must be"),
-    (["build", "--gpu", "h100", "--variant", "gqa", "--phase", "decode", "--sinks", "--out", "unused"],
-     "prefill kernels"),
+    (["build", "--gpu", "h100", "--variant", "mla", "--phase", "decode", "--sinks", "--out", "unused"],
+     "absorbed MLA decode kernels are built without"),
+    (["build", "--gpu", "h100", "--variant", "gqa", "--phase", "decode", "--window", "5,5,5", "--out", "unused"],
+     "--window"),
 ])
 def test_options_where_they_do_not_apply_are_one_line_errors(args, needle, tmp_path):
     result = CliRunner().invoke(app, args)

@@ -114,3 +114,55 @@ def test_load_verified_keeps_the_kernels_that_build_and_pass_the_gate(monkeypatc
     out = capsys.readouterr().out
     assert "mha64n_8192 wrong: k_wrong regs 128 spills 0 verified=False max abs err 1.0" in out
     assert "mha64n_8192 broken: k_x did not compile: ptxas error" in out
+
+
+DECODE_OPTION_SPEC = KernelSpec("gqa", 64, 64, True, "bf16", "paged", "decode", local=True, sinks=True)
+
+
+def test_decode_defaults_are_stored_under_decode_buckets_and_timed_with_their_options(untimed, monkeypatch):
+    """A decode spec built with options: one record per decode bucket of each page size, every timed call given
+    the options the kernel computes (a window, fp32 sinks of its query heads)."""
+    from tuner.measure import decode
+    from tuner.serving.buckets.decode import decode_bucket_errors
+
+    calls = []
+
+    def kernel(q, k, v, cache_seqlens=None, page_table=None, softmax_scale=None, **options):
+        calls.append(options)
+        return q
+
+    monkeypatch.setattr(decode, "problem_inputs", lambda p, device: {
+        "q": torch.zeros(1), "k": None, "v": None, "seqused_k": None, "page_table": None})
+    rows = _measurements(kernel, DECODE_OPTION_SPEC, ("s1024",), (16, 64))
+    assert rows and all(decode_bucket_errors(b, "paged") == [] for b, _, _ in rows)
+    assert {b.rsplit("-", 1)[1] for b, _, _ in rows} == {"p16", "p64"} and len({b for b, _, _ in rows}) == len(rows)
+    assert len(calls) == len(rows)
+    for options in calls:
+        assert options["window_size"] == (1024, 0) and options["softcap"] == 0.0
+        assert options["learnable_sink"].dtype == torch.float32 and options["learnable_sink"].shape == (16,)
+    assert all(problem["window"] == (1024, 0) and problem["sinks"] for _, _, problem in rows)
+
+
+def test_compile_defaults_builds_a_decode_option_kernel_as_tune_build_does(monkeypatch):
+    """The decode sketch with the statements of the spec's options and the default decode parameters: the same
+    source `tune build --phase decode --window ... --sinks` compiles (one nvcc cache entry serves both)."""
+    from types import SimpleNamespace
+
+    import tl
+    from hardware_profiles import load_profile
+    from translate import nvcc
+    from translate.compiler import generate
+    from translate.decode.params import default_decode_params
+    from tuner.build import load_checked_program
+    from tuner.defaults.export import compile_defaults
+
+    monkeypatch.setattr(nvcc, "compile_kernels", lambda gens, arch, **kw: [
+        SimpleNamespace(ok=True, cubin=b"x", log="") for _ in gens])
+    (built,) = compile_defaults("h200", [DECODE_OPTION_SPEC])
+    assert built.generated.meta()["grid"] == "decode"
+    assert built.generated.meta()["spec"]["local"] and built.generated.meta()["spec"]["sinks"]
+    program, _, _, _ = load_checked_program("gqa", True, None, "decode", "paged", DECODE_OPTION_SPEC)
+    profile = load_profile("h200")
+    by_build = generate(program, default_decode_params(DECODE_OPTION_SPEC, None, profile), profile,
+                        DECODE_OPTION_SPEC)
+    assert built.generated.source == by_build.source and tl.parse_program(built.tl_text) == program

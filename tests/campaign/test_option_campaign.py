@@ -41,8 +41,8 @@ def test_flags_apply_to_every_combination_and_win_over_a_presets_options():
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(variant="mha", window=(128, 0), gpu="a100"), "a100 is not a Hopper GPU"),
-    (dict(variant="mha", sinks=True, layout="varlen"), "tuned for dense prefill so far"),
-    (dict(variant="gqa", softcap=30.0, phase="decode"), "tuned for dense prefill so far"),
+    (dict(variant="mha", sinks=True, layout="varlen"), "tuned for dense prefill and decode so far"),
+    (dict(variant="mla", softcap=30.0, phase="decode"), "absorbed MLA decode kernels are built without"),
     (dict(variant="mha", layer="local"), "give --model"),
     (dict(model="mistral-7b-v0.1", layer="global"), "has local layers; --layer global is not one of them"),
     (dict(model="phi3-mini"), "head dim 96, which the kernels do not take yet"),
@@ -101,3 +101,36 @@ def test_a_window_campaign_stores_and_exports_local_kernels(ray_cluster, tmp_pat
     assert run_export(gpu="h100", variant="mha", study_dir=studies, out_dir=out) == 0
     (config,) = read_configs(out)
     assert config.features == ("local",) and ",features=local," in config.path.name
+
+
+@pytest.mark.parametrize("model, layer, features, window", [
+    ("gpt-oss-20b", "local", ("local", "sinks"), (127, 0)), ("gpt-oss-20b", "global", ("sinks",), (-1, -1)),
+    ("gemma2-9b", "local", ("local", "softcap"), (4095, 0)), ("mistral-7b-v0.1", None, ("local",), (4095, 0))])
+def test_a_decode_campaign_of_a_model_builds_and_times_its_layers_options(model, layer, features, window):
+    """--phase decode of a preset with options: kernels built with them (its decode sketches with their statements)
+    and every bucket's problem carrying them, so that the trial times and cross-checks what the layer computes."""
+    from tuner.campaign.sketches import campaign_sketches
+    from tl.options import options_of
+    import tl
+
+    (c,) = [c for c in expand_combinations(load_profile("a100"), None, None, None, None, model, "paged", 16, "decode")
+            if layer is None or c.layer == layer]
+    spec = c.spec()
+    assert spec.phase == "decode" and spec.features == features
+    problems = c.problems()
+    assert problems and all(p.window == window and p.sinks == spec.sinks and p.softcap == c.softcap
+                            for p in problems)
+    sketches = campaign_sketches(spec.variant, spec.causal, list(tl.DECODE_SCHEDULES), (), spec.layout, spec.phase,
+                                 spec.features)
+    assert [s.name for s in sketches] == list(tl.DECODE_SCHEDULES)
+    assert all(set(options_of(tl.parse_program(s.text))) == set(features) for s in sketches)
+
+
+def test_a_windowed_decode_problem_counts_the_keys_it_reads():
+    (c,) = expand_combinations(load_profile("h100"), "gqa", "64", None, None, None, "paged", 16, "decode",
+                               window=(127, 0), sinks=True)
+    p = max(c.problems(), key=lambda p: p.kv_len)
+    plain = max(c.__class__(**{**c.__dict__, "window": (-1, -1), "sinks": False}).problems(), key=lambda p: p.kv_len)
+    assert p.kv_len == plain.kv_len > 128
+    assert p.flops == plain.flops * 128 / p.kv_len and p.kv_bytes == plain.kv_bytes * 128 / p.kv_len
+    assert "window 127,0 sinks" in p.label()

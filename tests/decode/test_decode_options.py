@@ -1,6 +1,7 @@
 """The options in decode (no GPU): tl.options.with_options states them in the decode sketches (the Sink before the
 splits' Combine), the decode translator emits them only for a spec that asks for them and refuses a sketch/spec
-mismatch or a kernel that cannot compute them, and the launcher refuses a call whose options do not fit its kernel
+mismatch or a kernel that cannot compute them, the launcher refuses a call whose options do not fit its kernel, the
+decode gate's option cases catch a kernel that drops an option, and a campaign trial's cross-check applies them
 (the kernels themselves: tests/gpu/test_decode_options_gpu.py)."""
 import pytest
 
@@ -77,3 +78,90 @@ def test_call_options_that_do_not_fit_the_kernel_are_named():
     assert "fp32" in option_errors(("sinks",), (-1, -1), 0.0, torch.zeros(8, dtype=torch.float16), 8, cpu)[0]
     assert "two ints" in option_errors(("local",), (-2, 0), 0.0, None, 8, cpu)[0]
     assert "finite" in option_errors(("softcap",), (-1, -1), float("inf"), None, 8, cpu)[0]
+
+
+# ---- the decode gate's option cases (tuner/measure/verify_decode.py) -----------------------------------------
+def test_the_gate_checks_an_option_kernel_at_the_edges_of_its_options():
+    from tuner.measure.verify_decode import CHECK_CASES, check_cases
+
+    cases = check_cases(_spec(local=True, softcap=True, sinks=True))
+    windows = {c.window for c in cases}
+    assert {(0, 0), (1, 0), (63, 0), (64, 0), (65, 0), (127, 0), (128, 0), (129, 0), (-1, 0)} <= windows
+    assert any(c.window[0] > max(c.cache_seqlens) for c in cases)           # longer than every sequence's cache
+    assert {c.softcap for c in cases} == {1.0, 50.0} and all(c.sinks for c in cases)
+    for w in windows:                  # every window on one new token and on several
+        tokens = {c.seqlen_q for c in cases if c.window == w}
+        assert 1 in tokens and max(tokens) > 1, (w, tokens)
+    assert any(c.num_splits == 1 for c in cases) and any((c.num_splits or 0) > 1 for c in cases)
+    assert check_cases(_spec()) == CHECK_CASES
+    assert all(c.window == (-1, -1) and not c.softcap and c.sinks for c in check_cases(_spec(sinks=True)))
+
+
+class _StandIn:
+    """A decode kernel on the CPU: the fp32 reference with the options it is given, or with one of them dropped
+    (``drop``) as a kernel that ignores its window, cap or sinks would."""
+
+    def __init__(self, spec, drop=None):
+        self.spec, self.drop = spec, drop
+
+    def split_plan(self, batch, heads_q, heads_kv, seqlen_q, capacity, num_splits=None):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(num_splits=num_splits or 1), 1, 1
+
+    def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, num_splits=None, return_lse=False,
+                 out=None, workspace=None, window_size=(-1, -1), softcap=0.0, learnable_sink=None):
+        import torch
+
+        from tuner.serving.decode_sdpa import decode_reference
+        from tuner.serving.options import ModelOptions
+
+        window = (-1, -1) if self.drop == "window" else (window_size[0], 0 if self.spec.causal else window_size[1])
+        options = ModelOptions(window, 0.0 if self.drop == "softcap" else softcap,
+                               None if self.drop == "sinks" else learnable_sink)
+        o, lse = decode_reference(q, k_cache.nan_to_num(0.0), v_cache.nan_to_num(0.0), cache_seqlens, page_table,
+                                  self.spec.causal, 1.0 / q.shape[-1] ** 0.5, options)
+        out.copy_(o.to(torch.bfloat16))
+        return out, lse
+
+
+@pytest.mark.parametrize("drop", [None, "window", "softcap", "sinks"])
+def test_the_gate_passes_a_kernel_that_computes_its_options_and_fails_one_that_drops_one(drop):
+    import torch
+
+    from tuner.measure.verify_decode import check_case, check_cases
+
+    spec = _spec(local=True, softcap=True, sinks=True)
+    gen = torch.Generator().manual_seed(1)
+    checks = [check_case(_StandIn(spec, drop), spec, c, gen, 16, device="cpu") for c in check_cases(spec)]
+    failed = [c for c in checks if not c.passed]
+    if drop is None:
+        assert not failed, failed[0]
+    else:
+        assert failed, drop
+
+
+@pytest.mark.parametrize("layout", ["paged", "dense"])
+def test_a_campaign_trial_cross_checks_the_options_of_its_problem(layout):
+    """tuner.measure.decode.cross_check (a trial's check at benchmark size) applies the problem's window, cap and
+    sinks: the reference with them passes, the same call without its window does not."""
+    import torch
+
+    from tuner.measure.decode import cross_check, decode_options, make_decode_inputs
+    from tuner.measure.decode_problem import DecodeProblem
+    from tuner.serving.decode_sdpa import decode_reference
+    from tuner.serving.options import ModelOptions
+
+    problem = DecodeProblem("gqa", 2, 300, 16, 2, 64, 64, True, "bf16", 2, 16 if layout == "paged" else 0,
+                            window=(40, 0), softcap=30.0, sinks=True)
+    x = make_decode_inputs(problem.point(), device="cpu")
+    given = decode_options(problem, "cpu")
+    assert given["window_size"] == (40, 0) and given["softcap"] == 30.0 and given["learnable_sink"].shape == (16,)
+
+    def out(window):
+        o, _ = decode_reference(x["q"], x["k"], x["v"], x["seqused_k"], x["page_table"], True,
+                                problem.softmax_scale, ModelOptions(window, 30.0, given["learnable_sink"]))
+        return o
+
+    assert cross_check(out((40, 0)), x, problem) < 2e-2
+    assert cross_check(out((-1, -1)), x, problem) > 5e-2

@@ -133,14 +133,21 @@ def test_decode_options_match_the_reference(kernels, name):
         assert err <= ATOL, (name, lens, sq, window, cap, None if sinks is None else sinks[:2].tolist(), splits, err)
 
 
-def test_a_kernel_that_drops_its_window_is_caught(kernels):
-    """The test is not blind: the window kernel's source with its window switched off errs past the bound."""
+@pytest.fixture(scope="module")
+def windowless():
+    """The window kernel's source with its window switched off."""
     profile = _profile()
     spec, hq, hkv = SPECS["mistral_window"]
     gen = _generated(spec, hq, profile)
     wrong = dataclasses.replace(gen, body=gen.body.replace("kLocal = true", "kLocal = false"), name=gen.name + "_x")
     wrong = dataclasses.replace(wrong, body=wrong.body.replace(gen.name, wrong.name))
-    kernel = _load(wrong, profile)
+    return _load(wrong, profile)
+
+
+def test_a_kernel_that_drops_its_window_is_caught(windowless):
+    """The test is not blind: the window kernel's source with its window switched off errs past the bound."""
+    kernel = windowless
+    spec, hq, hkv = SPECS["mistral_window"]
     lens, scale = [700, 2000], spec.d_qk ** -0.5
     q, k, v, seqlens, table, dense_k, dense_v = _call_inputs(spec, hq, hkv, lens, 1, seed=3)
     out = kernel(q, k, v, seqlens, table, softmax_scale=scale, window_size=(64, 0))
@@ -161,3 +168,15 @@ def test_options_that_do_not_fit_the_kernel_are_refused(kernels):
         sinks_kernel(q, k, v, seqlens, table)
     with pytest.raises(ValueError, match="learnable_sink must be"):
         sinks_kernel(q, k, v, seqlens, table, learnable_sink=torch.zeros(shq + 1, device="cuda"))
+
+
+def test_the_decode_gate_passes_the_option_kernels_and_fails_the_windowless_one(kernels, windowless):
+    """tuner.measure.verify_decode with its option cases (what `tune build`/`tune bench --phase decode` and a
+    decode campaign run): every kernel built with options passes, the one that ignores its window does not."""
+    from tuner.measure.verify_decode import verify_decode
+
+    for name, (kernel, spec, _, _) in kernels.items():
+        report = verify_decode(kernel, spec, page_size=PAGE)
+        assert report.passed, (name, report.reason)
+    report = verify_decode(windowless, SPECS["mistral_window"][0], page_size=PAGE)
+    assert not report.passed and "window" in report.reason, report.reason

@@ -103,14 +103,24 @@ class StandInDecodeKernel:
     def __init__(self, meta: dict):
         self.meta = meta
         self.splits = []
+        self.seen = []      # (window, softcap, sinks given) of each call
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, softmax_scale=None,
-                 num_splits=None, return_lse=False, out=None, workspace=None):
+                 num_splits=None, return_lse=False, out=None, workspace=None, window_size=(-1, -1), softcap=0.0,
+                 learnable_sink=None):
+        from kernel_abi.spec import FEATURES
         from tuner.serving.decode_sdpa import decode_reference
+        from tuner.serving.launch.decode_kernel import option_errors
+        from tuner.serving.options import ModelOptions
 
         spec = self.meta["spec"]
         if self.meta.get("grid") != "decode":
             raise ValueError("not a decode kernel")
+        errors = option_errors(tuple(f for f in FEATURES if spec.get(f)), window_size, softcap, learnable_sink,
+                               q.shape[2], q.device)
+        if errors:      # the launcher's own refusal of options the kernel lacks
+            raise ValueError("; ".join(errors))
+        self.seen.append((tuple(window_size), softcap, learnable_sink is not None))
         if not 1 <= q.shape[1] <= 16:
             raise ValueError(f"a decode kernel takes 1..16 query tokens per sequence, got {q.shape[1]}")
         if q.dtype != {"bf16": torch.bfloat16, "fp16": torch.float16}[spec["dtype"]]:
@@ -128,7 +138,8 @@ class StandInDecodeKernel:
             raise ValueError("cache_seqlens must be a contiguous int32 tensor of b lengths")
         self.splits.append(num_splits)
         o, lse = decode_reference(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, page_table,
-                                  spec["causal"], softmax_scale)
+                                  spec["causal"], softmax_scale,
+                                  ModelOptions(tuple(window_size), float(softcap), learnable_sink))
         o = o.to(q.dtype)
         if out is not None:
             out.copy_(o)

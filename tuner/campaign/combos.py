@@ -100,7 +100,7 @@ class Combination:
             spec = self.spec()
             hq, hkv = self.decode_heads()
             return decode_problems(self.variant, hq, hkv, spec.d_qk, spec.d_v, self.causal, self.dtype,
-                                   self.page_size)
+                                   self.page_size, self.window_for_mask(), self.softcap, self.sinks)
         if self.layout == "dense":
             problems = grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads,
                                      **grid)
@@ -298,11 +298,12 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
     Attention options: ``window`` (left, right), ``softcap``, ``sinks`` (--window/--softcap/--sinks) apply to every
     combination; without them a model preset's own (tuner/models.toml) give one combination per kind of its layers
     (local, global), or the ``layer`` kind alone. Options are tuned for the dense prefill of Hopper GPUs (the
-    warp-specialised kernels build them) so far: elsewhere a ComboError says so.
+    warp-specialised kernels build them) and for decode (sm80+, not absorbed MLA) so far: elsewhere a ComboError says
+    so.
 
     Several layouts or phases (``all`` or comma lists, several page sizes: serving_targets) give the combinations
-    of each, in order (dense prefill, varlen, paged, decode); the combinations with options only for dense prefill,
-    each left out named in ``notes``.
+    of each, in order (dense prefill, varlen, paged, decode); the combinations with options only for dense prefill
+    and decode, each left out named in ``notes``.
 
     ``profile`` is a hardware_profiles.Profile (its name and dtypes are used)."""
     if several(layout) or several(phase) or several(page_size):
@@ -315,10 +316,14 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
             if (lay, ph) == ("dense", "prefill"):
                 out += dense
                 continue
-            if len(plain) < len(dense):
-                left_out.append(f"{lay} {ph}{f' (pages of {size})' if size else ''}: the {len(dense) - len(plain)} "
-                                "combination(s) with a window, softcap or sinks are tuned for dense prefill only so far")
-            out += [replace(c, layout=lay, page_size=size, phase=ph) for c in plain]   # (the checks: serving_targets)
+            # decode kernels build the options (not absorbed MLA's, which no model needs them for)
+            takes = [c for c in dense if c.variant != "mla"] if ph == "decode" else plain
+            kept = plain + [c for c in takes if c.has_options()]
+            if len(kept) < len(dense):
+                left_out.append(f"{lay} {ph}{f' (pages of {size})' if size else ''}: the {len(dense) - len(kept)} "
+                                "combination(s) with a window, softcap or sinks are tuned for dense prefill and "
+                                "decode only so far")
+            out += [replace(c, layout=lay, page_size=size, phase=ph) for c in dense if c in kept]   # (serving_targets)
         if notes is not None:
             notes.extend(left_out)
         return out
@@ -332,11 +337,14 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
                                             softcap=float(softcap or 0.0), sinks=bool(sinks), layer=None)
                                     for c in combos))
     if any(c.has_options() for c in combos):
-        if phase == "decode" or layout != "dense":
-            raise ComboError("sliding windows, soft-capping and sinks are tuned for dense prefill so far (the "
-                             "serving layouts and decode serve them, `tune bench` times them); drop --layout/--phase "
-                             "or the options")
-        if "SM90_GMMA" not in getattr(profile, "mma_atoms", ()):
+        if phase == "decode" and any(c.variant == "mla" for c in combos):
+            raise ComboError("absorbed MLA decode kernels are built without windows, soft-capping or sinks (no MLA "
+                             "model uses them); drop the options")
+        if phase != "decode" and layout != "dense":
+            raise ComboError("sliding windows, soft-capping and sinks are tuned for dense prefill and decode so far "
+                             "(the varlen and paged prefill kernels serve them, `tune bench` times them); drop "
+                             "--layout or the options")
+        if phase != "decode" and "SM90_GMMA" not in getattr(profile, "mma_atoms", ()):
             raise ComboError(f"sliding windows, soft-capping and sinks are built into the warp-specialised Hopper "
                              f"kernels; {profile.name} is not a Hopper GPU")
     if phase == "decode":

@@ -56,11 +56,11 @@ def campaign_sketches(variant: str, causal: bool, bases, llm_programs=(), layout
     keeps the warp-specialised schedules (the only ones that build it), in that layout, and so do kernel options
     (``features``: the warp-specialised kernels build them), whose statements every sketch gets (an LLM program
     they cannot be placed in is left out). Decode searches its own sketches (tl.DECODE_SCHEDULES) in its cache
-    layout; the LLM's programs are prefill flows."""
+    layout, with the statements of its options; the LLM's programs are prefill flows."""
     from tl.pipelines import has_roles
 
     if phase == "decode":
-        return builtin_sketches(variant, causal, bases, layout)
+        return builtin_sketches(variant, causal, bases, layout, features)
     if layout != "dense" or features:
         bases = [b for b in bases if b.startswith("ws_")]
     out = builtin_sketches(variant, causal, bases, layout, features)

@@ -16,8 +16,9 @@ from rich.table import Table
 DECODE_LAYOUTS = ("paged", "dense")
 
 
-def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, layout: str, page_size):
-    """(profile, spec, heads, page size) of a decode bench; UsageError naming the bad input."""
+def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, layout: str, page_size, options=None):
+    """(profile, spec, heads, page size, model) of a decode bench or build; ``options`` (tuner.build.ModelOptions:
+    --window/--softcap/--sinks) go into the spec (absorbed MLA has none); UsageError naming the bad input."""
     from hardware_profiles import ProfileError, load_profile
     from kernel_abi.spec import KernelSpec, spec_for
     from tuner.commands.bench import resolve_bench_target
@@ -40,6 +41,10 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
     page_size = 0 if layout == "dense" else default_page if page_size is None else page_size   # 0: a dense cache
     if layout == "paged" and page_size not in PAGE_SIZES:
         raise UsageError(f"--page-size must be one of {', '.join(map(str, PAGE_SIZES))}, got {page_size}")
+    given = options is not None and (options.window != (-1, -1) or options.softcap or options.sinks)
+    if target.variant == "mla" and given:
+        raise UsageError("absorbed MLA decode kernels are built without windows, soft-capping or sinks (no MLA model "
+                         "uses them): drop --window/--softcap/--sinks")
     if target.variant == "mla":
         # absorbed MLA decode: q/k 576 (512 latent + 64 rotary), v the first 512 columns of k, one latent KV head
         from kernel_abi.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V
@@ -55,7 +60,8 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     causal = target.causals[-1] if causal is None else causal
-    spec = KernelSpec(base.variant, base.d_qk, base.d_v, causal, base.dtype, layout, "decode")
+    spec = KernelSpec(base.variant, base.d_qk, base.d_v, causal, base.dtype, layout, "decode",
+                      **(options.spec_changes(causal) if given else {}))
     if target.heads is not None:
         heads = target.heads
     else:
@@ -67,11 +73,13 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
 
 def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, causal, layout, page_size,
                      out_json, console: Optional[Console] = None, cache_dir=None,
-                     batches=None, kv_lens=None) -> int:
-    import tl
+                     batches=None, kv_lens=None, options=None, layer=None) -> int:
+    """``options`` (--window/--softcap/--sinks) or a preset's layer kind (``layer``, as `tune bench` takes them) are
+    built into the kernel, verified by the decode gate's option cases and given to every timed call (ours and
+    FA4's)."""
     from translate.decode import default_decode_params
-    from tuner.commands.bench import device_problem, environment_record, write_record
-    from tuner.build import UsageError, parse_params_arg
+    from tuner.commands.bench import device_problem, environment_record, preset_options, write_record
+    from tuner.build import NO_OPTIONS, UsageError, load_checked_program, parse_params_arg
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
@@ -81,13 +89,15 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         return 2
 
     try:
+        options, options_note = preset_options(model, layer, options or NO_OPTIONS)
         profile, spec, heads, page_size, model_name = resolve_decode_target(gpu, variant, model, head_dim, dtype,
-                                                                           causal, layout, page_size)
+                                                                           causal, layout, page_size, options)
         decode_params = parse_params_arg(params, default_decode_params(spec, heads[0], profile))
-        text = Path(sketch).read_text() if sketch is not None else \
-            tl.load_sketch(spec.variant, spec.causal, "decode", spec.layout)
+        _, text, _, _ = load_checked_program(spec.variant, spec.causal, sketch, "decode", spec.layout, spec)
     except (UsageError, OSError) as exc:
         return usage(str(exc))
+    if options_note:
+        err.print(f"tune bench: {options_note}", markup=False, highlight=False)
     from translate.decode import validate_decode
 
     reasons = validate_decode(decode_params, profile, spec)
@@ -143,7 +153,8 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
     else:
         rows = []
         for p in decode_grid(batches or BATCHES, kv_lens or KV_LENS, heads_q=heads[0], heads_kv=heads[1],
-                             head_dim=spec.d_qk, page_size=page_size, causal=spec.causal, dtype=spec.dtype):
+                             head_dim=spec.d_qk, page_size=page_size, causal=spec.causal, dtype=spec.dtype,
+                             **options.problem_changes(spec.causal)):
             row = measure_point(k, p)
             row["copy_frac"] = row["ours_gbs"] / copy
             if "fa4_gbs" in row:

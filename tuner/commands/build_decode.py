@@ -26,7 +26,9 @@ def resolve_decode_schedule(schedule: Optional[str]) -> str:
 def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], params: Optional[str],
                      head_dim: Optional[int], dtype: Optional[str], causal: bool, out: Path,
                      layout: Optional[str] = None, page_size: Optional[int] = None, schedule: Optional[str] = None,
-                     console: Optional[Console] = None, cache_dir: Optional[Path] = None) -> int:
+                     console: Optional[Console] = None, cache_dir: Optional[Path] = None, options=None) -> int:
+    """``options`` (tuner.build.ModelOptions of --window/--softcap/--sinks) are built in: the reference sketch gets
+    their statements (a --sketch states them itself)."""
     import tl
     from translate.compiler import generate
     from translate.decode import validate_decode
@@ -40,12 +42,12 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     err = Console(stderr=True, soft_wrap=True)
     try:
         profile, spec, _, page_size, _ = resolve_decode_target(gpu, variant, None, head_dim, dtype, causal, layout,
-                                                               page_size)
+                                                               page_size, options)
         schedule = resolve_decode_schedule(schedule)
         if sketch is None:
             tl.decode_sketch_path(spec.variant, schedule, spec.layout)   # a missing one is a usage error
         program, _, label, diagnostics = load_checked_program(spec.variant, spec.causal, sketch, schedule,
-                                                              spec.layout)
+                                                              spec.layout, spec)
         decode_params = parse_params_arg(params, default_decode_params(spec, None, profile))
     except (UsageError, ValueError) as exc:
         err.print(f"tune build: error: {exc}", markup=False, highlight=False)

@@ -108,7 +108,8 @@ PHASE_HELP = ("prefill, or decode: split-KV decode kernels (a few new tokens per
 
 def _model_options(command: str, window, softcap, sinks, phase: str, layout: str = "dense"):
     """--window / --softcap / --sinks as tuner.build.ModelOptions; a one-line usage error where they do not apply
-    (decode, and for `tune bench` the serving layouts, take none yet)."""
+    (`tune bench` of the serving layouts takes none yet; absorbed MLA decode refuses them where its target is
+    resolved)."""
     from tuner.build import UsageError, parse_options
 
     try:
@@ -117,9 +118,9 @@ def _model_options(command: str, window, softcap, sinks, phase: str, layout: str
         typer.echo(f"{command}: error: {exc}", err=True)
         raise typer.Exit(2)
     given = window is not None or softcap is not None or sinks
-    if given and (phase == "decode" or (command == "tune bench" and layout != "dense")):
-        typer.echo(f"{command}: error: --window, --softcap and --sinks are built into prefill kernels "
-                   f"({'dense' if command == 'tune bench' else 'dense, varlen, paged'}) only so far", err=True)
+    if given and command == "tune bench" and phase == "prefill" and layout != "dense":
+        typer.echo(f"{command}: error: --window, --softcap and --sinks are timed on dense prefill and decode only so "
+                   "far", err=True)
         raise typer.Exit(2)
     return options
 
@@ -355,7 +356,8 @@ def build(
         from tuner.commands.build_decode import run_decode_build
 
         raise typer.Exit(run_decode_build(gpu, variant, sketch, params, head_dim, dtype, causal, out,
-                                          layout.strip().lower() if layout else None, page_size, schedule))
+                                          layout.strip().lower() if layout else None, page_size, schedule,
+                                          options=options))
     layout = (layout or "dense").strip().lower()
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
@@ -411,7 +413,8 @@ def bench(
         from tuner.commands.bench_decode import run_decode_bench
 
         raise typer.Exit(run_decode_bench(gpu, variant, model, params, sketch, head_dim, dtype, causal,
-                                          None if layout_given is None else layout, page_size, out_json))
+                                          None if layout_given is None else layout, page_size, out_json,
+                                          options=options, layer=layer))
     if layout != "dense":
         if seqlens is not None:
             typer.echo(f"tune bench: error: --seqlens sets the paper grid of the dense layout; --layout {layout} times "

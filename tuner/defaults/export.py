@@ -1,6 +1,7 @@
 """An export of a GPU profile's default kernels, without a campaign: what `tune build` makes for each spec,
 through the same gate as a campaign's kernels (tuner.measure.verify on the GPU), stored and exported with
-`tune export`'s code. The serving GPU tests and scripts/bench_serving.py serve it; ``compile_defaults``
+`tune export`'s code. A decode spec (phase decode, with or without options) gets `tune build --phase decode`'s
+kernel, the decode gate, and a record per decode bucket (a config of phase decode, its features in the metadata). The serving GPU tests and scripts/bench_serving.py serve it; ``compile_defaults``
 (no GPU) fills the nvcc cache ahead of a device run.
 
 Dense kernels are stored under the key-length buckets given. Varlen and paged kernels are stored under the
@@ -53,12 +54,20 @@ def compile_defaults(gpu: str, specs: Sequence[KernelSpec], cache_dir: Path | No
     schedule = resolve_schedule(None, profile)
     items = []   # (spec, generated, sketch text, buckets served)
     for spec in specs:
-        text = tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout)
+        decode = spec.phase == "decode"
+        text = tl.load_sketch(spec.variant, spec.causal, "decode" if decode else schedule, spec.layout)
         if spec.features:   # the reference sketch with the statements of the spec's options (tl/options.py)
             from tl.options import with_options
 
             text = tl.format_program(with_options(tl.parse_program(text), spec.local, spec.softcap, spec.sinks))
         program = tl.parse_program(text)
+        if decode:          # `tune build --phase decode`'s kernel: the decode sketch and parameters
+            from translate.decode.params import default_decode_params
+
+            items.append((spec, translate.generate(program, default_decode_params(spec, _heads(spec.variant)[0],
+                                                                                  profile), profile, spec),
+                          text, None, None))
+            continue
         kind = "ws_overlap" if has_roles(program.statements) else "fa2"
         if spec.layout == "paged" and page_sizes:
             by_params: dict[str, tuple] = {}   # key -> (params, page sizes), in the order first asked
@@ -137,13 +146,20 @@ TIMED_WINDOW = 1024
 TIMED_SOFTCAP = 50.0
 
 
+def timed_values(spec: KernelSpec) -> tuple:
+    """(window, softcap) a kernel of ``spec`` is timed with ((-1, -1) and 0 where it has none)."""
+    window = (TIMED_WINDOW, 0 if spec.causal else TIMED_WINDOW) if spec.local else (-1, -1)
+    return window, TIMED_SOFTCAP if spec.softcap else 0.0
+
+
 def timed_options(spec: KernelSpec, heads_q: int, device: str = "cuda") -> dict:
     """The keyword arguments of a timed call of a kernel of ``spec`` (none for a plain kernel)."""
     out = {}
+    window, softcap = timed_values(spec)
     if spec.local:
-        out["window_size"] = (TIMED_WINDOW, 0 if spec.causal else TIMED_WINDOW)
+        out["window_size"] = window
     if spec.softcap:
-        out["softcap"] = TIMED_SOFTCAP
+        out["softcap"] = softcap
     if spec.sinks:
         import torch
 
@@ -182,15 +198,37 @@ def serving_call(kernel, problem, device: str = "cuda", options: dict | None = N
     return lambda: kernel.paged(q, kc, vc, cu_q, used, table, max_q, **options)
 
 
+def _decode_measurements(kernel, spec: KernelSpec, page_sizes: Sequence[int]):
+    """(bucket, TFLOPS, the problem measured) of a decode kernel: each decode bucket's representative call (a
+    campaign's problems: tuner.measure.decode_problem), at each page size of ``page_sizes`` when paged, with the
+    timed options of a kernel built with them."""
+    from tuner.measure import decode, timer
+    from tuner.measure.decode_problem import decode_problems
+
+    hq, hkv = _heads(spec.variant)
+    window, softcap = timed_values(spec)
+    out = []
+    for page in (page_sizes if spec.layout == "paged" else (None,)):
+        for problem in decode_problems(spec.variant, hq, hkv, spec.d_qk, spec.d_v, spec.causal, spec.dtype, page,
+                                       window, softcap, spec.sinks):
+            x = decode.problem_inputs(problem, "cuda")
+            ms = timer.time_ms(decode.ours_call(kernel, problem, x))
+            out.append((problem.bucket, decode.problem_tflops(problem, ms), problem.to_dict()))
+            del x
+    return out
+
+
 def _measurements(kernel, spec: KernelSpec, buckets: Sequence[str], page_sizes: Sequence[int]):
     """(bucket, TFLOPS, the problem measured) of one kernel: each dense bucket timed on 4 x 4096; a serving
-    kernel on each mix of its layout, under the mix's serving bucket."""
+    kernel on each mix of its layout, under the mix's serving bucket; a decode kernel on each decode bucket."""
     from dataclasses import asdict
 
     from tuner.measure import dense
     from tuner.measure import timer
     from tuner.measure.mixes import serving_problems
 
+    if spec.phase == "decode":
+        return _decode_measurements(kernel, spec, page_sizes)
     hq, hkv = _heads(spec.variant)
     if spec.layout not in SERVING_LAYOUTS:
         options = timed_options(spec, hq)
@@ -219,12 +257,9 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
     import torch
 
     from hardware_profiles import load_profile
-    from tuner.serving import launch
     from tuner.store.export import collect_records, export_records
     from tuner.store.provenance import collect
     from tuner.store.records import KernelRecord, KernelStore
-    from tuner.measure.verify import verify
-    from tuner.measure.verify_varlen import verify_varlen
 
     profile = load_profile(gpu)
     device_name = torch.cuda.get_device_name()
@@ -232,8 +267,7 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
     for k in compile_defaults(gpu, specs, cache_dir, buckets=buckets, page_sizes=page_sizes):
         if k.cubin is None:
             raise RuntimeError(f"{k.generated.name} did not compile: {k.log[-2000:]}")
-        kernel = launch.load_kernel(k.cubin, k.generated.meta())
-        report = verify_varlen(kernel, k.spec) if k.spec.layout in SERVING_LAYOUTS else verify(kernel, k.spec)
+        kernel, report = _load_and_verify(k, page_sizes)
         if not report.passed:
             raise RuntimeError(f"{k.generated.name} failed verification: {report.reason}")
         for bucket, value, problem in _measurements(kernel, k.spec, k.buckets or buckets, k.page_sizes or page_sizes):
@@ -243,6 +277,24 @@ def export_defaults(gpu: str, specs: Sequence[KernelSpec], out_dir: Path, *, cac
                 params=k.generated.params.to_dict(), kernel_name=k.generated.name, kernel_meta=k.generated.meta(),
                 source=k.generated.source, cubin=k.cubin, tl_program=k.tl_text, verification=report.to_dict(),
                 tflops=value, baselines={}, problem=problem,
-                provenance=collect(profile, device_name), study="defaults", trial=-1, layout=k.spec.layout))
+                provenance=collect(profile, device_name), study="defaults", trial=-1, layout=k.spec.layout,
+                phase=k.spec.phase))
     records = collect_records(store.root, profile.arch_family, profile.name, None)
     return export_records(records, profile, Path(out_dir))
+
+
+def _load_and_verify(k: DefaultKernel, page_sizes: Sequence[int]):
+    """(the loaded kernel, its gate's report): the decode gate for a decode kernel (paged: at the first page size),
+    the packed sequences' for a serving one, else the dense one (GPU)."""
+    if k.spec.phase == "decode":
+        from tuner.measure.verify_decode import verify_decode
+        from tuner.serving.launch.decode_kernel import load_decode_kernel
+
+        kernel = load_decode_kernel(k.cubin, k.generated.meta())
+        return kernel, verify_decode(kernel, k.spec, page_size=page_sizes[0] if k.spec.layout == "paged" else None)
+    from tuner.measure.verify import verify
+    from tuner.measure.verify_varlen import verify_varlen
+    from tuner.serving import launch
+
+    kernel = launch.load_kernel(k.cubin, k.generated.meta())
+    return kernel, verify_varlen(kernel, k.spec) if k.spec.layout in SERVING_LAYOUTS else verify(kernel, k.spec)

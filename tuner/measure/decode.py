@@ -15,6 +15,19 @@ BATCHES = (1, 8, 32, 64, 128)
 KV_LENS = (1024, 4096, 8192, 16384, 32768)
 
 
+def keys_read(kv_len: int, seqlen_q: int, window) -> int:
+    """Keys of one sequence a decode call reads: with a left window only the last left + seqlen_q (+ right) of its
+    kv_len (the kernel skips the tiles before the window)."""
+    left, right = window
+    return kv_len if left < 0 else min(kv_len, left + seqlen_q + max(right, 0))
+
+
+def options_text(window, softcap: float, sinks: bool) -> str:
+    """`` window 127,0 softcap 50 sinks``: a point's options in its label; "" for none."""
+    return "".join((f" window {window[0]},{window[1]}" if tuple(window) != (-1, -1) else "",
+                    f" softcap {softcap:g}" if softcap else "", " sinks" if sinks else ""))
+
+
 @dataclass(frozen=True)
 class DecodePoint:
     batch: int
@@ -26,14 +39,31 @@ class DecodePoint:
     page_size: int = 16          # 0: a dense cache (b, kv_len, hkv, d)
     causal: bool = True
     dtype: str = "bf16"
+    # the options of a kernel built with them (kernel_abi.spec), given to ours and to FA4 alike
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    sinks: bool = False
 
     @property
     def kv_bytes(self) -> int:
-        return 2 * self.batch * self.kv_len * self.heads_kv * self.head_dim * 2
+        """Bytes of K and V the call reads (a window's keys only)."""
+        return 2 * self.batch * keys_read(self.kv_len, self.seqlen_q, self.window) * self.heads_kv * self.head_dim * 2
 
     def label(self) -> str:
         cache = f"p{self.page_size}" if self.page_size else "dense"
-        return f"b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}"
+        return f"b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}" + \
+            options_text(self.window, self.softcap, self.sinks)
+
+
+def decode_options(p, device: str = "cuda") -> dict:
+    """Our decode kernel's keyword arguments for a point's (or problem's) options: window_size, softcap,
+    learnable_sink (tuner.measure.dense.problem_sinks: the same logits FA4 is given); none for a plain one."""
+    from tuner.measure.dense import problem_sinks
+
+    if tuple(p.window) == (-1, -1) and not p.softcap and not p.sinks:
+        return {}
+    return {"window_size": tuple(p.window), "softcap": p.softcap,
+            "learnable_sink": problem_sinks(p, device) if p.sinks else None}
 
 
 def decode_grid(batches=BATCHES, kv_lens=KV_LENS, **common) -> list[DecodePoint]:
@@ -71,10 +101,18 @@ def fa4_decode_call(p: DecodePoint, x: dict):
     from tuner.measure import fa4
 
     func = fa4.varlen_func()
+    options = {}
+    given = decode_options(p, x["q"].device)
+    if given.get("window_size", (-1, -1)) != (-1, -1):     # FA4: None leaves a side open
+        options["window_size"] = tuple(None if w < 0 else w for w in given["window_size"])
+    if given.get("softcap"):
+        options["softcap"] = given["softcap"]
+    if given.get("learnable_sink") is not None:
+        options["learnable_sink"] = given["learnable_sink"]
 
     def call():
         out = func(x["q"], x["k"], x["v"], seqused_k=x["seqused_k"], page_table=x["page_table"], causal=p.causal,
-                   softmax_scale=1.0 / math.sqrt(p.head_dim))
+                   softmax_scale=1.0 / math.sqrt(p.head_dim), **options)
         return out[0] if isinstance(out, (tuple, list)) else out
 
     return call
@@ -86,7 +124,9 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     import torch
 
     x = make_decode_inputs(p)
-    ours = lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"])  # noqa: E731
+    options = decode_options(p)
+    ours = lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"],  # noqa: E731
+                          **options)
     row = {"point": p.label(), "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q}
     o = ours()
     capacity = x["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
@@ -211,8 +251,9 @@ def problem_inputs(problem, device: str) -> dict:
 
 def ours_call(kernel, problem, x: dict):
     scale = problem.softmax_scale
+    options = decode_options(problem, x["q"].device)
     return lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"],
-                          softmax_scale=scale)
+                          softmax_scale=scale, **options)
 
 
 def problem_tflops(problem, ms: float) -> float:
@@ -233,23 +274,27 @@ def _sequence_kv(x: dict, problem, i: int, name: str):
 
 def cross_check(out, x: dict, problem) -> float:
     """Largest relative error of ``out`` on the first and last sequence against the fp32 reference (the query
-    heads of a KV group share its keys: no copies of K per head, which for MLA's 128 heads would be gigabytes)."""
-    import torch
+    heads of a KV group share its keys: no copies of K per head, which for MLA's 128 heads would be gigabytes), with
+    the problem's options (tuner/serving/options.py's masking, cap and sink join)."""
+    from tuner.serving.options import capped, softmax_rows, visible
 
     worst = 0.0
     hkv, sq = problem.heads_kv, problem.seqlen_q
     group = problem.heads_q // hkv
+    sinks = decode_options(problem, x["q"].device).get("learnable_sink")
+    # (hq,) -> (hkv, group * sq, 1), in the rows' order below
+    sink = None if sinks is None else sinks.view(hkv, group, 1).expand(hkv, group, sq).reshape(hkv, group * sq, 1)
     for i in sorted({0, problem.batch - 1}):
         k = _sequence_kv(x, problem, i, "k").float().transpose(0, 1)     # (hkv, kv, d_qk)
         v = _sequence_kv(x, problem, i, "v").float().transpose(0, 1)     # (hkv, kv, d_v)
         # (sq, hq, d) -> (hkv, group * sq, d): row g * sq + t is token t of the group's head g
         q = x["q"][i].float().reshape(sq, hkv, group, -1).permute(1, 2, 0, 3).reshape(hkv, group * sq, -1)
-        s = (q @ k.transpose(1, 2)) * problem.softmax_scale
-        if problem.causal and sq > 1:
-            rows = (torch.arange(group * sq, device=q.device) % sq)[:, None]
-            cols = torch.arange(problem.kv_len, device=q.device)[None, :]
-            s = s.masked_fill(cols > rows + problem.kv_len - sq, float("-inf"))
-        ref = (torch.softmax(s, -1) @ v).reshape(hkv, group, sq, -1).permute(2, 0, 1, 3).reshape(sq, hkv * group, -1)
+        s = capped((q @ k.transpose(1, 2)) * problem.softmax_scale, getattr(problem, "softcap", 0.0))
+        keep = visible(sq, problem.kv_len, problem.causal, getattr(problem, "window", (-1, -1)), q.device)
+        if keep is not None:
+            s = s.masked_fill(~keep.repeat(group, 1), float("-inf"))
+        p, _ = softmax_rows(s, sink)
+        ref = (p @ v).reshape(hkv, group, sq, -1).permute(2, 0, 1, 3).reshape(sq, hkv * group, -1)
         err = (out[i].float() - ref).abs().max() / ref.abs().max().clamp_min(1e-6)
         worst = max(worst, float(err))
     return worst

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kernel_abi.spec import effective_window, visible_pairs
 from tuner.serving.buckets.decode import bucket_points, decode_bucket
 
 
@@ -26,6 +27,10 @@ class DecodeProblem:
     dtype: str
     seqlen_q: int = 1
     page_size: int = 0            # 0: a dense cache (b, kv_len, hkv, d)
+    # the options of a kernel built with them (kernel_abi.spec): the window as the problem's causality states it
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    sinks: bool = False
 
     phase = "decode"              # (a class attribute: what tuner/campaign/problems.py tells problems apart by)
 
@@ -57,9 +62,7 @@ class DecodeProblem:
     @property
     def keys_seen(self) -> float:
         """Key rows each query token attends to, summed over the new tokens (causal: bottom-right aligned)."""
-        if not self.causal:
-            return self.seqlen_q * self.kv_len
-        return sum(max(0, min(self.kv_len, self.kv_len - self.seqlen_q + 1 + t)) for t in range(self.seqlen_q))
+        return visible_pairs(self.seqlen_q, self.kv_len, *effective_window(tuple(self.window), self.causal))
 
     @property
     def flops(self) -> float:
@@ -69,16 +72,21 @@ class DecodeProblem:
     def kv_bytes(self) -> int:
         """Bytes of the cache one call reads: K and V rows of every KV head (MLA: the latent rows once, V being
         their first d_v columns)."""
+        from tuner.measure.decode import keys_read
+
         width = self.d_qk if self.variant == "mla" else self.d_qk + self.d_v
-        return self.batch * self.kv_len * self.heads_kv * width * 2
+        return self.batch * keys_read(self.kv_len, self.seqlen_q, self.window) * self.heads_kv * width * 2
 
     @property
     def softmax_scale(self) -> float:
         return 1.0 / math.sqrt(self.d_qk)
 
     def label(self) -> str:
+        from tuner.measure.decode import options_text
+
         cache = f"p{self.page_size}" if self.page_size else "dense"
-        return f"decode b{self.batch} kv{self.kv_len} sq{self.seqlen_q} {cache}"
+        return f"decode b{self.batch} kv{self.kv_len} sq{self.seqlen_q} {cache}" + \
+            options_text(self.window, self.softcap, self.sinks)
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -95,11 +103,14 @@ class DecodeProblem:
             return MLAPoint(self.batch, self.kv_len, self.heads_q, self.seqlen_q, self.page_size, self.causal,
                             self.dtype)
         return DecodePoint(self.batch, self.kv_len, self.heads_q, self.heads_kv, self.d_qk, self.seqlen_q,
-                           self.page_size, self.causal, self.dtype)
+                           self.page_size, self.causal, self.dtype, tuple(self.window), self.softcap, self.sinks)
 
 
 def decode_problems(variant: str, heads_q: int, heads_kv: int, d_qk: int, d_v: int, causal: bool, dtype: str,
-                    page_size: int | None) -> list[DecodeProblem]:
-    """One problem per decode bucket: its class edges (tuner/decode_buckets.bucket_points)."""
-    return [DecodeProblem(variant, b, kv, heads_q, heads_kv, d_qk, d_v, causal, dtype, 1, page_size or 0)
+                    page_size: int | None, window=(-1, -1), softcap: float = 0.0,
+                    sinks: bool = False) -> list[DecodeProblem]:
+    """One problem per decode bucket: its class edges (tuner/decode_buckets.bucket_points), with the options of a
+    kernel built with them."""
+    return [DecodeProblem(variant, b, kv, heads_q, heads_kv, d_qk, d_v, causal, dtype, 1, page_size or 0,
+                          tuple(window), float(softcap), bool(sinks))
             for b, kv, _ in bucket_points(page_size)]

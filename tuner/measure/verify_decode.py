@@ -7,6 +7,11 @@ NaN; every output element written and finite, the inputs unchanged; tuner.measur
 against the fp32 reference of each sequence alone (causal aligned bottom-right: the new tokens are the last of
 their sequence), and the log-sum-exp the kernel returns against the reference's within 1e-2.
 
+A kernel built with options (a window, a cap, sinks: kernel_abi.spec) is checked on the same cases with the
+prefill gate's values of them (``option_cases``): windows at 0, 1, a tile +- 1 and longer than the cache, caps of
+1 and 50, sink logits of +-30, 1 to 16 new tokens; the reference and its log-sum-exp take the options (the sinks
+join the lse).
+
 MLA (absorbed decode, translate.decode.v_from_k): one latent KV head of 576 columns whose first 512 are the values
 (the cache holds K only; the reference takes V = K[..., :512]), 128 query heads (DeepSeek-V3) and 16 (a
 tensor-parallel shard), pages of 64 tokens by default (FlashMLA's), the kernel called with v_cache None or the
@@ -16,12 +21,13 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from kernel_abi.decode import v_from_k
 from kernel_abi.spec import KernelSpec
-from tuner.measure.verify import CHECK_HEADS, ShapeCheck, VerificationReport, judge, reference
+from tuner.measure.verify import (CAUSAL_WINDOWS, CHECK_HEADS, SOFTCAPS, WINDOWS, ShapeCheck, VerificationReport,
+                                  judge, reference, reference_lse, sink_logits)
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 LSE_TOLERANCE = 1e-2
@@ -42,6 +48,11 @@ class DecodeCase:
     # factors that are not 1 are checked too; unit-normal keys move the max by less than that after the first tile.
     # (Much larger scores make the dtype's own reference, and so the bound, loose: bf16 rounds a score of 100 by 0.5.)
     key_growth: float = 0.0
+    # the options of a kernel built with them (kernel_abi.spec): a window (left, right), a cap, sink logits
+    # (tuner.measure.verify.sink_logits: +30 and -30 beside small ones)
+    window: tuple = (-1, -1)
+    softcap: float = 0.0
+    sinks: bool = False
 
     def label(self) -> str:
         text = f"sq{self.seqlen_q} k{list(self.cache_seqlens)}"
@@ -53,6 +64,12 @@ class DecodeCase:
             text += " v=k[...,:dv]"
         if self.key_growth:
             text += f" keys x(1..{1 + self.key_growth:g})"
+        if self.window != (-1, -1):
+            text += f" window{self.window[0]},{self.window[1]}"
+        if self.softcap:
+            text += f" softcap{self.softcap:g}"
+        if self.sinks:
+            text += " sinks"
         return text
 
 
@@ -94,7 +111,29 @@ MAX_PAGES_SPARE = 3      # pages no table row names, poisoned
 
 
 def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
-    return MLA_CHECK_CASES if spec.variant == "mla" else CHECK_CASES
+    """The decode gate's cases for ``spec``; a kernel built with options gets ``option_cases``."""
+    if spec.variant == "mla":
+        return MLA_CHECK_CASES
+    return option_cases(spec) if spec.features else CHECK_CASES
+
+
+def option_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
+    """CHECK_CASES with the spec's options (the prefill gate's values, tuner.measure.verify): each case takes the
+    next window (windows of 0 and 1 keys, a 64- and a 128-key tile +- 1, one longer than its case's every sequence,
+    none: a local kernel also runs without one), the next cap (1, 50) and the sinks, so that every window meets 1
+    and several new tokens and one split and several; then every window once more on 1 and 4 tokens of lengths at a
+    tile's edges."""
+    windows = (CAUSAL_WINDOWS if spec.causal else WINDOWS) if spec.local else ((-1, -1),)
+    caps = SOFTCAPS if spec.softcap else (0.0,)
+    out = [replace(c, window=windows[i % len(windows)], softcap=caps[i % len(caps)], sinks=spec.sinks)
+           for i, c in enumerate(CHECK_CASES)]
+    if spec.local:
+        # the other of 1 and 4 tokens than the window's case above
+        out += [DecodeCase((65, 1, 200, 4097)[:2 + i % 3], seqlen_q=4 if i >= len(out) or out[i].seqlen_q == 1 else 1,
+                           num_splits=(None, 1, 3)[i % 3], window=w, softcap=caps[(i + 1) % len(caps)],
+                           sinks=spec.sinks)
+                for i, w in enumerate(windows)]
+    return tuple(out)
 
 
 def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: bool, page_size: int, gen, device,
@@ -176,11 +215,17 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     rows = b * case.seqlen_q * hq
     workspace = (torch.full((split.num_splits, rows, spec.d_v), float("nan"), device=device),
                  torch.full((split.num_splits, rows), float("nan"), device=device))
+    sinks = sink_logits(hq, gen, device) if case.sinks else None
+    options = {"window": case.window, "softcap": case.softcap, "sinks": sinks}
+    given = {}
+    if spec.features:     # the launcher's names; a kernel without options takes none
+        given = {"window_size": case.window, "softcap": case.softcap, "learnable_sink": sinks}
     try:
         v_arg = v if (case.v_view or not from_k) else None
         result, lse = kernel(q, k, v_arg, cache_seqlens=seqlens, page_table=table, num_splits=case.num_splits,
-                             return_lse=True, out=out, workspace=workspace)
-        torch.cuda.synchronize()
+                             return_lse=True, out=out, workspace=workspace, **given)
+        if out.is_cuda:
+            torch.cuda.synchronize()
     except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
         return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     label += f" ({split.num_splits} split{'s' if split.num_splits > 1 else ''})"
@@ -194,23 +239,18 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
         return fail(f"{int((~finite).sum())} of {out.numel()} output elements are NaN/Inf (unwritten, or a poisoned "
                     "page or workspace reached them)")
     refs, lowps, lses = [], [], []
-    scale = 1.0 / math.sqrt(spec.d_qk)
     for i, (ks, vs) in enumerate(seqs):
         qi, ki, vi = q[i:i + 1], ks[None], vs[None]
-        refs.append(reference(qi, ki, vi, spec.causal))
-        lowps.append(reference(qi, ki, vi, spec.causal, dtype=dt).float())
-        s = torch.einsum("bqhd,bkhd->bhqk", qi.float(), ki.float().repeat_interleave(hq // hkv, dim=2)) * scale
-        if spec.causal:
-            L, sq = ks.shape[0], case.seqlen_q
-            visible = torch.arange(L, device=device)[None, :] <= torch.arange(sq, device=device)[:, None] + (L - sq)
-            s = s.masked_fill(~visible, float("-inf"))
-        lses.append(torch.logsumexp(s, dim=-1))       # (1, hq, sq); -inf for rows that see no key
+        refs.append(reference(qi, ki, vi, spec.causal, **options))
+        lowps.append(reference(qi, ki, vi, spec.causal, dtype=dt, **options).float())
+        # (1, hq, sq), the sinks included; -inf for rows that see no key and have no sink
+        lses.append(reference_lse(qi, ki, spec.causal, **options))
     verdict = judge(label, out, torch.cat(refs), torch.cat(lowps), spec.dtype)
     if not verdict.passed:
         return verdict
     ref_lse = torch.cat(lses)
     if not torch.equal(torch.isinf(ref_lse), torch.isinf(lse)) or bool(torch.isnan(lse).any()):
-        return fail("the returned log-sum-exp is not -inf exactly where a row sees no key")
+        return fail("the returned log-sum-exp is not -inf exactly where a row sees no key (and no sink)")
     fin = torch.isfinite(ref_lse)
     lse_err = float((lse[fin] - ref_lse[fin]).abs().max()) if bool(fin.any()) else 0.0
     if lse_err > LSE_TOLERANCE:

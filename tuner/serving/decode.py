@@ -10,8 +10,18 @@ flash-attn's conventions: sequence b's keys are the first ``cache_seqlens[b]`` r
 dense cache, the table's capacity for a paged one); causal aligns bottom-right (the new queries are the last
 ``seqlen_q`` of those keys). ``k``/``v`` append new rows at ``cache_seqlens`` first (in place, through the table),
 rotated by ``rotary_cos``/``rotary_sin`` where given, as FA2 does (tuner/serving/kvcache_append.py). What the decode
-kernels do not compute is refused, naming the argument: ``cache_batch_idx``, ``cache_leftpad``, sliding windows,
-soft-capping, ALiBi.
+kernels do not compute is refused, naming the argument: ``cache_batch_idx``, ``cache_leftpad``, ALiBi.
+
+Model options (tuner/serving/options.py, FlashAttention's and FA4's names): ``window_size=(left, right)`` (-1 open;
+causal closes the right side at 0), aligned to each sequence's ``cache_seqlens`` (query i of sequence b sees key j
+when i + off - left <= j <= i + off + right, off = cache_seqlens[b] - seqlen_q), ``softcap=`` and, keyword-only,
+``learnable_sink=`` ((hq,) fp32 or q's dtype: one logit per query head that joins each row's max and denominator;
+the returned lse includes it). Bad values are a one-line ValueError naming the argument before anything is
+appended or launched. Such a call is served by the decode config whose kernels are built with exactly the options
+it needs (``ExportedConfig.features``), through ``torch.ops.attn_tuner.decode_kvcache_options`` (the options are op
+arguments, not part of the route: a model's layers share their kernels; its backward differentiates the reference,
+the sinks included); without one, the reference with the options, counted ``no-option-config`` (the export has
+plain decode kernels of the shape) or as a plain call would be.
 
 Dispatch, from shapes, dtypes and the device alone (decided while tracing when they are plain ints; per call
 otherwise): the decode config of the cache layout (paged when a table is given), head dims, dtype and causality
@@ -37,6 +47,8 @@ from tuner.serving import op
 from tuner.serving.configs import pick
 from tuner.serving.decode_sdpa import decode_reference
 from tuner.serving.kvcache_append import append, append_errors
+from tuner.serving.op_options import launch_decode_options
+from tuner.serving.options import PLAIN, ModelOptions, model_options, option_arguments
 from tuner.serving.reasons import REASONS
 from tuner.serving.rule import plain_ints
 
@@ -105,21 +117,25 @@ class DecodeCalls:
     ``stats``, ``_count_fallback``, ``last_*``; ``_decode_tables`` ({"paged"|"dense": per device dispatch tables of the
     decode configs}) and ``_decode_memo`` are built in its __init__."""
 
-    def route_decode(self, q, k_cache, v_cache, page_table, causal: bool, scale: float) -> int:
+    def route_decode(self, q, k_cache, v_cache, page_table, causal: bool, scale: float,
+                     options: ModelOptions = PLAIN) -> int:
         """The route of a decode call (see the module doc): dict lookups and integer tests while tracing,
-        memoised per call signature in eager."""
+        memoised per call signature in eager. ``options`` (tuner/serving/options.py): only a decode config built
+        with exactly the options the call needs serves it."""
         if torch.compiler.is_compiling():
-            return self._decide_decode(q, k_cache, v_cache, page_table, causal, scale)
+            return self._decide_decode(q, k_cache, v_cache, page_table, causal, scale, options)
         key = (q.shape, k_cache.shape, v_cache.shape, None if page_table is None else page_table.shape, q.dtype,
-               k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, causal, scale)
+               k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, causal, scale,
+               options.window, options.softcap > 0, options.sinks is not None)
         found = self._decode_memo.get(key)
         if found is None:
             if len(self._decode_memo) >= _MAX_MEMO:
                 self._decode_memo.pop(next(iter(self._decode_memo)))
-            found = self._decode_memo[key] = self._decide_decode(q, k_cache, v_cache, page_table, causal, scale)
+            found = self._decode_memo[key] = self._decide_decode(q, k_cache, v_cache, page_table, causal, scale,
+                                                                 options)
         return found
 
-    def _decide_decode(self, q, k_cache, v_cache, page_table, causal, scale) -> int:
+    def _decide_decode(self, q, k_cache, v_cache, page_table, causal, scale, options: ModelOptions = PLAIN) -> int:
         paged = page_table is not None
         table, fallback = self._table_or_fallback(self._decode_tables["paged" if paged else "dense"], q, k_cache,
                                                   v_cache, scale)
@@ -131,10 +147,11 @@ class DecodeCalls:
             return self._fallback["decode-seqlen-q"]
         heads = dict(heads_q=int(q.shape[2]), heads_kv=int(k_cache.shape[2]), d_qk=int(q.shape[3]),
                      d_v=int(v_cache.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype))
-        config, code = pick(table, causal=bool(causal), **heads)
-        if config is None and code == "no-shape-config" and q.shape[1] == 1:
-            # one query token: bottom-right causal sees every key, so causal and non-causal kernels agree
-            config, code = pick(table, causal=not causal, **heads)
+        config, code = pick(table, causal=bool(causal), features=options.features(bool(causal)), **heads)
+        if config is None and code in ("no-shape-config", "no-option-config") and q.shape[1] == 1:
+            # one query token: bottom-right causal sees every key, so causal and non-causal kernels agree (a
+            # window's right side then bounds nothing either); the reason stays the call's own causality's
+            config = pick(table, causal=not causal, features=options.features(not causal), **heads)[0]
         if config is None:
             return self._fallback[code]
         page = k_cache.shape[1] if paged else None
@@ -147,9 +164,10 @@ class DecodeCalls:
         return self._routes[(id(config), bucket)]
 
     def run_decode(self, route, q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
-                   num_splits: int, return_lse: bool, out=None):
-        """(out, lse or an empty tensor) of a route: the exported decode kernel or the reference."""
-        args = (q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, return_lse, out)
+                   num_splits: int, return_lse: bool, out=None, options: ModelOptions = PLAIN):
+        """(out, lse or an empty tensor) of a route: the exported decode kernel (given the options, for the
+        kernel's causality) or the reference."""
+        args = (q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, return_lse, out, options)
         if route.config is None:
             return self._decode_reference(route.code, REASONS[route.code], *args)
         paged = page_table is not None
@@ -164,9 +182,13 @@ class DecodeCalls:
         except Exception as exc:  # noqa: BLE001 - any load failure means the reference, warned once
             return self._decode_reference("kernel-unloadable", f"kernel {entry.kernel_name} cannot be loaded: {exc}",
                                           *args)
+        extra = {}
+        if options.any:    # the launcher's names (FA4's learnable_sink)
+            given = option_arguments(options, route.config.causal)
+            extra = {"window_size": given["window_size"], "softcap": given["softcap"], "learnable_sink": given["sinks"]}
         try:
             res = kern(q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, softmax_scale=scale,
-                       num_splits=num_splits or None, return_lse=return_lse, out=out)
+                       num_splits=num_splits or None, return_lse=return_lse, out=out, **extra)
         except ValueError as exc:   # refused before launch (strides, alignment, the page size, lengths)
             return self._decode_reference("inputs-refused", f"kernel {entry.kernel_name} refused the inputs: {exc}",
                                           *args)
@@ -178,9 +200,9 @@ class DecodeCalls:
         return res, _no_lse(q)
 
     def _decode_reference(self, code, message, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
-                          return_lse, out):
+                          return_lse, out, options=PLAIN):
         self._count_fallback(code, message)
-        res, lse = decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale)
+        res, lse = decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, options)
         if out is not None:
             out.copy_(res)
             res = out
@@ -191,16 +213,17 @@ class DecodeCalls:
                                 softmax_scale: float | None = None, causal: bool = False, window_size=(-1, -1),
                                 softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes=None,
                                 num_splits: int = 0, return_softmax_lse: bool = False, *, page_table=None, out=None,
-                                check_append: bool = True):
+                                check_append: bool = True, learnable_sink=None):
         """``flash_attn.flash_attn_with_kvcache``'s signature and conventions (FlashAttention 2's positional order;
-        ``page_table=`` and ``out=`` as FA3/FA4 name them): see the module doc. Returns out, or (out, lse) with
-        ``return_softmax_lse``. ``num_splits`` 0 lets the kernel's split rule choose. ``k``/``v`` (and
-        ``rotary_cos``/``rotary_sin``) append new rows to the cache in place first: tuner/serving/kvcache_append.py;
-        ``check_append=False`` skips its host read of the lengths in eager calls (a synchronisation), as FA2 does."""
+        ``page_table=``, ``out=`` and ``learnable_sink=`` as FA3/FA4 name them): see the module doc. Returns out, or
+        (out, lse) with ``return_softmax_lse`` (the lse includes the sinks). ``num_splits`` 0 lets the kernel's split
+        rule choose. ``window_size`` (left, right; -1 open, causal closes the right at 0), ``softcap`` and
+        ``learnable_sink`` ((hq,) fp32 or q's dtype) are the model options of tuner/serving/options.py, aligned to
+        each sequence's ``cache_seqlens``. ``k``/``v`` (and ``rotary_cos``/``rotary_sin``) append new rows to the
+        cache in place first: tuner/serving/kvcache_append.py; ``check_append=False`` skips its host read of the
+        lengths in eager calls (a synchronisation), as FA2 does."""
         for given, what in ((cache_batch_idx is not None, "cache_batch_idx"),
-                            (cache_leftpad is not None, "cache_leftpad"),
-                            (tuple(window_size or (-1, -1)) != (-1, -1), "window_size"),
-                            (bool(softcap), "softcap"), (alibi_slopes is not None, "alibi_slopes")):
+                            (cache_leftpad is not None, "cache_leftpad"), (alibi_slopes is not None, "alibi_slopes")):
             if given:
                 raise NotImplementedError(f"flash_attn_with_kvcache: {what} is not supported by the exported decode "
                                           "kernels (pass cache_seqlens= by keyword)")
@@ -218,6 +241,11 @@ class DecodeCalls:
             errors.append(f"num_splits must be an int >= 0 (0: the kernel's split rule), got {num_splits!r}")
         if errors:
             raise ValueError("flash_attn_with_kvcache: " + "; ".join(errors))
+        options = PLAIN
+        if learnable_sink is not None or softcap or (window_size is not None and tuple(window_size) != (-1, -1)):
+            options = model_options(window_size, softcap, learnable_sink, causal=bool(causal),
+                                    heads_q=int(q.shape[2]), device=q.device, where="flash_attn_with_kvcache",
+                                    sink_dtypes=(torch.float32, q.dtype))
         b, sq, hq = q.shape[0], q.shape[1], q.shape[2]
         if out is not None and (not isinstance(out, torch.Tensor) or tuple(out.shape) != (b, sq, hq, v_cache.shape[3])
                                 or out.dtype != q.dtype or out.device != q.device):
@@ -233,9 +261,13 @@ class DecodeCalls:
         if k is not None:   # the new rows into the cache (in place), rotated; the attention reads them too
             q, cache_seqlens = append(q, k_cache, v_cache, k, v, cache_seqlens, table, rotary_cos, rotary_sin,
                                       bool(rotary_interleaved), bool(causal), absorbed, bool(check_append))
-        route = self.route_decode(q, k_cache, v_cache, table, causal, scale)
-        res, lse = op.launch_decode(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale, int(num_splits),
-                                    bool(return_softmax_lse), route, out)
+        route = self.route_decode(q, k_cache, v_cache, table, causal, scale, options)
+        if options.any:
+            res, lse = launch_decode_options(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale,
+                                             int(num_splits), bool(return_softmax_lse), options, route, out)
+        else:
+            res, lse = op.launch_decode(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale,
+                                        int(num_splits), bool(return_softmax_lse), route, out)
         return (res, lse) if return_softmax_lse else res
 
 

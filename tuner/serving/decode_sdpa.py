@@ -13,10 +13,14 @@ entries past a sequence's pages may hold anything: they are clamped into the cac
 ``cache_seqlens``), rows past a sequence's length are zeroed (a NaN in an unused row or page never reaches the
 output), then softmax(Q Kᵀ · scale) V in fp32 with the mask. Memory: b · hq · seqlen_q · capacity fp32 scores;
 this is a fallback, not a fast path. A row that sees no key gives 0 and a log-sum-exp of -inf, as the kernel.
+Model options (a sliding window aligned to each sequence's length, soft-capping, sinks that join each row's max,
+denominator and log-sum-exp) go through the masking and softmax of tuner/serving/options.py, the prefill
+reference's own.
 
 ``decode_gradients`` is the backward written out (P = softmax(S); dV = Pᵀ dO; dS = P ∘ (dO Vᵀ − rowsum(P ∘ dO Vᵀ)
 + dLSE); dQ = dS K · scale; dK = dSᵀ Q · scale), with the paged K/V gradients summed back into the pages they came
-from: it needs no autograd (the op's backward runs where autograd does not record).
+from: it needs no autograd (the op's backward runs where autograd does not record). It covers calls without
+options; the options op (tuner/serving/op_options.py) differentiates ``decode_reference`` by autograd instead.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import math
 
 import torch
 
+from tuner.serving.options import NO_WINDOW, PLAIN, ModelOptions, capped, softmax_rows, visible
 from tuner.serving.paged_sdpa import _rows
 
 
@@ -39,37 +44,27 @@ def _gather(k_cache, v_cache, page_table):
     return k, v, rows
 
 
-def _masks(q, capacity: int, cache_seqlens, causal: bool):
-    """(used (b, capacity): the keys each sequence has, visible (b, seqlen_q, capacity))."""
+def _masks(q, capacity: int, cache_seqlens, causal: bool, window=NO_WINDOW):
+    """(used (b, capacity): the keys each sequence has, visible (b, seqlen_q, capacity): those each row sees)."""
     b, sq = q.shape[0], q.shape[1]
-    cols = torch.arange(capacity, device=q.device)
     if cache_seqlens is None:
         lens = torch.full((b,), capacity, dtype=torch.long, device=q.device)
     else:
         lens = cache_seqlens.long().clamp(0, capacity)
-    used = cols[None, :] < lens[:, None]
-    visible = used[:, None, :].expand(b, sq, capacity)
-    if causal:
-        rows = torch.arange(sq, device=q.device)
-        last = rows[None, :] + lens[:, None] - sq                        # (b, sq): the last key row i sees
-        visible = visible & (cols[None, None, :] <= last[:, :, None])
-    return used, visible
+    used = torch.arange(capacity, device=q.device)[None, :] < lens[:, None]
+    return used, visible(sq, capacity, causal, window, q.device, seqlens=lens)
 
 
-def _probabilities(q, k, visible, scale: float):
-    """(P (b, hkv, g, sq, cap) fp32, lse (b, hkv, g, sq) fp32) of the scores; rows seeing no key: 0, -inf."""
+def _probabilities(q, k, visible, scale: float, softcap: float = 0.0, sinks=None):
+    """(P (b, hkv, g, sq, cap) fp32, lse (b, hkv, g, sq) fp32) of the scores (soft-capped, the sinks (hq,) joined:
+    tuner/serving/options.py); rows seeing no key and no sink: 0, -inf."""
     b, sq, hq, d = q.shape
     hkv = k.shape[2]
     qf = q.float().reshape(b, sq, hkv, hq // hkv, d)
-    s = torch.einsum("bihgd,bjhd->bhgij", qf, k.float()) * scale
+    s = capped(torch.einsum("bihgd,bjhd->bhgij", qf, k.float()) * scale, softcap)
     s = s.masked_fill(~visible[:, None, None], float("-inf"))
-    m = s.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
-    p = torch.exp(s - m)
-    total = p.sum(dim=-1, keepdim=True)
-    safe = torch.where(total > 0, total, torch.ones_like(total))
-    lse = torch.where(total > 0, m + torch.log(safe), torch.full_like(total, float("-inf")))
-    return p / safe, lse.squeeze(-1)
+    sink = None if sinks is None else sinks.float().view(1, hkv, hq // hkv, 1, 1)
+    return softmax_rows(s, sink)
 
 
 def _zero_unused(t, used):
@@ -77,14 +72,16 @@ def _zero_unused(t, used):
 
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens=None, page_table=None, causal: bool = False,
-                     softmax_scale: float | None = None):
-    """(out (b, seqlen_q, hq, d_v) in q's dtype, lse (b, hq, seqlen_q) fp32 natural log). Differentiable."""
+                     softmax_scale: float | None = None, options: ModelOptions = PLAIN):
+    """(out (b, seqlen_q, hq, d_v) in q's dtype, lse (b, hq, seqlen_q) fp32 natural log, the sinks included).
+    ``options``: a window (aligned to each sequence's length), a cap, sinks (tuner/serving/options.py).
+    Differentiable, also in the sinks."""
     b, sq, hq, d = q.shape
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     k, v, _ = _gather(k_cache, v_cache, page_table)
-    used, visible = _masks(q, k.shape[1], cache_seqlens, causal)
+    used, visible = _masks(q, k.shape[1], cache_seqlens, causal, options.window)
     k, v = _zero_unused(k, used), _zero_unused(v, used)
-    p, lse = _probabilities(q, k, visible, scale)
+    p, lse = _probabilities(q, k, visible, scale, options.softcap, options.sinks)
     out = torch.einsum("bhgij,bjhd->bihgd", p, v.float()).reshape(b, sq, hq, v.shape[3])
     return out.to(q.dtype), lse.reshape(b, hq, sq)
 

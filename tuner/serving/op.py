@@ -263,11 +263,16 @@ _lib.impl("decode_kvcache", _decode_impl, "CompositeExplicitAutograd")
 _lib.impl("decode_kvcache_backward", _decode_backward_impl, "CompositeExplicitAutograd")
 
 
-@torch.library.register_fake(f"{NAMESPACE}::decode_kvcache", lib=_lib)
-def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route):
+def decode_fake(q, v_cache, return_lse: bool):
+    """The (out, lse) shapes of a decode op (this one and tuner/serving/op_options.py's)."""
     out = q.new_empty((q.shape[0], q.shape[1], q.shape[2], v_cache.shape[3]))
     lse_shape = (q.shape[0], q.shape[2], q.shape[1]) if return_lse else (0,)
     return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::decode_kvcache", lib=_lib)
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route):
+    return decode_fake(q, v_cache, return_lse)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::decode_kvcache_backward", lib=_lib)

@@ -8,6 +8,10 @@ max_seqlen_k, causal, scale, window_left, window_right, softcap, sinks, route)``
 ``attn_tuner::paged_attention_options(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
 max_seqlen_k, causal, scale, window_left, window_right, softcap, sinks, route)``: a paged KV cache (q, the caches
 and the sinks get gradients).
+``attn_tuner::decode_kvcache_options(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+return_lse, window_left, window_right, softcap, sinks, route) -> (out, lse)``: ``flash_attn_with_kvcache`` with
+options, as ``decode_kvcache`` (tuner/serving/op.py) plus the options; its backward differentiates
+``decode_reference`` (tuner/serving/decode_sdpa.py) through out and the lse.
 
 Options are op arguments, not part of the route: a model's layers differ in their windows and sinks but share
 their kernels. Autograd: the backward recomputes with ``reference_attention`` (fp32 torch) from the saved inputs
@@ -18,7 +22,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tuner.serving.op import _ROUTES, NAMESPACE, nothing_observes
+from tuner.serving.decode_sdpa import decode_reference
+from tuner.serving.op import _ROUTES, NAMESPACE, decode_fake, nothing_observes
 from tuner.serving.options import ModelOptions, reference_attention, reference_paged, reference_varlen
 
 _lib = torch.library.Library(NAMESPACE, "FRAGMENT")
@@ -42,15 +47,19 @@ def _options(window_left, window_right, softcap, sinks) -> ModelOptions:
 
 def _gradients(forward, grad_out, tensors, sinks):
     """(dq, dk, dv, dsinks) of ``forward(q, k, v, sinks)`` by autograd from fresh leaves; dsinks is an empty
-    tensor for a call without sinks (the schema's fixed arity)."""
+    tensor for a call without sinks (the schema's fixed arity). ``forward`` may return several outputs, then
+    ``grad_out`` is a tuple of their gradients (None: that output was not used)."""
     with torch.enable_grad():
         leaves = [t.detach().requires_grad_() for t in tensors]
         sink_leaf = None if sinks is None else sinks.detach().requires_grad_()
         out = forward(*leaves, sink_leaf)
+        outs, grads_out = (out, grad_out) if isinstance(out, tuple) else ((out,), (grad_out,))
+        used = [(o, g) for o, g in zip(outs, grads_out) if g is not None]
         wrt = leaves + ([sink_leaf] if sink_leaf is not None else [])
-        grads = torch.autograd.grad(out, wrt, grad_out, allow_unused=True)
+        grads = torch.autograd.grad([o for o, _ in used], wrt, [g for _, g in used], allow_unused=True)
     grads = [torch.zeros_like(t) if g is None else g.contiguous() for g, t in zip(grads, wrt)]
-    dsinks = grads[3] if sinks is not None else grad_out.new_empty(0, dtype=torch.float32)
+    empty = (grad_out[0] if isinstance(grad_out, tuple) else grad_out).new_empty(0, dtype=torch.float32)
+    dsinks = grads[3] if sinks is not None else empty
     return grads[0], grads[1], grads[2], dsinks
 
 
@@ -220,6 +229,69 @@ torch.library.register_autograd(f"{NAMESPACE}::paged_attention_options", _paged_
 paged_attention_options_op = torch.ops.attn_tuner.paged_attention_options.default
 
 
+# ---- decode over a KV cache (flash_attn_with_kvcache) ----
+_lib.define(f"decode_kvcache_options(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
+            f"Tensor? page_table, bool causal, float scale, int num_splits, bool return_lse, {_OPTIONS}, int route) "
+            "-> (Tensor, Tensor)")
+_lib.define(f"decode_kvcache_options_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k_cache, "
+            f"Tensor v_cache, Tensor? cache_seqlens, Tensor? page_table, bool causal, float scale, {_OPTIONS}) "
+            "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, window_left,
+                 window_right, softcap, sinks, route):
+    r = _ROUTES[route]
+    return r.owner.run_decode(r, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+                              return_lse, options=_options(window_left, window_right, softcap, sinks))
+
+
+def _decode_backward_impl(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                          window_left, window_right, softcap, sinks):
+    def forward(q, k_cache, v_cache, s):
+        return decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                                _options(window_left, window_right, softcap, s))
+
+    return _gradients(forward, (grad_out, grad_lse), (q, k_cache, v_cache), sinks)
+
+
+_lib.impl("decode_kvcache_options", _decode_impl, "CompositeExplicitAutograd")
+_lib.impl("decode_kvcache_options_backward", _decode_backward_impl, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::decode_kvcache_options", lib=_lib)
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, window_left,
+                 window_right, softcap, sinks, route):
+    return decode_fake(q, v_cache, return_lse)
+
+
+@torch.library.register_fake(f"{NAMESPACE}::decode_kvcache_options_backward", lib=_lib)
+def _decode_backward_fake(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                          window_left, window_right, softcap, sinks):
+    return _gradients_fake(q, k_cache, v_cache, sinks)
+
+
+def _decode_setup(ctx, inputs, output):
+    q, k_cache, v_cache, lens, table, causal, scale, _, return_lse, window_left, window_right, softcap, sinks, _ = \
+        inputs
+    ctx.save_for_backward(q, k_cache, v_cache, lens, table, sinks)
+    ctx.args = (causal, scale, window_left, window_right, softcap)
+    ctx.return_lse = return_lse
+
+
+def _decode_backward(ctx, grad_out, grad_lse):
+    q, k_cache, v_cache, lens, table, sinks = ctx.saved_tensors
+    causal, scale, left, right, softcap = ctx.args
+    dq, dk, dv, dsinks = torch.ops.attn_tuner.decode_kvcache_options_backward(
+        grad_out, grad_lse if ctx.return_lse else None, q, k_cache, v_cache, lens, table, causal, scale, left, right,
+        softcap, sinks)
+    return (dq, dk, dv) + (None,) * 9 + ((dsinks if sinks is not None else None), None)
+
+
+torch.library.register_autograd(f"{NAMESPACE}::decode_kvcache_options", _decode_backward,
+                                setup_context=_decode_setup, lib=_lib)
+decode_kvcache_options_op = torch.ops.attn_tuner.decode_kvcache_options.default
+
+
 def _direct(q, k, v, sinks) -> bool:
     """Whether nothing observes the call, its sinks included (a trained sink parameter needs the op's autograd)."""
     return nothing_observes(q, k, v) and not (sinks is not None and torch.is_grad_enabled() and sinks.requires_grad)
@@ -257,3 +329,20 @@ def launch_paged_options(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_tabl
     return paged_attention_options_op(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
                                       max_seqlen_k, causal, scale, options.window[0], options.window[1],
                                       options.softcap, options.sinks, route)
+
+
+def launch_decode_options(q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
+                          num_splits: int, return_lse: bool, options: ModelOptions, route: int, out=None):
+    """(out, lse) of the decode options op, or of its route directly when nothing observes the call (then ``out``,
+    when given, is written by the kernel itself; through the op it is filled from the op's fresh output)."""
+    if _direct(q, k_cache, v_cache, options.sinks):
+        r = _ROUTES[route]
+        return r.owner.run_decode(r, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+                                  return_lse, out, options)
+    res, lse = decode_kvcache_options_op(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
+                                         return_lse, options.window[0], options.window[1], options.softcap,
+                                         options.sinks, route)
+    if out is not None:
+        out.copy_(res)
+        res = out
+    return res, lse

@@ -46,11 +46,12 @@ class ModelOptions:
 PLAIN = ModelOptions()
 
 
-def model_options(window_size, softcap, sinks, *, causal: bool, heads_q: int, device, where: str) -> ModelOptions:
+def model_options(window_size, softcap, sinks, *, causal: bool, heads_q: int, device, where: str,
+                  sink_dtypes: tuple | None = None) -> ModelOptions:
     """The checked options of one call; ValueError naming the argument (and ``where``, the entry point) for a
     window that is not two ints >= -1, a cap that is not a finite number >= 0, sinks that are not one float per
-    query head on the queries' device. A causal window's right side is 0 whatever is given (FlashAttention's
-    convention: causal is window (left, 0))."""
+    query head on the queries' device (of one of ``sink_dtypes`` where given). A causal window's right side is 0
+    whatever is given (FlashAttention's convention: causal is window (left, 0))."""
     import torch
 
     window = NO_WINDOW if window_size is None else window_size
@@ -67,7 +68,8 @@ def model_options(window_size, softcap, sinks, *, causal: bool, heads_q: int, de
     if window == (-1, 0) and causal:
         window = NO_WINDOW
     cap = 0.0 if softcap is None else softcap
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(cap) or cap < 0:
+    # float() first: under torch.compile(dynamic=True) a float argument is symbolic, and float() specialises it
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not math.isfinite(float(cap)) or cap < 0:
         raise ValueError(f"{where}: softcap must be a finite number >= 0 (0: none), got {softcap!r}")
     if sinks is not None:
         if not isinstance(sinks, torch.Tensor) or not sinks.dtype.is_floating_point or sinks.dim() != 1 \
@@ -75,27 +77,66 @@ def model_options(window_size, softcap, sinks, *, causal: bool, heads_q: int, de
             raise ValueError(f"{where}: learnable_sink must be a float tensor of {heads_q} logits (one per query "
                              f"head), got {getattr(sinks, 'dtype', type(sinks).__name__)} "
                              f"{tuple(getattr(sinks, 'shape', ()))}")
+        if sink_dtypes is not None and sinks.dtype not in sink_dtypes:
+            raise ValueError(f"{where}: learnable_sink must be {' or '.join(map(str, dict.fromkeys(sink_dtypes)))}, "
+                             f"got {sinks.dtype}")
         if sinks.device != device:
             raise ValueError(f"{where}: learnable_sink is on {sinks.device}, the queries on {device}")
         sinks = sinks.float().contiguous()
     return ModelOptions(window, float(cap), sinks)
 
 
-def visible(sq: int, sk: int, causal: bool, window, device):
-    """(sq, sk) bool: which keys each query row sees (module doc), or None when every row sees every key."""
+def visible(sq: int, sk: int, causal: bool, window, device, seqlens=None):
+    """(sq, sk) bool: which keys each query row sees (module doc), or None when every row sees every key. With
+    ``seqlens`` (b,) (a KV cache: sequence b's keys are the first seqlens[b] of the sk rows, its queries the last
+    sq of them): (b, sq, sk), each sequence aligned to its own length and the rows past it hidden."""
     import torch
 
     left, right = window[0], 0 if causal else window[1]
-    if left < 0 and right < 0:
-        return None
-    rows = torch.arange(sq, device=device)[:, None] + (sk - sq)
-    cols = torch.arange(sk, device=device)[None, :]
-    mask = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    cols = torch.arange(sk, device=device)
+    if seqlens is None:
+        if left < 0 and right < 0:
+            return None
+        rows = torch.arange(sq, device=device)[:, None] + (sk - sq)
+        mask = torch.ones(sq, sk, dtype=torch.bool, device=device)
+        cols = cols[None, :]
+    else:
+        lens = seqlens.long()[:, None, None]
+        rows = torch.arange(sq, device=device)[None, :, None] + lens - sq
+        cols = cols[None, None, :]
+        mask = (cols < lens).expand(seqlens.shape[0], sq, sk)
     if left >= 0:
         mask = mask & (cols >= rows - left)
     if right >= 0:
         mask = mask & (cols <= rows + right)
     return mask
+
+
+def capped(scores, softcap: float):
+    """The scaled scores soft-capped: softcap * tanh(scores / softcap); unchanged for 0."""
+    import torch
+
+    return softcap * torch.tanh(scores / softcap) if softcap > 0 else scores
+
+
+def softmax_rows(scores, sink=None):
+    """(p, lse) of masked scores (-inf: hidden) along the last dim: ``sink`` (broadcastable to the scores' rows,
+    (..., 1)) joins every row's max and denominator as a key with no value. A row with no visible key and no sink
+    has p 0 and lse -inf (FlashAttention's convention); with a sink its p is 0 and its lse the sink. lse is the
+    natural log, the last dim dropped. Differentiable (also in the sink)."""
+    import torch
+
+    m = scores.amax(dim=-1, keepdim=True)
+    if sink is not None:
+        m = torch.maximum(m, sink)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).detach()
+    e = torch.exp(scores - m)
+    total = e.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        total = total + torch.exp(sink - m)
+    safe = torch.where(total > 0, total, torch.ones_like(total))
+    lse = torch.where(total > 0, m + torch.log(safe), torch.full_like(total, float("-inf")))
+    return e / safe, lse.squeeze(-1)
 
 
 def reference_attention(q, k, v, causal: bool, scale: float, options: ModelOptions, attn_mask=None,
@@ -106,7 +147,7 @@ def reference_attention(q, k, v, causal: bool, scale: float, options: ModelOptio
     query rows at a time (autograd keeps each block's probabilities: b·hq·sq·sk floats in all)."""
     import torch
 
-    b, sq, hq, _ = q.shape
+    sq, hq = q.shape[1], q.shape[2]
     sk, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
     work = torch.promote_types(q.dtype, torch.float32)
@@ -118,20 +159,13 @@ def reference_attention(q, k, v, causal: bool, scale: float, options: ModelOptio
     outs = []
     for start in range(0, sq, rows):
         stop = min(start + rows, sq)
-        s = qf[:, :, start:stop] @ kf.transpose(-1, -2) * scale
-        if options.softcap > 0:
-            s = options.softcap * torch.tanh(s / options.softcap)
+        s = capped(qf[:, :, start:stop] @ kf.transpose(-1, -2) * scale, options.softcap)
         if keep is not None:
             s = s.masked_fill(~keep[start:stop], float("-inf"))
         if attn_mask is not None:
             m = attn_mask[..., start:stop, :] if attn_mask.dim() >= 2 and attn_mask.shape[-2] == sq else attn_mask
             s = s.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else s + m.to(work)
-        if sink is not None:
-            s = torch.cat([s, sink.expand(b, hq, stop - start, 1)], dim=-1)
-            p = torch.softmax(s, dim=-1)[..., :sk]
-        else:
-            p = torch.softmax(s, dim=-1)
-        p = torch.where(torch.isnan(p), torch.zeros_like(p), p)
+        p, _ = softmax_rows(s, sink)
         outs.append(p @ vf)
     out = torch.cat(outs, dim=2) if len(outs) != 1 else outs[0]
     return out.transpose(1, 2).to(q.dtype).contiguous()
