@@ -5,11 +5,12 @@ earlier: 1, the softmax scale was compiled in as 1/sqrt(d_qk) (``ABI1_ARGS``, no
 a launch argument (``softmax_scale_log2``); 3, a decode kernel's combine takes a warp per 128-column slice of a row
 from 16 splits on (``kernel_abi.decode.combine_grid``), before it a warp per row; 4, a kernel built with an option of
 kernel_abi.spec takes its run-time values (window_left / window_right, softcap_prescale, sinks: the names its metadata
-lists) and its spec names the option.
+lists) and its spec names the option; 5, a decode kernel's argument struct ends with ``leftpad_k`` (FA2's
+cache_leftpad; the fields before it keep their offsets, so ABI 4 decode kernels still launch, without a leftpad).
 """
 from __future__ import annotations
 
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 # The kernel's arguments, in order (the emitted signature; the runtime packs them from this list).
 KERNEL_ARGS = (

@@ -22,6 +22,7 @@ class StandInKernel:
         self.meta = meta
         self.calls = 0
         self.seen = []      # (window, softcap, sinks given) of each call
+        self.leftpads = []  # the cache_leftpad of each call (None: none)
 
     def _options(self, q, window_size, softcap, sinks, heads_q):
         """The options of a call, refused as tuner.serving.launch.plan.option_values refuses them: an option the
@@ -104,10 +105,11 @@ class StandInDecodeKernel:
         self.meta = meta
         self.splits = []
         self.seen = []      # (window, softcap, sinks given) of each call
+        self.leftpads = []  # the cache_leftpad of each call (None: none)
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, softmax_scale=None,
                  num_splits=None, return_lse=False, out=None, workspace=None, window_size=(-1, -1), softcap=0.0,
-                 learnable_sink=None):
+                 learnable_sink=None, cache_leftpad=None):
         from kernel_abi.spec import FEATURES
         from tuner.serving.decode_sdpa import decode_reference
         from tuner.serving.launch.decode_kernel import option_errors
@@ -136,10 +138,13 @@ class StandInDecodeKernel:
             raise ValueError("this decode kernel reads a dense cache")
         if cache_seqlens is not None and (cache_seqlens.dtype != torch.int32 or cache_seqlens.shape != (q.shape[0],)):
             raise ValueError("cache_seqlens must be a contiguous int32 tensor of b lengths")
+        if cache_leftpad is not None and (spec["layout"] == "paged" or cache_leftpad.dtype != torch.int32):
+            raise ValueError("cache_leftpad: a dense cache's int32 rows only")
         self.splits.append(num_splits)
+        self.leftpads.append(cache_leftpad)
         o, lse = decode_reference(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, page_table,
                                   spec["causal"], softmax_scale,
-                                  ModelOptions(tuple(window_size), float(softcap), learnable_sink))
+                                  ModelOptions(tuple(window_size), float(softcap), learnable_sink), cache_leftpad)
         o = o.to(q.dtype)
         if out is not None:
             out.copy_(o)

@@ -227,7 +227,7 @@ def test_decode_configs_never_serve_prefill_calls(decoded):
 
 
 # ---- refusals ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("arg", ["cache_batch_idx", "cache_leftpad", "alibi_slopes"])
+@pytest.mark.parametrize("arg", ["cache_batch_idx", "alibi_slopes"])
 def test_unsupported_arguments_are_refused_by_name(decoded, arg):
     q, kc, vc, lens, table = decode_case([40], sq=1)
     value = torch.zeros(1)

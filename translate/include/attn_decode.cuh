@@ -52,6 +52,9 @@ struct Args {
   const float* sinks;       // (heads_q) fp32 sink logits (natural-log units), or null
   int window_left, window_right;   // keys left / right of each token's diagonal; -1: open
   float softcap_prescale;   // softmax scale / cap: the scores become tanh(scores * prescale), then * scale_log2
+  // Last, so that the fields above keep the offsets ABI 4 kernels read (kernel_abi/abi.py):
+  const int* leftpad_k;     // (b) a dense cache's row where sequence b's keys start (FA2's cache_leftpad), or null:
+                            // its keys are rows [leftpad, seqused_k); read by dense GQA/MHA kernels only
 };
 
 // The options a kernel is built with: a Cfg with `struct Opts { kLocal, kSoftcap, kSinks }` has them (generate.py
@@ -167,7 +170,8 @@ __forceinline__ __device__ void load_kv_chunks(const Args& a, int b, int kvh, in
 }
 
 // One K and one V tile (kBlockN keys from key0) into a ring slot; rows past seqlen_k are zero-filled, so masked
-// columns of P multiply zeros, never stale shared memory.
+// columns of P multiply zeros, never stale shared memory. key0 and seqlen_k are rows of the sequence's cache (a
+// leftpad included: CtaWork::kv_row0).
 template <class Cfg, class SK, class SV>
 __forceinline__ __device__ void load_kv(const Args& a, int b, int kvh, int key0, int seqlen_k, SK& sK, SV& sV,
                                         int tid) {
@@ -277,8 +281,10 @@ __forceinline__ __device__ void gemm_pv_slice(TiledMma const& mma, TAcc& acc, TA
 // What one CTA of a split kernel works on (both kernels: split_kv, attn_decode_sm90.cuh's split_kv_wgmma): grid
 // x = split, y = (unit, row block), z = sequence; its packed rows (token t, head g: row t * pack + g), its KV head,
 // the sequence's keys, and the key tiles of its split (causal: none past the block's last token's diagonal).
+// kv_row0: the cache row of key 0 (a dense cache's leftpad, else 0): the key loop counts keys from it, the loads
+// add it to the rows they read.
 struct CtaWork {
-  int split, b, pack, head0, kvh, rows, row0, seqlen_k, causal_offset, blk_begin, n_tiles;
+  int split, b, pack, head0, kvh, rows, row0, seqlen_k, causal_offset, blk_begin, n_tiles, kv_row0;
 };
 
 template <class Cfg>
@@ -293,7 +299,11 @@ __forceinline__ __device__ CtaWork cta_work(const Args& a) {
   w.kvh = w.head0 / a.group;
   w.rows = a.seqlen_q * w.pack;
   w.row0 = m_block * kBlockM;
-  w.seqlen_k = a.seqused_k ? a.seqused_k[w.b] : a.seqlen_k;
+  // a leftpad only in the kernels whose loads add it (dense, K and V their own rows): a paged or absorbed-MLA kernel
+  // compiles as without it (the launcher refuses one for them). A leftpad past the length leaves no key.
+  w.kv_row0 = 0;
+  if constexpr (!Cfg::kPaged && !Cfg::kVFromK) { w.kv_row0 = a.leftpad_k ? a.leftpad_k[w.b] : 0; }
+  w.seqlen_k = (a.seqused_k ? a.seqused_k[w.b] : a.seqlen_k) - w.kv_row0;
   w.causal_offset = w.seqlen_k - a.seqlen_q;
   int blk_end = (w.seqlen_k + kBlockN - 1) / kBlockN;
   const int t_last = min(a.seqlen_q - 1, (w.row0 + kBlockM - 1) / w.pack);
@@ -365,6 +375,8 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
   const CtaWork w = cta_work<Cfg>(a);
   const int split = w.split, b = w.b, pack = w.pack, head0 = w.head0, kvh = w.kvh, rows = w.rows, row0 = w.row0;
   const int seqlen_k = w.seqlen_k, causal_offset = w.causal_offset, blk_begin = w.blk_begin, n_tiles = w.n_tiles;
+  // the loads address cache rows: key j of the sequence is row kv_row0 + j, valid below kv_row0 + seqlen_k
+  const int kv_row0 = w.kv_row0, kv_row_end = w.kv_row0 + w.seqlen_k;
 
   Element* smem_q = reinterpret_cast<Element*>(smem);
   Element* smem_k = smem_q + cosize(typename Cfg::SmemLayoutQ{});
@@ -386,7 +398,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
     if (s < n_tiles) {
       auto sK = slot_k(s);
       auto sV = slot_v(s);
-      load_kv<Cfg>(a, b, kvh, (blk_begin + s) * kBlockN, seqlen_k, sK, sV, tid);
+      load_kv<Cfg>(a, b, kvh, kv_row0 + (blk_begin + s) * kBlockN, kv_row_end, sK, sV, tid);
     }
     cp_async_commit();
   }
@@ -424,7 +436,7 @@ __forceinline__ __device__ void split_kv(const Args& a, char* smem) {
       if (nxt < n_tiles) {
         auto sK = slot_k(nxt % kStages);
         auto sV = slot_v(nxt % kStages);
-        load_kv<Cfg>(a, b, kvh, (blk_begin + nxt) * kBlockN, seqlen_k, sK, sV, tid);
+        load_kv<Cfg>(a, b, kvh, kv_row0 + (blk_begin + nxt) * kBlockN, kv_row_end, sK, sV, tid);
       }
       cp_async_commit();
     };

@@ -12,6 +12,10 @@ prefill gate's values of them (``option_cases``): windows at 0, 1, a tile +- 1 a
 1 and 50, sink logits of +-30, 1 to 16 new tokens; the reference and its log-sum-exp take the options (the sinks
 join the lse).
 
+A dense GQA/MHA kernel is also checked with FA2's ``cache_leftpad`` (``LEFTPAD_CASES``): each sequence's keys start
+after NaN rows of padding (leftpads 0, 1, a tile +- 1; one equal to the length: no key, output 0 and lse -inf), key
+counts at tile edges, one split and several; a kernel that reads the padding or counts its rows as keys fails.
+
 MLA (absorbed decode, translate.decode.v_from_k): one latent KV head of 576 columns whose first 512 are the values
 (the cache holds K only; the reference takes V = K[..., :512]), 128 query heads (DeepSeek-V3) and 16 (a
 tensor-parallel shard), pages of 64 tokens by default (FlashMLA's), the kernel called with v_cache None or the
@@ -53,6 +57,9 @@ class DecodeCase:
     window: tuple = (-1, -1)
     softcap: float = 0.0
     sinks: bool = False
+    # FA2's cache_leftpad (a dense cache): rows of padding before sequence i's keys, so that its cache_seqlens is
+    # leftpad[i] + cache_seqlens[i] (the keys stay cache_seqlens[i])
+    leftpad: Optional[tuple[int, ...]] = None
 
     def label(self) -> str:
         text = f"sq{self.seqlen_q} k{list(self.cache_seqlens)}"
@@ -70,6 +77,8 @@ class DecodeCase:
             text += f" softcap{self.softcap:g}"
         if self.sinks:
             text += " sinks"
+        if self.leftpad is not None:
+            text += f" leftpad{list(self.leftpad)}"
         return text
 
 
@@ -107,6 +116,14 @@ MLA_CHECK_CASES = (
     DecodeCase((4097, 65, 2000), num_splits=1, heads=MLA_HEADS, key_growth=3.0),
     DecodeCase((5000, 300), seqlen_q=2, num_splits=3, heads=MLA_HEADS, key_growth=3.0),
 )
+# cache_leftpad (dense GQA/MHA kernels): leftpads 0, 1, a 64- and a 128-key tile +- 1 and one equal to its row's
+# length (no key), key counts at tile edges, 1, 4 and 16 tokens (more tokens than keys), one split and several.
+LEFTPAD_CASES = (
+    DecodeCase((64, 65, 1, 130, 0), leftpad=(0, 1, 63, 65, 7)),
+    DecodeCase((63, 4097, 129, 9), seqlen_q=4, num_splits=3, leftpad=(127, 129, 64, 9)),
+    DecodeCase((200, 3000), num_splits=1, leftpad=(1, 300)),
+    DecodeCase((1000, 9, 0), seqlen_q=16, leftpad=(65, 129, 63)),
+)
 MAX_PAGES_SPARE = 3      # pages no table row names, poisoned
 
 
@@ -114,7 +131,16 @@ def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
     """The decode gate's cases for ``spec``; a kernel built with options gets ``option_cases``."""
     if spec.variant == "mla":
         return MLA_CHECK_CASES
-    return option_cases(spec) if spec.features else CHECK_CASES
+    cases = option_cases(spec) if spec.features else CHECK_CASES
+    return cases + leftpad_cases(spec) if spec.layout == "dense" else cases
+
+
+def leftpad_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
+    """LEFTPAD_CASES with the spec's options, each case the next window, cap (and the sinks), as option_cases."""
+    windows = (CAUSAL_WINDOWS if spec.causal else WINDOWS) if spec.local else ((-1, -1),)
+    caps = SOFTCAPS if spec.softcap else (0.0,)
+    return tuple(replace(c, window=windows[(i + 2) % len(windows)], softcap=caps[i % len(caps)], sinks=spec.sinks)
+                 for i, c in enumerate(LEFTPAD_CASES))
 
 
 def option_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
@@ -144,6 +170,9 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
 
     lens = list(case.cache_seqlens)
     b = len(lens)
+    pads = list(case.leftpad or (0,) * b)
+    if case.leftpad is not None and (paged or len(pads) != b):
+        raise ValueError(f"{case.label()}: a leftpad is one row count per sequence of a dense cache")
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
@@ -158,19 +187,19 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
         seqs = [(ks, ks[..., :d_v]) for ks in (keys(L) for L in lens)]
     else:
         seqs = [(keys(L), randn(L, hkv, d_v)) for L in lens]
-    seqlens = torch.tensor(lens, dtype=torch.int32, device=device)
+    seqlens = torch.tensor([p + L for p, L in zip(pads, lens)], dtype=torch.int32, device=device)
 
     def caches(*rows):
         k = torch.full((*rows, hkv, d_qk), float("nan"), dtype=dt, device=device)
         return k, (k[..., :d_v] if from_k else torch.full((*rows, hkv, d_v), float("nan"), dtype=dt, device=device))
 
-    if not paged:
-        cap = max(lens) + 5
+    if not paged:     # the padding before a leftpad's keys and the rows past them hold NaN
+        cap = max(p + L for p, L in zip(pads, lens)) + 5
         k, v = caches(b, cap)
         for i, (ks, vs) in enumerate(seqs):
-            k[i, :lens[i]] = ks
+            k[i, pads[i]:pads[i] + lens[i]] = ks
             if not from_k:
-                v[i, :lens[i]] = vs
+                v[i, pads[i]:pads[i] + lens[i]] = vs
         return k, v, None, seqlens, seqs
     pages = [math.ceil(L / page_size) for L in lens]
     width = max(pages) + 1                               # a column past every sequence's last page
@@ -208,7 +237,9 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     q = torch.randn(b, case.seqlen_q, hq, spec.d_qk, generator=gen, device=device, dtype=torch.float32).to(dt)
     k, v, table, seqlens, seqs = _build_cache(case, hkv, spec.d_qk, spec.d_v, dt, spec.layout == "paged",
                                               page_size, gen, device, from_k)
-    saved = [t.clone() for t in (q, k, v, seqlens) + ((table,) if table is not None else ())]
+    leftpad = None if case.leftpad is None else torch.tensor(case.leftpad, dtype=torch.int32, device=device)
+    extras = tuple(t for t in (table, leftpad) if t is not None)
+    saved = [t.clone() for t in (q, k, v, seqlens) + extras]
     out = torch.full((b, case.seqlen_q, hq, spec.d_v), float("nan"), dtype=dt, device=device)
     capacity = table.shape[1] * page_size if table is not None else k.shape[1]
     split, _, _ = kernel.split_plan(b, hq, hkv, case.seqlen_q, capacity, case.num_splits)
@@ -220,6 +251,8 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     given = {}
     if spec.features:     # the launcher's names; a kernel without options takes none
         given = {"window_size": case.window, "softcap": case.softcap, "learnable_sink": sinks}
+    if leftpad is not None:
+        given["cache_leftpad"] = leftpad
     try:
         v_arg = v if (case.v_view or not from_k) else None
         result, lse = kernel(q, k, v_arg, cache_seqlens=seqlens, page_table=table, num_splits=case.num_splits,
@@ -231,7 +264,7 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     label += f" ({split.num_splits} split{'s' if split.num_splits > 1 else ''})"
     if result.data_ptr() != out.data_ptr():
         return fail("the kernel did not write into the output buffer it was given")
-    after = (q, k, v, seqlens) + ((table,) if table is not None else ())
+    after = (q, k, v, seqlens) + extras
     if not all(torch.equal(x.nan_to_num(0.5), y.nan_to_num(0.5)) for x, y in zip(after, saved)):
         return fail("the kernel modified its inputs")
     finite = torch.isfinite(out)

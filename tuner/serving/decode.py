@@ -10,7 +10,15 @@ flash-attn's conventions: sequence b's keys are the first ``cache_seqlens[b]`` r
 dense cache, the table's capacity for a paged one); causal aligns bottom-right (the new queries are the last
 ``seqlen_q`` of those keys). ``k``/``v`` append new rows at ``cache_seqlens`` first (in place, through the table),
 rotated by ``rotary_cos``/``rotary_sin`` where given, as FA2 does (tuner/serving/kvcache_append.py). What the decode
-kernels do not compute is refused, naming the argument: ``cache_batch_idx``, ``cache_leftpad``, ALiBi.
+kernels do not compute is refused, naming the argument: ``cache_batch_idx``, ALiBi.
+
+``cache_leftpad`` (b,) int32 on q's device (FA2's; a dense cache only: with a table it is a ValueError, as in FA2):
+sequence b's keys are rows [cache_leftpad[b], cache_seqlens[b]) of its cache (transformers' left-padded batches keep
+their pads in the first rows), so it has cache_seqlens[b] - cache_leftpad[b] keys, and causal and a window align
+bottom-right to them (the new queries are its last seqlen_q keys). Appended rows still land at ``cache_seqlens[b]``
+(a row of the cache, counted from row 0) and are rotated at that row, as in FA2. Its values are not read back: a
+leftpad at or past the length leaves a sequence no key (output 0, lse -inf). The dense decode kernels read it in
+place; the absorbed-MLA kernels do not (the call runs the reference, counted ``inputs-refused``).
 
 Model options (tuner/serving/options.py, FlashAttention's and FA4's names): ``window_size=(left, right)`` (-1 open;
 causal closes the right side at 0), aligned to each sequence's ``cache_seqlens`` (query i of sequence b sees key j
@@ -99,6 +107,19 @@ def decode_input_errors(q, k_cache, v_cache, cache_seqlens, page_table) -> list[
     return errors
 
 
+def leftpad_errors(q, cache_leftpad, page_table) -> list[str]:
+    """Why ``cache_leftpad`` cannot go with this call (empty: it can): FA2's rule, a dense cache only, and one int32
+    row per sequence on q's device. Its values are not checked (a host read)."""
+    if page_table is not None:
+        return ["cache_leftpad does not go with a paged cache (block_table/page_table), as in FlashAttention 2"]
+    if not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.dtype != torch.int32 \
+            or tuple(cache_leftpad.shape) != (q.shape[0],) or cache_leftpad.device != q.device:
+        return [f"cache_leftpad must be an int32 tensor of {q.shape[0]} rows (one per sequence) on {q.device}, got "
+                f"{getattr(cache_leftpad, 'dtype', type(cache_leftpad).__name__)} "
+                f"{tuple(getattr(cache_leftpad, 'shape', ()))} on {getattr(cache_leftpad, 'device', None)}"]
+    return []
+
+
 def absorbed_mla_values(q, k_cache):
     """``v_cache=None``: absorbed MLA's values, the first 512 columns of the 576-wide latent rows (FlashMLA's
     layout), as a view of ``k_cache``; any other call needs its ``v_cache``."""
@@ -164,10 +185,10 @@ class DecodeCalls:
         return self._routes[(id(config), bucket)]
 
     def run_decode(self, route, q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
-                   num_splits: int, return_lse: bool, out=None, options: ModelOptions = PLAIN):
+                   num_splits: int, return_lse: bool, out=None, options: ModelOptions = PLAIN, cache_leftpad=None):
         """(out, lse or an empty tensor) of a route: the exported decode kernel (given the options, for the
-        kernel's causality) or the reference."""
-        args = (q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, return_lse, out, options)
+        kernel's causality, and the leftpad) or the reference."""
+        args = (q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, return_lse, out, options, cache_leftpad)
         if route.config is None:
             return self._decode_reference(route.code, REASONS[route.code], *args)
         paged = page_table is not None
@@ -186,6 +207,8 @@ class DecodeCalls:
         if options.any:    # the launcher's names (FA4's learnable_sink)
             given = option_arguments(options, route.config.causal)
             extra = {"window_size": given["window_size"], "softcap": given["softcap"], "learnable_sink": given["sinks"]}
+        if cache_leftpad is not None:
+            extra["cache_leftpad"] = cache_leftpad
         try:
             res = kern(q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, softmax_scale=scale,
                        num_splits=num_splits or None, return_lse=return_lse, out=out, **extra)
@@ -200,9 +223,10 @@ class DecodeCalls:
         return res, _no_lse(q)
 
     def _decode_reference(self, code, message, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
-                          return_lse, out, options=PLAIN):
+                          return_lse, out, options=PLAIN, cache_leftpad=None):
         self._count_fallback(code, message)
-        res, lse = decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, options)
+        res, lse = decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, options,
+                                    cache_leftpad)
         if out is not None:
             out.copy_(res)
             res = out
@@ -219,11 +243,11 @@ class DecodeCalls:
         (out, lse) with ``return_softmax_lse`` (the lse includes the sinks). ``num_splits`` 0 lets the kernel's split
         rule choose. ``window_size`` (left, right; -1 open, causal closes the right at 0), ``softcap`` and
         ``learnable_sink`` ((hq,) fp32 or q's dtype) are the model options of tuner/serving/options.py, aligned to
-        each sequence's ``cache_seqlens``. ``k``/``v`` (and ``rotary_cos``/``rotary_sin``) append new rows to the
+        each sequence's ``cache_seqlens``. ``cache_leftpad`` (b,) int32, a dense cache: each sequence's first key
+        row (the module doc). ``k``/``v`` (and ``rotary_cos``/``rotary_sin``) append new rows to the
         cache in place first: tuner/serving/kvcache_append.py; ``check_append=False`` skips its host read of the
         lengths in eager calls (a synchronisation), as FA2 does."""
-        for given, what in ((cache_batch_idx is not None, "cache_batch_idx"),
-                            (cache_leftpad is not None, "cache_leftpad"), (alibi_slopes is not None, "alibi_slopes")):
+        for given, what in ((cache_batch_idx is not None, "cache_batch_idx"), (alibi_slopes is not None, "alibi_slopes")):
             if given:
                 raise NotImplementedError(f"flash_attn_with_kvcache: {what} is not supported by the exported decode "
                                           "kernels (pass cache_seqlens= by keyword)")
@@ -237,6 +261,8 @@ class DecodeCalls:
         if not errors:
             errors += append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_sin, absorbed,
                                     table)
+        if cache_leftpad is not None and not errors:
+            errors += leftpad_errors(q, cache_leftpad, table)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
             errors.append(f"num_splits must be an int >= 0 (0: the kernel's split rule), got {num_splits!r}")
         if errors:
@@ -258,16 +284,19 @@ class DecodeCalls:
             cache_seqlens = torch.full((b,), table.shape[1] * k_cache.shape[1], dtype=torch.int32, device=q.device)
         elif cache_seqlens is not None and (cache_seqlens.dtype != torch.int32 or cache_seqlens.stride(0) != 1):
             cache_seqlens = cache_seqlens.to(torch.int32).contiguous()
+        if cache_leftpad is not None and cache_leftpad.stride(0) != 1:
+            cache_leftpad = cache_leftpad.contiguous()
         if k is not None:   # the new rows into the cache (in place), rotated; the attention reads them too
             q, cache_seqlens = append(q, k_cache, v_cache, k, v, cache_seqlens, table, rotary_cos, rotary_sin,
                                       bool(rotary_interleaved), bool(causal), absorbed, bool(check_append))
         route = self.route_decode(q, k_cache, v_cache, table, causal, scale, options)
         if options.any:
             res, lse = launch_decode_options(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale,
-                                             int(num_splits), bool(return_softmax_lse), options, route, out)
+                                             int(num_splits), bool(return_softmax_lse), options, route, out,
+                                             cache_leftpad)
         else:
             res, lse = op.launch_decode(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale,
-                                        int(num_splits), bool(return_softmax_lse), route, out)
+                                        int(num_splits), bool(return_softmax_lse), route, out, cache_leftpad)
         return (res, lse) if return_softmax_lse else res
 
 

@@ -6,6 +6,9 @@ hkv, d) with ``page_table`` (b, max_pages) int32, or dense (b, seqlen_cache, hkv
 first ``cache_seqlens[b]`` rows of its pages in table order (of its cache row, dense), all of them when
 ``cache_seqlens`` is None; causal aligns bottom-right (the queries are the last ``seqlen_q`` of those keys:
 query i sees keys j <= i + cache_seqlens[b] - seqlen_q). Query head h reads KV head h // (hq / hkv).
+``cache_leftpad`` (b,) (FA2's, a dense cache): sequence b's keys are rows [cache_leftpad[b], cache_seqlens[b]); the
+causal diagonal and a window, aligned to the last key, stay where they are in cache rows, so the leftpad only hides
+the rows before it (a leftpad at or past the length leaves no key: 0 and -inf).
 
 Everything stays on the device and nothing is read back (no synchronisation: a CUDA graph captures the
 fallback as well as the kernel). The pages are gathered into a dense (b, capacity, hkv, d) copy (table
@@ -44,15 +47,20 @@ def _gather(k_cache, v_cache, page_table):
     return k, v, rows
 
 
-def _masks(q, capacity: int, cache_seqlens, causal: bool, window=NO_WINDOW):
+def _masks(q, capacity: int, cache_seqlens, causal: bool, window=NO_WINDOW, cache_leftpad=None):
     """(used (b, capacity): the keys each sequence has, visible (b, seqlen_q, capacity): those each row sees)."""
     b, sq = q.shape[0], q.shape[1]
     if cache_seqlens is None:
         lens = torch.full((b,), capacity, dtype=torch.long, device=q.device)
     else:
         lens = cache_seqlens.long().clamp(0, capacity)
-    used = torch.arange(capacity, device=q.device)[None, :] < lens[:, None]
-    return used, visible(sq, capacity, causal, window, q.device, seqlens=lens)
+    cols = torch.arange(capacity, device=q.device)[None, :]
+    used = cols < lens[:, None]
+    seen = visible(sq, capacity, causal, window, q.device, seqlens=lens)
+    if cache_leftpad is not None:
+        used = used & (cols >= cache_leftpad.long()[:, None])
+        seen = seen & used[:, None, :]
+    return used, seen
 
 
 def _probabilities(q, k, visible, scale: float, softcap: float = 0.0, sinks=None):
@@ -72,14 +80,14 @@ def _zero_unused(t, used):
 
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens=None, page_table=None, causal: bool = False,
-                     softmax_scale: float | None = None, options: ModelOptions = PLAIN):
+                     softmax_scale: float | None = None, options: ModelOptions = PLAIN, cache_leftpad=None):
     """(out (b, seqlen_q, hq, d_v) in q's dtype, lse (b, hq, seqlen_q) fp32 natural log, the sinks included).
-    ``options``: a window (aligned to each sequence's length), a cap, sinks (tuner/serving/options.py).
-    Differentiable, also in the sinks."""
+    ``options``: a window (aligned to each sequence's length), a cap, sinks (tuner/serving/options.py);
+    ``cache_leftpad``: the module doc. Differentiable, also in the sinks."""
     b, sq, hq, d = q.shape
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     k, v, _ = _gather(k_cache, v_cache, page_table)
-    used, visible = _masks(q, k.shape[1], cache_seqlens, causal, options.window)
+    used, visible = _masks(q, k.shape[1], cache_seqlens, causal, options.window, cache_leftpad)
     k, v = _zero_unused(k, used), _zero_unused(v, used)
     p, lse = _probabilities(q, k, visible, scale, options.softcap, options.sinks)
     out = torch.einsum("bhgij,bjhd->bihgd", p, v.float()).reshape(b, sq, hq, v.shape[3])
@@ -87,14 +95,14 @@ def decode_reference(q, k_cache, v_cache, cache_seqlens=None, page_table=None, c
 
 
 def decode_gradients(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal: bool,
-                     softmax_scale: float):
+                     softmax_scale: float, cache_leftpad=None):
     """(dq, dk_cache, dv_cache) of ``decode_reference`` (``grad_lse`` None: the lse was not used); rows no
-    sequence sees get zero gradients."""
+    sequence sees (a leftpad's among them) get zero gradients."""
     b, sq, hq, d = q.shape
     k, v, rows = _gather(k_cache, v_cache, page_table)
     hkv, dv_dim = k.shape[2], v.shape[3]
     g = hq // hkv
-    used, visible = _masks(q, k.shape[1], cache_seqlens, causal)
+    used, visible = _masks(q, k.shape[1], cache_seqlens, causal, NO_WINDOW, cache_leftpad)
     kf, vf = _zero_unused(k, used).float(), _zero_unused(v, used).float()
     p, _ = _probabilities(q, kf, visible, softmax_scale)
     do = grad_out.float().reshape(b, sq, hkv, g, dv_dim)

@@ -235,27 +235,34 @@ paged_attention_op = torch.ops.attn_tuner.paged_attention.default
 
 # ---- decode over a KV cache (flash_attn_with_kvcache): q (b, sq, hq, d), k/v_cache paged or dense ----
 # page_table None: a dense cache; cache_seqlens None: every row of the cache (dense only: the entry point gives
-# a paged call the table's capacity). num_splits 0: the kernel's split rule.
+# a paged call the table's capacity). num_splits 0: the kernel's split rule. cache_leftpad (b,) int32 (a dense
+# cache, FA2's): sequence b's keys start at that row (tuner/serving/decode_sdpa.py); last, with a default, so that
+# a call without it keeps its arguments.
 _lib.define("decode_kvcache(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, Tensor? page_table, "
-            "bool causal, float scale, int num_splits, bool return_lse, int route) -> (Tensor, Tensor)")
+            "bool causal, float scale, int num_splits, bool return_lse, int route, Tensor? cache_leftpad=None) "
+            "-> (Tensor, Tensor)")
 _lib.define("decode_kvcache_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k_cache, Tensor v_cache, "
-            "Tensor? cache_seqlens, Tensor? page_table, bool causal, float scale) -> (Tensor, Tensor, Tensor)")
+            "Tensor? cache_seqlens, Tensor? page_table, bool causal, float scale, Tensor? cache_leftpad=None) "
+            "-> (Tensor, Tensor, Tensor)")
 
 
 def run_decode_route(route: int, q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
-                     num_splits: int, return_lse: bool, out=None):
+                     num_splits: int, return_lse: bool, out=None, cache_leftpad=None):
     r = _ROUTES[route]
     return r.owner.run_decode(r, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
-                              return_lse, out)
+                              return_lse, out, cache_leftpad=cache_leftpad)
 
 
-def _decode_impl(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route):
+def _decode_impl(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route,
+                 cache_leftpad=None):
     return run_decode_route(route, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
-                            return_lse)
+                            return_lse, cache_leftpad=cache_leftpad)
 
 
-def _decode_backward_impl(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale):
-    grads = decode_gradients(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale)
+def _decode_backward_impl(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                          cache_leftpad=None):
+    grads = decode_gradients(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                             cache_leftpad)
     return tuple(g.contiguous() for g in grads)
 
 
@@ -271,27 +278,30 @@ def decode_fake(q, v_cache, return_lse: bool):
 
 
 @torch.library.register_fake(f"{NAMESPACE}::decode_kvcache", lib=_lib)
-def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route):
+def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, route,
+                 cache_leftpad=None):
     return decode_fake(q, v_cache, return_lse)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::decode_kvcache_backward", lib=_lib)
-def _decode_backward_fake(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale):
+def _decode_backward_fake(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
+                          cache_leftpad=None):
     return q.new_empty(q.shape), k_cache.new_empty(k_cache.shape), v_cache.new_empty(v_cache.shape)
 
 
 def _decode_setup(ctx, inputs, output):
-    q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, _, return_lse, _ = inputs
-    ctx.save_for_backward(q, k_cache, v_cache, cache_seqlens, page_table)
+    q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, _, return_lse, _ = inputs[:10]
+    cache_leftpad = inputs[10] if len(inputs) > 10 else None
+    ctx.save_for_backward(q, k_cache, v_cache, cache_seqlens, page_table, cache_leftpad)
     ctx.causal, ctx.scale, ctx.return_lse = causal, scale, return_lse
 
 
 def _decode_backward(ctx, grad_out, grad_lse):
-    q, k_cache, v_cache, cache_seqlens, page_table = ctx.saved_tensors
+    q, k_cache, v_cache, cache_seqlens, page_table, cache_leftpad = ctx.saved_tensors
     dq, dk, dv = torch.ops.attn_tuner.decode_kvcache_backward(grad_out, grad_lse if ctx.return_lse else None, q,
                                                               k_cache, v_cache, cache_seqlens, page_table,
-                                                              ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None, None, None, None, None, None
+                                                              ctx.causal, ctx.scale, cache_leftpad)
+    return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 torch.library.register_autograd(f"{NAMESPACE}::decode_kvcache", _decode_backward, setup_context=_decode_setup,
@@ -337,14 +347,14 @@ def launch_paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_s
 
 
 def launch_decode(q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float, num_splits: int,
-                  return_lse: bool, route: int, out=None):
+                  return_lse: bool, route: int, out=None, cache_leftpad=None):
     """(out, lse) of the decode op, or of its route directly when nothing observes the call (then ``out``, when
     given, is written by the kernel itself; through the op it is filled from the op's fresh output)."""
     if nothing_observes(q, k_cache, v_cache):
         return run_decode_route(route, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
-                                return_lse, out)
+                                return_lse, out, cache_leftpad)
     res, lse = decode_kvcache_op(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
-                                 return_lse, route)
+                                 return_lse, route, cache_leftpad)
     if out is not None:
         out.copy_(res)
         res = out

@@ -231,25 +231,26 @@ paged_attention_options_op = torch.ops.attn_tuner.paged_attention_options.defaul
 
 # ---- decode over a KV cache (flash_attn_with_kvcache) ----
 _lib.define(f"decode_kvcache_options(Tensor q, Tensor k_cache, Tensor v_cache, Tensor? cache_seqlens, "
-            f"Tensor? page_table, bool causal, float scale, int num_splits, bool return_lse, {_OPTIONS}, int route) "
-            "-> (Tensor, Tensor)")
+            f"Tensor? page_table, bool causal, float scale, int num_splits, bool return_lse, {_OPTIONS}, int route, "
+            "Tensor? cache_leftpad=None) -> (Tensor, Tensor)")
 _lib.define(f"decode_kvcache_options_backward(Tensor grad_out, Tensor? grad_lse, Tensor q, Tensor k_cache, "
-            f"Tensor v_cache, Tensor? cache_seqlens, Tensor? page_table, bool causal, float scale, {_OPTIONS}) "
-            "-> (Tensor, Tensor, Tensor, Tensor)")
+            f"Tensor v_cache, Tensor? cache_seqlens, Tensor? page_table, bool causal, float scale, {_OPTIONS}, "
+            "Tensor? cache_leftpad=None) -> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def _decode_impl(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, window_left,
-                 window_right, softcap, sinks, route):
+                 window_right, softcap, sinks, route, cache_leftpad=None):
     r = _ROUTES[route]
     return r.owner.run_decode(r, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
-                              return_lse, options=_options(window_left, window_right, softcap, sinks))
+                              return_lse, options=_options(window_left, window_right, softcap, sinks),
+                              cache_leftpad=cache_leftpad)
 
 
 def _decode_backward_impl(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
-                          window_left, window_right, softcap, sinks):
+                          window_left, window_right, softcap, sinks, cache_leftpad=None):
     def forward(q, k_cache, v_cache, s):
         return decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
-                                _options(window_left, window_right, softcap, s))
+                                _options(window_left, window_right, softcap, s), cache_leftpad)
 
     return _gradients(forward, (grad_out, grad_lse), (q, k_cache, v_cache), sinks)
 
@@ -260,31 +261,32 @@ _lib.impl("decode_kvcache_options_backward", _decode_backward_impl, "CompositeEx
 
 @torch.library.register_fake(f"{NAMESPACE}::decode_kvcache_options", lib=_lib)
 def _decode_fake(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits, return_lse, window_left,
-                 window_right, softcap, sinks, route):
+                 window_right, softcap, sinks, route, cache_leftpad=None):
     return decode_fake(q, v_cache, return_lse)
 
 
 @torch.library.register_fake(f"{NAMESPACE}::decode_kvcache_options_backward", lib=_lib)
 def _decode_backward_fake(grad_out, grad_lse, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
-                          window_left, window_right, softcap, sinks):
+                          window_left, window_right, softcap, sinks, cache_leftpad=None):
     return _gradients_fake(q, k_cache, v_cache, sinks)
 
 
 def _decode_setup(ctx, inputs, output):
     q, k_cache, v_cache, lens, table, causal, scale, _, return_lse, window_left, window_right, softcap, sinks, _ = \
-        inputs
-    ctx.save_for_backward(q, k_cache, v_cache, lens, table, sinks)
+        inputs[:14]
+    leftpad = inputs[14] if len(inputs) > 14 else None
+    ctx.save_for_backward(q, k_cache, v_cache, lens, table, sinks, leftpad)
     ctx.args = (causal, scale, window_left, window_right, softcap)
     ctx.return_lse = return_lse
 
 
 def _decode_backward(ctx, grad_out, grad_lse):
-    q, k_cache, v_cache, lens, table, sinks = ctx.saved_tensors
+    q, k_cache, v_cache, lens, table, sinks, leftpad = ctx.saved_tensors
     causal, scale, left, right, softcap = ctx.args
     dq, dk, dv, dsinks = torch.ops.attn_tuner.decode_kvcache_options_backward(
         grad_out, grad_lse if ctx.return_lse else None, q, k_cache, v_cache, lens, table, causal, scale, left, right,
-        softcap, sinks)
-    return (dq, dk, dv) + (None,) * 9 + ((dsinks if sinks is not None else None), None)
+        softcap, sinks, leftpad)
+    return (dq, dk, dv) + (None,) * 9 + ((dsinks if sinks is not None else None), None, None)
 
 
 torch.library.register_autograd(f"{NAMESPACE}::decode_kvcache_options", _decode_backward,
@@ -332,16 +334,17 @@ def launch_paged_options(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_tabl
 
 
 def launch_decode_options(q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
-                          num_splits: int, return_lse: bool, options: ModelOptions, route: int, out=None):
+                          num_splits: int, return_lse: bool, options: ModelOptions, route: int, out=None,
+                          cache_leftpad=None):
     """(out, lse) of the decode options op, or of its route directly when nothing observes the call (then ``out``,
     when given, is written by the kernel itself; through the op it is filled from the op's fresh output)."""
     if _direct(q, k_cache, v_cache, options.sinks):
         r = _ROUTES[route]
         return r.owner.run_decode(r, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
-                                  return_lse, out, options)
+                                  return_lse, out, options, cache_leftpad)
     res, lse = decode_kvcache_options_op(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, num_splits,
                                          return_lse, options.window[0], options.window[1], options.softcap,
-                                         options.sinks, route)
+                                         options.sinks, route, cache_leftpad)
     if out is not None:
         out.copy_(res)
         res = out

@@ -8,6 +8,11 @@ new tokens are the last ``seqlen_q`` of each sequence. The split count comes fro
 (kernel_abi/splits.py: waves of the CTAs an SM holds) on the cache's capacity (known without reading the lengths back), or
 ``num_splits``.
 
+``cache_leftpad`` (b) int32 (FA2's; a dense cache, GQA/MHA kernels of ABI 5 on): sequence b's keys are rows
+[cache_leftpad[b], cache_seqlens[b]) of its cache, causal and a window aligned to their count. Its values are not read
+back (as the lengths are not): a leftpad above the sequence's length leaves it no key (output 0, lse -inf), and the
+split count still comes from the capacity, so splits past a short sequence's keys stay empty.
+
 Absorbed MLA kernels (translate.decode.v_from_k: one latent KV head, d_qk 576, d_v 512) read V as the first d_v
 columns of k_cache's rows, as FlashMLA does: pass ``v_cache=None`` or the view ``k_cache[..., :d_v]``.
 
@@ -44,7 +49,7 @@ class DecodeArgs(ctypes.Structure):
                 + [(n, ctypes.c_int) for n in ("batch", "seqlen_q", "heads_q", "group", "seqlen_k", "page_shift",
                                                "num_splits", "blocks_per_split", "m_blocks")]
                 + [("scale_log2", ctypes.c_float), ("sinks", ctypes.c_void_p), ("window_left", ctypes.c_int),
-                   ("window_right", ctypes.c_int), ("softcap_prescale", ctypes.c_float)])
+                   ("window_right", ctypes.c_int), ("softcap_prescale", ctypes.c_float), ("leftpad_k", ctypes.c_void_p)])
 
 
 def option_errors(features, window, softcap, sinks, heads_q: int, device) -> list[str]:
@@ -189,13 +194,18 @@ class DecodeKernel:
 
     def __call__(self, q, k_cache, v_cache=None, cache_seqlens=None, page_table=None,
                  softmax_scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
-                 out=None, workspace=None, window_size=(-1, -1), softcap: float = 0.0, learnable_sink=None):
+                 out=None, workspace=None, window_size=(-1, -1), softcap: float = 0.0, learnable_sink=None,
+                 cache_leftpad=None):
         """out (b, seqlen_q, hq, d_v) [, lse (b, hq, seqlen_q) fp32]. ``workspace``: (o_partial, lse_partial) to
         use instead of fresh buffers (the verifier poisons them). ``window_size``, ``softcap``, ``learnable_sink``
         (FlashAttention's conventions, kernel_abi/spec.py) for a kernel built with those options; the lse then
-        includes the sinks."""
+        includes the sinks. ``cache_leftpad``: see the module doc."""
         import torch
 
+        if cache_leftpad is not None:
+            errors = self.leftpad_errors(cache_leftpad, q)
+            if errors:
+                raise ValueError(f"{self.name}: " + "; ".join(errors))
         v_cache = self._values(k_cache, v_cache)
         features = self.features
         if features or learnable_sink is not None or softcap or tuple(window_size or (-1, -1)) != (-1, -1):
@@ -234,12 +244,36 @@ class DecodeKernel:
             a.page_table = page_table.data_ptr() if page_table is not None else None
             a.seqused_k = cache_seqlens.data_ptr() if cache_seqlens is not None else None
             a.sinks = learnable_sink.data_ptr() if learnable_sink is not None else None
+            a.leftpad_k = cache_leftpad.data_ptr() if cache_leftpad is not None else None
             if plan.k_map is not None:
                 plan.k_map.point(pointers[1])
             self._launch(plan.split_launch, stream, plan.pointers_address)
             if plan.num_splits > 1:
                 self._launch(plan.combine_launch, stream, plan.pointers_address)
         return (out, lse) if return_lse else out
+
+    def leftpad_errors(self, cache_leftpad, q) -> list[str]:
+        """Why this kernel cannot take ``cache_leftpad`` for q (empty: it can): only a dense GQA/MHA kernel of ABI 5
+        on reads one, as a contiguous int32 tensor of one row per sequence on q's device. Its values are not
+        checked: that would read them back (a synchronisation)."""
+        import torch
+
+        if self.paged:
+            return ["cache_leftpad: a paged cache takes no leftpad (as in FlashAttention 2): a sequence's pages start "
+                    "at its first key"]
+        if self.v_from_k:
+            return ["cache_leftpad: the absorbed-MLA decode kernels read no leftpad"]
+        if int(self.meta.get("abi", 0)) < 5:
+            return [f"cache_leftpad: this kernel (ABI {self.meta.get('abi')}) reads no leftpad; rebuild it (ABI 5)"]
+        b = int(q.shape[0]) if isinstance(q, torch.Tensor) and q.dim() == 4 else -1
+        device = q.device if isinstance(q, torch.Tensor) else None
+        if not isinstance(cache_leftpad, torch.Tensor) or cache_leftpad.dtype != torch.int32 \
+                or tuple(cache_leftpad.shape) != (b,) or cache_leftpad.device != device \
+                or (b > 1 and cache_leftpad.stride(0) != 1):
+            return [f"cache_leftpad must be a contiguous int32 tensor of {b} rows (one per sequence) on {device}, got "
+                    f"{getattr(cache_leftpad, 'dtype', type(cache_leftpad).__name__)} "
+                    f"{tuple(getattr(cache_leftpad, 'shape', ()))} on {getattr(cache_leftpad, 'device', None)}"]
+        return []
 
     def _values(self, k_cache, v_cache):
         """The V tensor the kernel is given: for an MLA kernel the view k_cache[..., :d_v] (None, or a v_cache that
@@ -316,7 +350,8 @@ class DecodeKernel:
             capacity = page_table.shape[1] * page_size
         else:
             page_size, capacity = 0, k_cache.shape[1]
-        # a window: the splits divide the keys it shows (the kernel starts them at the window's first tile)
+        # a window: the splits divide the keys it shows (the kernel starts them at the window's first tile); a
+        # leftpad, whose values are not read back, only shortens a sequence: the capacity stays the bound
         left, right = window
         visible = capacity if left < 0 or (right < 0 and not spec.get("causal")) else \
             min(capacity, left + sq + max(right, 0) + int(self.params["block_n"]))

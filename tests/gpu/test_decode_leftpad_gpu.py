@@ -1,0 +1,77 @@
+"""FA2's cache_leftpad on the dense decode kernels (marker gpu; skipped elsewhere): the default export
+(tuner.defaults.export: the decode gate, its leftpad cases included) of GQA d128 32/8 heads, plain and with a window
+and sinks, then ``flash_attn_with_kvcache(..., cache_leftpad=)`` against the fp32 reference on random leftpads (0, the
+length - 1, the length: no key), 1 and 4 query tokens, one split and the rule's, on the kernel path with no fallback.
+Kernels: prebuilt into the nvcc cache that KERNEL_CACHE_DIR names (.kdec-lp)."""
+import os
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu, pytest.mark.slow,
+              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                                 reason="needs a Hopper (sm_90) GPU")]
+
+from kernel_abi.spec import KernelSpec  # noqa: E402
+from tuner.serving import load_exported  # noqa: E402
+from tuner.serving.decode_sdpa import decode_reference  # noqa: E402
+from tuner.serving.options import ModelOptions  # noqa: E402
+
+SPECS = [KernelSpec("gqa", 128, 128, True, "bf16", "dense", "decode"),
+         KernelSpec("gqa", 128, 128, True, "bf16", "dense", "decode", local=True, sinks=True)]
+ATOL = 2 ** -6   # bf16 output against fp32; a kernel reading the padding gives NaN or errs by 0.1 or more
+HQ, HKV, D = 32, 8, 128
+
+
+@pytest.fixture(scope="module")
+def attn(tmp_path_factory):
+    from tuner.defaults.export import export_defaults
+
+    gpu = "h200" if "h200" in torch.cuda.get_device_name().lower() else "h100"
+    out = tmp_path_factory.mktemp("decode-leftpad-export")
+    cache = os.environ.get("KERNEL_CACHE_DIR") or os.environ.get("TUNER_CACHE_DIR")
+    export_defaults(gpu, SPECS, out, cache_dir=Path(cache) if cache else None, study_dir=out.parent / "studies")
+    served = load_exported(out)
+    assert sorted(c.features for c in served.configs) == [(), ("local", "sinks")]
+    return served
+
+
+def _case(sq, seed):
+    """q; a dense cache whose rows before each leftpad and from each length on hold NaN; lengths, leftpads (0, the
+    length - 1, the length, random ones) int32."""
+    g = torch.Generator().manual_seed(seed)
+    lens = [3000, 200, 65, 1500, 129, 4097, 64]
+    pads = [0, 199, 65] + [int(torch.randint(0, n, (1,), generator=g)) for n in lens[3:]]
+    q = torch.randn(len(lens), sq, HQ, D, generator=g).to("cuda", torch.bfloat16)
+    kc = torch.full((len(lens), max(lens) + 7, HKV, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    vc = kc.clone()
+    for i, (n, p) in enumerate(zip(lens, pads)):
+        kc[i, p:n] = torch.randn(n - p, HKV, D, generator=g).to("cuda", torch.bfloat16)
+        vc[i, p:n] = torch.randn(n - p, HKV, D, generator=g).to("cuda", torch.bfloat16)
+    as_int = lambda x: torch.tensor(x, dtype=torch.int32, device="cuda")  # noqa: E731
+    return q, kc, vc, as_int(lens), as_int(pads)
+
+
+@pytest.mark.parametrize("options", [False, True], ids=["plain", "window+sinks"])
+@pytest.mark.parametrize("sq", [1, 4])
+def test_decode_with_a_leftpad_on_the_kernel(attn, sq, options):
+    q, kc, vc, lens, pads = _case(sq, seed=sq + 10 * options)
+    sinks = torch.tensor([30.0, -30.0] + [0.25 * (i % 7) - 0.75 for i in range(HQ - 2)], device="cuda")
+    kwargs = {"window_size": (127, 0), "learnable_sink": sinks} if options else {}
+    ref, ref_lse = decode_reference(q.float(), kc.float(), vc.float(), lens, None, True, D ** -0.5,
+                                    ModelOptions(kwargs.get("window_size", (-1, -1)), 0.0, kwargs.get("learnable_sink")),
+                                    pads)
+    for splits in (1, 0):
+        attn.reasons.clear()
+        out, lse = attn.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, cache_leftpad=pads, causal=True,
+                                                num_splits=splits, return_softmax_lse=True, **kwargs)
+        torch.cuda.synchronize()
+        assert attn.last_path == "kernel" and not attn.reasons, (attn.last_reason, attn.reasons)
+        assert torch.isfinite(out).all()
+        assert (out.float() - ref).abs().max().item() <= ATOL
+        finite = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), finite)
+        torch.testing.assert_close(lse[finite], ref_lse[finite], atol=1e-2, rtol=1e-3)
+        if not options:   # the sequence whose leftpad is its length has no key: 0 and -inf
+            assert not out[2].any() and torch.isinf(lse[2]).all()
