@@ -138,6 +138,21 @@ class DecodeCalls:
     ``stats``, ``_count_fallback``, ``last_*``; ``_decode_tables`` ({"paged"|"dense": per device dispatch tables of the
     decode configs}) and ``_decode_memo`` are built in its __init__."""
 
+    def serves_decode(self, q, k_cache, v_cache, causal: bool, scale: float | None = None, window_size=(-1, -1),
+                      softcap: float = 0.0, learnable_sink=None) -> bool:
+        """Whether a decode call over this dense cache, with these options, would run an exported kernel: the route
+        alone (dict lookups; traced by torch.compile), no call made and nothing counted. transformers' padded decode
+        steps ask it before reading their cache in place (tuner/serving/padded.py)."""
+        if decode_input_errors(q, k_cache, v_cache, None, None):
+            return False
+        options = PLAIN
+        if learnable_sink is not None or softcap or (window_size is not None and tuple(window_size) != (-1, -1)):
+            options = model_options(window_size, softcap, learnable_sink, causal=bool(causal), heads_q=int(q.shape[2]),
+                                    device=q.device, where="flash_attn_with_kvcache",
+                                    sink_dtypes=(torch.float32, q.dtype))
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
+        return op.route_config(self.route_decode(q, k_cache, v_cache, None, causal, scale, options)) is not None
+
     def route_decode(self, q, k_cache, v_cache, page_table, causal: bool, scale: float,
                      options: ModelOptions = PLAIN) -> int:
         """The route of a decode call (see the module doc): dict lookups and integer tests while tracing,

@@ -12,7 +12,10 @@ plain causal mask over a cache with no padding), or that pattern within transfor
 while torch.compile traces the model, where transformers' ``sdpa_mask`` always materialises the mask (it cannot
 tell torch.export's fixed shapes from compile's guarded ones). The same pattern over a padded batch (left or right
 padding, as tokenizers and ``generate()`` make it) returns the keys' 2-D padding mask, and the attention function
-packs the batch through the packed-sequence kernels (tuner/serving/padded.py), prefill and decode steps alike.
+packs the batch through the packed-sequence kernels (tuner/serving/padded.py); a decode step over a left-padded
+cache (at most 16 new tokens) instead runs the export's decode kernel on the cache in place, each sequence's keys
+from its first kept row (``cache_leftpad``), where the export has a dense-cache decode kernel for it and the host may
+read the mask (eager: packing would copy the whole cache every step; under torch.compile it still packs).
 Any other mask (padding inside a sequence, a static cache's empty tail, packed sequences, chunked attention) is
 built by ``sdpa_mask`` and given to torch SDPA. The function: the
 same causal rule as transformers' ``sdpa`` implementation; where the mask is None the exported kernel runs
@@ -24,7 +27,7 @@ torch SDPA (with a cap or sinks: the fp32 reference), counted by reason in ``att
 """
 from __future__ import annotations
 
-from tuner.serving.padded import attend_padded, dense_mask, is_edge_padding
+from tuner.serving.padded import attend_decode_padded, attend_padded, dense_mask, is_edge_padding
 from tuner.serving.rule import host_reads_allowed
 
 DEFAULT_NAME = "attn_tuner"
@@ -59,7 +62,10 @@ def attention_function(attn):
             # the keys' padding (attention_mask below): the batch packed through the packed-sequence kernels
             causal = query.shape[2] > 1
             window = (-1, -1) if sliding_window is None else (int(sliding_window) - 1, 0 if causal else -1)
-            out = attend_padded(attn, q, k, v, attention_mask, causal, scaling, window, softcap, s_aux)
+            # a decode step over a left-padded cache: the decode kernel reads the cache in place
+            out = attend_decode_padded(attn, q, k, v, attention_mask, scaling, (window[0], 0), softcap, s_aux)
+            if out is None:
+                out = attend_padded(attn, q, k, v, attention_mask, causal, scaling, window, softcap, s_aux)
         elif attention_mask is not None:
             # the materialised mask holds the window already; the cap and the sinks are the reference's
             out = attn.attend_options(q, k, v, False, scaling, (-1, -1), softcap, s_aux, attention_mask,

@@ -61,6 +61,11 @@ def register_route(route: Route) -> int:
     return len(_ROUTES) - 1
 
 
+def route_config(route: int):
+    """The exported config a route runs, or None for a fallback route."""
+    return _ROUTES[route].config
+
+
 def run_route(route: int, q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, causal: bool,
               scale: float) -> Tensor:
     r = _ROUTES[route]

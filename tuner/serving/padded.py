@@ -35,6 +35,41 @@ def is_edge_padding(valid) -> bool:
     return bool((starts <= 1).all())
 
 
+def left_padding(keys_kept):
+    """(batch,) int32: each sequence's padded keys before its first kept one, when every sequence's kept keys run to
+    the last key (left padding, as generate() makes it for decoder-only models); None otherwise. A host read."""
+    sk = keys_kept.shape[1]
+    leftpad = sk - keys_kept.sum(dim=1, dtype=torch.int32)
+    suffix = torch.arange(sk, device=keys_kept.device)[None, :] >= leftpad[:, None]
+    return leftpad if bool(torch.equal(suffix, keys_kept.bool())) else None
+
+
+def attend_decode_padded(attn, q, k, v, keys_kept, scale: float | None, window_size=(-1, -1), softcap: float = 0.0,
+                         learnable_sink=None):
+    """A decode step of a left-padded batch through the decode kernel, the cache read in place: (batch, seqlen_q <=
+    16, heads, dim) queries, the last positions of (batch, seqlen_k, kv heads, dim) keys whose padding ``keys_kept``
+    marks; each sequence's keys from its first kept row (``cache_leftpad``), causal to its last. Packing would copy
+    the whole cache every step (tuner/serving/padded.attend_padded). None where this does not serve the call: more
+    queries, padding that is not left padding (a host read, so eager only: under torch.compile or CUDA-graph capture
+    the caller packs), or an export with no decode kernel for its shapes and options."""
+    from tuner.serving.decode import MAX_SEQLEN_Q
+    from tuner.serving.rule import host_reads_allowed
+
+    b, sq = q.shape[0], q.shape[1]
+    sk = k.shape[1]
+    if sq > MAX_SEQLEN_Q or sq >= sk or not host_reads_allowed() or keys_kept.shape != (b, sk):
+        return None
+    q = q.contiguous()       # a few rows; the cache is read where it is
+    if not attn.serves_decode(q, k, v, True, scale, window_size, softcap, learnable_sink):
+        return None
+    leftpad = left_padding(keys_kept.to(device=q.device, dtype=torch.bool))
+    if leftpad is None:
+        return None
+    return attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=sk, cache_leftpad=leftpad, softmax_scale=scale,
+                                        causal=True, window_size=window_size, softcap=softcap,
+                                        learnable_sink=learnable_sink)
+
+
 def attend_padded(attn, q, k, v, keys_kept, causal: bool, scale: float | None, window_size=(-1, -1),
                   softcap: float = 0.0, learnable_sink=None):
     """Attention of (batch, seqlen, heads, dim) q, k, v whose keys ``keys_kept`` (batch, seqlen_k) marks; the
