@@ -75,3 +75,44 @@ def test_decode_with_a_leftpad_on_the_kernel(attn, sq, options):
         torch.testing.assert_close(lse[finite], ref_lse[finite], atol=1e-2, rtol=1e-3)
         if not options:   # the sequence whose leftpad is its length has no key: 0 and -inf
             assert not out[2].any() and torch.isinf(lse[2]).all()
+
+
+def test_a_left_padded_generate_runs_its_decode_steps_on_the_decode_kernel(attn):
+    """transformers' generate() over a left-padded batch (Llama-shaped, 32/8 heads of 128, 2 layers): each decode step
+    reads the dense cache in place through the decode kernel with the batch's leftpads (the prefill has no varlen
+    kernel in this export: it runs SDPA, counted); each decode step's logits are the SDPA model's while the two
+    have generated the same tokens."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tuner.serving.hf import register_transformers
+
+    name = register_transformers(attn)
+    def config():   # one each: a model sets its config's attention implementation
+        return LlamaConfig(vocab_size=1000, hidden_size=HQ * D, intermediate_size=512, num_hidden_layers=2,
+                           num_attention_heads=HQ, num_key_value_heads=HKV, head_dim=D)
+
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM._from_config(config(), attn_implementation="sdpa").to("cuda", torch.bfloat16).eval()
+    ours = LlamaForCausalLM._from_config(config(), attn_implementation=name).to("cuda", torch.bfloat16).eval()
+    ours.load_state_dict(ref.state_dict())
+    ids = torch.randint(0, 1000, (3, 300), device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[0, :57] = 0
+    mask[2, :299] = 0                      # one real token
+    attn.stats.clear()
+    attn.reasons.clear()
+    run = dict(attention_mask=mask, max_new_tokens=5, do_sample=False, output_scores=True,
+               return_dict_in_generate=True)
+    with torch.no_grad():
+        want = ref.generate(ids, **run)
+        got = ours.generate(ids, **run)
+    assert attn.stats["kernel"] == 2 * 4, (attn.stats, attn.reasons)      # 4 decode steps x 2 layers
+    assert "decode dense" in attn.last_reason, attn.last_reason
+    assert not {"no-decode-config", "inputs-refused", "kernel-unloadable"} & set(attn.reasons), attn.reasons
+    new = ids.shape[1]
+    for step in range(1, 5):     # step 0 is the prefill's (SDPA in both)
+        if not torch.equal(got.sequences[:, new:new + step], want.sequences[:, new:new + step]):
+            break
+        tol = 0.05 * max(1.0, want.scores[step].abs().max().item())
+        assert (got.scores[step].float() - want.scores[step].float()).abs().max().item() < tol, step
