@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import H100, stand_in_loader
 from store_fakes import make_decode_record
-from test_decode_options_serving import naive
+from test_decode_options_serving import close, close_lse, naive
 from test_decode_serving import decode_case
 
 from tuner.serving import DeviceFacts, load_exported, op
@@ -39,16 +39,6 @@ def sliced(q, kc, vc, lens, pads, causal, **options):
         outs.append(o)
         lses.append(lse)
     return torch.cat(outs), torch.cat(lses)
-
-
-def close(got, want, atol=2e-2):
-    torch.testing.assert_close(got.double(), want, atol=atol, rtol=atol)
-
-
-def close_lse(got, want):
-    assert torch.equal(torch.isinf(got), torch.isinf(want))
-    fin = torch.isfinite(want)
-    torch.testing.assert_close(got[fin].double(), want[fin], atol=1e-4, rtol=1e-4)
 
 
 def _sinks(seed=0):
