@@ -19,7 +19,12 @@ import math
 from dataclasses import asdict, dataclass, replace
 
 VARIANTS = ("mha", "gqa", "mqa", "mla")
-DTYPES = ("fp16", "bf16")
+DTYPES = ("fp16", "bf16", "fp8")
+# fp8: e4m3 q, k and v with fp32 descales per (batch, KV head) (FlashAttention-3's q/k/v_descale), a bf16 output.
+FP8_HEAD_DIMS = (64, 128)   # the head dims the FP8 kernels take (one or two 128-byte rows of e4m3)
+TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}   # torch's names of the inputs
+OUTPUT_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}                  # and of the output
+ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp8": 1}
 
 # Head layouts of the variants at hidden 2048 (the paper grid) and DeepSeek-V3's MLA prefill.
 GQA_GROUP = 8          # 64 query heads share 8 KV heads in the anchors: group 8
@@ -158,6 +163,19 @@ def validate_problem(p: Problem) -> list[str]:
     if p.variant != "mla" and p.d_qk != p.d_v:
         errors.append(f"{p.variant} needs d_qk == d_v")
     errors += window_errors(p.window, p.causal) + softcap_errors(p.softcap)
+    if p.dtype == "fp8":
+        errors += fp8_errors(p.variant, p.d_qk, p.d_v, p.local or p.softcap or p.sinks)
+    return errors
+
+
+def fp8_errors(variant: str, d_qk: int, d_v: int, options: bool) -> list[str]:
+    """Why an FP8 problem is not one the FP8 kernels take (dense e4m3 attention of head dim 64 or 128)."""
+    errors = []
+    if variant == "mla" or d_qk != d_v or d_qk not in FP8_HEAD_DIMS:
+        errors.append(f"fp8 kernels take head dims {' and '.join(map(str, FP8_HEAD_DIMS))} with d_qk == d_v, not "
+                      f"{variant} {d_qk}/{d_v}")
+    if options:
+        errors.append("fp8 kernels take no sliding window, soft-capping or sinks (bf16/fp16 kernels do)")
     return errors
 
 
@@ -265,10 +283,14 @@ def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> Ke
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if variant == "mla":
+        if dtype == "fp8":
+            raise ValueError(fp8_errors(variant, MLA_D_QK, MLA_D_V, False)[0])
         if head_dim not in (None, MLA_D_QK):
             raise ValueError(f"mla has head dims q/k {MLA_D_QK}, v {MLA_D_V}; --head-dim {head_dim} does not apply")
         return KernelSpec(variant, MLA_D_QK, MLA_D_V, causal, dtype)
     hd = 128 if head_dim is None else head_dim
     if hd not in HEAD_DIMS:
         raise ValueError(f"head dim {hd} is not supported; choose {', '.join(map(str, HEAD_DIMS))}")
+    if dtype == "fp8" and fp8_errors(variant, hd, hd, False):
+        raise ValueError(fp8_errors(variant, hd, hd, False)[0])
     return KernelSpec(variant, hd, hd, causal, dtype)

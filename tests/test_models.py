@@ -66,7 +66,7 @@ dtypes = ["bf16"]
         (lambda s: s + "sliding_window = true\n", "field 'sliding_window' must be int"),
         (lambda s: s.replace("heads_q = 32", "heads_q = true"), "field 'heads_q' must be int"),
         (lambda s: s.replace("causal = [true]", "causal = []"), "field 'causal' must list"),
-        (lambda s: s.replace('dtypes = ["bf16"]', 'dtypes = ["fp8"]'), "field 'dtypes' must list"),
+        (lambda s: s.replace('dtypes = ["bf16"]', 'dtypes = ["fp4"]'), "field 'dtypes' must list"),
         (lambda s: s + "rope_theta = 500000.0\n", "unknown field(s): rope_theta"),
         (lambda s: s.replace("d_v = 128\n", ""), "missing field(s): d_v"),
         (lambda s: s.replace('["my-model"]', '["My-Model"]'), "must be lowercase"),

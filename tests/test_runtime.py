@@ -59,7 +59,7 @@ class FakeTensor:
         return self.address
 
     def element_size(self):
-        return 2
+        return self.dtype.itemsize
 
 
 def _fake_encoding(spec, dtype):

@@ -98,9 +98,16 @@ RESCALE_THRESHOLD_DEFAULTS = {(128, False): 8, (128, True): 8, (64, False): 8}
 RESCALE_THRESHOLD_LAYOUTS = ("dense", "paged")
 
 
+# FP8 tiles: FA3's FP8 shapes where our block N set has them (d64 192 rows; d128 128 rows), else the 16-bit ones.
+FP8_SEEDS = {64: [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128)],
+             128: [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)]}
+
+
 def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     """(block_m, block_n, producer registers) in order of preference: FA4's, then FA3's and smaller."""
     d = max(spec.d_qk, spec.d_v)
+    if spec.dtype == "fp8":   # block N of 64-byte multiples among CuTe's base N (params_sm90.FP8_BLOCK_N)
+        return FP8_SEEDS[d]
     if d <= 64:
         seeds = [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128),
                  dict(block_m=128, block_n=64)]
@@ -183,7 +190,7 @@ def _serving_pingpong(spec: KernelSpec) -> bool:
 def _rescale_threshold(spec: KernelSpec) -> int:
     """RESCALE_THRESHOLD_DEFAULTS' value for a dense or paged spec whose head dims are equal; 0 (every tile)
     otherwise."""
-    if spec.layout not in RESCALE_THRESHOLD_LAYOUTS or spec.d_qk != spec.d_v:
+    if spec.layout not in RESCALE_THRESHOLD_LAYOUTS or spec.d_qk != spec.d_v or spec.dtype == "fp8":
         return 0
     return RESCALE_THRESHOLD_DEFAULTS.get((spec.d_qk, spec.causal), 0)
 

@@ -522,10 +522,10 @@ def kernel_setup() -> list[str]:
     ]
 
 
-def kernel_arguments() -> list[str]:
-    """The C++ parameters of KERNEL_ARGS (translate/kernel.py), in order."""
+def kernel_arguments(out_element: str = "Element") -> list[str]:
+    """The C++ parameters of KERNEL_ARGS (translate/kernel.py), in order (an FP8 kernel's output is ElementO)."""
     args = ["const Element* __restrict__ q_ptr", "const Element* __restrict__ k_ptr",
-            "const Element* __restrict__ v_ptr", "Element* __restrict__ o_ptr",
+            "const Element* __restrict__ v_ptr", f"{out_element}* __restrict__ o_ptr",
             "const int seqlen_q", "const int seqlen_k", "const int group"]
     for r in "qkvo":
         args += [f"const int64_t {r}_batch_stride", f"const int64_t {r}_row_stride", f"const int64_t {r}_head_stride"]

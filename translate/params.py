@@ -146,7 +146,9 @@ def validate(params: KernelParams, profile: Profile, problem: Problem,
     if hopper_only:
         errors.append(f"{', '.join(hopper_only)} appl{'ies' if len(hopper_only) == 1 else 'y'} to Hopper kernels "
                       "(mma_atom SM90_GMMA) only")
-    if problem.dtype not in profile.dtypes:
+    if problem.dtype == "fp8":
+        errors.append("fp8 kernels are Hopper kernels (e4m3 wgmma: mma_atom SM90_GMMA, a warp-specialised sketch)")
+    elif problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores (supports {', '.join(profile.dtypes)})")
     if params.g2s_atom == "SM90_TMA":
         errors.append("TMA loads (g2s_atom SM90_TMA) go with the Hopper schedule (mma_atom SM90_GMMA)")

@@ -63,16 +63,47 @@ def tile_registers(params, problem: Problem) -> int:
     warpgroup's 64 rows over 128 threads, P half of S), plus the overhead."""
     s = params.block_n // 2
     o = problem.d_v // 2
-    p = params.block_n // 4 if params.pv_operand == "rs" else 0
+    p = params.block_n // (8 if problem.dtype == "fp8" else 4) if params.pv_operand == "rs" else 0
     return s + o + p + REGISTER_OVERHEAD.get(consumer_warpgroups(params.block_m), 32)
 
 
 def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
+    barriers = (2 + 4 * params.kv_stages) * 8 + 16 if warp_specialized else 0
+    if problem.dtype == "fp8":   # 1-byte Q, K, V and a bf16 output tile (translate/sm90/generate.py smem_bytes_ws)
+        q = params.block_m * (problem.d_qk + 2 * problem.d_v)
+        return q + params.kv_stages * params.block_n * (problem.d_qk + problem.d_v) + barriers
     q = params.block_m * max(problem.d_qk, problem.d_v)
     kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
-    barriers = (2 + 4 * params.kv_stages) * 8 + 16 if warp_specialized else 0
     return (q + kv + p) * 2 + barriers
+
+
+# FP8 (e4m3) kernels: 8-bit wgmma operands are K-major only, so V comes transposed (batch, heads, d, seqlen) and its
+# tile is (d, block N) with the keys along 64- or 128-byte swizzled rows; the P.V GEMM's k-blocks are 32 keys.
+# P is rounded to e4m3 in registers (RS): the largest P of a row is 2^8 (attn_sm90::softmax_tile's kMaxOffset),
+# which leaves no room for the conditional rescale's growth (e4m3's largest finite value is 448).
+FP8_BLOCK_N = (64, 128, 192, 256)   # multiples of 64 among CuTe's base wgmma N (extended N are 16-bit only here)
+
+
+def fp8_reasons(params, warp_specialized: bool) -> list[str]:
+    """Why these parameters cannot make an FP8 kernel."""
+    errors = []
+    if not warp_specialized:
+        errors.append("fp8 kernels are warp-specialised (a TMA producer warpgroup): the plain schedule copies "
+                      "16-bit tiles")
+    if params.pv_operand != "rs":
+        errors.append("fp8 kernels keep P in registers (pv_operand rs): P is rounded to e4m3 there")
+    if params.block_n not in FP8_BLOCK_N:
+        errors.append(f"fp8 block_n {params.block_n} must be one of {FP8_BLOCK_N}: V's transposed tile has block_n "
+                      "keys a row in 64-byte swizzle atoms, and only 16-bit wgmma ops of other N are declared")
+    if params.rescale_threshold:
+        errors.append("fp8 kernels rescale every tile (rescale_threshold 0): P's row maximum is already 2^8 and "
+                      "e4m3 ends at 448")
+    if params.pack_gqa:
+        errors.append("pack_gqa is not built for fp8 kernels")
+    if kv_cp_async(params):
+        errors.append("fp8 kernels load K and V with TMA (g2s_atom SM90_TMA)")
+    return errors
 
 
 # pack_gqa: a tile's rows are (token, query head) pairs of one KV head, heads fastest. Each consumer warpgroup stores
@@ -117,6 +148,8 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         return [f"wgmma (mma_atom SM90_GMMA) needs an sm_90a GPU; {profile.name} is sm{profile.sm}"]
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores")
+    if problem.dtype == "fp8":
+        errors += fp8_reasons(params, warp_specialized)
     if params.rescale_threshold not in RESCALE_THRESHOLDS:
         errors.append(f"rescale_threshold {params.rescale_threshold} must be one of {RESCALE_THRESHOLDS}: 0 rescales "
                       "every tile; up to 8 log2 units of growth keep P within bf16/fp16 and the sums exact in fp32")

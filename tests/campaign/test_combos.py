@@ -47,8 +47,10 @@ def test_bad_causal_word_lists_the_accepted_ones():
 def test_dtype_the_gpu_lacks_names_the_profile():
     with pytest.raises(ComboError, match=r"t4 does not support bf16; choose one of: fp16"):
         expand(T4, variant="mha", dtype="fp16,bf16")
-    with pytest.raises(ComboError, match="unknown dtype 'fp8'"):
-        expand(variant="mha", dtype="fp8")
+    with pytest.raises(ComboError, match=r"t4 does not support fp8"):
+        expand(T4, variant="mha", dtype="fp8")
+    with pytest.raises(ComboError, match="unknown dtype 'fp4'"):
+        expand(variant="mha", dtype="fp4")
 
 
 def test_mla_ignores_head_dims_beside_other_variants():

@@ -126,7 +126,12 @@ __forceinline__ __device__ constexpr bool poly_slot(int ni) {
 // multiply; P and the sums are then up to 2^threshold (exact in fp32, bf16/fp16 hold it), and the final
 // normalisation divides it out: the same softmax, fewer instructions once the running max has settled.
 // kExp2Poly > 0: that many of every 8 exponentials of a row by exp2_poly (the FMA pipe) instead of MUFU.EX2.
-template <int kRescaleThreshold = 0, int kExp2Poly = 0, typename TS, typename TMax, typename TSum, typename TScale>
+// kMaxOffset (FP8 kernels): P = 2^(x - (max - kMaxOffset)), so a row's largest P is 2^kMaxOffset: P is rounded to
+// e4m3 for the P.V GEMM, whose 3-bit mantissa is relative but whose normal range starts at 2^-6; FA3's offset 8 keeps
+// exponentials down to 2^-14 of the max out of the subnormals. The sums carry the same factor, which the final
+// normalisation divides out.
+template <int kRescaleThreshold = 0, int kExp2Poly = 0, int kMaxOffset = 0, typename TS, typename TMax, typename TSum,
+          typename TScale>
 __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row_sum, TScale& rescale,
                                              float scale_log2) {
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
@@ -134,7 +139,8 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
     float factor;
-    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2);
+    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2) -
+                           float(kMaxOffset);
     rescale(mi) = factor;
     float sum = 0.f;
     CUTE_UNROLL
@@ -151,14 +157,15 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
 // the maxima are known, FA4's order, so that the exponentials, P's conversion and the output's rescale share one
 // basic block and ptxas interleaves their FP32 and F2FP instructions with the MUFU stream). First half: the new
 // running max and the output's factor per row, and S * scale_log2 - max * scale_log2 in place.
-template <int kRescaleThreshold = 0, typename TS, typename TMax, typename TScale>
+template <int kRescaleThreshold = 0, int kMaxOffset = 0, typename TS, typename TMax, typename TScale>
 __forceinline__ __device__ void softmax_scores(TS& acc_s, TMax& row_max, TScale& rescale, float scale_log2) {
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
   static_assert(decltype(size<0>(s))::value == decltype(size(row_max))::value);
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
     float factor;
-    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2);
+    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2) -
+                           float(kMaxOffset);
     rescale(mi) = factor;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) { s(mi, ni) = s(mi, ni) * scale_log2 - m_scaled; }
@@ -272,14 +279,15 @@ __forceinline__ __device__ void rescale_rows(TO& acc_o, TScale const& rescale) {
 
 // TL "Compute Divide O, Ssum": quad-reduce the thread-local sums, divide; a row that saw no key (sum 0)
 // is 0, as FlashAttention defines it.
+// ``out_scale``: a factor on every output (an FP8 kernel's v descale), folded into the division.
 template <typename TO, typename TSum>
-__forceinline__ __device__ void normalize_rows(TO& acc_o, TSum& row_sum) {
+__forceinline__ __device__ void normalize_rows(TO& acc_o, TSum& row_sum, float out_scale = 1.f) {
   Tensor o = make_tensor(acc_o.data(), rowcol_layout(acc_o.layout()));
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(o); ++mi) {
     const float sum = attn_tl::quad_sum(row_sum(mi));
     row_sum(mi) = sum;
-    const float inv = (sum == 0.f || sum != sum) ? 0.f : 1.f / sum;
+    const float inv = (sum == 0.f || sum != sum) ? 0.f : out_scale / sum;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= inv; }
   }
@@ -294,6 +302,64 @@ __forceinline__ __device__ void convert_into(TP& p, TS const& acc_s) {
   cutlass::NumericArrayConverter<To, float, kN> convert;
   *reinterpret_cast<cutlass::Array<To, kN>*>(p.data()) =
       convert(*reinterpret_cast<const cutlass::Array<float, kN>*>(acc_s.data()));
+}
+
+// ---- FP8: P into the A operand of an e4m3 wgmma ----------------------------------------------------------
+// The accumulator gives a thread, per row and 32-column k-block, columns {2t, 2t + 1} of each of its four 8-column
+// groups (t = lane % 4); the 8-bit A operand of m64nNk32 wants columns 4t..4t + 3 and 16 + 4t..19 + 4t (registers
+// (row r, low k) (row r + 8, low k) (row r, high k) (row r + 8, high k), four e4m3 each). The keys are V's rows in
+// shared memory as the TMA box wrote them, so the values move, not V: per row and k-block the thread packs its 8
+// values into X = groups 0|1 and Y = groups 2|3 (two bytes each), takes from each source thread of its quad the
+// pair of halves it needs in two shuffles, and byte-permutes them into place. Which half a source gives and in which
+// order the receiver joins them follow from t alone (Fp8PLanes); tests/translate/test_fp8_p_shuffle.py replays the
+// exchange lane by lane.
+struct Fp8PLanes {
+  int src_a, src_b;         // the quad lanes this thread reads in the two shuffles
+  uint32_t give_a, give_b;  // byte selectors (prmt) of the word this thread offers in each shuffle
+  uint32_t lo, hi;          // byte selectors that join the two received words into the low- and high-k registers
+};
+
+__forceinline__ __device__ Fp8PLanes fp8_p_lanes(int lane) {
+  const int t = lane % 4;
+  const bool swap = ((t ^ (t >> 1)) & 1) != 0;   // t = 1 or 2
+  const int quad = lane & ~3;
+  return {quad | ((0x2130 >> (4 * t)) & 3), quad | ((0x3021 >> (4 * t)) & 3), swap ? 0x7632u : 0x5410u,
+          swap ? 0x5410u : 0x7632u, swap ? 0x1054u : 0x5410u, swap ? 0x3276u : 0x7632u};
+}
+
+__forceinline__ __device__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+__forceinline__ __device__ uint32_t e4m3x4(float a, float b, float c, float d) {   // bytes a, b, c, d (low first)
+  uint16_t lo, hi;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(lo) : "f"(b), "f"(a));
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(hi) : "f"(d), "f"(c));
+  return uint32_t(lo) | (uint32_t(hi) << 16);
+}
+
+// The fp32 score tile (64 x N per warpgroup: ((2, 2, N/8), 1, 1)) -> the e4m3 A operand (16 values per k-block).
+template <typename TP, typename TS>
+__forceinline__ __device__ void convert_p_fp8(TP& p, TS const& acc_s, Fp8PLanes const& lanes) {
+  constexpr int kN = decltype(size(acc_s))::value;
+  static_assert(kN % 16 == 0 && decltype(size(p))::value == kN, "P: 16 values a thread per 32-column k-block");
+  float const* s = acc_s.data();
+  uint32_t* out = reinterpret_cast<uint32_t*>(p.data());
+  CUTE_UNROLL
+  for (int kb = 0; kb < kN / 16; ++kb) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      float const* g = s + 16 * kb + 2 * r;   // group j of this k-block: g[4 j], g[4 j + 1]
+      const uint32_t x = e4m3x4(g[0], g[1], g[4], g[5]);
+      const uint32_t y = e4m3x4(g[8], g[9], g[12], g[13]);
+      const uint32_t a = __shfl_sync(0xffffffffu, prmt(x, y, lanes.give_a), lanes.src_a);
+      const uint32_t b = __shfl_sync(0xffffffffu, prmt(x, y, lanes.give_b), lanes.src_b);
+      out[4 * kb + r] = prmt(a, b, lanes.lo);
+      out[4 * kb + 2 + r] = prmt(a, b, lanes.hi);
+    }
+  }
 }
 
 // ---- epilogue: registers -> shared memory -----------------------------------------------------------

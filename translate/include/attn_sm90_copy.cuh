@@ -14,16 +14,30 @@ namespace attn_sm90 {
 using namespace cute;
 
 // ---- TMA ------------------------------------------------------------------------------------------
-// A (rows, D) tile of a (batch, seqlen, heads, D) tensor into a K-major, 128-byte-swizzled shared tile:
-// D/64 boxes of 64 columns x rows, one per 64-column chunk, each landing as rows x 128 bytes (the
-// layout of GMMA::Layout_K_SW128_Atom tiled over the tile). Rows past the tensor's end read as zeros.
-template <int kChunks, int kRows, typename Element>
+// A (rows, D) tile of a (batch, seqlen, heads, D) tensor into a K-major, swizzled shared tile: D/kCols boxes
+// of kCols columns x rows, one per chunk, each landing as rows x (kCols elements) (the layout of a GMMA K-major
+// atom as wide as the box, tiled over the tile: 64 16-bit or 128 8-bit columns for the 128-byte swizzle, 64 8-bit
+// columns for the 64-byte one). Rows past the tensor's end read as zeros.
+template <int kChunks, int kRows, int kCols = 64, typename Element>
 __forceinline__ __device__ void tma_load_tile(CUtensorMap const* desc, uint64_t* bar, Element* smem, int row0,
                                               int head, int batch) {
   CUTE_UNROLL
   for (int c = 0; c < kChunks; ++c) {
-    SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL), smem + c * kRows * 64,
-                           c * 64, row0, head, batch);
+    SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL), smem + c * kRows * kCols,
+                           c * kCols, row0, head, batch);
+  }
+}
+
+// A V tile stored transposed (batch, heads, D, seqlen): the (D, keys) tile K-major for the FP8 P.V GEMM (8-bit
+// wgmma operands must be K-major), keys [key0, key0 + kChunks * kCols) in boxes of kCols keys x D rows. Keys past
+// the tensor's end read as zeros.
+template <int kChunks, int kRows, int kCols, typename Element>
+__forceinline__ __device__ void tma_load_vt(CUtensorMap const* desc, uint64_t* bar, Element* smem, int key0,
+                                            int head, int batch) {
+  CUTE_UNROLL
+  for (int c = 0; c < kChunks; ++c) {
+    SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL), smem + c * kRows * kCols,
+                           key0 + c * kCols, 0, head, batch);
   }
 }
 

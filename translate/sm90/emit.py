@@ -52,6 +52,20 @@ class Ctx:
     page_lookups: dict = field(default_factory=dict)
 
     @property
+    def fp8(self) -> bool:
+        """e4m3 inputs, bf16 output (translate/sm90/frame.py fp8_kernel_types)."""
+        return getattr(self.spec, "dtype", None) == "fp8"
+
+    @property
+    def scale_log2(self) -> str:
+        """The exponent scale of the softmax: an FP8 tile's folds its q and k descales (frame.consumer_tile_init)."""
+        return "tile_scale_log2" if self.fp8 else "kScaleLog2"
+
+    @property
+    def out_element(self) -> str:
+        return "ElementO" if self.fp8 else "Element"
+
+    @property
     def top(self) -> str:
         """One past the KV block of iteration 0 (the walk goes down from it): n_tiles, or a local kernel's
         n_block_max (translate/sm90/tiles.py window_bounds)."""
@@ -91,8 +105,9 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     if role == "q":
         # packed heads: Q's map is (d, heads, seqlen, batch) and its box the tile's heads x its tokens
         at = "bidh * pack, m_block * tile_tokens, bidb" if ctx.pack else f"{q_row}, bidh, bidb"
+        chunks = "kHeadDimQK / kChunkQK, kBlockM, kChunkQK" if ctx.fp8 else "kHeadDimQK / 64, kBlockM"
         lines = ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
-                 f"attn_sm90::tma_load_tile<kHeadDimQK / 64, kBlockM>(&tma_q, q_full, smem_q, {at});"
+                 f"attn_sm90::tma_load_tile<{chunks}>(&tma_q, q_full, smem_q, {at});"
                  + ("  // heads fastest" if ctx.pack else "")]
         if ctx.kv_cp_async:   # the whole warpgroup runs the producer: Q is still one thread's TMA
             return ["if (tidx == 0) {  // one thread loads Q"] + _indent(lines) + ["}"]
@@ -123,7 +138,12 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
             f"{INDENT}attn_sm90::cp_async_arrive(&{x}_full[slot]);  // this thread's part of the stage, once it landed",
             "}",
         ]
-    if ctx.paged:
+    if ctx.fp8:   # dense only (frame.fp8_reasons): K in 128- or 64-byte boxes, V transposed (keys along the rows)
+        load = (f"{INDENT}attn_sm90::tma_load_tile<kHeadDimQK / kChunkQK, kBlockN, kChunkQK>(&tma_k, &k_full[slot], "
+                f"smem_k + slot * kTileKElems, {k_row}, bidh_kv, bidb);" if x == "k" else
+                f"{INDENT}attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>(&tma_v, &v_full[slot], "
+                f"smem_v + slot * kTileVElems, {k_row}, bidh_kv, bidb);")
+    elif ctx.paged:
         load = (f"{INDENT}attn_sm90::tma_load_paged<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
     else:
@@ -216,18 +236,21 @@ def emit_softcap(op: Op, ctx: Ctx) -> list[str]:
 def emit_sink(op: Op, ctx: Ctx) -> list[str]:
     head0 = "bidh * pack" if ctx.pack else "bidh"
     return [f"attn_sm90::add_sink(acc_{op.data['target']}, {op.data['max']}, {op.data['sum']}, tScS, sinks, {head0}, "
-            f"{'pack' if ctx.pack else '1'}, kScaleLog2, mma_tidx);  // the sink joins each row's max and sum"]
+            f"{'pack' if ctx.pack else '1'}, {ctx.scale_log2}, mma_tidx);  // the sink joins each row's max and sum"]
 
 
 def emit_softmax(op: Op, ctx: Ctx) -> list[str]:
     t = op.data["target"]
-    return [f"attn_sm90::softmax_tile{softmax_template(ctx.params)}(acc_{t}, {op.data['max']}, {op.data['sum']}, "
-            f"rescale_o, kScaleLog2);  // O's rescale is deferred to its next use"]
+    return [f"attn_sm90::softmax_tile{softmax_template(ctx.params, ctx.fp8)}(acc_{t}, {op.data['max']}, "
+            f"{op.data['sum']}, rescale_o, {ctx.scale_log2});  // O's rescale is deferred to its next use"]
 
 
-def softmax_template(params) -> str:
+def softmax_template(params, fp8: bool = False) -> str:
     """softmax_tile's template arguments: none (every tile rescales, MUFU for every exponential: the source as it
-    always was), <threshold>, or <threshold, exponentials of every 8 by the FMA pipe's polynomial>."""
+    always was), <threshold>, or <threshold, exponentials of every 8 by the FMA pipe's polynomial>; an FP8 kernel's
+    third, P's row maximum offset (threshold 0: translate/params_sm90.py fp8_reasons)."""
+    if fp8:
+        return f"<0, {params.exp2_poly}, kMaxOffset>"
     if params.exp2_poly:
         return f"<{params.rescale_threshold}, {params.exp2_poly}>"
     return f"<{params.rescale_threshold}>" if params.rescale_threshold else ""
@@ -239,6 +262,8 @@ def _skip_unit(params) -> str:
 
 def emit_reshape(op: Op, ctx: Ctx) -> list[str]:
     src, dst = op.data["src"], op.data["dst"]
+    if ctx.fp8:
+        return [f"attn_sm90::convert_p_fp8(rP_{dst}, acc_{src}, p_lanes);  // accumulator -> e4m3 A operand (RS P·V)"]
     if ctx.params.pv_operand == "ss":
         return [
             "{  // P through shared memory (SS P·V GEMM): 16-bit copy, visible to the tensor cores' async proxy",
@@ -252,6 +277,9 @@ def emit_reshape(op: Op, ctx: Ctx) -> list[str]:
 
 
 def emit_normalize(op: Op, ctx: Ctx) -> list[str]:
+    if ctx.fp8:
+        return [f"attn_sm90::normalize_rows(acc_{op.data['target']}, {op.data['divisor']}, out_descale);"
+                "  // v's descale with the division"]
     return [f"attn_sm90::normalize_rows(acc_{op.data['target']}, {op.data['divisor']});"]
 
 
@@ -272,7 +300,7 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
             "if (mma_tidx % 128 == 0) { tma_store_wait<0>(); }  // the previous tile's store has read O's tile",
             f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);"])
     lines += _indent([
-        f"Tensor rO = attn_tl::convert_type<Element>(acc_{acc});",
+        f"Tensor rO = attn_tl::convert_type<{ctx.out_element}>(acc_{acc});",
         "attn_sm90::store_o_tile<kBlockM, kHeadDimV>(rO, smem_o, mma_tidx);  // stmatrix into SmemLayoutO",
         "cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
         f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
@@ -369,8 +397,9 @@ def emit_softmax_split(softmax: Op, reshape: Op, ctx: Ctx) -> list[str]:
     t, p = softmax.data["target"], ctx.params
     before = PV_WAIT_EIGHTHS[p.pv_wait]
     out = [comment(softmax)] + sync_lines(softmax, ctx)
-    out.append(f"attn_sm90::softmax_scores{f'<{p.rescale_threshold}>' if p.rescale_threshold else ''}(acc_{t}, "
-               f"{softmax.data['max']}, rescale_o, kScaleLog2);  // maxima first; the exponentials after the wait")
+    scores = "<0, kMaxOffset>" if ctx.fp8 else (f"<{p.rescale_threshold}>" if p.rescale_threshold else "")
+    out.append(f"attn_sm90::softmax_scores{scores}(acc_{t}, "
+               f"{softmax.data['max']}, rescale_o, {ctx.scale_log2});  // maxima first; the exponentials after the wait")
     if before:
         out.append(f"attn_sm90::softmax_exp<{p.exp2_poly}, 0, {before}>(acc_{t}, {softmax.data['sum']}, rescale_o);"
                    f"  // {before} eighths of the exponentials overlap the P.V GEMM")

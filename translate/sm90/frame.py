@@ -28,8 +28,11 @@ def gemms(spec, params) -> tuple[tuple[int, str], tuple[int, str]]:
 
 
 def gemm_ops(spec, params) -> tuple[str, str]:
-    """The wgmma op expressions of QK^T (B = K, K-major) and P.V (B = V read MN-major)."""
+    """The wgmma op expressions of QK^T (B = K, K-major) and P.V (B = V read MN-major; FP8: V transposed, K-major)."""
     (n_qk, _), (n_pv, pv_operand) = gemms(spec, params)
+    if is_fp8(spec):
+        return (wgmma_ops.mma_op("fp8", n_qk, "Int<kBlockN>", "Int<kHeadDimQK>", "ss"),
+                wgmma_ops.mma_op("fp8", n_pv, "Int<kHeadDimV>", "Int<kBlockN>", pv_operand))
     return (wgmma_ops.mma_op(spec.dtype, n_qk, "Int<kBlockN>", "Int<kHeadDimQK>", "ss"),
             wgmma_ops.mma_op(spec.dtype, n_pv, "Int<kHeadDimV>", "Int<kBlockN>", pv_operand, b_major="MN"))
 
@@ -53,6 +56,28 @@ class GmmaOperand:
 _SWIZZLE = {64: 1, 32: 2, 16: 3}   # 16-bit elements per atom row -> GMMA layout type (B128, B64, B32)
 
 
+def is_fp8(spec) -> bool:
+    return spec.dtype == "fp8"
+
+
+def fp8_chunk(width_bytes: int) -> int:
+    """The columns (bytes) of an FP8 tile's swizzle atom and TMA box: 128-byte rows where they divide the tile's
+    rows, else 64 (translate/params_sm90.py keeps FP8 widths multiples of 64)."""
+    return 128 if width_bytes % 128 == 0 else 64
+
+
+def _fp8_k_major(rows: int, width_bytes: int, stages: int | None) -> GmmaOperand:
+    """An e4m3 K-major tile of ``rows`` x ``width_bytes``: the same bytes as a 16-bit tile of half the columns,
+    so the 16-bit rules apply to that image (a k-block of 32 e4m3 is 32 bytes, as one of 16 halves)."""
+    eq, atom = width_bytes // 2, fp8_chunk(width_bytes) // 2
+    shape, stride = _k_mode(rows, eq, atom)
+    if stages is None:
+        return GmmaOperand(f"Layout<Shape<_1, _1, {shape}>, Stride<_0, _0, {stride}>>", 1, atom, _SWIZZLE[atom],
+                           per_warpgroup=64 * 2 * atom if rows > 64 else 0)
+    return GmmaOperand(f"Layout<Shape<_1, _1, {shape}, Shape<_1, Int<{stages}>>>, Stride<_0, _0, {stride}, "
+                       f"Stride<_0, Int<{rows * width_bytes // 16}>>>>", 1, atom, _SWIZZLE[atom])
+
+
 def _k_mode(rows: int, cols: int, width: int) -> tuple[str, str]:
     """The k-blocks (16 columns) of a K-major tile of ``width``-column atoms: within an atom 32 bytes apart,
     from atom to atom a whole column of atoms (``rows`` x ``width`` elements) apart."""
@@ -67,6 +92,14 @@ def _k_mode(rows: int, cols: int, width: int) -> tuple[str, str]:
 def gmma_operand(which: str, spec, params, stages: int) -> GmmaOperand:
     """Q (A), K (B), V (B, MN-major) or P (A, SS P·V) of a warp-specialised kernel (kernel_types' layouts)."""
     bm, bn = params.block_m, params.block_n
+    if is_fp8(spec):   # Q (A), K (B) and V transposed (B): all K-major
+        if which == "q":
+            return _fp8_k_major(bm, spec.d_qk, None)
+        if which == "k":
+            return _fp8_k_major(bn, spec.d_qk, stages)
+        if which == "v":
+            return _fp8_k_major(spec.d_v, bn, stages)
+        raise ValueError(f"no FP8 GMMA operand {which!r} (P stays in registers)")
     if which in ("q", "p"):
         cols = spec.d_qk if which == "q" else bn
         width = 64 if which == "q" else next(w for w in (64, 32, 16) if bn % w == 0)
@@ -101,7 +134,48 @@ def wgmma_declarations(spec, params) -> list[str]:
     return wgmma_ops.declarations(spec.dtype, gemms(spec, params))
 
 
+def fp8_kernel_types(spec, params, stages: int) -> list[str]:
+    """An FP8 kernel's types: e4m3 Q, K and V (transposed), a bf16 output in Q's tile (sized for it)."""
+    qk_op, pv_op = gemm_ops(spec, params)
+    return [
+        "using Element = cutlass::float_e4m3_t;",
+        "using ElementO = cutlass::bfloat16_t;  // e4m3 in, bf16 out",
+        f"constexpr int kBlockM = {params.block_m};",
+        f"constexpr int kBlockN = {params.block_n};",
+        f"constexpr int kHeadDimQK = {spec.d_qk};",
+        f"constexpr int kHeadDimV = {spec.d_v};",
+        f"constexpr int kConsumerWGs = {params.block_m // 64};  // one warpgroup per 64 query rows",
+        f"constexpr int kStages = {stages};",
+        "constexpr int kNThreads = 128 * (kConsumerWGs + 1);  // warpgroup 0 produces",
+        "constexpr int kConsumerThreads = 128 * kConsumerWGs;",
+        f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
+        f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
+        f"constexpr int kProducerRegs = {params.producer_regs};",
+        f"constexpr int kConsumerRegs = {consumer_registers(params)};",
+        f"constexpr int kChunkQK = {fp8_chunk(spec.d_qk)};  // columns of a Q/K TMA box and swizzle atom (bytes)",
+        f"constexpr int kChunkV = {fp8_chunk(params.block_n)};  // keys of a transposed-V box and atom",
+        f"constexpr int kMaxOffset = {FP8_MAX_OFFSET};  // P's row maximum is 2^kMaxOffset (attn_sm90::softmax_tile)",
+        "",
+        f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
+        f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
+        "// shared tiles in bytes: Q | O (bf16, its own: another warpgroup may still read its Q rows) | K stages |",
+        "// V^T stages (kHeadDimV x kBlockN)",
+        "constexpr int kTileQElems = kBlockM * kHeadDimQK + kBlockM * kHeadDimV * int(sizeof(ElementO));",
+        "constexpr int kTileKElems = kBlockN * kHeadDimQK;",
+        "constexpr int kTileVElems = kBlockN * kHeadDimV;",
+        "constexpr int kTileQBytes = kBlockM * kHeadDimQK;",
+        "constexpr int kTileKBytes = kTileKElems;",
+        "constexpr int kTileVBytes = kTileVElems;",
+        "constexpr int kBarrierOffset = kTileQElems + kStages * (kTileKElems + kTileVElems);",
+    ]
+
+
+FP8_MAX_OFFSET = 8   # FA3's: P's row maximum 2^8 < 448 (e4m3's largest finite), fewer small P in e4m3's subnormals
+
+
 def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
+    if is_fp8(spec):
+        return fp8_kernel_types(spec, params, stages)
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
     wgs = params.block_m // 64
     qk_op, pv_op = gemm_ops(spec, params)
@@ -155,8 +229,9 @@ _CPP_ARG = {"i32": "const int {}", "f32": "const float {}", "ptr": "const float*
 
 
 def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack: bool = False,
-                     options: tuple = ()) -> list[str]:
-    args = base.kernel_arguments() + ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
+                     options: tuple = (), fp8: bool = False) -> list[str]:
+    args = base.kernel_arguments(out_element="ElementO" if fp8 else "Element") + \
+        ["const int heads_q", "const int batch", "int* __restrict__ tile_counter"]
     if pack:   # the query heads a tile holds: the group where it divides 64, else 1 (tuner/serving/launch/plan.py)
         args.append("const int pack")
     if varlen:
@@ -164,15 +239,16 @@ def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack:
                  "const int* __restrict__ seqused_k"]
     if paged:
         args += ["const int* __restrict__ page_table", "const int64_t page_table_stride", "const int page_size"]
-    args += [_CPP_ARG[kind].format(arg) for arg, kind in options]   # (translate/sm90/generate.py OPTION_ARGS)
+    # (translate/sm90/generate.py OPTION_ARGS, then an FP8 kernel's FP8_ARGS)
+    args += [_CPP_ARG[kind].format(arg) for arg, kind in options]
     args += [f"const __grid_constant__ CUtensorMap tma_{r}" for r in "qkvo"]
     return base.kernel_signature(name, args)
 
 
-def kernel_setup(params, pack: bool = False) -> list[str]:
+def kernel_setup(params, pack: bool = False, fp8: bool = False) -> list[str]:
     """What every thread does once: the tile count, the shared-memory plan and the mbarriers."""
     kv_arrivals = "kKVFullArrivals" if kv_cp_async(params) else "1"   # (a TMA kernel's source as it always was)
-    return [
+    lines = [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
         *base.scale_setup(),
@@ -205,6 +281,11 @@ def kernel_setup(params, pack: bool = False) -> list[str]:
         "}",
         "__syncthreads();",
     ]
+    if fp8:   # no P tile; O (bf16) after Q's bytes, within kTileQElems (1024-byte aligned: 64 rows x 64 or 128)
+        at = next(i for i, ln in enumerate(lines) if "Element* smem_p" in ln)
+        lines[at:at + 2] = ["ElementO* smem_o = reinterpret_cast<ElementO*>(smem_q + kBlockM * kHeadDimQK);"
+                            "  // bf16 O"]
+    return lines
 
 
 def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
@@ -238,6 +319,11 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
                   + "  // P as GMMA descriptors",
                   "auto r2s_p = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, tiled_mma_qk);",
                   "auto r2s_thr_p = r2s_p.get_thread_slice(mma_tidx);"]
+    elif is_fp8(ctx.spec):   # e4m3 A operand: 16 values a thread per 32-column k-block
+        lines.append("const attn_sm90::Fp8PLanes p_lanes = attn_sm90::fp8_p_lanes(mma_tidx % 32);"
+                     "  // P's exchange within each quad")
+        for p in sorted(lowered.p_tensors):
+            lines.append(f"Tensor rP_{p} = make_tensor<Element>(Shape<_16, _1, Int<kBlockN / 32>>{{}});")
     else:
         for p in sorted(lowered.p_tensors):
             lines.append(f"Tensor rP_{p} = make_tensor<Element>(attn_sm90::acc_to_a_layout("
@@ -249,11 +335,17 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     return lines
 
 
-def consumer_tile_init(lowered, pingpong: bool) -> list[str]:
+def consumer_tile_init(lowered, pingpong: bool, fp8: bool = False) -> list[str]:
     """Per tile: fresh softmax statistics (the accumulators are cleared by their Allocate statements),
-    the ring position where this tile's K tiles start, the ping-pong opening."""
+    the ring position where this tile's K tiles start, the ping-pong opening; an FP8 kernel's descales of the
+    tile's (batch, KV head): q's and k's fold into the exponent scale, v's into the final division."""
     stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
     lines = [ln for mx, sm in stats for ln in (f"fill({mx}, -INFINITY);", f"fill({sm}, 0.f);")]
+    if fp8:
+        lines += ["const int descale_at = bidb * (heads_q / group) + bidh_kv;  // descales are (batch, KV heads)",
+                  "const float tile_scale_log2 = kScaleLog2 * (q_descale ? __ldg(q_descale + descale_at) : 1.f) *"
+                  " (k_descale ? __ldg(k_descale + descale_at) : 1.f);",
+                  "const float out_descale = v_descale ? __ldg(v_descale + descale_at) : 1.f;"]
     lines.append("const int k_tile0 = k_read;  // this tile's first K tile in the ring's count")
     if pingpong:
         lines.append("bool pp_first = true;  // warpgroup 0 issues this tile's first GEMMs without waiting")

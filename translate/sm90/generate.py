@@ -45,8 +45,14 @@ OPTION_ARGS = {"local": (("window_left", "i32"), ("window_right", "i32")), "soft
                "sinks": (("sinks", "ptr"),)}
 
 
+# An FP8 kernel's descales (fp32, (batch, KV heads) contiguous; null: 1), after the options: FlashAttention-3's
+# q_descale, k_descale, v_descale.
+FP8_ARGS = (("q_descale", "ptr"), ("k_descale", "ptr"), ("v_descale", "ptr"))
+
+
 def option_args(spec) -> tuple:
-    return tuple(a for option in spec.features for a in OPTION_ARGS[option]) if hasattr(spec, "features") else ()
+    options = tuple(a for option in spec.features for a in OPTION_ARGS[option]) if hasattr(spec, "features") else ()
+    return options + (FP8_ARGS if getattr(spec, "dtype", None) == "fp8" else ())
 
 
 def extra_args(layout: str, pack: bool = False, options: tuple = ()) -> tuple:
@@ -63,7 +69,11 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         raise TranslationError(f"block_m {params.block_m} must be 64, 128 or 192 (64 rows per consumer warpgroup)")
     consumer = lowered.consumer + [Op("drain", None, "end of the consumer warpgroups")]
     pipelined = {b for b, r in WsLowering_buffer_roles(lowered).items() if r in ("k", "v")}
-    separate_o = smem_bytes_ws(params, spec, lowered.stages, True) <= profile.smem_per_block_bytes
+    fp8 = spec.dtype == "fp8"
+    if fp8 and spec.layout != "dense":
+        raise TranslationError(f"fp8 kernels are built for the dense layout; the {spec.layout} layout takes bf16/fp16")
+    # (FP8: O, bf16, always has its own tile: a Q row of 1 byte a column is not an O row)
+    separate_o = fp8 or smem_bytes_ws(params, spec, lowered.stages, True) <= profile.smem_per_block_bytes
     fenced = set(lowered.score_accs) | (set(lowered.p_tensors) if params.pv_operand == "rs" else set())
     holders = schedule_consumer(consumer, lowered.pv_acc, pipelined, q_buffers=_q_buffers(lowered),
                                 early_q_release=separate_o, tensors=fenced)
@@ -92,7 +102,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
 
     producer_lines = em.emit_nodes(lowered.producer, ctx, pingpong=False)
     consumer_once = frame.consumer_setup(params, lowered, holders, ctx)
-    per_tile = frame.consumer_tile_init(lowered, pingpong)
+    per_tile = frame.consumer_tile_init(lowered, pingpong, fp8)
     body = em.emit_nodes(consumer, ctx, pingpong)
     if pingpong:   # warpgroup 0 takes the turn the last warpgroup gives after its last GEMMs: the barrier ends balanced
         at = next((k for k, ln in enumerate(body) if "registers -> shared" in ln), len(body))
@@ -202,8 +212,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     header += [f"//   {ln}" for ln in _program_lines(program.statements)]
     body_lines = header + frame.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += frame.kernel_types(spec, params, lowered.stages, separate_o) + [""]
-    body_lines += frame.kernel_signature(name, varlen, paged, pack, option_args(spec))
-    setup = frame.kernel_setup(params, pack)
+    body_lines += frame.kernel_signature(name, varlen, paged, pack, option_args(spec), fp8)
+    setup = frame.kernel_setup(params, pack, fp8)
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
     if cp_async:   # after the VarlenTile (7 ints from tile_slot + 2), within smem_bytes_ws's 48 bytes
@@ -235,6 +245,9 @@ ORDER_BYTES = 2 * 4 * 128   # attn_sm90::kMaxOrderedSeqs ranks and keys (int32)
 
 def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = False) -> int:
     """Q + stages x (K + V) + P (SS only) + O (its own tile, else in Q's) + the mbarriers, as laid out."""
+    if spec.dtype == "fp8":   # bytes: Q, O (bf16), K and V stages, no P tile; dense only
+        return params.block_m * (spec.d_qk + 2 * spec.d_v) + stages * params.block_n * (spec.d_qk + spec.d_v) + \
+            (2 + 4 * stages) * 8 + 16
     q = params.block_m * max(spec.d_qk, spec.d_v)
     kv = stages * params.block_n * (spec.d_qk + spec.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
@@ -249,6 +262,12 @@ def tensor_map_boxes(params, spec) -> dict:
     (batch, seqlen, heads, dim) tensor, 128-byte swizzle, a box of 64 columns x ``rows``. ``heads_first``
     (pack_gqa's Q and O): the map is (head dim, heads, seqlen, batch) and the box's ``rows`` are the tile's
     heads x rows / heads tokens, heads fastest (the call's ``pack``: tuner/serving/launch/plan.py)."""
+    if spec.dtype == "fp8":   # e4m3 boxes of kChunkQK / kChunkV bytes; V transposed (b, h, d, s): keys x d_v rows
+        qk = frame.fp8_chunk(spec.d_qk)
+        return {"q": {"rows": params.block_m, "dim": "d_qk", "cols": qk},
+                "k": {"rows": params.block_n, "dim": "d_qk", "cols": qk},
+                "v": {"rows": spec.d_v, "dim": "d_v", "cols": frame.fp8_chunk(params.block_n), "transposed": True},
+                "o": {"rows": 64, "dim": "d_v"}}
     packed = {"heads_first": True} if params.pack_gqa else {}
     return {"q": {"rows": params.block_m, "dim": "d_qk", **packed}, "k": {"rows": params.block_n, "dim": "d_qk"},
             "v": {"rows": params.block_n, "dim": "d_v"}, "o": {"rows": 64, "dim": "d_v", **packed}}

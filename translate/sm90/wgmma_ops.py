@@ -38,9 +38,14 @@ def op_name(dtype: str, n: int, operand: str) -> str:
 
 def mma_op(dtype: str, n: int, n_cpp: str, k_cpp: str, operand: str, b_major: str = "K") -> str:
     """The op expression handed to ``make_tiled_mma`` for a 64 x n x K GEMM (K = ``k_cpp``): CuTe's op
-    selector for a base N (as every kernel used before), this module's declared op for an extended one."""
+    selector for a base N (as every kernel used before), this module's declared op for an extended one.
+    fp8 (e4m3 x e4m3, k-blocks of 32): base N only, both operands K-major (wgmma has no MN-major 8-bit operands)."""
     if b_major not in ("K", "MN"):
         raise ValueError(f"B's major mode must be K or MN, not {b_major!r}")
+    if dtype == "fp8":
+        if is_extended(n) or b_major != "K":
+            raise ValueError(f"e4m3 wgmma: N {n} must be one of {BASE_WGMMA_N} and B K-major (got {b_major})")
+        return f"GMMA::{operand}_op_selector<Element, Element, float, Shape<_64, {n_cpp}, {k_cpp}>>()"
     if not is_extended(n):
         majors = "" if b_major == "K" else ", GMMA::Major::K, GMMA::Major::MN"
         return (f"GMMA::{operand}_op_selector<Element, Element, float, "

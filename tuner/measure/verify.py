@@ -10,6 +10,8 @@ fp32 reference (torch math on upcast inputs, GQA heads repeated, causal mask ali
 * relative error ||out - ref|| / ||ref|| <= 1e-2.
 
 Rows that see no key (causal with seqlen_q > seqlen_k) are defined as zeros, as FlashAttention does.
+FP8 kernels (e4m3 inputs with descales) are checked against the same reference on the dequantised inputs with a
+yardstick of their own: tuner/measure/verify_fp8.py.
 """
 from __future__ import annotations
 
@@ -19,8 +21,9 @@ from dataclasses import asdict, dataclass, replace
 from typing import Callable, Optional, Sequence
 
 from kernel_abi.spec import KernelSpec, Problem
+from tuner.measure.reference import reference, reference_lse  # noqa: F401 (the gate's reference, used here and by callers)
+from tuner.measure.shape_check import REL_ERR_BOUND, ShapeCheck
 
-REL_ERR_BOUND = 1e-2
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 # (batch, seqlen_q, seqlen_k): tiny, ragged (not multiples of any tile), sq < sk and sq > sk (causal
@@ -30,17 +33,6 @@ _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 CHECK_SHAPES = ((1, 1, 1), (2, 1, 130), (1, 77, 77), (2, 128, 128), (1, 255, 257), (2, 300, 100),
                 (1, 100, 300), (1, 513, 1031), (2, 1024, 1024), (4, 2500, 2500))
 CHECK_HEADS = {"mha": (3, 3), "gqa": (8, 2), "mqa": (4, 1), "mla": (2, 2)}
-
-
-@dataclass(frozen=True)
-class ShapeCheck:
-    problem: str
-    passed: bool
-    max_err: float
-    rel_err: float
-    bound: float
-    torch_lowp_err: float
-    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -100,79 +92,6 @@ def sink_logits(heads_q: int, gen, device):
     return logits
 
 
-def reference(q, k, v, causal: bool, dtype=None, chunk_bytes: int = 1 << 29, *, window=(-1, -1), softcap: float = 0.0,
-              sinks=None, scale: float | None = None):
-    """Plain attention in torch, in ``dtype`` (default fp32 on upcast inputs); rows with no visible key
-    are 0. Chunked over query rows so benchmark-sized shapes fit in memory. ``window`` (left, right), ``softcap``
-    and ``sinks`` (one logit per query head) as kernel_abi.spec defines them; ``scale`` None is 1/sqrt(d_qk)."""
-    import torch
-
-    dt = dtype or torch.float32
-    q, k, v = q.to(dt), k.to(dt), v.to(dt)
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    group = hq // hkv
-    k = k.repeat_interleave(group, dim=2).transpose(1, 2)     # (b, hq, sk, d)
-    v = v.repeat_interleave(group, dim=2).transpose(1, 2)
-    qt = q.transpose(1, 2)                                    # (b, hq, sq, d)
-    scale = 1.0 / math.sqrt(d) if scale is None else scale
-    left, right = window[0], 0 if causal else window[1]
-    bounded = causal or left >= 0 or right >= 0
-    sink = None if sinks is None else sinks.to(device=q.device, dtype=torch.float32).view(1, hq, 1, 1)
-    out = torch.empty((b, hq, sq, v.shape[-1]), dtype=dt, device=q.device)
-    rows = max(1, chunk_bytes // max(1, b * hq * sk * 4))
-    cols = torch.arange(sk, device=q.device)
-    for r0 in range(0, sq, rows):
-        r1 = min(sq, r0 + rows)
-        s = torch.matmul(qt[:, :, r0:r1], k.transpose(-1, -2)) * scale
-        if softcap:
-            s = softcap * torch.tanh(s / softcap)
-        if bounded:
-            diag = torch.arange(r0, r1, device=q.device)[:, None] + (sk - sq)
-            visible = torch.ones_like(diag, dtype=torch.bool) & (cols[None, :] >= 0)
-            if right >= 0:
-                visible &= cols[None, :] <= diag + right
-            if left >= 0:
-                visible &= cols[None, :] >= diag - left
-            s = s.masked_fill(~visible, float("-inf"))
-        s = s.float()
-        if sink is not None:   # one more key of logit sink and no value: it joins the max and the denominator
-            s = torch.cat([s, sink.expand(b, hq, r1 - r0, 1)], dim=-1)
-        p = torch.softmax(s, dim=-1)
-        if sink is not None:
-            p = p[..., :-1]
-        p = torch.nan_to_num(p.to(dt), nan=0.0)               # rows with no visible key -> 0
-        out[:, :, r0:r1] = torch.matmul(p, v)
-    return out.transpose(1, 2)                                # (b, sq, hq, d_v)
-
-
-def reference_lse(q, k, causal: bool, *, window=(-1, -1), softcap: float = 0.0, sinks=None,
-                  scale: float | None = None):
-    """The fp32 log-sum-exp (natural log) of every row's scores, (b, hq, sq), the sink included; -inf for a row
-    with no visible key and no sink (FlashAttention's convention for an empty row)."""
-    import torch
-
-    q, k = q.float(), k.float()
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    k = k.repeat_interleave(hq // hkv, dim=2).transpose(1, 2)
-    s = torch.matmul(q.transpose(1, 2), k.transpose(-1, -2)) * (1.0 / math.sqrt(d) if scale is None else scale)
-    if softcap:
-        s = softcap * torch.tanh(s / softcap)
-    left, right = window[0], 0 if causal else window[1]
-    diag = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-    cols = torch.arange(sk, device=q.device)[None, :]
-    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
-    if right >= 0:
-        visible &= cols <= diag + right
-    if left >= 0:
-        visible &= cols >= diag - left
-    s = s.masked_fill(~visible, float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.float().to(q.device).view(1, hq, 1, 1).expand(b, hq, sq, 1)], dim=-1)
-    return torch.logsumexp(s, dim=-1)
-
-
 def _inputs(problem: Problem, gen, device):
     import torch
 
@@ -187,9 +106,13 @@ def _inputs(problem: Problem, gen, device):
     return q, k, v
 
 
-def check_problem(kernel: Callable, problem: Problem, gen, device: str = "cuda") -> ShapeCheck:
+def check_problem(kernel: Callable, problem: Problem, gen, device: str = "cuda", index: int = 0) -> ShapeCheck:
     import torch
 
+    if problem.dtype == "fp8":   # e4m3 inputs with descales, against the e4m3-P emulation's bound
+        from tuner.measure import verify_fp8
+
+        return verify_fp8.check_problem(kernel, problem, gen, device, index)
     label = problem.label()
     q, k, v = _inputs(problem, gen, device)
     saved = [t.clone() for t in (q, k, v)]
@@ -261,7 +184,7 @@ def verify(kernel: Callable, spec: KernelSpec, problems: Optional[Sequence[Probl
     for p in probs:
         if not spec_serves(spec, p):
             raise ValueError(f"check problem {p.label()} does not match the kernel spec {spec}")
-    checks = tuple(check_problem(kernel, p, gen, device) for p in probs)
+    checks = tuple(check_problem(kernel, p, gen, device, i) for i, p in enumerate(probs))
     bad = [c for c in checks if not c.passed]
     reason = f"{len(bad)} of {len(checks)} shapes failed; first: {bad[0].problem}: {bad[0].reason}" if bad else ""
     return VerificationReport(passed=not bad, checks=checks, reason=reason, seed=seed)

@@ -26,7 +26,8 @@ from typing import Any
 from kernel_abi.abi import ABI1_ARGS, ABI_VERSION
 from tuner.serving.launch import driver as cuda
 from tuner.serving.launch.plan import (FOUR_POINTERS, NO_OPTIONS, POINTER, CallOptions, LaunchPlan,
-                                       build_paged_plan, build_plan, build_varlen_plan, point_map)
+                                       build_paged_plan, build_plan, build_varlen_plan, check_descales, point_map,
+                                       transposed_v, transposes_v)
 
 SUPPORTED_ABIS = tuple(range(1, ABI_VERSION + 1))   # kernel_abi.abi: what each version changed
 _DEFAULT_SMEM_LIMIT = 48 * 1024
@@ -133,21 +134,48 @@ class AttentionKernel:
         with -DATTN_DECODE_TRACE (scripts/decode_trace.py); KernelLoadError when the module has no such global."""
         return cuda.check(cuda.api().cuModuleGetGlobal(self._module, name.encode()), name)
 
+    @property
+    def fp8(self) -> bool:
+        """e4m3 inputs with descales, a bf16 output (kernel_abi.spec)."""
+        return self.meta["spec"].get("dtype") == "fp8"
+
     def __call__(self, q, k, v, out=None, softmax_scale: float | None = None, *, window_size=(-1, -1),
-                 softcap: float = 0.0, sinks=None):
+                 softcap: float = 0.0, sinks=None, q_descale=None, k_descale=None, v_descale=None, v_t=None):
         """``out`` (b, sq, hq, d_v) = attention(q, k, v) on the tensors' device and torch's current stream.
         ValueError (before any launch) for inputs the kernel cannot take; ``softmax_scale`` None is
         1/sqrt(d_qk). ``window_size``, ``softcap``, ``sinks``: the options of kernel_abi.spec, for a kernel built
-        with them (tuner.serving.launch.plan.option_values)."""
+        with them (tuner.serving.launch.plan.option_values). An FP8 kernel takes float8_e4m3fn q, k, v and
+        FlashAttention-3's ``q_descale``/``k_descale``/``v_descale`` (fp32, (batch, KV heads)), all required, and
+        returns bf16; V is copied transposed for it (tuner.serving.launch.plan.transposed_v), or ``v_t`` is that copy
+        made earlier (a caller that keeps V transposed: no copy per call)."""
         plain = sinks is None and not softcap and (window_size is None or tuple(window_size) == (-1, -1))
         options = NO_OPTIONS if plain else CallOptions(tuple(window_size), softcap, sinks)
         plan = self._plan_for(q, k, v, out, softmax_scale, options)
+        extra = () if sinks is None else (sinks.data_ptr(),)
+        if self.fp8 or any(d is not None for d in (q_descale, k_descale, v_descale)):
+            extra += self._descales(q, k, q_descale, k_descale, v_descale)
         if out is None:
             import torch
 
-            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
-        self._launch(plan, q, k, v, out, () if sinks is None else (sinks.data_ptr(),))
+            out = torch.empty(plan.out_shape, dtype=plan.out_dtype or q.dtype, device=q.device)
+        if transposes_v(self.meta):
+            v = transposed_v(v) if v_t is None else _checked_v_t(v_t, v)
+        elif v_t is not None:
+            raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels")
+        self._launch(plan, q, k, v, out, extra)
         return out
+
+    def _descales(self, q, k, q_descale, k_descale, v_descale) -> tuple:
+        """The descale pointers of an FP8 call, checked (ValueError naming the argument)."""
+        if not self.fp8:
+            raise ValueError(f"{self.name} is not an FP8 kernel: q_descale, k_descale and v_descale apply to "
+                             "float8_e4m3fn inputs")
+        import torch
+
+        given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+        check_descales(given, int(q.shape[0]), int(k.shape[2]), q.device,
+                       check_finite=not torch.cuda.is_current_stream_capturing())
+        return tuple(t.data_ptr() for t in given.values())
 
     def prepare(self, q, k, v, softmax_scale: float | None = None):   # (a kernel with no sinks)
         """``launcher(q, k, v) -> out`` bound to the plan of these tensors' signature (shapes, strides, dtypes,
@@ -156,6 +184,8 @@ class AttentionKernel:
         checks (alignment) still run."""
         import torch
 
+        if self.fp8:
+            raise ValueError(f"{self.name} is an FP8 kernel: call it with its descales")
         plan = self._plan_for(q, k, v, None, softmax_scale)
         shape, dtype, device, launch, empty = plan.out_shape, q.dtype, q.device, self._launch, torch.empty
 
@@ -320,6 +350,16 @@ class AttentionKernel:
         self._counter_tensors.append(tensor)
         base = tensor.data_ptr()
         self._free_counters.extend(base + 8 * i for i in reversed(range(COUNTER_BLOCK)))
+
+def _checked_v_t(v_t, v):
+    """``v_t`` as transposed_v(v) makes it: (batch, d, heads, keys) with keys contiguous and 16-byte row strides."""
+    b, sk, h, d = (int(x) for x in v.shape)
+    if tuple(v_t.shape) != (b, d, h, sk) or v_t.dtype != v.dtype or v_t.device != v.device or v_t.stride(-1) != 1 \
+            or any(s % 16 for s in v_t.stride()[:-1]):
+        raise ValueError(f"v_t must be transposed_v(v): {(b, d, h, sk)} {v.dtype} on {v.device} with contiguous keys "
+                         f"and 16-byte row strides, got {tuple(v_t.shape)} {v_t.dtype} strides {tuple(v_t.stride())}")
+    return v_t
+
 
 def _check_lengths(q, cu_seqlens_q, cu_seqlens_k, seqused_k) -> None:
     """The per-sequence arguments of a varlen call: int32 vectors on the tensors' GPU, contiguous."""

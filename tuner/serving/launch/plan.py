@@ -12,10 +12,12 @@ import ctypes
 import math
 import struct
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
-_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+from kernel_abi.spec import OUTPUT_DTYPES, TORCH_DTYPES as _DTYPES
+
 _LOG2E = math.log2(math.e)
 
 
@@ -64,6 +66,7 @@ class LaunchPlan:
     persistent_counter: bool
     lock: Any
     dynamic_offsets: tuple = ()  # where per-call pointers beyond q, k, v, out go (a layout's: VARLEN_POINTERS)
+    out_dtype: Any = None        # torch dtype of the output (an FP8 kernel's is bf16); None: the inputs'
 
 
 @dataclass
@@ -215,19 +218,113 @@ def build_plan(kernel, q, k, v, out, softmax_scale, options: CallOptions = NO_OP
     if spec.get("layout", "dense") != "dense":
         raise ValueError(f"{kernel.name} takes packed sequences (cu_seqlens): call its varlen entry")
     dtype = getattr(torch, _DTYPES[spec["dtype"]])
+    out_dtype = getattr(torch, _DTYPES[OUTPUT_DTYPES[spec["dtype"]]])
     _check_inputs(q, k, v, dtype, spec)
     if q.device.index != kernel.device_index:
         raise ValueError(f"{kernel.name} is loaded on cuda:{kernel.device_index}; the tensors are on {q.device}")
     b, sq, hq, _ = q.shape
     _, sk, hkv, _ = k.shape
     out_shape = (b, sq, hq, spec["d_v"])
-    _check_out(out, out_shape, dtype, q.device)
+    _check_out(out, out_shape, out_dtype, q.device)
     values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
               "pack": heads_per_tile(kernel.meta, hq // hkv),
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
-    probe_out = out if out is not None else _ContiguousShape(out_shape, q.element_size())
-    return _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq, hq // hkv),
-                      out_shape, dynamic=sink_pointer(kernel))
+    probe_out = out if out is not None else _ContiguousShape(out_shape, out_dtype.itemsize)
+    if transposes_v(kernel.meta):   # the map addresses V^T (batch, d, heads, keys); the call's copy comes per call
+        v = transposed_v(v, alloc=False)
+    plan = _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq, hq // hkv),
+                      out_shape, dynamic=sink_pointer(kernel) + descale_pointers(kernel))
+    plan.out_dtype = out_dtype
+    return plan
+
+
+def transposes_v(meta: dict) -> bool:
+    """The kernel reads V transposed, (batch, heads, d, keys): an FP8 kernel (8-bit wgmma operands are K-major)."""
+    return bool(meta.get("tensor_maps", {}).get("v", {}).get("transposed"))
+
+
+V_KEY_ALIGN = 16   # keys of a transposed V row, rounded up: TMA strides are multiples of 16 bytes
+
+
+class _TransposedProbe:
+    """Stands in for V^T while a plan is built: its geometry as transposed_v makes it (the address comes per call)."""
+
+    def __init__(self, shape, strides, element_size: int):
+        self.shape, self._strides, self._element_size = shape, strides, element_size
+
+    def stride(self, axis=None):
+        return self._strides if axis is None else self._strides[axis]
+
+    def element_size(self) -> int:
+        return self._element_size
+
+    def data_ptr(self) -> int:
+        return 1 << 20
+
+
+def transposed_v(v, alloc: bool = True):
+    """V (batch, keys, heads, d) as an FP8 kernel's TMA map reads it: a (batch, d, heads, keys) view of a new
+    (batch, heads, d, keys rounded up to V_KEY_ALIGN) tensor holding V^T (one copy of V: 1 byte an element).
+    ``alloc`` False: only the view's geometry (a plan's probe)."""
+    b, sk, h, d = (int(x) for x in v.shape)
+    skp = -(-sk // V_KEY_ALIGN) * V_KEY_ALIGN
+    if not alloc:
+        return _TransposedProbe((b, d, h, sk), (h * d * skp, skp, d * skp, 1), v.element_size())
+    import torch
+
+    buf = torch.empty((b, h, d, skp), dtype=v.dtype, device=v.device)
+    buf[..., :sk].copy_(v.permute(0, 2, 3, 1))
+    return buf[..., :sk].permute(0, 2, 1, 3)
+
+
+FP8_DESCALES = ("q_descale", "k_descale", "v_descale")
+# Descale tensors found finite, by id: (a weak reference to the tensor, the version (torch's in-place write counter) it
+# had then). A model passes the same scales every call, and reading them back is a host sync each time.
+_FINITE_SEEN: dict = {}
+
+
+def _seen_finite(t) -> bool:
+    seen = _FINITE_SEEN.get(id(t))
+    return seen is not None and seen[0]() is t and seen[1] == t._version
+
+
+def _remember_finite(t) -> None:
+    if len(_FINITE_SEEN) > 1024:   # (dead entries: tensors freed since)
+        for key in [k for k, (ref, _) in _FINITE_SEEN.items() if ref() is None]:
+            del _FINITE_SEEN[key]
+    _FINITE_SEEN[id(t)] = (weakref.ref(t), t._version)
+
+
+def descale_pointers(kernel) -> tuple:
+    """The per-call pointers of an FP8 kernel (after its layout's and the sinks'): its three descales."""
+    return FP8_DESCALES if kernel.meta["spec"].get("dtype") == "fp8" else ()
+
+
+def check_descales(descales: dict, batch: int, heads_kv: int, device, check_finite: bool = True) -> None:
+    """FlashAttention-3's FP8 descales: each of q_descale, k_descale, v_descale a contiguous fp32 tensor of shape
+    (batch, KV heads) on the inputs' device with finite values (``check_finite`` reads them: a host sync, skipped
+    while a CUDA graph is captured). ValueError naming the argument, before any launch."""
+    import torch
+
+    for name in FP8_DESCALES:
+        t = descales.get(name)
+        if t is None:
+            raise ValueError(f"{name} is missing: an FP8 call needs q_descale, k_descale and v_descale, fp32 of shape "
+                             f"({batch}, {heads_kv}) (batch, KV heads); pass ones for unscaled inputs")
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch tensor, got {type(t).__name__}")
+        if t.dtype != torch.float32:
+            raise ValueError(f"{name} must be fp32, got {t.dtype}")
+        if tuple(t.shape) != (batch, heads_kv):
+            raise ValueError(f"{name} must have shape ({batch}, {heads_kv}) (batch, KV heads), got {tuple(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}; the inputs are on {device}")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
+        if check_finite and not _seen_finite(t):
+            if not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{name} holds values that are not finite")
+            _remember_finite(t)
 
 
 VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")   # written per call, like the data pointers
@@ -385,12 +482,15 @@ def _first_map(meta: dict, params, at: int, tensor: str, tensors: dict, boxes: d
     from tuner.serving.launch import tma
 
     t = tensors[tensor]
+    box = boxes[tensor]
     try:
-        spec = tma.tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(),
-                                   int(boxes[tensor]["rows"]), pack if boxes[tensor].get("heads_first") else 0)
+        spec = tma.tensor_map_spec(t.data_ptr(), t.shape, t.stride(), t.element_size(), int(box["rows"]),
+                                   pack if box.get("heads_first") else 0, int(box.get("cols", tma.BOX_COLUMNS)),
+                                   ragged=bool(box.get("transposed")))
     except tma.TensorMapError as exc:
         raise ValueError(f"{tensor}: {exc}") from None
-    return place_map(params, at, "qkvo".index(tensor), spec, meta["spec"]["dtype"])
+    dtype = meta["spec"]["dtype"]
+    return place_map(params, at, "qkvo".index(tensor), spec, OUTPUT_DTYPES[dtype] if tensor == "o" else dtype)
 
 
 def place_map(params, at: int, index: int, spec, dtype: str) -> MapSlot:
@@ -421,9 +521,10 @@ def point_map(params, slot: MapSlot, address: int) -> None:
 def _check_layout(name: str, t) -> None:
     if t.stride(-1) != 1:
         raise ValueError(f"{name}: the head dim must be contiguous (stride 1), got strides {tuple(t.stride())}")
-    if any(s % 8 for s in t.stride()[:-1]):
-        raise ValueError(f"{name}: batch/sequence/head strides must be multiples of 8 elements (128-bit loads), "
-                         f"got {tuple(t.stride())}")
+    per_16_bytes = 16 // t.element_size()
+    if any(s % per_16_bytes for s in t.stride()[:-1]):
+        raise ValueError(f"{name}: batch/sequence/head strides must be multiples of {per_16_bytes} elements (16 bytes: "
+                         f"128-bit loads), got {tuple(t.stride())}")
     if t.data_ptr() % 16:
         raise ValueError(f"{name}: data pointer must be 16-byte aligned")
 

@@ -34,24 +34,32 @@ class TensorMapSpec:
     box: tuple[int, int, int, int]           # (64, rows, 1, 1); heads first: (64, heads, rows / heads, 1)
     element_bytes: int
     address: int
+    swizzle_bytes: int = 128                 # the box's row: 128 (64 16-bit or 128 8-bit columns) or 64 bytes
 
 
 def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int,
-                    heads_per_box: int = 0) -> TensorMapSpec:
+                    heads_per_box: int = 0, box_columns: int = BOX_COLUMNS, ragged: bool = False) -> TensorMapSpec:
     """The map of a (batch, seqlen, heads, dim) tensor with element ``strides`` (dim contiguous).
     ``heads_per_box`` > 0 (a kernel that packs the query heads of a KV head into its rows): the map is
     (dim, heads, seqlen, batch) and a box of ``rows`` rows is heads_per_box heads x rows / heads_per_box
-    tokens, heads fastest, landing as rows x 128 bytes like any box."""
+    tokens, heads fastest, landing as rows x 128 bytes like any box. ``box_columns``: the box's width (its bytes, 128
+    or 64, are the swizzle's span); ``ragged``: the innermost extent need not be a multiple of it (an FP8 kernel's
+    transposed V, (batch, d, heads, keys): the keys past the end read as zeros)."""
     b, s, h, d = (int(x) for x in shape)
     sb, ss, sh, sd = (int(x) for x in strides)
     problems = []
+    swizzle = box_columns * element_bytes
+    if swizzle not in (64, 128):
+        problems.append(f"a box of {box_columns} columns of {element_bytes} bytes is not a 64- or 128-byte swizzle "
+                        "span")
     if heads_per_box and (rows % heads_per_box or h % heads_per_box):
         problems.append(f"a box of {rows} rows cannot hold whole tokens of {heads_per_box} heads each "
                         f"(of the tensor's {h})")
     if sd != 1:
         problems.append(f"the head dim must be contiguous (stride 1), got {sd}")
-    if d % BOX_COLUMNS:
-        problems.append(f"head dim {d} is not a multiple of {BOX_COLUMNS} (one 128-byte swizzled box per 64 columns)")
+    if d % box_columns and not ragged:
+        problems.append(f"head dim {d} is not a multiple of {box_columns} (one {swizzle}-byte swizzled box per "
+                        f"{box_columns} columns)")
     if not 1 <= rows <= MAX_BOX_ROWS:
         problems.append(f"box rows {rows} must be in 1..{MAX_BOX_ROWS}")
     if address % 16:
@@ -64,8 +72,9 @@ def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int,
         raise TensorMapError("; ".join(problems))
     if heads_per_box:
         return TensorMapSpec((d, h, s, b), (strides_bytes[1], strides_bytes[0], strides_bytes[2]),
-                             (BOX_COLUMNS, heads_per_box, rows // heads_per_box, 1), element_bytes, int(address))
-    return TensorMapSpec((d, s, h, b), strides_bytes, (BOX_COLUMNS, rows, 1, 1), element_bytes, int(address))
+                             (box_columns, heads_per_box, rows // heads_per_box, 1), element_bytes, int(address),
+                             swizzle)
+    return TensorMapSpec((d, s, h, b), strides_bytes, (box_columns, rows, 1, 1), element_bytes, int(address), swizzle)
 
 
 def encode(spec: TensorMapSpec, dtype: str):
@@ -75,7 +84,8 @@ def encode(spec: TensorMapSpec, dtype: str):
     except ImportError:   # pragma: no cover
         from cuda import cuda as driver
     kind = {"bf16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            "fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16}[dtype]
+            "fp16": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            "fp8": driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT8}[dtype]   # (bytes: TMA only copies)
     return _encode(driver, spec, kind)
 
 
@@ -85,7 +95,8 @@ def _encode(driver, spec: TensorMapSpec, data_type):
         data_type, 4, spec.address, [u64(x) for x in spec.dims], [u64(x) for x in spec.strides_bytes],
         [u32(x) for x in spec.box], [u32(1)] * 4,
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B,
+        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if spec.swizzle_bytes == 128
+        else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if int(err) != 0:

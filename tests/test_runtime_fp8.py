@@ -1,0 +1,99 @@
+"""An FP8 kernel's launch plan on the CPU (fake tensors, a fake TMA encoder): e4m3 maps of 128-byte boxes, V's map over
+its transposed copy, a bf16 output map, the descales as per-call pointers; and the descales' checks."""
+import struct
+
+import pytest
+import torch
+
+from test_runtime import FakeTensor, _fake_encoding
+from tuner.serving.launch import kernel as attention, plan as launch_plan, tma
+
+E4M3 = torch.float8_e4m3fn
+
+
+@pytest.fixture
+def fp8_kernel():
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from kernel_abi.spec import KernelSpec
+    from translate.defaults import hopper_params
+
+    profile = load_profile("h100")
+    spec = KernelSpec("gqa", 128, 128, True, "fp8")
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap"))
+    gen = translate.generate(program, hopper_params(profile, spec), profile, spec)
+    return attention.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
+
+
+def test_the_plan_maps_e4m3_boxes_a_transposed_v_and_a_bf16_output(fp8_kernel, monkeypatch):
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
+    b, s, hq, hkv, d = 2, 1000, 16, 2, 128
+    q = FakeTensor((b, s, hq, d), 0x1000_0000, dtype=E4M3)
+    k = FakeTensor((b, s, hkv, d), 0x2000_0000, dtype=E4M3)
+    v = FakeTensor((b, s, hkv, d), 0x3000_0000, dtype=E4M3)
+    plan = launch_plan.build_plan(fp8_kernel, q, k, v, None, None)
+    assert plan.out_dtype == torch.bfloat16 and plan.out_shape == (b, s, hq, d)
+    maps = {"qkvo"[slot.index]: slot for slot in plan.maps}
+    assert maps["q"].spec.element_bytes == 1 and maps["q"].spec.box == (128, 128, 1, 1)
+    assert maps["q"].spec.swizzle_bytes == 128 and maps["q"].dtype == "fp8"
+    skp = 1008   # keys rounded up to 16 (a TMA stride is a multiple of 16 bytes)
+    vt = maps["v"].spec
+    assert vt.dims == (s, d, hkv, b) and vt.strides_bytes == (skp, d * skp, hkv * d * skp)
+    assert vt.box == (128, d, 1, 1)      # 128 keys x d_v rows: the (d_v, keys) K-major tile of the P.V GEMM
+    assert maps["o"].dtype == "bf16" and maps["o"].spec.element_bytes == 2 and maps["o"].spec.box == (64, 64, 1, 1)
+    assert len(plan.dynamic_offsets) == 3   # q_descale, k_descale, v_descale: written per call
+    names = [n for n, _ in fp8_kernel.args]
+    assert [names.index(x) for x in launch_plan.FP8_DESCALES] == sorted(names.index(x) for x in launch_plan.FP8_DESCALES)
+    raw = bytes(plan.params)
+    at = plan.pointers[names.index("group")] - plan.pointers[0]
+    assert struct.unpack_from("<i", raw, at)[0] == hq // hkv
+
+
+def test_an_fp8_plan_refuses_16_bit_inputs(fp8_kernel, monkeypatch):
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    q = FakeTensor((1, 64, 16, 128), 0x1000_0000)
+    with pytest.raises(ValueError, match="this kernel was built for torch.float8_e4m3fn"):
+        launch_plan.build_plan(fp8_kernel, q, q, q, None, None)
+
+
+def test_transposed_v_holds_v_keys_along_rows_of_16_byte_strides():
+    v = torch.randn(2, 37, 3, 64).to(E4M3)
+    vt = launch_plan.transposed_v(v)
+    assert tuple(vt.shape) == (2, 64, 3, 37) and vt.stride(-1) == 1 and vt.stride(1) == 48
+    assert torch.equal(vt.permute(0, 3, 2, 1).float(), v.float())
+    probe = launch_plan.transposed_v(v, alloc=False)
+    assert probe.shape == tuple(vt.shape) and probe.stride() == tuple(vt.stride())
+
+
+def _scales(b=2, h=4, **change):
+    scales = {n: torch.ones(b, h) for n in launch_plan.FP8_DESCALES}
+    scales.update(change)
+    return scales
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"k_descale": None}, "k_descale is missing"),
+    ({"q_descale": torch.ones(2, 4, dtype=torch.float16)}, "q_descale must be fp32"),
+    ({"v_descale": torch.ones(4, 2)}, r"v_descale must have shape \(2, 4\)"),
+    ({"v_descale": torch.ones(2, 8)[:, ::2]}, "v_descale must be contiguous"),
+    ({"k_descale": torch.tensor([[1.0, 2.0, float("inf"), 1.0]] * 2)}, "k_descale holds values that are not finite"),
+    ({"q_descale": [[1.0] * 4] * 2}, "q_descale must be a torch tensor"),
+])
+def test_bad_descales_are_refused_by_name(change, message):
+    with pytest.raises(ValueError, match=message):
+        launch_plan.check_descales(_scales(**change), 2, 4, torch.device("cpu"))
+
+
+def test_descales_on_another_device_are_refused():
+    with pytest.raises(ValueError, match="q_descale is on cpu; the inputs are on cuda:0"):
+        launch_plan.check_descales(_scales(), 2, 4, torch.device("cuda", 0))
+
+
+def test_a_descale_written_in_place_is_checked_again():
+    scales = _scales()
+    launch_plan.check_descales(scales, 2, 4, torch.device("cpu"))
+    scales["v_descale"][1, 1] = float("nan")
+    with pytest.raises(ValueError, match="v_descale holds values that are not finite"):
+        launch_plan.check_descales(scales, 2, 4, torch.device("cpu"))

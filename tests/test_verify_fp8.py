@@ -1,0 +1,98 @@
+"""The FP8 gate (tuner/measure/verify_fp8.py) on the CPU: its inputs, its yardstick, and kernels it must refuse."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from kernel_abi.spec import Problem  # noqa: E402
+from tuner.measure import verify_fp8  # noqa: E402
+from tuner.measure.verify import default_check_problems  # noqa: E402
+from kernel_abi.spec import KernelSpec  # noqa: E402
+
+
+def _problem(causal=True, hq=4, hkv=2, sq=40, sk=70, d=64):
+    return Problem("gqa" if hq != hkv else "mha", 2, hq, hkv, sq, sk, d, d, causal, "fp8")
+
+
+def _kernel(transform=None):
+    """A stand-in FP8 kernel on the CPU: the emulation itself, with its inputs first changed by ``transform``."""
+    def run(q, k, v, out, q_descale, k_descale, v_descale):
+        scales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+        if transform is not None:
+            scales = transform(dict(scales))
+        out.copy_(verify_fp8.emulate(q, k, v, scales, causal=run.causal).to(out.dtype))
+        return out
+    return run
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("index", [0, 2])   # 2: values near e4m3's max
+def test_the_emulated_kernel_passes(causal, index):
+    gen = torch.Generator().manual_seed(1)
+    k = _kernel()
+    k.causal = causal
+    check = verify_fp8.check_problem(k, _problem(causal), gen, device="cpu", index=index)
+    assert check.passed, check.reason
+    assert check.torch_lowp_err > 0   # P's rounding to e4m3 is a real error the bound is made of
+
+
+@pytest.mark.parametrize("ignored", ["q_descale", "k_descale", "v_descale"])
+def test_a_kernel_that_ignores_a_descale_fails(ignored):
+    gen = torch.Generator().manual_seed(2)
+
+    def drop(scales):
+        scales[ignored] = torch.ones_like(scales[ignored])
+        return scales
+    k = _kernel(drop)
+    k.causal = True
+    check = verify_fp8.check_problem(k, _problem(True, sq=64, sk=64), gen, device="cpu")
+    assert not check.passed
+    assert "error" in check.reason
+
+
+def test_a_kernel_with_16_bit_p_passes_and_the_bound_is_the_emulations():
+    """The exact fp32 reference (no P rounding at all) is well inside the bound."""
+    gen = torch.Generator().manual_seed(3)
+
+    def exact(q, k, v, out, **scales):
+        out.copy_(verify_fp8.reference(q, k, v, scales, True).to(out.dtype))
+        return out
+    check = verify_fp8.check_problem(exact, _problem(True), gen, device="cpu")
+    assert check.passed and check.max_err < check.bound
+
+
+def test_descales_spread_over_1000x_and_keep_scores_moving():
+    gen = torch.Generator().manual_seed(4)
+    q_d, k_d, v_d = verify_fp8.descales(4, 8, gen, "cpu")
+    for d in (q_d, v_d):
+        assert d.shape == (4, 8) and d.dtype == torch.float32
+        assert float(d.max() / d.min()) == pytest.approx(1000, rel=1e-3)
+    product = (q_d * k_d).log10()
+    assert float(product.abs().max()) <= 1.0 + 1e-6 and float(product.max() - product.min()) > 0.5
+
+
+def test_near_max_inputs_reach_e4m3s_largest_values():
+    gen = torch.Generator().manual_seed(5)
+    q, _, _, scales = verify_fp8.inputs(_problem(), gen, "cpu", near_max=True)
+    assert q.dtype == torch.float8_e4m3fn
+    assert float(q.float().abs().max()) == verify_fp8.FP8_MAX
+    assert math.isfinite(float(scales["q_descale"].max()))
+
+
+def test_a_kernel_that_leaves_rows_unwritten_fails():
+    gen = torch.Generator().manual_seed(6)
+
+    def lazy(q, k, v, out, **scales):
+        out[:, :1] = 0
+        return out
+    check = verify_fp8.check_problem(lazy, _problem(), gen, device="cpu")
+    assert not check.passed and "NaN" in check.reason
+
+
+def test_fp8_check_shapes_are_the_gate_shapes():
+    spec = KernelSpec("gqa", 128, 128, True, "fp8")
+    problems = default_check_problems(spec)
+    assert all(p.dtype == "fp8" for p in problems) and len(problems) >= 10

@@ -1,0 +1,128 @@
+"""FP8 (e4m3) Hopper kernels on the CPU: what the spec, the parameters and the translator accept and refuse, and what
+the generated kernel holds (the e4m3 wgmma ops, V transposed, P's exchange, the descales, the bf16 output)."""
+from __future__ import annotations
+
+import pytest
+
+import tl
+import translate
+from hardware_profiles import load_profile
+from kernel_abi.spec import KernelSpec, Problem, spec_for
+from translate.defaults import hopper_params
+from translate.kernel import TranslationError
+from translate.params import KernelParams, validate
+from translate.sm90 import frame
+
+H100 = load_profile("h100")
+
+
+def _spec(d=128, causal=True, variant="mha", layout="dense"):
+    return KernelSpec(variant, d, d, causal, "fp8", layout=layout)
+
+
+def _problem(d=128, **kw):
+    base = dict(variant="mha", batch=1, heads_q=16, heads_kv=16, seqlen_q=1024, seqlen_k=1024, d_qk=d, d_v=d,
+                causal=True, dtype="fp8")
+    base.update(kw)
+    return Problem(**base)
+
+
+def _generate(spec, **changes):
+    params = KernelParams.from_dict({**hopper_params(H100, spec).to_dict(), **changes})
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap", spec.layout))
+    return translate.generate(program, params, H100, spec)
+
+
+def test_fp8_problems_take_head_dims_64_and_128_without_options():
+    _problem(64), _problem(128)
+    with pytest.raises(ValueError, match="fp8 kernels take head dims 64 and 128"):
+        _problem(256)
+    with pytest.raises(ValueError, match="no sliding window, soft-capping or sinks"):
+        _problem(128, softcap=50.0)
+    with pytest.raises(ValueError, match="fp8 kernels take head dims"):
+        spec_for("mla", None, "fp8", True)
+    with pytest.raises(ValueError, match="fp8 kernels take head dims"):
+        spec_for("mha", 192, "fp8", True)
+
+
+@pytest.mark.parametrize("change, reason", [
+    ({"pv_operand": "ss"}, "keep P in registers"),
+    ({"block_n": 176}, "block_n 176 must be one of"),
+    ({"rescale_threshold": 8}, "rescale every tile"),
+    ({"pack_gqa": True}, "pack_gqa is not built for fp8"),
+])
+def test_parameters_an_fp8_kernel_cannot_take_are_refused_with_their_reason(change, reason):
+    params = KernelParams.from_dict({**hopper_params(H100, _spec()).to_dict(), **change})
+    errors = validate(params, H100, _problem(128), warp_specialized=True)
+    assert any(reason in e for e in errors), errors
+
+
+def test_fp8_needs_a_hopper_and_the_warp_specialised_schedule():
+    a100 = load_profile("a100")
+    params = KernelParams(block_m=128, block_n=64, num_warps=4, kv_stages=2)
+    assert any("fp8 kernels are Hopper kernels" in e for e in validate(params, a100, _problem(128)))
+    plain = KernelParams.from_dict({**hopper_params(H100, _spec()).to_dict(), "g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL",
+                                    "persistent": False})
+    assert any("warp-specialised" in e for e in validate(plain, H100, _problem(128), warp_specialized=False))
+
+
+def test_the_defaults_are_valid_fp8_kernels():
+    for d in (64, 128):
+        for causal in (False, True):
+            params = hopper_params(H100, _spec(d, causal))
+            assert params.rescale_threshold == 0 and params.pv_operand == "rs"
+            assert not validate(params, H100, _problem(d, causal=causal), warp_specialized=True)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_kernel_reads_e4m3_writes_bf16_and_takes_the_descales(d):
+    gen = _generate(_spec(d, causal=True, variant="gqa"))
+    body = gen.body
+    assert "using Element = cutlass::float_e4m3_t;" in body and "using ElementO = cutlass::bfloat16_t;" in body
+    assert "ElementO* __restrict__ o_ptr" in body
+    # V arrives transposed, loaded by keys; P goes through the quad exchange into the e4m3 A operand
+    assert "attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>" in body
+    assert "attn_sm90::convert_p_fp8(" in body and "fp8_p_lanes(mma_tidx % 32)" in body
+    # the softmax keeps P's row maximum at 2^8 and uses the tile's descaled exponent scale
+    assert "softmax_tile<0, 0, kMaxOffset>" in body and "tile_scale_log2);" in body
+    assert "normalize_rows(acc_O_register, Ssum, out_descale)" in body
+    assert "convert_type<ElementO>" in body
+    names = [a for a, _ in gen.extra_args]
+    assert names[-7:-4] == ["q_descale", "k_descale", "v_descale"]
+    assert gen.tensor_maps["v"]["transposed"] and gen.tensor_maps["v"]["rows"] == d
+    assert gen.tensor_maps["q"]["cols"] == (128 if d == 128 else 64)
+    # e4m3 wgmma ops (k-blocks of 32), both operands K-major
+    assert "GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDimQK>>>()" in body
+    assert "GMMA::rs_op_selector<Element, Element, float, Shape<_64, Int<kHeadDimV>, Int<kBlockN>>>()" in body
+
+
+def test_the_16_bit_kernels_source_is_untouched_by_the_fp8_path():
+    spec = KernelSpec("gqa", 128, 128, True, "bf16")
+    body = _generate(spec).body
+    for fp8_only in ("ElementO", "descale", "kMaxOffset", "tma_load_vt", "convert_p_fp8"):
+        assert fp8_only not in body
+
+
+def test_an_fp8_operand_is_the_16_bit_operand_of_half_the_columns():
+    """e4m3 tiles are laid out in bytes as 16-bit tiles of half the columns: the same descriptors."""
+    fp8, bf16 = _spec(128), KernelSpec("mha", 64, 64, True, "bf16")
+    p8 = hopper_params(H100, fp8)
+    for which in ("q", "k"):
+        a = frame.gmma_operand(which, fp8, p8, 2)
+        b = frame.gmma_operand(which, bf16, p8, 2)
+        assert (a.layout, a.leading, a.stride, a.layout_type) == (b.layout, b.leading, b.stride, b.layout_type)
+        assert a.per_warpgroup == 2 * b.per_warpgroup   # elements: bytes for e4m3
+    v = frame.gmma_operand("v", fp8, p8, 2)      # (d_v = 128 rows) x (128 keys): K-major, one 128-byte atom a row
+    assert v.layout_type == 1 and v.stride == 64
+
+
+def test_fp8_is_built_for_the_dense_layout_only():
+    with pytest.raises(TranslationError, match="fp8 kernels are built for the dense layout"):
+        _generate(_spec(128, layout="varlen"))
+
+
+def test_smem_counts_one_byte_elements_and_the_bf16_output():
+    gen = _generate(_spec(128, causal=False))
+    p = gen.params
+    want = p.block_m * (128 + 2 * 128) + p.kv_stages * p.block_n * 256 + (2 + 4 * p.kv_stages) * 8 + 16
+    assert gen.smem_bytes == want
