@@ -207,7 +207,7 @@ def default_params(profile: Profile, spec: KernelSpec, schedule: str = "fa2",
     for the ws_* sketches, plain wgmma for fa2 sketches when ``schedule`` says hopper), otherwise FA2's
     parameters for this head dim on this architecture, shrunk until they fit the profile. ``page_size``: the
     paged kernel is for that page size only (None: it reads every page size its copy can)."""
-    if schedule.startswith("ws_"):
+    if schedule.startswith("ws_") or spec.dtype == "fp8":   # (FP8 kernels are warp-specialised only)
         return hopper_params(profile, spec, warp_specialized=True, page_size=page_size)
     if profile.has_cp_async and "SM80_16x8x16" in profile.mma_atoms:
         atoms = dict(mma_atom="SM80_16x8x16", g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", s2r_atom="SM75_U32x4_LDSM_N")

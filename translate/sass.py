@@ -40,7 +40,7 @@ def find_cuobjdump() -> Path:
                             "`pip install nvidia-cuda-cuobjdump==13.2.86 nvidia-cuda-nvdisasm==13.2.86`")
 
 
-SASS_OPCODES = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "MUFU.EX2", "UTMALDG", "UTMASTG", "USETMAXREG")
+SASS_OPCODES = ("HMMA", "HGMMA", "QGMMA", "LDSM", "LDGSTS", "MUFU.EX2", "UTMALDG", "UTMASTG", "USETMAXREG")
 _ADDRESS = re.compile(r"/\*[0-9a-f]{4,}\*/")
 _OPCODE = re.compile(r"(?:@!?U?P[T\d]+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)")   # after a predicate, if any
 _SASS_LINE = re.compile(_ADDRESS.pattern + r"\s+" + _OPCODE.pattern)                  # an instruction's line
@@ -72,7 +72,7 @@ def sass_instructions(cubin_path: Path, *, timeout: float = 120) -> Optional[dic
 
 def sass_summary(cubin_path: Path, function: Optional[str] = None, *, timeout: float = 120) -> Optional[dict]:
     """Counts of the instructions that show the kernel uses the hardware it should: tensor-core MMAs
-    (HMMA, HGMMA), ldmatrix (LDSM), cp.async (LDGSTS) and exp2 (MUFU.EX2), plus the instruction total,
+    (HMMA, HGMMA; QGMMA: the 8-bit wgmma), ldmatrix (LDSM), cp.async (LDGSTS) and exp2 (MUFU.EX2), plus the instruction total,
     over the whole cubin or one function. None when cuobjdump is not installed (find_cuobjdump() says why).
     """
     functions = sass_instructions(cubin_path, timeout=timeout)
@@ -88,7 +88,7 @@ def sass_summary(cubin_path: Path, function: Optional[str] = None, *, timeout: f
             opcode = _OPCODE.match(line).group(1)
             counts["instructions"] += 1
             base = opcode.split(".")[0]
-            if base in ("HMMA", "HGMMA", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "USETMAXREG"):
+            if base in ("HMMA", "HGMMA", "QGMMA", "LDSM", "LDGSTS", "UTMALDG", "UTMASTG", "USETMAXREG"):
                 counts[base] += 1
             if opcode.startswith("MUFU.EX2"):
                 counts["MUFU.EX2"] += 1

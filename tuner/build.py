@@ -112,6 +112,13 @@ def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optio
         spec = spec_for(variant, head_dim, dtype or profile.default_dtype, causal)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    if spec.dtype not in profile.dtypes:
+        raise UsageError(f"{profile.name} does not support {spec.dtype}; choose one of: {', '.join(profile.dtypes)}"
+                         + (" (fp8 kernels are Hopper kernels)" if spec.dtype == "fp8" else ""))
+    if spec.dtype == "fp8" and layout != "dense":
+        raise UsageError(f"--dtype fp8 builds dense kernels; the {layout} layout takes fp16/bf16")
+    if spec.dtype == "fp8" and any(options.spec_changes(causal).values()):
+        raise UsageError("--dtype fp8 kernels take no --window, --softcap or --sinks")
     return profile, dataclasses.replace(spec, layout=layout, **options.spec_changes(causal))
 
 

@@ -44,7 +44,7 @@ def test_dispatch_takes_the_nearest_bucket(exported, seqlen_k, bucket):
 @pytest.mark.parametrize("changes,reason", [
     (dict(d_qk=64, d_v=64), "no exported config for head dims 64/64"),
     (dict(dtype="fp16"), "no exported config for head dims 128/128, fp16, causal"),
-    (dict(dtype=None), "fp16 and bf16 only"),
+    (dict(dtype=None), "fp16, bf16 and fp8 only"),
     (dict(causal=False), "non-causal"),
     (dict(device_name="NVIDIA A100-SXM4-80GB"), "no exported config for device"),
     (dict(device_name=None), "not on a CUDA device"),

@@ -101,7 +101,8 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
                                     "change": entry.as_dict() if entry else {},
                                     "measured": entry.measured if entry else None}
     (out / f"{kernel.name}.json").write_text(json.dumps(record, indent=2, default=str))
-    tensor_ops = (f"HGMMA {sass.get('HGMMA', '?')}, UTMALDG {sass.get('UTMALDG', '?')}" if kernel_params.is_gmma
+    gmma = "QGMMA" if spec.dtype == "fp8" else "HGMMA"
+    tensor_ops = (f"{gmma} {sass.get(gmma, '?')}, UTMALDG {sass.get('UTMALDG', '?')}" if kernel_params.is_gmma
                   else f"HMMA {sass.get('HMMA', '?')}")
     console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
                   f"{result.registers} regs, {result.spill_stores} B spill stores, "

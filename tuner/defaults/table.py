@@ -193,9 +193,10 @@ def _load_table(path: Path, stamp: int) -> tuple[BucketChange, ...]:
 
 def applies_to(spec, schedule: str) -> bool:
     """Whether bucket defaults exist for this kind of kernel: dense prefill, warp-specialised, without the options of
-    kernel_abi.spec (the table's changes were measured on plain kernels)."""
+    kernel_abi.spec (the table's changes were measured on plain kernels), 16-bit (the tables were measured on bf16
+    and fp16 kernels; FP8 kernels have other tiles: translate/params_sm90.py fp8_reasons)."""
     return (spec.layout == "dense" and spec.phase == "prefill" and schedule.startswith("ws_")
-            and not getattr(spec, "features", ()))
+            and not getattr(spec, "features", ()) and spec.dtype != "fp8")
 
 
 def bucket_change(profile, spec, bucket: str, schedule: str = "ws_overlap") -> BucketChange | None:

@@ -27,6 +27,8 @@ from tuner.measure import timer
 
 # At benchmark size our output must agree with the reference within this relative error (`tune bench`'s bound).
 BENCH_CROSS_CHECK_REL_ERR = 2e-2
+# FP8 kernels round P to e4m3: 2.3-2.5% from the fp32 reference on random inputs (tuner/measure/dense.py).
+FP8_BENCH_CROSS_CHECK_REL_ERR = 5e-2
 
 
 @dataclass(frozen=True)
@@ -83,10 +85,12 @@ def run_trial(kind: TrialKind, kernel, payload: dict, device: str, name: str, ti
             inputs = kind.inputs(problem, timing, device)
             if kind.cross_check is not None:
                 rel = cross[key] = kind.cross_check(kernel, problem, inputs)
-                if not rel <= BENCH_CROSS_CHECK_REL_ERR:   # also NaN
+                bound = FP8_BENCH_CROSS_CHECK_REL_ERR if getattr(problem, "dtype", None) == "fp8" else \
+                    BENCH_CROSS_CHECK_REL_ERR
+                if not rel <= bound:   # also NaN
                     verification.update(passed=False, bench_cross_check=cross)
                     return failure(name, f"wrong result at the benchmark shape {problem.label()}: relative error "
-                                         f"{rel:.3g} against {kind.against(problem)} > {BENCH_CROSS_CHECK_REL_ERR}",
+                                         f"{rel:.3g} against {kind.against(problem)} > {bound}",
                                    verification)
             if plan and key == str(plan["seqlen"]):
                 probe_ms = kind.time_ms(kernel, problem, inputs, timer.Timing(**plan["probe"]))

@@ -315,7 +315,7 @@ def choose(configs: list[ExportedConfig], *, heads_q: int, heads_kv: int, d_qk: 
     config, code = pick(dispatch_table(on_device), heads_q=heads_q, heads_kv=heads_kv, d_qk=d_qk, d_v=d_v,
                         dtype=dtype, causal=causal, features=features)
     if code == "dtype":
-        return Choice(None, None, "dtype has no exported kernels (fp16 and bf16 only)", code)
+        return Choice(None, None, "dtype has no exported kernels (fp16, bf16 and fp8 only)", code)
     shape = f"head dims {d_qk}/{d_v}, {dtype}, {'causal' if causal else 'non-causal'}"
     if code == "no-shape-config":
         built = f" built with {'+'.join(features)}" if features else ""

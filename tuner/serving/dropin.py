@@ -53,16 +53,20 @@ class DropIns:
 
     def flash_attn_func(self, q, k, v, dropout_p: float = 0.0, softmax_scale: float | None = None,
                         causal: bool = False, window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                        deterministic: bool = False, return_attn_probs: bool = False, learnable_sink=None):
+                        deterministic: bool = False, return_attn_probs: bool = False, learnable_sink=None,
+                        q_descale=None, k_descale=None, v_descale=None):
         """``flash_attn.flash_attn_func``'s signature (FlashAttention 2, and FA4's ``learnable_sink``): q (b, sq, hq,
         d), k/v (b, sk, hkv, d), bottom-right causal. A window, soft-capping and sinks go to a kernel built with
         them (``__call__``); dropout runs torch SDPA (counted); dropout with soft-capping or sinks, ALiBi and
-        returning the probabilities are refused (NotImplementedError), as no fallback computes them here."""
+        returning the probabilities are refused (NotImplementedError), as no fallback computes them here.
+        float8_e4m3fn inputs take FlashAttention-3's ``q_descale``/``k_descale``/``v_descale`` and return bf16."""
         if return_attn_probs:
             raise NotImplementedError("return_attn_probs=True: the exported kernels return only the output")
         if alibi_slopes is not None:
             raise NotImplementedError("alibi_slopes: ALiBi is not supported by the exported kernels")
         if dropout_p > 0.0:
+            if q.dtype == torch.float8_e4m3fn:
+                raise NotImplementedError("dropout with FP8 inputs is not supported here")
             if softcap or learnable_sink is not None:
                 raise NotImplementedError("dropout with softcap or learnable_sink is not supported here")
             check_shapes(q, k, v)
@@ -71,7 +75,7 @@ class DropIns:
             mask = _window_mask(q.shape[1], k.shape[1], window, causal, q.device) if windowed else None
             return self._dropout(q, k, v, causal and not windowed, softmax_scale, dropout_p, mask)
         return self(q, k, v, causal=causal, softmax_scale=softmax_scale, window_size=window_size, softcap=softcap,
-                    learnable_sink=learnable_sink)
+                    learnable_sink=learnable_sink, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
 
 
 def _window_mask(sq: int, sk: int, window, causal: bool, device):

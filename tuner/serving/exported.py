@@ -30,6 +30,7 @@ import torch
 from tuner.serving import op
 from tuner.serving.decode import DecodeCalls
 from tuner.serving.dropin import DropIns
+from tuner.serving.fp8_calls import FP8, Fp8Calls
 from tuner.serving.option_calls import OptionCalls
 from tuner.serving.options import PLAIN, ModelOptions
 from tuner.serving.paged import PagedCalls
@@ -39,7 +40,7 @@ from tuner.serving.configs import (Choice, ExportedConfig, ExportedKernel, Expor
 from tuner.serving.reasons import REASONS
 from tuner.serving.sdpa import check_shapes, sdpa_attention
 
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8"}
 _MAX_FAST = 512      # remembered eager call signatures (a model has a handful per layer kind)
 
 
@@ -67,7 +68,7 @@ def _default_kernel_loader(cubin: bytes, meta: dict, device_index: int = 0):
     return load_kernel(cubin, meta, device_index)
 
 
-class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCalls):
+class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCalls, Fp8Calls):
     """The attention functions of one exported folder; see the module docstring."""
 
     def __init__(self, configs: list[ExportedConfig], device_name: str | None = None,
@@ -261,15 +262,25 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
     # --- entry points ---------------------------------------------------------------------------------
     def __call__(self, q, k, v, causal: bool = False, softmax_scale: float | None = None, *,
                  scale: float | None = None, layout: str = "bshd", window_size=(-1, -1), softcap: float = 0.0,
-                 learnable_sink=None):
+                 learnable_sink=None, q_descale=None, k_descale=None, v_descale=None):
         """Attention in FlashAttention's layout (``layout="bshd"``: (batch, seqlen, heads, dim)) or SDPA's
         (``"bhsd"``); the output in the same layout. ``scale`` and ``softmax_scale`` are the same thing
         (default 1/sqrt(d_qk)); causal is aligned bottom-right when seqlen_q != seqlen_k. ``window_size``,
         ``softcap`` and ``learnable_sink`` (one logit per query head) as FlashAttention takes them
         (tuner/serving/options.py): served by a kernel built with them, else by the fp32 reference (counted).
 
+        FP8: float8_e4m3fn q, k, v with FlashAttention-3's ``q_descale``, ``k_descale``, ``v_descale`` (fp32, (batch,
+        KV heads), all three required) -> bf16 (tuner/serving/fp8_calls.py); descales with 16-bit inputs are refused.
+
         Eager calls with nothing observing them (op.nothing_observes) take a launcher remembered per call
         signature the first time the signature ran a kernel: one dictionary lookup, then the launch."""
+        if q.dtype == FP8 or q_descale is not None or k_descale is not None or v_descale is not None:
+            if q.dtype != FP8:
+                raise ValueError(f"q_descale, k_descale and v_descale apply to {FP8} inputs, not {q.dtype}")
+            if learnable_sink is not None or softcap or (window_size is not None and tuple(window_size) != (-1, -1)):
+                raise NotImplementedError("FP8 calls take no window_size, softcap or learnable_sink")
+            return self._call(q, k, v, causal, softmax_scale, scale, layout,
+                              fp8=(q_descale, k_descale, v_descale))
         if learnable_sink is not None or softcap or (window_size is not None and tuple(window_size) != (-1, -1)):
             return self._call(q, k, v, causal, softmax_scale, scale, layout, (window_size, softcap, learnable_sink))
         key = None
@@ -317,8 +328,9 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
             self._fast.pop(next(iter(self._fast)))
         self._fast[key] = fast
 
-    def _call(self, q, k, v, causal, softmax_scale, scale, layout, options=None):
-        """``__call__`` past its fast path; ``options`` (window_size, softcap, learnable_sink) for an options call."""
+    def _call(self, q, k, v, causal, softmax_scale, scale, layout, options=None, fp8=None):
+        """``__call__`` past its fast path; ``options`` (window_size, softcap, learnable_sink) for an options call;
+        ``fp8`` (q_descale, k_descale, v_descale) for an FP8 call."""
         if layout not in ("bshd", "bhsd"):
             raise ValueError(f"layout must be 'bshd' (batch, seqlen, heads, dim) or 'bhsd', got {layout!r}")
         if scale is not None and softmax_scale is not None and scale != softmax_scale:
@@ -326,8 +338,11 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
         if layout == "bhsd":
             q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         scale = softmax_scale if softmax_scale is not None else scale
-        out = self.attend(q, k, v, causal, scale) if options is None else self.attend_options(q, k, v, causal, scale,
-                                                                                            *options)
+        if fp8 is not None:
+            out = self.attend_fp8(q, k, v, causal, scale, *fp8)
+        else:
+            out = self.attend(q, k, v, causal, scale) if options is None else \
+                self.attend_options(q, k, v, causal, scale, *options)
         return out.transpose(1, 2) if layout == "bhsd" else out
 
     attention = __call__

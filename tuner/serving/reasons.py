@@ -6,7 +6,7 @@ REASONS = {
     "not-cuda": "the tensors are not on a CUDA device",
     "no-device-config": "no exported config for this GPU",
     "other-arch": "the configs for this GPU's name were exported for another SM",
-    "dtype": "dtype has no exported kernels (fp16 and bf16 only)",
+    "dtype": "dtype has no exported kernels (fp16, bf16 and fp8 only)",
     "mixed-dtypes": "q, k, v have different dtypes",
     "mixed-devices": "q, k, v are on different devices",
     "no-shape-config": "no exported config for these head dims, dtype and causality",

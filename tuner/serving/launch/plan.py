@@ -273,7 +273,10 @@ def transposed_v(v, alloc: bool = True):
     import torch
 
     buf = torch.empty((b, h, d, skp), dtype=v.dtype, device=v.device)
-    buf[..., :sk].copy_(v.permute(0, 2, 3, 1))
+    from tuner.serving.launch.transpose_triton import transpose_into
+
+    if not (v.is_cuda and v.stride(-1) == 1 and transpose_into(buf, v)):
+        buf[..., :sk].copy_(v.permute(0, 2, 3, 1))
     return buf[..., :sk].permute(0, 2, 1, 3)
 
 

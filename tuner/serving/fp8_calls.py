@@ -1,0 +1,53 @@
+"""FP8 calls of an export (mixed into ExportedAttention): e4m3 q, k, v with FlashAttention-3's descales, through
+``attn_tuner::attention_fp8`` (tuner/serving/op_fp8.py) to an exported FP8 kernel, or to torch SDPA on the
+dequantised inputs (counted by reason). The descales are checked before any launch (the runtime's
+check_descales: a missing one, a wrong shape, dtype or device, values that are not finite: ValueError naming it)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tuner.serving import op_fp8
+from tuner.serving.launch.plan import check_descales
+from tuner.serving.reasons import REASONS
+from tuner.serving.sdpa import check_shapes, sdpa_attention
+
+FP8 = torch.float8_e4m3fn
+
+
+def dequantised(x, descale, heads_per_scale: int = 1):
+    """bf16 x * descale of its (batch, KV head), x (b, s, h, d); a descale serves ``heads_per_scale`` heads."""
+    d = descale.repeat_interleave(heads_per_scale, dim=1) if heads_per_scale > 1 else descale
+    return (x.float() * d[:, None, :, None]).to(torch.bfloat16)
+
+
+class Fp8Calls:
+    """Mixed into ExportedAttention: uses its ``route``, ``_launch``, ``_count_fallback`` and ``_messages``."""
+
+    def attend_fp8(self, q, k, v, causal: bool, scale: float | None, q_descale, k_descale, v_descale):
+        """(b, s, h, d) e4m3 tensors -> bf16 (b, sq, hq, d_v)."""
+        check_shapes(q, k, v)
+        if k.dtype != FP8 or v.dtype != FP8:
+            raise ValueError(f"an FP8 call takes q, k and v in {FP8}; got {q.dtype}, {k.dtype}, {v.dtype}")
+        descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+        check_descales(descales, int(q.shape[0]), int(k.shape[2]), q.device,
+                       check_finite=not torch.compiler.is_compiling() and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+        scale = float(scale) if scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
+        route = self.route(q, k, v, causal, scale)
+        return op_fp8.launch_fp8(q, k, v, q_descale, k_descale, v_descale, bool(causal), scale, route)
+
+    def run_fp8(self, route, q, k, v, q_descale, k_descale, v_descale, causal: bool, scale: float):
+        """What an FP8 route runs (inside the op): the config's kernel, else SDPA on the dequantised inputs."""
+        def reference(code, message):
+            self._count_fallback(code, message)
+            group = q.shape[2] // k.shape[2]
+            return sdpa_attention(dequantised(q, q_descale, group), dequantised(k, k_descale),
+                                  dequantised(v, v_descale), causal=causal, softmax_scale=scale)
+
+        if route.config is None:
+            return reference(route.code, self._messages.get(self._fallback.get(route.code), REASONS[route.code]))
+        bucket = route.bucket or route.config.bucket_for(k.shape[1])
+        return self._launch(route.config.kernels[bucket], bucket, route.config.variant, q.device.index or 0,
+                            lambda kern: kern(q, k, v, softmax_scale=scale, q_descale=q_descale, k_descale=k_descale,
+                                              v_descale=v_descale), reference)
