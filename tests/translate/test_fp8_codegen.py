@@ -126,3 +126,16 @@ def test_smem_counts_one_byte_elements_and_the_bf16_output():
     p = gen.params
     want = p.block_m * (128 + 2 * 128) + p.kv_stages * p.block_n * 256 + (2 + 4 * p.kv_stages) * 8 + 16
     assert gen.smem_bytes == want
+
+
+@pytest.mark.parametrize("variant", ["mha", "gqa", "mqa"])
+def test_the_search_spaces_offer_fp8_only_what_fp8_kernels_take(variant):
+    from search_spaces import load_space
+    from translate.params_sm90 import FP8_BLOCK_N
+
+    domains = load_space(variant).domains(H100, 128, "fp8")
+    assert set(domains["schedule"]) <= {"ws_overlap", "ws_serial"}
+    assert set(domains["hopper_block_n"]) <= set(FP8_BLOCK_N)
+    assert domains["pv_operand"] == ("rs",) and domains["rescale_threshold"] == (0,)
+    assert domains["hopper_kv_copy"] == ("SM90_TMA",)
+    assert set(load_space(variant).domains(H100, 128, "bf16")["hopper_block_n"]) - set(FP8_BLOCK_N)   # 16-bit: more

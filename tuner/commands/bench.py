@@ -108,8 +108,9 @@ def parse_seqlens(text: Optional[str]) -> tuple[int, ...]:
 
 def results_table(rows: Sequence[dict], title: str) -> Table:
     table = Table(title=title)
-    for col in ("seqlen", "causal", "batch", "heads", "ours TF", "flash", "cudnn", "efficient", "fa4",
-                "ours/flash", "ours/cudnn", "ours/eff", "ours/fa4", "status"):
+    bf16 = any("ours_bf16" in r for r in rows)   # an FP8 bench: our bf16 kernel on the same values beside
+    for col in ("seqlen", "causal", "batch", "heads", "ours TF", *(("ours bf16", "ours/bf16") if bf16 else ()),
+                "flash", "cudnn", "efficient", "fa4", "ours/flash", "ours/cudnn", "ours/eff", "ours/fa4", "status"):
         table.add_column(col, justify="right" if col not in ("status", "causal") else "left")
 
     def fmt(x):
@@ -122,6 +123,7 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
         status = r["status"] if r["status"] == "ok" else f"[red]{r['status']}[/red] {r.get('reason', '')}"
         table.add_row(str(r["seqlen"]), "yes" if r["causal"] else "no", str(r["batch"]),
                       f"{r['heads_q']}/{r['heads_kv']}", fmt(r.get("ours")),
+                      *((fmt(r.get("ours_bf16")), fmt(r.get("ours/ours_bf16"))) if bf16 else ()),
                       *(base(r, name) for name in BASELINES),
                       *(fmt(r.get(f"ours/{name}")) for name in BASELINES), status)
     return table
@@ -202,6 +204,14 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
     built, code = build_kernels(targets, variant, params, sketch, profile, err, cache_dir, schedule, seqlen_list)
     if built is None:
         return code
+    bf16_built = {}   # an FP8 bench times our bf16 default of each spec too, on the same values
+    if targets[0][1].dtype == "fp8" and params is None and sketch is None:
+        bf16_targets = [resolve_target(gpu, variant, head_dim, "bf16", c) for c in target.causals]
+        more, code = build_kernels(bf16_targets, variant, None, None, profile, err, cache_dir, schedule, seqlen_list)
+        if more is None:
+            return code
+        for twin in more:
+            bf16_built.setdefault(twin.spec.causal, []).append(twin)
 
     from tuner.serving.launch import load_kernel
     from tuner.measure.verify import verify
@@ -227,12 +237,15 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
             err.print(f"{b.kernel.name}: verification FAILED ({reason}); it is not timed", markup=False)
         console.print(f"[bold]{label}[/bold]: {b.kernel.name} {b.params.key()} "
                       f"({b.compiled.registers} regs, {b.compiled.spill_stores} B spills)")
-        all_rows += bench_rows(kernel, problems,
-                               verified=verified, verify_reason=reason,
-                               on_row=lambda r: console.print(
-                                   f"  s={r['seqlen']:>5} causal={r['causal']!s:5} ours={r.get('ours')} "
-                                   f"flash={r.get('flash')} cudnn={r.get('cudnn')} eff={r.get('efficient')} "
-                                   f"fa4={r.get('fa4')} {r['status']}", markup=False, highlight=False))
+        rows = bench_rows(kernel, problems,
+                          verified=verified, verify_reason=reason,
+                          on_row=lambda r: console.print(
+                              f"  s={r['seqlen']:>5} causal={r['causal']!s:5} ours={r.get('ours')} "
+                              f"flash={r.get('flash')} cudnn={r.get('cudnn')} eff={r.get('efficient')} "
+                              f"fa4={r.get('fa4')} {r['status']}", markup=False, highlight=False))
+        if bf16_built.get(b.spec.causal):
+            add_bf16_twins(rows, bf16_built[b.spec.causal], problems, console)
+        all_rows += rows
     console.print(results_table(all_rows, f"{variant} on {device_name} ({profile.name}), TFLOPS"))
 
     if out_json is not None:
@@ -243,6 +256,31 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
             return usage(problem)
         console.print(f"wrote {out_json}", markup=False, highlight=False)
     return 0
+
+
+def add_bf16_twins(rows: list[dict], twins: list, problems, console: Console) -> None:
+    """Our bf16 default of the same spec (its bucket's, where the profile's table has one) timed on each FP8 row's
+    problem in bf16, after the gate: ``ours_bf16`` and ``ours/ours_bf16`` in the rows."""
+    import dataclasses
+
+    from tuner.measure.verify import verify
+    from tuner.serving.launch import load_kernel
+
+    loaded = {}
+    for twin in twins:
+        kernel = load_kernel(twin.compiled.cubin, twin.kernel.meta())
+        report = verify(kernel, twin.spec)
+        console.print(f"  bf16 twin {twin.kernel.name}: verified={report.passed}", markup=False, highlight=False)
+        if report.passed:
+            loaded[twin.seqlens and tuple(twin.seqlens)] = kernel
+    for row, problem in zip(rows, problems):
+        kernel = next((k for seqlens, k in loaded.items() if seqlens is None or problem.seqlen_k in seqlens), None)
+        if kernel is None:
+            continue
+        other = bench_rows(kernel, [dataclasses.replace(problem, dtype="bf16")], with_baselines=False)[0]
+        row["ours_bf16"] = other.get("ours")
+        if row.get("ours") and other.get("ours"):
+            row["ours/ours_bf16"] = round(row["ours"] / other["ours"], 3)
 
 
 def write_record(path: Path, record: dict) -> Optional[str]:
