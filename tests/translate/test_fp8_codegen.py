@@ -84,7 +84,7 @@ def test_the_kernel_reads_e4m3_writes_bf16_and_takes_the_descales(d):
     assert "attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>" in body
     assert "attn_sm90::convert_p_fp8(" in body and "fp8_p_lanes(mma_tidx % 32)" in body
     # the softmax keeps P's row maximum at 2^8 and uses the tile's descaled exponent scale
-    assert "softmax_tile<0, 0, kMaxOffset>" in body and "tile_scale_log2);" in body
+    assert "softmax_tile<0, 0, kMaxOffset, kMaxChains>" in body and "tile_scale_log2);" in body
     assert "normalize_rows(acc_O_register, Ssum, out_descale)" in body
     assert "convert_type<ElementO>" in body
     names = [a for a, _ in gen.extra_args]

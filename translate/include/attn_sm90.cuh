@@ -130,8 +130,8 @@ __forceinline__ __device__ constexpr bool poly_slot(int ni) {
 // e4m3 for the P.V GEMM, whose 3-bit mantissa is relative but whose normal range starts at 2^-6; FA3's offset 8 keeps
 // exponentials down to 2^-14 of the max out of the subnormals. The sums carry the same factor, which the final
 // normalisation divides out.
-template <int kRescaleThreshold = 0, int kExp2Poly = 0, int kMaxOffset = 0, typename TS, typename TMax, typename TSum,
-          typename TScale>
+template <int kRescaleThreshold = 0, int kExp2Poly = 0, int kMaxOffset = 0, int kMaxChains = 1, typename TS,
+          typename TMax, typename TSum, typename TScale>
 __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row_sum, TScale& rescale,
                                              float scale_log2) {
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
@@ -139,8 +139,8 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
     float factor;
-    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2) -
-                           float(kMaxOffset);
+    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold, kMaxChains>(s, mi, row_max, factor,
+                                                                              scale_log2) - float(kMaxOffset);
     rescale(mi) = factor;
     float sum = 0.f;
     CUTE_UNROLL
@@ -157,15 +157,16 @@ __forceinline__ __device__ void softmax_tile(TS& acc_s, TMax& row_max, TSum& row
 // the maxima are known, FA4's order, so that the exponentials, P's conversion and the output's rescale share one
 // basic block and ptxas interleaves their FP32 and F2FP instructions with the MUFU stream). First half: the new
 // running max and the output's factor per row, and S * scale_log2 - max * scale_log2 in place.
-template <int kRescaleThreshold = 0, int kMaxOffset = 0, typename TS, typename TMax, typename TScale>
+template <int kRescaleThreshold = 0, int kMaxOffset = 0, int kMaxChains = 1, typename TS, typename TMax,
+          typename TScale>
 __forceinline__ __device__ void softmax_scores(TS& acc_s, TMax& row_max, TScale& rescale, float scale_log2) {
   Tensor s = make_tensor(acc_s.data(), rowcol_layout(acc_s.layout()));
   static_assert(decltype(size<0>(s))::value == decltype(size(row_max))::value);
   CUTE_UNROLL
   for (int mi = 0; mi < size<0>(s); ++mi) {
     float factor;
-    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold>(s, mi, row_max, factor, scale_log2) -
-                           float(kMaxOffset);
+    const float m_scaled = attn_tl::update_row_max<kRescaleThreshold, kMaxChains>(s, mi, row_max, factor,
+                                                                              scale_log2) - float(kMaxOffset);
     rescale(mi) = factor;
     CUTE_UNROLL
     for (int ni = 0; ni < size<1>(s); ++ni) { s(mi, ni) = s(mi, ni) * scale_log2 - m_scaled; }

@@ -158,12 +158,25 @@ __forceinline__ __device__ T quad_sum(T x) {
 // multiplied by; and the new max * scale_log2 (0 for a row with no visible key, which keeps max -inf, so that its
 // P = 0, never NaN). kRescaleThreshold > 0 (FA4's conditional rescaling, the Hopper softmax): the row keeps its
 // running max while the tile's max exceeds it by at most that many log2 units, and its factor is then exactly 1.
-template <int kRescaleThreshold = 0, typename TS, typename TMax>
+// kChains > 1: the thread's part of the row reduced in that many independent FMNMX chains, joined at the end (ptxas
+// keeps one chain as written: its latency, cols deep, sat on the FP8 kernels' critical path, ncu 2026-11-28).
+template <int kRescaleThreshold = 0, int kChains = 1, typename TS, typename TMax>
 __forceinline__ __device__ float update_row_max(TS const& s, int mi, TMax& row_max, float& factor, float scale_log2) {
   const float m_old = row_max(mi);
   float m = m_old;
-  CUTE_UNROLL
-  for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+  if constexpr (kChains > 1) {
+    float chain[kChains];
+    CUTE_UNROLL
+    for (int c = 0; c < kChains; ++c) { chain[c] = m_old; }
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { chain[ni % kChains] = fmaxf(chain[ni % kChains], s(mi, ni)); }
+    CUTE_UNROLL
+    for (int c = 1; c < kChains; ++c) { chain[0] = fmaxf(chain[0], chain[c]); }
+    m = chain[0];
+  } else {
+    CUTE_UNROLL
+    for (int ni = 0; ni < size<1>(s); ++ni) { m = fmaxf(m, s(mi, ni)); }
+  }
   m = quad_max(m);
   if constexpr (kRescaleThreshold > 0) {   // (all four threads of a row see the same maxima: one decision)
     if (m_old != -INFINITY && (m - m_old) * scale_log2 <= float(kRescaleThreshold)) { m = m_old; }

@@ -155,6 +155,8 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
         f"constexpr int kChunkQK = {fp8_chunk(spec.d_qk)};  // columns of a Q/K TMA box and swizzle atom (bytes)",
         f"constexpr int kChunkV = {fp8_chunk(params.block_n)};  // keys of a transposed-V box and atom",
         f"constexpr int kMaxOffset = {FP8_MAX_OFFSET};  // P's row maximum is 2^kMaxOffset (attn_sm90::softmax_tile)",
+        f"constexpr int kMaxChains = {fp8_max_chains(spec.d_qk)};  // independent FMNMX chains of a row's maximum "
+        "(attn_tl::update_row_max)",
         "",
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
@@ -171,6 +173,14 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
 
 
 FP8_MAX_OFFSET = 8   # FA3's: P's row maximum 2^8 < 448 (e4m3's largest finite), fewer small P in e4m3's subnormals
+
+
+def fp8_max_chains(head_dim: int) -> int:
+    """FMNMX chains of a row's maximum in an FP8 kernel. Measured on an H200 (2026-11-28, 5 interleaved rounds, one
+    process; BENCHMARKS.md): at head dim 64 two chains ran 5-9% faster than one at 8k-16k keys (non-causal 16k 635.5
+    against 584.0 TFLOPS; causal 613.3 against 582.4), four 0-7% and eight slower; at 128 one chain was fastest
+    (two to eight 1-3% slower)."""
+    return 2 if head_dim <= 64 else 1
 
 
 def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:

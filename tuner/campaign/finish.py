@@ -64,6 +64,8 @@ def next_step(camps, code: int, report) -> str:
     export`, and where the report is; one that verified nothing: the report, which says why."""
     opts, profile = camps[0].options, camps[0].profile
     target = f"--model {opts.model}" if opts.model else f"--variant {opts.variant}"
+    if opts.dtype:   # (the rest of the combination's flags as given: the same command)
+        target += f" --dtype {opts.dtype}"
     study_dir = opts.study_dir
     if opts.dry_run:
         if code == 0:
