@@ -11,6 +11,13 @@ inflates less than the wall time. ``--mix neighbours``: the default kernel and t
 most of its CuTe types (the same tile but one); ``--mix diverse``: ``--count`` warp-specialised points of the
 valid space with pairwise different tiles (block M, block N, stages, P·V operand), as the sampler proposes
 them. ``--phases``: ``nvcc --time`` of the first kernel alone and of the batch (preprocessing, cicc, ptxas).
+
+    python3 scripts/compile_cost.py --kinds [--repeat 2]
+
+``--kinds``: the default kernel of each kind of kernel the translator writes (Hopper prefill dense d64 causal,
+d128 non-causal, GQA d128 causal, paged, varlen; the sm80 prefill on the A100; the split-KV GQA decode kernel and
+the absorbed-MLA seesaw decode kernel on the H100), each alone, ``--repeat`` times: CPU seconds and the
+``nvcc --time`` phases of each build.
 """
 from __future__ import annotations
 
@@ -85,13 +92,61 @@ def phases(kernels, arch, batch: int) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "time.csv"
         timed(kernels, arch, jobs=1, batch_size=batch, extra_flags=("--time", str(report)))
-        totals: dict[str, float] = {}
-        with report.open() as f:
-            for row in csv.reader(f):
-                if len(row) >= 8 and row[7].strip() == "ms":
-                    name = row[1].strip()
-                    totals[name] = totals.get(name, 0.0) + float(row[6]) / 1000
+        totals = _phase_totals(report)
     return ", ".join(f"{name} {seconds:.1f} s" for name, seconds in totals.items() if seconds >= 0.05)
+
+
+def _phase_totals(report: Path) -> dict[str, float]:
+    """Seconds per phase of an ``nvcc --time`` report, summed over its units."""
+    totals: dict[str, float] = {}
+    with report.open() as f:
+        for row in csv.reader(f):
+            if len(row) >= 8 and row[7].strip() == "ms":
+                name = row[1].strip()
+                totals[name] = totals.get(name, 0.0) + float(row[6]) / 1000
+    return totals
+
+
+def kinds() -> list[tuple[str, str, object]]:
+    """(label, nvcc arch, kernel): the default kernel of each kind (module doc, ``--kinds``)."""
+
+    from tl.pipelines import has_roles
+    from translate.decode import default_decode_params
+    from translate.defaults import default_params
+
+    h100, a100 = load_profile("h100"), load_profile("a100")
+    out = []
+    for label, profile, spec, schedule in (
+            ("hopper mha d64 causal", h100, KernelSpec("mha", 64, 64, True, "bf16"), "ws_overlap"),
+            ("hopper mha d128 noncausal", h100, KernelSpec("mha", 128, 128, False, "bf16"), "ws_overlap"),
+            ("hopper gqa d128 causal", h100, KernelSpec("gqa", 128, 128, True, "bf16"), "ws_overlap"),
+            ("hopper gqa d128 causal paged", h100, KernelSpec("gqa", 128, 128, True, "bf16", "paged"), "ws_overlap"),
+            ("hopper gqa d128 causal varlen", h100, KernelSpec("gqa", 128, 128, True, "bf16", "varlen"), "ws_overlap"),
+            ("sm80 mha d128 causal", a100, KernelSpec("mha", 128, 128, True, "bf16"), "fa2")):
+        program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout))
+        params = default_params(profile, spec, "ws_overlap" if has_roles(program.statements) else "fa2")
+        out.append((label, profile.nvcc_arch, translate.generate(program, params, profile, spec)))
+    decode = Path(tl.__file__).parent / "sketches" / "decode"
+    for label, spec, heads in (("decode gqa d128 paged", KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode"), 32),
+                               ("decode mla seesaw paged", KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode"), 128)):
+        params = default_decode_params(spec, heads, h100)
+        program = tl.parse_program((decode / f"{spec.variant}_{spec.layout}.tl").read_text())
+        out.append((label, h100.nvcc_arch, translate.generate(program, params, h100, spec)))
+    return out
+
+
+def main_kinds(repeat: int) -> int:
+    ok = True
+    for label, arch, k in kinds():
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory() as tmp:
+                report = Path(tmp) / "time.csv"
+                (r,), wall, cpu = timed([k], arch, jobs=1, batch_size=1, extra_flags=("--time", str(report)))
+                split = _phase_totals(report) if report.is_file() else {}
+            ok = ok and r.ok
+            print(f"{label} ({arch}): {cpu:.2f} s CPU, {wall:.2f} s wall ({'ok' if r.ok else r.error_kind}); "
+                  + ", ".join(f"{name} {seconds:.2f} s" for name, seconds in split.items() if seconds >= 0.05), flush=True)
+    return 0 if ok else 1
 
 
 def main(argv=None) -> int:
@@ -107,7 +162,11 @@ def main(argv=None) -> int:
     ap.add_argument("--count", type=int, default=4, help="candidates of --mix diverse")
     ap.add_argument("--seed", type=int, default=0, help="the draw of --mix diverse")
     ap.add_argument("--phases", action="store_true", help="nvcc --time split of the first kernel and of the batch")
+    ap.add_argument("--kinds", action="store_true", help="the default kernel of each kind, alone (module doc)")
+    ap.add_argument("--repeat", type=int, default=1, help="builds of each kernel with --kinds")
     args = ap.parse_args(argv)
+    if args.kinds:
+        return main_kinds(args.repeat)
     profile = load_profile(args.gpu)
     d_qk = 192 if args.variant == "mla" else args.head_dim
     spec = KernelSpec(args.variant, d_qk, 128 if args.variant == "mla" else args.head_dim, args.causal, "bf16")

@@ -61,7 +61,7 @@ def _program(configs) -> str:
     calls = []
     for i, (label, spec, params) in enumerate(configs):
         parts += frame.wgmma_declarations(spec, params)
-        body = frame.kernel_types(spec, params, params.kv_stages, True)
+        body = frame.kernel_types(spec, params, params.kv_stages, True, layouts=True)
         body += ["int check(const char* label) {",
                  "  alignas(1024) static Element buf[1 << 17];",
                  "  TiledMmaQK tiled_mma_qk;",
@@ -139,6 +139,9 @@ def test_the_descriptors_build_the_sass_of_cutes_partitions(tmp_path):
         for name, call in CUTE_PARTITIONS.items():
             if line.lstrip().startswith(f"Tensor {name} = attn_sm90::gmma_operand<"):
                 lines[i] = line[:len(line) - len(line.lstrip())] + f"Tensor {name} = {call};"
+    # CuTe's partitions take the tiles' layouts, which the kernel declares only for P (frame.smem_layouts)
+    at = next(i for i, line in enumerate(lines) if line.startswith("using TiledMmaPV")) + 1
+    lines[at:at] = [line for line in frame.smem_layouts(params) if "SmemLayoutP" not in line]
     with_cute = dataclasses.replace(gen, body="\n".join(lines))
     assert with_cute.body.count(".partition_fragment_") == 4
     sass = {}

@@ -51,7 +51,7 @@ def _program(configs) -> str:
     for i, (label, spec, params) in enumerate(configs):
         ns = f"cfg{i}"
         ws = params.g2s_atom == "SM90_TMA"   # else the plain wgmma kernel (translate/sm90/plain.py): every warpgroup computes
-        body = frame.kernel_types(spec, params, params.kv_stages, True) if ws else plain.kernel_types(spec, params, 1, 1)
+        body = frame.kernel_types(spec, params, params.kv_stages, True, layouts=True) if ws else plain.kernel_types(spec, params, 1, 1)
         body.append("struct Cfg {")
         body += [f"  using {n} = {ns}::{n};" for n in CFG_TYPES]
         body += [f"  static constexpr int {n} = {ns}::{n};" for n in CFG_INTS]

@@ -90,7 +90,7 @@ def _k_mode(rows: int, cols: int, width: int) -> tuple[str, str]:
 
 
 def gmma_operand(which: str, spec, params, stages: int) -> GmmaOperand:
-    """Q (A), K (B), V (B, MN-major) or P (A, SS P·V) of a warp-specialised kernel (kernel_types' layouts)."""
+    """Q (A), K (B), V (B, MN-major) or P (A, SS P·V) of a warp-specialised kernel (smem_layouts())."""
     bm, bn = params.block_m, params.block_n
     if is_fp8(spec):   # Q (A), K (B) and V transposed (B): all K-major
         if which == "q":
@@ -183,7 +183,34 @@ def fp8_max_chains(head_dim: int) -> int:
     return 2 if head_dim <= 64 else 1
 
 
-def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
+def smem_layouts(params) -> list[str]:
+    """CuTe's layouts of the shared tiles, which gmma_operand() and attn_sm90::store_o_tile compute without: the
+    host checks (tests/translate) compare against them; a kernel declares SmemLayoutP alone, for an SS P·V's
+    register-to-shared copy of P. Each alias instantiates tile_to_shape: the five cost ~0.3 CPU s of cicc per
+    kernel (MHA d128 / d64 defaults, 4.8 -> 4.5 s, nvcc 13.0, 2 cores, BENCHMARKS.md 2026-11-28 session 6)."""
+    return [
+        "// K-major, 128-byte swizzled tiles: the image a TMA box of 64 columns x rows writes, chunk after chunk",
+        "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
+        "using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));",
+        "// V as stored (BN, HeadDimV) read as (HeadDimV, BN): the same bytes, MN-major for the P·V GEMM",
+        "using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, "
+        "Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));",
+        "using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
+        "Shape<Int<kBlockM>, Int<kHeadDimV>>{}));",
+        _smem_layout_p(params),
+    ]
+
+
+def _smem_layout_p(params) -> str:
+    return (f"using SmemLayoutP = decltype(tile_to_shape({_k_major_atom(params.block_n)}{{}}, "
+            "Shape<Int<kBlockM>, Int<kBlockN>>{}));")
+
+
+def kernel_types(spec, params, stages: int, separate_o: bool, layouts: bool = False) -> list[str]:
+    """The kernel's constants and types; ``layouts``: with all of smem_layouts() (the host checks' view), else
+    SmemLayoutP alone where an SS P·V uses it."""
     if is_fp8(spec):
         return fp8_kernel_types(spec, params, stages)
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
@@ -208,18 +235,7 @@ def kernel_types(spec, params, stages: int, separate_o: bool) -> list[str]:
         "",
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
-        "// K-major, 128-byte swizzled tiles: the image a TMA box of 64 columns x rows writes, chunk after chunk",
-        "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
-        "Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
-        "using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
-        "Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));",
-        "// V as stored (BN, HeadDimV) read as (HeadDimV, BN): the same bytes, MN-major for the P·V GEMM",
-        "using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, "
-        "Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));",
-        "using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
-        "Shape<Int<kBlockM>, Int<kHeadDimV>>{}));",
-        f"using SmemLayoutP = decltype(tile_to_shape({_k_major_atom(params.block_n)}{{}}, "
-        "Shape<Int<kBlockM>, Int<kBlockN>>{}));",
+        *(smem_layouts(params) if layouts else [_smem_layout_p(params)] if params.pv_operand == "ss" else []),
         "constexpr int kTileQElems = kBlockM * cute::max(kHeadDimQK, kHeadDimV);",
         "constexpr int kTileKElems = kBlockN * kHeadDimQK;",
         "constexpr int kTileVElems = kBlockN * kHeadDimV;",
