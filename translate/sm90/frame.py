@@ -135,7 +135,7 @@ def wgmma_declarations(spec, params) -> list[str]:
 
 
 def fp8_kernel_types(spec, params, stages: int) -> list[str]:
-    """An FP8 kernel's types: e4m3 Q, K and V (transposed), a bf16 output in Q's tile (sized for it)."""
+    """An FP8 kernel's types: e4m3 Q, K and V (transposed), a bf16 output tile of its own after Q's."""
     qk_op, pv_op = gemm_ops(spec, params)
     return [
         "using Element = cutlass::float_e4m3_t;",
