@@ -134,12 +134,10 @@ def wgmma_declarations(spec, params) -> list[str]:
     return wgmma_ops.declarations(spec.dtype, gemms(spec, params))
 
 
-def fp8_kernel_types(spec, params, stages: int) -> list[str]:
-    """An FP8 kernel's types: e4m3 Q, K and V (transposed), a bf16 output tile of its own after Q's."""
-    qk_op, pv_op = gemm_ops(spec, params)
+def _shape_constants(spec, params, stages: int) -> list[str]:
+    """The constants every warp-specialised kernel declares after its element types: tile, warpgroups, stages,
+    thread counts, mask, register split (and the cp.async producer's arrivals)."""
     return [
-        "using Element = cutlass::float_e4m3_t;",
-        "using ElementO = cutlass::bfloat16_t;  // e4m3 in, bf16 out",
         f"constexpr int kBlockM = {params.block_m};",
         f"constexpr int kBlockN = {params.block_n};",
         f"constexpr int kHeadDimQK = {spec.d_qk};",
@@ -151,7 +149,19 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
         f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
         f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
         f"constexpr int kProducerRegs = {params.producer_regs};",
+        *([f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  // per K/V stage: every producer thread "
+           "(cp.async)"] if kv_cp_async(params) else []),
         f"constexpr int kConsumerRegs = {consumer_registers(params)};",
+    ]
+
+
+def fp8_kernel_types(spec, params, stages: int) -> list[str]:
+    """An FP8 kernel's types: e4m3 Q, K and V (transposed), a bf16 output tile of its own after Q's."""
+    qk_op, pv_op = gemm_ops(spec, params)
+    return [
+        "using Element = cutlass::float_e4m3_t;",
+        "using ElementO = cutlass::bfloat16_t;  // e4m3 in, bf16 out",
+        *_shape_constants(spec, params, stages),
         f"constexpr int kChunkQK = {fp8_chunk(spec.d_qk)};  // columns of a Q/K TMA box and swizzle atom (bytes)",
         f"constexpr int kChunkV = {fp8_chunk(params.block_n)};  // keys of a transposed-V box and atom",
         f"constexpr int kMaxOffset = {FP8_MAX_OFFSET};  // P's row maximum is 2^kMaxOffset (attn_sm90::softmax_tile)",
@@ -214,24 +224,10 @@ def kernel_types(spec, params, stages: int, separate_o: bool, layouts: bool = Fa
     if is_fp8(spec):
         return fp8_kernel_types(spec, params, stages)
     elem = "cutlass::half_t" if spec.dtype == "fp16" else "cutlass::bfloat16_t"
-    wgs = params.block_m // 64
     qk_op, pv_op = gemm_ops(spec, params)
     lines = [
         f"using Element = {elem};",
-        f"constexpr int kBlockM = {params.block_m};",
-        f"constexpr int kBlockN = {params.block_n};",
-        f"constexpr int kHeadDimQK = {spec.d_qk};",
-        f"constexpr int kHeadDimV = {spec.d_v};",
-        f"constexpr int kConsumerWGs = {wgs};  // one warpgroup per 64 query rows",
-        f"constexpr int kStages = {stages};",
-        "constexpr int kNThreads = 128 * (kConsumerWGs + 1);  // warpgroup 0 produces",
-        "constexpr int kConsumerThreads = 128 * kConsumerWGs;",
-        f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
-        f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
-        f"constexpr int kProducerRegs = {params.producer_regs};",
-        *([f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  // per K/V stage: every producer thread "
-           "(cp.async)"] if kv_cp_async(params) else []),
-        f"constexpr int kConsumerRegs = {consumer_registers(params)};",
+        *_shape_constants(spec, params, stages),
         "",
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Sequence
 
 from kernel_abi.spec import KernelSpec, Problem
 from tuner.measure.reference import reference, reference_lse  # noqa: F401 (the gate's reference, used here and by callers)
-from tuner.measure.shape_check import REL_ERR_BOUND, ShapeCheck
+from tuner.measure.shape_check import REL_ERR_BOUND, ShapeCheck, bounded
 
 _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
@@ -152,22 +152,8 @@ def check_problem(kernel: Callable, problem: Problem, gen, device: str = "cuda",
 def judge(label: str, out, ref, lowp, dtype_name: str) -> ShapeCheck:
     """The two bounds of the module doc on a written, finite output: ``ref`` the fp32 reference, ``lowp``
     the same plain implementation in the kernel's dtype (both float32 tensors of out's shape)."""
-    outf = out.float()
-    if not out.numel():
-        return ShapeCheck(label, True, 0.0, 0.0, 0.0, 0.0, "")
-    max_err = float((outf - ref).abs().max())
-    lowp_err = float((lowp - ref).abs().max())
-    atol = float(2 * ((ref + 0.3 - 0.3).to(out.dtype).float() - ref).abs().max())
-    bound = 2 * lowp_err + atol
-    ref_norm = float(ref.norm())
-    rel = float((outf - ref).norm()) / ref_norm if ref_norm > 0 else float((outf - ref).norm())
-    reasons = []
-    if max_err > bound:
-        reasons.append(f"max error {max_err:.3g} > bound {bound:.3g} (2 x torch {dtype_name} error "
-                       f"{lowp_err:.3g} + atol {atol:.3g})")
-    if rel > REL_ERR_BOUND:
-        reasons.append(f"relative error {rel:.3g} > {REL_ERR_BOUND}")
-    return ShapeCheck(label, not reasons, max_err, rel, bound, lowp_err, "; ".join(reasons))
+    lowp_err = float((lowp - ref).abs().max()) if out.numel() else 0.0
+    return bounded(label, out, ref, lowp_err, f"torch {dtype_name} error", REL_ERR_BOUND)
 
 
 def verify(kernel: Callable, spec: KernelSpec, problems: Optional[Sequence[Problem]] = None,
