@@ -156,6 +156,26 @@ def stand_in_loader(cubin, meta, device_index):
     return StandInDecodeKernel(meta) if meta.get("grid") == "decode" else StandInKernel(meta)
 
 
+def serve_records(folder: Path, records, make_kernel=stand_in_loader):
+    """``records`` exported for the h100 profile into ``folder`` and served on the CPU (its 'device' an H100) by stand-in
+    kernels from ``make_kernel(cubin, meta, device_index)``; ``attn.stand_ins`` lists them in load order."""
+    from hardware_profiles import load_profile
+
+    from tuner.serving import DeviceFacts, load_exported
+    from tuner.store.export import export_records
+
+    export_records(records, load_profile("h100"), folder)
+    kernels = []
+
+    def loader(cubin, meta, device_index):
+        kernels.append(make_kernel(cubin, meta, device_index))
+        return kernels[-1]
+
+    attn = load_exported(folder, devices={("cpu", None): DeviceFacts(H100, (9, 0))}, kernel_loader=loader)
+    attn.stand_ins = kernels
+    return attn
+
+
 def reference(q, k, v, causal, scale=None, mask=None):
     """softmax(Q K^T * scale) V in float64, loops over heads, bottom-right causal; empty rows are 0."""
     b, sq, hq, d = q.shape

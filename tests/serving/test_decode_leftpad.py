@@ -5,12 +5,12 @@ fallback honours it), appending with a leftpad, the ops' autograd and torch.comp
 tests/gpu/test_decode_leftpad_gpu.py)."""
 import pytest
 import torch
-from conftest import H100, stand_in_loader
+from conftest import serve_records
 from store_fakes import make_decode_record
 from test_decode_options_serving import close, close_lse, naive
 from test_decode_serving import decode_case
 
-from tuner.serving import DeviceFacts, load_exported, op
+from tuner.serving import op
 from tuner.serving.decode_sdpa import decode_gradients, decode_reference
 from tuner.serving.options import ModelOptions
 
@@ -58,22 +58,8 @@ def _record(features=(), layout="dense", bucket="d-b8-kv2k"):
 @pytest.fixture
 def decoded(tmp_path):
     """Causal gqa d64 bf16 decode configs: plain dense and paged, dense with window + sinks."""
-    from hardware_profiles import load_profile
-
-    from tuner.store.export import export_records
-
-    export_records([_record(), _record(layout="paged", bucket="d-b8-kv2k-p16"), _record(("local", "sinks"))],
-                   load_profile("h100"), tmp_path / "export")
-    kernels = []
-
-    def loader(cubin, meta, device_index):
-        kernels.append(stand_in_loader(cubin, meta, device_index))
-        return kernels[-1]
-
-    attn = load_exported(tmp_path / "export", devices={("cpu", None): DeviceFacts(H100, (9, 0))},
-                         kernel_loader=loader)
-    attn.stand_ins = kernels
-    return attn
+    return serve_records(tmp_path / "export", [_record(), _record(layout="paged", bucket="d-b8-kv2k-p16"),
+                                               _record(("local", "sinks"))])
 
 
 # ---- the reference -------------------------------------------------------------------------------------------

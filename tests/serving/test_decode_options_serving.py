@@ -9,11 +9,11 @@ import math
 
 import pytest
 import torch
-from conftest import H100, stand_in_loader
+from conftest import serve_records
 from store_fakes import make_decode_record
 from test_decode_serving import decode_case
 
-from tuner.serving import DeviceFacts, ExportError, load_exported, op, read_config
+from tuner.serving import ExportError, op, read_config
 from tuner.serving.decode_sdpa import decode_reference
 from tuner.serving.options import ModelOptions
 
@@ -80,20 +80,7 @@ def _decode_record(features, layout="paged", causal=True, bucket=None):
 
 
 def _serve(folder, records):
-    from hardware_profiles import load_profile
-
-    from tuner.store.export import export_records
-
-    export_records(records, load_profile("h100"), folder)
-    kernels = []
-
-    def loader(cubin, meta, device_index):
-        kernels.append(stand_in_loader(cubin, meta, device_index))
-        return kernels[-1]
-
-    attn = load_exported(folder, devices={("cpu", None): DeviceFacts(H100, (9, 0))}, kernel_loader=loader)
-    attn.stand_ins = kernels
-    return attn
+    return serve_records(folder, records)
 
 
 @pytest.fixture

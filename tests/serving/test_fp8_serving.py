@@ -8,9 +8,8 @@ import math
 
 import pytest
 import torch
-from conftest import H100, StandInKernel
+from conftest import StandInKernel, serve_records
 
-from tuner.serving import DeviceFacts, load_exported
 from tuner.serving.fp8_calls import dequantised
 
 E4M3 = torch.float8_e4m3fn
@@ -50,20 +49,9 @@ def _record(dtype, causal=True):
 
 @pytest.fixture
 def served(tmp_path):
-    from hardware_profiles import load_profile
-
-    from tuner.store.export import export_records
-
-    export_records([_record("fp8"), _record("bf16")], load_profile("h100"), tmp_path / "export")
-    kernels = []
-
-    def loader(cubin, meta, device_index):
-        kernels.append(Fp8StandIn(meta) if meta["spec"]["dtype"] == "fp8" else StandInKernel(meta))
-        return kernels[-1]
-
-    attn = load_exported(tmp_path / "export", devices={("cpu", None): DeviceFacts(H100, (9, 0))}, kernel_loader=loader)
-    attn.stand_ins = kernels
-    return attn
+    return serve_records(tmp_path / "export", [_record("fp8"), _record("bf16")],
+                         lambda cubin, meta, index: Fp8StandIn(meta) if meta["spec"]["dtype"] == "fp8"
+                         else StandInKernel(meta))
 
 
 def _inputs(b=2, sq=40, sk=60, hq=8, hkv=2, d=128, seed=0):

@@ -9,9 +9,9 @@ import math
 
 import pytest
 import torch
-from conftest import H100, StandInKernel, qkv
+from conftest import StandInKernel, qkv, serve_records
 
-from tuner.serving import DeviceFacts, ExportError, load_exported, read_config
+from tuner.serving import ExportError, read_config
 
 
 def _record(features=(), layout="dense", bucket="s1024", causal=True, cubin=None):
@@ -29,20 +29,7 @@ OPTION_RECORDS = [_record(), _record(("local",)), _record(("local", "sinks")), _
 
 
 def _serve(folder, records=OPTION_RECORDS):
-    from hardware_profiles import load_profile
-
-    from tuner.store.export import export_records
-
-    export_records(records, load_profile("h100"), folder)
-    kernels = []
-
-    def loader(cubin, meta, device_index):
-        kernels.append(StandInKernel(meta))
-        return kernels[-1]
-
-    attn = load_exported(folder, devices={("cpu", None): DeviceFacts(H100, (9, 0))}, kernel_loader=loader)
-    attn.stand_ins = kernels
-    return attn
+    return serve_records(folder, records, lambda cubin, meta, device_index: StandInKernel(meta))
 
 
 @pytest.fixture
