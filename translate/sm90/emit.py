@@ -166,8 +166,8 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
 
 def emit_alloc_acc(op: Op, ctx: Ctx) -> list[str]:
     name, mma = op.data["name"], op.data["mma"]
-    cols = "kBlockN" if mma == "qk" else "kHeadDimV"
-    lines = [f"Tensor acc_{name} = partition_fragment_C(tiled_mma_{mma}, Shape<Int<kBlockM>, Int<{cols}>>{{}});"]
+    lines = [f"Tensor acc_{name} = make_tensor<float>(AccLayout{'S' if mma == 'qk' else 'O'}{{}});"
+             "  // partition_fragment_C's type (frame.accumulator_layouts)"]
     if op.data["clear"]:
         lines.append(f"clear(acc_{name});")
     if mma == "qk":

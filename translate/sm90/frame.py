@@ -134,6 +134,16 @@ def wgmma_declarations(spec, params) -> list[str]:
     return wgmma_ops.declarations(spec.dtype, gemms(spec, params))
 
 
+def accumulator_layouts() -> list[str]:
+    """The fp32 accumulators' layouts (S: kBlockM x kBlockN, O: kBlockM x kHeadDimV over each thread of a consumer
+    warpgroup): the type CuTe's partition_fragment_C gives (per 8-column group two neighbouring columns of two rows,
+    one MMA along M and N), written out: its partition algebra cost ~0.16 CPU s of cicc per kernel (GQA d128 default,
+    4.05 -> 3.89 s, nvcc 13.0; BENCHMARKS.md 2026-11-28 session 6), the SASS is the same, and
+    tests/translate/test_gmma_operands.py checks the types against CuTe's."""
+    return [f"using AccLayout{t} = Layout<Shape<Shape<_2, _2, Int<{n} / 8>>, _1, _1>, Stride<Stride<_1, _2, _4>, _0, _0>>;"
+            f"  // {what}" for t, n, what in (("S", "kBlockN", "scores"), ("O", "kHeadDimV", "output"))]
+
+
 def _shape_constants(spec, params, stages: int) -> list[str]:
     """The constants every warp-specialised kernel declares after its element types: tile, warpgroups, stages,
     thread counts, mask, register split (and the cp.async producer's arrivals)."""
@@ -170,6 +180,7 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
         "",
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
+        *accumulator_layouts(),
         "// shared tiles in bytes: Q | O (bf16, its own: another warpgroup may still read its Q rows) | K stages |",
         "// V^T stages (kHeadDimV x kBlockN)",
         "constexpr int kTileQElems = kBlockM * kHeadDimQK + kBlockM * kHeadDimV * int(sizeof(ElementO));",
@@ -231,6 +242,7 @@ def kernel_types(spec, params, stages: int, separate_o: bool, layouts: bool = Fa
         "",
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
+        *accumulator_layouts(),
         *(smem_layouts(params) if layouts else [_smem_layout_p(params)] if params.pv_operand == "ss" else []),
         "constexpr int kTileQElems = kBlockM * cute::max(kHeadDimQK, kHeadDimV);",
         "constexpr int kTileKElems = kBlockN * kHeadDimQK;",
@@ -329,8 +341,7 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     ]
     score = sorted(lowered.score_accs)[0]
     lines.append("Tensor rescale_o = make_tensor<float>(Shape<Int<decltype(size<0>(attn_sm90::rowcol_layout("
-                 "decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}))"
-                 "::layout_type{})))::value>>{});")
+                 "AccLayoutS{})))::value>>{});")
     stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
     for mx, sm in stats:
         lines += [f"Tensor {mx} = make_tensor_like(rescale_o);", f"Tensor {sm} = make_tensor_like(rescale_o);"]
@@ -349,8 +360,7 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     else:
         for p in sorted(lowered.p_tensors):
             lines.append(f"Tensor rP_{p} = make_tensor<Element>(attn_sm90::acc_to_a_layout("
-                         "decltype(partition_fragment_C(tiled_mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{}))"
-                         "::layout_type{}));")
+                         "AccLayoutS{}));")
     for g in sorted(holders, key=lambda o: o.line):
         gid = ctx.gemm_id(g)
         lines.append(f"int {gid}_slot = 0; bool {gid}_pending = false;  // TL {g.line}: the stage its batch reads")
