@@ -66,6 +66,11 @@ def _program(configs) -> str:
                  "  alignas(1024) static Element buf[1 << 17];",
                  "  TiledMmaQK tiled_mma_qk;",
                  "  TiledMmaPV tiled_mma_pv;",
+                 # the accumulators' written-out layouts (frame.accumulator_layouts) are CuTe's very types
+                 "  static_assert(std::is_same_v<AccLayoutS, decltype(partition_fragment_C(tiled_mma_qk, "
+                 "Shape<Int<kBlockM>, Int<kBlockN>>{}))::layout_type>, \"AccLayoutS is not partition_fragment_C's\");",
+                 "  static_assert(std::is_same_v<AccLayoutO, decltype(partition_fragment_C(tiled_mma_pv, "
+                 "Shape<Int<kBlockM>, Int<kHeadDimV>>{}))::layout_type>, \"AccLayoutO is not partition_fragment_C's\");",
                  "  int bad = 0;",
                  "  for (int t = 0; t < kConsumerThreads; ++t) {",
                  "    auto thr_qk = tiled_mma_qk.get_thread_slice(t);",
@@ -91,6 +96,7 @@ def test_the_kernel_takes_its_descriptors_from_gmma_operand():
     params = KernelParams.from_dict({**hopper_params(h100, spec).to_dict(), "pv_operand": "ss"})
     src = translate.generate(tl.parse_program(tl.load_sketch("mha", True, "ws_overlap")), params, h100, spec).source
     assert ".partition_fragment_A(" not in src and ".partition_fragment_B(" not in src
+    assert "partition_fragment_C(" not in src and "make_tensor<float>(AccLayoutS{})" in src   # the accumulators too
     for name in ("tSrQ", "tSrK", "tOrV", "tOsP"):
         assert f"Tensor {name} = attn_sm90::gmma_operand<Layout<" in src
     assert "(smem_q + wg * 4096)" in src   # warpgroup 1 starts 64 rows of 64 further

@@ -137,9 +137,10 @@ def wgmma_declarations(spec, params) -> list[str]:
 def accumulator_layouts() -> list[str]:
     """The fp32 accumulators' layouts (S: kBlockM x kBlockN, O: kBlockM x kHeadDimV over each thread of a consumer
     warpgroup): the type CuTe's partition_fragment_C gives (per 8-column group two neighbouring columns of two rows,
-    one MMA along M and N), written out: its partition algebra cost ~0.16 CPU s of cicc per kernel (GQA d128 default,
-    4.05 -> 3.89 s, nvcc 13.0; BENCHMARKS.md 2026-11-28 session 6), the SASS is the same, and
-    tests/translate/test_gmma_operands.py checks the types against CuTe's."""
+    one MMA along M and N), written out: its partition algebra cost 0.2-0.3 CPU s of nvcc per kernel (GQA d128
+    causal default, 3.56-3.72 -> 3.35-3.39 s in 3 interleaved pairs, nvcc 13.0, 2 cores; BENCHMARKS.md 2026-11-28
+    session 6), the SASS is the same (18 kernels compared), and tests/translate/test_gmma_operands.py checks the types
+    against CuTe's."""
     return [f"using AccLayout{t} = Layout<Shape<Shape<_2, _2, Int<{n} / 8>>, _1, _1>, Stride<Stride<_1, _2, _4>, _0, _0>>;"
             f"  // {what}" for t, n, what in (("S", "kBlockN", "scores"), ("O", "kHeadDimV", "output"))]
 
