@@ -195,3 +195,39 @@ def test_alternating_rounds_reverse_the_order_every_other_round(monkeypatch):
     ms = timer.alternating_rounds(calls, 3)
     assert order == ["a", "b", "c", "c", "b", "a", "a", "b", "c"]
     assert ms == {"a": [1.0] * 3, "b": [2.0] * 3, "c": [3.0] * 3}
+
+
+# -- FP8 --------------------------------------------------------------------------------------------------
+
+
+def _row(**extra):
+    row = {"seqlen": 4096, "causal": False, "batch": 4, "heads_q": 16, "heads_kv": 16, "ours": 800.0,
+           "flash": 600.0, "cudnn": 640.0, "efficient": 300.0, "fa4": 700.0, "ours/flash": 1.333, "ours/cudnn": 1.25,
+           "ours/efficient": 2.667, "ours/fa4": 1.143, "status": "ok"}
+    row.update(extra)
+    return row
+
+
+def test_an_fp8_bench_table_shows_our_bf16_kernel_beside():
+    from rich.console import Console
+
+    table = bench_cmd.results_table([_row(ours_bf16=640.0, **{"ours/ours_bf16": 1.25})], "fp8")
+    columns = [c.header for c in table.columns]
+    assert "ours bf16" in columns and "ours/bf16" in columns
+    console = Console(width=240, record=True)
+    console.print(table)
+    text = console.export_text()
+    assert "640" in text and "1.25" in text
+    plain = bench_cmd.results_table([_row()], "bf16")
+    assert "ours bf16" not in [c.header for c in plain.columns]
+
+
+def test_fp8_inputs_and_options_for_the_bench():
+    p = Problem("gqa", 2, 8, 2, 64, 64, 128, 128, True, "fp8")
+    (q, k, v), = dense.make_inputs(p, 1, device="cpu")
+    assert q.dtype == torch.float8_e4m3fn and k.shape == (2, 64, 2, 128)
+    options = dense.kernel_options(p, device="cpu")
+    assert set(options) == {"q_descale", "k_descale", "v_descale"}
+    assert all(t.shape == (2, 2) and t.dtype == torch.float32 for t in options.values())
+    assert dense.cross_check_bound(p) == dense.FP8_CROSS_CHECK_REL_ERR > dense.cross_check_bound(
+        Problem("gqa", 2, 8, 2, 64, 64, 128, 128, True, "bf16"))
