@@ -252,8 +252,8 @@ def _toolchain(arch: str, extra_flags: Sequence[str], mode: str) -> _Toolchain:
     target = ["-cubin", f"-arch={arch}"] if mode == "cubin" else ["-ptx", f"-arch={arch}"]
     flags = list(BASE_FLAGS if mode == "cubin" else [f for f in BASE_FLAGS if f not in ("-Xptxas", "-v")])
     # The stand-ins first: 8.9 -> 7.0 MB of preprocessed device code for a Hopper kernel, 0.3-0.45 CPU seconds
-    # less per translation unit (gcc -E and cicc; nvcc 13.0, CUTLASS 4.2, 2 cores; BENCHMARKS.md 2026-11-28
-    # session 6); the cubins are byte for byte the same.
+    # less per translation unit (gcc -E and cicc; nvcc 13.0, CUTLASS 4.2, 2 cores; BENCHMARKS.md, nvcc cost
+    # per kernel); the cubins are byte for byte the same.
     trim = trim_include_dir()
     flags += target + [*extra_flags, *([f"-I{trim}"] if trim is not None else []), f"-I{cutlass}"]
     if helper is not None:

@@ -3,7 +3,7 @@ headers translate/include/cutlass_trim keeps out (sm90 sparse GMMA, sm100, sm120
 
 cicc's cost per translation unit follows the bytes it parses: the Hopper preamble was 8.9 MB with every
 architecture's CuTe traits and is 7.0 MB without them, 0.3-0.45 CPU seconds less per unit (nvcc 13.0, 2 cores;
-BENCHMARKS.md, 2026-11-28 session 6). One ``nvcc -E`` per preamble (~0.5 s each).
+BENCHMARKS.md, nvcc cost per kernel). One ``nvcc -E`` per preamble (~0.5 s each).
 """
 from __future__ import annotations
 

@@ -159,7 +159,7 @@ __forceinline__ __device__ T quad_sum(T x) {
 // P = 0, never NaN). kRescaleThreshold > 0 (FA4's conditional rescaling, the Hopper softmax): the row keeps its
 // running max while the tile's max exceeds it by at most that many log2 units, and its factor is then exactly 1.
 // kChains > 1: the thread's part of the row reduced in that many independent FMNMX chains, joined at the end (ptxas
-// keeps one chain as written: its latency, cols deep, sat on the FP8 kernels' critical path, ncu 2026-11-28).
+// keeps one chain as written: its latency, cols deep, sat on the FP8 kernels' critical path in ncu's samples).
 template <int kRescaleThreshold = 0, int kChains = 1, typename TS, typename TMax>
 __forceinline__ __device__ float update_row_max(TS const& s, int mi, TMax& row_max, float& factor, float scale_log2) {
   const float m_old = row_max(mi);

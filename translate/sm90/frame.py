@@ -138,8 +138,8 @@ def accumulator_layouts() -> list[str]:
     """The fp32 accumulators' layouts (S: kBlockM x kBlockN, O: kBlockM x kHeadDimV over each thread of a consumer
     warpgroup): the type CuTe's partition_fragment_C gives (per 8-column group two neighbouring columns of two rows,
     one MMA along M and N), written out: its partition algebra cost 0.2-0.3 CPU s of nvcc per kernel (GQA d128
-    causal default, 3.56-3.72 -> 3.35-3.39 s in 3 interleaved pairs, nvcc 13.0, 2 cores; BENCHMARKS.md 2026-11-28
-    session 6), the SASS is the same (18 kernels compared), and tests/translate/test_gmma_operands.py checks the types
+    causal default, 3.56-3.72 -> 3.35-3.39 s in 3 interleaved pairs, nvcc 13.0, 2 cores; BENCHMARKS.md, nvcc
+    cost per kernel), the SASS is the same (18 kernels compared), and tests/translate/test_gmma_operands.py checks the types
     against CuTe's."""
     return [f"using AccLayout{t} = Layout<Shape<Shape<_2, _2, Int<{n} / 8>>, _1, _1>, Stride<Stride<_1, _2, _4>, _0, _0>>;"
             f"  // {what}" for t, n, what in (("S", "kBlockN", "scores"), ("O", "kHeadDimV", "output"))]
@@ -198,8 +198,8 @@ FP8_MAX_OFFSET = 8   # FA3's: P's row maximum 2^8 < 448 (e4m3's largest finite),
 
 
 def fp8_max_chains(head_dim: int) -> int:
-    """FMNMX chains of a row's maximum in an FP8 kernel. Measured on an H200 (2026-11-28, 5 interleaved rounds, one
-    process; BENCHMARKS.md): at head dim 64 two chains ran 5-9% faster than one at 8k-16k keys (non-causal 16k 635.5
+    """FMNMX chains of a row's maximum in an FP8 kernel. Measured on an H200 (5 interleaved rounds, one process;
+    BENCHMARKS.md, FP8 dense prefill): at head dim 64 two chains ran 5-9% faster than one at 8k-16k keys (non-causal 16k 635.5
     against 584.0 TFLOPS; causal 613.3 against 582.4), four 0-7% and eight slower; at 128 one chain was fastest
     (two to eight 1-3% slower)."""
     return 2 if head_dim <= 64 else 1
@@ -209,7 +209,7 @@ def smem_layouts(params) -> list[str]:
     """CuTe's layouts of the shared tiles, which gmma_operand() and attn_sm90::store_o_tile compute without: the
     host checks (tests/translate) compare against them; a kernel declares SmemLayoutP alone, for an SS P·V's
     register-to-shared copy of P. Each alias instantiates tile_to_shape: the five cost ~0.3 CPU s of cicc per
-    kernel (MHA d128 / d64 defaults, 4.8 -> 4.5 s, nvcc 13.0, 2 cores, BENCHMARKS.md 2026-11-28 session 6)."""
+    kernel (MHA d128 / d64 defaults, 4.8 -> 4.5 s, nvcc 13.0, 2 cores, BENCHMARKS.md, nvcc cost per kernel)."""
     return [
         "// K-major, 128-byte swizzled tiles: the image a TMA box of 64 columns x rows writes, chunk after chunk",
         "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "

@@ -1,7 +1,7 @@
 """V (batch, keys, heads, d) -> (batch, heads, d, keys rounded up) for the FP8 kernels (tuner/serving/launch/plan.py
 transposed_v), as one Triton kernel on CUDA tensors.
 
-torch's copy of a permuted 1-byte tensor moves a byte per thread access: on an H200 (2026-11-28, .dev notes) it cost
+torch's copy of a permuted 1-byte tensor moves a byte per thread access: on an H200 (BENCHMARKS.md, FP8 dense prefill) it cost
 the FP8 d128 kernel 852 -> 796 TFLOPS at 16k keys and 711 -> 367 at 1k. A tile here loads 64 keys x 64 columns as
 rows of 64 bytes and stores them transposed as rows of 64 keys. Triton ships with CUDA builds of torch and is imported
 only here, on first use; without it (or on the CPU) plan.transposed_v copies with torch.
