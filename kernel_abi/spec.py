@@ -24,7 +24,6 @@ DTYPES = ("fp16", "bf16", "fp8")
 FP8_HEAD_DIMS = (64, 128)   # the head dims the FP8 kernels take (one or two 128-byte rows of e4m3)
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}   # torch's names of the inputs
 OUTPUT_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}                  # and of the output
-ELEMENT_BYTES = {"fp16": 2, "bf16": 2, "fp8": 1}
 
 # Head layouts of the variants at hidden 2048 (the paper grid) and DeepSeek-V3's MLA prefill.
 GQA_GROUP = 8          # 64 query heads share 8 KV heads in the anchors: group 8

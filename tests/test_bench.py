@@ -231,3 +231,12 @@ def test_fp8_inputs_and_options_for_the_bench():
     assert all(t.shape == (2, 2) and t.dtype == torch.float32 for t in options.values())
     assert dense.cross_check_bound(p) == dense.FP8_CROSS_CHECK_REL_ERR > dense.cross_check_bound(
         Problem("gqa", 2, 8, 2, 64, 64, 128, 128, True, "bf16"))
+
+
+def test_a_trial_and_a_retiming_cross_check_an_fp8_kernel_by_the_fp8_bound():
+    from tuner.measure import trial
+
+    fp8 = Problem("gqa", 2, 8, 2, 64, 64, 128, 128, True, "fp8")
+    assert trial.cross_check_bound(fp8) == dense.FP8_CROSS_CHECK_REL_ERR
+    assert trial.cross_check_bound(Problem("gqa", 2, 8, 2, 64, 64, 128, 128, True, "bf16")) == \
+        trial.BENCH_CROSS_CHECK_REL_ERR == 2e-2

@@ -23,7 +23,7 @@ import time
 
 from . import backends
 from tuner.measure import timer
-from tuner.measure.trial import BENCH_CROSS_CHECK_REL_ERR, problem_kind
+from tuner.measure.trial import cross_check_bound, problem_kind
 
 from .backends import BackendSpec, OnAcquired, add_lock
 from .gpulock import gpu_lock
@@ -132,8 +132,8 @@ def _kind_rounds(kind, kernels: dict, failed: dict, problem, timing, device, rou
             except Exception as exc:  # noqa: BLE001 - a launch failure: this contender cannot win
                 rel, why = float("nan"), f"{type(exc).__name__}: {timer.first_line(exc)}"
             else:
-                why = f"relative error {rel:.3g} against {kind.against} > {BENCH_CROSS_CHECK_REL_ERR}"
-            if not rel <= BENCH_CROSS_CHECK_REL_ERR:   # also NaN
+                why = f"relative error {rel:.3g} against {kind.against(problem)} > {cross_check_bound(problem)}"
+            if not rel <= cross_check_bound(problem):   # also NaN
                 failed[role] = f"wrong result on the re-timing inputs: {why}"
                 del kernels[role]
     return _rounds(list(kernels), rounds, lambda role: kind.time_ms(kernels[role], problem, inputs, timing))

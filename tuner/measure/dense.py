@@ -18,7 +18,7 @@ import contextlib
 import math
 from typing import Callable, Optional, Sequence
 
-from kernel_abi.spec import Problem, grid_problems
+from kernel_abi.spec import TORCH_DTYPES, Problem, grid_problems
 from tuner.measure import fa4, timer
 
 SDPA_BASELINES = ("flash", "cudnn", "efficient")
@@ -53,7 +53,7 @@ def bench_problems(variant: str, head_dim: Optional[int], dtype: str, causal: Op
 def torch_dtype(dtype: str):
     import torch
 
-    return {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}[dtype]
+    return getattr(torch, TORCH_DTYPES[dtype])
 
 
 def make_inputs(problem: Problem, sets: int = 3, seed: int = 0, device: str = "cuda") -> list[tuple]:
