@@ -283,7 +283,7 @@ def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack:
 def kernel_setup(params, pack: bool = False, fp8: bool = False) -> list[str]:
     """What every thread does once: the tile count, the shared-memory plan and the mbarriers."""
     kv_arrivals = "kKVFullArrivals" if kv_cp_async(params) else "1"   # (a TMA kernel's source as it always was)
-    lines = [
+    return [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
         *base.scale_setup(),
@@ -294,8 +294,7 @@ def kernel_setup(params, pack: bool = False, fp8: bool = False) -> list[str]:
         "Element* smem_q = reinterpret_cast<Element*>(attn_smem);",
         "Element* smem_k = smem_q + kTileQElems;",
         "Element* smem_v = smem_k + kStages * kTileKElems;",
-        "[[maybe_unused]] Element* smem_p = smem_v + kStages * kTileVElems;",
-        "[[maybe_unused]] Element* smem_o = kTileOElems ? smem_p + kTilePElems : smem_q;",
+        *_smem_p_and_o(fp8),
         "uint64_t* q_full = reinterpret_cast<uint64_t*>(attn_smem + kBarrierOffset);  // Q and its tile number",
         "uint64_t* q_empty = q_full + 1;",
         "uint64_t* k_full = q_empty + 1;",
@@ -316,11 +315,15 @@ def kernel_setup(params, pack: bool = False, fp8: bool = False) -> list[str]:
         "}",
         "__syncthreads();",
     ]
-    if fp8:   # no P tile; O (bf16) after Q's bytes, within kTileQElems (1024-byte aligned: 64 rows x 64 or 128)
-        at = next(i for i, ln in enumerate(lines) if "Element* smem_p" in ln)
-        lines[at:at + 2] = ["ElementO* smem_o = reinterpret_cast<ElementO*>(smem_q + kBlockM * kHeadDimQK);"
-                            "  // bf16 O"]
-    return lines
+
+
+def _smem_p_and_o(fp8: bool) -> list[str]:
+    """Where P (SS only) and O live; an FP8 kernel has no P tile and its bf16 O follows Q's bytes within kTileQElems
+    (1024-byte aligned: 64 rows of 64 or 128 bytes)."""
+    if fp8:
+        return ["ElementO* smem_o = reinterpret_cast<ElementO*>(smem_q + kBlockM * kHeadDimQK);  // bf16 O"]
+    return ["[[maybe_unused]] Element* smem_p = smem_v + kStages * kTileVElems;",
+            "[[maybe_unused]] Element* smem_o = kTileOElems ? smem_p + kTilePElems : smem_q;"]
 
 
 def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
