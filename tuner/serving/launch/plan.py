@@ -81,15 +81,18 @@ class MapSlot:
     address_offset: int | None
 
 
-class _ContiguousShape:
-    """Stands in for the output before it exists: its strides and a 16-byte-aligned address (the real one
-    is written per call)."""
+class _ShapeProbe:
+    """Stands in for a tensor that does not exist yet while a plan is built (the output; an FP8 kernel's transposed
+    V): its shape, strides (contiguous unless given) and a 16-byte-aligned address (the real one is written per
+    call)."""
 
-    def __init__(self, shape, element_size: int):
+    def __init__(self, shape, element_size: int, strides=None):
         self.shape = shape
-        self._strides = [1] * len(shape)
-        for i in range(len(shape) - 2, -1, -1):
-            self._strides[i] = self._strides[i + 1] * shape[i + 1]
+        if strides is None:
+            strides = [1] * len(shape)
+            for i in range(len(shape) - 2, -1, -1):
+                strides[i] = strides[i + 1] * shape[i + 1]
+        self._strides = list(strides)
         self._element_size = element_size
 
     def stride(self, axis=None):
@@ -229,7 +232,7 @@ def build_plan(kernel, q, k, v, out, softmax_scale, options: CallOptions = NO_OP
     values = {"seqlen_q": sq, "seqlen_k": sk, "group": hq // hkv, "heads_q": hq, "batch": b,
               "pack": heads_per_tile(kernel.meta, hq // hkv),
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
-    probe_out = out if out is not None else _ContiguousShape(out_shape, out_dtype.itemsize)
+    probe_out = out if out is not None else _ShapeProbe(out_shape, out_dtype.itemsize)
     if transposes_v(kernel.meta):   # the map addresses V^T (batch, d, heads, keys); the call's copy comes per call
         v = transposed_v(v, alloc=False)
     plan = _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq, hq // hkv),
@@ -246,22 +249,6 @@ def transposes_v(meta: dict) -> bool:
 V_KEY_ALIGN = 16   # keys of a transposed V row, rounded up: TMA strides are multiples of 16 bytes
 
 
-class _TransposedProbe:
-    """Stands in for V^T while a plan is built: its geometry as transposed_v makes it (the address comes per call)."""
-
-    def __init__(self, shape, strides, element_size: int):
-        self.shape, self._strides, self._element_size = shape, strides, element_size
-
-    def stride(self, axis=None):
-        return self._strides if axis is None else self._strides[axis]
-
-    def element_size(self) -> int:
-        return self._element_size
-
-    def data_ptr(self) -> int:
-        return 1 << 20
-
-
 def transposed_v(v, alloc: bool = True):
     """V (batch, keys, heads, d) as an FP8 kernel's TMA map reads it: a (batch, d, heads, keys) view of a new
     (batch, heads, d, keys rounded up to V_KEY_ALIGN) tensor holding V^T (one copy of V: 1 byte an element).
@@ -269,7 +256,7 @@ def transposed_v(v, alloc: bool = True):
     b, sk, h, d = (int(x) for x in v.shape)
     skp = -(-sk // V_KEY_ALIGN) * V_KEY_ALIGN
     if not alloc:
-        return _TransposedProbe((b, d, h, sk), (h * d * skp, skp, d * skp, 1), v.element_size())
+        return _ShapeProbe((b, d, h, sk), v.element_size(), (h * d * skp, skp, d * skp, 1))
     import torch
 
     buf = torch.empty((b, h, d, skp), dtype=v.dtype, device=v.device)
@@ -368,7 +355,7 @@ def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqle
     values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": max(1, max_seqlen_k), "group": hq // hkv,
               "heads_q": hq, "batch": batch,
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
-    probe_out = _Packed(out if out is not None else _ContiguousShape(out_shape, q.element_size()))
+    probe_out = _Packed(out if out is not None else _ShapeProbe(out_shape, q.element_size()))
     return _pack_plan(kernel, {"q": q4, "k": k4, "v": v4, "o": probe_out}, values,
                       _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape,
                       dynamic=VARLEN_POINTERS + sink_pointer(kernel))
@@ -414,7 +401,7 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
     values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": 1, "group": hq // hkv, "heads_q": hq, "batch": batch,
               "page_table_stride": page_table_stride, "page_size": page_size,
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
-    probe_out = _Packed(out if out is not None else _ContiguousShape(out_shape, q.element_size()))
+    probe_out = _Packed(out if out is not None else _ShapeProbe(out_shape, q.element_size()))
     return _pack_plan(kernel, {"q": q4, "k": k_cache, "v": v_cache, "o": probe_out}, values,
                       _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape,
                       dynamic=PAGED_POINTERS + sink_pointer(kernel),
