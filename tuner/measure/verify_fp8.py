@@ -64,14 +64,14 @@ def inputs(problem, gen, device, near_max: bool):
 
 
 def dequantised(q, k, v, scales: dict):
-    """fp32 q, k, v: each e4m3 value times its (batch, KV head) descale."""
+    """fp32 q, k, v: each e4m3 value times its (batch, KV head) descale (the serving fallback's dequantisation)."""
+    import torch
+
+    from tuner.serving.fp8_calls import dequantised as one
+
     group = q.shape[2] // k.shape[2]
-
-    def deq(x, d, heads_repeat):
-        s = d.repeat_interleave(heads_repeat, dim=1) if heads_repeat > 1 else d
-        return x.float() * s[:, None, :, None]
-
-    return (deq(q, scales["q_descale"], group), deq(k, scales["k_descale"], 1), deq(v, scales["v_descale"], 1))
+    return (one(q, scales["q_descale"], group, torch.float32), one(k, scales["k_descale"], 1, torch.float32),
+            one(v, scales["v_descale"], 1, torch.float32))
 
 
 def emulate(q, k, v, scales: dict, causal: bool, scale: float | None = None):

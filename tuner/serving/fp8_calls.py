@@ -16,10 +16,10 @@ from tuner.serving.sdpa import check_shapes, sdpa_attention
 FP8 = torch.float8_e4m3fn
 
 
-def dequantised(x, descale, heads_per_scale: int = 1):
-    """bf16 x * descale of its (batch, KV head), x (b, s, h, d); a descale serves ``heads_per_scale`` heads."""
+def dequantised(x, descale, heads_per_scale: int = 1, dtype=torch.bfloat16):
+    """x * descale of its (batch, KV head) in ``dtype``, x (b, s, h, d); a descale serves ``heads_per_scale`` heads."""
     d = descale.repeat_interleave(heads_per_scale, dim=1) if heads_per_scale > 1 else descale
-    return (x.float() * d[:, None, :, None]).to(torch.bfloat16)
+    return (x.float() * d[:, None, :, None]).to(dtype)
 
 
 class Fp8Calls:
@@ -31,8 +31,9 @@ class Fp8Calls:
         if k.dtype != FP8 or v.dtype != FP8:
             raise ValueError(f"an FP8 call takes q, k and v in {FP8}; got {q.dtype}, {k.dtype}, {v.dtype}")
         descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+        capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()   # (reading the values syncs the host)
         check_descales(descales, int(q.shape[0]), int(k.shape[2]), q.device,
-                       check_finite=not torch.compiler.is_compiling() and not (q.is_cuda and torch.cuda.is_current_stream_capturing()))
+                       check_finite=not torch.compiler.is_compiling() and not capturing)
         scale = float(scale) if scale is not None else 1.0 / math.sqrt(int(q.shape[3]))
         route = self.route(q, k, v, causal, scale)
         return op_fp8.launch_fp8(q, k, v, q_descale, k_descale, v_descale, bool(causal), scale, route)
