@@ -178,6 +178,18 @@ def fp8_errors(variant: str, d_qk: int, d_v: int, options: bool) -> list[str]:
     return errors
 
 
+FP8_LAYOUTS = ("dense", "varlen")   # TMA-loaded rows: V^T is one (heads, d, keys) tensor per call, or per batch
+
+
+def fp8_layout_errors(layout: str) -> list[str]:
+    """Why an FP8 kernel is not built for ``layout``: its V is read transposed (8-bit wgmma operands are K-major), a
+    copy made per call of the dense or packed V; a paged cache's pages would need V^T pages (not built)."""
+    if layout in FP8_LAYOUTS:
+        return []
+    return [f"fp8 kernels take the {' and '.join(FP8_LAYOUTS)} layouts, not {layout}: V is read transposed, and a "
+            "paged cache's pages are not (its K/V stay bf16/fp16)"]
+
+
 def variant_of_heads(heads_q: int, heads_kv: int) -> str:
     """The variant validate_problem accepts for this head layout (mla is never implied: its head dims say it)."""
     if heads_q == heads_kv:

@@ -300,6 +300,8 @@ def test_build_paged_with_pages_of_whole_tiles_takes_the_tma_producer(tmp_path, 
     (("--gpu", "h100", "--layout", "ragged"), "unknown layout 'ragged'; choose one of: dense, varlen, paged"),
     (("--gpu", "a100", "--layout", "varlen"), "the varlen layout is built by the warp-specialised Hopper schedules"),
     (("--gpu", "h100", "--layout", "paged", "--schedule", "fa2"), "the paged layout is built by the warp-specialised"),
+    (("--gpu", "h100", "--layout", "paged", "--dtype", "fp8"), "fp8 kernels take the dense and varlen layouts, not "
+                                                               "paged"),
 ])
 def test_a_layout_the_target_cannot_build_exits_2(args, message, tmp_path):
     result = invoke("build", "--variant", "gqa", *args, "-o", str(tmp_path / "out"))

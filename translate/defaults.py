@@ -107,8 +107,8 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     """(block_m, block_n, producer registers) in order of preference: FA4's, then FA3's and smaller."""
     d = max(spec.d_qk, spec.d_v)
     if spec.dtype == "fp8":   # block N of 64-byte multiples among CuTe's base N (params_sm90.FP8_BLOCK_N)
-        return FP8_SEEDS[d]
-    if d <= 64:
+        seeds = FP8_SEEDS[d]
+    elif d <= 64:
         seeds = [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128),
                  dict(block_m=128, block_n=64)]
     elif d <= 128:

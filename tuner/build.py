@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from hardware_profiles import Profile, ProfileError, load_profile
-from kernel_abi.spec import KernelSpec, spec_for
+from kernel_abi.spec import KernelSpec, fp8_layout_errors, spec_for
 
 
 class UsageError(ValueError):
@@ -115,8 +115,8 @@ def resolve_target(gpu: str, variant: str, head_dim: Optional[int], dtype: Optio
     if spec.dtype not in profile.dtypes:
         raise UsageError(f"{profile.name} does not support {spec.dtype}; choose one of: {', '.join(profile.dtypes)}"
                          + (" (fp8 kernels are Hopper kernels)" if spec.dtype == "fp8" else ""))
-    if spec.dtype == "fp8" and layout != "dense":
-        raise UsageError(f"--dtype fp8 builds dense kernels; the {layout} layout takes fp16/bf16")
+    if spec.dtype == "fp8" and fp8_layout_errors(layout):
+        raise UsageError(f"--dtype fp8: {fp8_layout_errors(layout)[0]}")
     if spec.dtype == "fp8" and any(options.spec_changes(causal).values()):
         raise UsageError("--dtype fp8 kernels take no --window, --softcap or --sinks")
     return profile, dataclasses.replace(spec, layout=layout, **options.spec_changes(causal))

@@ -116,9 +116,25 @@ def test_an_fp8_operand_is_the_16_bit_operand_of_half_the_columns():
     assert v.layout_type == 1 and v.stride == 64
 
 
-def test_fp8_is_built_for_the_dense_layout_only():
-    with pytest.raises(TranslationError, match="fp8 kernels are built for the dense layout"):
-        _generate(_spec(128, layout="varlen"))
+def test_fp8_is_built_for_the_dense_and_varlen_layouts_not_paged():
+    with pytest.raises(TranslationError, match="fp8 kernels take the dense and varlen layouts, not paged"):
+        _generate(_spec(128, layout="paged"))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_a_packed_fp8_kernel_reads_the_descales_of_its_tiles_sequence(d):
+    """A dense tile's descales are its batch's; a packed tile's batch index is 0 (one 'batch' of packed rows), so the
+    descales must come from the sequence the producer found for it (VarlenTile.seq)."""
+    dense, packed = _generate(_spec(d, variant="gqa")), _generate(_spec(d, variant="gqa", layout="varlen"))
+    assert "const int descale_at = bidb * (heads_q / group) + bidh_kv;" in dense.body
+    assert "const int descale_at = vt.seq * (heads_q / group) + bidh_kv;" in packed.body
+    assert "vt.seq" not in dense.body and "bidb *" not in packed.body.split("descale_at =")[1].split(";")[0]
+    assert "attn_sm90::tma_load_vt<" in packed.body and "cu_seqlens_q" in packed.body
+    names = [name for name, _ in packed.extra_args]   # the layout's pointers, then the descales (launch order)
+    assert names[3:9] == ["cu_seqlens_q", "cu_seqlens_k", "seqused_k", "q_descale", "k_descale", "v_descale"]
+    # the tile's lengths and the longest-first order beside the dense kernel's shared memory
+    assert packed.smem_bytes - dense.smem_bytes in (32, 32 + 1024)
+    assert packed.params.producer_regs == 32   # the producer walks the sequences (translate/defaults.py)
 
 
 def test_smem_counts_one_byte_elements_and_the_bf16_output():

@@ -371,14 +371,16 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
     return lines
 
 
-def consumer_tile_init(lowered, pingpong: bool, fp8: bool = False) -> list[str]:
+def consumer_tile_init(lowered, pingpong: bool, fp8: bool = False, varlen: bool = False) -> list[str]:
     """Per tile: fresh softmax statistics (the accumulators are cleared by their Allocate statements),
     the ring position where this tile's K tiles start, the ping-pong opening; an FP8 kernel's descales of the
-    tile's (batch, KV head): q's and k's fold into the exponent scale, v's into the final division."""
+    tile's (batch, KV head): q's and k's fold into the exponent scale, v's into the final division (packed
+    sequences: the batch is the tile's sequence)."""
     stats = sorted({(o.data["max"], o.data["sum"]) for o in _all_ops(lowered.consumer) if o.kind == "softmax"})
     lines = [ln for mx, sm in stats for ln in (f"fill({mx}, -INFINITY);", f"fill({sm}, 0.f);")]
     if fp8:
-        lines += ["const int descale_at = bidb * (heads_q / group) + bidh_kv;  // descales are (batch, KV heads)",
+        lines += [f"const int descale_at = {'vt.seq' if varlen else 'bidb'} * (heads_q / group) + bidh_kv;"
+                  "  // descales are (batch, KV heads)",
                   "const float tile_scale_log2 = kScaleLog2 * (q_descale ? __ldg(q_descale + descale_at) : 1.f) *"
                   " (k_descale ? __ldg(k_descale + descale_at) : 1.f);",
                   "const float out_descale = v_descale ? __ldg(v_descale + descale_at) : 1.f;"]

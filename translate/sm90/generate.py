@@ -11,6 +11,7 @@ memory and a TMA store.
 from __future__ import annotations
 
 
+from kernel_abi.spec import fp8_layout_errors
 from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.params_sm90 import kv_cp_async
@@ -70,8 +71,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     consumer = lowered.consumer + [Op("drain", None, "end of the consumer warpgroups")]
     pipelined = {b for b, r in WsLowering_buffer_roles(lowered).items() if r in ("k", "v")}
     fp8 = spec.dtype == "fp8"
-    if fp8 and spec.layout != "dense":
-        raise TranslationError(f"fp8 kernels are built for the dense layout; the {spec.layout} layout takes bf16/fp16")
+    if fp8 and fp8_layout_errors(spec.layout):
+        raise TranslationError(fp8_layout_errors(spec.layout)[0])
     # (FP8: O, bf16, always has its own tile: a Q row of 1 byte a column is not an O row)
     separate_o = fp8 or smem_bytes_ws(params, spec, lowered.stages, True) <= profile.smem_per_block_bytes
     fenced = set(lowered.score_accs) | (set(lowered.p_tensors) if params.pv_operand == "rs" else set())
@@ -102,7 +103,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
 
     producer_lines = em.emit_nodes(lowered.producer, ctx, pingpong=False)
     consumer_once = frame.consumer_setup(params, lowered, holders, ctx)
-    per_tile = frame.consumer_tile_init(lowered, pingpong, fp8)
+    per_tile = frame.consumer_tile_init(lowered, pingpong, fp8, varlen)
     body = em.emit_nodes(consumer, ctx, pingpong)
     if pingpong:   # warpgroup 0 takes the turn the last warpgroup gives after its last GEMMs: the barrier ends balanced
         at = next((k for k, ln in enumerate(body) if "registers -> shared" in ln), len(body))
@@ -245,15 +246,15 @@ ORDER_BYTES = 2 * 4 * 128   # attn_sm90::kMaxOrderedSeqs ranks and keys (int32)
 
 def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = False) -> int:
     """Q + stages x (K + V) + P (SS only) + O (its own tile, else in Q's) + the mbarriers, as laid out."""
-    if spec.dtype == "fp8":   # bytes: Q, O (bf16), K and V stages, no P tile; dense only
+    info = 32 if spec.layout != "dense" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
+    order = ORDER_BYTES if ordered else 0
+    if spec.dtype == "fp8":   # bytes: Q, O (bf16), K and V stages, no P tile
         return params.block_m * (spec.d_qk + 2 * spec.d_v) + stages * params.block_n * (spec.d_qk + spec.d_v) + \
-            (2 + 4 * stages) * 8 + 16
+            (2 + 4 * stages) * 8 + 16 + info + order
     q = params.block_m * max(spec.d_qk, spec.d_v)
     kv = stages * params.block_n * (spec.d_qk + spec.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
     o = params.block_m * spec.d_v if separate_o else 0
-    info = 32 if spec.layout != "dense" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
-    order = ORDER_BYTES if ordered else 0
     return (q + kv + p + o) * 2 + (2 + 4 * stages) * 8 + 16 + info + order   # + the tile number
 
 
