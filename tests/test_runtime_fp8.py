@@ -51,6 +51,36 @@ def test_the_plan_maps_e4m3_boxes_a_transposed_v_and_a_bf16_output(fp8_kernel, m
     assert struct.unpack_from("<i", raw, at)[0] == hq // hkv
 
 
+def test_a_packed_fp8_plan_maps_v_transposed_over_all_keys_and_takes_the_descales_after_the_lengths(monkeypatch):
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from kernel_abi.spec import KernelSpec
+    from translate.defaults import hopper_params
+
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
+    profile = load_profile("h100")
+    spec = KernelSpec("gqa", 128, 128, True, "fp8", layout="varlen")
+    gen = translate.generate(tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", "varlen")),
+                             hopper_params(profile, spec), profile, spec)
+    kern = attention.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
+    total_q, total_k, hq, hkv, d = 700, 1001, 16, 2, 128
+    q = FakeTensor((total_q, hq, d), 0x1000_0000, dtype=E4M3)
+    k = FakeTensor((total_k, hkv, d), 0x2000_0000, dtype=E4M3)
+    plan = launch_plan.build_varlen_plan(kern, q, k, k, None, None, 3, 400, 600)
+    assert plan.out_dtype == torch.bfloat16 and plan.out_shape == (total_q, hq, d)
+    maps = {"qkvo"[slot.index]: slot for slot in plan.maps}
+    vt = maps["v"].spec   # one 'batch' of every packed key, keys rounded up to 16 bytes
+    assert vt.dims == (total_k, d, hkv, 1) and vt.strides_bytes == (1008, d * 1008, hkv * d * 1008)
+    assert maps["k"].spec.dims == (d, total_k, hkv, 1) and maps["o"].dtype == "bf16"
+    names = [n for n, _ in kern.args]
+    assert len(plan.dynamic_offsets) == 6   # cu_seqlens_q, cu_seqlens_k, seqused_k, then the three descales
+    offsets = [plan.pointers[names.index(n)] - plan.pointers[0] for n in
+               ("cu_seqlens_q", "cu_seqlens_k", "seqused_k", *launch_plan.FP8_DESCALES)]
+    assert list(plan.dynamic_offsets) == offsets
+
+
 def test_an_fp8_plan_refuses_16_bit_inputs(fp8_kernel, monkeypatch):
     monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
     q = FakeTensor((1, 64, 16, 128), 0x1000_0000)

@@ -153,7 +153,7 @@ class AttentionKernel:
         plan = self._plan_for(q, k, v, out, softmax_scale, options)
         extra = () if sinks is None else (sinks.data_ptr(),)
         if self.fp8 or any(d is not None for d in (q_descale, k_descale, v_descale)):
-            extra += self._descales(q, k, q_descale, k_descale, v_descale)
+            extra += self._descales(int(q.shape[0]), int(k.shape[2]), q.device, q_descale, k_descale, v_descale)
         if out is None:
             import torch
 
@@ -165,16 +165,15 @@ class AttentionKernel:
         self._launch(plan, q, k, v, out, extra)
         return out
 
-    def _descales(self, q, k, q_descale, k_descale, v_descale) -> tuple:
-        """The descale pointers of an FP8 call, checked (ValueError naming the argument)."""
+    def _descales(self, batch: int, heads_kv: int, device, q_descale, k_descale, v_descale) -> tuple:
+        """The descale pointers of an FP8 call of ``batch`` sequences, checked (ValueError naming the argument)."""
         if not self.fp8:
             raise ValueError(f"{self.name} is not an FP8 kernel: q_descale, k_descale and v_descale apply to "
                              "float8_e4m3fn inputs")
         import torch
 
         given = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
-        check_descales(given, int(q.shape[0]), int(k.shape[2]), q.device,
-                       check_finite=not torch.cuda.is_current_stream_capturing())
+        check_descales(given, batch, heads_kv, device, check_finite=not torch.cuda.is_current_stream_capturing())
         return tuple(t.data_ptr() for t in given.values())
 
     def prepare(self, q, k, v, softmax_scale: float | None = None):   # (a kernel with no sinks)
@@ -198,16 +197,20 @@ class AttentionKernel:
 
     def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q: int, max_seqlen_k: int, seqused_k=None,
                out=None, softmax_scale: float | None = None, *, window_size=(-1, -1), softcap: float = 0.0,
-               sinks=None):
+               sinks=None, q_descale=None, k_descale=None, v_descale=None, v_t=None):
         """Packed sequences (a kernel of the varlen layout): q (total_q, hq, d_qk), k (total_k, hkv, d_qk),
         v (total_k, hkv, d_v), ``cu_seqlens_q``/``cu_seqlens_k`` int32 (batch + 1) on the same GPU,
         ``seqused_k`` int32 (batch) or None -> out (total_q, hq, d_v). Causal aligns bottom-right within
         each sequence. ``max_seqlen_q`` must be at least every sequence's length (FlashAttention's contract:
-        it sizes the grid)."""
+        it sizes the grid). An FP8 kernel takes the descales of ``__call__`` per sequence, (batch, KV heads),
+        and V transposed as ``transposed_v(v)`` makes it of the packed V (or ``v_t``, that copy made earlier)."""
         import torch
 
         _check_lengths(q, cu_seqlens_q, cu_seqlens_k, seqused_k)
         batch = cu_seqlens_q.shape[0] - 1
+        descales = ()
+        if self.fp8 or any(d is not None for d in (q_descale, k_descale, v_descale)):
+            descales = self._descales(batch, int(k.shape[1]), q.device, q_descale, k_descale, v_descale)
         key = ("varlen", q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(), q.dtype, k.dtype, v.dtype,
                q.device, k.device, v.device, batch, int(max_seqlen_q), int(max_seqlen_k), softmax_scale,
                None if out is None else (out.shape, out.stride(), out.dtype, out.device),
@@ -218,10 +221,14 @@ class AttentionKernel:
                                      CallOptions(tuple(window_size or (-1, -1)), softcap, sinks))
             self._remember_plan(key, plan)
         if out is None:
-            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+            out = torch.empty(plan.out_shape, dtype=plan.out_dtype or q.dtype, device=q.device)
+        if transposes_v(self.meta):
+            v = transposed_v(v) if v_t is None else _checked_v_t(v_t, v)
+        elif v_t is not None:
+            raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels")
         self._launch(plan, q, k, v, out, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
                                           0 if seqused_k is None else seqused_k.data_ptr())
-                     + (() if sinks is None else (sinks.data_ptr(),)))
+                     + (() if sinks is None else (sinks.data_ptr(),)) + descales)
         return out
 
     def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q: int, out=None,
@@ -352,8 +359,10 @@ class AttentionKernel:
         self._free_counters.extend(base + 8 * i for i in reversed(range(COUNTER_BLOCK)))
 
 def _checked_v_t(v_t, v):
-    """``v_t`` as transposed_v(v) makes it: (batch, d, heads, keys) with keys contiguous and 16-byte row strides."""
-    b, sk, h, d = (int(x) for x in v.shape)
+    """``v_t`` as transposed_v(v) makes it: (batch, d, heads, keys) with keys contiguous and 16-byte row strides
+    (packed V (total, heads, d): one batch of max(1, total) keys)."""
+    b, sk, h, d = (1, max(1, int(v.shape[0])), *(int(x) for x in v.shape[1:])) if v.dim() == 3 else \
+        (int(x) for x in v.shape)
     if tuple(v_t.shape) != (b, d, h, sk) or v_t.dtype != v.dtype or v_t.device != v.device or v_t.stride(-1) != 1 \
             or any(s % 16 for s in v_t.stride()[:-1]):
         raise ValueError(f"v_t must be transposed_v(v): {(b, d, h, sk)} {v.dtype} on {v.device} with contiguous keys "

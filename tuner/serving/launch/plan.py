@@ -252,7 +252,10 @@ V_KEY_ALIGN = 16   # keys of a transposed V row, rounded up: TMA strides are mul
 def transposed_v(v, alloc: bool = True):
     """V (batch, keys, heads, d) as an FP8 kernel's TMA map reads it: a (batch, d, heads, keys) view of a new
     (batch, heads, d, keys rounded up to V_KEY_ALIGN) tensor holding V^T (one copy of V: 1 byte an element).
-    ``alloc`` False: only the view's geometry (a plan's probe)."""
+    ``alloc`` False: only the view's geometry (a plan's probe). Packed sequences: V (total, heads, d) is one
+    batch of ``total`` keys (at least one row: a map of no keys cannot be encoded)."""
+    if v.dim() == 3:
+        v = v.unsqueeze(0) if v.shape[0] else v.new_zeros((1, 1, *v.shape[1:]))
     b, sk, h, d = (int(x) for x in v.shape)
     skp = -(-sk // V_KEY_ALIGN) * V_KEY_ALIGN
     if not alloc:
@@ -351,14 +354,19 @@ def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqle
     total_q, hq, _ = q.shape
     hkv = k.shape[1]
     out_shape = (total_q, hq, spec["d_v"])
-    _check_out(out, out_shape, dtype, q.device)
+    out_dtype = getattr(torch, _DTYPES[OUTPUT_DTYPES[spec["dtype"]]])
+    _check_out(out, out_shape, out_dtype, q.device)
     values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": max(1, max_seqlen_k), "group": hq // hkv,
               "heads_q": hq, "batch": batch,
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
-    probe_out = _Packed(out if out is not None else _ShapeProbe(out_shape, q.element_size()))
-    return _pack_plan(kernel, {"q": q4, "k": k4, "v": v4, "o": probe_out}, values,
+    probe_out = _Packed(out if out is not None else _ShapeProbe(out_shape, out_dtype.itemsize))
+    if transposes_v(kernel.meta):   # V^T of the packed keys, (1, d, heads, total keys): copied per call
+        v4 = transposed_v(v4, alloc=False)
+    plan = _pack_plan(kernel, {"q": q4, "k": k4, "v": v4, "o": probe_out}, values,
                       _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape,
-                      dynamic=VARLEN_POINTERS + sink_pointer(kernel))
+                      dynamic=VARLEN_POINTERS + sink_pointer(kernel) + descale_pointers(kernel))
+    plan.out_dtype = out_dtype
+    return plan
 
 
 PAGED_POINTERS = VARLEN_POINTERS + ("page_table",)
