@@ -96,3 +96,54 @@ def test_fp8_check_shapes_are_the_gate_shapes():
     spec = KernelSpec("gqa", 128, 128, True, "fp8")
     problems = default_check_problems(spec)
     assert all(p.dtype == "fp8" for p in problems) and len(problems) >= 10
+
+
+# ---- packed sequences (kernel.varlen): descales per sequence ------------------------------------------------
+
+
+class _VarlenStandIn:
+    """An FP8 varlen kernel on the CPU: the emulation per sequence, with ``wrong`` planted (None: correct)."""
+
+    def __init__(self, causal: bool, wrong: str | None = None):
+        self.causal, self.wrong = causal, wrong
+
+    def varlen(self, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k=None, out=None,
+               **scales):
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+        out.zero_()
+        for b in range(len(cq) - 1):
+            used = int(seqused_k[b]) if seqused_k is not None and self.wrong != "all keys" else ck[b + 1] - ck[b]
+            if cq[b + 1] == cq[b] or used == 0:
+                continue
+            row = 0 if self.wrong == "first sequence's descales" else b
+            own = {n: d[row:row + 1] for n, d in scales.items()}
+            qs, ks, vs = q[cq[b]:cq[b + 1]][None], k[ck[b]:ck[b] + used][None], v[ck[b]:ck[b] + used][None]
+            out[cq[b]:cq[b + 1]] = verify_fp8.emulate(qs, ks, vs, own, self.causal)[0].to(out.dtype)
+        return out
+
+
+def _packed_spec(causal=True):
+    return KernelSpec("gqa", 64, 64, causal, "fp8", layout="varlen")
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_packed_gate_passes_the_emulation_on_every_varlen_mix(causal):
+    from tuner.measure.verify_varlen import CHECK_MIXES, check_mix
+
+    gen = torch.Generator().manual_seed(4)
+    for i, mix in enumerate(CHECK_MIXES):
+        check = check_mix(_VarlenStandIn(causal), _packed_spec(causal), mix, gen, device="cpu", options_index=i)
+        assert check.passed, (mix.label(), check.reason)
+        assert "fp8_varlen" in check.problem
+
+
+@pytest.mark.parametrize("wrong", ["first sequence's descales", "all keys"])
+def test_the_packed_gate_fails_a_kernel_that_mixes_up_sequences(wrong):
+    """Descales read by the wrong sequence (the dense kernel's batch index where a packed tile's sequence belongs),
+    or keys past seqused_k let in: each mix that can show it fails."""
+    from tuner.measure.verify_varlen import CHECK_MIXES, check_mix
+
+    gen = torch.Generator().manual_seed(5)
+    mixes = CHECK_MIXES if wrong != "all keys" else [m for m in CHECK_MIXES if m.seqused_k is not None]
+    checks = [check_mix(_VarlenStandIn(True, wrong), _packed_spec(), m, gen, device="cpu") for m in mixes]
+    assert not any(c.passed for c in checks), [(c.problem, c.reason) for c in checks if c.passed]

@@ -143,12 +143,83 @@ def check_problem(kernel, problem, gen, device: str = "cuda", index: int = 0):
         return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
     if result is not None and result.data_ptr() != out.data_ptr():
         return fail("the kernel did not write into the output buffer it was given")
-    after = (q, k, v, *scales.values())
-    if not all(torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
-                           b.view(torch.uint8) if b.dtype == torch.float8_e4m3fn else b) for a, b in zip(after, saved)):
+    if not all(torch.equal(_bits(a), _bits(b)) for a, b in zip((q, k, v, *scales.values()), saved)):
         return fail("the kernel modified its inputs or descales")
     finite = torch.isfinite(out)
     if not bool(finite.all()):
         return fail(f"{int((~finite).sum())} of {out.numel()} output elements are NaN/Inf (unwritten or overflowed)")
     ref = reference(q, k, v, scales, problem.causal)
     return judge(label, out, ref, emulate(q, k, v, scales, problem.causal))
+
+
+UNUSED_KEY = FP8_MAX   # what packed keys and values past seqused_k hold: a kernel that reads them is far off
+
+
+def check_packed(kernel, spec, mix, heads: tuple[int, int], gen, device: str = "cuda", index: int = 0):
+    """One packed-sequence mix (tuner/measure/verify_varlen.py's LengthMix) through ``kernel.varlen`` with e4m3 inputs
+    and descales of shape (sequences, KV heads), spread as ``descales`` spreads them: the NaN-poisoned bf16 output
+    must be written and finite, the inputs unchanged, and each sequence within the module doc's bounds of its own
+    fp32 reference and emulation (causal bottom-right within it; keys past its ``used`` hold UNUSED_KEY)."""
+    import torch
+
+    from tuner.measure.shape_check import ShapeCheck
+
+    hq, hkv = heads
+    near_max = index % NEAR_MAX_EVERY == NEAR_MAX_EVERY - 1
+    amp = FP8_MAX / 3.0 if near_max else 1.0
+    label = f"{spec.label()} {mix.label()} hq{hq} hkv{hkv}" + (" near-max" if near_max else "")
+    cu_q, cu_k = [0], [0]
+    for sq, sk in zip(mix.seqlens_q, mix.keys):
+        cu_q.append(cu_q[-1] + sq)
+        cu_k.append(cu_k[-1] + sk)
+
+    def draw(*shape):
+        x = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * amp
+        return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+    q, k, v = draw(cu_q[-1], hq, spec.d_qk), draw(cu_k[-1], hkv, spec.d_qk), draw(cu_k[-1], hkv, spec.d_v)
+    for b, used in enumerate(mix.used):
+        k[cu_k[b] + used:cu_k[b + 1]] = UNUSED_KEY
+        v[cu_k[b] + used:cu_k[b + 1]] = UNUSED_KEY
+    batch = len(mix.seqlens_q)
+    scales = dict(zip(("q_descale", "k_descale", "v_descale"), descales(batch, hkv, gen, device)))
+    if near_max:
+        scales = {name: d / amp for name, d in scales.items()}
+    as_i32 = {"dtype": torch.int32, "device": device}
+    cu_seqlens_q, cu_seqlens_k = torch.tensor(cu_q, **as_i32), torch.tensor(cu_k, **as_i32)
+    seqused_k = torch.tensor(mix.used, **as_i32) if mix.seqused_k is not None else None
+    saved = [t.clone() for t in (q, k, v, *scales.values())]
+    out = torch.full((cu_q[-1], hq, spec.d_v), float("nan"), dtype=torch.bfloat16, device=device)
+
+    def fail(reason):
+        return ShapeCheck(label, False, math.nan, math.nan, math.nan, math.nan, reason)
+
+    try:
+        result = kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q), max(mix.keys),
+                               seqused_k=seqused_k, out=out, **scales)
+        if device != "cpu":
+            torch.cuda.synchronize()
+    except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
+        return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if result is not None and result.data_ptr() != out.data_ptr():
+        return fail("the kernel did not write into the output buffer it was given")
+    if not all(torch.equal(_bits(a), _bits(b)) for a, b in zip((q, k, v, *scales.values()), saved)):
+        return fail("the kernel modified its inputs or descales")
+    finite = torch.isfinite(out)
+    if not bool(finite.all()):
+        return fail(f"{int((~finite).sum())} of {out.numel()} output elements are NaN/Inf (unwritten or overflowed)")
+    ref, emulated = torch.zeros_like(out, dtype=torch.float32), torch.zeros_like(out, dtype=torch.float32)
+    for b, used in enumerate(mix.used):
+        if cu_q[b + 1] == cu_q[b] or used == 0:   # no query, or no key: the rows are 0
+            continue
+        qs, ks, vs = q[cu_q[b]:cu_q[b + 1]][None], k[cu_k[b]:cu_k[b] + used][None], v[cu_k[b]:cu_k[b] + used][None]
+        own = {name: d[b:b + 1] for name, d in scales.items()}
+        ref[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, own, spec.causal)[0]
+        emulated[cu_q[b]:cu_q[b + 1]] = emulate(qs, ks, vs, own, spec.causal)[0]
+    return judge(label, out, ref, emulated)
+
+
+def _bits(t):
+    import torch
+
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
