@@ -28,7 +28,7 @@ from tuner.serving.reasons import REASONS
 from tuner.serving.rule import plain_ints
 from tuner.serving.sdpa import varlen_sdpa
 
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8"}
 
 
 class VarlenCalls:
@@ -79,14 +79,16 @@ class VarlenCalls:
                                dropout_p: float = 0.0, softmax_scale: float | None = None, causal: bool = False,
                                window_size=(-1, -1), softcap: float = 0.0, alibi_slopes=None,
                                deterministic: bool = False, return_attn_probs: bool = False, block_table=None,
-                               seqused_k=None, page_table=None, learnable_sink=None):
+                               seqused_k=None, page_table=None, learnable_sink=None, q_descale=None,
+                               k_descale=None, v_descale=None):
         """``flash_attn.flash_attn_varlen_func``'s signature (FlashAttention 2; ``seqused_k``, ``page_table`` and
         ``learnable_sink`` as FA3/FA4 name them): causal aligned bottom-right within each sequence,
         ``max_seqlen_q`` at least every sequence's length. ``window_size``, ``softcap`` and ``learnable_sink`` go
         to a kernel built with them (tuner/serving/option_calls.py). ``block_table`` (or ``page_table``) makes k
         and v paged caches (num_pages, page_size, kv_heads, head_dim): tuner/serving/paged.py. What neither the
         kernels nor the per-sequence fallback compute is refused (NotImplementedError): dropout, ALiBi, the
-        probabilities."""
+        probabilities. float8_e4m3fn q, k, v take FlashAttention-3's ``q_descale``/``k_descale``/``v_descale`` (fp32,
+        (sequences, KV heads)) and return bf16 (tuner/serving/fp8_calls.py); FP8 takes no paged cache or options."""
         has_options = (learnable_sink is not None or bool(softcap)
                        or (window_size is not None and tuple(window_size) != (-1, -1)))
         for given, what in ((dropout_p > 0.0, "dropout"), (alibi_slopes is not None, "alibi_slopes"),
@@ -99,6 +101,9 @@ class VarlenCalls:
         head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else 1
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(head_dim))
         if table is not None:
+            if q.dtype == torch.float8_e4m3fn:
+                raise NotImplementedError("flash_attn_varlen_func: an FP8 paged cache is not served (FP8 prefill "
+                                          "reads dense or packed K/V); pass k and v packed, or in bf16/fp16")
             return self.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                      table, seqused_k, window_size, softcap, learnable_sink)
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
@@ -108,6 +113,14 @@ class VarlenCalls:
         if k.shape[1] < 1 or q.shape[1] % k.shape[1] or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: query heads must be a "
                              "multiple of the KV heads, k and v alike in tokens and heads, q and k in head dim")
+        if q.dtype == torch.float8_e4m3fn or any(d is not None for d in (q_descale, k_descale, v_descale)):
+            if q.dtype != torch.float8_e4m3fn:
+                raise ValueError(f"q_descale, k_descale and v_descale apply to {torch.float8_e4m3fn} inputs, not "
+                                 f"{q.dtype}")
+            if has_options:
+                raise NotImplementedError("FP8 calls take no window_size, softcap or learnable_sink")
+            return self.attend_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                                          scale, seqused_k, q_descale, k_descale, v_descale)
         if has_options:
             return self.varlen_options(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
                                        window_size, softcap, learnable_sink, seqused_k)
