@@ -370,12 +370,12 @@ def test_the_last_lines_count_as_the_live_line_does():
 
 # -- next: ------------------------------------------------------------------------------------------------------------
 
-def _camps(dry_run: bool, study_dir: Path, model=None):
+def _camps(dry_run: bool, study_dir: Path, model=None, **changes):
     from hardware_profiles import load_profile
     from tuner.campaign.options import CampaignOptions
 
     opts = CampaignOptions(gpu="t4", variant=None if model else "mla", model=model, dry_run=dry_run,
-                           study_dir=study_dir)
+                           study_dir=study_dir, **changes)
     return [SimpleNamespace(options=opts, profile=load_profile("t4"), name="t4-mla-fp16-d192x128-causal-dryrun",
                             spec=SimpleNamespace(variant="mla"))]
 
@@ -387,6 +387,8 @@ def test_next_after_a_dry_run(tmp_path):
     assert line.startswith("next: on a machine with the GPU (NVIDIA T4), run the same command without --dry-run")
     assert f"tune --gpu t4 --variant mla --study-dir {tmp_path}" in line
     assert next_step(_camps(True, tmp_path), 1, None).startswith("next: no candidate compiled; tune build --gpu t4")
+    line = next_step(_camps(True, tmp_path, dtype="fp8", layout="varlen"), 0, None)   # the same command, every flag
+    assert f"tune --gpu t4 --variant mla --dtype fp8 --layout varlen --study-dir {tmp_path}" in line
 
 
 def test_next_after_a_campaign(tmp_path):

@@ -66,6 +66,10 @@ def next_step(camps, code: int, report) -> str:
     target = f"--model {opts.model}" if opts.model else f"--variant {opts.variant}"
     if opts.dtype:   # (the rest of the combination's flags as given: the same command)
         target += f" --dtype {opts.dtype}"
+    if opts.layout != "dense":
+        target += f" --layout {opts.layout}"
+    if opts.phase != "prefill":
+        target += f" --phase {opts.phase}"
     study_dir = opts.study_dir
     if opts.dry_run:
         if code == 0:

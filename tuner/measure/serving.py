@@ -4,7 +4,8 @@
 
 Per mix: every backend's first call is untimed (FA4 JIT-compiles per shape) and gives the output; max |ours -
 baseline| is taken on it. Our output must agree with SDPA (else the first baseline that ran) within
-tuner.measure.dense.CROSS_CHECK_REL_ERR or the row is FAILED and not timed; a baseline that disagrees with a
+tuner.measure.dense.CROSS_CHECK_REL_ERR (an FP8 kernel, whose e4m3 inputs the libraries take as the same values in
+bf16: FP8_CROSS_CHECK_REL_ERR) or the row is FAILED and not timed; a baseline that disagrees with a
 cross-checked kernel is reported, not timed (a library called wrongly would be a fast, meaningless bar).
 Timing: tuner.measure.timer.time_ms (triton's do_bench median, which flushes L2 between runs; one input set), ours
 and every baseline in TIMING_ROUNDS rounds, ours first in every other round, each the median of its rounds: the
@@ -24,7 +25,8 @@ from typing import Callable, Optional, Sequence
 from tuner.measure import dense, timer
 from tuner.measure.mixes import ServingProblem
 from tuner.measure.serving_baselines import BASELINES, Baseline, Unavailable
-from tuner.measure.serving_inputs import make_mix_inputs
+from tuner.measure.dense import FP8_CROSS_CHECK_REL_ERR
+from tuner.measure.serving_inputs import baseline_view, make_mix_inputs
 
 # Rounds of ours and the baselines per mix (module doc): three, so that one round's first timing, after idle time,
 # is not the median.
@@ -44,8 +46,9 @@ def ours_call(kernel, p: ServingProblem, x) -> Callable[[], object]:
     if p.layout == "paged":
         return lambda: kernel.paged(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.seqused_k, x.page_table,
                                     p.max_seqlen_q, softmax_scale=p.softmax_scale)
+    descales = x.descales or {}
     return lambda: kernel.varlen(x.q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k,
-                                 softmax_scale=p.softmax_scale)
+                                 softmax_scale=p.softmax_scale, **descales)
 
 
 def _diffs(out, ref) -> tuple[float, float]:
@@ -64,6 +67,8 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
     row, raw, rel = problem_row(problem), {}, {}
     x = make_mix_inputs(problem, device)
     ours = ours_call(kernel, problem, x)
+    theirs_problem, theirs_x = baseline_view(problem, x)   # FP8: the libraries run the same values in bf16
+    bound = FP8_CROSS_CHECK_REL_ERR if problem.dtype == "fp8" else dense.CROSS_CHECK_REL_ERR
     try:
         out = ours()
         timer.sync()
@@ -74,7 +79,7 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
     prepared = {}
     for b in baselines:
         try:
-            prep = b.prepare(problem, x)
+            prep = b.prepare(theirs_problem, theirs_x)
             theirs = prep.packed(prep.call())
             timer.sync()
             if prep.note:
@@ -89,13 +94,13 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
             row[f"{b.name}_err"] = f"{type(exc).__name__}: {timer.first_line(exc)}"
     ref = next((n for n in CROSS_CHECK_ORDER if n in rel), None)
     if out is not None:
-        if not finite or (ref is not None and not rel[ref] <= dense.CROSS_CHECK_REL_ERR):
+        if not finite or (ref is not None and not rel[ref] <= bound):
             row.update(status="FAILED", reason="output is not finite" if not finite else
                        f"output differs from {ref} on the benchmark inputs (rel err {rel[ref]:.3g})")
         else:
             row["cross_check_against"] = ref
             for name, r in rel.items():   # a cross-checked kernel disagreeing with a library: the library's call
-                if name != ref and not r <= dense.CROSS_CHECK_REL_ERR:
+                if name != ref and not r <= bound:
                     prepared.pop(name)
                     row[f"{name}_err"] = f"output differs from ours and {ref} (rel err {r:.3g}); not timed"
     calls = {name: prep.call for name, prep in prepared.items()}
@@ -187,7 +192,7 @@ def tflops(problem, ms: float) -> float:
 def measure_baselines(problem, timing, device: str, errors: dict) -> dict:
     """{library: TFLOPS or None} (tuner.measure.serving_baselines: FA4's flash_attn_varlen_func, FlashInfer's prefill, torch
     SDPA on the padded batch) on the mix's first input set; ``errors`` gets the reason of each None."""
-    x = seeded_inputs(problem, 1, device)[0]
+    problem, x = baseline_view(problem, seeded_inputs(problem, 1, device)[0])
     row: dict = {}
     for lib in BASELINES:
         try:

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from tuner.measure.mixes import ServingProblem
 
-_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
+_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}
 
 
 @dataclass(frozen=True, eq=False)
@@ -28,6 +28,7 @@ class MixInputs:
     k_cache: Optional[Any] = None
     v_cache: Optional[Any] = None
     page_table: Optional[Any] = None
+    descales: Optional[dict] = None   # FP8: q_descale, k_descale, v_descale (fp32 ones, (batch, KV heads))
 
 
 def page_counts(problem: ServingProblem) -> list[int]:
@@ -36,7 +37,8 @@ def page_counts(problem: ServingProblem) -> list[int]:
 
 
 def make_mix_inputs(problem: ServingProblem, device: str = "cuda", seed: int = 0) -> MixInputs:
-    """Random inputs of ``problem`` on ``device`` (normal values in the problem's dtype)."""
+    """Random inputs of ``problem`` on ``device`` (normal values in the problem's dtype; FP8: e4m3 with descales of
+    one, as the dense FP8 bench takes them)."""
     import torch
 
     dt = getattr(torch, _DTYPES[problem.dtype])
@@ -52,6 +54,10 @@ def make_mix_inputs(problem: ServingProblem, device: str = "cuda", seed: int = 0
     cu_q = torch.tensor([0, *_cumsum(p.seqlens_q)], **as_i32)
     cu_k = torch.tensor([0, *_cumsum(p.seqlens_k)], **as_i32)
     used = torch.tensor(p.seqlens_k, **as_i32)
+    if p.dtype == "fp8":
+        ones = torch.ones(p.batch, p.heads_kv, dtype=torch.float32, device=device)
+        descales = {"q_descale": ones, "k_descale": ones.clone(), "v_descale": ones.clone()}
+        return MixInputs(q, k, v, cu_q, cu_k, used, descales=descales)
     if p.layout != "paged":
         return MixInputs(q, k, v, cu_q, cu_k, used)
     k_cache, v_cache, table = _paged_cache(p, k, v, seed, device)
@@ -85,3 +91,16 @@ def _paged_cache(p: ServingProblem, k, v, seed: int, device: str):
             v_cache[pid, :rows] = v[start + j * page:start + j * page + rows]
         start, at = start + keys, at + n
     return k_cache, v_cache, table.to(device)
+
+
+def baseline_view(problem: ServingProblem, x: MixInputs) -> tuple[ServingProblem, MixInputs]:
+    """What the libraries take of an FP8 mix: the same values in bf16 (none of them reads e4m3 here); a 16-bit
+    mix as it is."""
+    if problem.dtype != "fp8":
+        return problem, x
+    import dataclasses
+
+    import torch
+
+    bf16 = {name: getattr(x, name).to(torch.bfloat16) for name in ("q", "k", "v")}
+    return dataclasses.replace(problem, dtype="bf16"), dataclasses.replace(x, descales=None, **bf16)
