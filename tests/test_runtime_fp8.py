@@ -71,8 +71,9 @@ def test_a_packed_fp8_plan_maps_v_transposed_over_all_keys_and_takes_the_descale
     plan = launch_plan.build_varlen_plan(kern, q, k, k, None, None, 3, 400, 600)
     assert plan.out_dtype == torch.bfloat16 and plan.out_shape == (total_q, hq, d)
     maps = {"qkvo"[slot.index]: slot for slot in plan.maps}
-    vt = maps["v"].spec   # one 'batch' of every packed key, keys rounded up to 16 bytes
-    assert vt.dims == (total_k, d, hkv, 1) and vt.strides_bytes == (1008, d * 1008, hkv * d * 1008)
+    vt = maps["v"].spec   # one 'batch' of the packed keys, each sequence from a 16-key boundary, 16 keys apart
+    keys = 1008 + 3 * 16
+    assert vt.dims == (keys, d, hkv, 1) and vt.strides_bytes == (keys, d * keys, hkv * d * keys)
     assert maps["k"].spec.dims == (d, total_k, hkv, 1) and maps["o"].dtype == "bf16"
     names = [n for n, _ in kern.args]
     assert len(plan.dynamic_offsets) == 6   # cu_seqlens_q, cu_seqlens_k, seqused_k, then the three descales
@@ -127,3 +128,22 @@ def test_a_descale_written_in_place_is_checked_again():
     scales["v_descale"][1, 1] = float("nan")
     with pytest.raises(ValueError, match="v_descale holds values that are not finite"):
         launch_plan.check_descales(scales, 2, 4, torch.device("cpu"))
+
+
+def test_packed_v_transposed_starts_each_sequence_at_an_aligned_key_with_zeros_between():
+    """The V^T of packed sequences (CPU: torch's copy): sequence b's keys at 16 x ceil(cu_k[b] / 16) + 16 b, as
+    attn_sm90::packed_vt_key0 reads them; every other column zero (P = 0 meets it: no e4m3 NaN may hide there)."""
+    lens = [0, 1, 127, 5, 33]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    v = (torch.arange(sum(lens) * 2 * 32) % 200 + 1).float().view(sum(lens), 2, 32).to(E4M3)
+    vt = launch_plan.transposed_packed_v(v, cu, len(lens), 16)
+    assert tuple(vt.shape) == (1, 32, 2, launch_plan.packed_vt_keys(sum(lens), len(lens), 16)) and vt.stride(-1) == 1
+    rows = vt[0].permute(2, 1, 0).view(torch.uint8)   # (keys, heads, d)
+    seen = torch.zeros(rows.shape[0], dtype=torch.bool)
+    for b, n in enumerate(lens):
+        start = -(-int(cu[b]) // 16) * 16 + 16 * b
+        assert torch.equal(rows[start:start + n], v[int(cu[b]):int(cu[b]) + n].view(torch.uint8))
+        seen[start:start + n] = True
+    assert not rows[~seen].any()
+    probe = launch_plan.transposed_packed_v(v, None, len(lens), 16, alloc=False)
+    assert tuple(probe.shape) == tuple(vt.shape) and probe.stride() == vt.stride()

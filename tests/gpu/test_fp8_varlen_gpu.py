@@ -72,14 +72,15 @@ def test_a_kernel_given_one_sequences_descales_for_all_fails_the_gate(built):
 
 
 def test_the_packed_v_transpose_matches_torch():
-    from tuner.serving.launch.plan import transposed_v
+    """The Triton copy (CUDA) writes what torch's copy (CPU) writes: each sequence from its aligned key, zeros
+    between."""
+    from tuner.serving.launch.plan import transposed_packed_v
 
-    for total in (0, 1, 4097):
-        v = torch.randn(total, 3, 128, device="cuda").to(torch.float8_e4m3fn)
-        vt = transposed_v(v)
-        assert tuple(vt.shape) == (1, 128, 3, max(1, total)) and vt.stride(1) % 16 == 0
-        if total:
-            assert torch.equal(vt[0].permute(2, 1, 0).view(torch.uint8), v.view(torch.uint8))
+    for lens in ([0], [1], [0, 1, 127, 128, 129, 2000, 5, 64], [4097, 3]):
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+        v = torch.randn(sum(lens), 3, 128).to(torch.float8_e4m3fn)
+        on_gpu = transposed_packed_v(v.cuda(), cu.cuda(), len(lens), 16)
+        assert torch.equal(on_gpu.cpu().view(torch.uint8), transposed_packed_v(v, cu, len(lens), 16).view(torch.uint8))
 
 
 @pytest.fixture(scope="module")

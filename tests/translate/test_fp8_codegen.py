@@ -135,6 +135,8 @@ def test_a_packed_fp8_kernel_reads_the_descales_of_its_tiles_sequence(d):
     # the tile's lengths and the longest-first order beside the dense kernel's shared memory
     assert packed.smem_bytes - dense.smem_bytes in (32, 32 + 1024)
     assert packed.params.producer_regs == 32   # the producer walks the sequences (translate/defaults.py)
+    # the packed epilogue's rows leave as bf16 (16-byte chunks of 8 outputs), never as the inputs' e4m3
+    assert "convert_type<ElementO>(acc_O" in packed.body and "convert_type<Element>(acc_O" not in packed.body
 
 
 def test_smem_counts_one_byte_elements_and_the_bf16_output():

@@ -41,6 +41,15 @@ __forceinline__ __device__ void tma_load_vt(CUtensorMap const* desc, uint64_t* b
   }
 }
 
+// Where a packed sequence's keys start in the transposed V of packed sequences: its first key rounded up to kAlign
+// keys, plus kAlign per sequence before it (so that no two sequences overlap). A TMA box's start in the innermost
+// dimension (here the keys, one byte each) must be 16-byte aligned: a sequence starting at key 1 faulted
+// (illegal instruction, H200). The runtime writes V^T at the same places (tuner/serving/launch/plan.py).
+template <int kAlign>
+__forceinline__ __device__ int packed_vt_key0(int k_row0, int seq) {
+  return (k_row0 + kAlign - 1) / kAlign * kAlign + kAlign * seq;
+}
+
 // A K or V tile of kTileRows keys from a paged cache (pages, page_size, heads, D): one box of
 // min(kTileRows, page_size) rows per page it spans (the descriptor's box), each from the page the sequence's
 // table row names, landing where the tile's rows go. Keys past the sequence's used ones read the last used

@@ -138,11 +138,14 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
             f"{INDENT}attn_sm90::cp_async_arrive(&{x}_full[slot]);  // this thread's part of the stage, once it landed",
             "}",
         ]
-    if ctx.fp8:   # dense only (frame.fp8_reasons): K in 128- or 64-byte boxes, V transposed (keys along the rows)
+    if ctx.fp8:   # TMA only (frame.fp8_reasons): K in 128- or 64-byte boxes, V transposed (keys along the rows)
+        # packed sequences: V^T holds each sequence's keys from an aligned key (attn_sm90::packed_vt_key0)
+        vt_key = (f"attn_sm90::packed_vt_key0<kPackedVtAlign>(k_row0, vt.seq) + n_block * kBlockN" if ctx.varlen
+                  else k_row)
         load = (f"{INDENT}attn_sm90::tma_load_tile<kHeadDimQK / kChunkQK, kBlockN, kChunkQK>(&tma_k, &k_full[slot], "
                 f"smem_k + slot * kTileKElems, {k_row}, bidh_kv, bidb);" if x == "k" else
                 f"{INDENT}attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>(&tma_v, &v_full[slot], "
-                f"smem_v + slot * kTileVElems, {k_row}, bidh_kv, bidb);")
+                f"smem_v + slot * kTileVElems, {vt_key}, bidh_kv, bidb);")
     elif ctx.paged:
         load = (f"{INDENT}attn_sm90::tma_load_paged<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
@@ -327,7 +330,7 @@ def _store_o_varlen(op: Op, ctx: Ctx) -> list[str]:
         lines += _indent([f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);"
                           "  // the previous tile's rows have been read out of O's tile"])
     lines += _indent([
-        f"Tensor rO = attn_tl::convert_type<Element>(acc_{op.data['src']});",
+        f"Tensor rO = attn_tl::convert_type<{ctx.out_element}>(acc_{op.data['src']});",
         "attn_sm90::store_o_tile<kBlockM, kHeadDimV>(rO, smem_o, mma_tidx);  // stmatrix into SmemLayoutO",
         f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
         "attn_sm90::store_rows_predicated<kHeadDimV, kBlockM>(smem_o, o_ptr + int64_t(q_row0) * o_row_stride + "

@@ -267,7 +267,8 @@ def tensor_map_boxes(params, spec) -> dict:
         qk = frame.fp8_chunk(spec.d_qk)
         return {"q": {"rows": params.block_m, "dim": "d_qk", "cols": qk},
                 "k": {"rows": params.block_n, "dim": "d_qk", "cols": qk},
-                "v": {"rows": spec.d_v, "dim": "d_v", "cols": frame.fp8_chunk(params.block_n), "transposed": True},
+                "v": {"rows": spec.d_v, "dim": "d_v", "cols": frame.fp8_chunk(params.block_n), "transposed": True,
+                      **({"seq_align": frame.PACKED_VT_ALIGN} if spec.layout == "varlen" else {})},
                 "o": {"rows": 64, "dim": "d_v"}}
     packed = {"heads_first": True} if params.pack_gqa else {}
     return {"q": {"rows": params.block_m, "dim": "d_qk", **packed}, "k": {"rows": params.block_n, "dim": "d_qk"},

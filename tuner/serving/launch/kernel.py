@@ -27,7 +27,7 @@ from kernel_abi.abi import ABI1_ARGS, ABI_VERSION
 from tuner.serving.launch import driver as cuda
 from tuner.serving.launch.plan import (FOUR_POINTERS, NO_OPTIONS, POINTER, CallOptions, LaunchPlan,
                                        build_paged_plan, build_plan, build_varlen_plan, check_descales, point_map,
-                                       transposed_v, transposes_v)
+                                       packed_vt_align, transposed_packed_v, transposed_v, transposes_v)
 
 SUPPORTED_ABIS = tuple(range(1, ABI_VERSION + 1))   # kernel_abi.abi: what each version changed
 _DEFAULT_SMEM_LIMIT = 48 * 1024
@@ -223,7 +223,9 @@ class AttentionKernel:
         if out is None:
             out = torch.empty(plan.out_shape, dtype=plan.out_dtype or q.dtype, device=q.device)
         if transposes_v(self.meta):
-            v = transposed_v(v) if v_t is None else _checked_v_t(v_t, v)
+            align = packed_vt_align(self.meta)
+            v = transposed_packed_v(v, cu_seqlens_k, batch, align) if v_t is None else \
+                _checked_v_t(v_t, v, transposed_packed_v(v, None, batch, align, alloc=False).shape)
         elif v_t is not None:
             raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels")
         self._launch(plan, q, k, v, out, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
@@ -358,11 +360,13 @@ class AttentionKernel:
         base = tensor.data_ptr()
         self._free_counters.extend(base + 8 * i for i in reversed(range(COUNTER_BLOCK)))
 
-def _checked_v_t(v_t, v):
-    """``v_t`` as transposed_v(v) makes it: (batch, d, heads, keys) with keys contiguous and 16-byte row strides
-    (packed V (total, heads, d): one batch of max(1, total) keys)."""
-    b, sk, h, d = (1, max(1, int(v.shape[0])), *(int(x) for x in v.shape[1:])) if v.dim() == 3 else \
-        (int(x) for x in v.shape)
+def _checked_v_t(v_t, v, shape=None):
+    """``v_t`` as transposed_v(v) makes it (``shape``: as transposed_packed_v makes it of packed V): (batch, d, heads,
+    keys) with keys contiguous and 16-byte row strides."""
+    if shape is None:
+        b, sk, h, d = (int(x) for x in v.shape)
+        shape = (b, d, h, sk)
+    b, d, h, sk = shape
     if tuple(v_t.shape) != (b, d, h, sk) or v_t.dtype != v.dtype or v_t.device != v.device or v_t.stride(-1) != 1 \
             or any(s % 16 for s in v_t.stride()[:-1]):
         raise ValueError(f"v_t must be transposed_v(v): {(b, d, h, sk)} {v.dtype} on {v.device} with contiguous keys "

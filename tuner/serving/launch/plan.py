@@ -241,6 +241,11 @@ def build_plan(kernel, q, k, v, out, softmax_scale, options: CallOptions = NO_OP
     return plan
 
 
+def packed_vt_align(meta: dict) -> int:
+    """Keys at whose multiples a packed FP8 kernel reads each sequence's V^T (the kernel's kPackedVtAlign)."""
+    return int(meta["tensor_maps"]["v"].get("seq_align", V_KEY_ALIGN))
+
+
 def transposes_v(meta: dict) -> bool:
     """The kernel reads V transposed, (batch, heads, d, keys): an FP8 kernel (8-bit wgmma operands are K-major)."""
     return bool(meta.get("tensor_maps", {}).get("v", {}).get("transposed"))
@@ -252,10 +257,7 @@ V_KEY_ALIGN = 16   # keys of a transposed V row, rounded up: TMA strides are mul
 def transposed_v(v, alloc: bool = True):
     """V (batch, keys, heads, d) as an FP8 kernel's TMA map reads it: a (batch, d, heads, keys) view of a new
     (batch, heads, d, keys rounded up to V_KEY_ALIGN) tensor holding V^T (one copy of V: 1 byte an element).
-    ``alloc`` False: only the view's geometry (a plan's probe). Packed sequences: V (total, heads, d) is one
-    batch of ``total`` keys (at least one row: a map of no keys cannot be encoded)."""
-    if v.dim() == 3:
-        v = v.unsqueeze(0) if v.shape[0] else v.new_zeros((1, 1, *v.shape[1:]))
+    ``alloc`` False: only the view's geometry (a plan's probe)."""
     b, sk, h, d = (int(x) for x in v.shape)
     skp = -(-sk // V_KEY_ALIGN) * V_KEY_ALIGN
     if not alloc:
@@ -268,6 +270,40 @@ def transposed_v(v, alloc: bool = True):
     if not (v.is_cuda and v.stride(-1) == 1 and transpose_into(buf, v)):
         buf[..., :sk].copy_(v.permute(0, 2, 3, 1))
     return buf[..., :sk].permute(0, 2, 1, 3)
+
+
+def packed_vt_keys(total: int, batch: int, align: int) -> int:
+    """Keys of a row of packed sequences' V^T: each sequence from its first key rounded up to ``align``, plus ``align``
+    per sequence before it (attn_sm90::packed_vt_key0), rounded up to V_KEY_ALIGN."""
+    keys = -(-total // align) * align + align * batch
+    return -(-keys // V_KEY_ALIGN) * V_KEY_ALIGN
+
+
+def transposed_packed_v(v, cu_seqlens_k, batch: int, align: int, alloc: bool = True):
+    """Packed V (total keys, heads, d) as an FP8 varlen kernel's TMA map reads it: a (1, d, heads, keys) view of a
+    zeroed (1, heads, d, packed_vt_keys) tensor in which sequence b's keys start at key align x ceil(cu_seqlens_k[b]
+    / align) + align x b (a box's innermost start is 16-byte aligned; the zeros between sequences meet P = 0 in the
+    P.V GEMM, where uninitialised bytes could hold e4m3 NaN). ``alloc`` False: the geometry only."""
+    total, h, d = (int(x) for x in v.shape)
+    keys = packed_vt_keys(total, batch, align)
+    if not alloc:
+        return _ShapeProbe((1, d, h, keys), v.element_size(), (h * d * keys, keys, d * keys, 1))
+    import torch
+
+    from tuner.serving.launch.transpose_triton import transpose_packed_into
+
+    if v.is_cuda and v.stride(-1) == 1:   # one launch: the copy and the zeros between sequences
+        buf = torch.empty((1, h, d, keys), dtype=v.dtype, device=v.device)
+        if transpose_packed_into(buf, v, cu_seqlens_k, batch, align):
+            return buf.permute(0, 2, 1, 3)
+    buf = torch.zeros((1, h, d, keys), dtype=v.dtype, device=v.device)
+    if total and batch:
+        starts = cu_seqlens_k[:batch].to(torch.int64)
+        shift = (starts + align - 1) // align * align + align * torch.arange(batch, device=v.device) - starts
+        at = torch.arange(total, device=v.device)
+        seq = torch.searchsorted(cu_seqlens_k[1:batch + 1].to(torch.int64), at, right=True).clamp_(max=batch - 1)
+        buf.view(torch.uint8)[0].index_copy_(2, at + shift[seq], v.view(torch.uint8).permute(1, 2, 0))
+    return buf.permute(0, 2, 1, 3)
 
 
 FP8_DESCALES = ("q_descale", "k_descale", "v_descale")
@@ -360,8 +396,8 @@ def build_varlen_plan(kernel, q, k, v, out, softmax_scale, batch: int, max_seqle
               "heads_q": hq, "batch": batch,
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
     probe_out = _Packed(out if out is not None else _ShapeProbe(out_shape, out_dtype.itemsize))
-    if transposes_v(kernel.meta):   # V^T of the packed keys, (1, d, heads, total keys): copied per call
-        v4 = transposed_v(v4, alloc=False)
+    if transposes_v(kernel.meta):   # V^T of the packed keys, (1, d, heads, keys): copied per call
+        v4 = transposed_packed_v(v, None, batch, packed_vt_align(kernel.meta), alloc=False)
     plan = _pack_plan(kernel, {"q": q4, "k": k4, "v": v4, "o": probe_out}, values,
                       _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape,
                       dynamic=VARLEN_POINTERS + sink_pointer(kernel) + descale_pointers(kernel))
