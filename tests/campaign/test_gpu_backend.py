@@ -234,6 +234,12 @@ def test_a_campaign_with_the_gpu_backend_stores_exports_and_loads_a_kernel(tmp_p
     assert pipe["kernels"] >= 3 and pipe["mean_batch"] >= 1 and pipe["nvcc_cached"] == 0
     assert pipe["gpus_take_per_s"] > 0 and pipe["compiled_per_s"] > 0
     assert 0 <= pipe["cpu_wait_s"] <= pipe["latency_s"] and pipe["nvcc_s_per_kernel"] >= 0
+    driver = summary["driver"]             # where the loop's own time went (tuner/campaign/driver_clock.py)
+    timed = sum(x["s"] for x in driver["sections"].values())
+    assert 0 < timed <= driver["elapsed_s"] + 1e-6 and driver["untimed_s"] >= 0
+    assert driver["sections"]["ask"]["calls"] >= 1 and driver["sections"]["launch"]["calls"] >= 3
+    assert driver["sections"]["measured"]["calls"] == 3 and driver["sections"]["wait"]["s"] > 0
+    assert driver["levels"]["measuring"]["max"] >= 1 and 0 <= driver["gpus_starved"] <= 1
     import optuna
 
     from tuner.campaign.study import make_storage

@@ -206,6 +206,7 @@ def write_summary(camp, study, tally, rows: list[dict], top, path: Path, decisio
         "measured_per_gpu_hour": round(tally.measured / gpu_hours, 1) if gpu_hours > 0 else None,
         "steady_state": steady_state(tally.lock_spans),
         "compile_pipeline": compile_pipeline(study, tally, n_gpus),
+        "driver": tally.driver,
         "stage_seconds": stage_totals,
         "timing": camp.options.timing(),
         "best": None if top is None else {"kernel_name": top.kernel_name, "trial": top.trial, "bucket": top.bucket,

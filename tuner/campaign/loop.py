@@ -32,6 +32,7 @@ from .cache import from_result, measurement_key
 from .cluster import compile_pool
 from .state import WORKER_GRACE_S, Campaign, Candidate, Tally
 from .distinct import CACHED_FROM
+from .driver_clock import DriverClock
 from .earlystop import DEFAULT_EARLY_STOP
 from .pacing import Pacer, batch_size, dry_run_unit, first_round, one_unit_each, unit_size
 from .problems import probe_problem, problem_key
@@ -258,16 +259,20 @@ class Loop:
         deadline = self.camps[0].started + opts.timeout if opts.timeout else None
         for c in self.camps:
             c.kernels_dir.mkdir(parents=True, exist_ok=True)
+        clock = self.clock = DriverClock()
         with live_view(self.camps, start, deadline) as live:
             try:
                 while True:
                     now = time.monotonic()
+                    clock.sample(**self._levels())
                     if self.stop_reason is None and deadline is not None and now >= deadline:
                         self._stop("the --timeout budget ran out")
                     # 1. launch GPU trials while GPU workers have room
-                    self._launch_ready()
+                    with clock.section("launch"):
+                        self._launch_ready()
                     # 2. ask and compile, while a compile slot is free and the GPUs need more (time-sliced)
-                    self._flush_stale_units()
+                    with clock.section("send"):
+                        self._flush_stale_units()
                     until = time.monotonic() + ASK_SLICE_S
                     while (self.stop_reason is None and len(self.compiling) < self.compile_slots
                            and time.monotonic() < until):
@@ -284,47 +289,66 @@ class Loop:
                         if camp is None:
                             break
                         held, since = self.filling.pop(camp.name, ([], time.monotonic()))
-                        batch = held + self.ask_batch(camp, max(0, size - len(held)), until)
+                        with clock.section("ask"):
+                            batch = held + self.ask_batch(camp, max(0, size - len(held)), until)
                         if not batch:
                             continue
                         if len(batch) < size and time.monotonic() - since < FILL_WAIT_S and camp.exhausted is None \
                                 and camp.remaining() > 0:
                             self.filling[camp.name] = (batch, since)   # the slice ended: fill it in the next
                             break
-                        self._send_unit(camp, batch)
+                        with clock.section("send"):
+                            self._send_unit(camp, batch)
                     # the slice ran out while the GPUs still wanted kernels: ask on after a glance at the
                     # results, instead of waiting for one (see ASK_WAIT_S)
                     asking = (self.stop_reason is None and time.monotonic() >= until
                               and len(self.compiling) < self.compile_slots)
-                    self._launch_ready()
+                    with clock.section("launch"):
+                        self._launch_ready()
                     if self._finished():
                         break
                     # 3. wait for anything
                     refs = list(self.compiling) + list(self.measuring) + list(self.baseline_refs)
                     wait_s = ASK_WAIT_S if asking else 0.5
-                    done, _ = ray.wait(refs, num_returns=1, timeout=wait_s) if refs else ([], [])
-                    if done:  # collect everything that is ready without waiting again
-                        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+                    clock.sample(**self._levels())
+                    with clock.section("wait"):
+                        done, _ = ray.wait(refs, num_returns=1, timeout=wait_s) if refs else ([], [])
+                        if done:  # collect everything that is ready without waiting again
+                            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
                     for ref in done:
                         if ref in self.baseline_refs:
                             from .baselines import finish_baselines
 
                             camp = self.baseline_refs.pop(ref)
-                            finish_baselines(camp, ref)
+                            with clock.section("baselines"):
+                                finish_baselines(camp, ref)
                             camp.baselines_ref = None
                         elif ref in self.compiling:
-                            self._compiled(ref)
+                            with clock.section("compiled"):
+                                self._compiled(ref)
                         else:
-                            self._measured(ref)
-                    self._backstops()
-                    live.refresh()
+                            with clock.section("measured"):
+                                self._measured(ref)
+                    with clock.section("backstops"):
+                        self._backstops()
+                    with clock.section("view"):
+                        live.refresh()
             except KeyboardInterrupt:  # Ctrl-C: the unfinished trials go back in the queue
                 self.stop_reason = "interrupted"
             self._leftovers()
             elapsed = time.monotonic() - start
+            driver = clock.report()
             for c in self.camps:
                 c.tally.elapsed = elapsed
+                c.tally.driver = driver
             live.refresh(force=True)
+
+    def _levels(self) -> dict:
+        """The queues the driver clock samples (tuner/campaign/driver_clock.py)."""
+        return {"compiling_units": len(self.compiling), "compiling_kernels": self.in_compile(),
+                "ready": len(self.ready), "measuring": len(self.measuring),
+                "free_gpu_slots": self.workers.free_slots() if self.n_gpus else 0,
+                "idle_gpus": self.workers.idle_gpus() if self.n_gpus else 0}
 
     def _launch_ready(self) -> None:
         while self.ready and self.stop_reason is None:

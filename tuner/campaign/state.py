@@ -36,6 +36,7 @@ class Tally:
     measured: int = 0          # GPU trials of this run that returned (any outcome)
     unmeasured: int = 0        # compiled but not measured when the run stopped
     lock_spans: list = field(default_factory=list)   # (gpu, acquired_at, released_at, waited_s), this run
+    driver: dict | None = None  # the loop's sections and queue levels (driver_clock.DriverClock.report)
 
     @property
     def finished(self) -> int:

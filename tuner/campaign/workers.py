@@ -99,6 +99,14 @@ class WorkerPool:
         i = min(range(len(self.handles)), key=lambda j: self.inflight[j])
         return i if self.inflight[i] < self.overlap else None
 
+    def free_slots(self) -> int:
+        """Trials the workers could take now (each up to ``overlap`` in flight)."""
+        return sum(max(0, self.overlap - n) for n in self.inflight)
+
+    def idle_gpus(self) -> int:
+        """Workers with no trial in flight: their GPU has nothing to run or to start up."""
+        return sum(1 for n in self.inflight if n == 0)
+
     def submit(self, slot: int, payload: dict, timeout_s: float, wait_s: float) -> tuple[Any, Any]:
         self.inflight[slot] += 1
         handle = self.handles[slot]
