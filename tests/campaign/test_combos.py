@@ -74,7 +74,7 @@ def test_head_dims_192_and_256_are_combinations_of_their_own_beside_mla():
 
 @pytest.mark.parametrize("variant, head_dim, message", [
     ("mha,flash", None, r"unknown variant 'flash'; choose from: mha, gqa, mqa, mla"),
-    ("mha", "96", "head dim 96 is not supported; choose 64, 128, 192, 256"),
+    ("mha", "80", "head dim 80 is not supported; choose 64, 96, 128, 192, 256"),
     ("mha,mla", "320", "head dim 320 is not supported"),
     ("mha", "sixty-four", "--head-dim must be a comma list"),
     (" , ", None, "--variant is empty"),

@@ -541,8 +541,8 @@ __forceinline__ __device__ void order_sequences(int* order, int* keys, int const
 // chunk j of row r at j ^ ((r / 2) % 4) where 64 do not divide the head dim (SWIZZLE_64B, store_o_tile). Plain address
 // arithmetic: CuTe's indexing of the swizzled layout with run-time coordinates spilled to local memory (ptxas).
 template <int kHeadDim, int kTileRows, typename Element>
-__forceinline__ __device__ void store_rows_predicated(Element const* smem_o, Element* o_seq, int64_t row_stride,
-                                                      int tile_row, int seq_row, int seqlen_q, int thread) {
+__forceinline__ __device__ void store_rows_predicated_128(Element const* smem_o, Element* o_seq, int64_t row_stride,
+                                                          int tile_row, int seq_row, int seqlen_q, int thread) {
   constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
   char const* tile = reinterpret_cast<char const*>(smem_o);
   for (int idx = thread; idx < 64 * kChunks; idx += 128) {
@@ -550,16 +550,36 @@ __forceinline__ __device__ void store_rows_predicated(Element const* smem_o, Ele
     const int j = idx - r * kChunks;
     if (seq_row + r < seqlen_q) {
       const int row = tile_row + r;
-      cute::uint128_t v;
-      if constexpr (kChunkCols<kHeadDim> == 64) {
-        const int block = j / 8, chunk = j % 8;
-        v = *reinterpret_cast<cute::uint128_t const*>(tile + block * kTileRows * 128 + row * 128 +
-                                                      ((chunk ^ (row % 8)) * 16));
-      } else {
-        v = *reinterpret_cast<cute::uint128_t const*>(smem_o + sw64_offset<kTileRows>(row, j));
-      }
+      const int block = j / 8, chunk = j % 8;
+      const cute::uint128_t v = *reinterpret_cast<cute::uint128_t const*>(
+          tile + block * kTileRows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16));
       *reinterpret_cast<cute::uint128_t*>(o_seq + int64_t(seq_row + r) * row_stride + j * 8) = v;
     }
+  }
+}
+
+template <int kHeadDim, int kTileRows, typename Element>
+__forceinline__ __device__ void store_rows_predicated_64(Element const* smem_o, Element* o_seq, int64_t row_stride,
+                                                         int tile_row, int seq_row, int seqlen_q, int thread) {
+  constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+  for (int idx = thread; idx < 64 * kChunks; idx += 128) {
+    const int r = idx / kChunks;
+    const int j = idx - r * kChunks;
+    if (seq_row + r < seqlen_q) {
+      const cute::uint128_t v = *reinterpret_cast<cute::uint128_t const*>(
+          smem_o + sw64_offset<kTileRows>(tile_row + r, j));
+      *reinterpret_cast<cute::uint128_t*>(o_seq + int64_t(seq_row + r) * row_stride + j * 8) = v;
+    }
+  }
+}
+
+template <int kHeadDim, int kTileRows, typename Element>
+__forceinline__ __device__ void store_rows_predicated(Element const* smem_o, Element* o_seq, int64_t row_stride,
+                                                      int tile_row, int seq_row, int seqlen_q, int thread) {
+  if constexpr (kChunkCols<kHeadDim> == 64) {
+    store_rows_predicated_128<kHeadDim, kTileRows>(smem_o, o_seq, row_stride, tile_row, seq_row, seqlen_q, thread);
+  } else {
+    store_rows_predicated_64<kHeadDim, kTileRows>(smem_o, o_seq, row_stride, tile_row, seq_row, seqlen_q, thread);
   }
 }
 

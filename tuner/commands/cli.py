@@ -171,7 +171,7 @@ def campaign(
                                               f"compiling do not). Default: {DEFAULT_TRIALS}; with --dry-run "
                                               f"{DRY_RUN_TRIALS}."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock budget in seconds (the whole run)."),
-    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="64, 128, 192 or 256, or a comma list (mla is 192/128)."),
+    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="64, 96, 128, 192 or 256, or a comma list (mla is 192/128)."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16, bf16 or fp8 (e4m3 in, bf16 out: Hopper, dense, "
                                                               "head dims 64 and 128), or a comma list (default: bf16 "
                                                               "where supported)."),
