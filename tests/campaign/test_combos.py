@@ -200,3 +200,11 @@ def test_several_layouts_refuse_bad_values_by_name(layout, phase, page_size, wor
         expand_combinations(load_profile("h100"), "mha", None, None, None, None, layout, page_size, phase)
     with pytest.raises(ComboError, match="nothing to tune on t4"):
         expand_combinations(load_profile("t4"), "mha", None, "fp16", None, None, "varlen,paged", None, "prefill")
+
+
+def test_head_dim_96_is_a_combination_with_heads_every_variant_divides():
+    combos = expand_combinations(load_profile("h100"), "mha,gqa", "64,96", "bf16", "true", None)
+    assert [(c.variant, c.spec().d_qk, c.spec().d_v) for c in combos] == [("mha", 64, 64), ("mha", 96, 96),
+                                                                          ("gqa", 64, 64), ("gqa", 96, 96)]
+    problem = combos[3].problems()[0]
+    assert (problem.heads_q, problem.heads_kv, problem.d_qk) == (16, 2, 96)   # kernel_abi.spec.GRID_HEADS

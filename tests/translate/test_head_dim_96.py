@@ -198,3 +198,20 @@ def test_the_64_byte_swizzle_offsets_are_cutes_sw64_layout(tmp_path):
     source = "\n".join(["#include <cstdio>", "#include <cute/tensor.hpp>", '#include "attn_sm90.cuh"',
                         "using namespace cute;", "int main() {", "  int total = 0;", *checks, "  return total;", "}"])
     run_host_checks(source + "\n", "sw64_offsets", tmp_path, len(rows), opt="-O0", arch="sm_90a")
+
+
+@pytest.mark.parametrize("gpu, dtype", [("h100", "bf16"), ("t4", "fp16")])
+def test_the_search_space_at_96_has_feasible_points_and_seeds(gpu, dtype):
+    from search_spaces import load_space
+    from search_spaces.feasible import default_sketches, feasible_space
+
+    profile = load_profile(gpu)
+    space = load_space("mha")
+    fs = feasible_space(space, profile, 96, dtype, grid_problems("mha", 96, dtype, True),
+                        default_sketches(space, profile, 96, dtype))
+    assert fs.points and any("hdim96" in s.source for s in space.seeds_for(96))
+    ws = [p for p in fs.points if p.sketch.startswith("ws_")]
+    if profile.sm >= 90:
+        assert ws and max(p.params.block_n for p in ws) >= 176   # d96's O leaves room for wide key tiles
+    else:   # 32-column atoms: a 2-bit swizzle or none
+        assert not ws and {p.params.swizzle for p in fs.points} <= {0, 2}
