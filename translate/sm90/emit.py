@@ -101,7 +101,7 @@ def comment(node) -> str:
 
 def _box_args(dim: str, d: int, rows: str) -> str:
     """A 16-bit tile's TMA box template arguments: its boxes a row, ``rows``, and their columns where not 64 (the 64-byte
-    swizzle's 32 where 64 do not divide the head dim: frame.chunk)."""
+    swizzle's 32 where 64 do not divide the head dim: swizzle.chunk)."""
     cols = swizzle.chunk(d)
     return f"{dim} / 64, {rows}" if cols == 64 else f"{dim} / {cols}, {rows}, {cols}"
 

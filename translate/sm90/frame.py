@@ -206,8 +206,8 @@ def smem_layouts(params, spec) -> list[str]:
     kernel (MHA d128 / d64 defaults, 4.8 -> 4.5 s, nvcc 13.0, 2 cores, BENCHMARKS.md, nvcc cost per kernel)."""
     qk, v = swizzle.k_major_atom(swizzle.chunk(spec.d_qk)), swizzle.k_major_atom(swizzle.chunk(spec.d_v))
     return [
-        "// K-major, swizzled tiles: the image TMA boxes of 64 columns (128-byte swizzle; 32 and 64 bytes where 64 "
-        "do not divide the head dim) x rows write, chunk after chunk",
+        "// K-major, swizzled tiles: the image TMA boxes of 64 columns x rows write, chunk after chunk (128-byte "
+        "swizzle; 32 columns and the 64-byte swizzle where 64 do not divide the head dim)",
         f"using SmemLayoutQ = decltype(tile_to_shape({qk}{{}}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{{}}));",
         f"using SmemLayoutK = decltype(tile_to_shape({qk}{{}}, Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{{}}));",
         "// V as stored (BN, HeadDimV) read as (HeadDimV, BN): the same bytes, MN-major for the P·V GEMM",
