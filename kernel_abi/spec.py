@@ -28,7 +28,10 @@ OUTPUT_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}                 
 # Head layouts of the variants at hidden 2048 (the paper grid) and DeepSeek-V3's MLA prefill.
 GQA_GROUP = 8          # 64 query heads share 8 KV heads in the anchors: group 8
 MLA_D_QK, MLA_D_V = 192, 128
-HEAD_DIMS = (64, 128, 192, 256)   # the head dims (d_qk == d_v) of the other variants' kernels
+HEAD_DIMS = (64, 96, 128, 192, 256)   # the head dims (d_qk == d_v) of the other variants' kernels
+# Query heads of the grid where hidden / head dim would not divide into the variants' KV heads: 2048 / 96 is 21, which
+# no GQA group of 8 divides; FlashAttention-4's benchmark runs head dim 96 at 16 heads (hidden 1536).
+GRID_HEADS = {96: 16}
 NO_WINDOW = (-1, -1)    # FlashAttention's window_size for none
 
 
@@ -203,7 +206,7 @@ def heads_for(variant: str, head_dim: int, hidden: int = 2048) -> tuple[int, int
         # DeepSeek-V3 prefill: 128 heads at hidden 7168; at the grid's token budget we keep 16 heads
         # so that batch * heads matches the d128 MHA rows.
         return 16, 16, MLA_D_QK, MLA_D_V
-    hq = hidden // head_dim
+    hq = GRID_HEADS.get(head_dim, hidden // head_dim) if hidden == 2048 else hidden // head_dim
     if variant == "mha":
         return hq, hq, head_dim, head_dim
     if variant == "gqa":

@@ -145,6 +145,17 @@ def test_illegal_params_exit_1_with_the_reason(tmp_path):
     assert "exceeds the 64 KB per-block limit" in result.stderr
 
 
+def test_head_dim_96_reaches_the_hopper_kernels_parameters_and_80_is_refused(tmp_path):
+    """--head-dim 96 is a spec (illegal parameters are then judged for mha_d96x96); 80 is refused naming the dims."""
+    result = invoke("build", "--gpu", "h100", "--variant", "mha", "--head-dim", "96", "--params",
+                    '{"block_n": 72}', "-o", str(tmp_path))
+    assert result.exit_code == 1 and "for mha_d96x96_causal_bf16" in result.stderr
+    assert "block_n 72 must be a multiple of 16" in result.stderr
+    result = invoke("build", "--gpu", "h100", "--variant", "mha", "--head-dim", "80", "-o", str(tmp_path))
+    assert result.exit_code == 2 and "head dim 80 is not supported; choose 64, 96, 128, 192, 256" in result.stderr
+    assert not list(tmp_path.iterdir())
+
+
 def test_missing_sketch_file_exits_2(tmp_path):
     result = invoke("build", "--gpu", "h100", "--variant", "mha", "--sketch", str(tmp_path / "none.tl"),
                     "-o", str(tmp_path))

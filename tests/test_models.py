@@ -128,7 +128,11 @@ def test_the_presets_of_models_with_attention_options():
     assert get_model("llama3-8b").layer_kinds() == ("global",) and get_model("llama3-8b").options("global") == {
         "window": (-1, -1), "softcap": 0.0, "sinks": False}
     assert get_model("gemma2-9b").kernel_support() is None and get_model("gemma3-12b").kernel_support() is None
-    assert "head dim 96, which the kernels do not take yet" in get_model("phi3-mini").kernel_support()
+    assert get_model("phi3-mini").kernel_support() is None   # head dim 96: 64-byte swizzle atoms (translate/sm90)
+    import dataclasses
+
+    assert "head dim 80, which the kernels do not take yet" in \
+        dataclasses.replace(get_model("phi3-mini"), d_qk=80, d_v=80).kernel_support()
     assert get_model("gpt-oss-20b").kernel_support() is None
 
 
@@ -147,13 +151,31 @@ def test_a_bench_of_a_preset_takes_its_layers_options_and_refuses_what_the_kerne
         preset_options("mistral-7b-v0.1", "global", NO_OPTIONS)
     with pytest.raises(UsageError, match="give --model"):
         preset_options(None, "local", NO_OPTIONS)
-    result = CliRunner().invoke(app, ["bench", "--gpu", "h100", "--model", "phi3-mini"])
-    assert result.exit_code == 2 and "head dim 96, which the kernels do not take yet" in result.stderr
+    # Phi-3-mini (head dim 96): its config's sliding window of 2047 on every layer, FlashAttention's (2046, 0)
+    options, note = preset_options("phi3-mini", None, NO_OPTIONS)
+    assert options == ModelOptions((2046, 0), 0.0, False) and "phi3-mini local layers" in note
 
 
-def test_a_campaign_of_a_preset_whose_head_dims_the_kernels_lack_is_one_line(tmp_path):
-    result = CliRunner().invoke(app, ["--gpu", "h100", "--model", "phi3-mini", "--dry-run", "--study-dir",
+def _models_with_head_dim_80(tmp_path, monkeypatch):
+    import tuner.models
+
+    text = tuner.models.MODELS_FILE.read_text() + (
+        '\n["wide-80"]\ndescription = "a made-up model of head dim 80"\nvariant = "mha"\nheads_q = 16\n'
+        'heads_kv = 16\nd_qk = 80\nd_v = 80\ncausal = [true]\ndtypes = ["bf16"]\n')
+    (tmp_path / "models.toml").write_text(text)
+    monkeypatch.setattr(tuner.models, "MODELS_FILE", tmp_path / "models.toml")
+
+
+def test_a_bench_of_a_preset_whose_head_dims_the_kernels_lack_is_refused(tmp_path, monkeypatch):
+    _models_with_head_dim_80(tmp_path, monkeypatch)
+    result = CliRunner().invoke(app, ["bench", "--gpu", "h100", "--model", "wide-80"])
+    assert result.exit_code == 2 and "head dim 80, which the kernels do not take yet" in result.stderr
+
+
+def test_a_campaign_of_a_preset_whose_head_dims_the_kernels_lack_is_one_line(tmp_path, monkeypatch):
+    _models_with_head_dim_80(tmp_path, monkeypatch)
+    result = CliRunner().invoke(app, ["--gpu", "h100", "--model", "wide-80", "--dry-run", "--study-dir",
                                       str(tmp_path / "s")])
     assert result.exit_code == 2 and result.stderr.count("\n") == 1
-    assert "head dim 96, which the kernels do not take yet" in result.stderr
+    assert "head dim 80, which the kernels do not take yet" in result.stderr
     assert not (tmp_path / "s").exists()

@@ -47,7 +47,7 @@ def campaign(tmp_path, *args: str, study_dir=None):
 @pytest.mark.parametrize("args,words", [
     (["--gpu", "x100"], "unknown GPU 'x100'"),
     (["--variant", "mxa"], "unknown variant 'mxa'"),
-    (["--head-dim", "96"], "96"),
+    (["--head-dim", "80"], "80"),
     (["--head-dim", "abc"], "abc"),
     (["--dtype", "fp8"], "fp8"),
     (["--trials", "0"], "--trials"),

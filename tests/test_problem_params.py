@@ -34,8 +34,8 @@ def test_problem_rejects_inconsistent_heads():
 
 def test_spec_for_mla_and_bad_head_dim():
     assert spec_for("mla", None, "bf16", True).d_v == 128
-    with pytest.raises(ValueError, match="choose 64, 128, 192, 256"):
-        spec_for("mha", 96, "bf16", True)
+    with pytest.raises(ValueError, match="choose 64, 96, 128, 192, 256"):
+        spec_for("mha", 80, "bf16", True)
 
 
 def test_validate_accepts_fa2_default_on_h100():

@@ -5,7 +5,7 @@ profile with less shared memory (sm75: 64 KB, L40S: 99 KB) falls through to smal
 
 On Hopper (sm90) the default schedule is the warp-specialised one (``ws_overlap`` sketches) with
 FA4's tiles per head dim (``_tile_size_fwd_sm90``: d64 192x128, d128 128x128, d192/128 128x128, d192 128x112,
-d256 128x80; RS P, two stages); persistent, because the H100 runs of 2026-11-22 (BENCHMARKS.md) measured it ahead of one
+d256 128x80; RS P, two stages; d96 takes d128's, see _hopper_seeds); persistent, because the H100 runs of 2026-11-22 (BENCHMARKS.md) measured it ahead of one
 CTA per tile at 1k-4k for both causal (with its dynamic tile counter) and non-causal shapes.
 """
 from __future__ import annotations
@@ -111,6 +111,11 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     elif d <= 64:
         seeds = [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128),
                  dict(block_m=128, block_n=64)]
+    elif d <= 96:
+        # FA4's d96 tile (192 x 128 causal, else 192 x 144, P through shared memory: an RS P would take 36 more of a
+        # consumer's 160 registers) spilled 592 bytes here (nvcc 13.0, causal; d64's 192 x 128 spills 500 with an SS P
+        # and none with RS), so d128's 128 x 128 RS: no spills (nor at 128 x 144 or 176 non-causal)
+        seeds = [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)]
     elif d <= 128:
         seeds = [dict(block_m=128, block_n=128), dict(block_m=128, block_n=176 if not spec.causal else 128),
                  dict(block_m=128, block_n=64)]

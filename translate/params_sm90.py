@@ -140,6 +140,23 @@ PV_WAIT_EIGHTHS = {"mid": 0, "quarter": 2, "half": 4}
 PV_WAITS = ("after", *PV_WAIT_EIGHTHS)
 
 
+def head_dim_reasons(d: int, warp_specialized: bool, fp8: bool = False) -> list[str]:
+    """Why a head dim cannot make the tiles of a Hopper kernel. The warp-specialised kernel's 16-bit tiles are rows of
+    64-column atoms of the 128-byte swizzle, or of 32-column atoms of the 64-byte swizzle where 64 do not divide the
+    head dim (96: three 32-column TMA boxes a row, as FlashAttention-3 lays d96 out); the plain schedule and the FP8
+    kernels have the 128-byte layouts only."""
+    if fp8 or not warp_specialized:
+        if d % 64:
+            what = "fp8 kernels" if fp8 else "the plain wgmma schedule (no warpgroup roles)"
+            return [f"head dim {d} must be a multiple of 64 for {what}: 128-byte swizzled tiles, 64-column copies "
+                    "(the warp-specialised 16-bit kernels take multiples of 32)"]
+        return []
+    if d % 32:
+        return [f"head dim {d} must be a multiple of 32: the tiles are rows of 64-column (128-byte swizzle) or 32-column "
+                "(64-byte swizzle) GMMA atoms, read and written in TMA boxes as wide"]
+    return []
+
+
 def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: bool) -> list[str]:
     errors: list[str] = []
     if not params.is_gmma:
@@ -172,8 +189,7 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         errors.append(f"block_n {params.block_n} must be a multiple of 16 in 16..{MAX_WGMMA_N} (wgmma N; the P·V "
                       "GEMM steps over it in k-blocks of 16)")
     for d in sorted({problem.d_qk, problem.d_v}):
-        if d % 64:
-            errors.append(f"head dim {d} must be a multiple of 64 (128-byte swizzled tiles, 64-column TMA boxes)")
+        errors += head_dim_reasons(d, warp_specialized, problem.dtype == "fp8")
     if not 1 <= params.kv_stages <= 4:
         errors.append(f"kv_stages must be 1..4, got {params.kv_stages}")
     if params.q_in_regs:

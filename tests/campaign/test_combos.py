@@ -74,7 +74,7 @@ def test_head_dims_192_and_256_are_combinations_of_their_own_beside_mla():
 
 @pytest.mark.parametrize("variant, head_dim, message", [
     ("mha,flash", None, r"unknown variant 'flash'; choose from: mha, gqa, mqa, mla"),
-    ("mha", "96", "head dim 96 is not supported; choose 64, 128, 192, 256"),
+    ("mha", "80", "head dim 80 is not supported; choose 64, 96, 128, 192, 256"),
     ("mha,mla", "320", "head dim 320 is not supported"),
     ("mha", "sixty-four", "--head-dim must be a comma list"),
     (" , ", None, "--variant is empty"),
@@ -200,3 +200,11 @@ def test_several_layouts_refuse_bad_values_by_name(layout, phase, page_size, wor
         expand_combinations(load_profile("h100"), "mha", None, None, None, None, layout, page_size, phase)
     with pytest.raises(ComboError, match="nothing to tune on t4"):
         expand_combinations(load_profile("t4"), "mha", None, "fp16", None, None, "varlen,paged", None, "prefill")
+
+
+def test_head_dim_96_is_a_combination_with_heads_every_variant_divides():
+    combos = expand_combinations(load_profile("h100"), "mha,gqa", "64,96", "bf16", "true", None)
+    assert [(c.variant, c.spec().d_qk, c.spec().d_v) for c in combos] == [("mha", 64, 64), ("mha", 96, 96),
+                                                                          ("gqa", 64, 64), ("gqa", 96, 96)]
+    problem = combos[3].problems()[0]
+    assert (problem.heads_q, problem.heads_kv, problem.d_qk) == (16, 2, 96)   # kernel_abi.spec.GRID_HEADS

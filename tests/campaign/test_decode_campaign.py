@@ -76,6 +76,20 @@ def test_the_decode_space_holds_only_kernels_validate_decode_accepts():
     assert not chosen and "block_n 32 must be a positive multiple of 16 x warps_n" in " ".join(why)
 
 
+def test_phi3_minis_decode_space_at_head_dim_96_takes_the_2_bit_swizzle():
+    from search_spaces import load_space
+    from search_spaces.feasible import feasible_space
+    from translate.decode import validate_decode
+
+    (combo,) = expand_combinations(load_profile("h100"), None, None, None, None, "phi3-mini", "paged", 16, "decode")
+    assert (combo.spec().d_qk, combo.spec().features) == (96, ("local",))
+    space = load_space("mha", phase="decode")
+    feasible = feasible_space(space, load_profile("h100"), 96, "bf16", combo.shapes(),
+                              (("decode", "decode"), ("decode_late", "decode_late")), "paged", 16)
+    assert feasible.points and {p.params.swizzle for p in feasible.points} == {2}
+    assert all(not validate_decode(p.params, load_profile("h100"), combo.spec()) for p in feasible.points)
+
+
 def test_decode_sketches_load_by_schedule_and_cache():
     import tl
 

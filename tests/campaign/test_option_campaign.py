@@ -30,6 +30,14 @@ def test_a_preset_with_local_and_global_layers_is_two_combinations_with_their_op
         "h100", plain[0].spec(), heads=plain[0].heads, options_tag=plain[0].options_tag()) == "h100-gqa-bf16-d128-causal-32q8kv"
 
 
+def test_phi3_minis_preset_is_a_head_dim_96_campaign_of_its_sliding_window():
+    (combo,) = expand_combinations(load_profile("h100"), None, None, None, None, "phi3-mini")
+    spec = combo.spec()
+    assert (spec.variant, spec.d_qk, spec.d_v, spec.causal, spec.features) == ("mha", 96, 96, True, ("local",))
+    problem = combo.problems(seqlens=(4096,))[0]
+    assert (problem.heads_q, problem.heads_kv, problem.window) == (32, 32, (2046, 0))
+
+
 def test_flags_apply_to_every_combination_and_win_over_a_presets_options():
     combos = expand_combinations(load_profile("h100"), "mha,gqa", "128", None, "both", None, window=(4096, 0),
                                  softcap=50.0)
@@ -45,7 +53,6 @@ def test_flags_apply_to_every_combination_and_win_over_a_presets_options():
     (dict(variant="mla", softcap=30.0, phase="decode"), "absorbed MLA decode kernels are built without"),
     (dict(variant="mha", layer="local"), "give --model"),
     (dict(model="mistral-7b-v0.1", layer="global"), "has local layers; --layer global is not one of them"),
-    (dict(model="phi3-mini"), "head dim 96, which the kernels do not take yet"),
 ])
 def test_what_cannot_be_tuned_is_refused_saying_why(kwargs, words):
     profile = load_profile(kwargs.pop("gpu", "h100"))

@@ -29,6 +29,8 @@ CASES = [
     ("mqa64_fp16_rows32", KernelSpec("mqa", 64, 64, True, "fp16", "paged", "decode"),
      DecodeParams(block_m=32, warps_m=2, warps_n=2)),
     ("mha_unpacked", KernelSpec("mha", 128, 128, True, "bf16", "paged", "decode"), DecodeParams(pack_gqa=False)),
+    # head dim 96: 32-column atoms, a 2-bit swizzle (translate/decode/params.py)
+    ("gqa96_paged_causal", KernelSpec("gqa", 96, 96, True, "bf16", "paged", "decode"), DecodeParams(swizzle=2)),
 ]
 
 

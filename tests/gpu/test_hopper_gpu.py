@@ -51,6 +51,8 @@ CASES = [
     ("gqa192c", S("gqa", True, d=192), "ws_overlap", {}),
     ("gqa256c", S("gqa", True, d=256), "ws_overlap", {}),
     ("mha256n_tiles_fp16", S("mha", False, "fp16", d=256), "ws_overlap", {"persistent": False}),
+    # head dim 96: 32-column atoms of the 64-byte swizzle, three TMA boxes a row (more in test_head_dim_96_gpu.py)
+    ("mha96c", S("mha", True, d=96), "ws_overlap", {}),
     ("plain_mha128c", S("mha", True), "fa2", {}),
     ("plain_mla_noncausal_ss", S("mla", False), "fa2", {"pv_operand": "ss", "kv_stages": 1}),
 ]

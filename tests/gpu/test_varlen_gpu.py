@@ -37,6 +37,9 @@ CASES = [
     ("paged_mla_c_fp16", KernelSpec("mla", 192, 128, True, "fp16", "paged"), {}),
     ("paged_mha64n", KernelSpec("mha", 64, 64, False, "bf16", "paged"), {}),
     ("paged_gqa128n_n176", KernelSpec("gqa", 128, 128, False, "bf16", "paged"), {"block_n": 176}),
+    # head dim 96: the varlen epilogue's and the cp.async producer's 32-column blocks of the 64-byte swizzle
+    ("gqa96c", KernelSpec("gqa", 96, 96, True, "bf16", "varlen"), {}),
+    ("paged_gqa96c", KernelSpec("gqa", 96, 96, True, "bf16", "paged"), {}),
 ]
 
 

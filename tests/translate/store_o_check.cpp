@@ -49,7 +49,7 @@ int store_o(const char* label) {
     for (int k = 0; k < kCols / 16; ++k) {
       std::vector<int> regs;
       for (int v = 0; v < 8; ++v) regs.push_back(8 * k + v);
-      ours[attn_sm90::store_o_offset<kRows>(t, k)] = regs;
+      ours[attn_sm90::store_o_offset<kRows, attn_sm90::kChunkCols<kCols>>(t, k)] = regs;
     }
     stores += int(ours.size());
     if (cute_stores != ours) {

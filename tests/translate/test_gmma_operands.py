@@ -6,7 +6,7 @@ whose partition algebra cost 2-3 s of cicc per distinct tile; the kernels' SASS 
 instruction (BENCHMARKS.md, 2026-11-24). gmma_operands_check.cpp compares, per config, the layout type, the
 descriptor fields and every consumer thread's start with CuTe's partitions: tile heights of 1-3 consumer
 warpgroups, block N of every swizzle P can take (128-, 64-, 32-byte: 128/64, 96/160, 80/112/144/176), head
-dims 64, 128 and MLA's 192/128, 2 and 3 stages (fp16 and bf16 tiles are alike: 16-bit). (The rules were read off all 216 shapes of
+dims 64, 96 (32-column atoms of the 64-byte swizzle), 128 and MLA's 192/128, 2 and 3 stages (fp16 and bf16 tiles are alike: 16-bit). (The rules were read off all 216 shapes of
 d 64/128/192x128 x block M 64/128/192 x block N 64/80/96/112/128/176 x 2/3 stages x RS/SS first.)"""
 import re
 from pathlib import Path
@@ -35,9 +35,11 @@ def _configs():
     base = hopper_params(h100, KernelSpec("mha", 128, 128, True, "bf16")).to_dict()
     mha128, mha64 = KernelSpec("mha", 128, 128, True, "bf16"), KernelSpec("mha", 64, 64, False, "bf16")
     mla = KernelSpec("mla", 192, 128, True, "bf16")
+    mha96 = KernelSpec("mha", 96, 96, True, "bf16")   # 32-column atoms of the 64-byte swizzle (translate/sm90/swizzle.py)
     shapes = [(mha128, 128, 128, 2, "rs"), (mha128, 192, 80, 3, "ss"), (mha128, 128, 96, 2, "ss"),
               (mha128, 64, 176, 2, "ss"), (mha64, 192, 144, 3, "ss"), (mha64, 128, 160, 2, "ss"),
-              (mla, 128, 192, 2, "rs")]
+              (mla, 128, 192, 2, "rs"), (mha96, 128, 128, 2, "rs"), (mha96, 192, 144, 2, "ss"),
+              (mha96, 64, 80, 3, "ss"), (mha96, 128, 176, 2, "rs")]
     return [(f"{spec.label()}_m{bm}n{bn}s{st}_{pv}", spec,
              KernelParams.from_dict({**base, "block_m": bm, "block_n": bn, "kv_stages": st, "pv_operand": pv}))
             for spec, bm, bn, st, pv in shapes]
@@ -147,7 +149,7 @@ def test_the_descriptors_build_the_sass_of_cutes_partitions(tmp_path):
                 lines[i] = line[:len(line) - len(line.lstrip())] + f"Tensor {name} = {call};"
     # CuTe's partitions take the tiles' layouts, which the kernel declares only for P (frame.smem_layouts)
     at = next(i for i, line in enumerate(lines) if line.startswith("using TiledMmaPV")) + 1
-    lines[at:at] = [line for line in frame.smem_layouts(params) if "SmemLayoutP" not in line]
+    lines[at:at] = [line for line in frame.smem_layouts(params, spec) if "SmemLayoutP" not in line]
     with_cute = dataclasses.replace(gen, body="\n".join(lines))
     assert with_cute.body.count(".partition_fragment_") == 4
     sass = {}

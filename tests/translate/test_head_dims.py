@@ -14,7 +14,7 @@ from translate.params import validate
 
 
 def test_the_head_dims_and_their_hopper_defaults_are_fa3_fa4s_tiles():
-    assert HEAD_DIMS == (64, 128, 192, 256)
+    assert HEAD_DIMS == (64, 96, 128, 192, 256)
     assert spec_for("gqa", 256, "bf16", True) == KernelSpec("gqa", 256, 256, True, "bf16")
     h100 = load_profile("h100")
     key = lambda spec, **kw: default_params(h100, spec, "ws_overlap", **kw).key()   # noqa: E731

@@ -4,7 +4,7 @@ store_o_tile replaced make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>, t
 partition algebra cost ~2 s of cicc per distinct tile (BENCHMARKS.md, 2026-11-24). store_o_check.cpp takes
 CuTe's copy apart on the host, from each config's own kernel types, and compares what every consumer thread
 passes to each stmatrix.x4 (address and registers) with the helper's: the same stores, for every tile height
-(1, 2, 3 consumer warpgroups), output head dim (64, 128; MLA's d_v 128 with d_qk 192), 16-bit type and P·V
+(1, 2, 3 consumer warpgroups), output head dim (64, 96: 32-column blocks of the 64-byte swizzle, 128; MLA's d_v 128 with d_qk 192), 16-bit type and P·V
 operand (RS, SS), a block N outside CuTe's base wgmma shapes, and the plain (not warp-specialised) wgmma kernel's
 types."""
 from pathlib import Path
@@ -34,6 +34,7 @@ def _configs():
 
     mha128, mha64 = KernelSpec("mha", 128, 128, True, "bf16"), KernelSpec("mha", 64, 64, False, "fp16")
     mla = KernelSpec("mla", 192, 128, True, "bf16")
+    mha96, mha96h = KernelSpec("mha", 96, 96, True, "bf16"), KernelSpec("mha", 96, 96, False, "fp16")
     return [
         ("m128_d128_rs_bf16", mha128, params(mha128)),
         ("m64_d128_ss", mha128, params(mha128, block_m=64, pv_operand="ss")),
@@ -41,6 +42,9 @@ def _configs():
         ("m192_d64_fp16", mha64, params(mha64, block_m=192)),
         ("m128_d64_fp16_ss", mha64, params(mha64, block_m=128, pv_operand="ss")),
         ("mla_m128_dv128", mla, params(mla)),
+        ("m128_d96_rs", mha96, params(mha96)),
+        ("m192_d96_ss", mha96, params(mha96, block_m=192, block_n=144, pv_operand="ss")),
+        ("m64_d96_fp16", mha96h, params(mha96h, block_m=64)),
         ("plain_m128_d128", mha128, KernelParams.from_dict(hopper_params(h100, mha128, warp_specialized=False).to_dict())),
     ]
 

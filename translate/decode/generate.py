@@ -29,6 +29,8 @@ unchanged by that option (compile caches are keyed by source).
 """
 from __future__ import annotations
 
+import math
+
 
 from tl.ast import Compute, Copy, For, Program, Reshape, walk
 from tl.layout import layout_of
@@ -164,7 +166,10 @@ def _combine_call(name: str, spec: KernelSpec) -> str:
 
 
 def _atom(width: int, swizzle: int) -> str:
-    base = "Layout<Shape<_8, _64>, Stride<_64, _1>>"
+    """Q/K/V's 8-row atom: 64 columns, or 32 where 64 do not divide the head dim (96; validate_decode keeps its
+    swizzle to 2 bits, the four 16-byte chunks of a row)."""
+    base = ("Layout<Shape<_8, _64>, Stride<_64, _1>>" if width % 64 == 0 else
+            "Layout<Shape<_8, Int<32>>, Stride<Int<32>, _1>>")
     return f"decltype(composition(Swizzle<{swizzle}, 3, 3>{{}}, {base}{{}}))" if swizzle else base
 
 
@@ -196,7 +201,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         *_options_cfg(spec),
         f"  using TiledMma = TiledMMA<MMA_Atom<{_MMA[spec.dtype]}>, Layout<Shape<Int<kWarpsM>, _1, _1>>,",
         "                            Tile<Int<16 * kWarpsM>, _16, _16>>;   // one warp group: warps along M",
-        f"  using SmemAtom = {_atom(64, p.swizzle)};",
+        f"  using SmemAtom = {_atom(math.gcd(spec.d_qk, spec.d_v), p.swizzle)};",
         "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
         "  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));",
         "  using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimV>>{}));",
@@ -271,7 +276,7 @@ def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefe
         *([f"  static constexpr int kRescaleThreshold = {p.rescale_threshold};   // the conditional rescale"]
           if p.rescale_threshold else []),
         "  // the cp.async writes (Swizzle<3, 3, 3> over 8 x 64 atoms: the bytes of the 128-byte GMMA swizzle)",
-        f"  using SmemAtom = {_atom(64, p.swizzle)};",
+        f"  using SmemAtom = {_atom(math.gcd(spec.d_qk, spec.d_v), p.swizzle)};",
         "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
         "  using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockN>, Int<kHeadDimQK>>{}));",
         *mmas,

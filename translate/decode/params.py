@@ -124,13 +124,15 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages; on Hopper the 64-row tile's GEMMs are
     warpgroup MMAs with the two warpgroups out of step (mma sm90_seesaw) and whole key tiles come by TMA."""
     if spec.variant != "mla":
-        p = DecodeParams()
+        # a head dim that 64 does not divide (96) lays its rows out in 32-column atoms, whose swizzle is 2 bits
+        base = DecodeParams() if spec.d_qk % 64 == 0 and spec.d_v % 64 == 0 else DecodeParams(swizzle=2)
+        p = base
         # where three stages of 64 keys do not fit (head dim 256: 200 KB, over the A100's 163; the L40S's 99 KB at
         # head dim 128): fewer stages, then fewer keys over two warp groups
         for fewer in (dict(kv_stages=2), dict(kv_stages=2, block_n=32, warps_n=2)):
             if profile is None or decode_smem_bytes(p, spec) <= profile.smem_per_block_bytes:
                 break
-            p = DecodeParams(**{**DecodeParams().to_dict(), **fewer})
+            p = DecodeParams(**{**base.to_dict(), **fewer})
         return p
     if heads_q is not None and heads_q <= 16:
         p = DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=2)
@@ -187,9 +189,12 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *,
         errors.append(f"min_split_blocks must be >= 1, got {params.min_split_blocks}")
     if params.swizzle not in (0, 1, 2, 3):
         errors.append(f"swizzle must be 0..3, got {params.swizzle}")
-    for d in {spec.d_qk, spec.d_v}:
-        if d % 64:
-            errors.append(f"head dim {d} must be a multiple of 64 (64-wide swizzled shared-memory atoms)")
+    for d in sorted({spec.d_qk, spec.d_v}):
+        if d % 32:
+            errors.append(f"head dim {d} must be a multiple of 32 (swizzled shared-memory atoms of 64 or 32 columns)")
+        elif d % 64 and params.swizzle > 2:
+            errors.append(f"swizzle {params.swizzle} needs 64-column rows; head dim {d} takes 32-column atoms "
+                          "(swizzle <= 2)")
     # fp32 registers per thread: O (rows x d_v, split-d_v: the group's d_v / warps_n slice) and S (rows x the
     # group's columns) spread over one group's warps, Q as 16-bit operands when kept in registers. Past ~200
     # ptxas spills (nvcc 13, checked with the SASS tests). Split-d_v takes more than the estimate: the MLA

@@ -369,28 +369,41 @@ __forceinline__ __device__ void convert_p_fp8(TP& p, TS const& acc_s, Fp8PLanes 
 // the (kTileRows, kCols) output tile of K-major, 128-byte-swizzled 64-column chunks (SmemLayoutO:
 // tile_to_shape(GMMA::Layout_K_SW128_Atom, ...) at a 1024-byte-aligned address), one stmatrix.x4 per 16
 // columns: its 8x8 matrices (rows 0-7 | 8-15) x (columns 0-7 | 8-15) take the thread's 32-bit registers
-// 4k .. 4k + 3, and lane l gives the address of row l % 8 of matrix l / 8.
+// 4k .. 4k + 3, and lane l gives the address of row l % 8 of matrix l / 8. Where 64 columns do not divide kCols
+// (head dim 96), the chunks are 32 columns of the 64-byte swizzle (Layout_K_SW64_Atom): 16-byte chunk j of row r at
+// j ^ ((r / 2) % 4), as SWIZZLE_64B puts them (address bits 4-5 xor bits 7-8).
 // These are the stores (address and registers, per thread and instruction) of CuTe's
 // make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>, tiled_mma) over SmemLayoutO, checked on the host
 // for every tile shape (tests/translate/test_store_o.py), without that copy's partition algebra: ~2 s of
 // cicc per distinct tile, a fifth of a lone kernel's build (BENCHMARKS.md, 2026-11-24).
-template <int kTileRows>
+// The columns of a 16-bit tile's swizzle atoms and TMA boxes: 64 (128-byte swizzle) where they divide the row, else
+// 32 (64-byte swizzle; translate/sm90/frame.py chunk).
+template <int kCols>
+constexpr int kChunkCols = kCols % 64 == 0 ? 64 : 32;
+
+template <int kTileRows, int kChunk = 64>
 CUTE_HOST_DEVICE int store_o_offset(int mma_tidx, int k) {   // element offset of this lane's row of matrix k
   const int lane = mma_tidx % 32;
   const int row = (mma_tidx / 32) * 16 + lane % 8 + 8 * ((lane / 8) % 2);   // 16 rows a warp
   const int chunk = 2 * k + lane / 16;   // the row's 16-byte chunk (8 columns) this lane addresses
-  return (chunk / 8) * (kTileRows * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
+  if constexpr (kChunk == 64) {
+    return (chunk / 8) * (kTileRows * 64) + row * 64 + ((chunk % 8) ^ (row % 8)) * 8;
+  } else {
+    static_assert(kChunk == 32, "64- or 32-column chunks (128- or 64-byte swizzle)");
+    return sw64_offset<kTileRows>(row, chunk);
+  }
 }
 
 template <int kTileRows, int kCols, typename TO, typename Element>
 __forceinline__ __device__ void store_o_tile(TO const& r_o, Element* smem, int mma_tidx) {
-  static_assert(sizeof(Element) == 2 && kCols % 64 == 0 && kTileRows % 64 == 0);
+  static_assert(sizeof(Element) == 2 && kCols % 32 == 0 && kTileRows % 64 == 0);
   static_assert(decltype(size(r_o))::value == kCols / 2, "a warpgroup's 64 x kCols tile: kCols / 2 values a thread");
   const uint32_t* regs = reinterpret_cast<const uint32_t*>(r_o.data());
   CUTE_UNROLL
   for (int k = 0; k < kCols / 16; ++k) {
     SM90_U32x4_STSM_N::copy(regs[4 * k], regs[4 * k + 1], regs[4 * k + 2], regs[4 * k + 3],
-                            *reinterpret_cast<uint128_t*>(smem + store_o_offset<kTileRows>(mma_tidx, k)));
+                            *reinterpret_cast<uint128_t*>(smem + store_o_offset<kTileRows, kChunkCols<kCols>>(
+                                mma_tidx, k)));
   }
 }
 
@@ -524,11 +537,12 @@ __forceinline__ __device__ void order_sequences(int* order, int* keys, int const
 // Varlen epilogue: a warpgroup's 64 rows of the O tile, shared -> global in 16-byte stores, rows at or past
 // the sequence's end skipped (a TMA store would write them over the next sequence's rows). The tile is the
 // image a TMA store reads: per 64 columns a (kTileRows x 128 bytes) block, 16-byte chunk j of row r at
-// chunk j ^ (r % 8) (SWIZZLE_128B; the blocks are 1024-byte aligned). Plain address arithmetic: CuTe's
-// indexing of the swizzled layout with run-time coordinates spilled to local memory (ptxas).
+// chunk j ^ (r % 8) (SWIZZLE_128B; the blocks are 1024-byte aligned); per 32 columns a (kTileRows x 64 bytes) block,
+// chunk j of row r at j ^ ((r / 2) % 4) where 64 do not divide the head dim (SWIZZLE_64B, store_o_tile). Plain address
+// arithmetic: CuTe's indexing of the swizzled layout with run-time coordinates spilled to local memory (ptxas).
 template <int kHeadDim, int kTileRows, typename Element>
-__forceinline__ __device__ void store_rows_predicated(Element const* smem_o, Element* o_seq, int64_t row_stride,
-                                                      int tile_row, int seq_row, int seqlen_q, int thread) {
+__forceinline__ __device__ void store_rows_predicated_128(Element const* smem_o, Element* o_seq, int64_t row_stride,
+                                                          int tile_row, int seq_row, int seqlen_q, int thread) {
   constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
   char const* tile = reinterpret_cast<char const*>(smem_o);
   for (int idx = thread; idx < 64 * kChunks; idx += 128) {
@@ -541,6 +555,31 @@ __forceinline__ __device__ void store_rows_predicated(Element const* smem_o, Ele
           tile + block * kTileRows * 128 + row * 128 + ((chunk ^ (row % 8)) * 16));
       *reinterpret_cast<cute::uint128_t*>(o_seq + int64_t(seq_row + r) * row_stride + j * 8) = v;
     }
+  }
+}
+
+template <int kHeadDim, int kTileRows, typename Element>
+__forceinline__ __device__ void store_rows_predicated_64(Element const* smem_o, Element* o_seq, int64_t row_stride,
+                                                         int tile_row, int seq_row, int seqlen_q, int thread) {
+  constexpr int kChunks = kHeadDim / 8;   // 16-byte chunks per row
+  for (int idx = thread; idx < 64 * kChunks; idx += 128) {
+    const int r = idx / kChunks;
+    const int j = idx - r * kChunks;
+    if (seq_row + r < seqlen_q) {
+      const cute::uint128_t v = *reinterpret_cast<cute::uint128_t const*>(
+          smem_o + sw64_offset<kTileRows>(tile_row + r, j));
+      *reinterpret_cast<cute::uint128_t*>(o_seq + int64_t(seq_row + r) * row_stride + j * 8) = v;
+    }
+  }
+}
+
+template <int kHeadDim, int kTileRows, typename Element>
+__forceinline__ __device__ void store_rows_predicated(Element const* smem_o, Element* o_seq, int64_t row_stride,
+                                                      int tile_row, int seq_row, int seqlen_q, int thread) {
+  if constexpr (kChunkCols<kHeadDim> == 64) {
+    store_rows_predicated_128<kHeadDim, kTileRows>(smem_o, o_seq, row_stride, tile_row, seq_row, seqlen_q, thread);
+  } else {
+    store_rows_predicated_64<kHeadDim, kTileRows>(smem_o, o_seq, row_stride, tile_row, seq_row, seqlen_q, thread);
   }
 }
 

@@ -56,7 +56,7 @@ __forceinline__ __device__ int packed_vt_key0(int k_row0, int seq) {
 // page (any rows of it: they are masked), never a page the table does not give it. (Reading a tile's page
 // numbers together into registers and sharing them with the V tile measured slower on the H100: 228.7 vs
 // 250.5 TFLOPS with pages of 16, 522 vs 563 with 128; its producer needed 56 registers, the consumers lost 8.)
-template <int kChunks, int kTileRows, typename Element>
+template <int kChunks, int kTileRows, int kCols = 64, typename Element>
 __forceinline__ __device__ void tma_load_paged(CUtensorMap const* desc, uint64_t* bar, Element* smem, int row0,
                                                int seqlen_k, int head, int const* pages, int page_size) {
   const int rows = min(kTileRows, page_size);
@@ -65,8 +65,8 @@ __forceinline__ __device__ void tma_load_paged(CUtensorMap const* desc, uint64_t
     const int page = pages[min(key, max(seqlen_k - 1, 0)) / page_size];
     CUTE_UNROLL
     for (int c = 0; c < kChunks; ++c) {
-      SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL), smem + c * kTileRows * 64 + r * 64,
-                             c * 64, key % page_size, head, page);
+      SM90_TMA_LOAD_4D::copy(desc, bar, uint64_t(TMA::CacheHintSm90::EVICT_NORMAL),
+                             smem + c * kTileRows * kCols + r * kCols, c * kCols, key % page_size, head, page);
     }
   }
 }
@@ -131,9 +131,61 @@ __forceinline__ __device__ int64_t paged_group_offset(PagedGroup g, int64_t page
   return g.page >= 0 ? int64_t(g.page) * page_stride + int64_t(g.in_page) * row_stride : 0;
 }
 
+//
+// Where 64 columns do not divide the row (head dim 96), the tile is 32-column blocks of the 64-byte swizzle (chunk j
+// of row r at j ^ ((r / 2) % 4) within its 32 columns, as a SWIZZLE_64B box puts it: sw64_offset): a warp-wide
+// cp.async copies one such block of a whole group, 8 rows x 64 bytes, 4 lanes a row (cp_async_load_paged_32).
+//
+// The element offset of 16-byte chunk j of row r in a 16-bit tile of kTileRows rows laid out in 32-column blocks of
+// the 64-byte swizzle (GMMA::Layout_K_SW64_Atom tiled rows first; tests/translate checks it against CuTe's layout).
+template <int kTileRows>
+CUTE_HOST_DEVICE constexpr int sw64_offset(int r, int j) {
+  return (j / 4) * (kTileRows * 32) + r * 32 + ((j % 4) ^ ((r / 2) % 4)) * 8;
+}
+
 template <int kCols, int kTileRows, typename Element>
-__forceinline__ __device__ void cp_async_load_paged(Element* smem, Element const* row_base, int64_t group_offset,
-                                                    int64_t row_stride, int row0, int seqlen_k, int thread) {
+__forceinline__ __device__ void cp_async_load_paged_32(Element* smem, Element const* row_base, int64_t group_offset,
+                                                       int64_t row_stride, int row0, int seqlen_k, int thread) {
+  static_assert(kCols % 32 == 0, "32-column blocks");
+  constexpr int kLanesPerRow = 4;                      // a warp-wide cp.async: 8 rows x 64 bytes (one 32-column block)
+  constexpr int kBoxes = kCols / 32;                   // a row's 32-column parts (the smem tile's blocks)
+  constexpr int kGroups = PagedRows<kTileRows>::kGroups;
+  constexpr int kWarpGroups = PagedRows<kTileRows>::kWarpGroups;
+  const int warp = thread / 32, lane = thread % 32;
+  const int in_group = lane / kLanesPerRow, a = lane % kLanesPerRow;   // row in_group of the group; chunk a
+  const int keys_left = seqlen_k - row0 - 8 * warp - in_group;   // group t's row is a key iff 32t is below this
+  Element const* lane_src = row_base + in_group * row_stride + a * 8;
+  // a group's rows start at a multiple of 8: the swizzle of row in_group is the same in every group and block, so
+  // chunk 4k + a of row 32t + r lies k blocks and 32t rows from chunk a of row r
+  Element* dst = smem + sw64_offset<kTileRows>(8 * warp + in_group, a);
+  auto copy_rows = [&](auto masked) {
+    CUTE_UNROLL
+    for (int t = 0; t < kWarpGroups; ++t) {
+      if (kGroups % 4 == 0 || warp + 4 * t < kGroups) {  // (the same for the whole warp)
+        Element const* src = lane_src + __shfl_sync(0xffffffffu, group_offset, t);
+        CUTE_UNROLL
+        for (int k = 0; k < kBoxes; ++k) {
+          auto const& from = *reinterpret_cast<cute::uint128_t const*>(src + 32 * k);
+          auto& to = *reinterpret_cast<cute::uint128_t*>(dst + k * kTileRows * 32 + 32 * t * 32);
+          if constexpr (decltype(masked)::value) {
+            SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>::copy(from, to, 32 * t < keys_left);
+          } else {
+            SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(from, to);
+          }
+        }
+      }
+    }
+  };
+  if (row0 + kTileRows <= seqlen_k) {
+    copy_rows(cute::false_type{});
+  } else {
+    copy_rows(cute::true_type{});
+  }
+}
+
+template <int kCols, int kTileRows, typename Element>
+__forceinline__ __device__ void cp_async_load_paged_64(Element* smem, Element const* row_base, int64_t group_offset,
+                                                       int64_t row_stride, int row0, int seqlen_k, int thread) {
   constexpr int kChunks = kCols / 8;                   // 16-byte chunks per row
   static_assert(kCols % 64 == 0 && kChunks <= 32, "64-column tiles: head dim 64, 128 or 256");
   constexpr int kLanesPerRow = 8;                      // a warp-wide cp.async: 4 rows x 128 bytes (one 64-column box)
@@ -181,6 +233,16 @@ __forceinline__ __device__ void cp_async_load_paged(Element* smem, Element const
   }
 }
 
+template <int kCols, int kTileRows, typename Element>
+__forceinline__ __device__ void cp_async_load_paged(Element* smem, Element const* row_base, int64_t group_offset,
+                                                    int64_t row_stride, int row0, int seqlen_k, int thread) {
+  if constexpr (kCols % 64 == 0) {
+    cp_async_load_paged_64<kCols, kTileRows>(smem, row_base, group_offset, row_stride, row0, seqlen_k, thread);
+  } else {
+    cp_async_load_paged_32<kCols, kTileRows>(smem, row_base, group_offset, row_stride, row0, seqlen_k, thread);
+  }
+}
+
 // The stage's full barrier counts one arrival per producer thread: each arrives once its own cp.asyncs so far
 // have landed (noinc: the arrival is one of the count the barrier was initialised with).
 __forceinline__ __device__ void cp_async_arrive(uint64_t* bar) {
@@ -188,12 +250,12 @@ __forceinline__ __device__ void cp_async_arrive(uint64_t* bar) {
 }
 
 // The reverse for a (rows, D) tile of O; rows past the tensor's end are not written.
-template <int kChunks, int kTileRows, typename Element>
+template <int kChunks, int kTileRows, int kCols = 64, typename Element>
 __forceinline__ __device__ void tma_store_rows(CUtensorMap const* desc, Element const* smem, int row0, int head,
                                                int batch) {
   CUTE_UNROLL
   for (int c = 0; c < kChunks; ++c) {
-    SM90_TMA_STORE_4D::copy(desc, smem + c * kTileRows * 64, c * 64, row0, head, batch);
+    SM90_TMA_STORE_4D::copy(desc, smem + c * kTileRows * kCols, c * kCols, row0, head, batch);
   }
   tma_store_arrive();
 }

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from translate.params_sm90 import PV_WAIT_EIGHTHS
+from translate.sm90 import swizzle
 from translate.sm90.ir import Cond, Loop, Op
 from translate.ir import expr_to_cpp
 
@@ -98,6 +99,13 @@ def comment(node) -> str:
 
 # ---- producer -----------------------------------------------------------------------------------------
 
+def _box_args(dim: str, d: int, rows: str) -> str:
+    """A 16-bit tile's TMA box template arguments: its boxes a row, ``rows``, and their columns where not 64 (the 64-byte
+    swizzle's 32 where 64 do not divide the head dim: swizzle.chunk)."""
+    cols = swizzle.chunk(d)
+    return f"{dim} / 64, {rows}" if cols == 64 else f"{dim} / {cols}, {rows}, {cols}"
+
+
 def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     role = op.data["role"]
     q_row, k_row = ("q_row0 + m_block * kBlockM", "k_row0 + n_block * kBlockN") if ctx.varlen else \
@@ -105,7 +113,8 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     if role == "q":
         # packed heads: Q's map is (d, heads, seqlen, batch) and its box the tile's heads x its tokens
         at = "bidh * pack, m_block * tile_tokens, bidb" if ctx.pack else f"{q_row}, bidh, bidb"
-        chunks = "kHeadDimQK / kChunkQK, kBlockM, kChunkQK" if ctx.fp8 else "kHeadDimQK / 64, kBlockM"
+        chunks = "kHeadDimQK / kChunkQK, kBlockM, kChunkQK" if ctx.fp8 else _box_args("kHeadDimQK", ctx.spec.d_qk,
+                                                                                       "kBlockM")
         lines = ["attn_sm90::FullBarrier::arrive_and_expect_tx(q_full, kTileQBytes);  // with the tile's number",
                  f"attn_sm90::tma_load_tile<{chunks}>(&tma_q, q_full, smem_q, {at});"
                  + ("  // heads fastest" if ctx.pack else "")]
@@ -115,6 +124,7 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     tile = ctx.expr(op.data["tile"], op.line)
     x = role   # k or v
     dim = "kHeadDimQK" if x == "k" else "kHeadDimV"
+    boxes = _box_args(dim, ctx.spec.d_qk if x == "k" else ctx.spec.d_v, "kBlockN")
     if ctx.kv_cp_async:
         lookup = ctx.page_lookups.get(tile)
         lines = []
@@ -147,10 +157,10 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
                 f"{INDENT}attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>(&tma_v, &v_full[slot], "
                 f"smem_v + slot * kTileVElems, {vt_key}, bidh_kv, bidb);")
     elif ctx.paged:
-        load = (f"{INDENT}attn_sm90::tma_load_paged<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
+        load = (f"{INDENT}attn_sm90::tma_load_paged<{boxes}>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
     else:
-        load = (f"{INDENT}attn_sm90::tma_load_tile<{dim} / 64, kBlockN>(&tma_{x}, &{x}_full[slot], "
+        load = (f"{INDENT}attn_sm90::tma_load_tile<{boxes}>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, {k_row}, bidh_kv, bidb);")
     return [
         "{",
@@ -308,7 +318,8 @@ def emit_store_o(op: Op, ctx: Ctx) -> list[str]:
         "cutlass::arch::fence_view_async_shared();  // generic-proxy writes, read by the TMA unit",
         f"cutlass::arch::NamedBarrier::sync(128, {EPILOGUE_BARRIER} + wg);",
         "if (mma_tidx % 128 == 0) {",
-        f"{INDENT}attn_sm90::tma_store_rows<kHeadDimV / 64, kBlockM>(&tma_o, smem_o + wg * 64 * 64, {at});",
+        f"{INDENT}attn_sm90::tma_store_rows<{_box_args('kHeadDimV', ctx.spec.d_v, 'kBlockM')}>(&tma_o, smem_o + wg * 64 "
+        f"* {swizzle.chunk(ctx.spec.d_v)}, {at});",
     ])
     if not ctx.separate_o:   # O sits in Q's tile: Q goes back only once the store has read it
         lines += _indent([f"{INDENT}tma_store_wait<0>();", "}"] + release_q)

@@ -7,19 +7,10 @@ import math
 from dataclasses import dataclass
 
 from translate import emitters as base
-from translate.kernel import TranslationError
 from translate.params_sm90 import consumer_registers, kv_cp_async
-from translate.sm90 import wgmma_ops
+from translate.sm90 import swizzle, wgmma_ops
 from translate.sm90.emit import CP_ASYNC_PRODUCER_THREADS, Ctx
 from translate.sm90.tiles import tile_grid
-
-
-def _k_major_atom(width: int) -> str:
-    """The GMMA shared-memory atom for 16-bit rows of ``width`` elements: the widest swizzle that divides it."""
-    for elems, name in ((64, "SW128"), (32, "SW64"), (16, "SW32")):
-        if width % elems == 0:
-            return f"GMMA::Layout_K_{name}_Atom<Element>"
-    raise TranslationError(f"a {width}-element row is not a multiple of 16 (GMMA shared-memory layouts)")
 
 
 def gemms(spec, params) -> tuple[tuple[int, str], tuple[int, str]]:
@@ -53,7 +44,7 @@ class GmmaOperand:
     per_warpgroup: int = 0    # elements from one consumer warpgroup's start to the next's (A operands)
 
 
-_SWIZZLE = {64: 1, 32: 2, 16: 3}   # 16-bit elements per atom row -> GMMA layout type (B128, B64, B32)
+_SWIZZLE = swizzle.LAYOUT_TYPE
 
 
 def is_fp8(spec) -> bool:
@@ -102,19 +93,22 @@ def gmma_operand(which: str, spec, params, stages: int) -> GmmaOperand:
         raise ValueError(f"no FP8 GMMA operand {which!r} (P stays in registers)")
     if which in ("q", "p"):
         cols = spec.d_qk if which == "q" else bn
-        width = 64 if which == "q" else next(w for w in (64, 32, 16) if bn % w == 0)
+        width = swizzle.chunk(spec.d_qk) if which == "q" else swizzle.atom_width(bn)
         shape, stride = _k_mode(bm, cols, width)
         # one consumer warpgroup: no offset at all (a term in wg, zero but not known to be, costs registers)
         return GmmaOperand(f"Layout<Shape<_1, _1, {shape}>, Stride<_0, _0, {stride}>>", 1, width,
                            _SWIZZLE[width], per_warpgroup=64 * width if bm > 64 else 0)
     stage = f"Shape<_1, Int<{stages}>>"
     if which == "k":
-        shape, stride = _k_mode(bn, spec.d_qk, 64)
+        width = swizzle.chunk(spec.d_qk)
+        shape, stride = _k_mode(bn, spec.d_qk, width)
         return GmmaOperand(f"Layout<Shape<_1, _1, {shape}, {stage}>, Stride<_0, _0, {stride}, "
-                           f"Stride<_0, Int<{bn * spec.d_qk // 8}>>>>", 1, 64, 1)
-    if which == "v":   # (HeadDimV, BN) MN-major: 64-column chunks of V's rows 8 * BN units apart, k-blocks 16 rows
-        return GmmaOperand(f"Layout<Shape<_1, _1, Int<{bn // 16}>, {stage}>, Stride<_0, _0, _128, "
-                           f"Stride<_0, Int<{bn * spec.d_v // 8}>>>>", 8 * bn if spec.d_v > 64 else 0, 64, 1)
+                           f"Stride<_0, Int<{bn * spec.d_qk // 8}>>>>", 1, width, _SWIZZLE[width])
+    if which == "v":   # (HeadDimV, BN) MN-major: w-column chunks of V's rows BN x w / 8 units apart, k-blocks 16 rows
+        width = swizzle.chunk(spec.d_v)
+        return GmmaOperand(f"Layout<Shape<_1, _1, Int<{bn // 16}>, {stage}>, Stride<_0, _0, _{2 * width}, "
+                           f"Stride<_0, Int<{bn * spec.d_v // 8}>>>>", bn * width // 8 if spec.d_v > width else 0,
+                           width, _SWIZZLE[width])
     raise ValueError(f"no GMMA operand {which!r}")
 
 
@@ -210,28 +204,27 @@ def fp8_max_chains(head_dim: int) -> int:
     return 2 if head_dim <= 64 else 1
 
 
-def smem_layouts(params) -> list[str]:
+def smem_layouts(params, spec) -> list[str]:
     """CuTe's layouts of the shared tiles, which gmma_operand() and attn_sm90::store_o_tile compute without: the
     host checks (tests/translate) compare against them; a kernel declares SmemLayoutP alone, for an SS P·V's
     register-to-shared copy of P. Each alias instantiates tile_to_shape: the five cost ~0.3 CPU s of cicc per
     kernel (MHA d128 / d64 defaults, 4.8 -> 4.5 s, nvcc 13.0, 2 cores, BENCHMARKS.md, nvcc cost per kernel)."""
+    qk, v = swizzle.k_major_atom(swizzle.chunk(spec.d_qk)), swizzle.k_major_atom(swizzle.chunk(spec.d_v))
     return [
-        "// K-major, 128-byte swizzled tiles: the image a TMA box of 64 columns x rows writes, chunk after chunk",
-        "using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
-        "Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
-        "using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
-        "Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{}));",
+        "// K-major, swizzled tiles: the image TMA boxes of 64 columns x rows write, chunk after chunk (128-byte "
+        "swizzle; 32 columns and the 64-byte swizzle where 64 do not divide the head dim)",
+        f"using SmemLayoutQ = decltype(tile_to_shape({qk}{{}}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{{}}));",
+        f"using SmemLayoutK = decltype(tile_to_shape({qk}{{}}, Shape<Int<kBlockN>, Int<kHeadDimQK>, Int<kStages>>{{}}));",
         "// V as stored (BN, HeadDimV) read as (HeadDimV, BN): the same bytes, MN-major for the P·V GEMM",
-        "using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, "
+        f"using SmemLayoutVt = decltype(tile_to_shape({swizzle.mn_major_atom(swizzle.chunk(spec.d_v))}{{}}, "
         "Shape<Int<kHeadDimV>, Int<kBlockN>, Int<kStages>>{}, Step<_2, _1, _3>{}));",
-        "using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
-        "Shape<Int<kBlockM>, Int<kHeadDimV>>{}));",
+        f"using SmemLayoutO = decltype(tile_to_shape({v}{{}}, Shape<Int<kBlockM>, Int<kHeadDimV>>{{}}));",
         _smem_layout_p(params),
     ]
 
 
 def _smem_layout_p(params) -> str:
-    return (f"using SmemLayoutP = decltype(tile_to_shape({_k_major_atom(params.block_n)}{{}}, "
+    return (f"using SmemLayoutP = decltype(tile_to_shape({swizzle.k_major_atom(params.block_n)}{{}}, "
             "Shape<Int<kBlockM>, Int<kBlockN>>{}));")
 
 
@@ -249,7 +242,7 @@ def kernel_types(spec, params, stages: int, separate_o: bool, layouts: bool = Fa
         f"using TiledMmaQK = decltype(make_tiled_mma({qk_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         f"using TiledMmaPV = decltype(make_tiled_mma({pv_op}, Layout<Shape<Int<kConsumerWGs>, _1, _1>>{{}}));",
         *accumulator_layouts(),
-        *(smem_layouts(params) if layouts else [_smem_layout_p(params)] if params.pv_operand == "ss" else []),
+        *(smem_layouts(params, spec) if layouts else [_smem_layout_p(params)] if params.pv_operand == "ss" else []),
         "constexpr int kTileQElems = kBlockM * cute::max(kHeadDimQK, kHeadDimV);",
         "constexpr int kTileKElems = kBlockN * kHeadDimQK;",
         "constexpr int kTileVElems = kBlockN * kHeadDimV;",

@@ -16,7 +16,7 @@ from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from translate.params_sm90 import kv_cp_async
 from translate.sm90 import emit as em
-from translate.sm90 import frame
+from translate.sm90 import frame, swizzle
 from translate.sm90 import tiles
 from translate.sm90.ir import Op
 from translate.sm90.lower import WsLowering, stmt_text
@@ -260,7 +260,8 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = F
 
 def tensor_map_boxes(params, spec) -> dict:
     """What the host encodes per tensor (runtime.py): a 4-D map (head dim, seqlen, heads, batch) of the
-    (batch, seqlen, heads, dim) tensor, 128-byte swizzle, a box of 64 columns x ``rows``. ``heads_first``
+    (batch, seqlen, heads, dim) tensor, 128-byte swizzle, a box of 64 columns x ``rows`` (``cols`` 32, the 64-byte
+    swizzle, where 64 do not divide the head dim). ``heads_first``
     (pack_gqa's Q and O): the map is (head dim, heads, seqlen, batch) and the box's ``rows`` are the tile's
     heads x rows / heads tokens, heads fastest (the call's ``pack``: tuner/serving/launch/plan.py)."""
     if spec.dtype == "fp8":   # e4m3 boxes of kChunkQK / kChunkV bytes; V transposed (b, h, d, s): keys x d_v rows
@@ -271,8 +272,11 @@ def tensor_map_boxes(params, spec) -> dict:
                       **({"seq_align": frame.PACKED_VT_ALIGN} if spec.layout == "varlen" else {})},
                 "o": {"rows": 64, "dim": "d_v"}}
     packed = {"heads_first": True} if params.pack_gqa else {}
-    return {"q": {"rows": params.block_m, "dim": "d_qk", **packed}, "k": {"rows": params.block_n, "dim": "d_qk"},
-            "v": {"rows": params.block_n, "dim": "d_v"}, "o": {"rows": 64, "dim": "d_v", **packed}}
+    # a head dim that 64 does not divide: boxes of 32 columns, 64-byte swizzle (translate/sm90/swizzle.py)
+    qk = {"cols": 32} if swizzle.chunk(spec.d_qk) == 32 else {}
+    v = {"cols": 32} if swizzle.chunk(spec.d_v) == 32 else {}
+    return {"q": {"rows": params.block_m, "dim": "d_qk", **qk, **packed}, "k": {"rows": params.block_n, "dim": "d_qk", **qk},
+            "v": {"rows": params.block_n, "dim": "d_v", **v}, "o": {"rows": 64, "dim": "d_v", **v, **packed}}
 
 
 def _program_lines(stmts, depth: int = 0) -> list[str]:

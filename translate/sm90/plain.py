@@ -16,7 +16,8 @@ from translate.emitters import INDENT, EmitContext, _gmem_copy, G2S_OPS
 from translate.ir import Op
 from translate.kernel import TranslationError
 from translate.sm90.emit import softmax_template
-from translate.sm90.frame import _k_major_atom, gemm_ops
+from translate.sm90.frame import gemm_ops
+from translate.sm90.swizzle import k_major_atom
 
 
 
@@ -205,7 +206,7 @@ def kernel_types(spec, params, stages_k: int, stages_v: int) -> list[str]:
         "Shape<Int<kHeadDimV>, Int<kBlockN>>{}, Step<_2, _1>{}));",
         "using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, "
         "Shape<Int<kBlockM>, Int<kHeadDimV>>{}));",
-        f"using SmemLayoutP = decltype(tile_to_shape({_k_major_atom(params.block_n)}{{}}, "
+        f"using SmemLayoutP = decltype(tile_to_shape({k_major_atom(params.block_n)}{{}}, "
         "Shape<Int<kBlockM>, Int<kBlockN>>{}));",
         f"using GmemCopyQK = {_gmem_copy(G2S_OPS[params.g2s_atom], spec.d_qk)};",
         f"using GmemCopyV = {_gmem_copy(G2S_OPS[params.g2s_atom], spec.d_v)};",

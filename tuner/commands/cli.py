@@ -17,6 +17,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperCommand, TyperGroup
 
+from kernel_abi.spec import HEAD_DIMS
 from tuner.campaign.options import DEFAULT_TRIALS, DRY_RUN_TRIALS
 
 
@@ -89,6 +90,7 @@ app = typer.Typer(
 )
 
 
+HEAD_DIM_HELP = f"{', '.join(map(str, HEAD_DIMS[:-1]))} or {HEAD_DIMS[-1]} (d_qk = d_v; mla is 192/128)"
 SCHEDULE_HELP = ("Reference sketch set when no --sketch: fa2 (the paper's flow; wgmma with mma_atom SM90_GMMA) or "
                  "fa2_late_prefetch (its K prefetch after the P·V GEMM), ws_overlap or ws_serial (Hopper "
                  "warp-specialised). Default: ws_overlap on sm90, fa2 elsewhere.")
@@ -171,7 +173,7 @@ def campaign(
                                               f"compiling do not). Default: {DEFAULT_TRIALS}; with --dry-run "
                                               f"{DRY_RUN_TRIALS}."),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock budget in seconds (the whole run)."),
-    head_dim: Optional[str] = typer.Option(None, "--head-dim", help="64, 128, 192 or 256, or a comma list (mla is 192/128)."),
+    head_dim: Optional[str] = typer.Option(None, "--head-dim", help=HEAD_DIM_HELP + ", or a comma list."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16, bf16 or fp8 (e4m3 in, bf16 out: Hopper, dense "
                                                               "and varlen, head dims 64 and 128), or a comma list (default: bf16 "
                                                               "where supported)."),
@@ -320,7 +322,7 @@ def build(
     variant: str = typer.Option(..., "--variant"),
     sketch: Optional[Path] = typer.Option(None, "--sketch", help="TL file (default: the built-in reference sketch)."),
     params: Optional[str] = typer.Option(None, "--params", help="JSON object or file of kernel parameters."),
-    head_dim: Optional[int] = typer.Option(None, "--head-dim"),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim", help=HEAD_DIM_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16, bf16 or fp8 (e4m3 q/k/v with descales, bf16 out; Hopper, "
                                                       "dense and varlen, head dims 64 and 128)."),
     causal: bool = typer.Option(True, "--causal/--no-causal"),
@@ -375,7 +377,7 @@ def bench(
                                                                "dims and heads, e.g. llama3-8b."),
     params: Optional[str] = typer.Option(None, "--params", help="JSON object or file of kernel parameters."),
     sketch: Optional[Path] = typer.Option(None, "--sketch"),
-    head_dim: Optional[int] = typer.Option(None, "--head-dim"),
+    head_dim: Optional[int] = typer.Option(None, "--head-dim", help=HEAD_DIM_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16, bf16 or fp8 (e4m3 q/k/v with descales, bf16 out; Hopper, "
                                                       "dense and varlen, head dims 64 and 128)."),
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="Default: both."),

@@ -2,7 +2,8 @@
 
 ``tensor_map_spec`` is pure (CPU-tested): for a (batch, seqlen, heads, dim) tensor it gives the 4-D map
 (dim, seqlen, heads, batch) — innermost first, strides in bytes, a box of 64 columns x ``rows`` with the
-128-byte swizzle that matches the kernels' GMMA shared-memory layout (translate/sm90). ``encode`` turns a
+128-byte swizzle that matches the kernels' GMMA shared-memory layout (translate/sm90; a kernel whose head dim 64 does
+not divide, 96, names boxes of 32 columns, the 64-byte swizzle, in its tensor maps' ``cols``). ``encode`` turns a
 spec into a ``CUtensorMap`` with cuda-python's ``cuTensorMapEncodeTiled``; ``TensorMapCache`` keeps the
 last few so that re-launching on the same tensors costs a dictionary lookup.
 
@@ -43,7 +44,7 @@ def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int,
     ``heads_per_box`` > 0 (a kernel that packs the query heads of a KV head into its rows): the map is
     (dim, heads, seqlen, batch) and a box of ``rows`` rows is heads_per_box heads x rows / heads_per_box
     tokens, heads fastest, landing as rows x 128 bytes like any box. ``box_columns``: the box's width (its bytes, 128
-    or 64, are the swizzle's span); ``ragged``: the innermost extent need not be a multiple of it (an FP8 kernel's
+    or 64, are the swizzle's span: 64 16-bit columns, or 32 at head dim 96); ``ragged``: the innermost extent need not be a multiple of it (an FP8 kernel's
     transposed V, (batch, d, heads, keys): the keys past the end read as zeros)."""
     b, s, h, d = (int(x) for x in shape)
     sb, ss, sh, sd = (int(x) for x in strides)
