@@ -128,26 +128,11 @@ def check_problem(kernel, problem, gen, device: str = "cuda", index: int = 0):
 
     label = problem.label()
     q, k, v, scales = inputs(problem, gen, device, near_max=index % NEAR_MAX_EVERY == NEAR_MAX_EVERY - 1)
-    saved = [t.clone() for t in (q, k, v, *scales.values())]
     out = torch.full((problem.batch, problem.seqlen_q, problem.heads_q, problem.d_v), float("nan"),
                      dtype=torch.bfloat16, device=device)
-
-    def fail(reason):
-        return ShapeCheck(label, False, math.nan, math.nan, math.nan, math.nan, reason)
-
-    try:
-        result = kernel(q, k, v, out=out, **scales)
-        if device != "cpu":
-            torch.cuda.synchronize()
-    except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
-        return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    if result is not None and result.data_ptr() != out.data_ptr():
-        return fail("the kernel did not write into the output buffer it was given")
-    if not all(torch.equal(_bits(a), _bits(b)) for a, b in zip((q, k, v, *scales.values()), saved)):
-        return fail("the kernel modified its inputs or descales")
-    finite = torch.isfinite(out)
-    if not bool(finite.all()):
-        return fail(f"{int((~finite).sum())} of {out.numel()} output elements are NaN/Inf (unwritten or overflowed)")
+    failed = _run_checked(label, lambda: kernel(q, k, v, out=out, **scales), (q, k, v, *scales.values()), out, device)
+    if failed is not None:
+        return failed
     ref = reference(q, k, v, scales, problem.causal)
     return judge(label, out, ref, emulate(q, k, v, scales, problem.causal))
 
@@ -188,26 +173,12 @@ def check_packed(kernel, spec, mix, heads: tuple[int, int], gen, device: str = "
     as_i32 = {"dtype": torch.int32, "device": device}
     cu_seqlens_q, cu_seqlens_k = torch.tensor(cu_q, **as_i32), torch.tensor(cu_k, **as_i32)
     seqused_k = torch.tensor(mix.used, **as_i32) if mix.seqused_k is not None else None
-    saved = [t.clone() for t in (q, k, v, *scales.values())]
     out = torch.full((cu_q[-1], hq, spec.d_v), float("nan"), dtype=torch.bfloat16, device=device)
-
-    def fail(reason):
-        return ShapeCheck(label, False, math.nan, math.nan, math.nan, math.nan, reason)
-
-    try:
-        result = kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q), max(mix.keys),
-                               seqused_k=seqused_k, out=out, **scales)
-        if device != "cpu":
-            torch.cuda.synchronize()
-    except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
-        return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
-    if result is not None and result.data_ptr() != out.data_ptr():
-        return fail("the kernel did not write into the output buffer it was given")
-    if not all(torch.equal(_bits(a), _bits(b)) for a, b in zip((q, k, v, *scales.values()), saved)):
-        return fail("the kernel modified its inputs or descales")
-    finite = torch.isfinite(out)
-    if not bool(finite.all()):
-        return fail(f"{int((~finite).sum())} of {out.numel()} output elements are NaN/Inf (unwritten or overflowed)")
+    failed = _run_checked(label, lambda: kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q),
+                                                       max(mix.keys), seqused_k=seqused_k, out=out, **scales),
+                          (q, k, v, *scales.values()), out, device)
+    if failed is not None:
+        return failed
     ref, emulated = torch.zeros_like(out, dtype=torch.float32), torch.zeros_like(out, dtype=torch.float32)
     for b, used in enumerate(mix.used):
         if cu_q[b + 1] == cu_q[b] or used == 0:   # no query, or no key: the rows are 0
@@ -217,6 +188,33 @@ def check_packed(kernel, spec, mix, heads: tuple[int, int], gen, device: str = "
         ref[cu_q[b]:cu_q[b + 1]] = reference(qs, ks, vs, own, spec.causal)[0]
         emulated[cu_q[b]:cu_q[b + 1]] = emulate(qs, ks, vs, own, spec.causal)[0]
     return judge(label, out, ref, emulated)
+
+
+def _run_checked(label: str, call, inputs: tuple, out, device: str):
+    """``call()`` writing into the NaN-poisoned ``out``: a failed ShapeCheck when it raised, returned another buffer,
+    changed an input or a descale, or left an element NaN/Inf; None when the output is ready to be judged."""
+    import torch
+
+    from tuner.measure.shape_check import ShapeCheck
+
+    def fail(reason):
+        return ShapeCheck(label, False, math.nan, math.nan, math.nan, math.nan, reason)
+
+    saved = [t.clone() for t in inputs]
+    try:
+        result = call()
+        if device != "cpu":
+            torch.cuda.synchronize()
+    except Exception as exc:   # a faulting kernel is a failed check, not a crash of the caller
+        return fail(f"kernel raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if result is not None and result.data_ptr() != out.data_ptr():
+        return fail("the kernel did not write into the output buffer it was given")
+    if not all(torch.equal(_bits(a), _bits(b)) for a, b in zip(inputs, saved)):
+        return fail("the kernel modified its inputs or descales")
+    finite = torch.isfinite(out)
+    if not bool(finite.all()):
+        return fail(f"{int((~finite).sum())} of {out.numel()} output elements are NaN/Inf (unwritten or overflowed)")
+    return None
 
 
 def _bits(t):
