@@ -156,3 +156,80 @@ def test_a_v_read_gives_four_n_blocks_per_word_and_at_most_64_byte_rows_share_ba
                 key = 2 * (lane % 4) + e
                 banks.add(fp8_off(d, key, cols[0]) // 4 % 32)
             assert len(banks) == (16 if d == 64 else 32)
+
+
+# ---- the launcher's arguments (tuner/serving/launch/decode_kernel.py), checked before anything reaches a GPU ----
+
+def _launcher(spec=FP8):
+    from types import SimpleNamespace
+
+    from tuner.serving.launch.decode_kernel import DecodeKernel
+
+    k = kernel(spec)
+    return DecodeKernel(SimpleNamespace(meta=k.meta()), None)
+
+
+def _call_args():
+    import torch
+
+    q = torch.zeros(2, 1, 32, 128, dtype=torch.bfloat16)
+    cache = torch.zeros(9, 16, 8, 128, dtype=torch.float8_e4m3fn)
+    return q, cache, cache.clone()
+
+
+@pytest.mark.parametrize("k_scale,v_scale,words", [
+    (None, "ok", "k_scale is missing"),
+    ("ok", None, "v_scale is missing"),
+    ("f16", "ok", "k_scale must be fp32"),
+    ("ok", (2, 8), "v_scale must have shape () or (1,) (per tensor) or (8,) (per KV head), got (2, 8)"),
+    ("ok", (4,), "v_scale must have shape"),
+    ("strided", "ok", "k_scale must be contiguous"),
+    (2.0, "ok", "k_scale must be a torch tensor"),
+])
+def test_an_fp8_cache_kernel_refuses_a_missing_or_malformed_scale_naming_it(k_scale, v_scale, words):
+    import torch
+
+    def make(x):
+        if x == "ok":
+            return torch.ones(8)
+        if x == "f16":
+            return torch.ones(8, dtype=torch.float16)
+        if x == "strided":
+            return torch.ones(16)[::2]
+        return torch.ones(x) if isinstance(x, tuple) else x
+
+    q, k, v = _call_args()
+    with pytest.raises(ValueError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        _launcher()(q, k, v, k_scale=make(k_scale), v_scale=make(v_scale))
+
+
+def test_scales_are_refused_by_a_16_bit_cache_kernel_and_taken_per_tensor_or_per_head():
+    import torch
+
+    from tuner.serving.launch.plan import check_kv_scales
+
+    q, k, v = _call_args()
+    with pytest.raises(ValueError, match="k_scale/v_scale are an FP8"):
+        _launcher(BF16)(q, k, v, k_scale=torch.ones(1), v_scale=torch.ones(1))
+    for shape in ((), (1,), (8,)):
+        check_kv_scales({"k_scale": torch.ones(shape), "v_scale": torch.ones(shape)}, 8, torch.device("cpu"))
+    with pytest.raises(ValueError, match="v_scale holds values that are not finite"):
+        check_kv_scales({"k_scale": torch.ones(8), "v_scale": torch.tensor([1.0] * 7 + [float("inf")])}, 8,
+                        torch.device("cpu"))
+    with pytest.raises(ValueError, match="k_scale is on"):
+        check_kv_scales({"k_scale": torch.ones(8, device="meta"), "v_scale": torch.ones(8)}, 8, torch.device("cpu"))
+
+
+def test_the_scales_struct_is_packed_as_the_header_declares_it():
+    import ctypes
+    import re
+
+    from tuner.serving.launch.decode_kernel import KvScales
+
+    header = (Path(__file__).resolve().parents[2] / "translate" / "include" / "attn_decode_fp8.cuh").read_text()
+    body = re.search(r"struct KvScales \{(.*?)\};", header, re.S).group(1)
+    fields = re.findall(r"(const float\*|int) ([\w, ]+);", body)
+    names = [n.strip() for _, group in fields for n in group.split(",")]
+    assert names == [n for n, _ in KvScales._fields_]
+    kinds = {n.strip(): t for t, group in fields for n in group.split(",")}
+    assert all((kinds[n] == "int") == (t is ctypes.c_int) for n, t in KvScales._fields_)
