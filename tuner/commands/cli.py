@@ -158,6 +158,21 @@ def _parse_seqlens(text: Optional[str]):
     return values
 
 
+KV_DTYPE_HELP = ("--phase decode: the KV cache's dtype where it is not --dtype's: fp8 (e4m3 with fp32 k_scale/v_scale "
+                 "per tensor or per KV head, vLLM's kv_cache_dtype fp8), read by fp16/bf16 queries.")
+
+
+def _kv_dtype(text: Optional[str]) -> Optional[str]:
+    return None if text is None else text.strip().lower()
+
+
+def _no_kv_dtype(command: str, kv_dtype: Optional[str]) -> None:
+    if kv_dtype is not None:
+        typer.echo(f"{command}: error: --kv-dtype is a decode cache's dtype (--phase decode); prefill FP8 is "
+                   "--dtype fp8", err=True)
+        raise typer.Exit(2)
+
+
 @app.callback()
 def campaign(
     ctx: typer.Context,
@@ -231,6 +246,8 @@ def campaign(
     no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP + " The campaign seeds the "
                                          "per-spec default alone and no developer-measured choice (to find the "
                                          "defaults itself: `tune defaults`)."),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_DTYPE_HELP + " Its studies are named -kvfp8 "
+                                           "and its records export as configs of their own."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -259,6 +276,7 @@ def campaign(
         layout=_campaign_layout(layout, phase), page_size=_campaign_page_size(layout, _parse_page_sizes(page_size), phase),
         phase=phase.strip().lower(), window=attention.window if window is not None else None,
         softcap=attention.softcap if softcap is not None else None, sinks=attention.sinks, layer=layer,
+        kv_dtype=_kv_dtype(kv_dtype),
     )
     raise typer.Exit(run_campaign(options))
 
@@ -312,21 +330,6 @@ def models() -> None:
     from tuner.commands.models import show_models
 
     raise typer.Exit(show_models())
-
-
-KV_DTYPE_HELP = ("--phase decode: the KV cache's dtype where it is not --dtype's: fp8 (e4m3 with fp32 k_scale/v_scale "
-                 "per tensor or per KV head, vLLM's kv_cache_dtype fp8), read by fp16/bf16 queries.")
-
-
-def _kv_dtype(text: Optional[str]) -> Optional[str]:
-    return None if text is None else text.strip().lower()
-
-
-def _no_kv_dtype(command: str, kv_dtype: Optional[str]) -> None:
-    if kv_dtype is not None:
-        typer.echo(f"{command}: error: --kv-dtype is a decode cache's dtype (--phase decode); prefill FP8 is "
-                   "--dtype fp8", err=True)
-        raise typer.Exit(2)
 
 
 @app.command(cls=TuneCommand)

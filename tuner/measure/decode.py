@@ -308,6 +308,8 @@ def problem_inputs(problem, device: str) -> dict:
 def ours_call(kernel, problem, x: dict):
     scale = problem.softmax_scale
     options = decode_options(problem, x["q"].device)
+    if "kv_scales" in x:   # an FP8 cache
+        options["k_scale"], options["v_scale"] = x["kv_scales"]
     return lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"],
                           softmax_scale=scale, **options)
 
@@ -323,9 +325,15 @@ def _sequence_kv(x: dict, problem, i: int, name: str):
         return _sequence_kv(x, problem, i, "k")[..., : problem.d_v]
     cache = x[name]
     if x["page_table"] is None:
-        return cache[i, : problem.kv_len]
-    pages = x["page_table"][i]
-    return cache[pages.long()].reshape(-1, *cache.shape[2:])[: problem.kv_len]
+        rows = cache[i, : problem.kv_len]
+    else:
+        pages = x["page_table"][i]
+        rows = cache[pages.long()].reshape(-1, *cache.shape[2:])[: problem.kv_len]
+    if "kv_scales" in x:   # an FP8 cache: its real values
+        from tuner.serving.kvcache_fp8 import dequantise
+
+        rows = dequantise(rows, x["kv_scales"][0 if name == "k" else 1])
+    return rows
 
 
 def cross_check(out, x: dict, problem) -> float:
@@ -375,6 +383,9 @@ def measure_baselines(problem, timing, device: str, errors: dict) -> dict:
         row["copy_bound"], errors["copy_bound"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
     if problem.variant == "mla":
         row["fa4"], errors["fa4"] = None, "FA4 has no absorbed-MLA decode (head dim 576/512)"
+        return row
+    if getattr(problem, "kv_dtype", ""):
+        row["fa4"], errors["fa4"] = None, f"FA4's decode reads no {problem.kv_dtype} KV cache"
         return row
     x = problem_inputs(problem, device)
     try:
