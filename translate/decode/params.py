@@ -289,8 +289,9 @@ def _fp8_cache_reasons(params: DecodeParams, spec: KernelSpec, split_dv: bool) -
         errors.append("kv_dtype fp8: the FP8 cache kernel runs column groups, not split-d_v (P through shared memory)")
     chunks = spec.d_qk // 16
     if chunks and params.warps_m in (1, 2, 4) and params.warps_n in (1, 2, 4, 8) and params.block_n > 0 and (
-            params.num_threads % chunks or (params.block_n * chunks) % params.num_threads):
+            params.num_threads % (8 * chunks) or (params.block_n * chunks) % params.num_threads):
+        # a thread's rows are num_threads / chunks apart: a multiple of 8, the swizzle's period (attn_decode_fp8.cuh)
         errors.append(f"kv_dtype fp8: {params.num_threads} threads copy 16-byte chunks of {spec.d_qk}-byte rows "
-                      f"({chunks} a row): the threads must be a multiple of {chunks} and a tile's {params.block_n} "
-                      f"x {chunks} chunks a multiple of the threads")
+                      f"({chunks} a row): the threads must be a multiple of 8 x {chunks} (rows 8 apart) and a "
+                      f"tile's {params.block_n} x {chunks} chunks a multiple of the threads")
     return errors
