@@ -173,3 +173,39 @@ def test_the_fp8_decode_op_schema_and_fake(served):
         torch.library.opcheck(decode_kvcache_fp8_op, (q, kc, vc, ks, vs, lens, table, True, scale, 0, True, -1, -1,
                                                       0.0, None, r), test_utils=("test_faketensor",))
         # (torch's schema check multiplies the inputs to find mutations: no e4m3 multiply on the CPU)
+
+
+def test_absorbed_mla_over_an_fp8_latent_cache_runs_the_reference_with_k_scale_for_v(served):
+    """No FP8 latent-cache kernel is built: the call runs the reference, V being the latent rows' first 512 columns
+    at k_scale; a different v_scale is refused by name."""
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 1, 16, 576, generator=g).to(torch.bfloat16)
+    ks = torch.tensor([0.02])
+    kc = quantise(torch.randn(4, 64, 1, 576, generator=g), ks)
+    table = torch.arange(4, dtype=torch.int32).view(2, 2)
+    lens = torch.tensor([100, 7], dtype=torch.int32)
+    with pytest.raises(ValueError, match="absorbed MLA .* v_scale=None or k_scale itself"):
+        served.flash_attn_with_kvcache(q, kc, None, cache_seqlens=lens, block_table=table, k_scale=ks,
+                                       v_scale=ks.clone())
+    out = served.flash_attn_with_kvcache(q, kc, None, cache_seqlens=lens, block_table=table, k_scale=ks)
+    assert served.last_path != "kernel"
+    real = dequantise(kc, ks)
+    for i, n in enumerate(lens.tolist()):
+        k = real[table[i].long()].reshape(-1, 576)[:n].double()
+        p = torch.softmax(q[i, 0].double() @ k.T / math.sqrt(576), -1)
+        torch.testing.assert_close(out[i, 0].double(), p @ k[:, :512], atol=2e-2, rtol=2e-2)
+
+
+def test_an_fp8_cache_call_traces_without_graph_breaks(served):
+    q, kc, vc, table, lens, ks, vs = _cache([37, 200])
+
+    def step(q, kc, vc, lens, table, ks, vs):
+        return served.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, causal=True,
+                                              k_scale=ks, v_scale=vs, return_softmax_lse=True)
+
+    explained = torch._dynamo.explain(step)(q, kc, vc, lens, table, ks, vs)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got, want = compiled(q, kc, vc, lens, table, ks, vs), step(q, kc, vc, lens, table, ks, vs)
+    torch.testing.assert_close(got[0], want[0])
+    assert _calls(served, "fp8") >= 2

@@ -308,6 +308,11 @@ class DecodeCalls:
         if errors:
             raise ValueError("flash_attn_with_kvcache: " + "; ".join(errors))
         fp8 = k_cache.dtype == E4M3
+        if fp8 and absorbed:   # absorbed MLA's values are the latent rows' first columns: their scale is k_scale
+            if v_scale is not None and v_scale is not k_scale:
+                raise ValueError("flash_attn_with_kvcache: absorbed MLA (v_cache=None) reads V from k_cache's latent "
+                                 "rows, so their scale is k_scale: pass v_scale=None or k_scale itself")
+            v_scale = k_scale
         if fp8:   # the scales: before anything is appended or launched (a host read of their values in eager calls)
             try:
                 check_kv_scales({"k_scale": k_scale, "v_scale": v_scale}, int(k_cache.shape[2]), k_cache.device,
