@@ -285,9 +285,14 @@ def _build_cache_of(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: 
         seqs = [(keys(L), randn(L, hkv, d_v)) for L in lens]
     seqlens = torch.tensor([p + L for p, L in zip(pads, lens)], dtype=torch.int32, device=device)
 
+    def poisoned(*shape):   # NaN (an e4m3 cache's NaN byte, 0x7f: filled as bytes)
+        if dt == torch.float8_e4m3fn:
+            return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dt)
+        return torch.full(shape, float("nan"), dtype=dt, device=device)
+
     def caches(*rows):
-        k = torch.full((*rows, hkv, d_qk), float("nan"), dtype=dt, device=device)
-        return k, (k[..., :d_v] if from_k else torch.full((*rows, hkv, d_v), float("nan"), dtype=dt, device=device))
+        k = poisoned(*rows, hkv, d_qk)
+        return k, (k[..., :d_v] if from_k else poisoned(*rows, hkv, d_v))
 
     if not paged:     # the padding before a leftpad's keys and the rows past them hold NaN
         cap = max(p + L for p, L in zip(pads, lens)) + 5
