@@ -127,7 +127,7 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     if spec.variant != "mla" and spec.kv_dtype == "fp8":
         # an e4m3 tile is half the bytes and its operands are converted in registers: 128-key tiles (32 keys a warp
         # group) spread the per-tile work (O's rescale, the softmax's reductions, the gather's page lookups) over
-        # twice the bytes of 64 (about 0.11 SASS instructions a cache byte in the loop at d128, nvcc 13, against 0.15
+        # twice the bytes of 64 (about 0.10 SASS instructions a cache byte in the loop at d128, nvcc 13, against 0.12
         # at 64 keys); three stages are 100 KB at d128 (two CTAs an SM, as the 16-bit default)
         p = DecodeParams(block_n=128, kv_stages=3)
         if profile is not None and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:

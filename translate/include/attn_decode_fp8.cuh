@@ -83,8 +83,10 @@ __forceinline__ __device__ uint32_t lds32(const uint8_t* p) { return *reinterpre
 
 // One K and one V tile of e4m3 rows (kBlockN keys from key0) into a ring slot: thread tid copies 16-byte chunk
 // tid % kChunks of rows tid / kChunks + j * (kThreads / kChunks), each row's page looked up once for K and V. Rows
-// past seqlen_k are zero-filled. d_qk == d_v (generate.py checks).
-template <class Cfg>
+// past seqlen_k are zero-filled (their page and offset are those of the sequence's last row, so no row needs a
+// branch). kSameKV: v_cache has k_cache's strides (two tensors of one shape: the usual cache), so V's offset is K's.
+// d_qk == d_v (generate.py checks).
+template <class Cfg, bool kSameKV>
 __forceinline__ __device__ void load_kv_fp8(const Args& a, int b, int kvh, int key0, int seqlen_k, uint8_t* sk,
                                             uint8_t* sv, int tid) {
   constexpr int kChunks = Cfg::kHeadDimQK / 16;
@@ -95,21 +97,35 @@ __forceinline__ __device__ void load_kv_fp8(const Args& a, int b, int kvh, int k
   static_assert(kRowStep % 8 == 0, "a thread's rows share their swizzle: one destination plus immediates");
   const int c = tid % kChunks, r0 = tid / kChunks;
   const int dst0 = fp8_off<Cfg::kHeadDimQK>(r0, c * 16);
-  const uint8_t* k = static_cast<const uint8_t*>(a.k);
-  const uint8_t* v = static_cast<const uint8_t*>(a.v);
+  const uint8_t* k = static_cast<const uint8_t*>(a.k) + kvh * a.k_head_stride + c * 16;
+  const uint8_t* v = static_cast<const uint8_t*>(a.v) + kvh * a.v_head_stride + c * 16;
   const int* table = Cfg::kPaged ? a.page_table + b * a.page_table_stride : nullptr;
+  if constexpr (!Cfg::kPaged) {
+    k += b * a.k_batch_stride;
+    v += b * a.v_batch_stride;
+  }
   CUTE_UNROLL
   for (int j = 0; j < kRows; ++j) {
-    const int r = r0 + j * kRowStep, key = key0 + r;
+    const int key = key0 + r0 + j * kRowStep;
     const bool valid = key < seqlen_k;
-    const int page = (Cfg::kPaged && valid) ? __ldg(table + (key >> a.page_shift)) : 0;
-    const long long ko = valid ? key_row<Cfg::kPaged>(a, b, key, a.k_batch_stride, a.k_row_stride, a.k_head_stride,
-                                                      kvh, page) : 0;
-    const long long vo = valid ? key_row<Cfg::kPaged>(a, b, key, a.v_batch_stride, a.v_row_stride, a.v_head_stride,
-                                                      kvh, page) : 0;
+    const int row = min(key, seqlen_k - 1);   // the caller loads only while the sequence has a key
+    // offsets from unsigned 32-bit rows and pages (never negative) times the 64-bit strides: one wide multiply-add
+    // each, no sign extension
+    using u64 = unsigned long long;
+    u64 ko, vo;
+    if constexpr (Cfg::kPaged) {
+      const unsigned urow = static_cast<unsigned>(row);
+      const unsigned page = static_cast<unsigned>(__ldg(table + (urow >> a.page_shift)));
+      const unsigned within = urow & ((1u << a.page_shift) - 1);
+      ko = page * u64(a.k_batch_stride) + within * u64(a.k_row_stride);
+      vo = kSameKV ? ko : page * u64(a.v_batch_stride) + within * u64(a.v_row_stride);
+    } else {
+      ko = static_cast<unsigned>(row) * u64(a.k_row_stride);
+      vo = kSameKV ? ko : static_cast<unsigned>(row) * u64(a.v_row_stride);
+    }
     const int dst = dst0 + j * kRowStep * Cfg::kHeadDimQK;
-    cp_async_16(sk + dst, k + ko + c * 16, valid);
-    cp_async_16(sv + dst, v + vo + c * 16, valid);
+    cp_async_16(sk + dst, k + ko, valid);
+    cp_async_16(sv + dst, v + vo, valid);
   }
 }
 
@@ -147,12 +163,19 @@ __forceinline__ __device__ void split_kv_fp8(const Args& a, const KvScales& sc, 
   Tensor sQ = make_tensor(make_smem_ptr(smem_q), typename Cfg::SmemLayoutQ{});
 
   load_q<Cfg>(a, w, sQ, tid);
+  const bool same_kv = a.k_batch_stride == a.v_batch_stride && a.k_row_stride == a.v_row_stride &&
+                       a.k_head_stride == a.v_head_stride;
+  auto load_kv = [&](int tile, int slot) {   // key tile `tile` of the split into ring slot `slot`
+    const int key0 = kv_row0 + (blk_begin + tile) * kBlockN;
+    if (same_kv) {
+      load_kv_fp8<Cfg, true>(a, b, kvh, key0, kv_row_end, smem_k + slot * kTileK, smem_v + slot * kTileV, tid);
+    } else {
+      load_kv_fp8<Cfg, false>(a, b, kvh, key0, kv_row_end, smem_k + slot * kTileK, smem_v + slot * kTileV, tid);
+    }
+  };
   CUTE_UNROLL
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n_tiles) {
-      load_kv_fp8<Cfg>(a, b, kvh, kv_row0 + (blk_begin + s) * kBlockN, kv_row_end, smem_k + s * kTileK,
-                       smem_v + s * kTileV, tid);
-    }
+    if (s < n_tiles) { load_kv(s, s); }
     cp_async_commit();
   }
 
@@ -199,10 +222,7 @@ __forceinline__ __device__ void split_kv_fp8(const Args& a, const KvScales& sc, 
     __syncthreads();   // tile `it` landed for every thread; slot (it - 1) % kStages is free
     auto issue_next = [&]() {
       const int nxt = it + kStages - 1;
-      if (nxt < n_tiles) {
-        load_kv_fp8<Cfg>(a, b, kvh, kv_row0 + (blk_begin + nxt) * kBlockN, kv_row_end,
-                         smem_k + (nxt % kStages) * kTileK, smem_v + (nxt % kStages) * kTileV, tid);
-      }
+      if (nxt < n_tiles) { load_kv(nxt, nxt % kStages); }
       cp_async_commit();
     };
     if constexpr (Cfg::kPrefetchFirst) { issue_next(); }
