@@ -100,6 +100,24 @@ def test_bad_calls_are_refused_before_any_launch():
         k(q, cache.to(torch.bfloat16), cache, cache_seqlens=lens, page_table=table, k_scale=ones, v_scale=ones)
 
 
+def test_a_v_cache_of_other_strides_than_k_cache_is_read_by_its_own():
+    """The kernel reads V at K's offsets when the two caches share strides; a V of other strides (a view into wider
+    rows) takes its own offsets."""
+    from tuner.serving.decode_sdpa import decode_reference
+
+    k = fp8_kernel(GQA)
+    q, kc, vc, lens, table, ks, vs = _paged_fp8([1, 700, 129], seed=5)
+    wide = torch.zeros(*vc.shape[:3], 2 * D, device="cuda").to(E4M3)
+    wide[..., D:] = vc
+    v_view = wide[..., D:]
+    assert v_view.stride() != kc.stride()
+    out = k(q, kc, v_view, cache_seqlens=lens, page_table=table, k_scale=ks, v_scale=vs)
+    ref, _ = decode_reference(q.float(), kc, vc, lens, table, True, None, kv_scales=(ks, vs))
+    lowp, _ = decode_reference(q, kc, vc, lens, table, True, None, kv_scales=(ks, vs))
+    err = (out.float() - ref).abs().max().item()
+    assert err <= 2 * (lowp.float() - ref).abs().max().item() + 2 ** -7, err
+
+
 # ---- served through an export -----------------------------------------------------------------------------------
 
 HQ, HKV, D, PAGE = 32, 8, 128, 16
