@@ -256,7 +256,34 @@ __forceinline__ __device__ void split_kv_fp8(const Args& a, const KvScales& sc, 
     } else if ((blk_begin + it + 1) * kBlockN > (Cfg::kCausal ? causal_offset + 1 : seqlen_k)) {
       mask_tile<Cfg::kCausal>(acc_s, tScS, row0, pack, col0, seqlen_k, causal_offset);
     }
-    attn_tl::online_softmax(acc_s, acc_o, row_max, row_sum, scale_log2);
+    {   // the online softmax; a warp whose rows all kept their running max skips O's rescale (its factors are
+        // exactly 1: exp2 of 0), which is most tiles once the max has settled (64 multiplies a thread a tile)
+      Tensor s = make_tensor(acc_s.data(), attn_tl::rowcol_layout(acc_s.layout()));
+      Tensor o = make_tensor(acc_o.data(), attn_tl::rowcol_layout(acc_o.layout()));
+      float rescale[decltype(size<0>(s))::value];
+      bool moved = false;
+      CUTE_UNROLL
+      for (int mi = 0; mi < size<0>(s); ++mi) {
+        const float m_old = row_max(mi);
+        const float m_scaled = attn_tl::update_row_max(s, mi, row_max, rescale[mi], scale_log2);
+        moved |= row_max(mi) != m_old;
+        row_sum(mi) *= rescale[mi];
+        float sum = 0.f;
+        CUTE_UNROLL
+        for (int ni = 0; ni < size<1>(s); ++ni) {
+          s(mi, ni) = attn_tl::fast_exp2(s(mi, ni) * scale_log2 - m_scaled);
+          sum += s(mi, ni);
+        }
+        row_sum(mi) += sum;
+      }
+      if (__any_sync(0xffffffffu, moved)) {
+        CUTE_UNROLL
+        for (int mi = 0; mi < size<0>(o); ++mi) {
+          CUTE_UNROLL
+          for (int ni = 0; ni < size<1>(o); ++ni) { o(mi, ni) *= rescale[mi]; }
+        }
+      }
+    }
     Tensor p = make_tensor(acc_s.data(), attn_tl::acc_to_a_layout<typename Cfg::TiledMma>(acc_s.layout()));
     Tensor tOrP = attn_tl::convert_type<MmaElement>(p);
     CUTE_UNROLL
