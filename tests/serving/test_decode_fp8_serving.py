@@ -209,3 +209,11 @@ def test_an_fp8_cache_call_traces_without_graph_breaks(served):
     got, want = compiled(q, kc, vc, lens, table, ks, vs), step(q, kc, vc, lens, table, ks, vs)
     torch.testing.assert_close(got[0], want[0])
     assert _calls(served, "fp8") >= 2
+
+
+@pytest.mark.parametrize("name", ["q_descale", "k_descale", "v_descale"])
+def test_fa3_descales_are_refused_naming_k_scale_and_v_scale(served, name):
+    q, kc, vc, table, lens, ks, vs = _cache([37])
+    with pytest.raises(NotImplementedError, match=f"{name} .* takes k_scale=/v_scale="):
+        served.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, k_scale=ks, v_scale=vs,
+                                       **{name: torch.ones(1, HKV)})

@@ -274,7 +274,8 @@ class DecodeCalls:
                                 softmax_scale: float | None = None, causal: bool = False, window_size=(-1, -1),
                                 softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes=None,
                                 num_splits: int = 0, return_softmax_lse: bool = False, *, page_table=None, out=None,
-                                check_append: bool = True, learnable_sink=None, k_scale=None, v_scale=None):
+                                check_append: bool = True, learnable_sink=None, k_scale=None, v_scale=None,
+                                q_descale=None, k_descale=None, v_descale=None):
         """``flash_attn.flash_attn_with_kvcache``'s signature and conventions (FlashAttention 2's positional order;
         ``page_table=``, ``out=`` and ``learnable_sink=`` as FA3/FA4 name them): see the module doc. Returns out, or
         (out, lse) with ``return_softmax_lse`` (the lse includes the sinks). ``num_splits`` 0 lets the kernel's split
@@ -289,6 +290,11 @@ class DecodeCalls:
             if given:
                 raise NotImplementedError(f"flash_attn_with_kvcache: {what} is not supported by the exported decode "
                                           "kernels (pass cache_seqlens= by keyword)")
+        for given, what in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale")):
+            if given is not None:   # FA3's FP8 descales: (batch, kv_heads), fp8 queries too
+                raise NotImplementedError(f"flash_attn_with_kvcache: {what} (FlashAttention-3's per-(batch, KV head) "
+                                          "descale) is not taken: an FP8 (e4m3) cache takes k_scale=/v_scale= (vLLM's, "
+                                          "per tensor or per KV head) and fp16/bf16 queries")
         if block_table is not None and page_table is not None and block_table is not page_table:
             raise ValueError("flash_attn_with_kvcache: block_table and page_table name the same thing; give one")
         table = block_table if block_table is not None else page_table
