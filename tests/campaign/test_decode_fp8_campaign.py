@@ -75,3 +75,39 @@ def test_the_fp8_trial_passes_the_scales_has_no_fa4_and_cross_checks_the_real_va
         with mock.patch("tuner.measure.decode.copy_gbs", return_value=3000.0):
             row = measure_baselines(p, None, "cpu", errors)
     assert row["fa4"] is None and "fp8 KV cache" in errors["fa4"] and row["copy_bound"] > 0
+
+
+def test_the_decode_spaces_seed_an_fp8_cache_with_its_default_and_only_there():
+    from search_spaces import load_space
+    from translate.decode import DecodeParams
+    from translate.decode.params import default_decode_params
+
+    fp8_default = default_decode_params(kv_dtype_combinations(_combos(), "fp8")[0].spec(), None, H200)
+    for variant in ("gqa", "mha", "mqa"):
+        space = load_space(variant, phase="decode")
+        plain, fp8 = space.seeds_for(128), space.seeds_for(128, "fp8")
+        own = [s for s in fp8 if s.kv_dtype == "fp8"]
+        assert own and not [s for s in plain if s.kv_dtype] and len(fp8) == len(plain) + len(own)
+        params = [DecodeParams(**{k: v for k, v in s.params if k != "schedule"}) for s in own]
+        assert fp8_default in params
+
+
+def test_the_feasible_space_judges_an_fp8_cache_by_its_own_rules():
+    """An e4m3 ring is half the shared memory: 128 keys over four stages fit an FP8 cache's kernel, not a 16-bit
+    one's; the FP8 gather's thread rule holds for every point."""
+    from search_spaces import load_space
+    from search_spaces.feasible import default_sketches, feasible_space
+    from translate.decode import DecodeParams
+
+    (c8,) = kv_dtype_combinations(_combos(model="llama3-8b"), "fp8")
+    (c16,) = _combos(model="llama3-8b")
+    space = load_space("gqa", phase="decode")
+    sketches = default_sketches(space, H200, 128, "bf16")
+    f8 = feasible_space(space, H200, 128, "bf16", c8.shapes(), sketches, "paged", 16, "fp8")
+    f16 = feasible_space(space, H200, 128, "bf16", c16.shapes(), sketches, "paged", 16)
+    deep = DecodeParams(block_n=128, kv_stages=4)
+    assert deep in {p.params for p in f8.points} and deep not in {p.params for p in f16.points}
+    assert len(f8.points) > len(f16.points)
+    assert all(p.params.num_threads % 64 == 0 for p in f8.points)
+    _, reasons = f16.project({"schedule": "decode", **deep.to_dict()}, H200, 128, "bf16", c16.shapes())
+    assert reasons and not f8.project({"schedule": "decode", **deep.to_dict()}, H200, 128, "bf16", c8.shapes())[1]

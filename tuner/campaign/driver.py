@@ -266,7 +266,7 @@ def _sketch_stage(camp: Campaign) -> None:
     camp.program_texts = {s.name: s.text for s in camp.sketches}
     camp.feasible = feasible_space(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype, camp.combo.shapes(),
                                    tuple((s.name, s.base) for s in camp.sketches), camp.spec.layout,
-                                   camp.combo.page_size)
+                                   camp.combo.page_size, camp.spec.kv_dtype)
     if llm is not None and camp.spec.phase == "decode":
         camp.console.print("seeds: the decode space's own (search_spaces/decode/); the LLM proposes prefill "
                            "parameters", markup=False)
@@ -318,13 +318,7 @@ def _enqueue_seeds(camp: Campaign) -> None:
         published += per_spec_default_seed(camp.profile, camp.spec)
         published += bucket_default_seeds(camp.profile, camp.spec)
     from_scratch = tables_hidden()
-    if decode and camp.spec.kv_dtype:   # an FP8 cache's own default (its 128-key tiles) among the seeds to beat
-        from translate.decode.params import default_decode_params
-
-        own = default_decode_params(camp.spec, None, camp.profile).to_dict()
-        published.append(({**own, SCHEDULE: "decode"}, f"the {camp.spec.kv_dtype} cache's default "
-                                                        "(translate.decode.default_decode_params)", ""))
-    for seed in camp.space.seeds_for(hd):
+    for seed in camp.space.seeds_for(hd, camp.spec.kv_dtype):
         if from_scratch and seed.source.startswith(MEASURED_SEED_PREFIX):
             continue          # a developer's A/B result: not seeded when the campaign is to find the defaults itself
         raw = dict(seed.params)
