@@ -256,6 +256,9 @@ class KernelSpec:
     local: bool = False       # a sliding window (window_left, window_right)
     softcap: bool = False     # logit soft-capping (softcap_prescale; the softmax scale argument carries the cap)
     sinks: bool = False       # a learned logit per query head (sinks: fp32, one per query head)
+    # Decode only: the KV cache's dtype where it is not ``dtype`` ("" : the same). "fp8": an e4m3 cache with fp32
+    # k_scale / v_scale per tensor or per KV head (vLLM's kv_cache_dtype "fp8"), read by queries of ``dtype``.
+    kv_dtype: str = ""
 
     @classmethod
     def of(cls, problem: Problem) -> "KernelSpec":
@@ -270,6 +273,7 @@ class KernelSpec:
     def label(self) -> str:
         base = f"{self.variant}_d{self.d_qk}x{self.d_v}_{'causal' if self.causal else 'noncausal'}_{self.dtype}"
         base = "_".join((base, *self.features))
+        base = f"{base}_kv{self.kv_dtype}" if self.kv_dtype else base
         base = base if self.layout == "dense" else f"{base}_{self.layout}"
         return base if self.phase == "prefill" else f"{base}_{self.phase}"
 
@@ -284,10 +288,35 @@ class KernelSpec:
         for f in FEATURES:
             if not out[f]:
                 del out[f]
+        if not out["kv_dtype"]:
+            del out["kv_dtype"]
         return out
 
 
 FEATURES = ("local", "softcap", "sinks")
+KV_DTYPES = ("fp8",)   # KernelSpec.kv_dtype: caches of another dtype than the queries (decode)
+KV_DTYPE_QUERIES = ("fp16", "bf16")   # the query dtypes an FP8 cache is read by (its values are exact in both)
+
+
+def kv_dtype_errors(spec: KernelSpec) -> list[str]:
+    """Why ``spec``'s kv_dtype is not one a kernel reads (empty: it is, or the spec has none): an e4m3 cache is
+    read by the grouped split-KV decode kernel, under fp16 or bf16 queries, d_qk == d_v. The absorbed-MLA decode
+    over an FP8 latent cache is not built."""
+    if not spec.kv_dtype:
+        return []
+    errors = []
+    if spec.kv_dtype not in KV_DTYPES:
+        errors.append(f"unknown kv_dtype {spec.kv_dtype!r}; choose one of: {', '.join(KV_DTYPES)} (or none)")
+    if spec.phase != "decode":
+        errors.append(f"kv_dtype {spec.kv_dtype}: an FP8 KV cache is read by decode kernels, not {spec.phase}")
+    if spec.dtype not in KV_DTYPE_QUERIES:
+        errors.append(f"kv_dtype {spec.kv_dtype}: the queries are fp16 or bf16, got {spec.dtype}")
+    if spec.variant == "mla":
+        errors.append("kv_dtype fp8: the absorbed-MLA decode over an FP8 latent cache is not built (its split-d_v "
+                      "and warpgroup kernels read 16-bit latent rows); serve it from a bf16 cache")
+    elif spec.d_qk != spec.d_v:
+        errors.append(f"kv_dtype fp8: d_qk == d_v, got {spec.d_qk}/{spec.d_v}")
+    return errors
 
 
 def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> KernelSpec:

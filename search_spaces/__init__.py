@@ -123,6 +123,7 @@ class SpaceSeed:
     head_dim: int | None
     params: tuple[tuple[str, Any], ...]
     source: str
+    kv_dtype: str | None = None   # a decode seed for caches of this dtype only ("fp8"); None: for every cache
 
 
 @dataclass(frozen=True)
@@ -231,8 +232,10 @@ class SearchSpace:
                 problems.append(f"{d.field}={full[d.field]!r} is derived: {d.expr} = {expected[d.field]!r}")
         return chosen, problems
 
-    def seeds_for(self, head_dim: int) -> list[SpaceSeed]:
-        return [s for s in self.seeds if s.head_dim in (None, head_dim)]
+    def seeds_for(self, head_dim: int, kv_dtype: str = "") -> list[SpaceSeed]:
+        """The seeds of this head dim (and, ``kv_dtype``, of a decode cache of that dtype: a seed naming a kv_dtype
+        is for such caches only)."""
+        return [s for s in self.seeds if s.head_dim in (None, head_dim) and s.kv_dtype in (None, kv_dtype or None)]
 
     def for_layout(self, layout: str) -> "SearchSpace":
         """The space a ``layout`` kernel is searched in (the parameters' by_layout entries applied)."""
@@ -367,8 +370,11 @@ def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
         bad = sorted(set(raw["params"]) - set(types))
         if bad:
             raise _fail(source, f"seeds[{i}]: unknown parameter(s) {', '.join(bad)}")
+        if raw.get("kv_dtype") not in (None, "fp8"):
+            raise _fail(source, f"seeds[{i}]: kv_dtype must be fp8 (a decode cache's seed) or absent, got "
+                                f"{raw.get('kv_dtype')!r}")
         seeds.append(SpaceSeed(raw.get("head_dim"), tuple(sorted(raw["params"].items())),
-                               str(raw.get("source", f"{Path(source).name} seed {i}"))))
+                               str(raw.get("source", f"{Path(source).name} seed {i}")), raw.get("kv_dtype")))
     return SearchSpace(variant, tuple(params), _parse_restrictions(data.get("arch", {}), "arch", names, source),
                        _parse_restrictions(data.get("dtype", {}), "dtype", names, source), tuple(seeds), source,
                        tuple(derived), phase)

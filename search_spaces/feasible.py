@@ -64,6 +64,7 @@ class FeasibleSpace:
     first_rejections: tuple[str, ...]             # a few of validate's reasons, for the error message
     layout: str = "dense"                         # the kernels' layout and page size (layout_reasons)
     page_size: int | None = None
+    kv_dtype: str = ""                            # decode: the cache's dtype where not the queries' (fp8)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_by_choices", {p.choices: p for p in self.points})
@@ -155,7 +156,8 @@ class FeasibleSpace:
             return {}, problems_found
         kernel = self.space.params_class().from_dict({k: v for k, v in params.items() if k != SCHEDULE})
         reasons = sorted({e for p in problems
-                          for e in candidate_errors(self.space, kernel, profile, p, self.base_of(sketch), self.layout)})
+                          for e in candidate_errors(self.space, kernel, profile, p, self.base_of(sketch), self.layout,
+                                                    self.kv_dtype)})
         if self.space.phase == "prefill":
             reasons += layout_reasons(kernel, self.base_of(sketch), self.layout, self.page_size)
         if reasons:
@@ -193,15 +195,18 @@ def default_sketches(space: SearchSpace, profile, head_dim: int, dtype: str) -> 
     return tuple((n, n) for n in names)
 
 
-def candidate_errors(space: SearchSpace, params, profile, shape, base: str, layout: str = "dense") -> list[str]:
+def candidate_errors(space: SearchSpace, params, profile, shape, base: str, layout: str = "dense",
+                     kv_dtype: str = "") -> list[str]:
     """Every reason ``params`` cannot build a kernel of ``shape`` (a kernel_abi.spec.Problem: heads, dims, dtype,
     causal) from a sketch of reference schedule ``base``: translate.params.validate for prefill kernels,
-    translate.decode.validate_decode (on the decode spec of the shape, in ``layout``) for decode ones."""
+    translate.decode.validate_decode (on the decode spec of the shape, in ``layout``, over a cache of
+    ``kv_dtype``) for decode ones."""
     if space.phase == "decode":
         from translate.decode.params import validate_decode
         from kernel_abi.spec import KernelSpec
 
-        spec = KernelSpec(shape.variant, shape.d_qk, shape.d_v, shape.causal, shape.dtype, layout, "decode")
+        spec = KernelSpec(shape.variant, shape.d_qk, shape.d_v, shape.causal, shape.dtype, layout, "decode",
+                          kv_dtype=kv_dtype)
         return validate_decode(params, profile, spec)
     from translate.params import validate
 
@@ -243,17 +248,18 @@ def layout_reasons(params, base: str, layout: str = "dense", page_size: int | No
 
 def feasible_space(space: SearchSpace, profile, head_dim: int, dtype: str, problems,
                    sketches: tuple[tuple[str, str], ...] | None = None, layout: str = "dense",
-                   page_size: int | None = None) -> FeasibleSpace:
+                   page_size: int | None = None, kv_dtype: str = "") -> FeasibleSpace:
     """Enumerate ``space`` for this profile and spec, keeping the parameter sets that ``validate`` accepts
     on every problem shape (and ``layout_reasons`` for a serving layout); SpaceError when none is left (with
     the first reasons)."""
     shapes = tuple(dict.fromkeys(p.with_(batch=1, seqlen_q=1, seqlen_k=1) for p in problems))
     sketches = tuple(sketches) if sketches is not None else default_sketches(space, profile, head_dim, dtype)
-    return _feasible(space, profile, head_dim, dtype, shapes, sketches, layout, page_size)
+    return _feasible(space, profile, head_dim, dtype, shapes, sketches, layout, page_size, kv_dtype)
 
 
 @functools.lru_cache(maxsize=64)
-def _feasible(space, profile, head_dim, dtype, shapes, sketches, layout="dense", page_size=None) -> FeasibleSpace:
+def _feasible(space, profile, head_dim, dtype, shapes, sketches, layout="dense", page_size=None,
+              kv_dtype="") -> FeasibleSpace:
     params_class = space.params_class()
     bases = dict(sketches)
     has_schedule = any(p.name == SCHEDULE for p in space.params)
@@ -278,7 +284,8 @@ def _feasible(space, profile, head_dim, dtype, shapes, sketches, layout="dense",
                 raise SpaceError(f"{space.source}: {exc}") from None
             enumerated += 1
             base = bases.get(sketch, sketch)
-            errors = [e for shape in shapes for e in candidate_errors(space, params, profile, shape, base, layout)]
+            errors = [e for shape in shapes
+                      for e in candidate_errors(space, params, profile, shape, base, layout, kv_dtype)]
             if space.phase == "prefill":
                 errors += layout_reasons(params, base, layout, page_size)
             if errors:
@@ -309,7 +316,7 @@ def _feasible(space, profile, head_dim, dtype, shapes, sketches, layout="dense",
         raise SpaceError(f"{space.source}: no parameter set is valid on {profile.name} for head dim {head_dim}, "
                          f"{dtype} ({enumerated} enumerated); e.g. " + "; ".join(rejections))
     return FeasibleSpace(space, sketches if has_schedule else ((DEFAULT_SCHEDULE, DEFAULT_SCHEDULE),), tuple(points),
-                         _prune(steps, points), enumerated, tuple(rejections), layout, page_size)
+                         _prune(steps, points), enumerated, tuple(rejections), layout, page_size, kv_dtype)
 
 
 def _prune(steps: dict[tuple, Step], points: list[SpacePoint]) -> dict[tuple, Step]:

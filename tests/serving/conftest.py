@@ -109,7 +109,7 @@ class StandInDecodeKernel:
 
     def __call__(self, q, k_cache, v_cache, cache_seqlens=None, page_table=None, softmax_scale=None,
                  num_splits=None, return_lse=False, out=None, workspace=None, window_size=(-1, -1), softcap=0.0,
-                 learnable_sink=None, cache_leftpad=None):
+                 learnable_sink=None, cache_leftpad=None, k_scale=None, v_scale=None):
         from kernel_abi.spec import FEATURES
         from tuner.serving.decode_sdpa import decode_reference
         from tuner.serving.launch.decode_kernel import option_errors
@@ -140,11 +140,17 @@ class StandInDecodeKernel:
             raise ValueError("cache_seqlens must be a contiguous int32 tensor of b lengths")
         if cache_leftpad is not None and (spec["layout"] == "paged" or cache_leftpad.dtype != torch.int32):
             raise ValueError("cache_leftpad: a dense cache's int32 rows only")
+        fp8 = spec.get("kv_dtype") == "fp8"   # the launcher's checks of an FP8 cache kernel (decode_kernel.py)
+        if fp8 != (k_scale is not None or v_scale is not None):
+            raise ValueError("k_scale/v_scale go with an FP8 cache kernel, which needs both")
+        if fp8 and (k_cache.dtype != torch.float8_e4m3fn or v_cache.dtype != torch.float8_e4m3fn):
+            raise ValueError("this kernel reads an e4m3 cache")
         self.splits.append(num_splits)
         self.leftpads.append(cache_leftpad)
-        o, lse = decode_reference(q.float(), k_cache.float(), v_cache.float(), cache_seqlens, page_table,
-                                  spec["causal"], softmax_scale,
-                                  ModelOptions(tuple(window_size), float(softcap), learnable_sink), cache_leftpad)
+        o, lse = decode_reference(q.float(), k_cache if fp8 else k_cache.float(), v_cache if fp8 else v_cache.float(),
+                                  cache_seqlens, page_table, spec["causal"], softmax_scale,
+                                  ModelOptions(tuple(window_size), float(softcap), learnable_sink), cache_leftpad,
+                                  (k_scale, v_scale) if fp8 else None)
         o = o.to(q.dtype)
         if out is not None:
             out.copy_(o)

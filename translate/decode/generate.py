@@ -46,6 +46,8 @@ DECODE_ARGS = (("args", "struct:attn_decode::Args"),)
 # kv_load tma: the split kernel also takes the K cache's TMA descriptor (encoded per call shape, its address
 # written per call: tuner/serving/launch/decode_kernel.py); the combine kernel takes the struct alone.
 DECODE_TMA_ARGS = DECODE_ARGS + (("k_map", "tensormap:k"),)
+# kv_dtype fp8: the split kernel also takes the cache's scales (attn_decode_fp8.cuh KvScales, packed per call).
+DECODE_FP8_ARGS = DECODE_ARGS + (("scales", "struct:attn_decode::KvScales"),)
 COMBINE_MIN_CTAS = 8   # combine CTAs an SM holds at least: 64 registers a thread, the measured build
 
 _MMA = {"fp16": "SM80_16x8x16_F32F16F16F32_TN", "bf16": "SM80_16x8x16_F32BF16BF16F32_TN"}
@@ -127,11 +129,14 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
     body = (_body_wgmma if wgmma else _body)(name, params, spec, layout == "paged", prefetch_first, q_in_regs,
                                               split_dv)
     preamble = PREAMBLE.replace('"attn_decode.cuh"', f'"{_WGMMA_KERNELS[params.mma][0]}"') if wgmma else PREAMBLE
+    extra_args = DECODE_TMA_ARGS if params.kv_load == "tma" else DECODE_ARGS
+    if spec.kv_dtype == "fp8":   # validate_decode has checked: the grouped mma.sync kernel
+        preamble = PREAMBLE.replace('"attn_decode.cuh"', '"attn_decode_fp8.cuh"')
+        extra_args = DECODE_FP8_ARGS
     return GeneratedKernel(name=name, preamble=preamble, body=body,
                            num_threads=params.num_threads,
                            smem_bytes=decode_smem_bytes(params, spec, split_dv=split_dv), block_m=params.block_m,
-                           block_n=params.block_n, spec=spec, params=params,
-                           extra_args=DECODE_TMA_ARGS if params.kv_load == "tma" else DECODE_ARGS, grid="decode")
+                           block_n=params.block_n, spec=spec, params=params, extra_args=extra_args, grid="decode")
 
 
 def option_problems(program: Program, spec: KernelSpec, params: DecodeParams) -> list[str]:
@@ -199,7 +204,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         f"  static constexpr bool kPrefetchFirst = {b(prefetch_first)}, kQInRegs = {b(q_in_regs)};",
         f"  static constexpr bool kSplitDV = {b(split_dv)}, kVFromK = {b(v_from_k(spec))};",
         *_options_cfg(spec),
-        f"  using TiledMma = TiledMMA<MMA_Atom<{_MMA[spec.dtype]}>, Layout<Shape<Int<kWarpsM>, _1, _1>>,",
+        f"  using TiledMma = TiledMMA<MMA_Atom<{_MMA[_mma_dtype(spec)]}>, Layout<Shape<Int<kWarpsM>, _1, _1>>,",
         "                            Tile<Int<16 * kWarpsM>, _16, _16>>;   // one warp group: warps along M",
         f"  using SmemAtom = {_atom(math.gcd(spec.d_qk, spec.d_v), p.swizzle)};",
         "  using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<Int<kBlockM>, Int<kHeadDimQK>>{}));",
@@ -214,10 +219,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         "};",
         f"}}  // namespace {name}_ns",
         "",
-        f'extern "C" __global__ void __launch_bounds__({p.num_threads}) {name}(const attn_decode::Args args) {{',
-        "  extern __shared__ __align__(128) char smem[];",
-        f"  attn_decode::split_kv<{name}_ns::Cfg>(args, smem);",
-        "}",
+        *_split_entry(name, p, spec),
         "",
         f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}, {COMBINE_MIN_CTAS}) {name}_combine('
         "const attn_decode::Args args) {",
@@ -225,6 +227,24 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         "}",
     ]
     return "\n".join(lines) + "\n"
+
+
+def _mma_dtype(spec: KernelSpec) -> str:
+    """The GEMMs' operand dtype: the queries', or over an e4m3 cache fp16 whatever the queries (attn_decode_fp8.cuh
+    says why)."""
+    return "fp16" if spec.kv_dtype == "fp8" else spec.dtype
+
+
+def _split_entry(name: str, p: DecodeParams, spec: KernelSpec) -> list[str]:
+    """The split kernel's entry point: split_kv, or over an e4m3 cache split_kv_fp8 with the scales' argument."""
+    fp8 = spec.kv_dtype == "fp8"
+    scales = ", const attn_decode::KvScales scales" if fp8 else ""
+    call = f"split_kv_fp8<{name}_ns::Cfg>(args, scales, smem)" if fp8 else f"split_kv<{name}_ns::Cfg>(args, smem)"
+    return [f'extern "C" __global__ void __launch_bounds__({p.num_threads}) {name}(const attn_decode::Args args'
+            f'{scales}) {{',
+            "  extern __shared__ __align__(128) char smem[];",
+            f"  attn_decode::{call};",
+            "}"]
 
 
 def _body_wgmma(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_first: bool,

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, fields
 
 from hardware_profiles import Profile
 from kernel_abi.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V, v_from_k
-from kernel_abi.spec import KernelSpec
+from kernel_abi.spec import KernelSpec, kv_dtype_errors
 
 # A decode query tile holds at most 16 tokens (speculative decoding) x a KV group's heads; past 4 row slabs per
 # warp the O accumulator no longer fits the registers (see validate_decode).
@@ -104,7 +104,8 @@ def decode_smem_bytes(params: DecodeParams, spec: KernelSpec, split_dv: bool | N
     if params.mma == "sm90_seesaw":   # Q | two slots | P0 (P1 in Q's last chunk) | max, two scales | 4 mbarriers
         slots = 2 * params.block_n * spec.d_qk * 2
         return q + slots + params.block_m * params.block_n * 2 + 3 * params.block_m * 4 + 4 * 8
-    ring = params.kv_stages * params.block_n * (spec.d_qk + (0 if v_from_k(spec) else spec.d_v)) * 2
+    kv_bytes = 1 if spec.kv_dtype == "fp8" else 2   # an e4m3 cache's ring holds its bytes as they are
+    ring = params.kv_stages * params.block_n * (spec.d_qk + (0 if v_from_k(spec) else spec.d_v)) * kv_bytes
     if split_dv:
         ring += params.block_m * params.block_n * 2 + params.warps_n * params.block_m * 4
     o_tiles = 1 if split_dv else params.warps_n
@@ -123,6 +124,15 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
     tensor-parallel shard, 8x fewer FLOP per byte) one 16-row tile, 4 warps over d_v, 64 keys x 2 stages. Where
     ``profile``'s shared memory is smaller (A100: 163 KB), 32-key stages; on Hopper the 64-row tile's GEMMs are
     warpgroup MMAs with the two warpgroups out of step (mma sm90_seesaw) and whole key tiles come by TMA."""
+    if spec.variant != "mla" and spec.kv_dtype == "fp8":
+        # an e4m3 tile is half the bytes and its operands are converted in registers: 128-key tiles (32 keys a warp
+        # group) spread the per-tile work (O's rescale, the softmax's reductions, the gather's page lookups) over
+        # twice the bytes of 64 (about 0.10 SASS instructions a cache byte in the loop at d128, nvcc 13, against 0.12
+        # at 64 keys); three stages are 100 KB at d128 (two CTAs an SM, as the 16-bit default)
+        p = DecodeParams(block_n=128, kv_stages=3)
+        if profile is not None and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:
+            p = DecodeParams(block_n=128, kv_stages=2)
+        return p
     if spec.variant != "mla":
         # a head dim that 64 does not divide (96) lays its rows out in 32-column atoms, whose swizzle is 2 bits
         base = DecodeParams() if spec.d_qk % 64 == 0 and spec.d_v % 64 == 0 else DecodeParams(swizzle=2)
@@ -236,6 +246,8 @@ def validate_decode(params: DecodeParams, profile: Profile, spec: KernelSpec, *,
     elif params.rescale_threshold and params.mma != "sm90_seesaw":
         errors.append(f"rescale_threshold: the conditional rescale is written for the seesaw kernel (mma "
                       f"sm90_seesaw), not {params.mma}")
+    if spec.kv_dtype:
+        errors += kv_dtype_errors(spec) + _fp8_cache_reasons(params, spec, split_dv)
     if spec.variant == "mla" and (spec.d_qk, spec.d_v) != (MLA_DECODE_D_QK, MLA_DECODE_D_V):
         errors.append(f"MLA decode is the absorbed form: d_qk {MLA_DECODE_D_QK} (512 latent + 64 rotary), d_v "
                       f"{MLA_DECODE_D_V} read from the same rows; got {spec.d_qk}/{spec.d_v} (MLA 192/128 is prefill)")
@@ -265,4 +277,26 @@ def _wgmma_reasons(params: DecodeParams, profile: Profile, spec: KernelSpec, spl
     if spec.d_v % 128 or spec.d_v // 2 > 256:
         errors.append(f"mma {params.mma}: d_v {spec.d_v} must split into two slices of at most 256 columns (wgmma "
                       "N), multiples of 64")
+    return errors
+
+
+def _fp8_cache_reasons(params: DecodeParams, spec: KernelSpec, split_dv: bool) -> list[str]:
+    """What attn_decode_fp8.cuh's split_kv_fp8 needs beyond the grouped kernel's rules: column groups on mma.sync
+    (no split-d_v, no warpgroup kernel), and whole e4m3 rows per thread step of the gather (16-byte chunks: d / 16
+    of them a row, so the threads must be a multiple of that and a tile's chunks a multiple of the threads)."""
+    errors = []
+    if spec.kv_dtype != "fp8":
+        return errors
+    if params.mma != "sm80" or params.kv_load != "gather":
+        errors.append(f"kv_dtype fp8: the FP8 cache kernel is the mma.sync gather kernel (mma sm80, kv_load gather), "
+                      f"got mma {params.mma}, kv_load {params.kv_load}")
+    if split_dv:
+        errors.append("kv_dtype fp8: the FP8 cache kernel runs column groups, not split-d_v (P through shared memory)")
+    chunks = spec.d_qk // 16
+    if chunks and params.warps_m in (1, 2, 4) and params.warps_n in (1, 2, 4, 8) and params.block_n > 0 and (
+            params.num_threads % (8 * chunks) or (params.block_n * chunks) % params.num_threads):
+        # a thread's rows are num_threads / chunks apart: a multiple of 8, the swizzle's period (attn_decode_fp8.cuh)
+        errors.append(f"kv_dtype fp8: {params.num_threads} threads copy 16-byte chunks of {spec.d_qk}-byte rows "
+                      f"({chunks} a row): the threads must be a multiple of 8 x {chunks} (rows 8 apart) and a "
+                      f"tile's {params.block_n} x {chunks} chunks a multiple of the threads")
     return errors

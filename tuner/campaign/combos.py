@@ -38,6 +38,7 @@ class Combination:
     softcap: float = 0.0
     sinks: bool = False
     layer: str | None = None              # "local" or "global": the preset's kind of layer these options are
+    kv_dtype: str = ""                    # decode: "fp8", an e4m3 cache (KernelSpec.kv_dtype); "": the queries'
 
     def window_for_mask(self) -> tuple[int, int]:
         """The window as a problem of this causality states it (causal: the right side 0)."""
@@ -67,6 +68,8 @@ class Combination:
         if self.phase == "decode":
             text = text.replace(f"d{MLA_D_QK}/{MLA_D_V}", f"d{MLA_ABSORBED_D_QK}/{MLA_ABSORBED_D_V} absorbed")
             serving = f"decode, {serving if self.page_size else 'dense'} cache"
+        if self.kv_dtype:
+            serving = serving.replace(" cache", f" {self.kv_dtype} cache")
         extra = [x for x in (self.model, self.heads and f"{self.heads[0]}q/{self.heads[1]}kv",
                              (self.layout != "dense" or self.phase == "decode") and serving,
                              self.layer and f"{self.layer} layers", self.options_text()) if x]
@@ -81,7 +84,11 @@ class Combination:
             return spec
         if self.variant == "mla":   # DeepSeek decodes MLA absorbed: the latent rows are K, their first 512 V
             spec = replace(spec, d_qk=MLA_ABSORBED_D_QK, d_v=MLA_ABSORBED_D_V)
-        return replace(spec, phase="decode")
+        return replace(spec, phase="decode", kv_dtype=self.kv_dtype)
+
+    def kv_tag(self) -> str:
+        """``-kvfp8`` in a study name of an FP8 cache's decode combination; "" otherwise (names as before)."""
+        return f"-kv{self.kv_dtype}" if self.kv_dtype else ""
 
     def decode_heads(self) -> tuple[int, int]:
         """(heads_q, heads_kv) of a decode call: the preset's, else the paper grid's; absorbed MLA has one
@@ -100,7 +107,7 @@ class Combination:
             spec = self.spec()
             hq, hkv = self.decode_heads()
             return decode_problems(self.variant, hq, hkv, spec.d_qk, spec.d_v, self.causal, self.dtype,
-                                   self.page_size, self.window_for_mask(), self.softcap, self.sinks)
+                                   self.page_size, self.window_for_mask(), self.softcap, self.sinks, self.kv_dtype)
         if self.layout == "dense":
             problems = grid_problems(self.variant, self.spec().d_qk, self.dtype, self.causal, heads=self.heads,
                                      **grid)
@@ -362,6 +369,23 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
         raise ComboError(f"--layout {layout} needs a Hopper GPU (its kernels are the warp-specialised TMA ones); "
                          f"{profile.name} is not one: tune the dense layout there")
     return [replace(c, layout=layout, page_size=page_size) for c in combos]
+
+
+def kv_dtype_combinations(combos: list[Combination], kv_dtype: str) -> list[Combination]:
+    """--kv-dtype: the decode combinations over a cache of ``kv_dtype`` (fp8: e4m3 with scales); ComboError where a
+    combination is not one an FP8 cache kernel serves (prefill, absorbed MLA, fp8 queries)."""
+    from kernel_abi.spec import kv_dtype_errors
+
+    out = []
+    for c in combos:
+        if c.phase != "decode":
+            raise ComboError(f"--kv-dtype {kv_dtype} is a decode cache's dtype; {c.label()} is {c.phase}")
+        c = replace(c, kv_dtype=kv_dtype)
+        errors = kv_dtype_errors(c.spec())
+        if errors:
+            raise ComboError(f"{c.label()}: {errors[0]}")
+        out.append(c)
+    return out
 
 
 def _combinations(profile, variant, head_dim, dtype, causal, model, layer=None) -> list[Combination]:

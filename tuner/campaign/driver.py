@@ -30,7 +30,7 @@ from . import study as st
 from .backends import BackendError, parse_backend
 from .cache import MeasurementCache
 from .cluster import ClusterError, connect, gpu_pool
-from .combos import ComboError, expand_combinations
+from .combos import ComboError, expand_combinations, kv_dtype_combinations
 from .options import CampaignOptions, option_problems
 from .state import WORKER_GRACE_S, Campaign
 from .baselines import finish_baselines, start_baselines
@@ -47,6 +47,8 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
     combos = expand_combinations(profile, options.variant, options.head_dim, options.dtype, options.causal,
                                  options.model, options.layout, options.page_size, options.phase, options.window,
                                  options.softcap, options.sinks, options.layer, notes=left_out)
+    if options.kv_dtype:
+        combos = kv_dtype_combinations(combos, options.kv_dtype)
     for note in left_out:
         console.print(f"left out: {note}", markup=False)
     if options.sampler not in st.SAMPLERS:
@@ -67,7 +69,7 @@ def resolve(options: CampaignOptions, console: Console) -> list[Campaign]:
         space.domains(profile, spec.d_qk, spec.dtype)  # an empty domain is an error now, not at trial 1
         heads = combo.decode_heads() if combo.phase == "decode" and combo.heads else combo.heads
         name = st.study_name(profile.name, spec, options.dry_run, heads=heads, page_size=combo.page_size,
-                             options_tag=combo.options_tag())
+                             options_tag=combo.options_tag() + combo.kv_tag())
         camps.append(Campaign(options, combo, profile, spec, space, problems, backend, name,
                               options.study_dir / name / "compiled", console,
                               fake_compile=backend.kind == "replay" and not options.dry_run, cache=cache,
@@ -264,7 +266,7 @@ def _sketch_stage(camp: Campaign) -> None:
     camp.program_texts = {s.name: s.text for s in camp.sketches}
     camp.feasible = feasible_space(camp.space, camp.profile, camp.spec.d_qk, camp.spec.dtype, camp.combo.shapes(),
                                    tuple((s.name, s.base) for s in camp.sketches), camp.spec.layout,
-                                   camp.combo.page_size)
+                                   camp.combo.page_size, camp.spec.kv_dtype)
     if llm is not None and camp.spec.phase == "decode":
         camp.console.print("seeds: the decode space's own (search_spaces/decode/); the LLM proposes prefill "
                            "parameters", markup=False)
@@ -316,7 +318,7 @@ def _enqueue_seeds(camp: Campaign) -> None:
         published += per_spec_default_seed(camp.profile, camp.spec)
         published += bucket_default_seeds(camp.profile, camp.spec)
     from_scratch = tables_hidden()
-    for seed in camp.space.seeds_for(hd):
+    for seed in camp.space.seeds_for(hd, camp.spec.kv_dtype):
         if from_scratch and seed.source.startswith(MEASURED_SEED_PREFIX):
             continue          # a developer's A/B result: not seeded when the campaign is to find the defaults itself
         raw = dict(seed.params)

@@ -83,6 +83,9 @@ class CampaignOptions:
     softcap: Optional[float] = None
     sinks: bool = False
     layer: Optional[str] = None
+    # --kv-dtype fp8 (--phase decode): the KV cache's dtype where it is not the queries' (an e4m3 cache with
+    # k_scale / v_scale, kernel_abi.spec.KernelSpec.kv_dtype); None: the queries'
+    kv_dtype: Optional[str] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "study_dir", Path(self.study_dir))
@@ -141,6 +144,14 @@ def option_problems(o: CampaignOptions) -> list[str]:
         need(False, "--phase", "prefill, decode or all", o.phase)
     elif o.phase == "decode":
         problems.extend(decode_option_problems(o))
+    if o.kv_dtype is not None:
+        from kernel_abi.spec import KV_DTYPES
+
+        if o.kv_dtype not in KV_DTYPES:
+            problems.append(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, got {o.kv_dtype!r}")
+        elif o.phase != "decode":
+            problems.append(f"--kv-dtype {o.kv_dtype} is a decode cache's dtype: give --phase decode (prefill FP8 is "
+                            "--dtype fp8)")
     elif o.layout == "paged":
         need(o.page_size in PAGE_SIZES and _count(o.page_size, 1), "--page-size",
              f"one of {', '.join(map(str, PAGE_SIZES))} with --layout paged", o.page_size)

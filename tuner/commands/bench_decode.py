@@ -16,9 +16,11 @@ from rich.table import Table
 DECODE_LAYOUTS = ("paged", "dense")
 
 
-def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, layout: str, page_size, options=None):
+def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, layout: str, page_size, options=None,
+                          kv_dtype: str | None = None):
     """(profile, spec, heads, page size, model) of a decode bench or build; ``options`` (tuner.build.ModelOptions:
-    --window/--softcap/--sinks) go into the spec (absorbed MLA has none); UsageError naming the bad input."""
+    --window/--softcap/--sinks) go into the spec (absorbed MLA has none); ``kv_dtype`` (--kv-dtype fp8: an e4m3
+    cache read by queries of --dtype) too; UsageError naming the bad input."""
     from hardware_profiles import ProfileError, load_profile
     from kernel_abi.spec import KernelSpec, spec_for
     from tuner.commands.bench import resolve_bench_target
@@ -45,6 +47,17 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
     if target.variant == "mla" and given:
         raise UsageError("absorbed MLA decode kernels are built without windows, soft-capping or sinks (no MLA model "
                          "uses them): drop --window/--softcap/--sinks")
+    if kv_dtype is not None:
+        from kernel_abi.spec import KV_DTYPES
+
+        if kv_dtype not in KV_DTYPES:
+            raise UsageError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)} (none: the queries' dtype), got "
+                             f"{kv_dtype!r}")
+        if target.variant == "mla":
+            raise UsageError("--kv-dtype fp8: the absorbed-MLA decode over an FP8 latent cache is not built; "
+                             "absorbed MLA reads a bf16 cache")
+        if target.dtype == "fp8":
+            raise UsageError("--kv-dtype fp8 caches are read by fp16 or bf16 queries: --dtype bf16 or fp16")
     if target.variant == "mla":
         # absorbed MLA decode: q/k 576 (512 latent + 64 rotary), v the first 512 columns of k, one latent KV head
         from kernel_abi.decode import MLA_DECODE_D_QK, MLA_DECODE_D_V
@@ -61,7 +74,11 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
         raise UsageError(str(exc)) from None
     causal = target.causals[-1] if causal is None else causal
     spec = KernelSpec(base.variant, base.d_qk, base.d_v, causal, base.dtype, layout, "decode",
-                      **(options.spec_changes(causal) if given else {}))
+                      **(options.spec_changes(causal) if given else {}), kv_dtype=kv_dtype or "")
+    from kernel_abi.spec import kv_dtype_errors
+
+    if kv_dtype_errors(spec):
+        raise UsageError("; ".join(kv_dtype_errors(spec)))
     if target.heads is not None:
         heads = target.heads
     else:
@@ -73,10 +90,11 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
 
 def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, causal, layout, page_size,
                      out_json, console: Optional[Console] = None, cache_dir=None,
-                     batches=None, kv_lens=None, options=None, layer=None) -> int:
+                     batches=None, kv_lens=None, options=None, layer=None, kv_dtype=None) -> int:
     """``options`` (--window/--softcap/--sinks) or a preset's layer kind (``layer``, as `tune bench` takes them) are
     built into the kernel, verified by the decode gate's option cases and given to every timed call (ours and
-    FA4's)."""
+    FA4's). ``kv_dtype`` fp8: the FP8 cache's kernel (--params are its), beside the 16-bit cache's default kernel of
+    the same spec, both verified and timed in this process (tuner.measure.decode.measure_fp8_point)."""
     from translate.decode import default_decode_params
     from tuner.commands.bench import device_problem, environment_record, preset_options, write_record
     from tuner.build import NO_OPTIONS, UsageError, load_checked_program, parse_params_arg
@@ -91,7 +109,8 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
     try:
         options, options_note = preset_options(model, layer, options or NO_OPTIONS)
         profile, spec, heads, page_size, model_name = resolve_decode_target(gpu, variant, model, head_dim, dtype,
-                                                                           causal, layout, page_size, options)
+                                                                           causal, layout, page_size, options,
+                                                                           kv_dtype)
         decode_params = parse_params_arg(params, default_decode_params(spec, heads[0], profile))
         _, text, _, _ = load_checked_program(spec.variant, spec.causal, sketch, "decode", spec.layout, spec)
     except (UsageError, OSError) as exc:
@@ -122,24 +141,51 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         for d in diags:
             err.print(str(d), markup=False)
         return 1
-    try:
-        kernel = generate(program, decode_params, profile, spec)
-    except TranslationError as exc:
-        err.print(f"tune bench: {exc}", markup=False)
-        return 1
-    compiled = compile_kernel(kernel, profile.nvcc_arch, cache_dir=cache_dir or default_cache_dir())
-    if not compiled.ok:
-        err.print(f"tune bench: {kernel.name} did not compile ({compiled.error_kind}):\n{compiled.log[-2000:]}",
-                  markup=False)
-        return 1
-    k = load_decode_kernel(compiled.cubin, kernel.meta())
-    report = verify_decode(k, spec, page_size=page_size)
-    console.print(f"[bold]{spec.label()}[/bold]: {kernel.name} ({compiled.registers} regs, "
-                  f"{compiled.spill_stores} B spills) verification {'passed' if report.passed else 'FAILED'}")
-    if not report.passed:
-        err.print(f"{kernel.name}: verification FAILED ({report.reason}); it is not timed", markup=False)
-        return 1
+    def build(spec, decode_params):
+        """(generated kernel, compile result, loaded kernel, gate report), or an exit code."""
+        try:
+            kernel = generate(program, decode_params, profile, spec)
+        except TranslationError as exc:
+            err.print(f"tune bench: {exc}", markup=False)
+            return 1
+        compiled = compile_kernel(kernel, profile.nvcc_arch, cache_dir=cache_dir or default_cache_dir())
+        if not compiled.ok:
+            err.print(f"tune bench: {kernel.name} did not compile ({compiled.error_kind}):\n{compiled.log[-2000:]}",
+                      markup=False)
+            return 1
+        k = load_decode_kernel(compiled.cubin, kernel.meta())
+        report = verify_decode(k, spec, page_size=page_size)
+        console.print(f"[bold]{spec.label()}[/bold]: {kernel.name} ({compiled.registers} regs, "
+                      f"{compiled.spill_stores} B spills) verification {'passed' if report.passed else 'FAILED'}")
+        if not report.passed:
+            err.print(f"{kernel.name}: verification FAILED ({report.reason}); it is not timed", markup=False)
+            return 1
+        return kernel, compiled, k, report
+
+    built = build(spec, decode_params)
+    if isinstance(built, int):
+        return built
+    kernel, compiled, k, report = built
     copy = copy_bandwidth_gbs()
+    if spec.kv_dtype:
+        import dataclasses
+
+        spec16 = dataclasses.replace(spec, kv_dtype="")
+        built16 = build(spec16, default_decode_params(spec16, heads[0], profile))
+        if isinstance(built16, int):
+            return built16
+        rows, table = _fp8_rows(k, built16[2], spec, heads, page_size, copy, options, batches, kv_lens, profile)
+        console.print(table)
+        if out_json is not None:
+            record = {"tool": "tune bench --phase decode --kv-dtype fp8",
+                      **environment_record(profile, compiled.nvcc_version), "spec": spec.label(), "model": model_name,
+                      "kernel": kernel.name, "params": decode_params.to_dict(), "kernel_16bit": built16[0].name,
+                      "params_16bit": built16[0].params.to_dict(), "copy_gbs": copy,
+                      "verification": report.to_dict(), "verification_16bit": built16[3].to_dict(), "rows": rows}
+            problem = write_record(Path(out_json), record)
+            if problem is not None:
+                return usage(problem)
+        return 0
     if spec.variant == "mla":
         rows = _mla_rows(k, spec, heads, page_size, copy, batches, kv_lens)
         table = Table(title=f"absorbed MLA decode {spec.label()} h{heads[0]} on {torch.cuda.get_device_name()} "
@@ -178,6 +224,33 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         if problem is not None:
             return usage(problem)
     return 0
+
+
+def _fp8_rows(fp8_kernel, kernel, spec, heads, page_size, copy, options, batches, kv_lens, profile):
+    """The FP8 cache bench's rows and table: per point the e4m3 bytes' GB/s and its fraction of the copy bandwidth,
+    new tokens a second of both kernels and the FP8 one's speedup (no FA4 column: FA4 reads no FP8 cache)."""
+    import torch
+
+    from tuner.measure.decode import BATCHES, KV_LENS, decode_grid, measure_fp8_point
+
+    rows = []
+    for p in decode_grid(batches or BATCHES, kv_lens or KV_LENS, heads_q=heads[0], heads_kv=heads[1],
+                         head_dim=spec.d_qk, page_size=page_size, causal=spec.causal, dtype=spec.dtype,
+                         kv_dtype=spec.kv_dtype, **options.problem_changes(spec.causal)):
+        row = measure_fp8_point(fp8_kernel, kernel, p)
+        row["copy_frac"] = row["fp8_gbs"] / copy
+        rows.append(row)
+    table = Table(title=f"decode over an FP8 cache {spec.label()} h{heads[0]}/{heads[1]} on "
+                        f"{torch.cuda.get_device_name()} ({profile.name}): GB/s of the e4m3 K/V read, copy bandwidth "
+                        f"{copy:.0f} GB/s; tokens/s against the {spec.dtype} cache's kernel, same process")
+    for col in ("point", "splits", "fp8 us", "fp8 GB/s", "of copy", f"{spec.dtype} us", "fp8 tok/s",
+                f"{spec.dtype} tok/s", "speedup"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["point"], str(r["splits"]), f"{r['fp8_us']:.1f}", f"{r['fp8_gbs']:.0f}", f"{r['copy_frac']:.2f}",
+                      f"{r['base_us']:.1f}", f"{r['fp8_tokens_s']:.3g}", f"{r['base_tokens_s']:.3g}",
+                      f"{r['speedup']:.2f}")
+    return rows, table
 
 
 MLA_BATCHES, MLA_KV_LENS, MLA_SEQLENS_Q = (64, 128), (4096, 8192, 16384), (1, 2, 4)   # served MLA batches, key lengths, draft lengths

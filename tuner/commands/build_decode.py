@@ -26,7 +26,8 @@ def resolve_decode_schedule(schedule: Optional[str]) -> str:
 def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], params: Optional[str],
                      head_dim: Optional[int], dtype: Optional[str], causal: bool, out: Path,
                      layout: Optional[str] = None, page_size: Optional[int] = None, schedule: Optional[str] = None,
-                     console: Optional[Console] = None, cache_dir: Optional[Path] = None, options=None) -> int:
+                     console: Optional[Console] = None, cache_dir: Optional[Path] = None, options=None,
+                     kv_dtype: Optional[str] = None) -> int:
     """``options`` (tuner.build.ModelOptions of --window/--softcap/--sinks) are built in: the reference sketch gets
     their statements (a --sketch states them itself)."""
     import tl
@@ -42,7 +43,7 @@ def run_decode_build(gpu: str, variant: Optional[str], sketch: Optional[Path], p
     err = Console(stderr=True, soft_wrap=True)
     try:
         profile, spec, _, page_size, _ = resolve_decode_target(gpu, variant, None, head_dim, dtype, causal, layout,
-                                                               page_size, options)
+                                                               page_size, options, kv_dtype)
         schedule = resolve_decode_schedule(schedule)
         if sketch is None:
             tl.decode_sketch_path(spec.variant, schedule, spec.layout)   # a missing one is a usage error

@@ -160,6 +160,21 @@ def _parse_seqlens(text: Optional[str]):
     return values
 
 
+KV_DTYPE_HELP = ("--phase decode: the KV cache's dtype where it is not --dtype's: fp8 (e4m3 with fp32 k_scale/v_scale "
+                 "per tensor or per KV head, vLLM's kv_cache_dtype fp8), read by fp16/bf16 queries.")
+
+
+def _kv_dtype(text: Optional[str]) -> Optional[str]:
+    return None if text is None else text.strip().lower()
+
+
+def _no_kv_dtype(command: str, kv_dtype: Optional[str]) -> None:
+    if kv_dtype is not None:
+        typer.echo(f"{command}: error: --kv-dtype is a decode cache's dtype (--phase decode); prefill FP8 is "
+                   "--dtype fp8", err=True)
+        raise typer.Exit(2)
+
+
 @app.callback()
 def campaign(
     ctx: typer.Context,
@@ -233,6 +248,8 @@ def campaign(
     no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP + " The campaign seeds the "
                                          "per-spec default alone and no developer-measured choice (to find the "
                                          "defaults itself: `tune defaults`)."),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_DTYPE_HELP + " Its studies are named -kvfp8 "
+                                           "and its records export as configs of their own."),
 ) -> None:
     if ctx.invoked_subcommand is not None:
         return
@@ -261,6 +278,7 @@ def campaign(
         layout=_campaign_layout(layout, phase), page_size=_campaign_page_size(layout, _parse_page_sizes(page_size), phase),
         phase=phase.strip().lower(), window=attention.window if window is not None else None,
         softcap=attention.softcap if softcap is not None else None, sinks=attention.sinks, layer=layer,
+        kv_dtype=_kv_dtype(kv_dtype),
     )
     raise typer.Exit(run_campaign(options))
 
@@ -342,6 +360,7 @@ def build(
     softcap: Optional[float] = typer.Option(None, "--softcap", help=SOFTCAP_HELP),
     sinks: bool = typer.Option(False, "--sinks", help=SINKS_HELP),
     no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_DTYPE_HELP),
 ) -> None:
     """Translate a TL program to CuTe C++ and compile it to a cubin (no GPU needed)."""
     from tuner.commands.build import run_build
@@ -361,7 +380,8 @@ def build(
 
         raise typer.Exit(run_decode_build(gpu, variant, sketch, params, head_dim, dtype, causal, out,
                                           layout.strip().lower() if layout else None, page_size, schedule,
-                                          options=options))
+                                          options=options, kv_dtype=_kv_dtype(kv_dtype)))
+    _no_kv_dtype("tune build", kv_dtype)
     layout = (layout or "dense").strip().lower()
 
     raise typer.Exit(run_build(gpu=gpu, variant=variant, sketch=sketch, params=params, head_dim=head_dim,
@@ -399,6 +419,8 @@ def bench(
                                         "(window, softcap, sinks) unless --window/--softcap/--sinks are given. "
                                         "Default: the first kind of its layer pattern."),
     no_bucket_table: bool = typer.Option(False, "--no-bucket-table", help=NO_TABLE_HELP),
+    kv_dtype: Optional[str] = typer.Option(None, "--kv-dtype", help=KV_DTYPE_HELP + " The bench times the 16-bit "
+                                           "cache's kernel beside it in the same process."),
 ) -> None:
     """Benchmark a kernel on the paper grid against torch SDPA's flash, cuDNN and efficient backends and
     FlashAttention-4 (flash_attn.cute) where installed; with --layout varlen|paged on the serving mixes against
@@ -419,7 +441,8 @@ def bench(
 
         raise typer.Exit(run_decode_bench(gpu, variant, model, params, sketch, head_dim, dtype, causal,
                                           None if layout_given is None else layout, page_size, out_json,
-                                          options=options, layer=layer))
+                                          options=options, layer=layer, kv_dtype=_kv_dtype(kv_dtype)))
+    _no_kv_dtype("tune bench", kv_dtype)
     if layout != "dense":
         if seqlens is not None:
             typer.echo(f"tune bench: error: --seqlens sets the paper grid of the dense layout; --layout {layout} times "

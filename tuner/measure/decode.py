@@ -43,16 +43,19 @@ class DecodePoint:
     window: tuple = (-1, -1)
     softcap: float = 0.0
     sinks: bool = False
+    kv_dtype: str = ""           # "fp8": an e4m3 cache with per-KV-head scales (make_decode_inputs)
 
     @property
     def kv_bytes(self) -> int:
-        """Bytes of K and V the call reads (a window's keys only)."""
-        return 2 * self.batch * keys_read(self.kv_len, self.seqlen_q, self.window) * self.heads_kv * self.head_dim * 2
+        """Bytes of K and V the call reads (a window's keys only): 2 a value, 1 in an FP8 cache."""
+        element = 1 if self.kv_dtype == "fp8" else 2
+        return 2 * self.batch * keys_read(self.kv_len, self.seqlen_q, self.window) * self.heads_kv * self.head_dim * \
+            element
 
     def label(self) -> str:
         cache = f"p{self.page_size}" if self.page_size else "dense"
         return f"b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}" + \
-            options_text(self.window, self.softcap, self.sinks)
+            options_text(self.window, self.softcap, self.sinks) + (f" kv{self.kv_dtype}" if self.kv_dtype else "")
 
 
 def decode_options(p, device: str = "cuda") -> dict:
@@ -79,12 +82,27 @@ def make_decode_inputs(p: DecodePoint, seed: int = 0, device: str = "cuda") -> d
     used = torch.full((p.batch,), p.kv_len, dtype=torch.int32, device=device)
     if not p.page_size:
         k = torch.randn(p.batch, p.kv_len, p.heads_kv, p.head_dim, device=device, dtype=dt)
-        return {"q": q, "k": k, "v": torch.randn_like(k), "page_table": None, "seqused_k": used}
+        return _fp8_cache(p, {"q": q, "k": k, "v": torch.randn_like(k), "page_table": None, "seqused_k": used})
     pages = math.ceil(p.kv_len / p.page_size)
     table = torch.randperm(p.batch * pages, generator=gen).to(device, torch.int32).view(p.batch, pages)
     k = torch.randn(p.batch * pages, p.page_size, p.heads_kv, p.head_dim, device=device, dtype=dt)
     v = torch.randn_like(k)
-    return {"q": q, "k": k, "v": v, "page_table": table, "seqused_k": used}
+    return _fp8_cache(p, {"q": q, "k": k, "v": v, "page_table": table, "seqused_k": used})
+
+
+def _fp8_cache(p: DecodePoint, x: dict) -> dict:
+    """An FP8 point's inputs: the cache quantised with per-KV-head scales (unit-normal values, 4 sigma at 448), the
+    scales in ``x["kv_scales"]`` (the kernel's k_scale, v_scale); a 16-bit point's as they are."""
+    if p.kv_dtype != "fp8":
+        return x
+    import torch
+
+    from tuner.serving.kvcache_fp8 import quantise
+
+    scale = torch.full((p.heads_kv,), 4.0 / 448, device=x["q"].device)
+    x["k"], x["v"] = quantise(x["k"], scale), quantise(x["v"], scale)
+    x["kv_scales"] = (scale, scale.clone())
+    return x
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
@@ -144,6 +162,44 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     if fa4_first:
         row["ours_gbs"] = p.kv_bytes / time_ms(ours) / 1e6
     del x
+    torch.cuda.empty_cache()
+    return row
+
+
+def measure_fp8_point(fp8_kernel, kernel, p: DecodePoint) -> dict:
+    """An FP8 cache point (p.kv_dtype fp8) against the 16-bit cache's kernel on the same point, both timed here in
+    this order and again in the other (the faster of each kept, so that neither always runs on a warmer GPU): {point,
+    splits, fp8_us, fp8_gbs (GB/s of the e4m3 bytes read), base_us and base_gbs (the 16-bit cache's), fp8_tokens_s
+    and base_tokens_s (new tokens a second: batch x seqlen_q / time), speedup (16-bit time / FP8 time)}."""
+    import dataclasses
+
+    import torch
+
+    p16 = dataclasses.replace(p, kv_dtype="")
+    x8, x16 = make_decode_inputs(p), make_decode_inputs(p16)
+    options = decode_options(p)
+    k_scale, v_scale = x8["kv_scales"]
+    fp8 = lambda: fp8_kernel(x8["q"], x8["k"], x8["v"], cache_seqlens=x8["seqused_k"],  # noqa: E731
+                             page_table=x8["page_table"], k_scale=k_scale, v_scale=v_scale, **options)
+    b16 = lambda: kernel(x16["q"], x16["k"], x16["v"], cache_seqlens=x16["seqused_k"],  # noqa: E731
+                         page_table=x16["page_table"], **options)
+    fp8(), b16()
+    ms8 = ms16 = math.inf
+    for order in ((fp8, b16), (b16, fp8)):
+        for call in order:
+            ms = time_ms(call)
+            if call is fp8:
+                ms8 = min(ms8, ms)
+            else:
+                ms16 = min(ms16, ms)
+    capacity = x8["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
+    tokens = p.batch * p.seqlen_q
+    row = {"point": p.label(), "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q,
+           "splits": fp8_kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, capacity)[0].num_splits,
+           "fp8_us": ms8 * 1e3, "fp8_gbs": p.kv_bytes / ms8 / 1e6, "base_us": ms16 * 1e3,
+           "base_gbs": p16.kv_bytes / ms16 / 1e6, "fp8_tokens_s": tokens / ms8 * 1e3,
+           "base_tokens_s": tokens / ms16 * 1e3, "speedup": ms16 / ms8}
+    del x8, x16
     torch.cuda.empty_cache()
     return row
 
@@ -252,6 +308,8 @@ def problem_inputs(problem, device: str) -> dict:
 def ours_call(kernel, problem, x: dict):
     scale = problem.softmax_scale
     options = decode_options(problem, x["q"].device)
+    if "kv_scales" in x:   # an FP8 cache
+        options["k_scale"], options["v_scale"] = x["kv_scales"]
     return lambda: kernel(x["q"], x["k"], x["v"], cache_seqlens=x["seqused_k"], page_table=x["page_table"],
                           softmax_scale=scale, **options)
 
@@ -267,9 +325,15 @@ def _sequence_kv(x: dict, problem, i: int, name: str):
         return _sequence_kv(x, problem, i, "k")[..., : problem.d_v]
     cache = x[name]
     if x["page_table"] is None:
-        return cache[i, : problem.kv_len]
-    pages = x["page_table"][i]
-    return cache[pages.long()].reshape(-1, *cache.shape[2:])[: problem.kv_len]
+        rows = cache[i, : problem.kv_len]
+    else:
+        pages = x["page_table"][i]
+        rows = cache[pages.long()].reshape(-1, *cache.shape[2:])[: problem.kv_len]
+    if "kv_scales" in x:   # an FP8 cache: its real values
+        from tuner.serving.kvcache_fp8 import dequantise
+
+        rows = dequantise(rows, x["kv_scales"][0 if name == "k" else 1])
+    return rows
 
 
 def cross_check(out, x: dict, problem) -> float:
@@ -319,6 +383,9 @@ def measure_baselines(problem, timing, device: str, errors: dict) -> dict:
         row["copy_bound"], errors["copy_bound"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
     if problem.variant == "mla":
         row["fa4"], errors["fa4"] = None, "FA4 has no absorbed-MLA decode (head dim 576/512)"
+        return row
+    if getattr(problem, "kv_dtype", ""):
+        row["fa4"], errors["fa4"] = None, f"FA4's decode reads no {problem.kv_dtype} KV cache"
         return row
     x = problem_inputs(problem, device)
     try:

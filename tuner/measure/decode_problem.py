@@ -31,6 +31,7 @@ class DecodeProblem:
     window: tuple = (-1, -1)
     softcap: float = 0.0
     sinks: bool = False
+    kv_dtype: str = ""            # "fp8": an e4m3 cache with per-KV-head scales (tuner.measure.decode.make_decode_inputs)
 
     phase = "decode"              # (a class attribute: what tuner/campaign/problems.py tells problems apart by)
 
@@ -75,7 +76,8 @@ class DecodeProblem:
         from tuner.measure.decode import keys_read
 
         width = self.d_qk if self.variant == "mla" else self.d_qk + self.d_v
-        return self.batch * keys_read(self.kv_len, self.seqlen_q, self.window) * self.heads_kv * width * 2
+        element = 1 if self.kv_dtype == "fp8" else 2
+        return self.batch * keys_read(self.kv_len, self.seqlen_q, self.window) * self.heads_kv * width * element
 
     @property
     def softmax_scale(self) -> float:
@@ -86,7 +88,7 @@ class DecodeProblem:
 
         cache = f"p{self.page_size}" if self.page_size else "dense"
         return f"decode b{self.batch} kv{self.kv_len} sq{self.seqlen_q} {cache}" + \
-            options_text(self.window, self.softcap, self.sinks)
+            options_text(self.window, self.softcap, self.sinks) + (f" kv{self.kv_dtype}" if self.kv_dtype else "")
 
     def to_dict(self) -> dict:
         from dataclasses import asdict
@@ -103,14 +105,15 @@ class DecodeProblem:
             return MLAPoint(self.batch, self.kv_len, self.heads_q, self.seqlen_q, self.page_size, self.causal,
                             self.dtype)
         return DecodePoint(self.batch, self.kv_len, self.heads_q, self.heads_kv, self.d_qk, self.seqlen_q,
-                           self.page_size, self.causal, self.dtype, tuple(self.window), self.softcap, self.sinks)
+                           self.page_size, self.causal, self.dtype, tuple(self.window), self.softcap, self.sinks,
+                           self.kv_dtype)
 
 
 def decode_problems(variant: str, heads_q: int, heads_kv: int, d_qk: int, d_v: int, causal: bool, dtype: str,
                     page_size: int | None, window=(-1, -1), softcap: float = 0.0,
-                    sinks: bool = False) -> list[DecodeProblem]:
+                    sinks: bool = False, kv_dtype: str = "") -> list[DecodeProblem]:
     """One problem per decode bucket: its class edges (tuner/decode_buckets.bucket_points), with the options of a
-    kernel built with them."""
+    kernel built with them and the cache's dtype."""
     return [DecodeProblem(variant, b, kv, heads_q, heads_kv, d_qk, d_v, causal, dtype, 1, page_size or 0,
-                          tuple(window), float(softcap), bool(sinks))
+                          tuple(window), float(softcap), bool(sinks), kv_dtype)
             for b, kv, _ in bucket_points(page_size)]

@@ -16,6 +16,21 @@ A dense GQA/MHA kernel is also checked with FA2's ``cache_leftpad`` (``LEFTPAD_C
 after NaN rows of padding (leftpads 0, 1, a tile +- 1; one equal to the length: no key, output 0 and lse -inf), key
 counts at tile edges, one split and several; a kernel that reads the padding or counts its rows as keys fails.
 
+An FP8 cache kernel (spec kv_dtype fp8: e4m3 k/v_cache, fp32 k_scale/v_scale per tensor or per KV head, the real K
+k_cache * k_scale) is checked on ``fp8_cases`` (the cases above with each scale kind, amplitudes that differ 1000x
+across the KV heads, values near e4m3's largest, 448 x scale). Each case's real keys and values are quantised into
+the cache (tuner/serving/kvcache_fp8.py: x / scale clamped to +-448, rounded to nearest even), and the reference is
+the fp32 attention on the dequantised cache (e4m3 x scale in fp32: the scale rounded once), so the kernel is judged
+on what it computes from the bytes it is given, not on FP8's own rounding of the inputs. The bound is then the 16-bit
+decode's, for the same reason it holds there: the yardstick is the plain attention in the query's dtype on the
+dequantised cache (the dequantised K, V rounded to it: 2^-9 relative in bf16), and the kernel rounds less (each
+e4m3 value is exact in its fp16 operands, Q is exact in fp16 for |q| in [2^-14, 65504], the q.k products are exact in
+its fp32 accumulators and the scale is applied once to their sum, P is rounded to fp16's 11 bits). Queries of a KV
+head's group are divided by the head's amplitude, so that scores stay of order one at every head (a score of 100
+makes the bf16 yardstick, and so the bound, loose). A kernel that ignores k_scale scales the scores of a head by
+1 / k_scale, one that ignores v_scale its output: with scales far from 1 both are far outside the bound (tests/measure
+plants both).
+
 MLA (absorbed decode, translate.decode.v_from_k): one latent KV head of 576 columns whose first 512 are the values
 (the cache holds K only; the reference takes V = K[..., :512]), 128 query heads (DeepSeek-V3) and 16 (a
 tensor-parallel shard), pages of 64 tokens by default (FlashMLA's), the kernel called with v_cache None or the
@@ -60,6 +75,12 @@ class DecodeCase:
     # FA2's cache_leftpad (a dense cache): rows of padding before sequence i's keys, so that its cache_seqlens is
     # leftpad[i] + cache_seqlens[i] (the keys stay cache_seqlens[i])
     leftpad: Optional[tuple[int, ...]] = None
+    # An FP8 cache (spec kv_dtype fp8): "tensor" (one k_scale, one v_scale) or "head" (one per KV head); the KV
+    # heads' amplitudes spread geometrically over ``kv_spread`` (the largest / the smallest; the per-head scales
+    # follow them, a per-tensor scale is the largest head's); ``near_max``: |values| in [0.6, 1] x 448 x scale
+    kv_scale: str = ""
+    kv_spread: float = 1.0
+    near_max: bool = False
 
     def label(self) -> str:
         text = f"sq{self.seqlen_q} k{list(self.cache_seqlens)}"
@@ -79,6 +100,9 @@ class DecodeCase:
             text += " sinks"
         if self.leftpad is not None:
             text += f" leftpad{list(self.leftpad)}"
+        if self.kv_scale:
+            text += f" fp8 {self.kv_scale} scales" + (f" spread{self.kv_spread:g}" if self.kv_spread != 1 else "") \
+                + (" near448" if self.near_max else "")
         return text
 
 
@@ -125,14 +149,49 @@ LEFTPAD_CASES = (
     DecodeCase((1000, 9, 0), seqlen_q=16, leftpad=(65, 129, 63)),
 )
 MAX_PAGES_SPARE = 3      # pages no table row names, poisoned
+# An FP8 cache (kv_scale set): the amplitudes' spread across the KV heads that the scales of one cache span
+FP8_SPREAD = 1000.0
+# e4m3's largest finite value and the quantiles of the values a scale maps there: unit-normal data x 4 sigma -> 448
+E4M3_MAX, FP8_SIGMAS = 448.0, 4.0
 
 
 def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
-    """The decode gate's cases for ``spec``; a kernel built with options gets ``option_cases``."""
+    """The decode gate's cases for ``spec``; a kernel built with options gets ``option_cases``, one over an FP8
+    cache ``fp8_cases`` of them."""
     if spec.variant == "mla":
         return MLA_CHECK_CASES
     cases = option_cases(spec) if spec.features else CHECK_CASES
-    return cases + leftpad_cases(spec) if spec.layout == "dense" else cases
+    cases = cases + leftpad_cases(spec) if spec.layout == "dense" else cases
+    return fp8_cases(cases) if spec.kv_dtype == "fp8" else cases
+
+
+def fp8_cases(cases: Sequence[DecodeCase]) -> tuple[DecodeCase, ...]:
+    """``cases`` over an FP8 cache: scales per tensor and per KV head in turn, every third case with amplitudes
+    spread FP8_SPREAD across the KV heads; then values near e4m3's largest (one scale and per-head ones, one split
+    and several) and llama3-8b's heads with per-head scales over the whole spread."""
+    out = [replace(c, kv_scale="head" if i % 2 else "tensor", kv_spread=FP8_SPREAD if i % 3 == 0 else 1.0)
+           for i, c in enumerate(cases)]
+    out += [DecodeCase((1, 63, 64, 65, 4097), kv_scale="head", kv_spread=FP8_SPREAD, near_max=True),
+            DecodeCase((4097, 700, 129), num_splits=3, kv_scale="tensor", near_max=True),
+            DecodeCase((2000, 1, 300), seqlen_q=4, num_splits=1, kv_scale="head", near_max=True),
+            DecodeCase(tuple(range(1, 2000, 97)), heads=(32, 8), kv_scale="head", kv_spread=FP8_SPREAD)]
+    return tuple(out)
+
+
+def fp8_amplitudes(case: DecodeCase, hkv: int, gen, device):
+    """(per KV head amplitudes (hkv,), k_scale, v_scale) of an FP8 case: amplitudes geometric over the case's
+    spread in a shuffled head order (so no head position is special), scales that map FP8_SIGMAS amplitudes to
+    448 (per head, or the largest head's for one per tensor), each jittered so that none is a power of two."""
+    import torch
+
+    steps = torch.linspace(0, 1, hkv, device=device) if hkv > 1 else torch.zeros(1, device=device)
+    amps = (case.kv_spread ** (steps - 0.5))[torch.randperm(hkv, generator=gen, device=device)]
+    def scales():
+        jitter = 1 + 0.3 * torch.rand(hkv, generator=gen, device=device)
+        s = amps * FP8_SIGMAS / E4M3_MAX * jitter
+        return s.max().reshape(1) if case.kv_scale == "tensor" else s
+    return amps, scales(), scales()
+
 
 
 def leftpad_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
@@ -163,9 +222,44 @@ def option_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
 
 
 def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: bool, page_size: int, gen, device,
-                 from_k: bool = False):
+                 from_k: bool = False, fp8=None):
     """(k_cache, v_cache, page_table or None, cache_seqlens, per-sequence dense (k, v) for the reference).
-    ``from_k``: V is the first d_v columns of K (absorbed MLA): v_cache and the reference's v are views of K."""
+    ``from_k``: V is the first d_v columns of K (absorbed MLA): v_cache and the reference's v are views of K.
+    ``fp8`` (amplitudes, k_scale, v_scale: fp8_amplitudes): an e4m3 cache of the real values quantised, and the
+    reference's (k, v) the dequantised cache in fp32."""
+    import torch
+
+    if fp8 is not None:
+        from tuner.serving.kvcache_fp8 import E4M3, dequantise, quantise
+
+        amps, k_scale, v_scale = fp8
+        real = lambda *shape: _fp8_values(case, shape, amps, gen, device)  # noqa: E731
+        seqs8 = [(quantise(real(L, hkv, d_qk), k_scale), quantise(real(L, hkv, d_v), v_scale))
+                 for L in case.cache_seqlens]
+        # the cache holds the bytes; the reference reads them dequantised (in fp32)
+        case_seqs = iter(seqs8)
+        k, v, table, seqlens, _ = _build_cache_of(case, hkv, d_qk, d_v, E4M3, paged, page_size, gen, device,
+                                                  values=lambda: next(case_seqs))
+        return k, v, table, seqlens, [(dequantise(a, k_scale), dequantise(b, v_scale)) for a, b in seqs8]
+    return _build_cache_of(case, hkv, d_qk, d_v, dt, paged, page_size, gen, device, from_k)
+
+
+def _fp8_values(case: DecodeCase, shape, amps, gen, device):
+    """Real values (fp32) of an FP8 case, each KV head at its amplitude: unit normal, or with near_max of magnitude
+    in [0.6, 1] x the scale's reach (FP8_SIGMAS amplitudes) and random signs."""
+    import torch
+
+    x = torch.randn(*shape, generator=gen, device=device, dtype=torch.float32)
+    if case.near_max:
+        mag = 0.6 + 0.4 * torch.rand(*shape, generator=gen, device=device)
+        x = torch.where(x < 0, -mag, mag) * FP8_SIGMAS
+    return x * amps[:, None]
+
+
+def _build_cache_of(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: bool, page_size: int, gen, device,
+                    from_k: bool = False, values=None):
+    """_build_cache's layout; ``values`` (a function giving each sequence's (k, v) in turn, already in ``dt``)
+    instead of fresh random ones."""
     import torch
 
     lens = list(case.cache_seqlens)
@@ -183,15 +277,22 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
             ks *= 1 + case.key_growth * torch.arange(length, device=device, dtype=torch.float32)[:, None, None] / length
         return ks.to(dt)
 
-    if from_k:
+    if values is not None:
+        seqs = [values() for _ in lens]
+    elif from_k:
         seqs = [(ks, ks[..., :d_v]) for ks in (keys(L) for L in lens)]
     else:
         seqs = [(keys(L), randn(L, hkv, d_v)) for L in lens]
     seqlens = torch.tensor([p + L for p, L in zip(pads, lens)], dtype=torch.int32, device=device)
 
+    def poisoned(*shape):   # NaN (an e4m3 cache's NaN byte, 0x7f: filled as bytes)
+        if dt == torch.float8_e4m3fn:
+            return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dt)
+        return torch.full(shape, float("nan"), dtype=dt, device=device)
+
     def caches(*rows):
-        k = torch.full((*rows, hkv, d_qk), float("nan"), dtype=dt, device=device)
-        return k, (k[..., :d_v] if from_k else torch.full((*rows, hkv, d_v), float("nan"), dtype=dt, device=device))
+        k = poisoned(*rows, hkv, d_qk)
+        return k, (k[..., :d_v] if from_k else poisoned(*rows, hkv, d_v))
 
     if not paged:     # the padding before a leftpad's keys and the rows past them hold NaN
         cap = max(p + L for p, L in zip(pads, lens)) + 5
@@ -234,9 +335,14 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     def fail(reason):
         return ShapeCheck(label, False, math.nan, math.nan, math.nan, math.nan, reason)
 
-    q = torch.randn(b, case.seqlen_q, hq, spec.d_qk, generator=gen, device=device, dtype=torch.float32).to(dt)
+    q = torch.randn(b, case.seqlen_q, hq, spec.d_qk, generator=gen, device=device, dtype=torch.float32)
+    fp8 = None
+    if spec.kv_dtype == "fp8":   # scores of order one at every KV head: its group's queries / its amplitude
+        fp8 = fp8_amplitudes(case, hkv, gen, device)
+        q = q / fp8[0].repeat_interleave(hq // hkv)[:, None]
+    q = q.to(dt)
     k, v, table, seqlens, seqs = _build_cache(case, hkv, spec.d_qk, spec.d_v, dt, spec.layout == "paged",
-                                              page_size, gen, device, from_k)
+                                              page_size, gen, device, from_k, fp8)
     leftpad = None if case.leftpad is None else torch.tensor(case.leftpad, dtype=torch.int32, device=device)
     extras = tuple(t for t in (table, leftpad) if t is not None)
     saved = [t.clone() for t in (q, k, v, seqlens) + extras]
@@ -253,6 +359,10 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
         given = {"window_size": case.window, "softcap": case.softcap, "learnable_sink": sinks}
     if leftpad is not None:
         given["cache_leftpad"] = leftpad
+    if fp8 is not None:
+        given["k_scale"], given["v_scale"] = fp8[1], fp8[2]
+        extras += (fp8[1], fp8[2])
+        saved += [fp8[1].clone(), fp8[2].clone()]
     try:
         v_arg = v if (case.v_view or not from_k) else None
         result, lse = kernel(q, k, v_arg, cache_seqlens=seqlens, page_table=table, num_splits=case.num_splits,
@@ -265,7 +375,7 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     if result.data_ptr() != out.data_ptr():
         return fail("the kernel did not write into the output buffer it was given")
     after = (q, k, v, seqlens) + extras
-    if not all(torch.equal(x.nan_to_num(0.5), y.nan_to_num(0.5)) for x, y in zip(after, saved)):
+    if not all(_same(x, y) for x, y in zip(after, saved)):
         return fail("the kernel modified its inputs")
     finite = torch.isfinite(out)
     if not bool(finite.all()):
@@ -289,6 +399,15 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     if lse_err > LSE_TOLERANCE:
         return fail(f"log-sum-exp error {lse_err:.3g} > {LSE_TOLERANCE}")
     return verdict
+
+
+def _same(x, y) -> bool:
+    """x and y hold the same values, NaN where NaN (e4m3 tensors: the same bytes)."""
+    import torch
+
+    if x.dtype == torch.float8_e4m3fn:
+        return torch.equal(x.view(torch.uint8), y.view(torch.uint8))
+    return torch.equal(x.nan_to_num(0.5), y.nan_to_num(0.5))
 
 
 def verify_decode(kernel, spec: KernelSpec, cases: Optional[Sequence[DecodeCase]] = None,

@@ -92,6 +92,9 @@ class ExportedConfig:
     # the options its kernels are built with (kernel_abi.spec.FEATURES: "local", "softcap", "sinks"): such a
     # config serves only calls that need exactly these, and a plain config never serves them
     features: tuple = ()
+    # a decode config's KV cache dtype where it is not ``dtype``'s ("fp8": e4m3 with k_scale / v_scale); such a
+    # config serves only calls over such a cache, and dispatches under dispatch_dtype(dtype, kv_dtype)
+    kv_dtype: str = ""
 
     @property
     def bucket_rule(self) -> str:
@@ -188,6 +191,10 @@ def read_config(path: Path) -> ExportedConfig:
                 or list(features) != [f for f in FEATURES if f in features]:
             raise ValueError(f"features must be a list of {', '.join(FEATURES)} in that order, got {features!r}")
         features = tuple(features)
+        kv_dtype = meta.get("kv_dtype", "")
+        if kv_dtype not in ("", "fp8") or (kv_dtype and phase != "decode"):
+            raise ValueError(f"kv_dtype must be fp8 (a decode config's e4m3 cache) or absent, got {kv_dtype!r} "
+                             f"({phase})")
         kernels = {}
         for bucket, entry in doc.items():
             if bucket == METADATA_KEY:
@@ -208,6 +215,9 @@ def read_config(path: Path) -> ExportedConfig:
             if built != features:
                 raise ValueError(f"bucket {bucket}'s kernel is built with ({', '.join(built) or 'no options'}) "
                                  f"but the config states ({', '.join(features) or 'no options'})")
+            if isinstance(spec, dict) and spec.get("kv_dtype", "") != kv_dtype:
+                raise ValueError(f"bucket {bucket}'s kernel reads a {spec.get('kv_dtype') or meta['dtype']} cache but "
+                                 f"the config states {kv_dtype or meta['dtype']}")
             for key in _FILE_FIELDS:
                 if key in entry or key == "cubin":
                     inside_folder(path.parent, entry[key], f"bucket {bucket}'s {key}", path)
@@ -229,7 +239,7 @@ def read_config(path: Path) -> ExportedConfig:
                               dtype=meta["dtype"], causal=bool(meta["causal"]), device_names=tuple(names),
                               kernels=kernels, sm=None if sm is None else int(sm), bucket_order=order,
                               bucket_bounds=bounds, layout=layout, serving=serving, phase=phase, decode=decode,
-                              features=features)
+                              features=features, kv_dtype=kv_dtype)
     except ExportError:
         raise
     except OSError as exc:
@@ -270,10 +280,16 @@ def dispatch_table(configs: list[ExportedConfig], layout: str = "dense", phase: 
     for c in sorted(configs, key=lambda c: c.variant):
         if not c.kernels or c.layout != layout or c.phase != phase:
             continue
-        by_variant = table.setdefault((c.d_qk, c.d_v, c.dtype, c.causal, c.features), {})
+        by_variant = table.setdefault((c.d_qk, c.d_v, dispatch_dtype(c.dtype, c.kv_dtype), c.causal, c.features), {})
         by_variant.setdefault(c.variant, c)
         by_variant.setdefault(ANY_VARIANT, c)
     return table
+
+
+def dispatch_dtype(dtype: str | None, kv_dtype: str = "") -> str | None:
+    """The dtype a dispatch table keys a config by: the queries', with an FP8 cache's appended ("bf16/kvfp8"), so
+    that a 16-bit cache's call never meets an FP8 cache's kernel nor the reverse."""
+    return f"{dtype}/kv{kv_dtype}" if kv_dtype and dtype is not None else dtype
 
 
 def pick(table: dict, *, heads_q: int, heads_kv: int, d_qk: int, d_v: int, dtype: str | None, causal: bool,

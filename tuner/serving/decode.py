@@ -41,6 +41,19 @@ page_size``, dense ``k_cache.shape[1]``) and the page size ``k_cache.shape[1]``.
 reason: ``no-decode-config``, ``decode-page-size``, ``decode-seqlen-q`` (more than 16 query tokens), ``dtype``,
 ``no-shape-config``, ``no-variant``, ``inputs-refused``, ``kernel-unloadable``.
 
+**FP8 caches** (vLLM's ``kv_cache_dtype="fp8"``): k_cache and v_cache ``torch.float8_e4m3fn`` with keyword-only
+``k_scale=``/``v_scale=``, fp32 of one element (per tensor, 0-d or (1,)) or (kv_heads,) (per KV head) on the cache's
+device; the real K is ``k_cache * k_scale``, the real V ``v_cache * v_scale``. q (and the output) are fp16 or bf16.
+A missing scale, another shape, dtype or device, a non-contiguous one or one that is not finite (a host read, eager
+calls only) is a one-line ValueError naming it, before anything is appended or launched; scales with a 16-bit cache
+are refused too. FA3's ``k_descale``/``v_descale`` ((batch, kv_heads): a scale per sequence) are not taken: a cache's
+scales are the cache's, not the batch's. ``k=``/``v=`` come in q's dtype and are quantised into the cache
+(tuner/serving/kvcache_fp8.py: x / scale clamped to +-448). The call routes, under the dtype ``<q dtype>/kvfp8``, to
+a decode config of ``"kv_dtype": "fp8"`` (its kernels read the e4m3 bytes: attn_decode_fp8.cuh) through
+``torch.ops.attn_tuner.decode_kvcache_fp8`` (tuner/serving/op_decode_fp8.py), or to the reference on the cache's
+rows dequantised in fp32, counted by reason as every fallback (a 16-bit cache's config never serves it, nor the
+reverse). It takes no gradient (inference; the op's backward says so).
+
 Autograd: as for the paged op, the backward recomputes with the reference from the saved inputs (also the
 lse's gradient); q, k_cache and v_cache get gradients. ``out=`` is filled in place (through the op, from its
 output: one copy).
@@ -52,13 +65,16 @@ import math
 import torch
 
 from tuner.serving import op
-from tuner.serving.configs import pick
+from tuner.serving.configs import dispatch_dtype, pick
 from tuner.serving.decode_sdpa import decode_reference
 from tuner.serving.kvcache_append import append, append_errors
+from tuner.serving.kvcache_fp8 import E4M3
+from tuner.serving.launch.plan import check_kv_scales
+from tuner.serving.op_decode_fp8 import launch_decode_fp8
 from tuner.serving.op_options import launch_decode_options
 from tuner.serving.options import PLAIN, ModelOptions, model_options, option_arguments
 from tuner.serving.reasons import REASONS
-from tuner.serving.rule import plain_ints
+from tuner.serving.rule import host_reads_allowed, plain_ints
 
 _DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 MAX_SEQLEN_Q = 16          # translate/decode/params.py: a decode tile holds at most 16 query tokens
@@ -173,8 +189,9 @@ class DecodeCalls:
 
     def _decide_decode(self, q, k_cache, v_cache, page_table, causal, scale, options: ModelOptions = PLAIN) -> int:
         paged = page_table is not None
+        fp8 = k_cache.dtype == E4M3   # an FP8 cache: served by the configs of kv_dtype fp8 alone
         table, fallback = self._table_or_fallback(self._decode_tables["paged" if paged else "dense"], q, k_cache,
-                                                  v_cache, scale)
+                                                  v_cache, scale, E4M3 if fp8 else None)
         if table is None:
             return fallback
         if not table:
@@ -182,7 +199,7 @@ class DecodeCalls:
         if q.shape[1] > MAX_SEQLEN_Q:
             return self._fallback["decode-seqlen-q"]
         heads = dict(heads_q=int(q.shape[2]), heads_kv=int(k_cache.shape[2]), d_qk=int(q.shape[3]),
-                     d_v=int(v_cache.shape[3]), dtype=_DTYPE_NAMES.get(q.dtype))
+                     d_v=int(v_cache.shape[3]), dtype=dispatch_dtype(_DTYPE_NAMES.get(q.dtype), "fp8" if fp8 else ""))
         config, code = pick(table, causal=bool(causal), features=options.features(bool(causal)), **heads)
         if config is None and code in ("no-shape-config", "no-option-config") and q.shape[1] == 1:
             # one query token: bottom-right causal sees every key, so causal and non-causal kernels agree (a
@@ -200,10 +217,13 @@ class DecodeCalls:
         return self._routes[(id(config), bucket)]
 
     def run_decode(self, route, q, k_cache, v_cache, cache_seqlens, page_table, causal: bool, scale: float,
-                   num_splits: int, return_lse: bool, out=None, options: ModelOptions = PLAIN, cache_leftpad=None):
+                   num_splits: int, return_lse: bool, out=None, options: ModelOptions = PLAIN, cache_leftpad=None,
+                   kv_scales=None):
         """(out, lse or an empty tensor) of a route: the exported decode kernel (given the options, for the
-        kernel's causality, and the leftpad) or the reference."""
-        args = (q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, return_lse, out, options, cache_leftpad)
+        kernel's causality, the leftpad and an FP8 cache's ``kv_scales`` (k_scale, v_scale)) or the reference
+        (on the dequantised cache)."""
+        args = (q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, return_lse, out, options, cache_leftpad,
+                kv_scales)
         if route.config is None:
             return self._decode_reference(route.code, REASONS[route.code], *args)
         paged = page_table is not None
@@ -224,6 +244,8 @@ class DecodeCalls:
             extra = {"window_size": given["window_size"], "softcap": given["softcap"], "learnable_sink": given["sinks"]}
         if cache_leftpad is not None:
             extra["cache_leftpad"] = cache_leftpad
+        if kv_scales is not None:
+            extra["k_scale"], extra["v_scale"] = kv_scales
         try:
             res = kern(q, k_cache, v_cache, cache_seqlens=cache_seqlens, page_table=page_table, softmax_scale=scale,
                        num_splits=num_splits or None, return_lse=return_lse, out=out, **extra)
@@ -238,10 +260,10 @@ class DecodeCalls:
         return res, _no_lse(q)
 
     def _decode_reference(self, code, message, q, k_cache, v_cache, cache_seqlens, page_table, causal, scale,
-                          return_lse, out, options=PLAIN, cache_leftpad=None):
+                          return_lse, out, options=PLAIN, cache_leftpad=None, kv_scales=None):
         self._count_fallback(code, message)
         res, lse = decode_reference(q, k_cache, v_cache, cache_seqlens, page_table, causal, scale, options,
-                                    cache_leftpad)
+                                    cache_leftpad, kv_scales)
         if out is not None:
             out.copy_(res)
             res = out
@@ -252,7 +274,8 @@ class DecodeCalls:
                                 softmax_scale: float | None = None, causal: bool = False, window_size=(-1, -1),
                                 softcap: float = 0.0, rotary_interleaved: bool = True, alibi_slopes=None,
                                 num_splits: int = 0, return_softmax_lse: bool = False, *, page_table=None, out=None,
-                                check_append: bool = True, learnable_sink=None):
+                                check_append: bool = True, learnable_sink=None, k_scale=None, v_scale=None,
+                                q_descale=None, k_descale=None, v_descale=None):
         """``flash_attn.flash_attn_with_kvcache``'s signature and conventions (FlashAttention 2's positional order;
         ``page_table=``, ``out=`` and ``learnable_sink=`` as FA3/FA4 name them): see the module doc. Returns out, or
         (out, lse) with ``return_softmax_lse`` (the lse includes the sinks). ``num_splits`` 0 lets the kernel's split
@@ -261,11 +284,17 @@ class DecodeCalls:
         each sequence's ``cache_seqlens``. ``cache_leftpad`` (b,) int32, a dense cache: each sequence's first key
         row (the module doc). ``k``/``v`` (and ``rotary_cos``/``rotary_sin``) append new rows to the
         cache in place first: tuner/serving/kvcache_append.py; ``check_append=False`` skips its host read of the
-        lengths in eager calls (a synchronisation), as FA2 does."""
+        lengths in eager calls (a synchronisation), as FA2 does. ``k_scale``/``v_scale`` (keyword-only): an FP8
+        (torch.float8_e4m3fn) cache's fp32 scales, vLLM's convention (module doc: FP8 caches)."""
         for given, what in ((cache_batch_idx is not None, "cache_batch_idx"), (alibi_slopes is not None, "alibi_slopes")):
             if given:
                 raise NotImplementedError(f"flash_attn_with_kvcache: {what} is not supported by the exported decode "
                                           "kernels (pass cache_seqlens= by keyword)")
+        for given, what in ((q_descale, "q_descale"), (k_descale, "k_descale"), (v_descale, "v_descale")):
+            if given is not None:   # FA3's FP8 descales: (batch, kv_heads), fp8 queries too
+                raise NotImplementedError(f"flash_attn_with_kvcache: {what} (FlashAttention-3's per-(batch, KV head) "
+                                          "descale) is not taken: an FP8 (e4m3) cache takes k_scale=/v_scale= (vLLM's, "
+                                          "per tensor or per KV head) and fp16/bf16 queries")
         if block_table is not None and page_table is not None and block_table is not page_table:
             raise ValueError("flash_attn_with_kvcache: block_table and page_table name the same thing; give one")
         table = block_table if block_table is not None else page_table
@@ -280,8 +309,22 @@ class DecodeCalls:
             errors += leftpad_errors(q, cache_leftpad, table)
         if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
             errors.append(f"num_splits must be an int >= 0 (0: the kernel's split rule), got {num_splits!r}")
+        if not errors:
+            errors += fp8_cache_errors(q, k_cache, v_cache, k_scale, v_scale)
         if errors:
             raise ValueError("flash_attn_with_kvcache: " + "; ".join(errors))
+        fp8 = k_cache.dtype == E4M3
+        if fp8 and absorbed:   # absorbed MLA's values are the latent rows' first columns: their scale is k_scale
+            if v_scale is not None and v_scale is not k_scale:
+                raise ValueError("flash_attn_with_kvcache: absorbed MLA (v_cache=None) reads V from k_cache's latent "
+                                 "rows, so their scale is k_scale: pass v_scale=None or k_scale itself")
+            v_scale = k_scale
+        if fp8:   # the scales: before anything is appended or launched (a host read of their values in eager calls)
+            try:
+                check_kv_scales({"k_scale": k_scale, "v_scale": v_scale}, int(k_cache.shape[2]), k_cache.device,
+                                check_finite=host_reads_allowed())
+            except ValueError as exc:
+                raise ValueError(f"flash_attn_with_kvcache: {exc}") from None
         options = PLAIN
         if learnable_sink is not None or softcap or (window_size is not None and tuple(window_size) != (-1, -1)):
             options = model_options(window_size, softcap, learnable_sink, causal=bool(causal),
@@ -303,9 +346,14 @@ class DecodeCalls:
             cache_leftpad = cache_leftpad.contiguous()
         if k is not None:   # the new rows into the cache (in place), rotated; the attention reads them too
             q, cache_seqlens = append(q, k_cache, v_cache, k, v, cache_seqlens, table, rotary_cos, rotary_sin,
-                                      bool(rotary_interleaved), bool(causal), absorbed, bool(check_append))
+                                      bool(rotary_interleaved), bool(causal), absorbed, bool(check_append),
+                                      (k_scale, v_scale) if fp8 else None)
         route = self.route_decode(q, k_cache, v_cache, table, causal, scale, options)
-        if options.any:
+        if fp8:
+            res, lse = launch_decode_fp8(q, k_cache, v_cache, k_scale, v_scale, cache_seqlens, table, bool(causal),
+                                         scale, int(num_splits), bool(return_softmax_lse), options, route, out,
+                                         cache_leftpad)
+        elif options.any:
             res, lse = launch_decode_options(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale,
                                              int(num_splits), bool(return_softmax_lse), options, route, out,
                                              cache_leftpad)
@@ -313,6 +361,22 @@ class DecodeCalls:
             res, lse = op.launch_decode(q, k_cache, v_cache, cache_seqlens, table, bool(causal), scale,
                                         int(num_splits), bool(return_softmax_lse), route, out, cache_leftpad)
         return (res, lse) if return_softmax_lse else res
+
+
+def fp8_cache_errors(q, k_cache, v_cache, k_scale, v_scale) -> list[str]:
+    """Why these caches and scales are not a decode call over an FP8 cache nor over a 16-bit one (empty: they are
+    one of them): e4m3 caches both or neither, read by fp16/bf16 queries, with k_scale and v_scale; a 16-bit cache
+    with none. The scales themselves: check_kv_scales."""
+    k8, v8 = k_cache.dtype == E4M3, v_cache.dtype == E4M3
+    if k8 != v8:
+        return [f"k_cache and v_cache must both be {E4M3} (an FP8 cache) or neither, got {k_cache.dtype} and "
+                f"{v_cache.dtype}"]
+    if not k8:
+        given = [n for n, t in (("k_scale", k_scale), ("v_scale", v_scale)) if t is not None]
+        return [f"{' and '.join(given)} go with an FP8 ({E4M3}) cache; this one is {k_cache.dtype}"] if given else []
+    if q.dtype not in _DTYPE_NAMES:
+        return [f"an FP8 ({E4M3}) cache is read by fp16 or bf16 queries, got q {q.dtype}"]
+    return []
 
 
 def _no_lse(q):

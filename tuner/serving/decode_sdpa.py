@@ -31,14 +31,19 @@ import math
 
 import torch
 
+from tuner.serving.kvcache_fp8 import E4M3, dequantise
 from tuner.serving.options import NO_WINDOW, PLAIN, ModelOptions, capped, softmax_rows, visible
 from tuner.serving.paged_sdpa import _rows
 
 
 def _gather(k_cache, v_cache, page_table):
-    """(k, v) dense (b, capacity, hkv, d) and the cache rows they came from (None for a dense cache)."""
+    """(k, v) dense (b, capacity, hkv, d) and the cache rows they came from (None for a dense cache). An e4m3 cache
+    is gathered as its bytes."""
     if page_table is None:
         return k_cache, v_cache, None
+    if k_cache.dtype == E4M3:
+        k, v, rows = _gather(k_cache.view(torch.uint8), v_cache.view(torch.uint8), page_table)
+        return k.view(E4M3), v.view(E4M3), rows
     num_pages, page_size = int(k_cache.shape[0]), int(k_cache.shape[1])
     rows = _rows(page_table, num_pages, page_size)
     b, capacity = page_table.shape[0], page_table.shape[1] * page_size
@@ -80,13 +85,17 @@ def _zero_unused(t, used):
 
 
 def decode_reference(q, k_cache, v_cache, cache_seqlens=None, page_table=None, causal: bool = False,
-                     softmax_scale: float | None = None, options: ModelOptions = PLAIN, cache_leftpad=None):
+                     softmax_scale: float | None = None, options: ModelOptions = PLAIN, cache_leftpad=None,
+                     kv_scales=None):
     """(out (b, seqlen_q, hq, d_v) in q's dtype, lse (b, hq, seqlen_q) fp32 natural log, the sinks included).
     ``options``: a window (aligned to each sequence's length), a cap, sinks (tuner/serving/options.py);
-    ``cache_leftpad``: the module doc. Differentiable, also in the sinks."""
+    ``cache_leftpad``: the module doc; ``kv_scales`` (k_scale, v_scale): an e4m3 cache's, its gathered rows
+    dequantised in fp32 (tuner/serving/kvcache_fp8.py). Differentiable, also in the sinks."""
     b, sq, hq, d = q.shape
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(d)
     k, v, _ = _gather(k_cache, v_cache, page_table)
+    if kv_scales is not None:
+        k, v = dequantise(k, kv_scales[0]), dequantise(v, kv_scales[1])
     used, visible = _masks(q, k.shape[1], cache_seqlens, causal, options.window, cache_leftpad)
     k, v = _zero_unused(k, used), _zero_unused(v, used)
     p, lse = _probabilities(q, k, visible, scale, options.softcap, options.sinks)

@@ -127,9 +127,10 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
             self._messages[found] = self._sentence(q, k, v, causal, scale, found, options)
         return found
 
-    def _table_or_fallback(self, tables: dict, q, k, v, scale):
+    def _table_or_fallback(self, tables: dict, q, k, v, scale, kv_dtype=None):
         """(the device's dispatch table, None), or (None, the fallback route) when no table can serve the call:
-        the checks of both layouts' dispatch before the head layout is looked up."""
+        the checks of both layouts' dispatch before the head layout is looked up. ``kv_dtype``: the torch dtype k
+        and v are allowed instead of q's (a decode call over an FP8 cache)."""
         device = q.device
         if k.device != device or v.device != device:
             return None, self._fallback["mixed-devices"]
@@ -137,7 +138,7 @@ class ExportedAttention(DropIns, OptionCalls, VarlenCalls, PagedCalls, DecodeCal
         if table is None:
             code = self._no_table.get((device.type, device.index))
             return None, self._fallback[code or ("not-cuda" if device.type != "cuda" else "no-device-config")]
-        if k.dtype != q.dtype or v.dtype != q.dtype:
+        if k.dtype != (kv_dtype or q.dtype) or v.dtype != (kv_dtype or q.dtype):
             return None, self._fallback["mixed-dtypes"]
         if not (0.0 < scale < math.inf):
             return None, self._fallback["scale"]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from tuner.serving import kvcache_append_triton
+from tuner.serving.kvcache_fp8 import E4M3, quantise
 from tuner.serving.rule import host_reads_allowed
 
 
@@ -67,7 +68,11 @@ def append_errors(q, k_cache, v_cache, k, v, cache_seqlens, rotary_cos, rotary_s
         if tuple(new.shape) != want or new.shape[1] < 1:
             errors.append(f"{name} must be (batch, seqlen_new >= 1, kv_heads, head_dim) = {want} for this cache, got "
                           f"{tuple(new.shape)}")
-        if new.dtype != cache.dtype or new.device != cache.device:
+        if cache.dtype == E4M3:   # an FP8 cache: the new rows come in q's dtype and are quantised with the scales
+            if new.dtype != q.dtype or new.device != cache.device:
+                errors.append(f"{name} must be {q.dtype} (q's dtype; an FP8 cache quantises it with {name}_scale) on "
+                              f"{cache.device}, got {new.dtype} on {new.device}")
+        elif new.dtype != cache.dtype or new.device != cache.device:
             errors.append(f"{name} must be {cache.dtype} on {cache.device} like its cache, got {new.dtype} on "
                           f"{new.device}")
     if len(news) == 2 and all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (k, v)) \
@@ -151,7 +156,10 @@ def room_errors(positions, pages, width: int, num_pages: int, rotary_rows: int |
 
 
 def _write_rows(cache: torch.Tensor, flat_rows: torch.Tensor, new: torch.Tensor) -> None:
-    """cache rows (its first two dims flattened) = new rows: one index_copy_ where the flattening is a view."""
+    """cache rows (its first two dims flattened) = new rows: one index_copy_ where the flattening is a view. An e4m3
+    cache is written as its bytes (the copies are byte moves)."""
+    if cache.dtype == E4M3:
+        cache, new = cache.view(torch.uint8), new.view(torch.uint8)
     if cache.stride(0) == cache.shape[1] * cache.stride(1):
         cache.flatten(0, 1).index_copy_(0, flat_rows.reshape(-1), new.reshape(-1, *new.shape[2:]))
     else:
@@ -177,14 +185,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: tor
 
 
 def append(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rotary_sin, rotary_interleaved: bool,
-           causal: bool, absorbed: bool, check: bool = True):
+           causal: bool, absorbed: bool, check: bool = True, kv_scales=None):
     """Write the new rows into the caches (in place) and rotate; returns (q to attend with, the key lengths to
     attend over). With ``check`` (and a host read possible) raises ValueError, before any write, where the rows
-    would land outside the cache."""
+    would land outside the cache. ``kv_scales`` (k_scale, v_scale): an FP8 cache's (checked by the caller); the new
+    rows, rotated first, are quantised with them (tuner/serving/kvcache_fp8.py)."""
     seqlen_new = k.shape[1]
     rotary = rotary_cos is not None
     check = check and host_reads_allowed()
-    fused = kvcache_append_triton.usable(k_cache, k, v)   # eager CUDA: the write as one Triton launch
+    # eager CUDA: the write as one Triton launch (16-bit rows; an e4m3 cache's rows go through the torch ops)
+    fused = kv_scales is None and kvcache_append_triton.usable(k_cache, k, v)
     positions = pages = None
     if check or rotary or not fused:
         positions = new_positions(cache_seqlens, seqlen_new)
@@ -203,6 +213,8 @@ def append(q, k_cache, v_cache, k, v, cache_seqlens, page_table, rotary_cos, rot
         q_rows = new_positions(cache_seqlens, q.shape[1]) if causal else positions[:, :1].expand(-1, q.shape[1])
         k = rotate(k, rotary_cos, rotary_sin, positions, rotary_interleaved)
         q = rotate(q, rotary_cos, rotary_sin, q_rows, rotary_interleaved)
+    if kv_scales is not None:
+        k, v = quantise(k, kv_scales[0]), (None if v is None else quantise(v, kv_scales[1]))
     if fused:
         lens = kvcache_append_triton.write_rows(k_cache, None if absorbed else v_cache, k,
                                                 None if absorbed else v, cache_seqlens, page_table)

@@ -54,15 +54,16 @@ def head_dim_token(d_qk: int, d_v: int) -> str:
 
 
 def config_file_name(variant: str, d_qk: int, d_v: int, dtype: str, causal: bool, device_name: str,
-                     layout: str = "dense", phase: str = "prefill", features: tuple = ()) -> str:
+                     layout: str = "dense", phase: str = "prefill", features: tuple = (), kv_dtype: str = "") -> str:
     """The dense layout's names are what they were; another layout says so after causal, a decode
-    config says ``,phase=decode`` after that, and a config of kernels built with options names them
-    (``,features=local+sinks``) after that."""
+    config says ``,phase=decode`` after that, a config of kernels built with options names them
+    (``,features=local+sinks``) after that, and one of kernels over an FP8 cache ``,kv_dtype=fp8`` last."""
     layout_token = "" if layout == "dense" else f",layout={layout}"
     phase_token = "" if phase == "prefill" else f",phase={phase}"
     features_token = f",features={'+'.join(features)}" if features else ""
+    kv_token = f",kv_dtype={kv_dtype}" if kv_dtype else ""
     return (f"variant={variant},head_dim={head_dim_token(d_qk, d_v)},dtype={dtype},"
-            f"causal={int(bool(causal))}{layout_token}{phase_token}{features_token},"
+            f"causal={int(bool(causal))}{layout_token}{phase_token}{features_token}{kv_token},"
             f"device_name={device_file_token(device_name)}.json")
 
 
@@ -154,7 +155,7 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
     groups: dict[str, list[KernelRecord]] = {}
     for r in records:
         groups.setdefault(config_file_name(r.variant, r.d_qk, r.d_v, r.dtype, r.causal, r.device_name, r.layout,
-                                           r.phase, r.features), []).append(r)
+                                           r.phase, r.features, r.kv_dtype), []).append(r)
     docs = {}
     for name, recs in sorted(groups.items()):
         errors = phase_errors(recs)
@@ -195,6 +196,8 @@ def build_configs(records: list[KernelRecord], profile, exported_at: str | None 
         }
         if first.features:
             meta["features"] = list(first.features)
+        if first.kv_dtype:   # its kernels read an e4m3 cache (tuner/serving/decode.py: FP8 caches)
+            meta["kv_dtype"] = first.kv_dtype
         if first.phase == "decode":
             meta["phase"] = "decode"
             meta["bucket_rule"] = DECODE_RULE

@@ -108,9 +108,17 @@ class KernelRecord:
         return tuple(f for f in FEATURES if isinstance(spec, dict) and spec.get(f))
 
     @property
+    def kv_dtype(self) -> str:
+        """A decode kernel's KV cache dtype where it is not ``dtype`` ("fp8": an e4m3 cache), as its metadata's spec
+        states it; "" otherwise."""
+        spec = self.kernel_meta.get("spec") if isinstance(self.kernel_meta, dict) else None
+        return str(spec.get("kv_dtype") or "") if isinstance(spec, dict) else ""
+
+    @property
     def key(self) -> tuple:
+        # an FP8 cache's kernel is another key than the 16-bit cache's of the same bucket (the others keep theirs)
         return (self.arch, self.variant, self.dtype, self.d_qk, self.d_v, self.causal, self.bucket, self.layout,
-                self.phase, self.features)
+                self.phase, self.features) + ((self.kv_dtype,) if self.kv_dtype else ())
 
     def to_json(self) -> dict:
         """record.json's content: every field but the blobs, plus the cubin hash."""

@@ -39,6 +39,12 @@ _DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 _MAX_PLANS = 256
 
 
+class KvScales(ctypes.Structure):
+    """attn_decode::KvScales (translate/include/attn_decode_fp8.cuh): an FP8 cache kernel's second argument."""
+
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("k_stride", ctypes.c_int), ("v_stride", ctypes.c_int)]
+
+
 class DecodeArgs(ctypes.Structure):
     """attn_decode::Args (translate/include/attn_decode.cuh), field for field."""
 
@@ -127,6 +133,7 @@ class DecodePlan:
     workspace_lse: int      # and of their log2-sum-exps (splits, rows)
     lock: Any
     k_map: Any = None       # KMap of a kv_load tma kernel
+    scales: Any = None      # KvScales of an FP8 cache kernel (its pointers and strides written per call)
 
 
 def load_decode_kernel(binary, meta: dict, device: int | None = None) -> "DecodeKernel":
@@ -188,6 +195,11 @@ class DecodeKernel:
         return v_from_k(KernelSpec(**{f: self.spec[f] for f in ("variant", "d_qk", "d_v", "causal", "dtype")}))
 
     @property
+    def kv_fp8(self) -> bool:
+        """The kernel reads an e4m3 cache (spec kv_dtype fp8) with k_scale / v_scale."""
+        return self.spec.get("kv_dtype") == "fp8"
+
+    @property
     def features(self) -> tuple:
         """The options the kernel is built with (kernel_abi.spec.FEATURES), from its spec."""
         return tuple(f for f in FEATURES if self.spec.get(f))
@@ -195,12 +207,17 @@ class DecodeKernel:
     def __call__(self, q, k_cache, v_cache=None, cache_seqlens=None, page_table=None,
                  softmax_scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
                  out=None, workspace=None, window_size=(-1, -1), softcap: float = 0.0, learnable_sink=None,
-                 cache_leftpad=None):
+                 cache_leftpad=None, k_scale=None, v_scale=None):
         """out (b, seqlen_q, hq, d_v) [, lse (b, hq, seqlen_q) fp32]. ``workspace``: (o_partial, lse_partial) to
         use instead of fresh buffers (the verifier poisons them). ``window_size``, ``softcap``, ``learnable_sink``
         (FlashAttention's conventions, kernel_abi/spec.py) for a kernel built with those options; the lse then
-        includes the sinks. ``cache_leftpad``: see the module doc."""
+        includes the sinks. ``cache_leftpad``: see the module doc. ``k_scale``/``v_scale``: an FP8 cache kernel's
+        (kv_fp8) fp32 scales, one element or one per KV head (the real K is k_cache * k_scale); their values are not
+        read (the serving layer checks they are finite)."""
         import torch
+
+        if self.kv_fp8 or k_scale is not None or v_scale is not None:
+            self._check_scales(k_scale, v_scale, k_cache)
 
         if cache_leftpad is not None:
             errors = self.leftpad_errors(cache_leftpad, q)
@@ -247,10 +264,30 @@ class DecodeKernel:
             a.leftpad_k = cache_leftpad.data_ptr() if cache_leftpad is not None else None
             if plan.k_map is not None:
                 plan.k_map.point(pointers[1])
+            if plan.scales is not None:   # a 1-element scale serves every KV head (stride 0)
+                plan.scales.k, plan.scales.v = k_scale.data_ptr(), v_scale.data_ptr()
+                plan.scales.k_stride, plan.scales.v_stride = int(k_scale.numel() > 1), int(v_scale.numel() > 1)
             self._launch(plan.split_launch, stream, plan.pointers_address)
             if plan.num_splits > 1:
                 self._launch(plan.combine_launch, stream, plan.pointers_address)
         return (out, lse) if return_lse else out
+
+    def _check_scales(self, k_scale, v_scale, k_cache) -> None:
+        """ValueError naming a scale this kernel cannot take: an FP8 cache kernel needs both (check_kv_scales, the
+        values unread); a 16-bit cache kernel takes none."""
+        import torch
+
+        from tuner.serving.launch.plan import check_kv_scales
+
+        if not self.kv_fp8:
+            raise ValueError(f"{self.name}: k_scale/v_scale are an FP8 (e4m3) cache's; this kernel reads a "
+                             f"{self.spec['dtype']} cache")
+        heads_kv = int(k_cache.shape[2]) if isinstance(k_cache, torch.Tensor) and k_cache.dim() == 4 else 1
+        device = k_cache.device if isinstance(k_cache, torch.Tensor) else None
+        try:
+            check_kv_scales({"k_scale": k_scale, "v_scale": v_scale}, heads_kv, device, check_finite=False)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: {exc}") from None
 
     def leftpad_errors(self, cache_leftpad, q) -> list[str]:
         """Why this kernel cannot take ``cache_leftpad`` for q (empty: it can): only a dense GQA/MHA kernel of ABI 5
@@ -321,7 +358,7 @@ class DecodeKernel:
     def _plan(self, q, k_cache, v_cache, cache_seqlens, page_table, softmax_scale, num_splits, out,
               window=(-1, -1), softcap: float = 0.0) -> DecodePlan:
         key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
-               q.device, None if page_table is None else (page_table.shape, page_table.stride()),
+               k_cache.dtype, v_cache.dtype, q.device, None if page_table is None else (page_table.shape, page_table.stride()),
                cache_seqlens is None, softmax_scale, num_splits,
                None if out is None else (out.shape, out.stride(), out.dtype), window, softcap)
         plan = self._plans.get(key)
@@ -342,7 +379,7 @@ class DecodeKernel:
         spec = self.spec
         dtype = getattr(torch, _DTYPES[spec["dtype"]])
         check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, spec, self.paged,
-                            self.base.device_index)
+                            self.base.device_index, torch.float8_e4m3fn if self.kv_fp8 else None)
         b, sq, hq, _ = q.shape
         hkv = k_cache.shape[2]
         if self.paged:
@@ -393,7 +430,9 @@ class DecodeKernel:
             except tma.TensorMapError as exc:
                 raise ValueError(f"{self.name} reads whole key tiles by TMA and k_cache cannot be mapped: {exc}") \
                     from None
-        params = [ctypes.addressof(a)] + ([ctypes.addressof(k_map.buffer)] if k_map is not None else [])
+        scales = KvScales() if self.kv_fp8 else None
+        params = [ctypes.addressof(a)] + ([ctypes.addressof(k_map.buffer)] if k_map is not None else []) + (
+            [ctypes.addressof(scales)] if scales is not None else [])
         pointer = (ctypes.c_void_p * len(params))(*params)
         split_launch = (self.base._function, split.num_splits, units * m_blocks, b, meta["num_threads"], 1, 1,
                         meta["smem_bytes"])
@@ -401,12 +440,13 @@ class DecodeKernel:
                           32 * COMBINE_WARPS, 1, 1, 0)
         return DecodePlan(a, pointer, ctypes.addressof(pointer), split_launch, combine_launch, split.num_splits, rows,
                           out_shape, split.num_splits * rows * spec["d_v"], split.num_splits * rows, threading.Lock(),
-                          k_map)
+                          k_map, scales)
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, spec: dict, paged: bool,
-                        device_index: int) -> None:
-    """ValueError naming what a decode call's tensors get wrong, before any launch."""
+                        device_index: int, kv_dtype=None) -> None:
+    """ValueError naming what a decode call's tensors get wrong, before any launch. ``kv_dtype``: the caches' torch
+    dtype where it is not q's (an FP8 cache kernel's float8_e4m3fn)."""
     import torch
 
     from tuner.serving.launch.plan import _check_layout
@@ -414,8 +454,9 @@ def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, s
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor) or not t.is_cuda:
             raise ValueError(f"{name} must be a CUDA torch tensor")
-        if t.dtype != dtype:
-            raise ValueError(f"{name} is {t.dtype}; this kernel was built for {dtype}")
+        want = dtype if name == "q" or kv_dtype is None else kv_dtype
+        if t.dtype != want:
+            raise ValueError(f"{name} is {t.dtype}; this kernel was built for {want}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D, got shape {tuple(t.shape)}")
         _check_layout(name, t)

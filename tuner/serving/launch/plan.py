@@ -333,27 +333,54 @@ def check_descales(descales: dict, batch: int, heads_kv: int, device, check_fini
     """FlashAttention-3's FP8 descales: each of q_descale, k_descale, v_descale a contiguous fp32 tensor of shape
     (batch, KV heads) on the inputs' device with finite values (``check_finite`` reads them: a host sync, skipped
     while a CUDA graph is captured). ValueError naming the argument, before any launch."""
-    import torch
-
     for name in FP8_DESCALES:
         t = descales.get(name)
         if t is None:
             raise ValueError(f"{name} is missing: an FP8 call needs q_descale, k_descale and v_descale, fp32 of shape "
                              f"({batch}, {heads_kv}) (batch, KV heads); pass ones for unscaled inputs")
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch tensor, got {type(t).__name__}")
-        if t.dtype != torch.float32:
-            raise ValueError(f"{name} must be fp32, got {t.dtype}")
-        if tuple(t.shape) != (batch, heads_kv):
-            raise ValueError(f"{name} must have shape ({batch}, {heads_kv}) (batch, KV heads), got {tuple(t.shape)}")
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device}; the inputs are on {device}")
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
-        if check_finite and not _seen_finite(t):
-            if not bool(torch.isfinite(t).all()):
-                raise ValueError(f"{name} holds values that are not finite")
-            _remember_finite(t)
+        _check_scale(name, t, ((batch, heads_kv),), f"({batch}, {heads_kv}) (batch, KV heads)", device, check_finite)
+
+
+KV_SCALES = ("k_scale", "v_scale")
+
+
+def kv_scale_shapes(heads_kv: int) -> tuple:
+    """The shapes an FP8 KV cache's k_scale / v_scale may have: one scale for the cache (a 0-d or 1-element tensor,
+    vLLM's per-tensor scale) or one per KV head."""
+    return ((), (1,), (heads_kv,))
+
+
+def check_kv_scales(scales: dict, heads_kv: int, device, check_finite: bool = True) -> None:
+    """An FP8 (e4m3) KV cache's scales, vLLM's convention (the real K is k_cache * k_scale): k_scale and v_scale each
+    a contiguous fp32 tensor of one element or of one per KV head, on the cache's device, finite (``check_finite``
+    reads them: a host sync, skipped while a CUDA graph is captured). ValueError naming the argument, before any
+    launch."""
+    for name in KV_SCALES:
+        t = scales.get(name)
+        if t is None:
+            raise ValueError(f"{name} is missing: an FP8 (e4m3) KV cache needs k_scale and v_scale, fp32 of one "
+                             f"element (per tensor) or ({heads_kv},) (per KV head); the real K is k_cache * k_scale")
+        _check_scale(name, t, kv_scale_shapes(heads_kv), f"() or (1,) (per tensor) or ({heads_kv},) (per KV head)",
+                     device, check_finite)
+
+
+def _check_scale(name: str, t, shapes, shape_text: str, device, check_finite: bool) -> None:
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch tensor, got {type(t).__name__}")
+    if t.dtype != torch.float32:
+        raise ValueError(f"{name} must be fp32, got {t.dtype}")
+    if tuple(t.shape) not in shapes:
+        raise ValueError(f"{name} must have shape {shape_text}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}; the inputs are on {device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {tuple(t.stride())}")
+    if check_finite and not _seen_finite(t):
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name} holds values that are not finite")
+        _remember_finite(t)
 
 
 VARLEN_POINTERS = ("cu_seqlens_q", "cu_seqlens_k", "seqused_k")   # written per call, like the data pointers
