@@ -70,6 +70,8 @@ def next_step(camps, code: int, report) -> str:
         target += f" --layout {opts.layout}"
     if opts.phase != "prefill":
         target += f" --phase {opts.phase}"
+    if getattr(opts, "kv_dtype", None):
+        target += f" --kv-dtype {opts.kv_dtype}"
     study_dir = opts.study_dir
     if opts.dry_run:
         if code == 0:
