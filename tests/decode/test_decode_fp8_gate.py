@@ -26,6 +26,20 @@ def test_fp8_cases_cover_both_scale_kinds_the_spread_and_e4m3s_top():
     assert any(c.leftpad is not None and c.kv_scale for c in dense)
 
 
+def test_an_fp8_kernel_with_options_gets_them_in_every_case():
+    """A kernel built with soft-capping and sinks refuses a call without them: the FP8 cases added to the option
+    cases (values near 448, llama3-8b's heads) carry them too, and windows where it is local."""
+    import dataclasses
+
+    from tuner.measure.verify_decode import check_cases
+
+    spec = dataclasses.replace(SPEC, local=True, softcap=True, sinks=True)
+    cases = check_cases(spec)
+    assert all(c.softcap > 0 and c.sinks for c in cases)
+    assert any(c.near_max for c in cases) and any(c.heads == (32, 8) for c in cases)
+    assert len({c.window for c in cases if c.near_max or c.heads == (32, 8)}) > 1
+
+
 def test_the_fp8_cache_holds_the_quantised_values_and_poisons_the_unused_pages():
     import torch
 

@@ -110,3 +110,19 @@ def test_decode_configs_are_read_back(study, tmp_path):
     assert (prefill.phase, prefill.bucket_rule) == ("prefill", "seqlen")
     k = paged.kernels["d-b8-kv8k-p16"]
     assert (k.batch, k.kv_capacity, k.page_size, k.seqlen_k) == (8, 8192, 16, None)
+
+
+def test_an_fp8_cache_record_is_stored_beside_the_16_bit_one_of_its_bucket(tmp_path):
+    """An e4m3 cache's kernel has its own key (KernelRecord.key ends in its kv_dtype): offering it neither fails nor
+    replaces the 16-bit cache's kernel of the same bucket, and best() finds each by its kv dtype."""
+    store = KernelStore(tmp_path / "studies")
+    plain = make_decode_record(cubin=b"bf16 cache", tflops=20.0)
+    meta = plain.kernel_meta
+    fp8 = make_decode_record(cubin=b"fp8 cache", tflops=5.0,
+                             kernel_meta={**meta, "spec": {**meta["spec"], "kv_dtype": "fp8"}})
+    assert store.offer(plain) and store.offer(fp8)
+    args = ("sm90", "gqa", "bf16", 128, 128, True, "paged", "decode")
+    assert store.best(*args)["d-b8-kv8k-p16"].cubin == b"bf16 cache"
+    assert store.best(*args, (), "fp8")["d-b8-kv8k-p16"].cubin == b"fp8 cache"
+    assert store.record_dir(*fp8.key).parent.name.endswith("-paged-decode-kvfp8")
+    assert sorted(r.cubin for r in store.records()) == [b"bf16 cache", b"fp8 cache"]

@@ -164,7 +164,7 @@ def _top_record(camp, stored: list, decisions: dict):
     try:
         kept = KernelStore(camp.options.study_dir).best(camp.profile.arch_family, spec.variant, spec.dtype,
                                                          spec.d_qk, spec.d_v, spec.causal, spec.layout, spec.phase,
-                                                         spec.features)
+                                                         spec.features, spec.kv_dtype)
     except (StoreError, OSError):
         return None
     return max(kept.values(), key=lambda r: r.tflops) if kept else None

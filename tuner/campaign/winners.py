@@ -187,7 +187,7 @@ def stored_records(camp) -> dict:
     try:
         return KernelStore(camp.options.study_dir).best(camp.profile.arch_family, spec.variant, spec.dtype,
                                                         spec.d_qk, spec.d_v, spec.causal, spec.layout, spec.phase,
-                                                        spec.features)
+                                                        spec.features, spec.kv_dtype)
     except (StoreError, OSError) as exc:
         camp.console.print(f"[yellow]{camp.label}: the stored kernels cannot be read ({exc}); the buckets' "
                            "winners are compared with this run's seeds only[/]")

@@ -162,20 +162,26 @@ def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
         return MLA_CHECK_CASES
     cases = option_cases(spec) if spec.features else CHECK_CASES
     cases = cases + leftpad_cases(spec) if spec.layout == "dense" else cases
-    return fp8_cases(cases) if spec.kv_dtype == "fp8" else cases
+    return fp8_cases(cases, spec) if spec.kv_dtype == "fp8" else cases
 
 
-def fp8_cases(cases: Sequence[DecodeCase]) -> tuple[DecodeCase, ...]:
+def fp8_cases(cases: Sequence[DecodeCase], spec: KernelSpec | None = None) -> tuple[DecodeCase, ...]:
     """``cases`` over an FP8 cache: scales per tensor and per KV head in turn, every third case with amplitudes
     spread FP8_SPREAD across the KV heads; then values near e4m3's largest (one scale and per-head ones, one split
-    and several) and llama3-8b's heads with per-head scales over the whole spread."""
+    and several) and llama3-8b's heads with per-head scales over the whole spread, these with the options of a
+    ``spec`` built with them (the next window, cap and the sinks, as option_cases gives them)."""
     out = [replace(c, kv_scale="head" if i % 2 else "tensor", kv_spread=FP8_SPREAD if i % 3 == 0 else 1.0)
            for i, c in enumerate(cases)]
-    out += [DecodeCase((1, 63, 64, 65, 4097), kv_scale="head", kv_spread=FP8_SPREAD, near_max=True),
+    more = [DecodeCase((1, 63, 64, 65, 4097), kv_scale="head", kv_spread=FP8_SPREAD, near_max=True),
             DecodeCase((4097, 700, 129), num_splits=3, kv_scale="tensor", near_max=True),
             DecodeCase((2000, 1, 300), seqlen_q=4, num_splits=1, kv_scale="head", near_max=True),
             DecodeCase(tuple(range(1, 2000, 97)), heads=(32, 8), kv_scale="head", kv_spread=FP8_SPREAD)]
-    return tuple(out)
+    if spec is not None and spec.features:
+        windows = (CAUSAL_WINDOWS if spec.causal else WINDOWS) if spec.local else ((-1, -1),)
+        caps = SOFTCAPS if spec.softcap else (0.0,)
+        more = [replace(c, window=windows[(i + 1) % len(windows)], softcap=caps[(i + 1) % len(caps)],
+                        sinks=spec.sinks) for i, c in enumerate(more)]
+    return tuple(out + more)
 
 
 def fp8_amplitudes(case: DecodeCase, hkv: int, gen, device):

@@ -177,11 +177,11 @@ def validate_record(record: KernelRecord) -> list[str]:
 
 
 def shape_dir_name(dtype: str, d_qk: int, d_v: int, causal: bool, layout: str = "dense",
-                   phase: str = "prefill", features: tuple = ()) -> str:
+                   phase: str = "prefill", features: tuple = (), kv_dtype: str = "") -> str:
     # a kernel built with options (a window, a cap, sinks) never serves a plain call: a folder of its own
     name = "-".join([f"{dtype}-d{d_qk}x{d_v}-{'causal' if causal else 'noncausal'}", *features])
-    if phase == "decode":   # decode kernels of every cache layout apart from the prefill ones
-        return f"{name}-{layout}-decode"
+    if phase == "decode":   # decode kernels of every cache layout apart from the prefill ones (an FP8 cache's too)
+        return f"{name}-{layout}-decode" + (f"-kv{kv_dtype}" if kv_dtype else "")
     return name if layout == "dense" else f"{name}-{layout}"   # dense names as before: stores stay readable
 
 
@@ -195,9 +195,10 @@ class KernelStore:
     # ---- writing -------------------------------------------------------------------------------
 
     def record_dir(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
-                   bucket: str, layout: str = "dense", phase: str = "prefill", features: tuple = ()) -> Path:
-        return (self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase, features)
-                / bucket)
+                   bucket: str, layout: str = "dense", phase: str = "prefill", features: tuple = (),
+                   kv_dtype: str = "") -> Path:
+        return (self.kernels_dir / arch / variant
+                / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase, features, kv_dtype) / bucket)
 
     def offer(self, record: KernelRecord) -> bool:
         """Store ``record`` if it beats the stored one of its key (or there is none); True if stored.
@@ -258,10 +259,11 @@ class KernelStore:
                                           _bucket_order(r.bucket)))
 
     def best(self, arch: str, variant: str, dtype: str, d_qk: int, d_v: int, causal: bool,
-             layout: str = "dense", phase: str = "prefill", features: tuple = ()) -> dict[str, KernelRecord]:
+             layout: str = "dense", phase: str = "prefill", features: tuple = (),
+             kv_dtype: str = "") -> dict[str, KernelRecord]:
         """The stored kernels of one kernel spec, by bucket name."""
         shape = self.kernels_dir / arch / variant / shape_dir_name(dtype, d_qk, d_v, causal, layout, phase,
-                                                                   tuple(features))
+                                                                   tuple(features), kv_dtype)
         if not shape.is_dir():
             return {}
         with self._lock(exclusive=False):
