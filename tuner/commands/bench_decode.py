@@ -228,7 +228,8 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
 
 def _fp8_rows(fp8_kernel, kernel, spec, heads, page_size, copy, options, batches, kv_lens, profile):
     """The FP8 cache bench's rows and table: per point the e4m3 bytes' GB/s and its fraction of the copy bandwidth,
-    new tokens a second of both kernels and the FP8 one's speedup (no FA4 column: FA4 reads no FP8 cache)."""
+    new tokens a second of both kernels and the FP8 one's speedup, and FlashInfer's FP8 decode on the same cache where
+    it runs (its time / ours; no FA4 column: FA4 reads no FP8 cache)."""
     import torch
 
     from tuner.measure.decode import BATCHES, KV_LENS, decode_grid, measure_fp8_point
@@ -244,12 +245,16 @@ def _fp8_rows(fp8_kernel, kernel, spec, heads, page_size, copy, options, batches
                         f"{torch.cuda.get_device_name()} ({profile.name}): GB/s of the e4m3 K/V read, copy bandwidth "
                         f"{copy:.0f} GB/s; tokens/s against the {spec.dtype} cache's kernel, same process")
     for col in ("point", "splits", "fp8 us", "fp8 GB/s", "of copy", f"{spec.dtype} us", "fp8 tok/s",
-                f"{spec.dtype} tok/s", "speedup"):
+                f"{spec.dtype} tok/s", "speedup", "FlashInfer fp8 us", "vs FlashInfer"):
         table.add_column(col)
     for r in rows:
+        fi = ("–", "–") if "flashinfer_us" not in r else (f"{r['flashinfer_us']:.1f}", f"{r['vs_flashinfer']:.2f}")
         table.add_row(r["point"], str(r["splits"]), f"{r['fp8_us']:.1f}", f"{r['fp8_gbs']:.0f}", f"{r['copy_frac']:.2f}",
                       f"{r['base_us']:.1f}", f"{r['fp8_tokens_s']:.3g}", f"{r['base_tokens_s']:.3g}",
-                      f"{r['speedup']:.2f}")
+                      f"{r['speedup']:.2f}", *fi)
+    reasons = sorted({r["flashinfer_error"] for r in rows if "flashinfer_error" in r})
+    if reasons:
+        table.caption = "FlashInfer: " + "; ".join(reasons)
     return rows, table
 
 

@@ -166,11 +166,54 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     return row
 
 
-def measure_fp8_point(fp8_kernel, kernel, p: DecodePoint) -> dict:
-    """An FP8 cache point (p.kv_dtype fp8) against the 16-bit cache's kernel on the same point, both timed here in
-    this order and again in the other (the faster of each kept, so that neither always runs on a warmer GPU): {point,
-    splits, fp8_us, fp8_gbs (GB/s of the e4m3 bytes read), base_us and base_gbs (the 16-bit cache's), fp8_tokens_s
-    and base_tokens_s (new tokens a second: batch x seqlen_q / time), speedup (16-bit time / FP8 time)}."""
+FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024   # FlashInfer's documented example size
+# Ours against FlashInfer on the same e4m3 cache: both read the same values (e4m3 x scale is exact in fp32), so they
+# differ by the 16-bit arithmetic of P and the output only; a larger difference is a wrong call, not timed.
+FLASHINFER_CROSS_CHECK_REL_ERR = 2e-2
+
+
+class FlashInferUnavailable(RuntimeError):
+    """FlashInfer cannot run this point here (not installed, or a case its FP8 decode call is not given)."""
+
+
+def flashinfer_fp8_decode_call(p: DecodePoint, x: dict):
+    """FlashInfer's batch decode over the point's own e4m3 paged cache (BatchDecodeWithPagedKVCacheWrapper, NHD pages,
+    planned here untimed with kv_data_type float8_e4m3fn, a per-tensor k_scale/v_scale): the FP8-KV decode a vLLM user
+    would pick instead. -> ``() -> out (batch, heads_q, d)``. FlashInferUnavailable naming why for what it is not
+    given here: no flashinfer, a dense cache, several new tokens, options, per-KV-head scales that differ."""
+    import torch
+
+    if not p.page_size or p.seqlen_q != 1 or decode_options(p, x["q"].device):
+        raise FlashInferUnavailable("FlashInfer's FP8 decode is timed on paged caches, one new token, no options")
+    k_scale, v_scale = x["kv_scales"]
+    if bool((k_scale != k_scale.reshape(-1)[0]).any()) or bool((v_scale != v_scale.reshape(-1)[0]).any()):
+        raise FlashInferUnavailable("FlashInfer takes one k_scale and v_scale per call; the point's differ per KV head")
+    try:
+        import flashinfer
+    except Exception as exc:  # noqa: BLE001 - an absent or broken install is a reason, not a crash
+        raise FlashInferUnavailable(f"not installed: flashinfer is not importable ({type(exc).__name__})") from None
+    device = x["q"].device
+    table = x["page_table"]
+    pages = int(table.shape[1])
+    indptr = torch.arange(p.batch + 1, dtype=torch.int32, device=device) * pages
+    last = torch.full((p.batch,), p.kv_len - (pages - 1) * p.page_size, dtype=torch.int32, device=device)
+    workspace = torch.zeros(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD",
+                                                            use_tensor_cores=p.heads_q // p.heads_kv >= 4)
+    wrapper.plan(indptr, table.reshape(-1).contiguous(), last, p.heads_q, p.heads_kv, p.head_dim, p.page_size,
+                 q_data_type=x["q"].dtype, kv_data_type=x["k"].dtype, sm_scale=1.0 / math.sqrt(p.head_dim))
+    q = x["q"][:, 0].contiguous()
+    ks, vs = float(k_scale.reshape(-1)[0]), float(v_scale.reshape(-1)[0])
+    return lambda: wrapper.run(q, (x["k"], x["v"]), k_scale=ks, v_scale=vs)
+
+
+def measure_fp8_point(fp8_kernel, kernel, p: DecodePoint, with_flashinfer: bool = True) -> dict:
+    """An FP8 cache point (p.kv_dtype fp8) against the 16-bit cache's kernel on the same point and FlashInfer's FP8
+    decode on the same e4m3 cache (where it runs: flashinfer_fp8_decode_call), all timed here in this order and again
+    in the reverse (the faster of each kept, so that none always runs on a warmer GPU): {point, splits, fp8_us,
+    fp8_gbs (GB/s of the e4m3 bytes read), base_us and base_gbs (the 16-bit cache's), fp8_tokens_s and base_tokens_s
+    (new tokens a second: batch x seqlen_q / time), speedup (16-bit time / FP8 time), flashinfer_us, flashinfer_gbs
+    and vs_flashinfer (its time / ours) or flashinfer_error}."""
     import dataclasses
 
     import torch
@@ -183,22 +226,39 @@ def measure_fp8_point(fp8_kernel, kernel, p: DecodePoint) -> dict:
                              page_table=x8["page_table"], k_scale=k_scale, v_scale=v_scale, **options)
     b16 = lambda: kernel(x16["q"], x16["k"], x16["v"], cache_seqlens=x16["seqused_k"],  # noqa: E731
                          page_table=x16["page_table"], **options)
-    fp8(), b16()
-    ms8 = ms16 = math.inf
-    for order in ((fp8, b16), (b16, fp8)):
-        for call in order:
-            ms = time_ms(call)
-            if call is fp8:
-                ms8 = min(ms8, ms)
-            else:
-                ms16 = min(ms16, ms)
+    calls = {"fp8": fp8, "base": b16}
+    out8 = fp8()
+    b16()
+    row = {}
+    if with_flashinfer:
+        try:
+            fi = flashinfer_fp8_decode_call(p, x8)
+            theirs = fi()
+            torch.cuda.synchronize()
+            ours = out8[:, 0].float()
+            rel = float((ours - theirs.float()).norm() / ours.norm().clamp_min(1e-30))
+            if not rel <= FLASHINFER_CROSS_CHECK_REL_ERR:
+                raise FlashInferUnavailable(f"its output differs from ours (rel err {rel:.3g}); not timed")
+            row["flashinfer_rel_diff"] = rel
+            calls["flashinfer"] = fi
+        except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is recorded, not fatal
+            row["flashinfer_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    ms = {name: math.inf for name in calls}
+    names = list(calls)
+    for order in (names, names[::-1]):
+        for name in order:
+            ms[name] = min(ms[name], time_ms(calls[name]))
+    ms8, ms16 = ms["fp8"], ms["base"]
     capacity = x8["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
     tokens = p.batch * p.seqlen_q
     row = {"point": p.label(), "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q,
            "splits": fp8_kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, capacity)[0].num_splits,
            "fp8_us": ms8 * 1e3, "fp8_gbs": p.kv_bytes / ms8 / 1e6, "base_us": ms16 * 1e3,
            "base_gbs": p16.kv_bytes / ms16 / 1e6, "fp8_tokens_s": tokens / ms8 * 1e3,
-           "base_tokens_s": tokens / ms16 * 1e3, "speedup": ms16 / ms8}
+           "base_tokens_s": tokens / ms16 * 1e3, "speedup": ms16 / ms8, **row}
+    if "flashinfer" in ms:
+        row.update(flashinfer_us=ms["flashinfer"] * 1e3, flashinfer_gbs=p.kv_bytes / ms["flashinfer"] / 1e6,
+                   vs_flashinfer=ms["flashinfer"] / ms8)
     del x8, x16
     torch.cuda.empty_cache()
     return row
