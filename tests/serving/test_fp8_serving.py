@@ -253,3 +253,17 @@ def test_the_packed_fp8_op_schema_fake_and_missing_backward(served):
     out = op_fp8.varlen_attention_fp8_op(q, k, v, cu_q, cu_k, None, 40, 40, *scales.values(), True, scale, route)
     with pytest.raises(NotImplementedError, match="has no backward"):
         out.float().sum().backward()
+
+
+@pytest.mark.slow   # torch.compile: seconds of tracing
+def test_a_packed_fp8_call_traces_under_torch_compile_fullgraph(served):
+    q, k, v, cu_q, cu_k, scales = _packed([3, 50], [60, 50])
+
+    def f(q, k, v, cu_q, cu_k, qd, kd, vd):
+        return served.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 50, 60, causal=True, q_descale=qd, k_descale=kd,
+                                             v_descale=vd)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out = compiled(q, k, v, cu_q, cu_k, *scales.values())
+    assert served.stats["kernel"] >= 1 and served.stats["sdpa"] == 0
+    torch.testing.assert_close(out.float(), _expected_packed(q, k, v, cu_q, cu_k, scales, True), atol=3e-2, rtol=3e-2)
