@@ -377,3 +377,41 @@ def test_the_cp_async_producer_reads_any_multiple_of_8_and_the_tma_one_what_its_
     assert "multiple of 8" in page_misfit(12, 128, "SM80_CP_ASYNC_CACHEGLOBAL")
     assert compatible_page_sizes(176, "SM80_CP_ASYNC_CACHEGLOBAL") == (16, 32, 64, 128, 256)
     assert compatible_page_sizes(176) == (16,)   # 176 = 11 boxes of 16
+
+
+# -- FP8: the libraries and our bf16 default on the same values in bf16 --------------------------------------------
+
+
+@dataclass
+class CpuFp8Kernel(CpuKernel):
+    """An FP8 varlen kernel's signature (e4m3 q, k, v and the three descales, bf16 out), computed on the CPU."""
+
+    def varlen(self, q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=None, softmax_scale=None, out=None,
+               q_descale=None, k_descale=None, v_descale=None):
+        assert q.dtype == torch.float8_e4m3fn and q_descale is not None and v_descale is not None
+        as_bf16 = [t.to(torch.bfloat16) for t in (q, k, v)]   # the bench's descales are ones
+        return super().varlen(*as_bf16, cu_q, cu_k, max_q, max_k, seqused_k, softmax_scale, out)
+
+
+FP8_VARLEN = ServingProblem("varlen", "tiny", (5, 33, 1), (5, 33, 1), "gqa", 4, 2, 64, 64, True, "fp8")
+
+
+def test_an_fp8_row_times_our_bf16_default_in_the_same_rounds_on_the_same_values(fa4_stand_in, no_flashinfer):
+    timer = Timer()
+    row = serving.mix_row(CpuFp8Kernel(), FP8_VARLEN, device="cpu", clock=timer, twin=CpuKernel())
+    assert row["status"] == "ok" and row["cross_check_against"] == "sdpa"
+    assert row["ours_bf16"] == row["ours"] and row["ours/ours_bf16"] == 1.0
+    assert len(timer.timed) == 4 * serving.TIMING_ROUNDS   # ours, the bf16 twin, fa4, sdpa in every round
+    call = next(c for c in fa4_stand_in.CALLS if c.get("varlen"))
+    assert call["q"][-1] == 64   # FA4 ran (on the bf16 copy of the e4m3 values)
+    headers = [c.header for c in bench_serving.results_table([row], "t").columns]
+    assert headers[4:7] == ["ours", "ours bf16", "ours/bf16"]
+
+
+def test_a_twin_that_disagrees_with_ours_is_reported_and_not_timed(fa4_stand_in, no_flashinfer):
+    timer = Timer()
+    row = serving.mix_row(CpuFp8Kernel(), FP8_VARLEN, device="cpu", clock=timer, twin=CpuKernel(offset=0.5))
+    assert row["status"] == "ok" and "ours_bf16" not in row
+    assert "differs from ours" in row["ours_bf16_err"] and len(timer.timed) == 3 * serving.TIMING_ROUNDS
+    table = bench_serving.results_table([row], "t")
+    assert "ours bf16" not in [c.header for c in table.columns]

@@ -41,19 +41,22 @@ def results_table(rows: Sequence[dict], title: str, baselines: Sequence[str] = t
     why a cell has no number."""
     table = Table(title=title)
     short = [LABELS.get(b, b) for b in baselines]
-    for col in ("mix", "page", "bucket", "causal", "ours", *short, *(f"ours/{b}" for b in short),
-                *(f"|Δ| {b}" for b in short), "status"):
+    twin = any("ours_bf16" in r for r in rows)   # an FP8 bench: our bf16 default beside
+    for col in ("mix", "page", "bucket", "causal", "ours", *(("ours bf16", "ours/bf16") if twin else ()), *short,
+                *(f"ours/{b}" for b in short), *(f"|Δ| {b}" for b in short), "status"):
         table.add_column(col, justify="left" if col in ("mix", "bucket", "causal", "status") else "right")
     notes = []
     for r in rows:
         status = r["status"] if r["status"] == "ok" else f"{r['status']} {r.get('reason', '')}"
         diffs = (("–" if r.get(f"{b}_max_abs_diff") is None else f"{r[f'{b}_max_abs_diff']:.3g}") for b in baselines)
+        twin_cells = (_cell(r, "ours_bf16"), "–" if r.get("ours/ours_bf16") is None else f"{r['ours/ours_bf16']:g}")
         table.add_row(r["mix"], str(r["page_size"] or "–"), r["bucket"], "yes" if r["causal"] else "no",
-                      "–" if r.get("ours") is None else f"{r['ours']:g}", *(_cell(r, b) for b in baselines),
+                      "–" if r.get("ours") is None else f"{r['ours']:g}", *(twin_cells if twin else ()),
+                      *(_cell(r, b) for b in baselines),
                       *("–" if r.get(f"ours/{b}") is None else f"{r[f'ours/{b}']:g}" for b in baselines),
                       *diffs, status)
         where = f"{r['mix']}" + (f" p{r['page_size']}" if r["page_size"] else "")
-        for b in baselines:
+        for b in (*baselines, "ours_bf16"):
             for key in (f"{b}_note", f"{b}_err"):
                 if r.get(key) and not fa4.is_not_installed(r[key]):
                     notes.append(f"{b} on '{where}': {r[key]}")
@@ -142,6 +145,22 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
                           markup=False, highlight=False)
         return 1
 
+    twins = {}   # an FP8 bench times our bf16 default of each spec too, in the same rounds on the same values
+    if target.dtype == "fp8" and params is None and sketch is None:
+        bf16_targets = [resolve_target(gpu, target.variant, target.head_dim, "bf16", c, layout) for c in target.causals]
+        more, code = build.build_kernels(bf16_targets, target.variant, None, None, profile, err, cache_dir, schedule,
+                                         page_size=page_size)
+        if more is None:
+            return code
+        twin_kernels, twin_info = _load_and_verify(more)
+        if twin_kernels is None:
+            for label, item in twin_info.items():
+                err.print(f"bf16 twin {item['name']} ({label}): verification FAILED: {item['reason']}; FP8 is timed "
+                          "without it", markup=False, highlight=False)
+        else:
+            twins = {b.spec.causal: k for b, k in zip(more, twin_kernels)}
+            info.update({f"{label} (bf16 twin)": item for label, item in twin_info.items()})
+
     heads = target.heads or _grid_heads(target.variant, target.head_dim)
     rows: list[dict] = []
     for b, kernel in zip(built, kernels):
@@ -150,9 +169,11 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
                                               b.spec.causal, b.spec.dtype, size)]
         console.print(f"[bold]{b.spec.label()}[/bold]: {b.kernel.name} {b.params.key()} "
                       f"({b.compiled.registers} regs, {b.compiled.spill_stores} B spills), heads {heads[0]}/{heads[1]}")
-        rows += mix_rows(kernel, problems, on_row=lambda r: console.print(
+        rows += mix_rows(kernel, problems, twin=twins.get(b.spec.causal), on_row=lambda r: console.print(
             f"  {r['mix']:<18} page={r['page_size']} ours={r.get('ours')} fa4={r.get('fa4')} "
-            f"flashinfer={r.get('flashinfer')} sdpa={r.get('sdpa')} {r['status']}", markup=False, highlight=False))
+            f"flashinfer={r.get('flashinfer')} sdpa={r.get('sdpa')}"
+            + (f" ours_bf16={r.get('ours_bf16')}" if "ours_bf16" in r else "") + f" {r['status']}",
+            markup=False, highlight=False))
     env = bench_cmd.environment_record(profile, built[0].compiled.nvcc_version)
     who = target.model or target.variant
     console.print(results_table(rows, f"{who} {layout} prefill on {env['device']} ({profile.name}), TFLOPS"))

@@ -59,8 +59,10 @@ def _diffs(out, ref) -> tuple[float, float]:
 
 
 def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = BASELINES,
-            device: str = "cuda", clock: Optional[Callable] = None) -> dict:
-    """One mix: ours and each baseline, TFLOPS, max |ours - baseline|, ratios (module doc: the protocol)."""
+            device: str = "cuda", clock: Optional[Callable] = None, twin=None) -> dict:
+    """One mix: ours and each baseline, TFLOPS, max |ours - baseline|, ratios (module doc: the protocol). ``twin``: an
+    FP8 kernel's 16-bit counterpart (our bf16 default of the spec), timed in the same rounds on the same values in bf16
+    (``ours_bf16`` and ``ours/ours_bf16``; its output held to the FP8 cross-check bound against ours)."""
     import torch
 
     clock = clock or timer.time_ms
@@ -106,6 +108,8 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
     calls = {name: prep.call for name, prep in prepared.items()}
     if "status" not in row:
         calls["ours"] = ours
+        if twin is not None:
+            _add_twin(row, calls, twin, theirs_problem, theirs_x, out, bound)
     times = {name: [] for name in calls}
     # timer.alternating_rounds' order (ours first in the even rounds, last in the odd ones), with this row's clock
     # and a baseline that fails dropped from the rounds (ours failing raises, as a single timing did)
@@ -122,6 +126,9 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
                 calls.pop(name)
     for name in calls:
         raw[name] = problem.flops / (statistics.median(times[name]) * 1e-3) / 1e12
+    if "ours_bf16" in raw:
+        row["ours_bf16"] = _round(raw["ours_bf16"])
+        row["ours/ours_bf16"] = round(raw["ours"] / raw["ours_bf16"], 3)
     if "status" not in row:
         row.update(ours_ms=round(statistics.median(times["ours"]), 5), status="ok")
     row["ours"] = _round(raw.get("ours"))
@@ -129,6 +136,22 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
         row[b.name] = _round(raw.get(b.name))
         row[f"ours/{b.name}"] = round(raw["ours"] / raw[b.name], 3) if "ours" in raw and raw.get(b.name) else None
     return row
+
+
+def _add_twin(row: dict, calls: dict, twin, problem: ServingProblem, x, out, bound: float) -> None:
+    """The twin's call among this row's timed ones, once its first output agrees with ours (else the reason)."""
+    call = ours_call(twin, problem, x)
+    try:
+        theirs = call()
+        timer.sync()
+        _, rel = _diffs(out, theirs)
+    except Exception as exc:  # noqa: BLE001 - the twin's failure is this column's, not the row's
+        row["ours_bf16_err"] = f"{type(exc).__name__}: {timer.first_line(exc)}"
+        return
+    if not rel <= bound:
+        row["ours_bf16_err"] = f"its output differs from ours (rel err {rel:.3g}); not timed"
+        return
+    calls["ours_bf16"] = call
 
 
 def mix_rows(kernel, problems: Sequence[ServingProblem], *, on_row: Optional[Callable[[dict], None]] = None,
