@@ -111,27 +111,3 @@ def test_transformers_decode_steps_take_the_decode_kernel_and_prefill_packs(tmp_
     qp, kp, vp, keptp = _batch([40, 23], sq=40)                                   # a prefill: packed
     forward(module, qp.transpose(1, 2), kp.transpose(1, 2), vp.transpose(1, 2), keptp, scaling=None)
     assert "varlen" in attn.last_reason, attn.last_reason
-
-
-@pytest.mark.slow   # torch.compile: seconds of tracing
-def test_under_torch_compile_the_devices_answer_picks_the_decode_kernel_or_packing(tmp_path):
-    """No host read while tracing: torch.cond on the device's 'is it left padding' runs the decode kernel for a
-    left-padded batch and the packed path for a right-padded one, in one graph (fullgraph)."""
-    from tuner.serving.padded import attend_padded
-
-    attn = _load(tmp_path / "e", SERVED)
-
-    def step(q, k, v, kept):
-        out = attend_decode_padded(attn, q, k, v, kept, None)
-        return attend_padded(attn, q, k, v, kept, True, None) if out is None else out
-
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    q, k, v, kept = _batch([40, 23])
-    out = compiled(q, k, v, kept)
-    assert "decode dense" in attn.last_reason and _decode_kernel(attn).leftpads[-1].tolist() == [0, 17]
-    torch.testing.assert_close(out[1:].double(), expected(q[1:], k[1:, 17:], v[1:, 17:], True), atol=2e-2, rtol=2e-2)
-    q, k, v, kept = _batch([40, 23], left=False)                    # right padding: the same graph packs
-    decode_calls = len(_decode_kernel(attn).leftpads)
-    out = compiled(q, k, v, kept)
-    assert len(_decode_kernel(attn).leftpads) == decode_calls and "varlen" in attn.last_reason
-    torch.testing.assert_close(out, attend_padded(attn, q, k, v, kept, True, None))   # what eager packing gives

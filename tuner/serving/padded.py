@@ -35,20 +35,13 @@ def is_edge_padding(valid) -> bool:
     return bool((starts <= 1).all())
 
 
-def left_padding_on_device(keys_kept):
-    """((batch,) int32 leftpad, 0-d bool on the device): each sequence's keys before its last run of kept ones, and
-    whether the mask is exactly that (left padding, as generate() makes it for decoder-only models). No host read."""
+def left_padding(keys_kept):
+    """(batch,) int32: each sequence's padded keys before its first kept one, when every sequence's kept keys run to
+    the last key (left padding, as generate() makes it for decoder-only models); None otherwise. A host read."""
     sk = keys_kept.shape[1]
     leftpad = sk - keys_kept.sum(dim=1, dtype=torch.int32)
     suffix = torch.arange(sk, device=keys_kept.device)[None, :] >= leftpad[:, None]
-    return leftpad, (suffix == keys_kept.bool()).all()
-
-
-def left_padding(keys_kept):
-    """(batch,) int32: each sequence's padded keys before its first kept one, when every sequence's kept keys run to
-    the last key (left padding); None otherwise. A host read."""
-    leftpad, is_left = left_padding_on_device(keys_kept)
-    return leftpad if bool(is_left) else None
+    return leftpad if bool(torch.equal(suffix, keys_kept.bool())) else None
 
 
 def attend_decode_padded(attn, q, k, v, keys_kept, scale: float | None, window_size=(-1, -1), softcap: float = 0.0,
@@ -56,38 +49,25 @@ def attend_decode_padded(attn, q, k, v, keys_kept, scale: float | None, window_s
     """A decode step of a left-padded batch through the decode kernel, the cache read in place: (batch, seqlen_q <=
     16, heads, dim) queries, the last positions of (batch, seqlen_k, kv heads, dim) keys whose padding ``keys_kept``
     marks; each sequence's keys from its first kept row (``cache_leftpad``), causal to its last. Packing would copy
-    the whole cache every step (tuner/serving/padded.attend_padded). Whether the mask is left padding is read on the
-    host in eager calls; under torch.compile the device's answer picks the branch (``torch.cond``: the decode kernel,
-    else the packed call), so a compiled model's decode steps take the decode kernel too. None where this does not
-    serve the call: more queries, padding that is not left padding (eager), an export with no decode kernel for its
-    shapes and options, or a CUDA graph being captured outside torch.compile (no host read, no cond: the caller
-    packs)."""
+    the whole cache every step (tuner/serving/padded.attend_padded). None where this does not serve the call: more
+    queries, padding that is not left padding (a host read, so eager only: under torch.compile or CUDA-graph capture
+    the caller packs), or an export with no decode kernel for its shapes and options."""
     from tuner.serving.decode import MAX_SEQLEN_Q
     from tuner.serving.rule import host_reads_allowed
 
     b, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
-    compiling = torch.compiler.is_compiling()
-    if sq > MAX_SEQLEN_Q or sq >= sk or keys_kept.shape != (b, sk) or not (compiling or host_reads_allowed()):
+    if sq > MAX_SEQLEN_Q or sq >= sk or not host_reads_allowed() or keys_kept.shape != (b, sk):
         return None
     q = q.contiguous()       # a few rows; the cache is read where it is
     if not attn.serves_decode(q, k, v, True, scale, window_size, softcap, learnable_sink):
         return None
-    kept = keys_kept.to(device=q.device, dtype=torch.bool)
-    leftpad, is_left = left_padding_on_device(kept)
-
-    def decode(q, k, v, leftpad, kept):
-        return attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=sk, cache_leftpad=leftpad, softmax_scale=scale,
-                                            causal=True, window_size=window_size, softcap=softcap,
-                                            learnable_sink=learnable_sink)
-
-    if not compiling:
-        return decode(q, k, v, leftpad, kept) if bool(is_left) else None
-
-    def packed(q, k, v, leftpad, kept):
-        return attend_padded(attn, q, k, v, kept, True, scale, window_size, softcap, learnable_sink)
-
-    return torch.cond(is_left, decode, packed, (q, k, v, leftpad, kept))
+    leftpad = left_padding(keys_kept.to(device=q.device, dtype=torch.bool))
+    if leftpad is None:
+        return None
+    return attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=sk, cache_leftpad=leftpad, softmax_scale=scale,
+                                        causal=True, window_size=window_size, softcap=softcap,
+                                        learnable_sink=learnable_sink)
 
 
 def attend_padded(attn, q, k, v, keys_kept, causal: bool, scale: float | None, window_size=(-1, -1),
