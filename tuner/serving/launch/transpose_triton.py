@@ -1,5 +1,6 @@
 """V (batch, keys, heads, d) -> (batch, heads, d, keys rounded up) for the FP8 kernels (tuner/serving/launch/plan.py
-transposed_v), as one Triton kernel on CUDA tensors.
+transposed_v), and packed sequences' V (total keys, heads, d) -> (1, heads, d, keys) with each sequence from an
+aligned key and zeros between (transposed_packed_v), each as one Triton kernel on CUDA tensors.
 
 torch's copy of a permuted 1-byte tensor moves a byte per thread access: on an H200 (BENCHMARKS.md, FP8 dense prefill) it cost
 the FP8 d128 kernel 852 -> 796 TFLOPS at 16k keys and 711 -> 367 at 1k. A tile here loads 64 keys x 64 columns as
