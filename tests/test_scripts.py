@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
 TOOLS = ["bench_serving.py", "bucket_table.py", "compile_cost.py", "decode_serve_check.py", "decode_trace.py", "decode_window_time.py",
          "dense_profile.py", "grid_bench.sh", "grid_bench_summary.py", "grid_from_studies.py", "measure_grid.py",
-         "ncu_sass_stalls.py", "param_ab_check.py", "retime_check.py", "sass_compare.py", "serving_check.py", "table_ab.py"]
+         "ncu_sass_stalls.py", "nvcc_trace.py", "param_ab_check.py", "retime_check.py", "sass_compare.py", "serving_check.py", "table_ab.py"]
 
 
 def _help(name: str) -> subprocess.CompletedProcess:
