@@ -84,7 +84,8 @@ def build_decode(spec, changes, profile):
 
 
 def all_kernels(profile):
-    """Every kernel of this module by case id (the CPU session prebuilds these into the cache)."""
+    """Every kernel of this module by case id (compiled once, through KERNEL_CACHE_DIR when set: a cache built on a
+    CPU machine is hit)."""
     out = {name: build_prefill(spec, schedule, changes, profile) for name, spec, schedule, changes in CASES}
     out.update({name: build_decode(spec, changes, profile) for name, spec, changes in DECODE_CASES})
     return out
