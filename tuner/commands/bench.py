@@ -242,7 +242,7 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
                           on_row=lambda r: console.print(
                               f"  s={r['seqlen']:>5} causal={r['causal']!s:5} ours={r.get('ours')} "
                               f"flash={r.get('flash')} cudnn={r.get('cudnn')} eff={r.get('efficient')} "
-                              f"fa4={r.get('fa4')} {r['status']}", markup=False, highlight=False))
+                              f"fa4={r.get('fa4')} {r['status']}", markup=False, highlight=False, soft_wrap=True))
         if bf16_built.get(b.spec.causal):
             add_bf16_twins(rows, bf16_built[b.spec.causal], problems, console)
         all_rows += rows

@@ -173,7 +173,7 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
             f"  {r['mix']:<18} page={r['page_size']} ours={r.get('ours')} fa4={r.get('fa4')} "
             f"flashinfer={r.get('flashinfer')} sdpa={r.get('sdpa')}"
             + (f" ours_bf16={r.get('ours_bf16')}" if "ours_bf16" in r else "") + f" {r['status']}",
-            markup=False, highlight=False))
+            markup=False, highlight=False, soft_wrap=True))
     env = bench_cmd.environment_record(profile, built[0].compiled.nvcc_version)
     who = target.model or target.variant
     console.print(results_table(rows, f"{who} {layout} prefill on {env['device']} ({profile.name}), TFLOPS"))

@@ -107,7 +107,8 @@ def run_build(gpu: str, variant: str, sketch: Optional[Path], params: Optional[s
     console.print(f"[green]built[/green] {kernel.name} for {profile.name} ({profile.nvcc_arch}): "
                   f"{result.registers} regs, {result.spill_stores} B spill stores, "
                   f"{kernel.smem_bytes} B dynamic smem, {kernel.num_threads} threads, "
-                  f"{'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; {tensor_ops}")
+                  f"{'cached' if result.cached else f'{result.compile_seconds:.1f} s'}; {tensor_ops}",
+                  soft_wrap=True)   # one line a kernel, also in a log (rich wraps at 80 columns off a terminal)
     if layout == "paged":
         console.print(f"  paged: reads pages of {', '.join(map(str, record['page_sizes']))} keys (chosen at run time; "
                       f"block N {kernel_params.block_n})" + (f", checked for {page_size}" if page_size else ""),
