@@ -1,7 +1,7 @@
 """A decode step of a left-padded batch on the decode kernel (tuner/serving/padded.py attend_decode_padded): the cache
 read in place with each sequence's leftpad, against each sequence computed alone; which calls it leaves to packing
-(right padding or holes, more than 16 queries, an export without a dense decode kernel, no host reads); and
-transformers' attention function taking it for decode steps."""
+(right padding or holes in eager, more than 16 queries, an export without a dense decode kernel); without host reads
+(compiled) the padding taken as left padding; and transformers' attention function taking it for decode steps."""
 import types
 
 import pytest
@@ -87,13 +87,33 @@ def test_what_the_decode_kernel_cannot_take_is_left_to_packing(tmp_path):
     assert not attn.stats and not attn.reasons                                  # asking counted nothing
 
 
-def test_without_host_reads_a_decode_step_is_packed(tmp_path, monkeypatch):
+def test_without_host_reads_a_decode_steps_padding_is_taken_as_left_padding(tmp_path, monkeypatch):
+    """No host read (torch.compile, CUDA-graph capture): each sequence's leftpad is its count of padded keys, as
+    generate() pads; a right-padded sequence's new token is a padded position (its row is discarded), the others are
+    exact."""
     import tuner.serving.rule as rule
 
     attn = _load(tmp_path / "e", SERVED)
     monkeypatch.setattr(rule, "host_reads_allowed", lambda: False)
     q, k, v, kept = _batch([40, 30])
-    assert attend_decode_padded(attn, q, k, v, kept, None) is None
+    out = attend_decode_padded(attn, q, k, v, kept, None)
+    assert _decode_kernel(attn).leftpads[-1].tolist() == [0, 10]
+    torch.testing.assert_close(out[1:].double(), expected(q[1:], k[1:, 10:], v[1:, 10:], True), atol=2e-2, rtol=2e-2)
+    q, k, v, kept = _batch([40, 30], left=False)          # right padding: the unpadded sequence stays exact
+    out = attend_decode_padded(attn, q, k, v, kept, None)
+    torch.testing.assert_close(out[:1].double(), expected(q[:1], k[:1], v[:1], True), atol=2e-2, rtol=2e-2)
+    assert bool(torch.isfinite(out).all())
+
+
+@pytest.mark.slow   # torch.compile: seconds of tracing
+def test_a_compiled_decode_step_of_a_left_padded_batch_takes_the_decode_kernel(tmp_path):
+    attn = _load(tmp_path / "e", SERVED)
+    compiled = torch.compile(lambda q, k, v, kept: attend_decode_padded(attn, q, k, v, kept, None), fullgraph=True,
+                             backend="aot_eager")
+    q, k, v, kept = _batch([40, 23])
+    out = compiled(q, k, v, kept)
+    assert "decode dense" in attn.last_reason and _decode_kernel(attn).leftpads[-1].tolist() == [0, 17]
+    torch.testing.assert_close(out[1:].double(), expected(q[1:], k[1:, 17:], v[1:, 17:], True), atol=2e-2, rtol=2e-2)
 
 
 def test_transformers_decode_steps_take_the_decode_kernel_and_prefill_packs(tmp_path):

@@ -49,22 +49,29 @@ def attend_decode_padded(attn, q, k, v, keys_kept, scale: float | None, window_s
     """A decode step of a left-padded batch through the decode kernel, the cache read in place: (batch, seqlen_q <=
     16, heads, dim) queries, the last positions of (batch, seqlen_k, kv heads, dim) keys whose padding ``keys_kept``
     marks; each sequence's keys from its first kept row (``cache_leftpad``), causal to its last. Packing would copy
-    the whole cache every step (tuner/serving/padded.attend_padded). None where this does not serve the call: more
-    queries, padding that is not left padding (a host read, so eager only: under torch.compile or CUDA-graph capture
-    the caller packs), or an export with no decode kernel for its shapes and options."""
+    the whole cache every step (tuner/serving/padded.attend_padded). In eager calls the mask is read on the host and
+    must be left padding; under torch.compile or CUDA-graph capture (no host read) a decode step's padding is taken as
+    generate() makes it for decoder-only models, left padding, as the packed path takes it as edge padding there:
+    each sequence's leftpad is its count of padded keys (a right-padded sequence's new token is a padded position, its
+    row discarded by transformers either way). None where this does not serve the call: more queries, padding that is
+    not left padding (eager), or an export with no decode kernel for its shapes and options."""
     from tuner.serving.decode import MAX_SEQLEN_Q
     from tuner.serving.rule import host_reads_allowed
 
     b, sq = q.shape[0], q.shape[1]
     sk = k.shape[1]
-    if sq > MAX_SEQLEN_Q or sq >= sk or not host_reads_allowed() or keys_kept.shape != (b, sk):
+    if sq > MAX_SEQLEN_Q or sq >= sk or keys_kept.shape != (b, sk):
         return None
     q = q.contiguous()       # a few rows; the cache is read where it is
     if not attn.serves_decode(q, k, v, True, scale, window_size, softcap, learnable_sink):
         return None
-    leftpad = left_padding(keys_kept.to(device=q.device, dtype=torch.bool))
-    if leftpad is None:
-        return None
+    kept = keys_kept.to(device=q.device, dtype=torch.bool)
+    if host_reads_allowed():
+        leftpad = left_padding(kept)
+        if leftpad is None:
+            return None
+    else:
+        leftpad = sk - kept.sum(dim=1, dtype=torch.int32)
     return attn.flash_attn_with_kvcache(q, k, v, cache_seqlens=sk, cache_leftpad=leftpad, softmax_scale=scale,
                                         causal=True, window_size=window_size, softcap=softcap,
                                         learnable_sink=learnable_sink)
