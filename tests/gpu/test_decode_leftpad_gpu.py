@@ -116,3 +116,29 @@ def test_a_left_padded_generate_runs_its_decode_steps_on_the_decode_kernel(attn)
             break
         tol = 0.05 * max(1.0, want.scores[step].abs().max().item())
         assert (got.scores[step].float() - want.scores[step].float()).abs().max().item() < tol, step
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_padded_decode_step_takes_the_decode_kernel(attn, mode):
+    """Under torch.compile (and its CUDA graphs) a left-padded decode step has no host read: the padding is taken as
+    left padding and the decode kernel reads the cache in place with the leftpads computed on the device; the same
+    as the eager call, which reads the mask and checks it is left padding."""
+    from tuner.serving.padded import attend_decode_padded
+
+    g = torch.Generator().manual_seed(5)
+    b, sk = 3, 700
+    q = torch.randn(b, 1, HQ, D, generator=g).to("cuda", torch.bfloat16)
+    k, v = (torch.randn(b, sk, HKV, D, generator=g).to("cuda", torch.bfloat16) for _ in range(2))
+    kept = torch.ones(b, sk, dtype=torch.bool, device="cuda")
+    kept[0, :57] = False
+    kept[2, :sk - 1] = False
+    eager = attend_decode_padded(attn, q, k, v, kept, None)
+    assert eager is not None and "decode dense" in attn.last_reason
+    step = torch.compile(lambda q, k, v, kept: attend_decode_padded(attn, q, k, v, kept, None), fullgraph=True,
+                         mode=mode)
+    before = attn.stats["kernel"]
+    for _ in range(3):   # cudagraph trees record on the second call and replay from the third
+        out = step(q, k, v, kept)
+    torch.cuda.synchronize()
+    assert attn.stats["kernel"] > before and "decode dense" in attn.last_reason
+    torch.testing.assert_close(out, eager)
