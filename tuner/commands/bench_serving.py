@@ -139,10 +139,7 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
         return code
     kernels, info = _load_and_verify(built)
     if kernels is None:
-        for label, item in info.items():
-            if not item["verified"]:
-                err.print(f"{item['name']} ({label}): verification FAILED: {item['reason']}; nothing is timed",
-                          markup=False, highlight=False)
+        _print_unverified(err, info, "", "nothing is timed")
         return 1
 
     twins = {}   # an FP8 bench times our bf16 default of each spec too, in the same rounds on the same values
@@ -154,9 +151,7 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
             return code
         twin_kernels, twin_info = _load_and_verify(more)
         if twin_kernels is None:
-            for label, item in twin_info.items():
-                err.print(f"bf16 twin {item['name']} ({label}): verification FAILED: {item['reason']}; FP8 is timed "
-                          "without it", markup=False, highlight=False)
+            _print_unverified(err, twin_info, "bf16 twin ", "FP8 is timed without it")
         else:
             twins = {b.spec.causal: k for b, k in zip(more, twin_kernels)}
             info.update({f"{label} (bf16 twin)": item for label, item in twin_info.items()})
@@ -219,6 +214,13 @@ def _load_and_verify(built):
                                 "resources": b.compiled.resources(), "verified": verified, "reason": reason,
                                 "verification": report.to_dict() if report is not None else None}
     return (kernels if ok else None), info
+
+
+def _print_unverified(err: Console, info: dict, prefix: str, consequence: str) -> None:
+    for label, item in info.items():
+        if not item["verified"]:
+            err.print(f"{prefix}{item['name']} ({label}): verification FAILED: {item['reason']}; {consequence}",
+                      markup=False, highlight=False)
 
 
 def _flashinfer_status() -> dict:
