@@ -93,13 +93,6 @@ class Fp8Calls:
                                dequantised_packed(v, v_descale, cu_seqlens_k), cu_seqlens_q, cu_seqlens_k,
                                seqused_k, causal, scale)
 
-        if route.config is None:
-            return reference(route.code, self._messages.get(self._fallback.get(route.code), REASONS[route.code]))
-        bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
-                                                             int(max_seqlen_q), int(max_seqlen_k))
-        return self._launch(route.config.kernels[bucket], bucket, f"{route.config.variant} varlen",
-                            q.device.index or 0,
-                            lambda kern: kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
-                                                     int(max_seqlen_k), seqused_k=seqused_k, softmax_scale=scale,
-                                                     q_descale=q_descale, k_descale=k_descale, v_descale=v_descale),
-                            reference)
+        descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
+        return self.varlen_on_route(route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                    scale, descales, reference)

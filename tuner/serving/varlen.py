@@ -63,12 +63,20 @@ class VarlenCalls:
                 return varlen_sdpa(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale)
             return reference_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, causal, scale, options)
 
+        extra = {} if options is None or route.config is None else option_arguments(options, route.config.causal)
+        return self.varlen_on_route(route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                    scale, extra, fallback)
+
+    def varlen_on_route(self, route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                        scale: float, extra: dict, fallback):
+        """A packed call on its route's kernel (its bucket chosen per call when the route has none), ``extra`` the
+        kernel's keyword arguments beyond the layout's; ``fallback(code, message)`` where there is no config or the
+        kernel refuses."""
         if route.config is None:
             message = self._messages.get(self._fallback.get(route.code), REASONS.get(route.code, route.code))
             return fallback(route.code, message)
         bucket = route.bucket or route.config.bucket_of_call(int(q.shape[0]), int(cu_seqlens_q.shape[0]) - 1,
                                                              int(max_seqlen_q), int(max_seqlen_k))
-        extra = {} if options is None else option_arguments(options, route.config.causal)
         return self._launch(route.config.kernels[bucket], bucket, f"{route.config.variant} varlen", q.device.index or 0,
                             lambda kern: kern.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
                                                      int(max_seqlen_k), seqused_k=seqused_k, softmax_scale=scale,
