@@ -166,7 +166,6 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     return row
 
 
-FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024   # FlashInfer's documented example size
 # Ours against FlashInfer on the same e4m3 cache: both read the same values (e4m3 x scale is exact in fp32), so they
 # differ by the 16-bit arithmetic of P and the output only; a larger difference is a wrong call, not timed.
 FLASHINFER_CROSS_CHECK_REL_ERR = 2e-2
@@ -192,6 +191,7 @@ def flashinfer_fp8_decode_call(p: DecodePoint, x: dict):
         import flashinfer
     except Exception as exc:  # noqa: BLE001 - an absent or broken install is a reason, not a crash
         raise FlashInferUnavailable(f"not installed: flashinfer is not importable ({type(exc).__name__})") from None
+    from tuner.measure.serving_baselines import FLASHINFER_WORKSPACE_BYTES
     device = x["q"].device
     table = x["page_table"]
     pages = int(table.shape[1])

@@ -25,7 +25,6 @@ from typing import Callable, Optional, Sequence
 from tuner.measure import dense, timer
 from tuner.measure.mixes import ServingProblem
 from tuner.measure.serving_baselines import BASELINES, Baseline, Unavailable
-from tuner.measure.dense import FP8_CROSS_CHECK_REL_ERR
 from tuner.measure.serving_inputs import baseline_view, make_mix_inputs
 
 # Rounds of ours and the baselines per mix (module doc): three, so that one round's first timing, after idle time,
@@ -70,7 +69,7 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
     x = make_mix_inputs(problem, device)
     ours = ours_call(kernel, problem, x)
     theirs_problem, theirs_x = baseline_view(problem, x)   # FP8: the libraries run the same values in bf16
-    bound = FP8_CROSS_CHECK_REL_ERR if problem.dtype == "fp8" else dense.CROSS_CHECK_REL_ERR
+    bound = dense.cross_check_bound(problem)
     try:
         out = ours()
         timer.sync()
