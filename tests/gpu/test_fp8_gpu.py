@@ -28,15 +28,21 @@ SPECS = [KernelSpec(v, d, d, c, "fp8") for v, d, c in (("mha", 128, False), ("mh
                                                         ("mqa", 128, False), ("mha", 64, True), ("gqa", 64, False))]
 
 
-@pytest.fixture(scope="module")
-def built():
+def build_defaults(specs) -> dict:
+    """{spec label: (generated, compile result)} of each spec's default warp-specialised kernel for this GPU, through
+    the nvcc cache KERNEL_CACHE_DIR names (if any)."""
     profile = load_profile(_gpu())
-    gens = [translate.generate(tl.parse_program(tl.load_sketch(s.variant, s.causal, "ws_overlap")),
-                               hopper_params(profile, s), profile, s) for s in SPECS]
+    gens = [translate.generate(tl.parse_program(tl.load_sketch(s.variant, s.causal, "ws_overlap", s.layout)),
+                               hopper_params(profile, s), profile, s) for s in specs]
     cache = os.environ.get("KERNEL_CACHE_DIR")
     results = nvcc.compile_kernels(gens, "sm_90a", jobs=os.cpu_count() or 4, batch_size=1,
                                    cache_dir=Path(cache) if cache else None)
-    return {s.label(): (g, r) for s, g, r in zip(SPECS, gens, results)}
+    return {s.label(): (g, r) for s, g, r in zip(specs, gens, results)}
+
+
+@pytest.fixture(scope="module")
+def built():
+    return build_defaults(SPECS)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.label())

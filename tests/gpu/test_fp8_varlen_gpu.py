@@ -12,17 +12,9 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                  reason="needs a Hopper (sm_90) GPU")]
 
-import tl  # noqa: E402
-import translate  # noqa: E402
-from hardware_profiles import load_profile  # noqa: E402
+from test_fp8_gpu import _gpu, build_defaults  # noqa: E402
+
 from kernel_abi.spec import KernelSpec  # noqa: E402
-from translate import nvcc  # noqa: E402
-from translate.defaults import hopper_params  # noqa: E402
-
-
-def _gpu() -> str:
-    return "h200" if "h200" in torch.cuda.get_device_name().lower() else "h100"
-
 
 SPECS = [KernelSpec(v, d, d, c, "fp8", layout="varlen")
          for v, d, c in (("gqa", 128, True), ("mha", 128, False), ("mha", 64, True), ("mqa", 64, False))]
@@ -30,13 +22,7 @@ SPECS = [KernelSpec(v, d, d, c, "fp8", layout="varlen")
 
 @pytest.fixture(scope="module")
 def built():
-    profile = load_profile(_gpu())
-    gens = [translate.generate(tl.parse_program(tl.load_sketch(s.variant, s.causal, "ws_overlap", "varlen")),
-                               hopper_params(profile, s), profile, s) for s in SPECS]
-    cache = os.environ.get("KERNEL_CACHE_DIR")
-    results = nvcc.compile_kernels(gens, "sm_90a", jobs=os.cpu_count() or 4, batch_size=1,
-                                   cache_dir=Path(cache) if cache else None)
-    return {s.label(): (g, r) for s, g, r in zip(SPECS, gens, results)}
+    return build_defaults(SPECS)
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.label())
