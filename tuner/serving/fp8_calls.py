@@ -37,9 +37,10 @@ def _check_fp8_tensors(q, k, v) -> None:
 
 
 def _checked(descales: dict, batch: int, heads_kv: int, q) -> None:
-    capturing = q.is_cuda and torch.cuda.is_current_stream_capturing()   # (reading the values syncs the host)
-    check_descales(descales, batch, heads_kv, q.device,
-                   check_finite=not torch.compiler.is_compiling() and not capturing)
+    """The descales' shapes, dtypes and devices always; their values (a host sync) only in eager calls outside a CUDA
+    graph capture (the capture query itself is not traceable: asked only when not compiling)."""
+    eager = not torch.compiler.is_compiling() and not (q.is_cuda and torch.cuda.is_current_stream_capturing())
+    check_descales(descales, batch, heads_kv, q.device, check_finite=eager)
 
 
 class Fp8Calls:
