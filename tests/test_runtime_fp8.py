@@ -40,7 +40,9 @@ def test_the_plan_maps_e4m3_boxes_a_transposed_v_and_a_bf16_output(fp8_kernel, m
     assert maps["q"].spec.swizzle_bytes == 128 and maps["q"].dtype == "fp8"
     skp = 1008   # keys rounded up to 16 (a TMA stride is a multiple of 16 bytes)
     vt = maps["v"].spec
-    assert vt.dims == (s, d, hkv, b) and vt.strides_bytes == (skp, d * skp, hkv * d * skp)
+    # the default's keys in accumulator order: the map spans the last group of 16 (a key of it may sit past 1000)
+    assert launch_plan.vt_key_order(fp8_kernel.meta) == "accumulator"
+    assert vt.dims == (skp, d, hkv, b) and vt.strides_bytes == (skp, d * skp, hkv * d * skp)
     assert vt.box == (128, d, 1, 1)      # 128 keys x d_v rows: the (d_v, keys) K-major tile of the P.V GEMM
     assert maps["o"].dtype == "bf16" and maps["o"].spec.element_bytes == 2 and maps["o"].spec.box == (64, 64, 1, 1)
     assert len(plan.dynamic_offsets) == 3   # q_descale, k_descale, v_descale: written per call
@@ -147,3 +149,37 @@ def test_packed_v_transposed_starts_each_sequence_at_an_aligned_key_with_zeros_b
     assert not rows[~seen].any()
     probe = launch_plan.transposed_packed_v(v, None, len(lens), 16, alloc=False)
     assert tuple(probe.shape) == tuple(vt.shape) and probe.stride() == vt.stride()
+
+
+def test_transposed_v_in_accumulator_order_puts_each_key_at_its_column_and_zeros_past_the_keys():
+    """The key order the FP8 defaults read (plan.vt_column): key 8h + 2q + b of each 16 at column 4q + 2h + b; the
+    view spans the whole last 16 (37 keys -> 48 columns), the columns no key takes hold zeros, not e4m3 NaN."""
+    v = (torch.arange(2 * 37 * 3 * 64) % 200 + 1).float().view(2, 37, 3, 64).to(E4M3)
+    vt = launch_plan.transposed_v(v, order="accumulator")
+    assert tuple(vt.shape) == (2, 64, 3, 48) and vt.stride(-1) == 1
+    cols = launch_plan.vt_column(torch.arange(37), "accumulator")
+    assert cols[:16].tolist() == [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
+    assert torch.equal(vt[..., cols].permute(0, 3, 2, 1).view(torch.uint8), v.view(torch.uint8))
+    unused = torch.ones(48, dtype=torch.bool)
+    unused[cols] = False
+    assert unused.sum() == 11 and not vt[..., unused].view(torch.uint8).any()
+    probe = launch_plan.transposed_v(v, alloc=False, order="accumulator")
+    assert probe.shape == tuple(vt.shape) and probe.stride() == tuple(vt.stride())
+
+
+def test_packed_v_in_accumulator_order_permutes_within_each_sequences_groups_of_16():
+    lens = [0, 1, 19, 5, 33]
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    v = (torch.arange(sum(lens) * 2 * 32) % 200 + 1).float().view(sum(lens), 2, 32).to(E4M3)
+    vt = launch_plan.transposed_packed_v(v, cu, len(lens), 16, order="accumulator")
+    rows = vt[0].permute(2, 1, 0).view(torch.uint8)
+    seen = torch.zeros(rows.shape[0], dtype=torch.bool)
+    for b, n in enumerate(lens):
+        start = -(-int(cu[b]) // 16) * 16 + 16 * b
+        at = start + launch_plan.vt_column(torch.arange(n), "accumulator")
+        assert all(start <= c < start + -(-n // 16) * 16 for c in at.tolist())   # within the sequence's groups
+        assert torch.equal(rows[at], v[int(cu[b]):int(cu[b]) + n].view(torch.uint8))
+        seen[at] = True
+    assert not rows[~seen].any()
+    with pytest.raises(ValueError, match="multiples of 16 keys"):
+        launch_plan.transposed_packed_v(v, cu, len(lens), 8, order="accumulator")

@@ -98,6 +98,12 @@ RESCALE_THRESHOLD_DEFAULTS = {(128, False): 8, (128, True): 8, (64, False): 8}
 RESCALE_THRESHOLD_LAYOUTS = ("dense", "paged")
 
 
+# FP8 kernels: V^T's keys in P's accumulator order (KernelParams.vt_key_order), so P reaches the e4m3 A operand
+# without the two shuffles per row and k-block of "natural" order (SASS, d128 dense: SHFL 45 -> 13, PRMT 96 -> 24).
+# H200, MHA dense 1k-16k keys, 5 interleaved rounds in one process, the per-call V^T copy timed (BENCHMARKS.md, V^T
+# key order): 1.004-1.067x natural order everywhere, d128 non-causal 16k 829.0 -> 861.9 TFLOPS, d64 616.5 -> 657.8.
+FP8_VT_KEY_ORDER = "accumulator"
+
 # FP8 tiles: FA3's FP8 shapes where our block N set has them (d64 192 rows; d128 128 rows), else the 16-bit ones.
 FP8_SEEDS = {64: [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128)],
              128: [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)]}
@@ -156,7 +162,8 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
         for copy in copies:
             params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy,
                                   rescale_threshold=_rescale_threshold(spec) if warp_specialized else 0,
-                                  pingpong=warp_specialized and _serving_pingpong(spec))
+                                  pingpong=warp_specialized and _serving_pingpong(spec),
+                                  vt_key_order=FP8_VT_KEY_ORDER if spec.dtype == "fp8" else "natural")
             errors = validate(params, profile, probe, warp_specialized=warp_specialized)
             if not errors:
                 return _local_params(params, spec, profile, probe) if warp_specialized else params

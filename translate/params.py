@@ -47,6 +47,12 @@ class KernelParams:
     # "after" the whole softmax (the softmax overlaps the GEMM), or "mid", once the row maxima are known (FA4's
     # order: the exponentials, P's conversion and the output's rescale then interleave) (not in the repr, as above)
     pv_wait: str = field(default="after", repr=False)
+    # FP8 kernels: the order of the keys in the transposed V the runtime writes. "natural": key j at column j, and P's
+    # accumulator reaches the e4m3 A operand's layout by two shuffles within each quad of lanes per row and k-block;
+    # "accumulator": within each 16 keys, key 8h + 2q + b at column 4q + 2h + b, the order in which a thread's
+    # accumulator holds them, so P converts in place (no shuffles) and V's bytes move instead, for free, in the
+    # transpose the runtime makes anyway (attn_sm90.cuh convert_p_fp8_in_place) (not in the repr, as above)
+    vt_key_order: str = field(default="natural", repr=False)
 
     @property
     def num_threads(self) -> int:
@@ -88,12 +94,14 @@ class KernelParams:
             key += f"_ep{self.exp2_poly}"
         if self.pv_wait != "after":
             key += f"_w{self.pv_wait}"
+        if self.vt_key_order != "natural":
+            key += "_vta"
         return key
 
 
 # The fields only the Hopper (wgmma) kernels read; an sm80-class candidate must leave them at their defaults.
 HOPPER_ONLY = ("pv_operand", "pingpong", "producer_regs", "persistent", "rescale_threshold", "pack_gqa", "exp2_poly",
-               "pv_wait")
+               "pv_wait", "vt_key_order")
 _DEFAULTS = {f.name: f.default for f in fields(KernelParams)}
 
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a string"}

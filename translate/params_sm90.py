@@ -83,6 +83,9 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
 # P is rounded to e4m3 in registers (RS): the largest P of a row is 2^8 (attn_sm90::softmax_tile's kMaxOffset),
 # which leaves no room for the conditional rescale's growth (e4m3's largest finite value is 448).
 FP8_BLOCK_N = (64, 128, 192, 256)   # multiples of 64 among CuTe's base wgmma N (extended N are 16-bit only here)
+# The key order of an FP8 kernel's transposed V (KernelParams.vt_key_order): as the keys come, or in the order of P's
+# accumulator within 16 keys (P then converts without shuffles).
+VT_KEY_ORDERS = ("natural", "accumulator")
 
 
 def fp8_reasons(params, warp_specialized: bool) -> list[str]:
@@ -167,6 +170,11 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores")
     if problem.dtype == "fp8":
         errors += fp8_reasons(params, warp_specialized)
+    if params.vt_key_order not in VT_KEY_ORDERS:
+        errors.append(f"vt_key_order {params.vt_key_order!r} must be one of {', '.join(VT_KEY_ORDERS)}")
+    elif params.vt_key_order != "natural" and problem.dtype != "fp8":
+        errors.append(f"vt_key_order {params.vt_key_order!r} orders the transposed V of FP8 kernels: a 16-bit kernel "
+                      "reads V as given")
     if params.rescale_threshold not in RESCALE_THRESHOLDS:
         errors.append(f"rescale_threshold {params.rescale_threshold} must be one of {RESCALE_THRESHOLDS}: 0 rescales "
                       "every tile; up to 8 log2 units of growth keep P within bf16/fp16 and the sums exact in fp32")

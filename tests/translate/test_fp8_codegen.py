@@ -80,9 +80,14 @@ def test_the_kernel_reads_e4m3_writes_bf16_and_takes_the_descales(d):
     body = gen.body
     assert "using Element = cutlass::float_e4m3_t;" in body and "using ElementO = cutlass::bfloat16_t;" in body
     assert "ElementO* __restrict__ o_ptr" in body
-    # V arrives transposed, loaded by keys; P goes through the quad exchange into the e4m3 A operand
+    # V arrives transposed, loaded by keys, in P's accumulator order (the default): P converts into the e4m3 A
+    # operand in place; in natural order through the quad exchange
     assert "attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>" in body
-    assert "attn_sm90::convert_p_fp8(" in body and "fp8_p_lanes(mma_tidx % 32)" in body
+    assert "attn_sm90::convert_p_fp8_in_place(" in body and "fp8_p_lanes" not in body
+    assert gen.tensor_maps["v"]["key_order"] == "accumulator"
+    natural = _generate(_spec(d, causal=True, variant="gqa"), vt_key_order="natural")
+    assert "attn_sm90::convert_p_fp8(" in natural.body and "fp8_p_lanes(mma_tidx % 32)" in natural.body
+    assert "key_order" not in natural.tensor_maps["v"]
     # the softmax keeps P's row maximum at 2^8 and uses the tile's descaled exponent scale
     assert "softmax_tile<0, 0, kMaxOffset, kMaxChains>" in body and "tile_scale_log2);" in body
     assert "normalize_rows(acc_O_register, Ssum, out_descale)" in body

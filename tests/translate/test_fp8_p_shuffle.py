@@ -106,3 +106,43 @@ def test_shuffle_sources_stay_in_the_quad():
     for lane in range(32):
         ln = lanes(lane)
         assert ln["src_a"] // 4 == lane // 4 and ln["src_b"] // 4 == lane // 4
+
+
+def _in_place_words() -> list[list[int]]:
+    """The accumulator offsets (from g = s + 16 kb + 2 r) of the two words convert_p_fp8_in_place writes per row
+    and k-block, read out of the header: [[low-k word], [high-k word]]."""
+    text = HEADER.read_text()
+    start = text.index("void convert_p_fp8_in_place(")
+    body = text[start:text.index("\n}\n", start)]
+    words = re.findall(r"e4m3x4\(g\[(\d+)\], g\[(\d+)\], g\[(\d+)\], g\[(\d+)\]\)", body)
+    assert len(words) == 2, words
+    return [[int(i) for i in w] for w in words]
+
+
+def test_in_place_conversion_meets_v_t_in_accumulator_order():
+    """With V^T's keys in "accumulator" order (the runtime's plan.vt_column), the A operand's byte at k of every
+    lane and row holds the score of the key V^T keeps at column k: the P.V sum pairs each P with its own V row."""
+    from tuner.serving.launch.plan import vt_column
+
+    words = _in_place_words()
+    for lane in range(32):
+        t = lane % 4
+        for h, offsets in enumerate(words):        # low-k word (k 4t..4t+3), high-k word (16 + 4t..)
+            for i, off in enumerate(offsets):      # accumulator value g[off]: group j = off // 4, column 2t + off % 2
+                j, odd = off // 4, off % 2
+                assert off % 4 in (0, 1), "the row's own values (r = 0: offsets 4j, 4j + 1)"
+                key = 8 * j + 2 * t + odd          # of the 32-key k-block
+                k = 16 * h + 4 * t + i             # the A operand's k of this byte (expected_a's order)
+                assert vt_column(key, "accumulator") == k, (lane, h, i, key, k)
+
+
+def test_accumulator_order_permutes_within_16_keys():
+    import torch
+
+    from tuner.serving.launch.plan import vt_column
+
+    keys = torch.arange(64)
+    cols = vt_column(keys, "accumulator")
+    assert sorted(cols.tolist()) == keys.tolist()
+    assert torch.equal(cols // 16, keys // 16)
+    assert torch.equal(vt_column(keys, "natural"), keys)

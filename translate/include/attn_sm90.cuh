@@ -363,6 +363,28 @@ __forceinline__ __device__ void convert_p_fp8(TP& p, TS const& acc_s, Fp8PLanes 
   }
 }
 
+// The same conversion where V^T's keys come in the accumulator's order (KernelParams.vt_key_order "accumulator"):
+// within each 16 keys, key 8h + 2q + b sits at column 4q + 2h + b of V^T (tuner/serving/launch/transpose_triton.py
+// vt_key). A thread of quad lane q holds, per row and 16-key half of a k-block, keys 2q, 2q + 1, 8 + 2q, 9 + 2q: the A
+// operand's four bytes at k = 4q .. 4q + 3 are then these, in this order, so P converts in place (two cvt and a prmt
+// a word) and the P.V sum runs over the same pairs of (P, V) as with natural order.
+template <typename TP, typename TS>
+__forceinline__ __device__ void convert_p_fp8_in_place(TP& p, TS const& acc_s) {
+  constexpr int kN = decltype(size(acc_s))::value;
+  static_assert(kN % 16 == 0 && decltype(size(p))::value == kN, "P: 16 values a thread per 32-column k-block");
+  float const* s = acc_s.data();
+  uint32_t* out = reinterpret_cast<uint32_t*>(p.data());
+  CUTE_UNROLL
+  for (int kb = 0; kb < kN / 16; ++kb) {
+    CUTE_UNROLL
+    for (int r = 0; r < 2; ++r) {
+      float const* g = s + 16 * kb + 2 * r;   // group j of this k-block: g[4 j], g[4 j + 1]
+      out[4 * kb + r] = e4m3x4(g[0], g[1], g[4], g[5]);
+      out[4 * kb + 2 + r] = e4m3x4(g[8], g[9], g[12], g[13]);
+    }
+  }
+}
+
 // ---- epilogue: registers -> shared memory -----------------------------------------------------------
 // The 16-bit output fragment of the consumer warpgroups (a wgmma accumulator: per 8-column group j, a
 // thread holds two neighbouring columns of rows r and r + 8, as registers 2j and 2j + 1 of 32 bits) into

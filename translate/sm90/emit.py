@@ -275,6 +275,9 @@ def _skip_unit(params) -> str:
 
 def emit_reshape(op: Op, ctx: Ctx) -> list[str]:
     src, dst = op.data["src"], op.data["dst"]
+    if ctx.fp8 and ctx.params.vt_key_order == "accumulator":
+        return [f"attn_sm90::convert_p_fp8_in_place(rP_{dst}, acc_{src});  // accumulator -> e4m3 A operand "
+                "(V^T's keys in its order)"]
     if ctx.fp8:
         return [f"attn_sm90::convert_p_fp8(rP_{dst}, acc_{src}, p_lanes);  // accumulator -> e4m3 A operand (RS P·V)"]
     if ctx.params.pv_operand == "ss":

@@ -355,8 +355,9 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
                   "auto r2s_p = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, tiled_mma_qk);",
                   "auto r2s_thr_p = r2s_p.get_thread_slice(mma_tidx);"]
     elif is_fp8(ctx.spec):   # e4m3 A operand: 16 values a thread per 32-column k-block
-        lines.append("const attn_sm90::Fp8PLanes p_lanes = attn_sm90::fp8_p_lanes(mma_tidx % 32);"
-                     "  // P's exchange within each quad")
+        if params.vt_key_order == "natural":
+            lines.append("const attn_sm90::Fp8PLanes p_lanes = attn_sm90::fp8_p_lanes(mma_tidx % 32);"
+                         "  // P's exchange within each quad")
         for p in sorted(lowered.p_tensors):
             lines.append(f"Tensor rP_{p} = make_tensor<Element>(Shape<_16, _1, Int<kBlockN / 32>>{{}});")
     else:

@@ -30,6 +30,7 @@ def run_defaults(gpu: str, study_dir: Path, out: Optional[Path] = None, force: b
     would be replaced without --force, an output that cannot be written)."""
     from hardware_profiles import ProfileError, load_profile
     from translate.defaults import default_params
+    from translate.params import KernelParams
     from tuner.defaults.derive import DeriveError, derive, read_results, render
     from tuner.defaults.table import TABLE_DIR, BucketTableError, changed_params, parse_table, tables_dir
 
@@ -57,7 +58,7 @@ def run_defaults(gpu: str, study_dir: Path, out: Optional[Path] = None, force: b
     def default_for(spec) -> dict:
         return {k: v for k, v in default_params(profile, spec, "ws_overlap").to_dict().items() if k != "schedule"}
 
-    derivation = derive(results, profile.name, default_for)
+    derivation = derive(results, profile.name, default_for, field_defaults=KernelParams().to_dict())
     if not derivation.records:
         return fail(f"no campaign of {profile.name} in {study_dir} with the fields a table needs (dense prefill "
                     f"campaigns write them: tune --gpu {profile.name} --variant mha --study-dir {study_dir})", 1)

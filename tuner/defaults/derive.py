@@ -114,7 +114,8 @@ def _process_ratios(winner: dict) -> list[float]:
     return out
 
 
-def wins_of(data: dict, where: str, gpu: str, default_for, min_processes: int = 2) -> tuple[list[Win], list[str]]:
+def wins_of(data: dict, where: str, gpu: str, default_for, min_processes: int = 2,
+            field_defaults: dict | None = None) -> tuple[list[Win], list[str]]:
     """The confirmed wins over the per-spec default in one campaign's results, and a note per bucket left out.
     ``default_for(spec)``: the per-spec default's {field: value} today (a campaign that timed another default says
     nothing about this one)."""
@@ -155,7 +156,9 @@ def wins_of(data: dict, where: str, gpu: str, default_for, min_processes: int = 
             notes.append(f"{study} {bucket}: the winner's schedule {winner.get('schedule')!r} is not the default's "
                          "(ws_overlap): a table changes KernelParams only")
             continue
-        timed_default = {k: v for k, v in (default.get("params") or {}).items() if k != "schedule"}
+        # (a parameter added after the campaign ran took its field default there: ``field_defaults``)
+        timed_default = {**{k: v for k, v in (field_defaults or {}).items() if k in base},
+                         **{k: v for k, v in (default.get("params") or {}).items() if k != "schedule"}}
         if timed_default != base:
             notes.append(f"{study} {bucket}: the per-spec default has changed since the campaign timed it: "
                          "run it again")
@@ -169,12 +172,13 @@ def wins_of(data: dict, where: str, gpu: str, default_for, min_processes: int = 
     return wins, notes
 
 
-def derive(results: list[tuple[str, dict]], gpu: str, default_for, min_processes: int = 2) -> Derivation:
+def derive(results: list[tuple[str, dict]], gpu: str, default_for, min_processes: int = 2,
+           field_defaults: dict | None = None) -> Derivation:
     """The table of ``gpu`` from campaign results (read_results): see the module doc."""
     out = Derivation()
     chosen: dict[tuple, Win] = {}
     for where, data in results:
-        wins, notes = wins_of(data, where, gpu, default_for, min_processes)
+        wins, notes = wins_of(data, where, gpu, default_for, min_processes, field_defaults)
         out.notes += notes
         if data.get("gpu") == gpu and data.get("spec"):
             out.records.append({k: data.get(k) for k in RECORD_FIELDS})

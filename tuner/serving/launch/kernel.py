@@ -27,7 +27,8 @@ from kernel_abi.abi import ABI1_ARGS, ABI_VERSION
 from tuner.serving.launch import driver as cuda
 from tuner.serving.launch.plan import (FOUR_POINTERS, NO_OPTIONS, POINTER, CallOptions, LaunchPlan,
                                        build_paged_plan, build_plan, build_varlen_plan, check_descales, point_map,
-                                       packed_vt_align, transposed_packed_v, transposed_v, transposes_v)
+                                       packed_vt_align, transposed_packed_v, transposed_v, transposes_v,
+                                       vt_key_order)
 
 SUPPORTED_ABIS = tuple(range(1, ABI_VERSION + 1))   # kernel_abi.abi: what each version changed
 _DEFAULT_SMEM_LIMIT = 48 * 1024
@@ -146,8 +147,8 @@ class AttentionKernel:
         1/sqrt(d_qk). ``window_size``, ``softcap``, ``sinks``: the options of kernel_abi.spec, for a kernel built
         with them (tuner.serving.launch.plan.option_values). An FP8 kernel takes float8_e4m3fn q, k, v and
         FlashAttention-3's ``q_descale``/``k_descale``/``v_descale`` (fp32, (batch, KV heads)), all required, and
-        returns bf16; V is copied transposed for it (tuner.serving.launch.plan.transposed_v), or ``v_t`` is that copy
-        made earlier (a caller that keeps V transposed: no copy per call)."""
+        returns bf16; V is copied transposed for it (tuner.serving.launch.plan.transposed_v, in the kernel's key order:
+        plan.vt_key_order), or ``v_t`` is that copy made earlier (a caller that keeps V transposed: no copy per call)."""
         plain = sinks is None and not softcap and (window_size is None or tuple(window_size) == (-1, -1))
         options = NO_OPTIONS if plain else CallOptions(tuple(window_size), softcap, sinks)
         plan = self._plan_for(q, k, v, out, softmax_scale, options)
@@ -159,7 +160,9 @@ class AttentionKernel:
 
             out = torch.empty(plan.out_shape, dtype=plan.out_dtype or q.dtype, device=q.device)
         if transposes_v(self.meta):
-            v = transposed_v(v) if v_t is None else _checked_v_t(v_t, v)
+            order = vt_key_order(self.meta)
+            v = transposed_v(v, order=order) if v_t is None else \
+                _checked_v_t(v_t, v, transposed_v(v, alloc=False, order=order).shape)
         elif v_t is not None:
             raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels")
         self._launch(plan, q, k, v, out, extra)
@@ -223,9 +226,9 @@ class AttentionKernel:
         if out is None:
             out = torch.empty(plan.out_shape, dtype=plan.out_dtype or q.dtype, device=q.device)
         if transposes_v(self.meta):
-            align = packed_vt_align(self.meta)
-            v = transposed_packed_v(v, cu_seqlens_k, batch, align) if v_t is None else \
-                _checked_v_t(v_t, v, transposed_packed_v(v, None, batch, align, alloc=False).shape)
+            align, order = packed_vt_align(self.meta), vt_key_order(self.meta)
+            v = transposed_packed_v(v, cu_seqlens_k, batch, align, order=order) if v_t is None else \
+                _checked_v_t(v_t, v, transposed_packed_v(v, None, batch, align, alloc=False, order=order).shape)
         elif v_t is not None:
             raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels")
         self._launch(plan, q, k, v, out, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
@@ -360,17 +363,15 @@ class AttentionKernel:
         base = tensor.data_ptr()
         self._free_counters.extend(base + 8 * i for i in reversed(range(COUNTER_BLOCK)))
 
-def _checked_v_t(v_t, v, shape=None):
-    """``v_t`` as transposed_v(v) makes it (``shape``: as transposed_packed_v makes it of packed V): (batch, d, heads,
-    keys) with keys contiguous and 16-byte row strides."""
-    if shape is None:
-        b, sk, h, d = (int(x) for x in v.shape)
-        shape = (b, d, h, sk)
-    b, d, h, sk = shape
+def _checked_v_t(v_t, v, shape):
+    """``v_t`` of the ``shape`` transposed_v(v) / transposed_packed_v(v) make for the kernel (its key order's extent):
+    (batch, d, heads, keys) with keys contiguous and 16-byte row strides."""
+    b, d, h, sk = (int(x) for x in shape)
     if tuple(v_t.shape) != (b, d, h, sk) or v_t.dtype != v.dtype or v_t.device != v.device or v_t.stride(-1) != 1 \
             or any(s % 16 for s in v_t.stride()[:-1]):
-        raise ValueError(f"v_t must be transposed_v(v): {(b, d, h, sk)} {v.dtype} on {v.device} with contiguous keys "
-                         f"and 16-byte row strides, got {tuple(v_t.shape)} {v_t.dtype} strides {tuple(v_t.stride())}")
+        raise ValueError(f"v_t must be transposed_v(v) in the kernel's key order: {(b, d, h, sk)} {v.dtype} on "
+                         f"{v.device} with contiguous keys and 16-byte row strides, got {tuple(v_t.shape)} "
+                         f"{v_t.dtype} strides {tuple(v_t.stride())}")
     return v_t
 
 

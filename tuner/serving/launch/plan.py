@@ -234,7 +234,7 @@ def build_plan(kernel, q, k, v, out, softmax_scale, options: CallOptions = NO_OP
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
     probe_out = out if out is not None else _ShapeProbe(out_shape, out_dtype.itemsize)
     if transposes_v(kernel.meta):   # the map addresses V^T (batch, d, heads, keys); the call's copy comes per call
-        v = transposed_v(v, alloc=False)
+        v = transposed_v(v, alloc=False, order=vt_key_order(kernel.meta))
     plan = _pack_plan(kernel, {"q": q, "k": k, "v": v, "o": probe_out}, values, _grid(kernel, b, hq, sq, hq // hkv),
                       out_shape, dynamic=sink_pointer(kernel) + descale_pointers(kernel))
     plan.out_dtype = out_dtype
@@ -251,25 +251,55 @@ def transposes_v(meta: dict) -> bool:
     return bool(meta.get("tensor_maps", {}).get("v", {}).get("transposed"))
 
 
+def vt_key_order(meta: dict) -> str:
+    """The order of the keys in the kernel's transposed V (translate's KernelParams.vt_key_order): "natural", or
+    "accumulator" (within 16 keys, as P's accumulator holds them: vt_column)."""
+    return str(meta.get("tensor_maps", {}).get("v", {}).get("key_order", "natural"))
+
+
 V_KEY_ALIGN = 16   # keys of a transposed V row, rounded up: TMA strides are multiples of 16 bytes
+VT_GROUP = 16      # keys a V^T column permutation of the "accumulator" order stays within
 
 
-def transposed_v(v, alloc: bool = True):
+def vt_column(key, order: str):
+    """The V^T column of ``key`` (an int or an integer tensor, counted from a 16-aligned start: a sequence's first
+    key): itself in "natural" order; in "accumulator" order key 8h + 2q + b of each 16 at column 4q + 2h + b, where
+    a thread of quad lane q holds keys 2q, 2q + 1, 8 + 2q, 9 + 2q of P's wgmma accumulator per 16 (so the FP8 kernel
+    converts P to its A operand without moving values between lanes: attn_sm90.cuh convert_p_fp8_in_place)."""
+    if order == "natural":
+        return key
+    return key - key % VT_GROUP + 4 * ((key >> 1) & 3) + 2 * ((key >> 3) & 1) + (key & 1)
+
+
+def _vt_keys(sk: int, order: str) -> int:
+    """The key extent of a V^T map: ``sk``, or in accumulator order the whole last group of 16 (a key of it may sit
+    past ``sk``; the TMA box reads zeros only past the extent)."""
+    return sk if order == "natural" else -(-sk // VT_GROUP) * VT_GROUP
+
+
+def transposed_v(v, alloc: bool = True, order: str = "natural"):
     """V (batch, keys, heads, d) as an FP8 kernel's TMA map reads it: a (batch, d, heads, keys) view of a new
-    (batch, heads, d, keys rounded up to V_KEY_ALIGN) tensor holding V^T (one copy of V: 1 byte an element).
-    ``alloc`` False: only the view's geometry (a plan's probe)."""
+    (batch, heads, d, keys rounded up to V_KEY_ALIGN) tensor holding V^T (one copy of V: 1 byte an element), its keys
+    in ``order`` (vt_column; the view then spans the last group of 16, zeros past the keys). ``alloc`` False: only
+    the view's geometry (a plan's probe)."""
     b, sk, h, d = (int(x) for x in v.shape)
     skp = -(-sk // V_KEY_ALIGN) * V_KEY_ALIGN
+    keys = _vt_keys(sk, order)
     if not alloc:
-        return _ShapeProbe((b, d, h, sk), v.element_size(), (h * d * skp, skp, d * skp, 1))
+        return _ShapeProbe((b, d, h, keys), v.element_size(), (h * d * skp, skp, d * skp, 1))
     import torch
 
     buf = torch.empty((b, h, d, skp), dtype=v.dtype, device=v.device)
     from tuner.serving.launch.transpose_triton import transpose_into
 
-    if not (v.is_cuda and v.stride(-1) == 1 and transpose_into(buf, v)):
-        buf[..., :sk].copy_(v.permute(0, 2, 3, 1))
-    return buf[..., :sk].permute(0, 2, 1, 3)
+    if not (v.is_cuda and v.stride(-1) == 1 and transpose_into(buf, v, keys, order == "accumulator")):
+        if order == "natural":
+            buf[..., :sk].copy_(v.permute(0, 2, 3, 1))
+        else:
+            buf.view(torch.uint8).zero_()
+            at = vt_column(torch.arange(sk, device=v.device), order)
+            buf.view(torch.uint8).index_copy_(3, at, v.view(torch.uint8).permute(0, 2, 3, 1))
+    return buf[..., :keys].permute(0, 2, 1, 3)
 
 
 def packed_vt_keys(total: int, batch: int, align: int) -> int:
@@ -279,11 +309,15 @@ def packed_vt_keys(total: int, batch: int, align: int) -> int:
     return -(-keys // V_KEY_ALIGN) * V_KEY_ALIGN
 
 
-def transposed_packed_v(v, cu_seqlens_k, batch: int, align: int, alloc: bool = True):
+def transposed_packed_v(v, cu_seqlens_k, batch: int, align: int, alloc: bool = True, order: str = "natural"):
     """Packed V (total keys, heads, d) as an FP8 varlen kernel's TMA map reads it: a (1, d, heads, keys) view of a
     zeroed (1, heads, d, packed_vt_keys) tensor in which sequence b's keys start at key align x ceil(cu_seqlens_k[b]
     / align) + align x b (a box's innermost start is 16-byte aligned; the zeros between sequences meet P = 0 in the
-    P.V GEMM, where uninitialised bytes could hold e4m3 NaN). ``alloc`` False: the geometry only."""
+    P.V GEMM, where uninitialised bytes could hold e4m3 NaN), in ``order`` from there (vt_column: a sequence's last
+    group of 16 fits before the next sequence's start, which is more than its keys further and a multiple of 16).
+    ``alloc`` False: the geometry only."""
+    if order != "natural" and align % VT_GROUP:
+        raise ValueError(f"a V^T in {order} order needs sequences from multiples of {VT_GROUP} keys, not {align}")
     total, h, d = (int(x) for x in v.shape)
     keys = packed_vt_keys(total, batch, align)
     if not alloc:
@@ -294,15 +328,16 @@ def transposed_packed_v(v, cu_seqlens_k, batch: int, align: int, alloc: bool = T
 
     if v.is_cuda and v.stride(-1) == 1:   # one launch: the copy and the zeros between sequences
         buf = torch.empty((1, h, d, keys), dtype=v.dtype, device=v.device)
-        if transpose_packed_into(buf, v, cu_seqlens_k, batch, align):
+        if transpose_packed_into(buf, v, cu_seqlens_k, batch, align, order == "accumulator"):
             return buf.permute(0, 2, 1, 3)
     buf = torch.zeros((1, h, d, keys), dtype=v.dtype, device=v.device)
     if total and batch:
         starts = cu_seqlens_k[:batch].to(torch.int64)
-        shift = (starts + align - 1) // align * align + align * torch.arange(batch, device=v.device) - starts
+        first = (starts + align - 1) // align * align + align * torch.arange(batch, device=v.device)
         at = torch.arange(total, device=v.device)
         seq = torch.searchsorted(cu_seqlens_k[1:batch + 1].to(torch.int64), at, right=True).clamp_(max=batch - 1)
-        buf.view(torch.uint8)[0].index_copy_(2, at + shift[seq], v.view(torch.uint8).permute(1, 2, 0))
+        column = first[seq] + vt_column(at - starts[seq], order)
+        buf.view(torch.uint8)[0].index_copy_(2, column, v.view(torch.uint8).permute(1, 2, 0))
     return buf.permute(0, 2, 1, 3)
 
 

@@ -1,0 +1,54 @@
+"""The Triton kernels of tuner/serving/launch/transpose_triton.py (imported from there on first use: Triton resolves a
+jitted function's callees among its module's globals, and the kernels exist where Triton imports)."""
+try:
+    import triton
+    import triton.language as tl
+except ImportError:   # (the CPU build of torch has no Triton: plan.transposed_v copies with torch there)
+    triton = None
+
+if triton is not None:
+    @triton.jit
+    def vt_key(c, ACC: tl.constexpr):
+        # the key (from a 16-aligned start) at V^T column c: plan.vt_column's inverse
+        if ACC:
+            return c - c % 16 + 8 * ((c >> 1) & 1) + 2 * ((c >> 2) & 3) + (c & 1)
+        return c
+
+    @triton.jit
+    def transpose_v(src, dst, keys, columns, heads, s_b, s_s, s_h, d_b, d_h, d_d, D: tl.constexpr, T: tl.constexpr,
+                    ACC: tl.constexpr):
+        # a tile of V^T columns, each read from its key (zeros past the keys, up to the map's extent ``columns``)
+        pid_c, pid_d, pid_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        b = pid_bh // heads
+        h = pid_bh % heads
+        c = pid_c * T + tl.arange(0, T)
+        s = vt_key(c, ACC)
+        d = pid_d * T + tl.arange(0, T)
+        tile = tl.load(src + b.to(tl.int64) * s_b + s[:, None].to(tl.int64) * s_s + h * s_h + d[None, :],
+                       mask=(s[:, None] < keys) & (d[None, :] < D), other=0)
+        out = dst + b.to(tl.int64) * d_b + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
+        tl.store(out, tile, mask=(c[:, None] < columns) & (d[None, :] < D))
+
+    @triton.jit
+    def transpose_packed_v(src, dst, cu, batch, keys_t, s_s, s_h, d_h, d_d, D: tl.constexpr, T: tl.constexpr,
+                           A: tl.constexpr, STEPS: tl.constexpr, ACC: tl.constexpr):
+        # a tile of V^T columns: each column's sequence by a binary search over the aligned starts
+        # (align x ceil(cu[b] / align) + align x b, strictly increasing in b), its key, or a zero in a gap
+        pid_c, pid_d, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        c = pid_c * T + tl.arange(0, T)
+        d = pid_d * T + tl.arange(0, T)
+        lo = tl.zeros([T], dtype=tl.int32)
+        hi = tl.zeros([T], dtype=tl.int32) + batch
+        for _ in tl.static_range(STEPS):
+            mid = (lo + hi) // 2
+            go = hi - lo > 1
+            at = (tl.load(cu + mid, mask=go, other=0) + A - 1) // A * A + A * mid
+            lo = tl.where(go & (at <= c), mid, lo)
+            hi = tl.where(go & (at > c), mid, hi)
+        first = tl.load(cu + lo)
+        key = first + vt_key(c - ((first + A - 1) // A * A + A * lo), ACC)
+        valid = (key >= first) & (key < tl.load(cu + lo + 1))
+        tile = tl.load(src + key[:, None].to(tl.int64) * s_s + h * s_h + d[None, :],
+                       mask=valid[:, None] & (d[None, :] < D), other=0)
+        out = dst + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
+        tl.store(out, tile, mask=(c[:, None] < keys_t) & (d[None, :] < D))
