@@ -94,6 +94,37 @@ def test_the_grouped_flow_is_refused_for_the_latent_cache():
         kernel(params=H16, sketch="gqa_paged.tl")
 
 
+# ---- the launcher's arguments (tuner/serving/launch/decode_kernel.py), checked before anything reaches a GPU ----
+
+def _launcher():
+    from types import SimpleNamespace
+
+    from tuner.serving.launch.decode_kernel import DecodeKernel
+
+    return DecodeKernel(SimpleNamespace(meta=kernel().meta(), device_index=0), None)
+
+
+def test_the_launcher_reads_k_scale_for_v_and_refuses_another_v_scale_by_name():
+    """V is the latent rows: v_scale None or k_scale itself (the scales then pass their checks and the CPU tensors
+    are the next refusal); another tensor, a missing or malformed k_scale, each named."""
+    import torch
+
+    q = torch.zeros(2, 1, 16, 576, dtype=torch.bfloat16)
+    cache = torch.zeros(4, 64, 1, 576, dtype=torch.float8_e4m3fn)
+    ks = torch.ones(1)
+    with pytest.raises(ValueError, match="v_scale: absorbed MLA reads V from k_cache's latent rows"):
+        _launcher()(q, cache, None, k_scale=ks, v_scale=ks.clone())
+    with pytest.raises(ValueError, match="k_scale is missing"):
+        _launcher()(q, cache, None)
+    with pytest.raises(ValueError, match="k_scale must be fp32"):
+        _launcher()(q, cache, None, k_scale=ks.half())
+    with pytest.raises(ValueError, match=r"k_scale must have shape \(\) or \(1,\)"):
+        _launcher()(q, cache, None, k_scale=torch.ones(2))
+    for v_scale in (None, ks):
+        with pytest.raises(ValueError, match="must be a CUDA torch tensor"):
+            _launcher()(q, cache, None, k_scale=ks, v_scale=v_scale)
+
+
 # ---- the layout attn_decode_fp8_mla.cuh reads (its functions and attn_decode_fp8.cuh's, in Python) ----
 
 DV, ROPE = 512, 64
