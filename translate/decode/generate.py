@@ -25,7 +25,10 @@ points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`
 ``DecodeParams.mma == "sm90_wgmma"`` (Hopper, absorbed MLA split-d_v only) the split kernel is
 attn_decode_sm90.cuh's split_kv_wgmma: the same Args, split rule, workspace and combine kernel, its GEMMs as SS
 warpgroup MMAs (the Cfg adds the two TiledMMAs and the GMMA views of Q, K, V and P). The default's source is
-unchanged by that option (compile caches are keyed by source).
+unchanged by that option (compile caches are keyed by source). Over an e4m3 cache (``spec.kv_dtype == "fp8"``) the
+split kernel is attn_decode_fp8.cuh's split_kv_fp8 (column groups) or, split-d_v (absorbed MLA over an e4m3 latent),
+attn_decode_fp8_mla.cuh's split_kv_fp8_mla, the same Cfg with fp16 GEMMs, both taking the scales as a second
+argument.
 """
 from __future__ import annotations
 
