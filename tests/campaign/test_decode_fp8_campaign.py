@@ -165,3 +165,45 @@ def test_the_fp8_mla_trial_passes_one_scale_and_cross_checks_the_dequantised_lat
     assert cross_check(unscaled, x, p) > 0.5          # a kernel that ignores the scale is seen on the real values
     real = dequantise(x["k"], ks)
     assert float(real.abs().max()) <= 448 * float(ks) + 1e-6
+
+
+def test_the_fp8_mla_bench_point_times_both_kernels_on_the_same_values():
+    """measure_fp8_mla_point (tune bench --variant mla --kv-dtype fp8), its timer stubbed and its inputs on the CPU:
+    the 16-bit kernel reads the e4m3 latent dequantised, with the same queries and table, so the outputs agree; the
+    rows' bytes are e4m3's and the 16-bit cache's."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    import torch
+
+    from tuner.measure import decode
+    from tuner.serving.decode_sdpa import decode_reference
+
+    seen = {}
+
+    class Kernel:
+        def __init__(self, name):
+            self.name = name
+
+        def split_plan(self, *args):
+            return SimpleNamespace(num_splits=2), 1, 1
+
+        def __call__(self, q, k, v, cache_seqlens=None, page_table=None, k_scale=None):
+            seen[self.name] = (q, k, page_table, k_scale)
+            scales = None if k_scale is None else (k_scale, k_scale)
+            k = k if k_scale is not None else k.float()
+            return decode_reference(q.float(), k, k[..., :512], cache_seqlens, page_table, True, None,
+                                    kv_scales=scales)[0].to(q.dtype)
+
+    cpu_inputs = decode.make_mla_inputs
+    p = decode.MLAPoint(2, 200, heads_q=16, kv_dtype="fp8")
+    with mock.patch.object(decode, "time_ms", side_effect=[2.0, 4.0, 4.0, 2.0]), \
+            mock.patch.object(decode, "make_mla_inputs", lambda point: cpu_inputs(point, device="cpu")), \
+            mock.patch("torch.cuda.empty_cache"):
+        row = decode.measure_fp8_mla_point(Kernel("fp8"), Kernel("bf16"), p)
+    q8, k8, t8, s8 = seen["fp8"]
+    q16, k16, t16, s16 = seen["bf16"]
+    assert q8 is q16 and t8 is t16 and s16 is None and k8.dtype == torch.float8_e4m3fn and k16.dtype == torch.bfloat16
+    assert row["rel_diff"] < 1e-2 and row["speedup"] == 2.0 and row["fp8_us"] == 2000.0
+    # half the bytes (e4m3) in half the time: the same GB/s
+    assert row["fp8_gbs"] == pytest.approx(row["base_gbs"]) and row["splits"] == 2

@@ -113,8 +113,9 @@ def _naive(q, kc, lens, table, ks):
     """fp32 absorbed attention of each sequence (one query token) on the dequantised latent, V its first 512 columns."""
     out = torch.zeros(q.shape[0], 1, q.shape[2], 512, device="cuda")
     lse = torch.zeros(q.shape[0], q.shape[2], 1, device="cuda")
+    real = dequantise(kc, ks)   # (pages, page, 1, 576) fp32
     for i, n in enumerate(lens.tolist()):
-        k = dequantise(kc[table[i].long()].reshape(-1, 576)[:n], ks)
+        k = real[table[i].long()].reshape(-1, 576)[:n]
         s = q[i, 0].float() @ k.T / math.sqrt(576)
         out[i, 0] = torch.softmax(s, -1) @ k[:, :512]
         lse[i, :, 0] = torch.logsumexp(s, -1)
@@ -189,8 +190,9 @@ def test_a_16_bit_latent_is_not_served_by_the_fp8_config(attn):
 @pytest.mark.parametrize("heads", [128, 16])
 def test_a_bench_point_beside_the_16_bit_latent_kernel(heads):
     """tune bench's measurement (tuner.measure.decode.measure_fp8_mla_point) on one point: the 16-bit latent cache's
-    default kernel beside the FP8 one, finite times, outputs that agree up to e4m3's rounding of the latent. The
-    rows are printed for BENCHMARKS.md (run with -s)."""
+    default kernel (reading the e4m3 latent dequantised to bf16) beside the FP8 one, finite times, outputs that agree
+    (the 16-bit cache rounds each value to bf16's 8 bits, P too). The rows are printed for BENCHMARKS.md (run with
+    -s)."""
     from tuner.measure.decode import MLAPoint, measure_fp8_mla_point
 
     profile = profile_here()
@@ -200,4 +202,4 @@ def test_a_bench_point_beside_the_16_bit_latent_kernel(heads):
     row = measure_fp8_mla_point(k8, k16, MLAPoint(64, 8192, heads_q=heads, seqlen_q=1, kv_dtype="fp8"))
     print(row)
     assert all(math.isfinite(row[f]) and row[f] > 0 for f in ("fp8_us", "base_us", "fp8_gbs", "base_gbs"))
-    assert row["rel_diff"] < 0.1, row
+    assert row["rel_diff"] < 2e-2, row

@@ -171,11 +171,13 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
 def _fp8_mla_default(heads_q: int | None, profile: Profile | None) -> DecodeParams:
     """The absorbed-MLA decode over an e4m3 latent cache (split_kv_fp8_mla, mma.sync on every GPU: the warpgroup
     kernels take no e4m3 cache). The 16-bit kernel's tiles (128 heads: 64 rows, 4 x 2 warps; 16: 16 rows, 1 x 4), a
-    576-byte slot of 64 keys half the 16-bit one, so deeper rings in the same shared memory: three stages at 128 heads
-    (Q 72 KB + 108 KB + P 8 KB: tensor-core bound there, one CTA an SM either way), four at 16 (Q 18 KB + 144 KB: the
-    bytes in flight of the 16-bit kernel's two stages), fewer where the profile's shared memory is smaller."""
+    slot of 64 keys (36 KB) half the 16-bit one. 128 heads: three stages (Q 72 KB + 108 KB + P 8 KB; 254 registers a
+    thread, so one CTA an SM whatever the ring, and the kernel is tensor-core bound there). 16 heads: two stages
+    (92 KB), so that two CTAs (8 warps) share an SM where the 16-bit kernel's 72 KB stages allow one (4 warps) for the
+    same bytes in flight; a four-stage ring of one CTA is a seed of the search space. Fewer stages where the profile's
+    shared memory is smaller. Neither is measured on a GPU yet."""
     if heads_q is not None and heads_q <= 16:
-        p = DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=4)
+        p = DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=2)
     else:
         p = DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=2, kv_stages=3)
     spec = KernelSpec("mla", MLA_DECODE_D_QK, MLA_DECODE_D_V, True, "bf16", "paged", "decode", kv_dtype="fp8")

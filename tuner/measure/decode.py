@@ -371,15 +371,19 @@ def measure_fp8_mla_point(fp8_kernel, kernel, p: MLAPoint) -> dict:
     """An FP8 latent-cache MLA point (p.kv_dtype fp8) against the 16-bit latent cache's kernel on the same point,
     both timed here in this order and again in the reverse (the faster of each kept): {point, splits, fp8_us,
     fp8_gbs (GB/s of the e4m3 latent read), base_us, base_gbs, fp8_tokens_s, base_tokens_s, speedup (16-bit time /
-    FP8 time), fp8_tflops, base_tflops, rel_diff (the two outputs' relative difference: different caches, the same
-    values up to e4m3's rounding)}."""
+    FP8 time), fp8_tflops, base_tflops, rel_diff (the two outputs' relative difference)}. The 16-bit kernel reads the
+    e4m3 latent dequantised into its dtype (each value e4m3 x scale, rounded once), with the same queries and table,
+    so the two outputs differ by that rounding and the kernels' own only."""
     import dataclasses
 
     import torch
 
+    from tuner.serving.kvcache_fp8 import dequantise
+
     p16 = dataclasses.replace(p, kv_dtype="")
-    x8, x16 = make_mla_inputs(p), make_mla_inputs(p16)
+    x8 = make_mla_inputs(p)
     k_scale = x8["kv_scales"][0]
+    x16 = {**x8, "k": dequantise(x8["k"], k_scale, x8["q"].dtype)}
     fp8 = lambda: fp8_kernel(x8["q"], x8["k"], None, cache_seqlens=x8["seqused_k"],  # noqa: E731
                              page_table=x8["page_table"], k_scale=k_scale)
     b16 = lambda: kernel(x16["q"], x16["k"], None, cache_seqlens=x16["seqused_k"],  # noqa: E731
