@@ -300,8 +300,8 @@ KV_DTYPE_QUERIES = ("fp16", "bf16")   # the query dtypes an FP8 cache is read by
 
 def kv_dtype_errors(spec: KernelSpec) -> list[str]:
     """Why ``spec``'s kv_dtype is not one a kernel reads (empty: it is, or the spec has none): an e4m3 cache is
-    read by the grouped split-KV decode kernel, under fp16 or bf16 queries, d_qk == d_v. The absorbed-MLA decode
-    over an FP8 latent cache is not built."""
+    read by the grouped split-KV decode kernel (d_qk == d_v) or, absorbed MLA, by the split-d_v kernel over an e4m3
+    latent cache (576/512: validate_decode checks the form), under fp16 or bf16 queries."""
     if not spec.kv_dtype:
         return []
     errors = []
@@ -311,10 +311,7 @@ def kv_dtype_errors(spec: KernelSpec) -> list[str]:
         errors.append(f"kv_dtype {spec.kv_dtype}: an FP8 KV cache is read by decode kernels, not {spec.phase}")
     if spec.dtype not in KV_DTYPE_QUERIES:
         errors.append(f"kv_dtype {spec.kv_dtype}: the queries are fp16 or bf16, got {spec.dtype}")
-    if spec.variant == "mla":
-        errors.append("kv_dtype fp8: the absorbed-MLA decode over an FP8 latent cache is not built (its split-d_v "
-                      "and warpgroup kernels read 16-bit latent rows); serve it from a bf16 cache")
-    elif spec.d_qk != spec.d_v:
+    if spec.variant != "mla" and spec.d_qk != spec.d_v:
         errors.append(f"kv_dtype fp8: d_qk == d_v, got {spec.d_qk}/{spec.d_v}")
     return errors
 

@@ -32,7 +32,6 @@ def test_the_kv_dtype_names_the_kernel_and_is_absent_from_a_16_bit_specs_record(
 
 
 @pytest.mark.parametrize("spec,words", [
-    (KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode", kv_dtype="fp8"), "absorbed-MLA"),
     (KernelSpec("gqa", 128, 128, True, "bf16", "dense", "prefill", kv_dtype="fp8"), "decode kernels"),
     (KernelSpec("gqa", 128, 128, True, "fp8", "paged", "decode", kv_dtype="fp8"), "fp16 or bf16"),
     (KernelSpec("gqa", 128, 128, True, "bf16", "paged", "decode", kv_dtype="int8"), "unknown kv_dtype"),
@@ -90,12 +89,6 @@ def test_dense_and_option_kernels_build_over_an_fp8_cache():
     program = with_options(parse((SKETCHES / "gqa_paged.tl").read_text()).program, softcap=True, sinks=True)
     src = generate(program, default_decode_params(spec, None, H100), H100, spec).source
     assert "kSoftcap = true" in src and "split_kv_fp8<" in src
-
-
-def test_the_absorbed_mla_sketch_is_refused_over_an_fp8_cache():
-    spec = KernelSpec("mla", 576, 512, True, "bf16", "paged", "decode", kv_dtype="fp8")
-    with pytest.raises(TranslationError, match="absorbed-MLA"):
-        kernel(spec, DecodeParams(block_m=64, warps_m=4, warps_n=2, kv_stages=2), "mla_paged.tl")
 
 
 # ---- the layout attn_decode_fp8.cuh reads (its functions, in Python) ----

@@ -176,8 +176,8 @@ def test_the_fp8_decode_op_schema_and_fake(served):
 
 
 def test_absorbed_mla_over_an_fp8_latent_cache_runs_the_reference_with_k_scale_for_v(served):
-    """No FP8 latent-cache kernel is built: the call runs the reference, V being the latent rows' first 512 columns
-    at k_scale; a different v_scale is refused by name."""
+    """Without an FP8 latent-cache MLA config (this export has GQA ones) the call runs the reference, V being the
+    latent rows' first 512 columns at k_scale; a different v_scale is refused by name."""
     g = torch.Generator().manual_seed(2)
     q = torch.randn(2, 1, 16, 576, generator=g).to(torch.bfloat16)
     ks = torch.tensor([0.02])
@@ -217,3 +217,75 @@ def test_fa3_descales_are_refused_naming_k_scale_and_v_scale(served, name):
     with pytest.raises(NotImplementedError, match=f"{name} .* takes k_scale=/v_scale="):
         served.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lens, block_table=table, k_scale=ks, v_scale=vs,
                                        **{name: torch.ones(1, HKV)})
+
+
+def _mla_record(kv_dtype="fp8"):
+    """An absorbed-MLA decode record (576/512, one latent head, pages of 64) over an FP8 latent cache."""
+    r = make_decode_record(bucket="d-b8-kv8k-p64", cubin=("mla" + kv_dtype).encode(), variant="mla", d_qk=576,
+                           d_v=512)
+    r.kernel_meta["spec"] = {"variant": "mla", "causal": True, "d_qk": 576, "d_v": 512, "dtype": "bf16",
+                             "layout": "paged", "phase": "decode", **({"kv_dtype": kv_dtype} if kv_dtype else {})}
+    r.problem.update(variant="mla", heads_q=16, heads_kv=1, d_qk=576, d_v=512)
+    return r
+
+
+def _latent(lens, seed=4, amp=30.0):
+    g = torch.Generator().manual_seed(seed)
+    ks = torch.tensor([amp * 4 / 448])
+    q = (torch.randn(len(lens), 1, 16, 576, generator=g) / amp).to(torch.bfloat16)
+    pages = [-(-n // 64) for n in lens]
+    kc = quantise(torch.randn(sum(pages) + 1, 64, 1, 576, generator=g) * amp, ks)
+    table = torch.zeros(len(lens), max(pages), dtype=torch.int32)
+    at = 0
+    for i, n in enumerate(pages):
+        table[i, :n] = torch.arange(at, at + n, dtype=torch.int32)
+        at += n
+    return q, kc, table, torch.tensor(lens, dtype=torch.int32), ks
+
+
+def _latent_naive(q, kc, table, lens, ks):
+    real = dequantise(kc, ks)
+    out = torch.zeros(q.shape[0], 1, 16, 512, dtype=torch.float64)
+    for i, n in enumerate(lens.tolist()):
+        k = real[table[i].long()].reshape(-1, 576)[:n].double()
+        out[i, 0] = torch.softmax(q[i, 0].double() @ k.T / math.sqrt(576), -1) @ k[:, :512]
+    return out
+
+
+def test_absorbed_mla_over_an_fp8_latent_cache_runs_its_fp8_kernel_with_k_scale_for_v(tmp_path):
+    """An exported MLA config of kv_dtype fp8 serves the call (v_cache None, v_scale None or k_scale itself): its
+    kernel is given k_scale for both; a bf16 latent cache's MLA config never serves an e4m3 cache, nor the reverse."""
+    attn = serve_records(tmp_path / "mla8", [_mla_record("fp8"), _mla_record("")])
+    q, kc, table, lens, ks = _latent([100, 7, 64])
+    for v_scale in (None, ks):
+        out = attn.flash_attn_with_kvcache(q, kc, None, cache_seqlens=lens, block_table=table, causal=True,
+                                           k_scale=ks, v_scale=v_scale)
+        assert attn.last_path == "kernel"
+        torch.testing.assert_close(out.double(), _latent_naive(q, kc, table, lens, ks), atol=2e-2, rtol=2e-2)
+    assert _calls(attn, "fp8") == 2 and _calls(attn, "") == 0
+    with pytest.raises(ValueError, match="absorbed MLA .* v_scale=None or k_scale itself"):
+        attn.flash_attn_with_kvcache(q, kc, None, cache_seqlens=lens, block_table=table, k_scale=ks,
+                                     v_scale=ks.clone())
+    with pytest.raises(ValueError, match="k_scale is missing"):
+        attn.flash_attn_with_kvcache(q, kc, None, cache_seqlens=lens, block_table=table)
+    with pytest.raises(ValueError, match="k_scale holds values that are not finite"):
+        attn.flash_attn_with_kvcache(q, kc, None, cache_seqlens=lens, block_table=table,
+                                     k_scale=torch.tensor([float("nan")]))
+    bf16 = kc.float().to(torch.bfloat16)
+    attn.flash_attn_with_kvcache(q, bf16, None, cache_seqlens=lens, block_table=table, causal=True)
+    assert attn.last_path == "kernel" and _calls(attn, "") == 1 and _calls(attn, "fp8") == 2
+
+
+def test_appending_to_an_fp8_latent_cache_quantises_the_new_rows_with_k_scale(tmp_path):
+    attn = serve_records(tmp_path / "mla8a", [_mla_record("fp8")])
+    q, kc, table, lens, ks = _latent([100, 7], seed=6)
+    new = torch.randn(2, 1, 1, 576, generator=torch.Generator().manual_seed(8)).mul(30.0).to(torch.bfloat16)
+    before = kc.clone()
+    attn.flash_attn_with_kvcache(q, kc, None, k=new, cache_seqlens=lens, block_table=table, causal=True, k_scale=ks)
+    assert attn.last_path == "kernel"
+    for i, n in enumerate(lens.tolist()):
+        page, row = int(table[i, n // 64]), n % 64
+        assert torch.equal(kc[page, row].view(torch.uint8), quantise(new[i, 0].float(), ks).view(torch.uint8))
+        assert torch.equal(dequantise(kc[page, row], ks), dequantise(quantise(new[i, 0].float(), ks), ks))
+    changed = (kc.view(torch.uint8) != before.view(torch.uint8)).any(-1).any(-1).nonzero().tolist()
+    assert sorted(changed) == sorted([[int(table[i, n // 64]), n % 64] for i, n in enumerate(lens.tolist())])

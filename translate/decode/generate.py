@@ -25,7 +25,10 @@ points (``<name>`` and ``<name>_combine``), both taking one ``attn_decode::Args`
 ``DecodeParams.mma == "sm90_wgmma"`` (Hopper, absorbed MLA split-d_v only) the split kernel is
 attn_decode_sm90.cuh's split_kv_wgmma: the same Args, split rule, workspace and combine kernel, its GEMMs as SS
 warpgroup MMAs (the Cfg adds the two TiledMMAs and the GMMA views of Q, K, V and P). The default's source is
-unchanged by that option (compile caches are keyed by source).
+unchanged by that option (compile caches are keyed by source). Over an e4m3 cache (``spec.kv_dtype == "fp8"``) the
+split kernel is attn_decode_fp8.cuh's split_kv_fp8 (column groups) or, split-d_v (absorbed MLA over an e4m3 latent),
+attn_decode_fp8_mla.cuh's split_kv_fp8_mla, the same Cfg with fp16 GEMMs, both taking the scales as a second
+argument.
 """
 from __future__ import annotations
 
@@ -59,6 +62,9 @@ PREAMBLE = ("// Generated from a decode TL program by translate (github: this re
 # "sm90_wgmma" the split-d_v kernel with Hopper warpgroup MMAs, "sm90_seesaw" the same with the warpgroups out of step
 _WGMMA_KERNELS = {"sm90_wgmma": ("attn_decode_sm90.cuh", "split_kv_wgmma"),
                   "sm90_seesaw": ("attn_decode_sm90_seesaw.cuh", "split_kv_seesaw")}
+# (header, split entry point) of the e4m3-cache kernels by split-d_v: the grouped one (column groups), and the absorbed
+# MLA one over an e4m3 latent cache (split-d_v, V from K's rows)
+_FP8_KERNELS = {False: ("attn_decode_fp8.cuh", "split_kv_fp8"), True: ("attn_decode_fp8_mla.cuh", "split_kv_fp8_mla")}
 
 
 def _loop_flow(loop: For) -> tuple[bool, bool, list[str]]:
@@ -130,8 +136,8 @@ def generate_decode(program: Program, params: DecodeParams, profile, spec: Kerne
                                               split_dv)
     preamble = PREAMBLE.replace('"attn_decode.cuh"', f'"{_WGMMA_KERNELS[params.mma][0]}"') if wgmma else PREAMBLE
     extra_args = DECODE_TMA_ARGS if params.kv_load == "tma" else DECODE_ARGS
-    if spec.kv_dtype == "fp8":   # validate_decode has checked: the grouped mma.sync kernel
-        preamble = PREAMBLE.replace('"attn_decode.cuh"', '"attn_decode_fp8.cuh"')
+    if spec.kv_dtype == "fp8":   # validate_decode has checked: an mma.sync kernel, grouped or (MLA) split-d_v
+        preamble = PREAMBLE.replace('"attn_decode.cuh"', f'"{_FP8_KERNELS[split_dv][0]}"')
         extra_args = DECODE_FP8_ARGS
     return GeneratedKernel(name=name, preamble=preamble, body=body,
                            num_threads=params.num_threads,
@@ -219,7 +225,7 @@ def _body(name: str, p: DecodeParams, spec: KernelSpec, paged: bool, prefetch_fi
         "};",
         f"}}  // namespace {name}_ns",
         "",
-        *_split_entry(name, p, spec),
+        *_split_entry(name, p, spec, split_dv),
         "",
         f'extern "C" __global__ void __launch_bounds__({32 * COMBINE_WARPS}, {COMBINE_MIN_CTAS}) {name}_combine('
         "const attn_decode::Args args) {",
@@ -235,11 +241,13 @@ def _mma_dtype(spec: KernelSpec) -> str:
     return "fp16" if spec.kv_dtype == "fp8" else spec.dtype
 
 
-def _split_entry(name: str, p: DecodeParams, spec: KernelSpec) -> list[str]:
-    """The split kernel's entry point: split_kv, or over an e4m3 cache split_kv_fp8 with the scales' argument."""
+def _split_entry(name: str, p: DecodeParams, spec: KernelSpec, split_dv: bool) -> list[str]:
+    """The split kernel's entry point: split_kv, or over an e4m3 cache split_kv_fp8 (split-d_v: split_kv_fp8_mla)
+    with the scales' argument."""
     fp8 = spec.kv_dtype == "fp8"
     scales = ", const attn_decode::KvScales scales" if fp8 else ""
-    call = f"split_kv_fp8<{name}_ns::Cfg>(args, scales, smem)" if fp8 else f"split_kv<{name}_ns::Cfg>(args, smem)"
+    call = (f"{_FP8_KERNELS[split_dv][1]}<{name}_ns::Cfg>(args, scales, smem)" if fp8 else
+            f"split_kv<{name}_ns::Cfg>(args, smem)")
     return [f'extern "C" __global__ void __launch_bounds__({p.num_threads}) {name}(const attn_decode::Args args'
             f'{scales}) {{',
             "  extern __shared__ __align__(128) char smem[];",

@@ -133,6 +133,8 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
         if profile is not None and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:
             p = DecodeParams(block_n=128, kv_stages=2)
         return p
+    if spec.variant == "mla" and spec.kv_dtype == "fp8":
+        return _fp8_mla_default(heads_q, profile)
     if spec.variant != "mla":
         # a head dim that 64 does not divide (96) lays its rows out in 32-column atoms, whose swizzle is 2 bits
         base = DecodeParams() if spec.d_qk % 64 == 0 and spec.d_v % 64 == 0 else DecodeParams(swizzle=2)
@@ -163,6 +165,24 @@ def default_decode_params(spec: KernelSpec, heads_q: int | None = None, profile:
         # The conditional rescale (rescale_threshold 8): 1.017-1.051x the seesaw without it at 128 heads and every
         # grid point (H100, BENCHMARKS.md 2026-11-26).
         p = DecodeParams(**{**p.to_dict(), "mma": "sm90_seesaw", "kv_load": "tma", "rescale_threshold": 8})
+    return p
+
+
+def _fp8_mla_default(heads_q: int | None, profile: Profile | None) -> DecodeParams:
+    """The absorbed-MLA decode over an e4m3 latent cache (split_kv_fp8_mla, mma.sync on every GPU: the warpgroup
+    kernels take no e4m3 cache). The 16-bit kernel's tiles (128 heads: 64 rows, 4 x 2 warps; 16: 16 rows, 1 x 4), a
+    slot of 64 keys (36 KB) half the 16-bit one. 128 heads: three stages (Q 72 KB + 108 KB + P 8 KB; 254 registers a
+    thread, so one CTA an SM whatever the ring, and the kernel is tensor-core bound there). 16 heads: two stages
+    (92 KB), so that two CTAs (8 warps) share an SM where the 16-bit kernel's 72 KB stages allow one (4 warps) for the
+    same bytes in flight; a four-stage ring of one CTA is a seed of the search space. Fewer stages where the profile's
+    shared memory is smaller. Neither is measured on a GPU yet."""
+    if heads_q is not None and heads_q <= 16:
+        p = DecodeParams(block_m=16, block_n=64, warps_m=1, warps_n=4, kv_stages=2)
+    else:
+        p = DecodeParams(block_m=64, block_n=64, warps_m=4, warps_n=2, kv_stages=3)
+    spec = KernelSpec("mla", MLA_DECODE_D_QK, MLA_DECODE_D_V, True, "bf16", "paged", "decode", kv_dtype="fp8")
+    while profile is not None and p.kv_stages > 2 and decode_smem_bytes(p, spec) > profile.smem_per_block_bytes:
+        p = DecodeParams(**{**p.to_dict(), "kv_stages": p.kv_stages - 1})
     return p
 
 
@@ -281,15 +301,21 @@ def _wgmma_reasons(params: DecodeParams, profile: Profile, spec: KernelSpec, spl
 
 
 def _fp8_cache_reasons(params: DecodeParams, spec: KernelSpec, split_dv: bool) -> list[str]:
-    """What attn_decode_fp8.cuh's split_kv_fp8 needs beyond the grouped kernel's rules: column groups on mma.sync
-    (no split-d_v, no warpgroup kernel), and whole e4m3 rows per thread step of the gather (16-byte chunks: d / 16
-    of them a row, so the threads must be a multiple of that and a tile's chunks a multiple of the threads)."""
+    """What the e4m3-cache kernels need beyond the 16-bit kernels' rules: mma.sync with the cp.async gather (no
+    warpgroup kernel: those read B from shared memory, which would need a converted 16-bit copy of every tile). The
+    grouped kernel (attn_decode_fp8.cuh split_kv_fp8) runs column groups and whole e4m3 rows per thread step of its
+    gather (16-byte chunks: d / 16 of them a row, so the threads must be a multiple of that and a tile's chunks a
+    multiple of the threads); the absorbed-MLA one (attn_decode_fp8_mla.cuh split_kv_fp8_mla) runs split-d_v with V
+    read from the latent rows."""
     errors = []
     if spec.kv_dtype != "fp8":
         return errors
     if params.mma != "sm80" or params.kv_load != "gather":
-        errors.append(f"kv_dtype fp8: the FP8 cache kernel is the mma.sync gather kernel (mma sm80, kv_load gather), "
-                      f"got mma {params.mma}, kv_load {params.kv_load}")
+        errors.append(f"kv_dtype fp8: the FP8 cache kernels are the mma.sync gather kernels (mma sm80, kv_load "
+                      f"gather; the warpgroup kernels read K and V from shared memory as 16-bit operands), got mma "
+                      f"{params.mma}, kv_load {params.kv_load}")
+    if v_from_k(spec):
+        return errors + _fp8_latent_reasons(split_dv)
     if split_dv:
         errors.append("kv_dtype fp8: the FP8 cache kernel runs column groups, not split-d_v (P through shared memory)")
     chunks = spec.d_qk // 16
@@ -300,3 +326,14 @@ def _fp8_cache_reasons(params: DecodeParams, spec: KernelSpec, split_dv: bool) -
                       f"({chunks} a row): the threads must be a multiple of 8 x {chunks} (rows 8 apart) and a "
                       f"tile's {params.block_n} x {chunks} chunks a multiple of the threads")
     return errors
+
+
+def _fp8_latent_reasons(split_dv: bool) -> list[str]:
+    """The absorbed-MLA kernel over an e4m3 latent cache (split_kv_fp8_mla) is split-d_v (the sketch's P through
+    shared memory). Its gather copies 4 rows a warp at a time, so a tile must be whole 4-row groups of every warp:
+    block_n a multiple of 4 x warps_m x warps_n, which the rule of 16 x warps_n keys (warps_m <= 4) already implies;
+    each group's d_v slice is a multiple of 32 columns (pv_col permutes within 32) by the split-d_v rule."""
+    if split_dv:
+        return []
+    return ["kv_dtype fp8 over an MLA latent cache: the kernel is split-d_v (P through shared memory), not column "
+            "groups"]

@@ -53,9 +53,6 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
         if kv_dtype not in KV_DTYPES:
             raise UsageError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)} (none: the queries' dtype), got "
                              f"{kv_dtype!r}")
-        if target.variant == "mla":
-            raise UsageError("--kv-dtype fp8: the absorbed-MLA decode over an FP8 latent cache is not built; "
-                             "absorbed MLA reads a bf16 cache")
         if target.dtype == "fp8":
             raise UsageError("--kv-dtype fp8 caches are read by fp16 or bf16 queries: --dtype bf16 or fp16")
     if target.variant == "mla":
@@ -65,7 +62,7 @@ def resolve_decode_target(gpu: str, variant, model, head_dim, dtype, causal, lay
 
         causal = target.causals[-1] if causal is None else causal
         spec = KernelSpec("mla", MLA_DECODE_D_QK, MLA_DECODE_D_V, causal, target.dtype or profile.default_dtype,
-                          layout, "decode")
+                          layout, "decode", kv_dtype=kv_dtype or "")
         hq = target.heads[0] if target.heads is not None else heads_for("mla", 192)[0]
         return profile, spec, (hq, 1), page_size, target.model
     try:
@@ -174,7 +171,8 @@ def run_decode_bench(gpu: str, variant, model, params, sketch, head_dim, dtype, 
         built16 = build(spec16, default_decode_params(spec16, heads[0], profile))
         if isinstance(built16, int):
             return built16
-        rows, table = _fp8_rows(k, built16[2], spec, heads, page_size, copy, options, batches, kv_lens, profile)
+        rows_of = _fp8_mla_rows if spec.variant == "mla" else _fp8_rows
+        rows, table = rows_of(k, built16[2], spec, heads, page_size, copy, options, batches, kv_lens, profile)
         console.print(table)
         if out_json is not None:
             record = {"tool": "tune bench --phase decode --kv-dtype fp8",
@@ -255,6 +253,37 @@ def _fp8_rows(fp8_kernel, kernel, spec, heads, page_size, copy, options, batches
     reasons = sorted({r["flashinfer_error"] for r in rows if "flashinfer_error" in r})
     if reasons:
         table.caption = "FlashInfer: " + "; ".join(reasons)
+    return rows, table
+
+
+def _fp8_mla_rows(fp8_kernel, kernel, spec, heads, page_size, copy, options, batches, kv_lens, profile):
+    """The FP8 latent-cache MLA bench's rows and table on the MLA grid (_mla_rows'): per point the e4m3 latent's GB/s
+    and its fraction of the copy bandwidth, TFLOPS and new tokens a second of both kernels (the 16-bit latent cache's
+    default beside it, in this process) and the FP8 one's speedup; the two outputs' relative difference (the same
+    values, one cache rounded to e4m3)."""
+    import torch
+
+    from tuner.measure.decode import measure_fp8_mla_point, mla_grid
+
+    rows = []
+    for p in mla_grid(heads=(heads[0],), batches=batches or MLA_BATCHES, kv_lens=kv_lens or MLA_KV_LENS,
+                      seqlens_q=MLA_SEQLENS_Q, page_size=page_size, causal=spec.causal, dtype=spec.dtype,
+                      kv_dtype=spec.kv_dtype):
+        row = measure_fp8_mla_point(fp8_kernel, kernel, p)
+        row["copy_frac"] = row["fp8_gbs"] / copy
+        rows.append(row)
+    table = Table(title=f"absorbed MLA decode over an FP8 latent cache {spec.label()} h{heads[0]} on "
+                        f"{torch.cuda.get_device_name()} ({profile.name}): GB/s of the e4m3 latent read once, copy "
+                        f"bandwidth {copy:.0f} GB/s; against the {spec.dtype} latent cache's default kernel, same "
+                        "process")
+    for col in ("point", "splits", "fp8 us", "fp8 GB/s", "of copy", "fp8 TFLOPS", f"{spec.dtype} us",
+                f"{spec.dtype} TFLOPS", "fp8 tok/s", "speedup", "rel diff"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["point"], str(r["splits"]), f"{r['fp8_us']:.1f}", f"{r['fp8_gbs']:.0f}",
+                      f"{r['copy_frac']:.2f}", f"{r['fp8_tflops']:.0f}", f"{r['base_us']:.1f}",
+                      f"{r['base_tflops']:.0f}", f"{r['fp8_tokens_s']:.3g}", f"{r['speedup']:.2f}",
+                      f"{r['rel_diff']:.2g}")
     return rows, table
 
 

@@ -161,7 +161,8 @@ def _parse_seqlens(text: Optional[str]):
 
 
 KV_DTYPE_HELP = ("--phase decode: the KV cache's dtype where it is not --dtype's: fp8 (e4m3 with fp32 k_scale/v_scale "
-                 "per tensor or per KV head, vLLM's kv_cache_dtype fp8), read by fp16/bf16 queries.")
+                 "per tensor or per KV head, vLLM's kv_cache_dtype fp8), read by fp16/bf16 queries; absorbed MLA "
+                 "(--variant mla, --model deepseek-v3): an e4m3 latent cache with one scale, V read at it.")
 
 
 def _kv_dtype(text: Optional[str]) -> Optional[str]:

@@ -281,11 +281,12 @@ class MLAPoint:
     page_size: int = 64
     causal: bool = True
     dtype: str = "bf16"
+    kv_dtype: str = ""    # "fp8": an e4m3 latent cache with one scale (make_mla_inputs)
 
     @property
     def kv_bytes(self) -> int:
         """The latent cache read once: V is part of the same rows."""
-        return self.batch * self.kv_len * MLA_D_QK * 2
+        return self.batch * self.kv_len * MLA_D_QK * (1 if self.kv_dtype == "fp8" else 2)
 
     @property
     def flops(self) -> float:
@@ -296,7 +297,8 @@ class MLAPoint:
 
     def label(self) -> str:
         cache = f"p{self.page_size}" if self.page_size else "dense"
-        return f"mla h{self.heads_q} b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}"
+        return f"mla h{self.heads_q} b{self.batch} kv{self.kv_len // 1024}k sq{self.seqlen_q} {cache}" + \
+            (f" kv{self.kv_dtype}" if self.kv_dtype else "")
 
 
 def parse_mla_points(text: str) -> list[MLAPoint]:
@@ -325,12 +327,28 @@ def make_mla_inputs(p: MLAPoint, seed: int = 0, device: str = "cuda") -> dict:
     q = torch.randn(p.batch, p.seqlen_q, p.heads_q, MLA_D_QK, device=device, dtype=dt)
     used = torch.full((p.batch,), p.kv_len, dtype=torch.int32, device=device)
     if not p.page_size:
-        return {"q": q, "k": torch.randn(p.batch, p.kv_len, 1, MLA_D_QK, device=device, dtype=dt),
-                "page_table": None, "seqused_k": used}
+        return _fp8_latent(p, {"q": q, "k": torch.randn(p.batch, p.kv_len, 1, MLA_D_QK, device=device, dtype=dt),
+                               "page_table": None, "seqused_k": used})
     pages = math.ceil(p.kv_len / p.page_size)
     table = torch.randperm(p.batch * pages, generator=gen).to(device, torch.int32).view(p.batch, pages)
     k = torch.randn(p.batch * pages, p.page_size, 1, MLA_D_QK, device=device, dtype=dt)
-    return {"q": q, "k": k, "page_table": table, "seqused_k": used}
+    return _fp8_latent(p, {"q": q, "k": k, "page_table": table, "seqused_k": used})
+
+
+def _fp8_latent(p: MLAPoint, x: dict) -> dict:
+    """An FP8 MLA point's inputs: the latent quantised with one scale (unit-normal values, 4 sigma at 448), given as
+    ``x["kv_scales"]`` = (scale, scale), the same tensor: V is the latent rows, read at k_scale (the launcher takes
+    v_scale None or k_scale itself); a 16-bit point's as they are."""
+    if p.kv_dtype != "fp8":
+        return x
+    import torch
+
+    from tuner.serving.kvcache_fp8 import quantise
+
+    scale = torch.full((1,), 4.0 / 448, device=x["q"].device)
+    x["k"] = quantise(x["k"], scale)
+    x["kv_scales"] = (scale, scale)
+    return x
 
 
 def measure_mla_point(kernel, p: MLAPoint) -> dict:
@@ -346,6 +364,47 @@ def measure_mla_point(kernel, p: MLAPoint) -> dict:
     ms = time_ms(ours)
     row.update(ms=ms, ours_gbs=p.kv_bytes / ms / 1e6, ours_tflops=p.flops / ms / 1e9)
     del x
+    torch.cuda.empty_cache()
+    return row
+
+def measure_fp8_mla_point(fp8_kernel, kernel, p: MLAPoint) -> dict:
+    """An FP8 latent-cache MLA point (p.kv_dtype fp8) against the 16-bit latent cache's kernel on the same point,
+    both timed here in this order and again in the reverse (the faster of each kept): {point, splits, fp8_us,
+    fp8_gbs (GB/s of the e4m3 latent read), base_us, base_gbs, fp8_tokens_s, base_tokens_s, speedup (16-bit time /
+    FP8 time), fp8_tflops, base_tflops, rel_diff (the two outputs' relative difference)}. The 16-bit kernel reads the
+    e4m3 latent dequantised into its dtype (each value e4m3 x scale, rounded once), with the same queries and table,
+    so the two outputs differ by that rounding and the kernels' own only."""
+    import dataclasses
+
+    import torch
+
+    from tuner.serving.kvcache_fp8 import dequantise
+
+    p16 = dataclasses.replace(p, kv_dtype="")
+    x8 = make_mla_inputs(p)
+    k_scale = x8["kv_scales"][0]
+    x16 = {**x8, "k": dequantise(x8["k"], k_scale, x8["q"].dtype)}
+    fp8 = lambda: fp8_kernel(x8["q"], x8["k"], None, cache_seqlens=x8["seqused_k"],  # noqa: E731
+                             page_table=x8["page_table"], k_scale=k_scale)
+    b16 = lambda: kernel(x16["q"], x16["k"], None, cache_seqlens=x16["seqused_k"],  # noqa: E731
+                         page_table=x16["page_table"])
+    out8, out16 = fp8().float(), b16().float()
+    rel = float((out8 - out16).norm() / out16.norm().clamp_min(1e-30))
+    calls = {"fp8": fp8, "base": b16}
+    ms = {name: math.inf for name in calls}
+    for order in (list(calls), list(calls)[::-1]):
+        for name in order:
+            ms[name] = min(ms[name], time_ms(calls[name]))
+    ms8, ms16 = ms["fp8"], ms["base"]
+    capacity = x8["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
+    tokens = p.batch * p.seqlen_q
+    row = {"point": p.label(), "heads_q": p.heads_q, "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q,
+           "splits": fp8_kernel.split_plan(p.batch, p.heads_q, 1, p.seqlen_q, capacity)[0].num_splits,
+           "fp8_us": ms8 * 1e3, "fp8_gbs": p.kv_bytes / ms8 / 1e6, "base_us": ms16 * 1e3,
+           "base_gbs": p16.kv_bytes / ms16 / 1e6, "fp8_tokens_s": tokens / ms8 * 1e3,
+           "base_tokens_s": tokens / ms16 * 1e3, "speedup": ms16 / ms8, "fp8_tflops": p.flops / ms8 / 1e9,
+           "base_tflops": p.flops / ms16 / 1e9, "rel_diff": rel}
+    del x8, x16
     torch.cuda.empty_cache()
     return row
 

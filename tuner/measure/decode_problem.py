@@ -103,7 +103,7 @@ class DecodeProblem:
 
         if self.variant == "mla":
             return MLAPoint(self.batch, self.kv_len, self.heads_q, self.seqlen_q, self.page_size, self.causal,
-                            self.dtype)
+                            self.dtype, self.kv_dtype)
         return DecodePoint(self.batch, self.kv_len, self.heads_q, self.heads_kv, self.d_qk, self.seqlen_q,
                            self.page_size, self.causal, self.dtype, tuple(self.window), self.softcap, self.sinks,
                            self.kv_dtype)

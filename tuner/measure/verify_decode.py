@@ -35,6 +35,13 @@ MLA (absorbed decode, translate.decode.v_from_k): one latent KV head of 576 colu
 (the cache holds K only; the reference takes V = K[..., :512]), 128 query heads (DeepSeek-V3) and 16 (a
 tensor-parallel shard), pages of 64 tokens by default (FlashMLA's), the kernel called with v_cache None or the
 view k_cache[..., :512].
+
+MLA over an FP8 latent cache (``fp8_mla_cases``): the MLA cases with the latent quantised at its one scale (V, the
+same rows, at the same scale: the kernel is given v_scale = k_scale, the same tensor), amplitudes of 1e-3, 1 and 1e3
+in turn, so that the scale is far from 1 both ways (about 9e-6 and 9), and values near 448 x scale at both head counts,
+one split and several; the poisoned pages hold e4m3's NaN byte. A kernel that ignores the scale is off by a factor of
+the scale in every score, or in its output: far outside the bound (tests/decode/test_decode_fp8_mla_gate.py plants
+both).
 """
 from __future__ import annotations
 
@@ -81,6 +88,8 @@ class DecodeCase:
     kv_scale: str = ""
     kv_spread: float = 1.0
     near_max: bool = False
+    # every KV head's amplitude times this (absorbed MLA's one latent head: its scale far from 1 either way)
+    kv_amp: float = 1.0
 
     def label(self) -> str:
         text = f"sq{self.seqlen_q} k{list(self.cache_seqlens)}"
@@ -102,7 +111,7 @@ class DecodeCase:
             text += f" leftpad{list(self.leftpad)}"
         if self.kv_scale:
             text += f" fp8 {self.kv_scale} scales" + (f" spread{self.kv_spread:g}" if self.kv_spread != 1 else "") \
-                + (" near448" if self.near_max else "")
+                + (" near448" if self.near_max else "") + (f" amp{self.kv_amp:g}" if self.kv_amp != 1 else "")
         return text
 
 
@@ -159,7 +168,7 @@ def check_cases(spec: KernelSpec) -> tuple[DecodeCase, ...]:
     """The decode gate's cases for ``spec``; a kernel built with options gets ``option_cases``, one over an FP8
     cache ``fp8_cases`` of them."""
     if spec.variant == "mla":
-        return MLA_CHECK_CASES
+        return fp8_mla_cases() if spec.kv_dtype == "fp8" else MLA_CHECK_CASES
     cases = option_cases(spec) if spec.features else CHECK_CASES
     cases = cases + leftpad_cases(spec) if spec.layout == "dense" else cases
     return fp8_cases(cases, spec) if spec.kv_dtype == "fp8" else cases
@@ -184,19 +193,37 @@ def fp8_cases(cases: Sequence[DecodeCase], spec: KernelSpec | None = None) -> tu
     return tuple(out + more)
 
 
-def fp8_amplitudes(case: DecodeCase, hkv: int, gen, device):
+# MLA over an FP8 latent cache: the latent's amplitudes case by case (its one scale about 9e-6, 9e-3 and 9)
+FP8_MLA_AMPS = (1e-3, 1.0, 1e3)
+
+
+def fp8_mla_cases() -> tuple[DecodeCase, ...]:
+    """MLA_CHECK_CASES over an FP8 latent cache (one scale: the latent has one KV head), the amplitudes FP8_MLA_AMPS
+    in turn; then values near 448 x scale at 128 and 16 heads, one split and several, the scale far from 1."""
+    out = [replace(c, kv_scale="tensor", kv_amp=FP8_MLA_AMPS[i % len(FP8_MLA_AMPS)])
+           for i, c in enumerate(MLA_CHECK_CASES)]
+    more = [DecodeCase((1, 63, 64, 65, 4097), heads=MLA_HEADS, kv_scale="tensor", kv_amp=1e3, near_max=True),
+            DecodeCase((4097, 700, 129), num_splits=3, heads=MLA_TP_HEADS, v_view=True, kv_scale="tensor",
+                       kv_amp=1e-3, near_max=True),
+            DecodeCase((2000, 1, 300), seqlen_q=4, num_splits=1, heads=MLA_HEADS, kv_scale="tensor", near_max=True)]
+    return tuple(out + more)
+
+
+def fp8_amplitudes(case: DecodeCase, hkv: int, gen, device, one_scale: bool = False):
     """(per KV head amplitudes (hkv,), k_scale, v_scale) of an FP8 case: amplitudes geometric over the case's
-    spread in a shuffled head order (so no head position is special), scales that map FP8_SIGMAS amplitudes to
-    448 (per head, or the largest head's for one per tensor), each jittered so that none is a power of two."""
+    spread in a shuffled head order (so no head position is special), times kv_amp, scales that map FP8_SIGMAS
+    amplitudes to 448 (per head, or the largest head's for one per tensor), each jittered so that none is a power of
+    two. ``one_scale`` (absorbed MLA: V is the latent rows too): v_scale is k_scale, the same tensor."""
     import torch
 
     steps = torch.linspace(0, 1, hkv, device=device) if hkv > 1 else torch.zeros(1, device=device)
-    amps = (case.kv_spread ** (steps - 0.5))[torch.randperm(hkv, generator=gen, device=device)]
+    amps = (case.kv_spread ** (steps - 0.5))[torch.randperm(hkv, generator=gen, device=device)] * case.kv_amp
     def scales():
         jitter = 1 + 0.3 * torch.rand(hkv, generator=gen, device=device)
         s = amps * FP8_SIGMAS / E4M3_MAX * jitter
         return s.max().reshape(1) if case.kv_scale == "tensor" else s
-    return amps, scales(), scales()
+    k_scale = scales()
+    return amps, k_scale, k_scale if one_scale else scales()
 
 
 
@@ -240,11 +267,14 @@ def _build_cache(case: DecodeCase, hkv: int, d_qk: int, d_v: int, dt, paged: boo
 
         amps, k_scale, v_scale = fp8
         real = lambda *shape: _fp8_values(case, shape, amps, gen, device)  # noqa: E731
-        seqs8 = [(quantise(real(L, hkv, d_qk), k_scale), quantise(real(L, hkv, d_v), v_scale))
-                 for L in case.cache_seqlens]
+        if from_k:   # the latent rows: V is their first d_v columns (v_scale is k_scale: fp8_amplitudes one_scale)
+            seqs8 = [(k8, k8[..., :d_v]) for k8 in (quantise(real(L, hkv, d_qk), k_scale) for L in case.cache_seqlens)]
+        else:
+            seqs8 = [(quantise(real(L, hkv, d_qk), k_scale), quantise(real(L, hkv, d_v), v_scale))
+                     for L in case.cache_seqlens]
         # the cache holds the bytes; the reference reads them dequantised (in fp32)
         case_seqs = iter(seqs8)
-        k, v, table, seqlens, _ = _build_cache_of(case, hkv, d_qk, d_v, E4M3, paged, page_size, gen, device,
+        k, v, table, seqlens, _ = _build_cache_of(case, hkv, d_qk, d_v, E4M3, paged, page_size, gen, device, from_k,
                                                   values=lambda: next(case_seqs))
         return k, v, table, seqlens, [(dequantise(a, k_scale), dequantise(b, v_scale)) for a, b in seqs8]
     return _build_cache_of(case, hkv, d_qk, d_v, dt, paged, page_size, gen, device, from_k)
@@ -344,7 +374,7 @@ def check_case(kernel, spec: KernelSpec, case: DecodeCase, gen, page_size: int, 
     q = torch.randn(b, case.seqlen_q, hq, spec.d_qk, generator=gen, device=device, dtype=torch.float32)
     fp8 = None
     if spec.kv_dtype == "fp8":   # scores of order one at every KV head: its group's queries / its amplitude
-        fp8 = fp8_amplitudes(case, hkv, gen, device)
+        fp8 = fp8_amplitudes(case, hkv, gen, device, one_scale=from_k)
         q = q / fp8[0].repeat_interleave(hq // hkv)[:, None]
     q = q.to(dt)
     k, v, table, seqlens, seqs = _build_cache(case, hkv, spec.d_qk, spec.d_v, dt, spec.layout == "paged",

@@ -52,7 +52,10 @@ scales are the cache's, not the batch's. ``k=``/``v=`` come in q's dtype and are
 a decode config of ``"kv_dtype": "fp8"`` (its kernels read the e4m3 bytes: attn_decode_fp8.cuh) through
 ``torch.ops.attn_tuner.decode_kvcache_fp8`` (tuner/serving/op_decode_fp8.py), or to the reference on the cache's
 rows dequantised in fp32, counted by reason as every fallback (a 16-bit cache's config never serves it, nor the
-reverse). It takes no gradient (inference; the op's backward says so).
+reverse). It takes no gradient (inference; the op's backward says so). Absorbed MLA over an e4m3 latent cache
+(``v_cache=None``, one latent KV head of 576 columns): V is the latent rows' first 512 columns, so its scale is
+``k_scale`` (pass ``v_scale=None`` or k_scale itself; another tensor is refused by name); it routes to an MLA config
+of kv_dtype fp8 (attn_decode_fp8_mla.cuh) the same way, appended rows quantised with k_scale.
 
 Autograd: as for the paged op, the backward recomputes with the reference from the saved inputs (also the
 lse's gradient); q, k_cache and v_cache get gradients. ``out=`` is filled in place (through the op, from its

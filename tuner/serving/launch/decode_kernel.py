@@ -14,7 +14,8 @@ back (as the lengths are not): a leftpad above the sequence's length leaves it n
 split count still comes from the capacity, so splits past a short sequence's keys stay empty.
 
 Absorbed MLA kernels (translate.decode.v_from_k: one latent KV head, d_qk 576, d_v 512) read V as the first d_v
-columns of k_cache's rows, as FlashMLA does: pass ``v_cache=None`` or the view ``k_cache[..., :d_v]``.
+columns of k_cache's rows, as FlashMLA does: pass ``v_cache=None`` or the view ``k_cache[..., :d_v]``. Over an e4m3
+latent cache (kv_dtype fp8) V's scale is therefore k_scale: pass ``v_scale=None`` or k_scale itself.
 
 Everything that depends only on the call's shapes, strides and scale is packed once per signature into the
 kernel's ``attn_decode::Args`` (a ctypes mirror, ``DecodeArgs``); a call writes its pointers and launches.
@@ -216,6 +217,8 @@ class DecodeKernel:
         read (the serving layer checks they are finite)."""
         import torch
 
+        if self.kv_fp8 and self.v_from_k:
+            v_scale = latent_v_scale(k_scale, v_scale, self.name)
         if self.kv_fp8 or k_scale is not None or v_scale is not None:
             self._check_scales(k_scale, v_scale, k_cache)
 
@@ -441,6 +444,16 @@ class DecodeKernel:
         return DecodePlan(a, pointer, ctypes.addressof(pointer), split_launch, combine_launch, split.num_splits, rows,
                           out_shape, split.num_splits * rows * spec["d_v"], split.num_splits * rows, threading.Lock(),
                           k_map, scales)
+
+
+def latent_v_scale(k_scale, v_scale, name: str):
+    """V's scale for an absorbed-MLA kernel over an e4m3 latent cache: V is the first d_v columns of the latent rows,
+    so its scale is k_scale (attn_decode_fp8_mla.cuh reads k_scale alone). None or k_scale itself (the same tensor)
+    are taken; another tensor, which the kernel would silently not read, is refused naming v_scale."""
+    if v_scale is None or v_scale is k_scale:
+        return k_scale
+    raise ValueError(f"{name}: v_scale: absorbed MLA reads V from k_cache's latent rows, whose scale is k_scale; pass "
+                     "v_scale=None or k_scale itself")
 
 
 def check_decode_inputs(q, k_cache, v_cache, cache_seqlens, page_table, dtype, spec: dict, paged: bool,
