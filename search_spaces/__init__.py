@@ -20,6 +20,7 @@ distributions stay identical across the trials of one study as Optuna requires.
 """
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -383,13 +384,25 @@ def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
 DECODE_DIR = "decode"   # search_spaces/decode/<variant>.toml: the decode kernels' spaces
 
 
-def available_spaces(directory: Path = SPACE_DIR) -> list[str]:
-    return sorted(p.stem for p in Path(directory).glob("*.toml"))
+# A folder of spaces to use instead of this package's (<variant>.toml, decode/<variant>.toml): a user's own spaces,
+# or the spaces a recorded grid was measured in.
+SPACES_ENV = "TUNER_SEARCH_SPACES"
 
 
-def load_space(variant: str, directory: Path = SPACE_DIR, phase: str = "prefill", layout: str = "dense") -> SearchSpace:
+def spaces_dir() -> Path:
+    """$TUNER_SEARCH_SPACES where set, else this package's folder."""
+    return Path(os.environ.get(SPACES_ENV) or SPACE_DIR)
+
+
+def available_spaces(directory: Path | None = None) -> list[str]:
+    return sorted(p.stem for p in Path(directory or spaces_dir()).glob("*.toml"))
+
+
+def load_space(variant: str, directory: Path | None = None, phase: str = "prefill",
+               layout: str = "dense") -> SearchSpace:
     """Load ``<variant>.toml`` (of ``decode/`` for the decode phase) for a ``layout`` kernel (its parameters'
-    by_layout entries applied); an unknown variant lists the choices."""
+    by_layout entries applied) from ``directory`` (default: spaces_dir()); an unknown variant lists the choices."""
+    directory = directory or spaces_dir()
     if phase not in PHASES:
         raise SpaceError(f"unknown phase {phase!r}; choose one of: {', '.join(PHASES)}")
     if phase == "decode":

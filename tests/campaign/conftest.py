@@ -16,6 +16,39 @@ GRID = FIXTURES / "h100_mha_d128_bf16_causal.jsonl.gz"
 REPO = Path(__file__).resolve().parents[2]
 
 
+# The spaces the recorded grids were measured in: their kernels are mma.sync ones on an H100, which Hopper's own
+# spaces no longer offer (search_spaces/*.toml [arch.sm90] keeps the fa2 sketch on wgmma). A campaign replaying them
+# reads this copy (search_spaces.SPACES_ENV); tests of the spaces themselves read the package's (test_space.py).
+HOPPER_WGMMA_ONLY = 'mma_atom = ["SM90_GMMA"]\n'
+
+
+@pytest.fixture(scope="session", autouse=True)
+def recorded_spaces(tmp_path_factory):
+    import shutil
+
+    from search_spaces import SPACE_DIR, SPACES_ENV
+
+    root = tmp_path_factory.mktemp("recorded_spaces")
+    for src in [*SPACE_DIR.glob("*.toml"), *SPACE_DIR.glob("decode/*.toml")]:
+        dst = root / src.relative_to(SPACE_DIR)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        text = src.read_text()
+        section = text.find("[arch.sm90]")
+        if section >= 0:
+            end = text.find("\n[", section + 1)
+            end = len(text) if end < 0 else end
+            text = text[:section] + text[section:end].replace(HOPPER_WGMMA_ONLY, "") + text[end:]
+        dst.write_text(text)
+    shutil.copystat(SPACE_DIR, root)
+    before = os.environ.get(SPACES_ENV)
+    os.environ[SPACES_ENV] = str(root)
+    yield root
+    if before is None:
+        os.environ.pop(SPACES_ENV, None)
+    else:
+        os.environ[SPACES_ENV] = before
+
+
 @pytest.fixture(scope="session")
 def ray_cluster():
     os.environ["RAY_AUTH_MODE"] = "disabled"

@@ -12,6 +12,25 @@ from kernel_abi.spec import spec_for
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+@pytest.fixture(autouse=True)
+def package_spaces(monkeypatch):
+    """The package's spaces, not the recorded ones the campaign tests replay (conftest.recorded_spaces)."""
+    from search_spaces import SPACES_ENV
+
+    monkeypatch.delenv(SPACES_ENV, raising=False)
+
+
+def test_tuner_search_spaces_points_at_a_users_own_spaces(tmp_path, monkeypatch):
+    from search_spaces import SPACES_ENV
+
+    (tmp_path / "mha.toml").write_text('variant = "mha"\n[params.schedule]\nchoices = ["fa2"]\n')
+    monkeypatch.setenv(SPACES_ENV, str(tmp_path))
+    assert available_spaces() == ["mha"]
+    assert load_space("mha").domains(load_profile("h100"), 128, "bf16")["schedule"] == ("fa2",)
+    with pytest.raises(SpaceError, match="choose one of: mha"):
+        load_space("gqa")
+
+
 def test_every_variant_has_a_space_and_unknown_ones_list_the_choices():
     assert available_spaces() == ["gqa", "mha", "mla", "mqa"]
     for v in available_spaces():
@@ -25,10 +44,11 @@ def test_sm75_gets_turing_atoms_only_and_bf16_never_gets_the_k8_atom():
     t4 = space.domains(load_profile("t4"), 128, "fp16")
     assert t4["mma_atom"] == ("SM75_16x8x8",) and t4["g2s_atom"] == ("UniversalCopy128",)
     h100 = space.domains(load_profile("h100"), 128, "bf16")
-    assert h100["mma_atom"] == ("SM90_GMMA", "SM80_16x8x16")
+    assert h100["mma_atom"] == ("SM90_GMMA",)   # Hopper's fa2 sketch on wgmma only ([arch.sm90])
     assert h100["schedule"] == ("ws_overlap", "ws_serial", "fa2")
     assert space.domains(load_profile("a100"), 128, "bf16")["schedule"] == ("fa2",)   # no wgmma: the paper's flow
-    assert "SM75_16x8x8" in space.domains(load_profile("h100"), 128, "fp16")["mma_atom"]
+    assert space.domains(load_profile("a100"), 128, "bf16")["mma_atom"] == ("SM80_16x8x16",)
+    assert "SM75_16x8x8" in space.domains(load_profile("a100"), 128, "fp16")["mma_atom"]
     assert 256 in space.domains(load_profile("h100"), 64, "bf16")["block_n"]      # head-dim specific
     assert 256 not in space.domains(load_profile("h100"), 128, "bf16")["block_n"]
     assert load_space("mla").domains(load_profile("h100"), 192, "bf16")["block_m"] == (64, 128)
@@ -61,7 +81,7 @@ def test_suggest_stays_in_the_profile_and_keeps_distributions_fixed(gpu, variant
 
 
 def test_project_maps_seeds_into_the_space_or_says_why_not():
-    space, h100 = load_space("mha"), load_profile("h100")
+    space, h100 = load_space("mha"), load_profile("a100")   # (FA2's seeds: mma.sync atoms, not offered on Hopper)
     chosen, problems = space.project(KernelParams(block_m=128, block_n=64).to_dict(), h100, 128, "bf16")
     assert problems == [] and chosen["block_n"] == 64 and "kv_stages" in chosen
     _, problems = space.project(KernelParams(block_n=72).to_dict(), h100, 128, "bf16")
