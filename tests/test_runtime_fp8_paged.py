@@ -42,6 +42,7 @@ def test_the_plan_maps_k_by_pages_and_v_over_the_gathered_v_t(monkeypatch, d, pa
     block_n = int(kern.meta["block_n"])
     assert maps["k"].spec.dims == (d, page_size, hkv, pages)
     assert maps["k"].spec.box == (chunk, min(block_n, page_size), 1, 1)   # one box a page's rows
+    assert maps["k"].spec.swizzle_bytes == chunk and maps["k"].dtype == "fp8"
     vt = maps["v"].spec   # (keys, d, heads, 1): the packed V^T, boxes of the kernel's keys x d_v rows
     assert vt.dims == (keys, d, hkv, 1) and vt.strides_bytes == (keys, d * keys, hkv * d * keys)
     assert vt.box == (128, d, 1, 1)
@@ -70,6 +71,7 @@ def test_an_fp8_paged_plan_needs_its_v_t_width_and_pages_of_multiples_of_8(monke
 def test_v_t_is_sized_by_max_seqlen_k_within_the_tables_capacity():
     assert paged_vt.max_keys_of(10, 16) == 160                      # the table's capacity
     assert paged_vt.max_keys_of(10, 16, 100) == 100 and paged_vt.max_keys_of(10, 16, 1000) == 160
+    assert paged_vt.max_keys_of(10, 16, None, cache_pages=4) == 64   # a sequence's pages are distinct
     assert paged_vt.paged_vt_keys(3, 100, 16) == launch_plan.packed_vt_keys(300, 3, 16) == 304 + 48
     with pytest.raises(ValueError, match="max_seqlen_k must be an int >= 0"):
         paged_vt.max_keys_of(10, 16, -1)
@@ -148,3 +150,65 @@ def test_a_paged_call_refuses_bad_descales_by_name_before_any_launch(change, mes
     with pytest.raises(ValueError, match=message):
         kern.paged(q, cache, cache, cu, torch.tensor([4, 4], dtype=torch.int32),
                    torch.zeros(2, 2, dtype=torch.int32), 4, **scales)
+
+
+def test_a_paged_fp8_call_launches_on_the_gathered_v_t_with_the_key_starts_as_cu_seqlens_k(monkeypatch):
+    """What kernel.paged hands the launch (CPU tensors, the plan and the launch stood in): V^T of the plan's width
+    holding the gathered keys, the key starts (running sum of seqused_k) where cu_seqlens_k goes, then seqused_k, the
+    table and the three descales; the plan sized by max_seqlen_k."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)   # (CPU torch)
+    kern = _paged_kernel(128)
+    planned, launched, starts = [], [], []
+    monkeypatch.setattr(attention, "build_paged_plan", lambda *a, **kw: planned.append(kw["vt_keys"]) or
+                        SimpleNamespace(out_shape=(a[1].shape[0], a[1].shape[1], 128), out_dtype=torch.bfloat16))
+    real_starts = paged_vt.key_starts
+    monkeypatch.setattr(paged_vt, "key_starts", lambda used: starts.append(real_starts(used)) or starts[-1])
+    kern._launch = lambda plan, q, k, v, out, extra: launched.append((v, extra))
+    lens, page = [20, 0, 33], 16
+    cache = torch.randint(1, 100, (9, page, 2, 128), dtype=torch.uint8).view(E4M3)
+    table = torch.tensor([[4, 7, 0], [0, 0, 0], [8, 1, 2]], dtype=torch.int32)
+    used = torch.tensor(lens, dtype=torch.int32)
+    q = torch.zeros(12, 8, 128, dtype=E4M3)
+    cu_q = torch.tensor([0, 4, 4, 12], dtype=torch.int32)
+    scales = {n: torch.ones(3, 2) for n in launch_plan.FP8_DESCALES}
+    out = kern.paged(q, cache, cache, cu_q, used, table, 8, max_seqlen_k=40, **scales)
+    assert out.dtype == torch.bfloat16 and planned == [paged_vt.paged_vt_keys(3, 40, 16)]
+    (v, extra), = launched
+    assert tuple(v.shape) == (1, 128, 2, planned[0])
+    assert starts[0].tolist() == [0, 20, 20, 53] and extra[1] == starts[0].data_ptr()
+    assert extra[0] == cu_q.data_ptr() and extra[2] == used.data_ptr() and extra[3] == table.data_ptr()
+    assert extra[4:] == tuple(t.data_ptr() for t in scales.values())
+    want = paged_vt.transposed_paged_v(cache, table, starts[0], 3, planned[0], 16)
+    assert torch.equal(v.view(torch.uint8), want.view(torch.uint8))
+    kern.paged(q, cache, cache, cu_q, used, table, 8, **scales)   # no max_seqlen_k: the table's capacity, 48 keys
+    assert planned[-1] == paged_vt.paged_vt_keys(3, 48, 16)
+
+
+def test_the_paged_v_t_is_the_packed_v_t_of_the_same_keys():
+    """The FP8 paged and varlen kernels read V^T the same way (attn_sm90::packed_vt_key0): a paged call's gathered V^T
+    equals the varlen runtime's V^T of the same keys packed (plan.transposed_packed_v), column for column, and is zero
+    past it. A change of the key order in one of them must be made in the other (transpose_paged_triton.vt_column_key,
+    transpose_triton's packed kernel and plan.transposed_packed_v)."""
+    page, lens = 16, [37, 0, 16, 5, 100]
+    gen = torch.Generator().manual_seed(3)
+    packed = torch.randint(1, 120, (sum(lens), 2, 64), generator=gen, dtype=torch.uint8)
+    counts = [-(-n // page) for n in lens]
+    cache = torch.full((sum(counts) + 3, page, 2, 64), 0x7F, dtype=torch.uint8)
+    table = torch.zeros(len(lens), max(counts), dtype=torch.int32)
+    order = torch.randperm(cache.shape[0], generator=gen).tolist()
+    at, row = 0, 0
+    for b, (n, c) in enumerate(zip(lens, counts)):
+        for j in range(c):
+            table[b, j] = order[at]
+            rows = min(page, n - j * page)
+            cache[order[at], :rows] = packed[row:row + rows]
+            at, row = at + 1, row + rows
+    starts = paged_vt.key_starts(torch.tensor(lens, dtype=torch.int32))
+    varlen = launch_plan.transposed_packed_v(packed.view(E4M3), starts, len(lens), 16).view(torch.uint8)
+    paged = paged_vt.transposed_paged_v(cache.view(E4M3), table, starts, len(lens),
+                                        paged_vt.paged_vt_keys(len(lens), max(lens), 16), 16).view(torch.uint8)
+    width = varlen.shape[-1]
+    assert paged.shape[-1] >= width
+    assert torch.equal(paged[..., :width], varlen) and not paged[..., width:].any()

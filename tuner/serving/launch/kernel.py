@@ -261,7 +261,7 @@ class AttentionKernel:
         if transposes_v(self.meta):
             from tuner.serving.launch.paged_vt import max_keys_of, paged_vt_keys
 
-            max_keys = max_keys_of(page_table.shape[1], k_cache.shape[1], max_seqlen_k)
+            max_keys = max_keys_of(page_table.shape[1], k_cache.shape[1], max_seqlen_k, k_cache.shape[0])
             vt_keys = paged_vt_keys(batch, max_keys, packed_vt_align(self.meta))
         key = ("paged", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
                k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, batch, int(max_seqlen_q),

@@ -9,17 +9,21 @@ ceil(cu[b] / align) + align x b) where that is one of its keys, else zero: the z
 uninitialised bytes, or a poisoned page's, could hold e4m3 NaN.
 
 V^T's width is fixed per plan, so it is bounded by shapes, not by the lengths: ``max_keys`` keys a sequence (the call's
-max_seqlen_k where given, never more than the table's capacity, pages a row x page size).
+max_seqlen_k where given, never more than the table's capacity, pages a row x page size, nor the cache's pages).
 """
 from __future__ import annotations
 
 from tuner.serving.launch.plan import packed_vt_keys, packed_vt_probe
 
 
-def max_keys_of(page_table_pages: int, page_size: int, max_seqlen_k: int | None = None) -> int:
-    """The most keys a sequence of the call can have: the table's capacity, or ``max_seqlen_k`` where smaller (the
-    caller's bound on every sequence's keys, FlashAttention's contract)."""
+def max_keys_of(page_table_pages: int, page_size: int, max_seqlen_k: int | None = None,
+                cache_pages: int | None = None) -> int:
+    """The most keys a sequence of the call can have: the table's capacity (pages a row x page size), no more than
+    the cache holds (a sequence's pages are distinct), or ``max_seqlen_k`` where smaller (the caller's bound on every
+    sequence's keys, FlashAttention's contract)."""
     capacity = int(page_table_pages) * int(page_size)
+    if cache_pages is not None:
+        capacity = min(capacity, int(cache_pages) * int(page_size))
     if max_seqlen_k is None:
         return max(1, capacity)
     if isinstance(max_seqlen_k, bool) or not isinstance(max_seqlen_k, int) or max_seqlen_k < 0:

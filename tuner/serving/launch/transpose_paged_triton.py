@@ -1,8 +1,10 @@
 """A paged cache's V (pages, page_size, heads, d) -> the packed V^T (1, heads, d, keys) of an FP8 paged call
 (tuner/serving/launch/paged_vt.py transposed_paged_v), read through the page table, in one Triton launch.
 
-``vt_column_key`` is the only place that maps a V^T column to its sequence and key (the layout of
-attn_sm90::packed_vt_key0): a change of the key order within a sequence's columns is made there. Triton ships with CUDA
+``vt_column_key`` is the only place here that maps a V^T column to its sequence and key (the layout of
+attn_sm90::packed_vt_key0): a change of the key order within a sequence's columns is made there, and alike in the
+packed kernel of transpose_triton.py and plan.transposed_packed_v, whose V^T this one must equal for the same keys
+(tests/test_runtime_fp8_paged.py on the CPU, tests/gpu/test_fp8_paged_gpu.py for the two Triton kernels). Triton ships with CUDA
 builds of torch and is imported only here, on first use; without it (or on the CPU) paged_vt gathers with torch.
 """
 from __future__ import annotations
