@@ -15,6 +15,9 @@ from ``q.shape[0]``, the batch, ``max_seqlen_q``, ``max_seqlen_k`` (absent: the 
 that page size. Decided while tracing when those are plain ints, per call otherwise. No paged config, or a
 page size no kernel tiles, runs ``paged_sdpa`` (the pages gathered into packed K/V on the device, then torch
 SDPA per sequence), through the same op, counted by reason ("no-paged-config", "page-size", ...).
+
+e4m3 q and caches with descales (FlashAttention-3's, per (sequence, KV head)) take the same dispatch to a paged config of
+dtype fp8 through ``attn_tuner::paged_attention_fp8`` (tuner/serving/fp8_calls.py).
 """
 from __future__ import annotations
 
