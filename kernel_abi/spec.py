@@ -181,16 +181,19 @@ def fp8_errors(variant: str, d_qk: int, d_v: int, options: bool) -> list[str]:
     return errors
 
 
-FP8_LAYOUTS = ("dense", "varlen")   # TMA-loaded rows: V^T is one (heads, d, keys) tensor per call, or per batch
+# TMA-loaded K rows (a paged cache's in boxes within its pages) and V read transposed: a copy made per call, of the
+# dense V, or of each sequence's keys packed (varlen, and a paged cache's pages gathered: the same V^T layout)
+FP8_LAYOUTS = ("dense", "varlen", "paged")
 
 
 def fp8_layout_errors(layout: str) -> list[str]:
-    """Why an FP8 kernel is not built for ``layout``: its V is read transposed (8-bit wgmma operands are K-major), a
-    copy made per call of the dense or packed V; a paged cache's pages would need V^T pages (not built)."""
+    """Why an FP8 kernel is not built for ``layout``: its V is read transposed (8-bit wgmma operands are K-major), from
+    a copy the runtime makes per call (the dense V, or each sequence's keys packed, gathered from the pages of a paged
+    cache)."""
     if layout in FP8_LAYOUTS:
         return []
-    return [f"fp8 kernels take the {' and '.join(FP8_LAYOUTS)} layouts, not {layout}: V is read transposed, and a "
-            "paged cache's pages are not (its K/V stay bf16/fp16)"]
+    return [f"fp8 kernels take the {', '.join(FP8_LAYOUTS)} layouts, not {layout}: V is read transposed from a copy "
+            "the runtime makes of those layouts' V"]
 
 
 def variant_of_heads(heads_q: int, heads_kv: int) -> str:

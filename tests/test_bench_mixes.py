@@ -415,3 +415,33 @@ def test_a_twin_that_disagrees_with_ours_is_reported_and_not_timed(fa4_stand_in,
     assert "differs from ours" in row["ours_bf16_err"] and len(timer.timed) == 3 * serving.TIMING_ROUNDS
     table = bench_serving.results_table([row], "t")
     assert "ours bf16" not in [c.header for c in table.columns]
+
+
+@dataclass
+class CpuFp8PagedKernel(CpuKernel):
+    """An FP8 paged kernel's signature (e4m3 q and caches, the three descales and max_seqlen_k, bf16 out), on the CPU."""
+
+    def paged(self, q, kc, vc, cu_q, used, table, max_q, softmax_scale=None, out=None, q_descale=None,
+              k_descale=None, v_descale=None, max_seqlen_k=None):
+        assert q.dtype == kc.dtype == torch.float8_e4m3fn and q_descale is not None and v_descale is not None
+        assert max_seqlen_k is not None and max_seqlen_k >= int(used.max())
+        as_bf16 = [t.to(torch.bfloat16) for t in (q, kc, vc)]   # the bench's descales are ones
+        return super().paged(*as_bf16, cu_q, used, table, max_q, softmax_scale, out)
+
+
+FP8_PAGED = ServingProblem("paged", "tiny", (5, 33, 1), (5, 40, 17), "gqa", 4, 2, 64, 64, True, "fp8", page_size=16)
+
+
+def test_an_fp8_paged_row_times_our_bf16_paged_default_on_the_same_values(fa4_stand_in, no_flashinfer):
+    """The e4m3 caches with descales and the mix's longest keys for ours; the libraries and the bf16 twin read the
+    same values in bf16, caches included."""
+    from tuner.measure.serving_inputs import baseline_view, make_mix_inputs
+
+    x = make_mix_inputs(FP8_PAGED, "cpu")
+    assert x.k_cache.dtype == torch.float8_e4m3fn and x.descales["k_descale"].shape == (3, 2)
+    _, theirs = baseline_view(FP8_PAGED, x)
+    assert theirs.k_cache.dtype == torch.bfloat16 and theirs.descales is None
+    assert torch.equal(theirs.v_cache.float(), x.v_cache.float())
+    timer = Timer()
+    row = serving.mix_row(CpuFp8PagedKernel(), FP8_PAGED, device="cpu", clock=timer, twin=CpuKernel())
+    assert row["status"] == "ok" and row["ours_bf16"] == row["ours"], row

@@ -277,6 +277,29 @@ def test_build_a_serving_layout(layout, arg, tmp_path, build_cache):
 
 @pytest.mark.slow
 @needs_nvcc
+@pytest.mark.parametrize("head_dim", ["64", "128"])
+def test_build_an_fp8_paged_kernel_without_spills(head_dim, tmp_path, build_cache):
+    """--dtype fp8 --layout paged: the e4m3 kernel reading K from the pages by TMA and V^T as the FP8 varlen kernel
+    reads it; no spill, no cp.async, the GEMMs and TMA loads of its varlen twin."""
+    records = {}
+    for layout in ("paged", "varlen"):
+        out = tmp_path / layout
+        result = invoke("build", "--gpu", "h100", "--variant", "gqa", "--head-dim", head_dim, "--dtype", "fp8",
+                        "--layout", layout, *(["--page-size", "16"] if layout == "paged" else []), "-o", str(out),
+                        env={"TUNER_CACHE_DIR": str(build_cache)})
+        assert result.exit_code == 0, result.output
+        (sidecar,) = out.glob("*.json")
+        records[layout] = json.loads(sidecar.read_text())
+    paged, varlen = records["paged"], records["varlen"]
+    assert paged["spec"]["layout"] == "paged" and paged["spec"]["dtype"] == "fp8" and paged["page_size"] == 16
+    assert paged["resources"]["spill_stores"] == 0 and paged["resources"]["spill_loads"] == 0
+    assert paged["sass"]["LDGSTS"] == 0 and paged["sass"]["QGMMA"] == varlen["sass"]["QGMMA"] > 0
+    assert paged["sass"]["UTMALDG"] == varlen["sass"]["UTMALDG"]
+    assert "page_table" in [a[0] for a in paged["meta"]["args"]]
+
+
+@pytest.mark.slow
+@needs_nvcc
 def test_build_paged_with_a_page_size(tmp_path, build_cache):
     """--page-size 16 is checked against block N and recorded; the kernel is the paged one, which takes its page
     size at run time (the same source as without --page-size: a cache hit after the test above)."""
@@ -311,8 +334,8 @@ def test_build_paged_with_pages_of_whole_tiles_takes_the_tma_producer(tmp_path, 
     (("--gpu", "h100", "--layout", "ragged"), "unknown layout 'ragged'; choose one of: dense, varlen, paged"),
     (("--gpu", "a100", "--layout", "varlen"), "the varlen layout is built by the warp-specialised Hopper schedules"),
     (("--gpu", "h100", "--layout", "paged", "--schedule", "fa2"), "the paged layout is built by the warp-specialised"),
-    (("--gpu", "h100", "--layout", "paged", "--dtype", "fp8"), "fp8 kernels take the dense and varlen layouts, not "
-                                                               "paged"),
+    (("--gpu", "h100", "--layout", "paged", "--dtype", "fp8", "--window", "128,0"), "--dtype fp8 kernels take no "
+                                                                                    "--window"),
 ])
 def test_a_layout_the_target_cannot_build_exits_2(args, message, tmp_path):
     result = invoke("build", "--variant", "gqa", *args, "-o", str(tmp_path / "out"))

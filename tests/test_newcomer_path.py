@@ -391,6 +391,8 @@ def test_next_after_a_dry_run(tmp_path):
     assert f"tune --gpu t4 --variant mla --dtype fp8 --layout varlen --study-dir {tmp_path}" in line
     line = next_step(_camps(True, tmp_path, phase="decode", kv_dtype="fp8"), 0, None)
     assert f"--variant mla --phase decode --kv-dtype fp8 --study-dir {tmp_path}" in line
+    line = next_step(_camps(True, tmp_path, dtype="fp8", layout="paged", page_size=16), 0, None)
+    assert f"tune --gpu t4 --variant mla --dtype fp8 --layout paged --page-size 16 --study-dir {tmp_path}" in line
 
 
 def test_next_after_a_campaign(tmp_path):

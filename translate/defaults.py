@@ -189,14 +189,16 @@ def _local_params(params: KernelParams, spec: KernelSpec, profile: Profile, prob
 
 
 def _whole_tile_pages(spec: KernelSpec, page_size: int | None, block_n: int) -> bool:
-    """WHOLE_TILE_PAGES applies: pages of whole tiles, at a head dim where the paged kernel was measured."""
+    """WHOLE_TILE_PAGES applies: pages of whole tiles, at a head dim where the paged kernel was measured (16-bit: an
+    FP8 paged kernel keeps the FP8 varlen kernel's choices, TMA already)."""
     return (bool(page_size) and page_size % block_n == 0 and spec.d_qk == spec.d_v
-            and spec.d_qk in WHOLE_TILE_PAGES_HEAD_DIMS)
+            and spec.d_qk in WHOLE_TILE_PAGES_HEAD_DIMS and spec.dtype != "fp8")
 
 
 def _serving_pingpong(spec: KernelSpec) -> bool:
-    """SERVING_PINGPONG's choice for a serving spec whose head dims are equal."""
-    return spec.d_qk == spec.d_v and (spec.layout, spec.d_qk) in SERVING_PINGPONG
+    """SERVING_PINGPONG's choice for a serving spec whose head dims are equal (measured on 16-bit kernels: an FP8
+    paged kernel keeps the FP8 varlen kernel's schedule)."""
+    return spec.d_qk == spec.d_v and (spec.layout, spec.d_qk) in SERVING_PINGPONG and spec.dtype != "fp8"
 
 
 def _rescale_threshold(spec: KernelSpec) -> int:

@@ -105,7 +105,9 @@ def fp8_reasons(params, warp_specialized: bool) -> list[str]:
     if params.pack_gqa:
         errors.append("pack_gqa is not built for fp8 kernels")
     if kv_cp_async(params):
-        errors.append("fp8 kernels load K and V with TMA (g2s_atom SM90_TMA)")
+        errors.append("fp8 kernels load K and V with TMA (g2s_atom SM90_TMA): V is read transposed from a per-call "
+                      "copy (a paged cache's too), and the cp.async producer's rows are 16-bit K/V rows, not built "
+                      "for e4m3")
     return errors
 
 

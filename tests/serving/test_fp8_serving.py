@@ -225,13 +225,11 @@ def test_bad_packed_descales_are_refused_before_any_launch(served, change, messa
     assert served.stats["kernel"] == 0 and served.stats["sdpa"] == 0
 
 
-def test_fp8_varlen_refuses_options_a_paged_cache_and_descales_on_16_bit_inputs(served):
+def test_fp8_varlen_refuses_options_and_descales_on_16_bit_inputs(served):
+    """(A paged cache: tests/serving/test_fp8_paged_serving.py.)"""
     q, k, v, cu_q, cu_k, scales = _packed([3, 50], [60, 50])
     with pytest.raises(NotImplementedError, match="FP8 calls take no window_size"):
         served.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 50, 60, causal=True, softcap=30.0, **scales)
-    with pytest.raises(NotImplementedError, match="FP8 paged cache is not served"):
-        served.flash_attn_varlen_func(q, k.view(-1, 10, 2, 128), v.view(-1, 10, 2, 128), cu_q, cu_k, 50, 60,
-                                      causal=True, block_table=torch.zeros(2, 6, dtype=torch.int32), **scales)
     with pytest.raises(ValueError, match="apply to torch.float8_e4m3fn inputs"):
         served.flash_attn_varlen_func(q.to(torch.bfloat16), k.to(torch.bfloat16), v.to(torch.bfloat16), cu_q, cu_k,
                                       50, 60, causal=True, **scales)

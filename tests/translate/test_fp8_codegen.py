@@ -121,9 +121,44 @@ def test_an_fp8_operand_is_the_16_bit_operand_of_half_the_columns():
     assert v.layout_type == 1 and v.stride == 64
 
 
-def test_fp8_is_built_for_the_dense_and_varlen_layouts_not_paged():
-    with pytest.raises(TranslationError, match="fp8 kernels take the dense and varlen layouts, not paged"):
-        _generate(_spec(128, layout="paged"))
+def test_fp8_layouts_are_dense_varlen_and_paged_and_an_unknown_one_is_refused_with_the_reason():
+    from kernel_abi.spec import fp8_layout_errors
+
+    assert not any(fp8_layout_errors(layout) for layout in ("dense", "varlen", "paged"))
+    assert "V is read transposed" in fp8_layout_errors("ragged")[0]
+
+
+def test_an_fp8_paged_kernel_with_the_cp_async_producer_is_refused_with_the_reason():
+    spec = _spec(128, layout="paged")
+    params = KernelParams.from_dict({**hopper_params(H100, spec, page_size=16).to_dict(),
+                                     "g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56})
+    errors = validate(params, H100, _problem(128), warp_specialized=True)
+    assert any("fp8 kernels load K and V with TMA" in e and "not built for e4m3" in e for e in errors), errors
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_fp8_paged_kernel_reads_k_by_pages_and_v_t_as_the_packed_kernel_does(d, causal):
+    """K from the pages in TMA boxes of kChunkQK bytes (the 16-bit TMA producer's tma_load_paged), V^T from the packed
+    V^T at the sequence's aligned key (the runtime gathers the pages into the varlen kernel's layout), the descales of
+    the tile's sequence; the defaults are the TMA producer without the 16-bit paged kernel's ping-pong."""
+    paged, varlen = _generate(_spec(d, causal, "gqa", "paged")), _generate(_spec(d, causal, "gqa", "varlen"))
+    body = paged.body
+    assert paged.params.g2s_atom == "SM90_TMA" and not paged.params.pingpong and paged.params.pv_wait == "after"
+    assert ("attn_sm90::tma_load_paged<kHeadDimQK / kChunkQK, kBlockN, kChunkQK>(&tma_k, &k_full[slot], "
+            "smem_k + slot * kTileKElems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);") in body
+    vt_load = ("attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>(&tma_v, &v_full[slot], smem_v + slot * "
+               "kTileVElems, attn_sm90::packed_vt_key0<kPackedVtAlign>(k_row0, vt.seq) + n_block * kBlockN, bidh_kv, "
+               "bidb);")
+    assert vt_load in body and vt_load in varlen.body
+    assert "constexpr int kPackedVtAlign = 16;" in body and paged.tensor_maps["v"]["seq_align"] == 16
+    assert "const int descale_at = vt.seq * (heads_q / group) + bidh_kv;" in body
+    assert "cp_async" not in body and "tma_load_tile<kHeadDimQK / kChunkQK, kBlockN" not in body
+    names = [name for name, _ in paged.extra_args]
+    assert names[3:12] == ["cu_seqlens_q", "cu_seqlens_k", "seqused_k", "page_table", "page_table_stride",
+                           "page_size", "q_descale", "k_descale", "v_descale"]
+    assert paged.tensor_maps["k"]["cols"] == (128 if d == 128 else 64) and paged.tensor_maps["v"]["transposed"]
+    assert paged.smem_bytes == varlen.smem_bytes   # the tile's lengths and the sequence order alike
 
 
 @pytest.mark.parametrize("d", [64, 128])

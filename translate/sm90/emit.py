@@ -148,14 +148,8 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
             f"{INDENT}attn_sm90::cp_async_arrive(&{x}_full[slot]);  // this thread's part of the stage, once it landed",
             "}",
         ]
-    if ctx.fp8:   # TMA only (frame.fp8_reasons): K in 128- or 64-byte boxes, V transposed (keys along the rows)
-        # packed sequences: V^T holds each sequence's keys from an aligned key (attn_sm90::packed_vt_key0)
-        vt_key = (f"attn_sm90::packed_vt_key0<kPackedVtAlign>(k_row0, vt.seq) + n_block * kBlockN" if ctx.varlen
-                  else k_row)
-        load = (f"{INDENT}attn_sm90::tma_load_tile<kHeadDimQK / kChunkQK, kBlockN, kChunkQK>(&tma_k, &k_full[slot], "
-                f"smem_k + slot * kTileKElems, {k_row}, bidh_kv, bidb);" if x == "k" else
-                f"{INDENT}attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>(&tma_v, &v_full[slot], "
-                f"smem_v + slot * kTileVElems, {vt_key}, bidh_kv, bidb);")
+    if ctx.fp8:   # TMA only (frame.fp8_reasons)
+        load = INDENT + _fp8_load(x, k_row, ctx)
     elif ctx.paged:
         load = (f"{INDENT}attn_sm90::tma_load_paged<{boxes}>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
@@ -173,6 +167,22 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
         load,
         "}",
     ]
+
+
+def _fp8_load(x: str, k_row: str, ctx: Ctx) -> str:
+    """An FP8 kernel's K or V tile: K in boxes of kChunkQK bytes (a paged cache's within its pages, as the 16-bit TMA
+    producer reads them), V transposed (keys along the rows). Packed sequences (varlen, and paged: the runtime gathers
+    the pages' V into the same packed V^T) hold each sequence's keys from an aligned key (attn_sm90::packed_vt_key0;
+    cu_seqlens_k gives the sequences' first keys, for a paged call the running sum of seqused_k)."""
+    if x == "k":
+        if ctx.paged:
+            return ("attn_sm90::tma_load_paged<kHeadDimQK / kChunkQK, kBlockN, kChunkQK>(&tma_k, &k_full[slot], "
+                    "smem_k + slot * kTileKElems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
+        return (f"attn_sm90::tma_load_tile<kHeadDimQK / kChunkQK, kBlockN, kChunkQK>(&tma_k, &k_full[slot], "
+                f"smem_k + slot * kTileKElems, {k_row}, bidh_kv, bidb);")
+    vt_key = "attn_sm90::packed_vt_key0<kPackedVtAlign>(k_row0, vt.seq) + n_block * kBlockN" if ctx.varlen else k_row
+    return (f"attn_sm90::tma_load_vt<kBlockN / kChunkV, kHeadDimV, kChunkV>(&tma_v, &v_full[slot], "
+            f"smem_v + slot * kTileVElems, {vt_key}, bidh_kv, bidb);")
 
 
 # ---- consumer -----------------------------------------------------------------------------------------

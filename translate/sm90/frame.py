@@ -170,7 +170,7 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
         f"constexpr int kChunkQK = {fp8_chunk(spec.d_qk)};  // columns of a Q/K TMA box and swizzle atom (bytes)",
         f"constexpr int kChunkV = {fp8_chunk(params.block_n)};  // keys of a transposed-V box and atom",
         *([f"constexpr int kPackedVtAlign = {PACKED_VT_ALIGN};  // keys: where a packed sequence's V^T starts"]
-          if spec.layout == "varlen" else []),
+          if packs_vt(spec) else []),
         f"constexpr int kMaxOffset = {FP8_MAX_OFFSET};  // P's row maximum is 2^kMaxOffset (attn_sm90::softmax_tile)",
         f"constexpr int kMaxChains = {fp8_max_chains(spec.d_qk)};  // independent FMNMX chains of a row's maximum "
         "(attn_tl::update_row_max)",
@@ -193,6 +193,12 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
 # A packed sequence's keys start at a multiple of this in the transposed V (attn_sm90::packed_vt_key0): TMA boxes start
 # 16-byte aligned in their innermost dimension. The runtime reads it from the kernel's tensor map ("seq_align").
 PACKED_VT_ALIGN = 16
+
+
+def packs_vt(spec) -> bool:
+    """An FP8 kernel of packed sequences reads each sequence's V^T from an aligned key of one packed V^T (varlen; paged,
+    whose pages the runtime gathers into the same layout)."""
+    return is_fp8(spec) and spec.layout in ("varlen", "paged")
 FP8_MAX_OFFSET = 8   # FA3's: P's row maximum 2^8 < 448 (e4m3's largest finite), fewer small P in e4m3's subnormals
 
 

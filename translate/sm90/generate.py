@@ -269,7 +269,7 @@ def tensor_map_boxes(params, spec) -> dict:
         return {"q": {"rows": params.block_m, "dim": "d_qk", "cols": qk},
                 "k": {"rows": params.block_n, "dim": "d_qk", "cols": qk},
                 "v": {"rows": spec.d_v, "dim": "d_v", "cols": frame.fp8_chunk(params.block_n), "transposed": True,
-                      **({"seq_align": frame.PACKED_VT_ALIGN} if spec.layout == "varlen" else {}),
+                      **({"seq_align": frame.PACKED_VT_ALIGN} if frame.packs_vt(spec) else {}),
                       **({"key_order": params.vt_key_order} if params.vt_key_order != "natural" else {})},
                 "o": {"rows": 64, "dim": "d_v"}}
     packed = {"heads_first": True} if params.pack_gqa else {}

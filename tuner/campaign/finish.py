@@ -68,6 +68,9 @@ def next_step(camps, code: int, report) -> str:
         target += f" --dtype {opts.dtype}"
     if opts.layout != "dense":
         target += f" --layout {opts.layout}"
+    if opts.page_size is not None:   # (a paged campaign needs it: tuner.campaign.options)
+        sizes = opts.page_size if isinstance(opts.page_size, tuple) else (opts.page_size,)
+        target += f" --page-size {','.join(map(str, sizes))}"
     if opts.phase != "prefill":
         target += f" --phase {opts.phase}"
     if getattr(opts, "kv_dtype", None):

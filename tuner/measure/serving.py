@@ -42,10 +42,11 @@ def problem_row(p: ServingProblem) -> dict:
 
 def ours_call(kernel, p: ServingProblem, x) -> Callable[[], object]:
     """Our kernel's call on the mix's inputs (AttentionKernel.varlen or .paged)."""
-    if p.layout == "paged":
-        return lambda: kernel.paged(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.seqused_k, x.page_table,
-                                    p.max_seqlen_q, softmax_scale=p.softmax_scale)
     descales = x.descales or {}
+    if p.layout == "paged":   # FP8: the descales, and the mix's longest keys bound the V^T gathered per call
+        fp8 = {**descales, "max_seqlen_k": p.max_seqlen_k} if descales else {}
+        return lambda: kernel.paged(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.seqused_k, x.page_table,
+                                    p.max_seqlen_q, softmax_scale=p.softmax_scale, **fp8)
     return lambda: kernel.varlen(x.q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k,
                                  softmax_scale=p.softmax_scale, **descales)
 

@@ -54,14 +54,14 @@ def make_mix_inputs(problem: ServingProblem, device: str = "cuda", seed: int = 0
     cu_q = torch.tensor([0, *_cumsum(p.seqlens_q)], **as_i32)
     cu_k = torch.tensor([0, *_cumsum(p.seqlens_k)], **as_i32)
     used = torch.tensor(p.seqlens_k, **as_i32)
+    descales = None
     if p.dtype == "fp8":
         ones = torch.ones(p.batch, p.heads_kv, dtype=torch.float32, device=device)
         descales = {"q_descale": ones, "k_descale": ones.clone(), "v_descale": ones.clone()}
-        return MixInputs(q, k, v, cu_q, cu_k, used, descales=descales)
     if p.layout != "paged":
-        return MixInputs(q, k, v, cu_q, cu_k, used)
+        return MixInputs(q, k, v, cu_q, cu_k, used, descales=descales)
     k_cache, v_cache, table = _paged_cache(p, k, v, seed, device)
-    return MixInputs(q, k, v, cu_q, cu_k, used, k_cache, v_cache, table)
+    return MixInputs(q, k, v, cu_q, cu_k, used, k_cache, v_cache, table, descales)
 
 
 def _cumsum(values) -> list[int]:
@@ -94,13 +94,14 @@ def _paged_cache(p: ServingProblem, k, v, seed: int, device: str):
 
 
 def baseline_view(problem: ServingProblem, x: MixInputs) -> tuple[ServingProblem, MixInputs]:
-    """What the libraries take of an FP8 mix: the same values in bf16 (none of them reads e4m3 here); a 16-bit
-    mix as it is."""
+    """What the libraries take of an FP8 mix: the same values in bf16 (none of them reads e4m3 here), a paged mix's
+    caches too; a 16-bit mix as it is."""
     if problem.dtype != "fp8":
         return problem, x
     import dataclasses
 
     import torch
 
-    bf16 = {name: getattr(x, name).to(torch.bfloat16) for name in ("q", "k", "v")}
+    bf16 = {name: getattr(x, name).to(torch.bfloat16) for name in ("q", "k", "v", "k_cache", "v_cache")
+            if getattr(x, name) is not None}
     return dataclasses.replace(problem, dtype="bf16"), dataclasses.replace(x, descales=None, **bf16)

@@ -140,14 +140,17 @@ def check_problem(kernel, problem, gen, device: str = "cuda", index: int = 0):
 UNUSED_KEY = FP8_MAX   # what packed keys and values past seqused_k hold: a kernel that reads them is far off
 
 
-def check_packed(kernel, spec, mix, heads: tuple[int, int], gen, device: str = "cuda", index: int = 0):
-    """One packed-sequence mix (tuner/measure/verify_varlen.py's LengthMix) through ``kernel.varlen`` with e4m3 inputs
-    and descales of shape (sequences, KV heads), spread as ``descales`` spreads them: the NaN-poisoned bf16 output
-    must be written and finite, the inputs unchanged, and each sequence within the module doc's bounds of its own
-    fp32 reference and emulation (causal bottom-right within it; keys past its ``used`` hold UNUSED_KEY)."""
+def check_packed(kernel, spec, mix, heads: tuple[int, int], gen, device: str = "cuda", index: int = 0,
+                 paged_cache=None):
+    """One packed-sequence mix (tuner/measure/verify_varlen.py's LengthMix) through ``kernel.varlen``, or a PagedMix
+    through ``kernel.paged`` (``paged_cache(k, v, cu_k, unused)``: the cache and table of the packed keys), with e4m3
+    inputs and descales of shape (sequences, KV heads), spread as ``descales`` spreads them: the NaN-poisoned bf16
+    output must be written and finite, the inputs unchanged, and each sequence within the module doc's bounds of its
+    own fp32 reference and emulation (causal bottom-right within it; keys past its ``used`` hold UNUSED_KEY). A paged
+    mix's keys lie in pages of a shuffled cache (the table is not the identity), beside spare pages of e4m3 NaN no
+    table row names (verify_varlen._paged_cache); its last page's rows past its keys hold UNUSED_KEY; its V^T is sized
+    by the tightest max_seqlen_k, the longest sequence's keys."""
     import torch
-
-    from tuner.measure.shape_check import ShapeCheck
 
     hq, hkv = heads
     near_max = index % NEAR_MAX_EVERY == NEAR_MAX_EVERY - 1
@@ -174,9 +177,16 @@ def check_packed(kernel, spec, mix, heads: tuple[int, int], gen, device: str = "
     cu_seqlens_q, cu_seqlens_k = torch.tensor(cu_q, **as_i32), torch.tensor(cu_k, **as_i32)
     seqused_k = torch.tensor(mix.used, **as_i32) if mix.seqused_k is not None else None
     out = torch.full((cu_q[-1], hq, spec.d_v), float("nan"), dtype=torch.bfloat16, device=device)
-    failed = _run_checked(label, lambda: kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q),
-                                                       max(mix.keys), seqused_k=seqused_k, out=out, **scales),
-                          (q, k, v, *scales.values()), out, device)
+    if paged_cache is not None:
+        k_cache, v_cache, table = paged_cache(k, v, cu_k, UNUSED_KEY)
+        failed = _run_checked(label, lambda: kernel.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, table,
+                                                          max(mix.seqlens_q), out=out, max_seqlen_k=max(mix.used),
+                                                          **scales),
+                              (q, k_cache, v_cache, table, *scales.values()), out, device)
+    else:
+        failed = _run_checked(label, lambda: kernel.varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max(mix.seqlens_q),
+                                                           max(mix.keys), seqused_k=seqused_k, out=out, **scales),
+                              (q, k, v, *scales.values()), out, device)
     if failed is not None:
         return failed
     ref, emulated = torch.zeros_like(out, dtype=torch.float32), torch.zeros_like(out, dtype=torch.float32)

@@ -127,9 +127,10 @@ def _packed_case(spec: KernelSpec, mix, gen, device):
     return q, k, v, cu_q, cu_k, out
 
 
-def _paged_cache(k, v, cu_k, mix: PagedMix, gen, device):
-    """The packed keys and values spread over the pages of a shuffled cache, spare pages of NaN beside them;
-    the table (int32, batch x the most pages a sequence has)."""
+def _paged_cache(k, v, cu_k, mix: PagedMix, gen, device, unused: float = _UNUSED_KEY):
+    """The packed keys and values spread over the pages of a shuffled cache, spare pages of NaN beside them, each
+    sequence's last page's rows past its keys at ``unused``; the table (int32, batch x the most pages a sequence
+    has)."""
     import torch
 
     page = mix.page_size
@@ -148,7 +149,7 @@ def _paged_cache(k, v, cu_k, mix: PagedMix, gen, device):
             rows = slice(cu_k[b] + j * page, min(cu_k[b] + (j + 1) * page, cu_k[b + 1]))
             count = rows.stop - rows.start
             kc[pid, :count], vc[pid, :count] = k[rows], v[rows]
-            kc[pid, count:], vc[pid, count:] = _UNUSED_KEY, _UNUSED_KEY   # the last page's unused rows
+            kc[pid, count:], vc[pid, count:] = unused, unused   # the last page's unused rows
     return kc, vc, table.to(device)
 
 
@@ -185,7 +186,9 @@ def check_mix(kernel: Callable, spec: KernelSpec, mix, gen, device: str = "cuda"
     if spec.dtype == "fp8":   # e4m3 with descales per sequence, against the e4m3-P emulation's bound
         from tuner.measure import verify_fp8
 
-        return verify_fp8.check_packed(kernel, spec, mix, (hq, hkv), gen, device, options_index)
+        cache = (lambda k, v, cu_k, unused: _paged_cache(k, v, cu_k, mix, gen, device, unused)) \
+            if isinstance(mix, PagedMix) else None
+        return verify_fp8.check_packed(kernel, spec, mix, (hq, hkv), gen, device, options_index, cache)
     dt = getattr(torch, _DTYPES[spec.dtype])
     options = mix_options(spec, options_index, gen, device)
     window = options.get("window")

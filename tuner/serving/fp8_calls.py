@@ -1,6 +1,6 @@
 """FP8 calls of an export (mixed into ExportedAttention): e4m3 q, k, v with FlashAttention-3's descales, through
-``attn_tuner::attention_fp8`` (tuner/serving/op_fp8.py) to an exported FP8 kernel, or to torch SDPA on the
-dequantised inputs (counted by reason). The descales are checked before any launch (the runtime's
+``attn_tuner::attention_fp8`` (and its packed and paged twins: tuner/serving/op_fp8.py) to an exported FP8 kernel, or
+to torch SDPA on the dequantised inputs (counted by reason). The descales are checked before any launch (the runtime's
 check_descales: a missing one, a wrong shape, dtype or device, values that are not finite: ValueError naming it)."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 
 from tuner.serving import op_fp8
 from tuner.serving.launch.plan import check_descales
+from tuner.serving.paged_sdpa import check_used, gather_pages
 from tuner.serving.reasons import REASONS
 from tuner.serving.sdpa import check_shapes, sdpa_attention, varlen_sdpa
 
@@ -97,3 +98,39 @@ class Fp8Calls:
         descales = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale}
         return self.varlen_on_route(route, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                     scale, descales, reference)
+
+    def attend_paged_fp8(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k,
+                         causal: bool, scale: float, q_descale, k_descale, v_descale):
+        """Packed e4m3 q over an e4m3 paged cache (tuner/serving/paged.py's checks done, ``seqused_k`` and
+        ``max_seqlen_k`` settled), a descale per (sequence, KV head) -> bf16 (total_q, hq, d_v)."""
+        _check_fp8_tensors(q, k_cache, v_cache)
+        _checked({"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale},
+                 int(cu_seqlens_q.shape[0]) - 1, int(k_cache.shape[2]), q)
+        route = self.route_paged(q, k_cache, v_cache, causal, scale, cu_seqlens_q, max_seqlen_q, max_seqlen_k)
+        return op_fp8.launch_paged_fp8(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                       max_seqlen_k, q_descale, k_descale, v_descale, bool(causal), scale, route)
+
+    def run_paged_fp8(self, route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                      max_seqlen_k, q_descale, k_descale, v_descale, causal: bool, scale: float):
+        """What a paged FP8 route runs (inside the op): the config's kernel (its V^T sized by ``max_seqlen_k``), else
+        SDPA per sequence on the dequantised pages."""
+        def reference(code, message):
+            self._count_fallback(code, message)
+            return paged_sdpa_fp8(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, q_descale, k_descale,
+                                  v_descale, causal, scale)
+
+        extra = {"q_descale": q_descale, "k_descale": k_descale, "v_descale": v_descale,
+                 "max_seqlen_k": int(max_seqlen_k)}
+        return self.paged_on_route(route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                   max_seqlen_k, scale, extra, reference)
+
+
+def paged_sdpa_fp8(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, q_descale, k_descale, v_descale,
+                   causal: bool, scale: float):
+    """The paged FP8 fallback: each sequence's pages gathered in table order (tuner/serving/paged_sdpa.py), every row
+    dequantised with its (sequence, KV head) descale, then SDPA per sequence in bf16 -> bf16 (total_q, hq, d_v)."""
+    check_used(seqused_k, page_table, int(k_cache.shape[1]))
+    k, v, cu_k = gather_pages(k_cache, v_cache, page_table)
+    group = q.shape[1] // k_cache.shape[2]
+    return varlen_sdpa(dequantised_packed(q, q_descale, cu_seqlens_q, group), dequantised_packed(k, k_descale, cu_k),
+                       dequantised_packed(v, v_descale, cu_k), cu_seqlens_q, cu_k, seqused_k, causal, scale)

@@ -10,6 +10,11 @@ dequantised inputs in bf16 (counted by reason like every fallback).
 q_descale, k_descale, v_descale, causal, scale, route) -> out``: the same for packed sequences (flash_attn_varlen_func's
 tensors), a descale per (sequence, KV head); the fallback is SDPA per sequence on the dequantised inputs.
 
+``attn_tuner::paged_attention_fp8(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+max_seqlen_k, q_descale, k_descale, v_descale, causal, scale, route) -> out``: packed e4m3 q over an e4m3 paged cache
+(flash_attn_varlen_func with a block table), a descale per (sequence, KV head); the fallback gathers each sequence's
+pages, dequantises them with its descales and runs SDPA per sequence.
+
 FP8 attention here is inference: e4m3 tensors take no gradient in torch, and the op's backward says so instead of
 returning nothing.
 """
@@ -105,3 +110,46 @@ def launch_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen
     if nothing_observes(q, k, v):
         return run_varlen_fp8_route(route, *args)
     return varlen_attention_fp8_op(*args, route)
+
+
+_lib.define("paged_attention_fp8(Tensor q, Tensor k_cache, Tensor v_cache, Tensor cu_seqlens_q, Tensor seqused_k, "
+            "Tensor page_table, SymInt max_seqlen_q, SymInt max_seqlen_k, Tensor q_descale, Tensor k_descale, "
+            "Tensor v_descale, bool causal, float scale, int route) -> Tensor")
+
+
+def run_paged_fp8_route(route: int, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                        max_seqlen_k, q_descale, k_descale, v_descale, causal: bool, scale: float) -> Tensor:
+    r = _ROUTES[route]
+    return r.owner.run_paged_fp8(r, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                 max_seqlen_k, q_descale, k_descale, v_descale, causal, scale)
+
+
+def _paged_fp8(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, q_descale,
+               k_descale, v_descale, causal, scale, route):
+    return run_paged_fp8_route(route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                               max_seqlen_k, q_descale, k_descale, v_descale, causal, scale)
+
+
+_lib.impl("paged_attention_fp8", _paged_fp8, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake(f"{NAMESPACE}::paged_attention_fp8", lib=_lib)
+def _paged_fp8_fake(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, q_descale,
+                    k_descale, v_descale, causal, scale, route):
+    return q.new_empty((q.shape[0], q.shape[1], v_cache.shape[3]), dtype=torch.bfloat16)
+
+
+torch.library.register_autograd(f"{NAMESPACE}::paged_attention_fp8", _backward, setup_context=_setup_context,
+                                lib=_lib)
+
+paged_attention_fp8_op = torch.ops.attn_tuner.paged_attention_fp8.default
+
+
+def launch_paged_fp8(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, q_descale,
+                     k_descale, v_descale, causal: bool, scale: float, route: int) -> Tensor:
+    """The paged FP8 op, or the route itself when nothing observes the call."""
+    args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q, max_seqlen_k, q_descale,
+            k_descale, v_descale, causal, scale)
+    if nothing_observes(q, k_cache, v_cache):
+        return run_paged_fp8_route(route, *args)
+    return paged_attention_fp8_op(*args, route)

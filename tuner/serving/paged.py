@@ -15,6 +15,9 @@ from ``q.shape[0]``, the batch, ``max_seqlen_q``, ``max_seqlen_k`` (absent: the 
 that page size. Decided while tracing when those are plain ints, per call otherwise. No paged config, or a
 page size no kernel tiles, runs ``paged_sdpa`` (the pages gathered into packed K/V on the device, then torch
 SDPA per sequence), through the same op, counted by reason ("no-paged-config", "page-size", ...).
+
+e4m3 q and caches with descales (FlashAttention-3's, per (sequence, KV head)) take the same dispatch to a paged config of
+dtype fp8 through ``attn_tuner::paged_attention_fp8`` (tuner/serving/fp8_calls.py).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from tuner.serving.paged_sdpa import paged_sdpa
 from tuner.serving.reasons import REASONS
 from tuner.serving.rule import plain_ints
 
-_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+_DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8"}
 
 
 def paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
@@ -105,6 +108,15 @@ class PagedCalls:
             args = (q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, causal, scale)
             return paged_sdpa(*args) if options is None else reference_paged(*args, options)
 
+        extra = {} if options is None or route.config is None else option_arguments(options, route.config.causal)
+        return self.paged_on_route(route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                   max_seqlen_k, scale, extra, fallback)
+
+    def paged_on_route(self, route, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                       max_seqlen_k, scale: float, extra: dict, fallback):
+        """A paged call on its route's kernel (its bucket chosen per call when the route has none), ``extra`` the
+        kernel's keyword arguments beyond the layout's; ``fallback(code, message)`` where there is no config, no
+        bucket tiles the page size, or the kernel refuses."""
         if route.config is None:
             message = self._messages.get(self._fallback.get(route.code), REASONS.get(route.code, route.code))
             return fallback(route.code, message)
@@ -113,7 +125,6 @@ class PagedCalls:
         bucket = route.bucket or route.config.bucket_of_call(*lengths)
         if bucket is None:
             return fallback("page-size", REASONS["page-size"])
-        extra = {} if options is None else option_arguments(options, route.config.causal)
         return self._launch(route.config.kernels[bucket], bucket, f"{route.config.variant} paged", q.device.index or 0,
                             lambda kern: kern.paged(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table,
                                                     int(max_seqlen_q), softmax_scale=scale, **extra),
@@ -121,10 +132,11 @@ class PagedCalls:
 
     def paged_varlen(self, q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal: bool,
                      scale: float, page_table, seqused_k=None, window_size=(-1, -1), softcap: float = 0.0,
-                     learnable_sink=None):
+                     learnable_sink=None, fp8=None):
         """flash_attn_varlen_func with a page table (see the module doc); the other arguments already checked. With
         options (a window, a cap, sinks: tuner/serving/options.py) through the paged options op, to a paged kernel
-        built with them or the fp32 reference over the gathered pages."""
+        built with them or the fp32 reference over the gathered pages. ``fp8`` (q_descale, k_descale, v_descale):
+        e4m3 q and caches, through the paged FP8 op (tuner/serving/fp8_calls.py)."""
         errors = paged_input_errors(q, k_cache, v_cache, cu_seqlens_q, cu_seqlens_k, seqused_k, page_table,
                                     max_seqlen_q)
         if errors:
@@ -133,6 +145,9 @@ class PagedCalls:
             seqused_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int32)
         if max_seqlen_k is None:   # FA4 may leave it out: the table's capacity bounds every sequence's keys
             max_seqlen_k = page_table.shape[1] * k_cache.shape[1]
+        if fp8 is not None:        # e4m3 with descales (tuner/serving/fp8_calls.py): no options there
+            return self.attend_paged_fp8(q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q,
+                                         max_seqlen_k, causal, scale, *fp8)
         options = model_options(window_size, softcap, learnable_sink, causal=bool(causal), heads_q=int(q.shape[1]),
                                 device=q.device, where="flash_attn_varlen_func")
         if options.any:

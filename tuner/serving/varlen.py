@@ -96,7 +96,8 @@ class VarlenCalls:
         and v paged caches (num_pages, page_size, kv_heads, head_dim): tuner/serving/paged.py. What neither the
         kernels nor the per-sequence fallback compute is refused (NotImplementedError): dropout, ALiBi, the
         probabilities. float8_e4m3fn q, k, v take FlashAttention-3's ``q_descale``/``k_descale``/``v_descale`` (fp32,
-        (sequences, KV heads)) and return bf16 (tuner/serving/fp8_calls.py); FP8 takes no paged cache or options."""
+        (sequences, KV heads)) and return bf16 (tuner/serving/fp8_calls.py), packed or over a paged cache; FP8 takes no
+        options."""
         has_options = (learnable_sink is not None or bool(softcap)
                        or (window_size is not None and tuple(window_size) != (-1, -1)))
         for given, what in ((dropout_p > 0.0, "dropout"), (alibi_slopes is not None, "alibi_slopes"),
@@ -108,12 +109,17 @@ class VarlenCalls:
         table = block_table if block_table is not None else page_table
         head_dim = q.shape[-1] if isinstance(q, torch.Tensor) and q.dim() >= 1 else 1
         scale = float(softmax_scale) if softmax_scale is not None else 1.0 / math.sqrt(int(head_dim))
+        fp8 = None
+        if q.dtype == torch.float8_e4m3fn or any(d is not None for d in (q_descale, k_descale, v_descale)):
+            if q.dtype != torch.float8_e4m3fn:
+                raise ValueError(f"q_descale, k_descale and v_descale apply to {torch.float8_e4m3fn} inputs, not "
+                                 f"{q.dtype}")
+            if has_options:
+                raise NotImplementedError("FP8 calls take no window_size, softcap or learnable_sink")
+            fp8 = (q_descale, k_descale, v_descale)
         if table is not None:
-            if q.dtype == torch.float8_e4m3fn:
-                raise NotImplementedError("flash_attn_varlen_func: an FP8 paged cache is not served (FP8 prefill "
-                                          "reads dense or packed K/V); pass k and v packed, or in bf16/fp16")
             return self.paged_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-                                     table, seqused_k, window_size, softcap, learnable_sink)
+                                     table, seqused_k, window_size, softcap, learnable_sink, fp8)
         if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
             hint = " (a paged cache needs block_table= or page_table=)" if k.dim() == 4 else ""
             raise ValueError(f"q, k, v must be 3-D (total_tokens, heads, head_dim); got {tuple(q.shape)}, "
@@ -121,12 +127,7 @@ class VarlenCalls:
         if k.shape[1] < 1 or q.shape[1] % k.shape[1] or k.shape[:2] != v.shape[:2] or q.shape[2] != k.shape[2]:
             raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: query heads must be a "
                              "multiple of the KV heads, k and v alike in tokens and heads, q and k in head dim")
-        if q.dtype == torch.float8_e4m3fn or any(d is not None for d in (q_descale, k_descale, v_descale)):
-            if q.dtype != torch.float8_e4m3fn:
-                raise ValueError(f"q_descale, k_descale and v_descale apply to {torch.float8_e4m3fn} inputs, not "
-                                 f"{q.dtype}")
-            if has_options:
-                raise NotImplementedError("FP8 calls take no window_size, softcap or learnable_sink")
+        if fp8 is not None:
             return self.attend_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
                                           scale, seqused_k, q_descale, k_descale, v_descale)
         if has_options:

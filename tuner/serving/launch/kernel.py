@@ -237,11 +237,15 @@ class AttentionKernel:
         return out
 
     def paged(self, q, k_cache, v_cache, cu_seqlens_q, seqused_k, page_table, max_seqlen_q: int, out=None,
-              softmax_scale: float | None = None, *, window_size=(-1, -1), softcap: float = 0.0, sinks=None):
+              softmax_scale: float | None = None, *, window_size=(-1, -1), softcap: float = 0.0, sinks=None,
+              q_descale=None, k_descale=None, v_descale=None, max_seqlen_k: int | None = None):
         """Prefill over a paged cache (a kernel of the paged layout): packed q (total_q, hq, d_qk) with
         ``cu_seqlens_q`` int32 (batch + 1); k_cache/v_cache (pages, page_size, hkv, d); ``page_table`` int32
         (batch, pages per sequence); ``seqused_k`` int32 (batch) the keys of each sequence -> out (total_q, hq,
-        d_v). Causal aligns bottom-right within each sequence (a chunk of queries after a cached prefix)."""
+        d_v). Causal aligns bottom-right within each sequence (a chunk of queries after a cached prefix). An FP8
+        kernel takes e4m3 tensors and the descales of ``varlen`` per sequence, (batch, KV heads), and returns bf16;
+        V is gathered from the pages transposed per call (tuner/serving/launch/paged_vt.py), sized by
+        ``max_seqlen_k`` (at least every sequence's keys; None: the table's capacity)."""
         import torch
 
         _check_lengths(q, cu_seqlens_q, cu_seqlens_q, seqused_k)
@@ -253,20 +257,38 @@ class AttentionKernel:
         batch = cu_seqlens_q.shape[0] - 1
         if page_table.shape[0] != batch:
             raise ValueError(f"page_table has {page_table.shape[0]} rows for {batch} sequences")
+        descales = ()
+        if self.fp8 or any(d is not None for d in (q_descale, k_descale, v_descale)):
+            descales = self._descales(batch, int(k_cache.shape[2]), q.device, q_descale, k_descale, v_descale)
+        vt_keys = None
+        if transposes_v(self.meta):
+            from tuner.serving.launch.paged_vt import max_keys_of, paged_vt_keys
+
+            max_keys = max_keys_of(page_table.shape[1], k_cache.shape[1], max_seqlen_k, k_cache.shape[0])
+            vt_keys = paged_vt_keys(batch, max_keys, packed_vt_align(self.meta))
         key = ("paged", q.shape, q.stride(), k_cache.shape, k_cache.stride(), v_cache.shape, v_cache.stride(), q.dtype,
                k_cache.dtype, v_cache.dtype, q.device, k_cache.device, v_cache.device, batch, int(max_seqlen_q),
                page_table.stride(0), softmax_scale, None if out is None else (out.shape, out.stride(), out.dtype),
-               CallOptions(tuple(window_size or (-1, -1)), softcap, sinks).key())
+               CallOptions(tuple(window_size or (-1, -1)), softcap, sinks).key(), vt_keys)
         plan = self._plans.get(key) if self._plans is not None else None
         if plan is None:
             plan = build_paged_plan(self, q, k_cache, v_cache, out, softmax_scale, batch, int(max_seqlen_q),
-                                    page_table.stride(0), CallOptions(tuple(window_size or (-1, -1)), softcap, sinks))
+                                    page_table.stride(0), CallOptions(tuple(window_size or (-1, -1)), softcap, sinks),
+                                    vt_keys=vt_keys)
             self._remember_plan(key, plan)
         if out is None:
-            out = torch.empty(plan.out_shape, dtype=q.dtype, device=q.device)
+            out = torch.empty(plan.out_shape, dtype=plan.out_dtype or q.dtype, device=q.device)
+        starts = 0
+        if vt_keys is not None:   # the sequences' keys numbered as if packed: the kernel's cu_seqlens_k
+            from tuner.serving.launch.paged_vt import key_starts, transposed_paged_v
+
+            cu_k = key_starts(seqused_k)
+            v_cache = transposed_paged_v(v_cache, page_table, cu_k, batch, vt_keys, packed_vt_align(self.meta),
+                                         order=vt_key_order(self.meta))
+            starts = cu_k.data_ptr()
         self._launch(plan, q, k_cache, v_cache, out,
-                     (cu_seqlens_q.data_ptr(), 0, seqused_k.data_ptr(), page_table.data_ptr())
-                     + (() if sinks is None else (sinks.data_ptr(),)))
+                     (cu_seqlens_q.data_ptr(), starts, seqused_k.data_ptr(), page_table.data_ptr())
+                     + (() if sinks is None else (sinks.data_ptr(),)) + descales)
         return out
 
     def _remember_plan(self, key, plan) -> None:

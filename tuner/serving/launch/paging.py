@@ -37,6 +37,20 @@ def page_misfit(page_size: int, block_n: int, g2s_atom: str = TMA_KV) -> Optiona
     return f"page size {page_size} does not fit block N {block_n}: {RULE}"
 
 
+# An FP8 paged kernel's K boxes are rows of 64 or 128 bytes (e4m3): a box of 8 rows spans whole 512- or 1024-byte
+# swizzle periods, so each page's box lands where the tile's layout puts its rows.
+FP8_PAGE_ROWS = 8
+
+
+def fp8_page_misfit(page_size: int) -> Optional[str]:
+    """Why an FP8 paged kernel (TMA boxes of e4m3 K rows) cannot read pages of ``page_size`` keys; None when it can
+    (besides page_misfit's rule)."""
+    if page_size >= FP8_PAGE_ROWS and page_size % FP8_PAGE_ROWS == 0:
+        return None
+    return (f"page size {page_size} is not a multiple of {FP8_PAGE_ROWS}: an FP8 paged kernel reads K in TMA boxes "
+            f"of whole swizzle periods ({FP8_PAGE_ROWS} rows of 64 or 128 bytes) a page")
+
+
 def compatible_page_sizes(block_n: int, g2s_atom: str = TMA_KV) -> tuple[int, ...]:
     """The supported page sizes (tuner.serving.buckets.serving.PAGE_SIZES) a kernel of ``block_n`` reads."""
     return tuple(p for p in PAGE_SIZES if page_misfit(p, block_n, g2s_atom) is None)

@@ -271,6 +271,13 @@ def vt_column(key, order: str):
     return key - key % VT_GROUP + 4 * ((key >> 1) & 3) + 2 * ((key >> 3) & 1) + (key & 1)
 
 
+def vt_key(column, order: str):
+    """vt_column's inverse: the key (from the 16-aligned start) at ``column`` (an int or an integer tensor)."""
+    if order == "natural":
+        return column
+    return column - column % VT_GROUP + 8 * ((column >> 1) & 1) + 2 * ((column >> 2) & 3) + (column & 1)
+
+
 def _vt_keys(sk: int, order: str) -> int:
     """The key extent of a V^T map: ``sk``, or in accumulator order the whole last group of 16 (a key of it may sit
     past ``sk``; the TMA box reads zeros only past the extent)."""
@@ -309,6 +316,12 @@ def packed_vt_keys(total: int, batch: int, align: int) -> int:
     return -(-keys // V_KEY_ALIGN) * V_KEY_ALIGN
 
 
+def packed_vt_probe(heads: int, d: int, keys: int, element_size: int) -> _ShapeProbe:
+    """The geometry of a packed V^T of ``keys`` keys a row, (1, d, heads, keys) over (1, heads, d, keys): what the map
+    of an FP8 varlen or paged kernel's V addresses."""
+    return _ShapeProbe((1, d, heads, keys), element_size, (heads * d * keys, keys, d * keys, 1))
+
+
 def transposed_packed_v(v, cu_seqlens_k, batch: int, align: int, alloc: bool = True, order: str = "natural"):
     """Packed V (total keys, heads, d) as an FP8 varlen kernel's TMA map reads it: a (1, d, heads, keys) view of a
     zeroed (1, heads, d, packed_vt_keys) tensor in which sequence b's keys start at key align x ceil(cu_seqlens_k[b]
@@ -321,7 +334,7 @@ def transposed_packed_v(v, cu_seqlens_k, batch: int, align: int, alloc: bool = T
     total, h, d = (int(x) for x in v.shape)
     keys = packed_vt_keys(total, batch, align)
     if not alloc:
-        return _ShapeProbe((1, d, h, keys), v.element_size(), (h * d * keys, keys, d * keys, 1))
+        return packed_vt_probe(h, d, keys, v.element_size())
     import torch
 
     from tuner.serving.launch.transpose_triton import transpose_packed_into
@@ -471,18 +484,22 @@ PAGED_POINTERS = VARLEN_POINTERS + ("page_table",)
 
 
 def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int, max_seqlen_q: int,
-                     page_table_stride: int, options: CallOptions = NO_OPTIONS) -> LaunchPlan:
+                     page_table_stride: int, options: CallOptions = NO_OPTIONS,
+                     vt_keys: int | None = None) -> LaunchPlan:
     """The plan of a paged kernel: packed q (total_q, hq, d_qk) and out, keys and values in caches
     (pages, page_size, hkv, d) found through a page table (int32, batch x its row stride). The page size
-    must divide block N or be a multiple of it: a tile is read in boxes of min(block N, page size) rows."""
+    must divide block N or be a multiple of it: a tile is read in boxes of min(block N, page size) rows. An FP8
+    kernel reads K from the pages and V from the packed V^T of ``vt_keys`` keys the runtime gathers per call
+    (tuner/serving/launch/paged_vt.py), and writes bf16."""
     import torch
 
-    from tuner.serving.launch.paging import kv_copy_of, page_misfit
+    from tuner.serving.launch.paging import fp8_page_misfit, kv_copy_of, page_misfit
 
     spec = kernel.meta["spec"]
     if spec.get("layout", "dense") != "paged":
         raise ValueError(f"{kernel.name} does not read a paged cache (its layout is {spec.get('layout', 'dense')})")
     dtype = getattr(torch, _DTYPES[spec["dtype"]])
+    out_dtype = getattr(torch, _DTYPES[OUTPUT_DTYPES[spec["dtype"]]])
     if not hasattr(q, "dim") or q.dim() != 3:
         raise ValueError(f"q must be 3-D (total_tokens, heads, head_dim), got {tuple(getattr(q, 'shape', ()))}")
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -494,6 +511,8 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
                          "page size or heads")
     page_size, block_n = int(k_cache.shape[1]), int(kernel.meta["block_n"])
     misfit = page_misfit(page_size, block_n, kv_copy_of(kernel.meta))
+    if misfit is None and transposes_v(kernel.meta):
+        misfit = fp8_page_misfit(page_size)
     if misfit is not None:
         raise ValueError(misfit)
     q4 = _Packed(q)
@@ -503,15 +522,22 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
     total_q, hq, _ = q.shape
     hkv = k_cache.shape[2]
     out_shape = (total_q, hq, spec["d_v"])
-    _check_out(out, out_shape, dtype, q.device)
+    _check_out(out, out_shape, out_dtype, q.device)
     values = {"seqlen_q": max(1, max_seqlen_q), "seqlen_k": 1, "group": hq // hkv, "heads_q": hq, "batch": batch,
               "page_table_stride": page_table_stride, "page_size": page_size,
               **option_values(kernel, options, hq, q.device, _scale_of(kernel, softmax_scale))}
-    probe_out = _Packed(out if out is not None else _ShapeProbe(out_shape, q.element_size()))
-    return _pack_plan(kernel, {"q": q4, "k": k_cache, "v": v_cache, "o": probe_out}, values,
+    probe_out = _Packed(out if out is not None else _ShapeProbe(out_shape, out_dtype.itemsize))
+    box_rows = {"k": min(block_n, page_size), "v": min(block_n, page_size)}
+    if transposes_v(kernel.meta):   # V^T of the gathered keys (tuner/serving/launch/paged_vt.py): the kernel's boxes
+        if vt_keys is None:
+            raise PlanError(f"{kernel.name} reads V^T gathered from the pages: its plan needs the V^T's keys")
+        v_cache = packed_vt_probe(int(v_cache.shape[2]), int(v_cache.shape[3]), vt_keys, v_cache.element_size())
+        del box_rows["v"]
+    plan = _pack_plan(kernel, {"q": q4, "k": k_cache, "v": v_cache, "o": probe_out}, values,
                       _grid(kernel, batch, hq, max(1, max_seqlen_q)), out_shape,
-                      dynamic=PAGED_POINTERS + sink_pointer(kernel),
-                      box_rows={"k": min(block_n, page_size), "v": min(block_n, page_size)})
+                      dynamic=PAGED_POINTERS + sink_pointer(kernel) + descale_pointers(kernel), box_rows=box_rows)
+    plan.out_dtype = out_dtype
+    return plan
 
 
 class _Packed:

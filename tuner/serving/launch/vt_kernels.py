@@ -52,3 +52,35 @@ if triton is not None:
                        mask=valid[:, None] & (d[None, :] < D), other=0)
         out = dst + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
         tl.store(out, tile, mask=(c[:, None] < keys_t) & (d[None, :] < D))
+
+    @triton.jit
+    def sequence_of_column(c, cu, batch, A: tl.constexpr, STEPS: tl.constexpr):
+        # sequence b's columns start at A x ceil(cu[b] / A) + A x b (strictly increasing in b): a binary search finds
+        # a column's sequence; -> (sequence, its first key, its first column)
+        lo = tl.zeros_like(c)
+        hi = tl.zeros_like(c) + batch
+        for _ in tl.static_range(STEPS):
+            mid = (lo + hi) // 2
+            go = hi - lo > 1
+            at = (tl.load(cu + mid, mask=go, other=0) + A - 1) // A * A + A * mid
+            lo = tl.where(go & (at <= c), mid, lo)
+            hi = tl.where(go & (at > c), mid, hi)
+        first = tl.load(cu + lo)
+        return lo, first, (first + A - 1) // A * A + A * lo
+
+    @triton.jit
+    def transpose_paged_v(src, dst, table, cu, batch, keys_t, page_size, t_b, s_p, s_r, s_h, d_h, d_d,
+                          D: tl.constexpr, T: tl.constexpr, A: tl.constexpr, STEPS: tl.constexpr, ACC: tl.constexpr):
+        # a tile of V^T columns, each read through the page table from its sequence's key (zeros where none)
+        pid_c, pid_d, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        c = pid_c * T + tl.arange(0, T)
+        d = pid_d * T + tl.arange(0, T)
+        seq, first, column0 = sequence_of_column(c, cu, batch, A, STEPS)
+        key = vt_key(c - column0, ACC)
+        valid = (key >= 0) & (key < tl.load(cu + seq + 1) - first)
+        key = tl.where(valid, key, 0)
+        page = tl.load(table + seq.to(tl.int64) * t_b + key // page_size, mask=valid, other=0)
+        row = page.to(tl.int64) * s_p + (key % page_size).to(tl.int64) * s_r + h * s_h
+        tile = tl.load(src + row[:, None] + d[None, :], mask=valid[:, None] & (d[None, :] < D), other=0)
+        out = dst + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
+        tl.store(out, tile, mask=(c[:, None] < keys_t) & (d[None, :] < D))
