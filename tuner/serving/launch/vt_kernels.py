@@ -68,7 +68,9 @@ if triton is not None:
         first = tl.load(cu + lo)
         return lo, first, (first + A - 1) // A * A + A * lo
 
-    @triton.jit
+    # (no specialisation on the shapes: one build for every call; a build specialised on a page-256 call's strides
+    # failed in Triton's layout pass on an H200)
+    @triton.jit(do_not_specialize=["batch", "keys_t", "page_size", "t_b", "s_p", "s_r", "s_h", "d_h", "d_d"])
     def transpose_paged_v(src, dst, table, cu, batch, keys_t, page_size, t_b, s_p, s_r, s_h, d_h, d_d,
                           D: tl.constexpr, T: tl.constexpr, A: tl.constexpr, STEPS: tl.constexpr, ACC: tl.constexpr):
         # a tile of V^T columns, each read through the page table from its sequence's key (zeros where none)
