@@ -265,3 +265,23 @@ def test_a_packed_fp8_call_traces_under_torch_compile_fullgraph(served):
     out = compiled(q, k, v, cu_q, cu_k, *scales.values())
     assert served.stats["kernel"] >= 1 and served.stats["sdpa"] == 0
     torch.testing.assert_close(out.float(), _expected_packed(q, k, v, cu_q, cu_k, scales, True), atol=3e-2, rtol=3e-2)
+
+
+def test_the_descale_check_asks_no_untraceable_question_while_compiling(monkeypatch):
+    """Under torch.compile the check must not ask CUDA whether the stream is capturing (Dynamo cannot trace it: a
+    compiled FP8 call on a GPU failed that way); outside it, on CUDA tensors, it asks, and reads no values while a
+    capture runs."""
+    from types import SimpleNamespace
+
+    from tuner.serving import fp8_calls
+
+    asked, finite = [], []
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: asked.append(1) or True)
+    monkeypatch.setattr(fp8_calls, "check_descales", lambda d, b, h, dev, check_finite: finite.append(check_finite))
+    q = SimpleNamespace(is_cuda=True, device=torch.device("cpu"))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    fp8_calls._checked({}, 1, 1, q)
+    assert asked == [] and finite == [False]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    fp8_calls._checked({}, 1, 1, q)
+    assert asked == [1] and finite == [False, False]
