@@ -183,3 +183,30 @@ def test_packed_v_in_accumulator_order_permutes_within_each_sequences_groups_of_
     assert not rows[~seen].any()
     with pytest.raises(ValueError, match="multiples of 16 keys"):
         launch_plan.transposed_packed_v(v, cu, len(lens), 8, order="accumulator")
+
+
+def test_fa3s_block_n_224_maps_v_t_in_seven_32_byte_swizzled_boxes(monkeypatch):
+    """FA3's FP8 d128 tile (block N 224): V^T's rows of 224 keys take the 32-byte swizzle (64 does not divide them),
+    so the plan maps V^T in boxes of 32 keys x d_v rows with that swizzle, and Q/K keep their 128-byte boxes."""
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from kernel_abi.spec import KernelSpec
+    from translate.defaults import hopper_params
+    from translate.params import KernelParams
+
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
+    profile = load_profile("h200")
+    spec = KernelSpec("mha", 128, 128, False, "fp8")
+    params = KernelParams.from_dict({**hopper_params(profile, spec).to_dict(), "block_n": 224})
+    gen = translate.generate(tl.parse_program(tl.load_sketch("mha", False, "ws_overlap")), params, profile, spec)
+    assert "TL_MMA_64x224x32_F32E4M3E4M3_SS_TN<>{}" in gen.body and "constexpr int kChunkV = 32;" in gen.body
+    kern = attention.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
+    q = FakeTensor((1, 4096, 16, 128), 0x1000_0000, dtype=E4M3)
+    plan = launch_plan.build_plan(kern, q, q, q, None, None)
+    maps = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
+    assert maps["v"].box == (32, 128, 1, 1) and maps["v"].swizzle_bytes == 32
+    assert maps["k"].box == (128, 224, 1, 1) and maps["k"].swizzle_bytes == 128
+    with pytest.raises(tma.TensorMapError, match="not a 32-, 64- or 128-byte swizzle span"):
+        tma.tensor_map_spec(0x1000, (1, 64, 1, 128), (8192, 128, 128, 1), 1, 64, box_columns=16)

@@ -82,7 +82,9 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
 # tile is (d, block N) with the keys along 64- or 128-byte swizzled rows; the P.V GEMM's k-blocks are 32 keys.
 # P is rounded to e4m3 in registers (RS): the largest P of a row is 2^8 (attn_sm90::softmax_tile's kMaxOffset),
 # which leaves no room for the conditional rescale's growth (e4m3's largest finite value is 448).
-FP8_BLOCK_N = (64, 128, 192, 256)   # multiples of 64 among CuTe's base wgmma N (extended N are 16-bit only here)
+# Block N of an FP8 kernel: multiples of 64 among CuTe's base wgmma N, and FA3's FP8 tiles (hopper/tile_size.h: 224 at
+# head dim 128, 160 at 64), whose QK^T wgmma translate/sm90/wgmma_ops.py declares and whose V^T rows take 32-byte boxes.
+FP8_BLOCK_N = (64, 128, 160, 192, 224, 256)
 # The key order of an FP8 kernel's transposed V (KernelParams.vt_key_order): as the keys come, or in the order of P's
 # accumulator within 16 keys (P then converts without shuffles).
 VT_KEY_ORDERS = ("natural", "accumulator")
@@ -98,7 +100,7 @@ def fp8_reasons(params, warp_specialized: bool) -> list[str]:
         errors.append("fp8 kernels keep P in registers (pv_operand rs): P is rounded to e4m3 there")
     if params.block_n not in FP8_BLOCK_N:
         errors.append(f"fp8 block_n {params.block_n} must be one of {FP8_BLOCK_N}: V's transposed tile has block_n "
-                      "keys a row in 64-byte swizzle atoms, and only 16-bit wgmma ops of other N are declared")
+                      "keys a row in swizzle atoms of 32 bytes or more, and the QK^T op of each N is declared")
     if params.rescale_threshold:
         errors.append("fp8 kernels rescale every tile (rescale_threshold 0): P's row maximum is already 2^8 and "
                       "e4m3 ends at 448")

@@ -28,6 +28,21 @@ def test_declared_wgmma_op_numbers_its_operands_as_the_instruction_takes_them(n,
         wgmma_ops.is_extended(260)
 
 
+def test_the_e4m3_op_of_an_extended_n_numbers_its_operands_as_the_instruction_takes_them():
+    """FA3's FP8 block N 224 and 160: QK^T's e4m3 wgmma declared here, A and B descriptors, scale-D from a register,
+    the two immediate scales and no transpose bits (8-bit wgmma has none); P.V's (RS) N is the head dim, a base N."""
+    text = "\n".join(wgmma_ops.declarations("fp8", [(224, "ss"), (224, "ss"), (128, "rs")]))
+    assert text.count("struct TL_MMA_64x224x32_F32E4M3E4M3_SS_TN") == 1 and "m64n224k32.f32.e4m3.e4m3" in text
+    asm = re.search(r'"wgmma[^"]*" *\n *"(.*?);', text).group(1)
+    assert [int(x) for x in re.findall(r"%(\d+)", asm)] == list(range(114)) + [115, 116]
+    assert "setp.ne.b32 p, %114, 0" in text and "Shape_MNK = Shape<_64, Int<224>, _32>" in text
+    assert wgmma_ops.mma_op("fp8", 224, "Int<kBlockN>", "Int<kHeadDimQK>", "ss") == \
+        "TL_MMA_64x224x32_F32E4M3E4M3_SS_TN<>{}"
+    assert wgmma_ops.mma_op("fp8", 192, "Int<kBlockN>", "Int<kHeadDimQK>", "ss").startswith("GMMA::ss_op_selector")
+    with pytest.raises(ValueError, match="only with A from shared memory"):
+        wgmma_ops.mma_op("fp8", 224, "Int<kHeadDimV>", "Int<kBlockN>", "rs")
+
+
 def test_a_base_shape_keeps_cutes_op_selector():
     assert wgmma_ops.mma_op("bf16", 128, "Int<kBlockN>", "Int<kHeadDimQK>", "ss") == \
         "GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kBlockN>, Int<kHeadDimQK>>>()"
@@ -40,7 +55,8 @@ def test_a_base_shape_keeps_cutes_op_selector():
 
 
 # (dtype, N, A operand): both element types, both operand kinds, small and large N
-COMBOS = [("bf16", 176, "ss"), ("fp16", 112, "ss"), ("bf16", 144, "rs"), ("fp16", 240, "rs"), ("bf16", 24, "ss")]
+COMBOS = [("bf16", 176, "ss"), ("fp16", 112, "ss"), ("bf16", 144, "rs"), ("fp16", 240, "rs"), ("bf16", 24, "ss"),
+          ("fp8", 224, "ss"), ("fp8", 160, "ss")]
 TRAITS = ("ValTypeD", "ValTypeA", "ValTypeB", "ValTypeC", "Shape_MNK", "ThrID", "ALayout", "BLayout", "CLayout",
           "FrgTypeB")
 
@@ -54,9 +70,12 @@ def _op_identity_unit() -> str:
         lines += wgmma_ops.declarations(dtype, [(n, operand)])
     lines.append("using namespace cute;")
     for i, (dtype, n, operand) in enumerate(COMBOS):
-        t = {"fp16": "F16", "bf16": "BF16"}[dtype]
-        majors = "<GMMA::Major::K, GMMA::Major::MN>"
-        ours, theirs = wgmma_ops.op_name(dtype, n, operand), f"SM90_64x{n}x16_F32{t}{t}_{operand.upper()}"
+        if dtype == "fp8":   # (8-bit wgmma: k32, both operands K-major, no transpose arguments)
+            majors, ours, theirs = "<>", wgmma_ops.op_name(dtype, n, operand), f"SM90_64x{n}x32_F32E4M3E4M3_SS_TN"
+        else:
+            t = {"fp16": "F16", "bf16": "BF16"}[dtype]
+            majors = "<GMMA::Major::K, GMMA::Major::MN>"
+            ours, theirs = wgmma_ops.op_name(dtype, n, operand), f"SM90_64x{n}x16_F32{t}{t}_{operand.upper()}"
         for field in TRAITS + (("FrgTypeA",) if operand == "ss" else ()):
             lines.append(f"static_assert(std::is_same_v<MMA_Traits<{ours}{majors}>::{field}, "
                          f"MMA_Traits<{theirs}{majors}>::{field}>, \"{ours}: {field}\");")
@@ -95,4 +114,5 @@ def test_declared_ops_have_cutes_traits_and_build_cutes_sass():
     for i, (dtype, n, operand) in enumerate(COMBOS):
         ours, cute = by_name[f"ours_{i}"], by_name[f"cute_{i}"]
         assert ours == cute, (dtype, n, operand)
-        assert sum(line.startswith(f"HGMMA.64x{n}x16.F32") for line in ours) == 1
+        opcode = f"QGMMA.64x{n}x32.F32.E4M3.E4M3" if dtype == "fp8" else f"HGMMA.64x{n}x16.F32"
+        assert sum(line.startswith(opcode) for line in ours) == 1, (dtype, n)

@@ -52,9 +52,10 @@ def is_fp8(spec) -> bool:
 
 
 def fp8_chunk(width_bytes: int) -> int:
-    """The columns (bytes) of an FP8 tile's swizzle atom and TMA box: 128-byte rows where they divide the tile's
-    rows, else 64 (translate/params_sm90.py keeps FP8 widths multiples of 64)."""
-    return 128 if width_bytes % 128 == 0 else 64
+    """The columns (bytes) of an FP8 tile's swizzle atom and TMA box: the widest of 128, 64 and 32 bytes that divides
+    the tile's rows (translate/params_sm90.py keeps FP8 widths multiples of 32: FA3's block N 224 and 160 take the
+    32-byte swizzle)."""
+    return next(c for c in (128, 64, 32) if width_bytes % c == 0)
 
 
 def _fp8_k_major(rows: int, width_bytes: int, stages: int | None) -> GmmaOperand:

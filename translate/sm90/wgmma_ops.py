@@ -9,8 +9,9 @@ declares that one op itself instead: the same PTX instruction and the same CuTe 
 CLayout_64xN) as the extended header's, checked type for type and SASS for SASS against it
 (tests/translate/test_wgmma_ops.py), at the cost of the base shapes.
 
-Only the fp32-accumulating 16-bit ops (m64nNk16 .f32.f16.f16 / .f32.bf16.bf16) are generated: they are
-the only ones our kernels issue.
+Generated: the fp32-accumulating 16-bit ops (m64nNk16 .f32.f16.f16 / .f32.bf16.bf16, A from shared memory or
+registers) and the e4m3 one an FP8 kernel's QK^T issues (m64nNk32 .f32.e4m3.e4m3, both operands K-major from shared
+memory; 8-bit wgmma takes no transpose bits): the only ones our kernels issue.
 """
 from __future__ import annotations
 
@@ -32,6 +33,10 @@ def op_name(dtype: str, n: int, operand: str) -> str:
     """The C++ name (namespace cute) of the op this module declares for an extended N."""
     if operand not in OPERANDS:
         raise ValueError(f"operand must be one of {OPERANDS}, not {operand!r}")
+    if dtype == "fp8":
+        if operand != "ss":
+            raise ValueError("an e4m3 wgmma of an extended N is declared for the SS QK^T GEMM only")
+        return f"TL_MMA_64x{n}x32_F32E4M3E4M3_SS_TN"
     t = _CUTE_TYPE[dtype]
     return f"TL_MMA_64x{n}x16_F32{t}{t}_{operand.upper()}"
 
@@ -43,8 +48,11 @@ def mma_op(dtype: str, n: int, n_cpp: str, k_cpp: str, operand: str, b_major: st
     if b_major not in ("K", "MN"):
         raise ValueError(f"B's major mode must be K or MN, not {b_major!r}")
     if dtype == "fp8":
-        if is_extended(n) or b_major != "K":
-            raise ValueError(f"e4m3 wgmma: N {n} must be one of {BASE_WGMMA_N} and B K-major (got {b_major})")
+        if b_major != "K" or (is_extended(n) and operand != "ss"):
+            raise ValueError(f"e4m3 wgmma: B K-major (got {b_major}), and an N outside {BASE_WGMMA_N} ({n}) only with "
+                             "A from shared memory")
+        if is_extended(n):
+            return f"{op_name(dtype, n, operand)}<>{{}}"
         return f"GMMA::{operand}_op_selector<Element, Element, float, Shape<_64, {n_cpp}, {k_cpp}>>()"
     if not is_extended(n):
         majors = "" if b_major == "K" else ", GMMA::Major::K, GMMA::Major::MN"
@@ -69,7 +77,61 @@ def declarations(dtype: str, gemms) -> list[str]:
             "}  // namespace cute", ""]
 
 
+def _declare_e4m3(n: int) -> list[str]:
+    """The SS e4m3 op of N ``n``: CuTe's SM90_64xNx32_F32E4M3E4M3_SS_TN for an N it leaves out (scale-D, then the
+    immediate scales of A and B; no transpose bits), with the same traits."""
+    name = op_name("fp8", n, "ss")
+    guard = f"{name}_DECLARED"
+    acc = n // 2
+    params = ["uint64_t const& desc_a", "uint64_t const& desc_b"] + [f"float& d{i:03d}" for i in range(acc)] + \
+        ["GMMA::ScaleOut const scale_D = GMMA::ScaleOut::One"]
+    accumulators = "{" + ", ".join(f"%{i}" for i in range(acc)) + "}"
+    return [
+        f"#ifndef {guard}",
+        f"#define {guard}",
+        f"// wgmma m64n{n}k32 fp32 += e4m3 x e4m3, A and B K-major from shared memory",
+        "template <GMMA::ScaleIn scaleA = GMMA::ScaleIn::One, GMMA::ScaleIn scaleB = GMMA::ScaleIn::One>",
+        f"struct {name} {{",
+        "  using DRegisters = void;",
+        "  using ARegisters = uint64_t[1];",
+        "  using BRegisters = uint64_t[1];",
+        f"  using CRegisters = float[{acc}];",
+        "  CUTE_HOST_DEVICE static void fma(" + ", ".join(params) + ") {",
+        "#if defined(CUTE_ARCH_MMA_SM90A_ENABLED)",
+        "    asm volatile(",
+        '      "{\\n.reg .pred p;\\n"',
+        f'      "setp.ne.b32 p, %{acc + 2}, 0;\\n"',
+        f'      "wgmma.mma_async.sync.aligned.m64n{n}k32.f32.e4m3.e4m3 "',
+        f'      "{accumulators}, %{acc}, %{acc + 1}, p, %{acc + 3}, %{acc + 4};\\n}}\\n"',
+        "      : " + ", ".join(f'"+f"(d{i:03d})' for i in range(acc)),
+        '      : "l"(desc_a), "l"(desc_b), "r"(int32_t(scale_D)), "n"(int32_t(scaleA)), "n"(int32_t(scaleB)));',
+        "#else",
+        f'    CUTE_INVALID_CONTROL_PATH("{name} needs sm_90a (CUTE_ARCH_MMA_SM90A_ENABLED)");',
+        "#endif",
+        "  }",
+        "};",
+        "template <GMMA::ScaleIn scaleA, GMMA::ScaleIn scaleB>",
+        f"struct MMA_Traits<{name}<scaleA, scaleB>> {{",
+        "  using ValTypeD = float;",
+        "  using ValTypeA = float_e4m3_t;",
+        "  using ValTypeB = float_e4m3_t;",
+        "  using ValTypeC = float;",
+        "  using FrgTypeA = GMMA::smem_desc<GMMA::Major::K>;",
+        "  using FrgTypeB = GMMA::smem_desc<GMMA::Major::K>;",
+        f"  using Shape_MNK = Shape<_64, Int<{n}>, _32>;",
+        "  using ThrID = Layout<_128>;",
+        "  using ALayout = GMMA::ABLayout<64, 32>;",
+        f"  using BLayout = GMMA::ABLayout<{n}, 32>;",
+        f"  using CLayout = GMMA::CLayout_64xN<{n}>;",
+        "  GMMA::ScaleOut accumulate_ = GMMA::ScaleOut::One;",
+        "};",
+        f"#endif  // {guard}",
+    ]
+
+
 def _declare(dtype: str, n: int, operand: str) -> list[str]:
+    if dtype == "fp8":
+        return _declare_e4m3(n)
     name = op_name(dtype, n, operand)
     guard = f"{name}_DECLARED"
     acc = n // 2                       # fp32 accumulators per thread: 64 x n over 128 threads

@@ -38,6 +38,11 @@ class TensorMapSpec:
     swizzle_bytes: int = 128                 # the box's row: 128 (64 16-bit or 128 8-bit columns) or 64 bytes
 
 
+# The swizzles a box's row may span (bytes): 128 and 64 for 16-bit tiles (64 or 32 columns); 32 for an FP8 kernel's
+# transposed V whose block N 64 does not divide (FA3's 224 or 160 keys: seven or five 32-byte boxes a row).
+SWIZZLE_SPANS = (32, 64, 128)
+
+
 def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int,
                     heads_per_box: int = 0, box_columns: int = BOX_COLUMNS, ragged: bool = False) -> TensorMapSpec:
     """The map of a (batch, seqlen, heads, dim) tensor with element ``strides`` (dim contiguous).
@@ -50,9 +55,9 @@ def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int,
     sb, ss, sh, sd = (int(x) for x in strides)
     problems = []
     swizzle = box_columns * element_bytes
-    if swizzle not in (64, 128):
-        problems.append(f"a box of {box_columns} columns of {element_bytes} bytes is not a 64- or 128-byte swizzle "
-                        "span")
+    if swizzle not in SWIZZLE_SPANS:
+        problems.append(f"a box of {box_columns} columns of {element_bytes} bytes is not a 32-, 64- or 128-byte "
+                        "swizzle span")
     if heads_per_box and (rows % heads_per_box or h % heads_per_box):
         problems.append(f"a box of {rows} rows cannot hold whole tokens of {heads_per_box} heads each "
                         f"(of the tensor's {h})")
@@ -96,8 +101,8 @@ def _encode(driver, spec: TensorMapSpec, data_type):
         data_type, 4, spec.address, [u64(x) for x in spec.dims], [u64(x) for x in spec.strides_bytes],
         [u32(x) for x in spec.box], [u32(1)] * 4,
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
-        driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B if spec.swizzle_bytes == 128
-        else driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+        {128: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B, 64: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+         32: driver.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B}[spec.swizzle_bytes],
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
         driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)
     if int(err) != 0:
