@@ -4,8 +4,10 @@ measurement, not from one pass of single measurements).
     python3 scripts/param_ab_check.py --gpu h100 --change '{"rescale_threshold": 8}' \
         [--specs gqa128c,mha128n,mha64c] [--seqlens 1024,2048,4096,8192,16384] [--rounds 15] [--out ab.json]
     python3 scripts/param_ab_check.py --gpu h100 --changes '{"n96": {"block_n": 96}, "pp": {"pingpong": true}}' ...
+    python3 scripts/param_ab_check.py --gpu h200 --dtype fp8 --change '{"block_n": 224}' --specs mha128n,mha128c
 
-For each spec (variant, head dim, c = causal / n = not; bf16) it builds what `tune build` gives (the profile's
+For each spec (variant, head dim, c = causal / n = not; bf16, or e4m3 with ``--dtype fp8``) it builds what
+`tune build` gives (the profile's
 default, warp-specialised) and the same kernel with each CHANGE (``--change``: one, named "changed";
 ``--changes``: several by name, in one set of rounds), passes them through the verification gate
 (tuner.measure.verify), then at each paper-grid point times the default, every changed kernel, cuDNN and FA4 (when
@@ -20,6 +22,7 @@ replaces in the same rounds. Prints a table last; exit 1 when a kernel does not 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -115,6 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--changes", help="JSON object (or @FILE): name -> object of KernelParams fields")
     ap.add_argument("--specs", default=DEFAULT_SPECS,
                     help="comma list of variant, head dim, c or n (default %(default)s)")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp8"),
+                    help="the specs' dtype: fp8 builds e4m3 kernels (FP8 gate; cuDNN and FA4 timed in bf16)")
     ap.add_argument("--seqlens", default="1024,2048,4096,8192,16384")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--out", default="param_ab.json", help="the record (bucket_table.py reads it)")
@@ -125,7 +130,7 @@ def main(argv=None) -> int:
 
     try:
         named = parse_changes(args.change, args.changes, bool(args.before))
-        specs = [(text, parse_spec_label(text)) for text in args.specs.split(",")]
+        specs = [(text, dataclasses.replace(parse_spec_label(text), dtype=args.dtype)) for text in args.specs.split(",")]
         seqlens = tuple(int(s) for s in args.seqlens.split(","))
         before = load_before(Path(args.before), specs) if args.before else {}
     except (ValueError, json.JSONDecodeError, OSError) as exc:
@@ -183,8 +188,8 @@ def main(argv=None) -> int:
 
     for label, spec in specs:
         roles = ["default", *per_spec[label], *(["before"] if label in before else [])]
-        for problem in grid_problems(spec.variant, spec.d_qk if spec.variant != "mla" else 192, "bf16", spec.causal,
-                                     seqlens=seqlens):
+        for problem in grid_problems(spec.variant, spec.d_qk if spec.variant != "mla" else 192, spec.dtype,
+                                     spec.causal, seqlens=seqlens):
             ms = paired_point(problem, {role: kernels[(label, role)] for role in roles}, rule.rounds, timing)
 
             def over(lib, role):

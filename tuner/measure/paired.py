@@ -7,6 +7,7 @@ SDPA) and FA4 (when importable), with the confirm rule's do_bench windows. GPU o
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Callable, Optional
 
 
@@ -38,17 +39,36 @@ def fa4_call(problem) -> Optional[Callable]:
         return None
 
 
+def fp8_calls(problem, kernels: dict, sets: int, device: str = "cuda") -> dict[str, Callable]:
+    """{role: call} of FP8 kernels over ``sets`` rotating e4m3 input sets of the problem with their descales (the
+    FP8 gate's inputs, tuner.measure.verify_fp8.inputs; the runtime's per-call V^T copy timed with each call)."""
+    import torch
+
+    from tuner.measure import timer, verify_fp8
+
+    gen = torch.Generator(device=device).manual_seed(0)
+    inputs = [verify_fp8.inputs(problem, gen, device, near_max=False) for _ in range(max(1, sets))]
+    return {role: timer.rotating(lambda q, k, v, scales, kernel=kernel: kernel(q, k, v, **scales), inputs)
+            for role, kernel in kernels.items()}
+
+
 def paired_point(problem, kernels: dict, rounds: int, timing) -> dict[str, list[float]]:
     """{role: [ms of each round]} of every kernel in ``kernels`` ({role: loaded kernel}), "cudnn" and "fa4" (empty
-    when FA4 cannot run the problem) on ``problem``, ``rounds`` paired rounds."""
+    when FA4 cannot run the problem) on ``problem``, ``rounds`` paired rounds. An FP8 problem's kernels read e4m3
+    inputs with descales (fp8_calls); cuDNN and FA4 time its shapes in bf16."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from tuner.measure import dense, timer
 
     roles = list(kernels)
+    fp8 = problem.dtype == "fp8"
+    if fp8:   # e4m3 inputs with their descales; the libraries time the same shapes in bf16
+        calls = fp8_calls(problem, kernels, timing.rotate)
+        problem = dataclasses.replace(problem, dtype="bf16")
     inputs = dense.make_inputs(problem, timing.rotate)
-    calls = {role: timer.rotating(kernels[role], inputs) for role in roles}
+    if not fp8:
+        calls = {role: timer.rotating(kernels[role], inputs) for role in roles}
     sdpa = timer.rotating(dense.sdpa_call(problem), inputs)
     fa4 = fa4_call(problem)
     fa4 = timer.rotating(fa4, inputs) if fa4 is not None else None
