@@ -23,6 +23,10 @@ MAX_WGMMA_N = 256
 # statistics): FA4's feasibility model (sm90_config_search.py) keeps 24 of 240 with two consumer
 # warpgroups and 32 of 160 with three; its largest feasible hdim-128 tile, 128 x 192 RS, needs 208 of 216.
 REGISTER_OVERHEAD = {1: 24, 2: 24, 3: 32}
+# FP8 kernels (P packed four e4m3 a register), three consumer warpgroups: 28, from ptxas (nvcc 13.0, sm_90a, MHA d64):
+# FA3's FP8 tile 192 x 160 (80 + 32 + 20 + 28 = 160) builds without spills, 192 x 192 (an estimated 180) spills
+# 208-224 bytes.
+FP8_REGISTER_OVERHEAD = {**REGISTER_OVERHEAD, 3: 28}
 SETMAXNREG_CAP = 240        # FA3's largest consumer allocation with two consumer warpgroups
 PLAIN_THREAD_REGS = 255     # no register reallocation: the compiler's per-thread limit
 
@@ -64,7 +68,13 @@ def tile_registers(params, problem: Problem) -> int:
     s = params.block_n // 2
     o = problem.d_v // 2
     p = params.block_n // (8 if problem.dtype == "fp8" else 4) if params.pv_operand == "rs" else 0
-    return s + o + p + REGISTER_OVERHEAD.get(consumer_warpgroups(params.block_m), 32)
+    return s + o + p + register_overhead(params, problem)
+
+
+def register_overhead(params, problem: Problem) -> int:
+    """A consumer thread's registers besides the tiles (REGISTER_OVERHEAD; FP8_REGISTER_OVERHEAD for e4m3)."""
+    table = FP8_REGISTER_OVERHEAD if problem.dtype == "fp8" else REGISTER_OVERHEAD
+    return table.get(consumer_warpgroups(params.block_m), 32)
 
 
 def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
@@ -251,7 +261,7 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         if need > budget:
             errors.append(f"a consumer thread needs about {need} registers (S 64x{params.block_n}, O 64x{problem.d_v}"
                           f"{', P' if params.pv_operand == 'rs' else ''} over 128 threads + "
-                          f"{REGISTER_OVERHEAD.get(consumer_warpgroups(params.block_m), 32)}) "
+                          f"{register_overhead(params, problem)}) "
                           f"but has {where}")
     smem = smem_bytes(params, problem, warp_specialized)
     if smem > profile.smem_per_block_bytes:

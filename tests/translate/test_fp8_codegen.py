@@ -197,3 +197,13 @@ def test_the_search_spaces_offer_fp8_only_what_fp8_kernels_take(variant):
     assert domains["pv_operand"] == ("rs",) and domains["rescale_threshold"] == (0,)
     assert domains["hopper_kv_copy"] == ("SM90_TMA",)
     assert set(load_space(variant).domains(H100, 128, "bf16")["hopper_block_n"]) - set(FP8_BLOCK_N)   # 16-bit: more
+
+
+def test_fa3s_fp8_d64_tile_fits_three_consumer_warpgroups_and_a_wider_one_does_not():
+    """192 x 160 at d64 (FA3's FP8 tile) is within the FP8 register estimate (ptxas builds it without spills); 192 x 192
+    is refused with its registers (it spills 208-224 bytes)."""
+    base = hopper_params(H100, _spec(64)).to_dict()
+    fits = KernelParams.from_dict({**base, "block_m": 192, "num_warps": 12, "block_n": 160})
+    assert validate(fits, H100, _problem(64), warp_specialized=True) == []
+    wide = KernelParams.from_dict({**base, "block_m": 192, "num_warps": 12, "block_n": 192})
+    assert any("registers" in e for e in validate(wide, H100, _problem(64), warp_specialized=True))
