@@ -75,7 +75,7 @@ def transposed_paged_v(v_cache, page_table, starts, batch: int, keys: int, align
 
     buf = torch.empty((1, h, d, keys), dtype=v_cache.dtype, device=v_cache.device)
     if v_cache.is_cuda and v_cache.stride(-1) == 1:
-        from tuner.serving.launch.transpose_paged_triton import transpose_paged_into
+        from tuner.serving.launch.transpose_triton import transpose_paged_into
 
         if transpose_paged_into(buf, v_cache, page_table, starts, batch, align, order == "accumulator"):
             return buf.permute(0, 2, 1, 3)

@@ -48,8 +48,8 @@ def tensor_map_spec(address: int, shape, strides, element_bytes: int, rows: int,
     """The map of a (batch, seqlen, heads, dim) tensor with element ``strides`` (dim contiguous).
     ``heads_per_box`` > 0 (a kernel that packs the query heads of a KV head into its rows): the map is
     (dim, heads, seqlen, batch) and a box of ``rows`` rows is heads_per_box heads x rows / heads_per_box
-    tokens, heads fastest, landing as rows x 128 bytes like any box. ``box_columns``: the box's width (its bytes, 128
-    or 64, are the swizzle's span: 64 16-bit columns, or 32 at head dim 96); ``ragged``: the innermost extent need not be a multiple of it (an FP8 kernel's
+    tokens, heads fastest, landing as rows x 128 bytes like any box. ``box_columns``: the box's width (its bytes, 128,
+    64 or 32, are the swizzle's span: 64 16-bit columns, 32 at head dim 96, 32 keys of an FP8 V^T of block N 224); ``ragged``: the innermost extent need not be a multiple of it (an FP8 kernel's
     transposed V, (batch, d, heads, keys): the keys past the end read as zeros)."""
     b, s, h, d = (int(x) for x in shape)
     sb, ss, sh, sd = (int(x) for x in strides)

@@ -1,6 +1,8 @@
 """V (batch, keys, heads, d) -> (batch, heads, d, keys rounded up) for the FP8 kernels (tuner/serving/launch/plan.py
-transposed_v), and packed sequences' V (total keys, heads, d) -> (1, heads, d, keys) with each sequence from an
-aligned key and zeros between (transposed_packed_v), each as one Triton kernel on CUDA tensors.
+transposed_v), packed sequences' V (total keys, heads, d) -> (1, heads, d, keys) with each sequence from an aligned
+key and zeros between (transposed_packed_v), and a paged cache's V read through the page table into that packed
+layout (tuner/serving/launch/paged_vt.py transposed_paged_v), each as one Triton kernel on CUDA tensors
+(tuner/serving/launch/vt_kernels.py).
 
 torch's copy of a permuted 1-byte tensor moves a byte per thread access: on an H200 (BENCHMARKS.md, FP8 dense prefill) it cost
 the FP8 d128 kernel 852 -> 796 TFLOPS at 16k keys and 711 -> 367 at 1k. A tile here loads 64 keys x 64 columns as
@@ -13,20 +15,13 @@ from __future__ import annotations
 TILE = 64
 
 
-def _kernel():
+def _kernel(name: str):
+    """The jitted kernel ``name`` of vt_kernels; ImportError where Triton is not there."""
     from tuner.serving.launch import vt_kernels
 
     if vt_kernels.triton is None:
         raise ImportError("no Triton")
-    return vt_kernels.transpose_v
-
-
-def _packed_kernel():
-    from tuner.serving.launch import vt_kernels
-
-    if vt_kernels.triton is None:
-        raise ImportError("no Triton")
-    return vt_kernels.transpose_packed_v
+    return getattr(vt_kernels, name)
 
 
 def transpose_packed_into(buf, v, cu_seqlens_k, batch: int, align: int, accumulator_order: bool = False) -> bool:
@@ -34,7 +29,7 @@ def transpose_packed_into(buf, v, cu_seqlens_k, batch: int, align: int, accumula
     column align x ceil(cu_seqlens_k[b] / align) + align x b (in accumulator order: plan.vt_column) and zeros
     elsewhere (tuner/serving/launch/plan.py transposed_packed_v), in one launch; False when Triton is not there."""
     try:
-        kernel = _packed_kernel()
+        kernel = _kernel("transpose_packed_v")
     except ImportError:
         return False
     import torch
@@ -52,7 +47,7 @@ def transpose_into(buf, v, columns: int | None = None, accumulator_order: bool =
     ``columns`` (default: the keys) each holding its key (in accumulator order: plan.vt_column) or zeros past the
     keys; False when Triton is not there (the caller copies with torch)."""
     try:
-        kernel = _kernel()
+        kernel = _kernel("transpose_v")
     except ImportError:
         return False
     import torch
@@ -65,4 +60,24 @@ def transpose_into(buf, v, columns: int | None = None, accumulator_order: bool =
     grid = (-(-columns // TILE), -(-d // TILE), b * h)
     kernel[grid](src, dst, sk, columns, h, v.stride(0), v.stride(1), v.stride(2), buf.stride(0), buf.stride(1),
                  buf.stride(2), D=d, T=TILE, ACC=accumulator_order)
+    return True
+
+
+def transpose_paged_into(buf, v_cache, page_table, starts, batch: int, align: int,
+                         accumulator_order: bool = False) -> bool:
+    """Write the V^T of a paged call into ``buf`` (1, heads, d, keys): sequence b's keys (its pages' rows in table
+    order) from column align x ceil(starts[b] / align) + align x b (in accumulator order: plan.vt_column), zeros
+    elsewhere; False when Triton is not there."""
+    try:
+        kernel = _kernel("transpose_paged_v")
+    except ImportError:
+        return False
+    import torch
+
+    _, h, d, keys = buf.shape
+    src, dst = v_cache.view(torch.uint8), buf.view(torch.uint8)
+    grid = (-(-keys // TILE), -(-d // TILE), h)
+    kernel[grid](src, dst, page_table, starts, batch, keys, v_cache.shape[1], page_table.stride(0), v_cache.stride(0),
+                 v_cache.stride(1), v_cache.stride(2), buf.stride(1), buf.stride(2), D=d, T=TILE, A=align,
+                 STEPS=max(1, (batch - 1).bit_length()), ACC=accumulator_order)
     return True
