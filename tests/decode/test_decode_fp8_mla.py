@@ -225,63 +225,14 @@ def test_q_groups_of_16_columns_are_two_whole_chunks_of_the_16_bit_swizzle():
                 assert offs == list(range(offs[0], offs[0] + 8)) and offs[0] % 8 == 0
 
 
-FRAGMENT_CHECK = r"""
-#include <cstdio>
-#include <cute/tensor.hpp>
-using namespace cute;
-// attn_decode_fp8_mla.cuh's reads assume mma.sync's B fragments as CuTe partitions them for its tiles: value j of
-// (n-block ni, k-block ki) at n = 8 ni + (lane % 32) / 4, k = 16 ki + 2 (lane % 4) + {0, 1, 8, 9}[j], the four values
-// adjacent registers
-template <int kWarpsM>
-int check() {
-  using TiledMma = TiledMMA<MMA_Atom<SM80_16x8x16_F32F16F16F32_TN>, Layout<Shape<Int<kWarpsM>, _1, _1>>,
-                            Tile<Int<16 * kWarpsM>, _16, _16>>;
-  TiledMma mma;
-  cutlass::half_t buf[1];
-  int bad = 0;
-  for (int t = 0; t < 32 * kWarpsM; ++t) {
-    auto thr = mma.get_thread_slice(t);
-    auto one = [&](auto tile) {
-      Tensor c = thr.partition_B(make_identity_tensor(tile));
-      Tensor f = thr.partition_fragment_B(make_tensor(make_gmem_ptr(buf), make_layout(tile)));
-      const int offs[4] = {0, 1, 8, 9};
-      for (int ki = 0; ki < size<2>(f); ++ki)
-        for (int ni = 0; ni < size<1>(f); ++ni)
-          for (int j = 0; j < 4; ++j) {
-            bad += get<0>(c(j, ni, ki)) != 8 * ni + (t % 32) / 4;
-            bad += get<1>(c(j, ni, ki)) != 16 * ki + 2 * (t % 4) + offs[j];
-            bad += f.layout()(j, ni, ki) != f.layout()(0, ni, ki) + j || f.layout()(0, ni, ki) % 4;
-          }
-    };
-    one(Shape<_32, Int<576>>{});   // K: a group's keys x d_qk (hq 128: 2 groups of 64 keys)
-    one(Shape<_16, Int<576>>{});   // (hq 16: 4 groups)
-    one(Shape<_256, _64>{});       // V^T: a group's d_v slice x the tile's keys
-    one(Shape<_128, _64>{});
-  }
-  return bad;
-}
-int main() { printf("%d\n", check<1>() + check<4>()); return 0; }
-"""
-
-
 @pytest.mark.slow
 def test_the_mma_fragments_of_the_latent_tiles_are_laid_out_as_the_reads_assume(tmp_path):
-    import subprocess
+    from mma_fragments import check_b_fragments
 
-    from translate.nvcc import cutlass_include_dir, find_nvcc
-
-    try:
-        nvcc = find_nvcc()
-    except Exception:
-        pytest.skip("nvcc not installed")
-    if not nvcc or not shutil.which(str(nvcc)):
-        pytest.skip("nvcc not installed")
-    (tmp_path / "check.cu").write_text(FRAGMENT_CHECK)
-    build = subprocess.run([str(nvcc), "-std=c++17", f"-I{cutlass_include_dir()}", "-o", str(tmp_path / "check"),
-                            str(tmp_path / "check.cu")], capture_output=True, text=True, timeout=600)
-    assert build.returncode == 0, build.stderr[-2000:]
-    run = subprocess.run([str(tmp_path / "check")], capture_output=True, text=True, timeout=60)
-    assert run.stdout.strip() == "0", run.stdout + run.stderr
+    check_b_fragments(tmp_path, ["Shape<_32, Int<576>>",   # K: a group's keys x d_qk (hq 128: 2 groups of 64 keys)
+                                 "Shape<_16, Int<576>>",   # (hq 16: 4 groups)
+                                 "Shape<_256, _64>",       # V^T: a group's d_v slice x the tile's keys
+                                 "Shape<_128, _64>"], warps=(1, 4))
 
 
 @pytest.fixture(scope="module")
