@@ -9,7 +9,9 @@ ceil(cu[b] / align) + align x b) where that is one of its keys, else zero: the z
 uninitialised bytes, or a poisoned page's, could hold e4m3 NaN.
 
 V^T's width is fixed per plan, so it is bounded by shapes, not by the lengths: ``max_keys`` keys a sequence (the call's
-max_seqlen_k where given, never more than the table's capacity, pages a row x page size, nor the cache's pages).
+max_seqlen_k where given, never more than the table's capacity, pages a row x page size, nor the cache's pages). The
+Triton copy writes only up to READ_PAST_END columns past the last sequence (transpose_triton.py): the kernel reads no
+further, and a skewed batch's width is mostly past it.
 """
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ def transposed_paged_v(v_cache, page_table, starts, batch: int, keys: int, align
     """A paged cache's V (pages, page_size, heads, d) as an FP8 paged kernel's TMA map reads it: a (1, d, heads, keys)
     view of a (1, heads, d, keys) tensor holding each sequence's keys from its aligned column (see the module doc),
     zeros elsewhere, in ``order`` (plan.vt_column); ``starts`` is key_starts(seqused_k). One Triton launch on CUDA
-    tensors, else torch's gather.
+    tensors (which leaves the columns READ_PAST_END past the last sequence unwritten), else torch's gather.
     ``alloc`` False: the geometry only (a plan's probe)."""
     _, page_size, h, d = (int(x) for x in v_cache.shape)
     if not alloc:

@@ -13,6 +13,11 @@ CUDA builds of torch and is imported only here, on first use; without it (or on 
 from __future__ import annotations
 
 TILE = 64
+# A paged call's V^T is as wide as its shapes allow (batch x the most keys a sequence can have: no host read of the
+# lengths); the kernel reads a sequence's columns up to one key tile past its last key, and a key tile is at most a
+# wgmma's N, 256. So the paged copy writes the columns up to 256 past the last sequence (+ the alignment gaps) and
+# leaves the rest of the width unwritten: a skewed batch (1 x 8k + 32 x 256 keys, 33 x 8k wide) writes 1/16 of it.
+READ_PAST_END = 256
 
 
 def _kernel(name: str):
@@ -67,7 +72,8 @@ def transpose_paged_into(buf, v_cache, page_table, starts, batch: int, align: in
                          accumulator_order: bool = False) -> bool:
     """Write the V^T of a paged call into ``buf`` (1, heads, d, keys): sequence b's keys (its pages' rows in table
     order) from column align x ceil(starts[b] / align) + align x b (in accumulator order: plan.vt_column), zeros
-    elsewhere; False when Triton is not there."""
+    between and for READ_PAST_END columns after the last sequence, the rest unwritten; False when Triton is not
+    there."""
     try:
         kernel = _kernel("transpose_paged_v")
     except ImportError:
@@ -79,5 +85,5 @@ def transpose_paged_into(buf, v_cache, page_table, starts, batch: int, align: in
     grid = (-(-keys // TILE), -(-d // TILE), h)
     kernel[grid](src, dst, page_table, starts, batch, keys, v_cache.shape[1], page_table.stride(0), v_cache.stride(0),
                  v_cache.stride(1), v_cache.stride(2), buf.stride(1), buf.stride(2), D=d, T=TILE, A=align,
-                 STEPS=max(1, (batch - 1).bit_length()), ACC=accumulator_order)
+                 STEPS=max(1, (batch - 1).bit_length()), ACC=accumulator_order, PAST=READ_PAST_END)
     return True
