@@ -82,7 +82,7 @@ def transpose_paged_into(buf, v_cache, page_table, starts, batch: int, align: in
 
     _, h, d, keys = buf.shape
     src, dst = v_cache.view(torch.uint8), buf.view(torch.uint8)
-    grid = (-(-keys // TILE), -(-d // TILE), h)
+    grid = (-(-keys // TILE), h)
     kernel[grid](src, dst, page_table, starts, batch, keys, v_cache.shape[1], page_table.stride(0), v_cache.stride(0),
                  v_cache.stride(1), v_cache.stride(2), buf.stride(1), buf.stride(2), D=d, T=TILE, A=align,
                  STEPS=max(1, (batch - 1).bit_length()), ACC=accumulator_order, PAST=READ_PAST_END)

@@ -74,18 +74,22 @@ if triton is not None:
     def transpose_paged_v(src, dst, table, cu, batch, keys_t, page_size, t_b, s_p, s_r, s_h, d_h, d_d,
                           D: tl.constexpr, T: tl.constexpr, A: tl.constexpr, STEPS: tl.constexpr, ACC: tl.constexpr,
                           PAST: tl.constexpr):
-        # a tile of V^T columns, each read through the page table from its sequence's key (zeros where none), up to
-        # PAST columns after the last sequence's last key (the kernel reads no further; the rest stays unwritten)
-        pid_c, pid_d, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        c = pid_c * T + tl.arange(0, T)
-        d = pid_d * T + tl.arange(0, T)
-        written = (c < keys_t) & (c < tl.load(cu + batch) + A * (batch + 1) + PAST)
-        seq, first, column0 = sequence_of_column(c, cu, batch, A, STEPS)
-        key = vt_key(c - column0, ACC)
-        valid = written & (key >= 0) & (key < tl.load(cu + seq + 1) - first)
-        key = tl.where(valid, key, 0)
-        page = tl.load(table + seq.to(tl.int64) * t_b + key // page_size, mask=valid, other=0)
-        row = page.to(tl.int64) * s_p + (key % page_size).to(tl.int64) * s_r + h * s_h
-        tile = tl.load(src + row[:, None] + d[None, :], mask=valid[:, None] & (d[None, :] < D), other=0)
-        out = dst + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
-        tl.store(out, tile, mask=written[:, None] & (d[None, :] < D))
+        # T columns of V^T (every d), each read through the page table from its sequence's key (zeros where none),
+        # up to PAST columns after the last sequence's last key: the kernel reads no further, so a tile past that
+        # returns at once (the width is batch x the most keys a sequence can have; a skewed batch's is mostly past)
+        pid_c, h = tl.program_id(0), tl.program_id(1)
+        limit = tl.load(cu + batch) + A * (batch + 1) + PAST
+        if pid_c * T < limit:
+            c = pid_c * T + tl.arange(0, T)
+            written = (c < keys_t) & (c < limit)
+            seq, first, column0 = sequence_of_column(c, cu, batch, A, STEPS)
+            key = vt_key(c - column0, ACC)
+            valid = written & (key >= 0) & (key < tl.load(cu + seq + 1) - first)
+            key = tl.where(valid, key, 0)
+            page = tl.load(table + seq.to(tl.int64) * t_b + key // page_size, mask=valid, other=0)
+            row = page.to(tl.int64) * s_p + (key % page_size).to(tl.int64) * s_r + h * s_h
+            for d0 in tl.static_range(0, D, T):
+                d = d0 + tl.arange(0, T)
+                tile = tl.load(src + row[:, None] + d[None, :], mask=valid[:, None] & (d[None, :] < D), other=0)
+                out = dst + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
+                tl.store(out, tile, mask=written[:, None] & (d[None, :] < D))
