@@ -125,6 +125,7 @@ class SpaceSeed:
     params: tuple[tuple[str, Any], ...]
     source: str
     kv_dtype: str | None = None   # a decode seed for caches of this dtype only ("fp8"); None: for every cache
+    dtype: str | None = None      # a prefill seed for kernels of this dtype only ("fp8": FA3's e4m3 tiles); None: any
 
 
 @dataclass(frozen=True)
@@ -233,10 +234,11 @@ class SearchSpace:
                 problems.append(f"{d.field}={full[d.field]!r} is derived: {d.expr} = {expected[d.field]!r}")
         return chosen, problems
 
-    def seeds_for(self, head_dim: int, kv_dtype: str = "") -> list[SpaceSeed]:
+    def seeds_for(self, head_dim: int, kv_dtype: str = "", dtype: str = "") -> list[SpaceSeed]:
         """The seeds of this head dim (and, ``kv_dtype``, of a decode cache of that dtype: a seed naming a kv_dtype
-        is for such caches only)."""
-        return [s for s in self.seeds if s.head_dim in (None, head_dim) and s.kv_dtype in (None, kv_dtype or None)]
+        is for such caches only; ``dtype``, of kernels of that dtype: a seed naming one is for those only)."""
+        return [s for s in self.seeds if s.head_dim in (None, head_dim) and s.kv_dtype in (None, kv_dtype or None)
+                and s.dtype in (None, dtype or None)]
 
     def for_layout(self, layout: str) -> "SearchSpace":
         """The space a ``layout`` kernel is searched in (the parameters' by_layout entries applied)."""
@@ -374,8 +376,12 @@ def parse_space(data: dict, source: str = "<space>") -> SearchSpace:
         if raw.get("kv_dtype") not in (None, "fp8"):
             raise _fail(source, f"seeds[{i}]: kv_dtype must be fp8 (a decode cache's seed) or absent, got "
                                 f"{raw.get('kv_dtype')!r}")
+        if raw.get("dtype") not in (None, "fp8"):
+            raise _fail(source, f"seeds[{i}]: dtype must be fp8 (a seed of the e4m3 kernels only) or absent, got "
+                                f"{raw.get('dtype')!r}")
         seeds.append(SpaceSeed(raw.get("head_dim"), tuple(sorted(raw["params"].items())),
-                               str(raw.get("source", f"{Path(source).name} seed {i}")), raw.get("kv_dtype")))
+                               str(raw.get("source", f"{Path(source).name} seed {i}")), raw.get("kv_dtype"),
+                               raw.get("dtype")))
     return SearchSpace(variant, tuple(params), _parse_restrictions(data.get("arch", {}), "arch", names, source),
                        _parse_restrictions(data.get("dtype", {}), "dtype", names, source), tuple(seeds), source,
                        tuple(derived), phase)

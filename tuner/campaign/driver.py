@@ -318,7 +318,7 @@ def _enqueue_seeds(camp: Campaign) -> None:
         published += per_spec_default_seed(camp.profile, camp.spec)
         published += bucket_default_seeds(camp.profile, camp.spec)
     from_scratch = tables_hidden()
-    for seed in camp.space.seeds_for(hd, camp.spec.kv_dtype):
+    for seed in camp.space.seeds_for(hd, camp.spec.kv_dtype, dt):
         if from_scratch and seed.source.startswith(MEASURED_SEED_PREFIX):
             continue          # a developer's A/B result: not seeded when the campaign is to find the defaults itself
         raw = dict(seed.params)

@@ -63,7 +63,7 @@ def run_defaults(gpu: str, study_dir: Path, out: Optional[Path] = None, force: b
         return fail(f"no campaign of {profile.name} in {study_dir} with the fields a table needs (dense prefill "
                     f"campaigns write them: tune --gpu {profile.name} --variant mha --study-dir {study_dir})", 1)
     for entry in derivation.entries:
-        spec = KernelSpec(entry.variant, entry.head_dim, entry.head_dim, entry.causal, "bf16")
+        spec = KernelSpec(entry.variant, entry.head_dim, entry.head_dim, entry.causal, entry.dtype or "bf16")
         _, reasons = changed_params(profile, spec, dict(entry.change))
         if reasons:
             return fail(f"{spec.label()} {','.join(entry.buckets)}: the change {dict(entry.change)} is not legal on "

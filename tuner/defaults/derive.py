@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernel_abi.spec import KernelSpec
-from tuner.defaults.table import entry_toml
+from tuner.defaults.table import entry_toml, table_dtype
 from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
 
 RECORD_FIELDS = ("study", "gpu", "device_name", "spec", "confirm_rule", "winners")
@@ -58,6 +58,7 @@ class Entry:
     causal: bool
     change: tuple[tuple[str, object], ...]
     wins: tuple[Win, ...]
+    dtype: str = ""          # "fp8": an entry for the e4m3 kernels (table.table_dtype); "": bf16 and fp16
 
     @property
     def buckets(self) -> list[str]:
@@ -183,7 +184,7 @@ def derive(results: list[tuple[str, dict]], gpu: str, default_for, min_processes
         if data.get("gpu") == gpu and data.get("spec"):
             out.records.append({k: data.get(k) for k in RECORD_FIELDS})
         for win in wins:
-            key = (win.spec.variant, win.spec.d_qk, win.spec.causal, win.bucket)
+            key = (win.spec.variant, win.spec.d_qk, win.spec.causal, win.bucket, table_dtype(win.spec))
             held = chosen.get(key)
             if held is None or win.median > held.median:
                 if held is not None:
@@ -194,12 +195,12 @@ def derive(results: list[tuple[str, dict]], gpu: str, default_for, min_processes
                 out.notes.append(f"{win.study} {win.bucket}: x{win.median:.3f} left for {held.study}'s "
                                  f"x{held.median:.3f}")
     groups: dict[tuple, list[Win]] = {}
-    for (variant, head_dim, causal, _), win in chosen.items():
-        groups.setdefault((variant, head_dim, causal, win.change), []).append(win)
-    for (variant, head_dim, causal, change), wins in groups.items():
+    for (variant, head_dim, causal, _, dtype), win in chosen.items():
+        groups.setdefault((variant, head_dim, causal, dtype, win.change), []).append(win)
+    for (variant, head_dim, causal, dtype, change), wins in groups.items():
         wins.sort(key=lambda w: BUCKET_ORDER.index(w.bucket))
-        out.entries.append(Entry(variant, head_dim, causal, change, tuple(wins)))
-    out.entries.sort(key=lambda e: (not e.causal, e.head_dim, e.variant, BUCKET_ORDER.index(e.buckets[0])))
+        out.entries.append(Entry(variant, head_dim, causal, change, tuple(wins), dtype))
+    out.entries.sort(key=lambda e: (e.dtype, not e.causal, e.head_dim, e.variant, BUCKET_ORDER.index(e.buckets[0])))
     return out
 
 
@@ -212,7 +213,8 @@ def render(derivation: Derivation, gpu: str, source: str, date: str, records_dir
         "# (tuner/campaign/confirm.py) in each of them; `measured` lists the per-process median ratios (default ms /",
         f"# winner ms). The campaigns' records are in {records_dir} (from this table's folder); `tune defaults --gpu",
         f"# {gpu} --study-dir {records_dir}` there derives this table again from them. Specs and buckets not listed keep the per-spec",
-        "# default. Measured on bf16 or fp16 kernels; an entry applies to both (the same tiles and schedule).",
+        "# default. An entry without a dtype was measured on bf16 or fp16 kernels and applies to both (the same tiles",
+        "# and schedule); one with dtype = \"fp8\" applies to the e4m3 kernels only.",
     ]
     if not derivation.entries:
         lines.append("# No change was confirmed: every bucket keeps the per-spec default.")
@@ -220,9 +222,11 @@ def render(derivation: Derivation, gpu: str, source: str, date: str, records_dir
         lines.append("")
         for win in entry.wins:
             lines.append(f"# {win.study} {win.bucket}: {win.kernel_name}, interval [{win.low:.3f}, {win.high:.3f}]")
-        lines += entry_toml({"variants": [entry.variant], "head_dim": entry.head_dim, "causal": entry.causal,
-                             "buckets": entry.buckets, "change": dict(entry.change),
-                             "measured": entry.measured()}).splitlines()
+        item = {"variants": [entry.variant], "head_dim": entry.head_dim, "causal": entry.causal,
+                "buckets": entry.buckets, "change": dict(entry.change), "measured": entry.measured()}
+        if entry.dtype:
+            item["dtype"] = entry.dtype
+        lines += entry_toml(item).splitlines()
     if derivation.notes:
         lines += ["", "# Left out:"] + [f"#   {n}" for n in derivation.notes]
     return "\n".join(lines) + "\n"

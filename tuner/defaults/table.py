@@ -30,8 +30,12 @@ except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
 TABLE_DIR = Path(__file__).resolve().parents[2] / "hardware_profiles" / "bucket_defaults"
-ENTRY_ORDER = ("variants", "head_dim", "causal", "buckets", "change", "measured")   # as the tables write them
+ENTRY_ORDER = ("variants", "head_dim", "dtype", "causal", "buckets", "change", "measured")   # as the tables write them
+# "dtype" is optional: absent, an entry is for the 16-bit kernels (bf16 and fp16: the same tiles and schedule); "fp8"
+# for the e4m3 kernels only (other tiles: translate/params_sm90.py fp8_reasons)
+OPTIONAL_KEYS = {"dtype"}
 ENTRY_KEYS = set(ENTRY_ORDER)
+ENTRY_DTYPES = ("fp8",)
 # Where the tables are read from: a folder of <gpu>.toml, or NO_TABLES to use none (`--no-bucket-table`: every bucket
 # takes the per-spec default, as on a GPU nobody has tuned). An environment variable, so that the processes a command
 # starts (a campaign's Ray workers, trial processes) read the same tables as the command.
@@ -67,7 +71,7 @@ def toml_value(value) -> str:
 
 def entry_toml(entry: dict) -> str:
     """One entry as the ``[[change]]`` table of a bucket-defaults file (keys in ENTRY_ORDER)."""
-    return "[[change]]\n" + "".join(f"{k} = {toml_value(entry[k])}\n" for k in ENTRY_ORDER)
+    return "[[change]]\n" + "".join(f"{k} = {toml_value(entry[k])}\n" for k in ENTRY_ORDER if k in entry)
 
 
 class BucketTableError(ValueError):
@@ -84,10 +88,11 @@ class BucketChange:
     buckets: tuple[str, ...]
     change: tuple[tuple[str, Any], ...]      # sorted (field, value) pairs: hashable, frozen
     measured: str
+    dtype: str = ""                          # "fp8": for e4m3 kernels only; "": for bf16 and fp16 kernels
 
     def applies(self, spec, bucket: str) -> bool:
         return (spec.variant in self.variants and spec.d_qk == self.head_dim == spec.d_v
-                and spec.causal == self.causal and bucket in self.buckets)
+                and spec.causal == self.causal and bucket in self.buckets and table_dtype(spec) == self.dtype)
 
     def as_dict(self) -> dict:
         return dict(self.change)
@@ -112,7 +117,7 @@ def entry_reasons(entry: Any, fields: set[str]) -> list[str]:
     if not isinstance(entry, dict):
         return ["an entry must be a table"]
     reasons = []
-    missing, unknown = ENTRY_KEYS - set(entry), set(entry) - ENTRY_KEYS
+    missing, unknown = ENTRY_KEYS - OPTIONAL_KEYS - set(entry), set(entry) - ENTRY_KEYS
     if missing:
         reasons.append(f"missing {', '.join(sorted(missing))}")
     if unknown:
@@ -123,6 +128,9 @@ def entry_reasons(entry: Any, fields: set[str]) -> list[str]:
     head_dim = entry.get("head_dim")
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0:
         reasons.append(f"head_dim must be a positive integer, got {head_dim!r}")
+    if "dtype" in entry and entry["dtype"] not in ENTRY_DTYPES:
+        reasons.append(f"dtype must be one of {', '.join(ENTRY_DTYPES)} (absent: the bf16 and fp16 kernels), got "
+                       f"{entry['dtype']!r}")
     if not isinstance(entry.get("causal"), bool):
         reasons.append(f"causal must be true or false, got {entry.get('causal')!r}")
     buckets = entry.get("buckets", [])
@@ -159,11 +167,12 @@ def parse_table(data: dict, source: str) -> tuple[BucketChange, ...]:
         if reasons:
             raise BucketTableError(f"{source}: change {i}: " + "; ".join(reasons))
         item = BucketChange(tuple(entry["variants"]), entry["head_dim"], entry["causal"], tuple(entry["buckets"]),
-                            tuple(sorted(entry["change"].items())), entry["measured"].strip())
-        for key in ((v, item.head_dim, item.causal, b) for v in item.variants for b in item.buckets):
+                            tuple(sorted(entry["change"].items())), entry["measured"].strip(), entry.get("dtype", ""))
+        for key in ((v, item.head_dim, item.causal, b, item.dtype) for v in item.variants for b in item.buckets):
             if key in owner:
                 raise BucketTableError(f"{source}: change {i} and change {owner[key]} both set {key[0]} d{key[1]} "
-                                       f"{'causal' if key[2] else 'non-causal'} {key[3]}")
+                                       f"{key[4] + ' ' if key[4] else ''}{'causal' if key[2] else 'non-causal'} "
+                                       f"{key[3]}")
             owner[key] = i
         out.append(item)
     return tuple(out)
@@ -193,10 +202,15 @@ def _load_table(path: Path, stamp: int) -> tuple[BucketChange, ...]:
 
 def applies_to(spec, schedule: str) -> bool:
     """Whether bucket defaults exist for this kind of kernel: dense prefill, warp-specialised, without the options of
-    kernel_abi.spec (the table's changes were measured on plain kernels), 16-bit (the tables were measured on bf16
-    and fp16 kernels; FP8 kernels have other tiles: translate/params_sm90.py fp8_reasons)."""
+    kernel_abi.spec (the table's changes were measured on plain kernels). FP8 kernels take the entries that say
+    dtype "fp8" only (table_dtype)."""
     return (spec.layout == "dense" and spec.phase == "prefill" and schedule.startswith("ws_")
-            and not getattr(spec, "features", ()) and spec.dtype != "fp8")
+            and not getattr(spec, "features", ()))
+
+
+def table_dtype(spec) -> str:
+    """The dtype an entry must name to apply to ``spec``: "fp8" for e4m3 kernels, "" for the 16-bit ones."""
+    return "fp8" if spec.dtype == "fp8" else ""
 
 
 def bucket_change(profile, spec, bucket: str, schedule: str = "ws_overlap") -> BucketChange | None:
