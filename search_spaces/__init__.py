@@ -5,7 +5,10 @@ narrowing by head dim (``by_head_dim``), per layout where a serving layout's ker
 (``by_layout = { paged = { "128" = [...] } }``: those head dims' choices in a space loaded for that layout),
 conditions (``when``: the parameter is only searched when
 earlier parameters take given values; otherwise ``default`` is used), per-architecture and per-dtype
-restrictions (``[arch.sm75]``, ``[dtype.bf16]``) and seeds from FA2/FA3's shipped choices.
+restrictions (``[arch.sm75]``, ``[dtype.bf16]``) and seeds from FA2/FA3's shipped choices. A restriction is a list
+(the parameter keeps those of its values) or, in a ``[dtype.*]`` table, a table by head dim (``hopper_block_n = {
+"128" = [...] }``): the dtype's own values at those head dims, in place of the parameter's (FP8 kernels take other
+tiles than the 16-bit ones at the same head dim); other head dims keep the parameter's.
 
 Two additions carry the structure of the Hopper kernels: a parameter may set another KernelParams field
 than its own name (``target``: ``hopper_block_m`` sets ``block_m`` from 64 x warpgroups, with its own
@@ -171,7 +174,11 @@ class SearchSpace:
                 if key != table_key:
                     continue
                 for pname, allowed in restrictions:
-                    if pname == name:
+                    if pname != name:
+                        continue
+                    if isinstance(allowed, HeadDimValues):
+                        values = allowed.values_for(head_dim, values)
+                    else:
                         values = tuple(v for v in values if v in allowed)
         if not values:
             raise SpaceError(f"{self.source}: parameter {name!r} has no legal value on {profile.name} "
@@ -322,6 +329,26 @@ def _parse_param(name: str, raw: dict, types: dict[str, type], source: str, earl
     return ParamSpec(name, kind, choices, low, high, step, by_hd, tuple(when), default, target, tuple(by_layout))
 
 
+@dataclass(frozen=True)
+class HeadDimValues:
+    """A dtype's own values of a parameter at some head dims (``{ "128" = [...] }`` in a ``[dtype.*]`` table)."""
+
+    by_head_dim: tuple[tuple[int, tuple], ...]
+
+    def values_for(self, head_dim: int, values: tuple) -> tuple:
+        return next((v for hd, v in self.by_head_dim if hd == head_dim), values)
+
+
+def _head_dim_values(allowed: dict, where: str, source: str) -> HeadDimValues:
+    pairs = []
+    for hd, values in allowed.items():
+        if not (str(hd).isdigit() and isinstance(values, list) and values):
+            raise _fail(source, f"{where}: a table by head dim maps \"64\", \"128\" ... to non-empty lists, got "
+                                f"{hd!r} = {values!r}")
+        pairs.append((int(hd), tuple(values)))
+    return HeadDimValues(tuple(pairs))
+
+
 def _parse_restrictions(raw: Any, section: str, names: list[str], source: str):
     if not isinstance(raw, dict):
         raise _fail(source, f"[{section}] must hold tables")
@@ -333,6 +360,11 @@ def _parse_restrictions(raw: Any, section: str, names: list[str], source: str):
         for pname, allowed in table.items():
             if pname not in names:
                 raise _fail(source, f"[{section}.{key}] restricts unknown parameter {pname!r}")
+            if isinstance(allowed, dict):
+                if section != "dtype":
+                    raise _fail(source, f"[{section}.{key}] {pname}: values by head dim are a dtype's only")
+                rules.append((pname, _head_dim_values(allowed, f"[{section}.{key}] {pname}", source)))
+                continue
             rules.append((pname, tuple(allowed) if isinstance(allowed, list) else (allowed,)))
         out.append((key, tuple(rules)))
     return tuple(out)

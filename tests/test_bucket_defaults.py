@@ -90,7 +90,7 @@ def test_every_shipped_bucket_default_is_legal_on_its_profile(gpu):
     profile = load_profile(gpu)
     for item in load_table(gpu):
         for variant in item.variants:
-            spec = KernelSpec(variant, item.head_dim, item.head_dim, item.causal, "bf16")
+            spec = KernelSpec(variant, item.head_dim, item.head_dim, item.causal, item.dtype or "bf16")
             for bucket in item.buckets:
                 params = bucket_params(profile, spec, bucket)
                 assert validate(params, profile, probe_problem(spec), warp_specialized=True) == []

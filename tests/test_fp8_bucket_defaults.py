@@ -107,3 +107,28 @@ def test_a_seed_naming_another_dtype_is_refused():
     seed["dtype"] = "e5m2"
     with pytest.raises(SpaceError, match="dtype must be fp8"):
         parse_space(data, "mha.toml")
+
+
+@pytest.mark.parametrize("variant,head_dim", [("mha", 128), ("gqa", 128), ("mqa", 64)])
+def test_an_fp8_campaign_can_seed_its_per_spec_default_and_fa3s_fp8_tile(variant, head_dim):
+    """The FP8 default (V^T in accumulator order) and FA3's FP8 tile (d128 block N 224) are points of the FP8 space: a
+    campaign once skipped both (its domain was the 16-bit one's, cut by the FP8 list) and never timed the default."""
+    from kernel_abi.spec import grid_problems, spec_for
+    from search_spaces.feasible import feasible_space
+
+    spec = spec_for(variant, head_dim, "fp8", False)
+    problems = grid_problems(variant, head_dim, "fp8", False)
+    space = load_space(variant)
+    feasible = feasible_space(space, H200, head_dim, "fp8", problems)
+    default = {**default_params(H200, spec, "ws_overlap").to_dict(), "schedule": "ws_overlap"}
+    assert default["vt_key_order"] == "accumulator"
+    _, problems_seen = feasible.project(default, H200, head_dim, "fp8", problems)
+    assert problems_seen == []
+    for seed in space.seeds_for(head_dim, dtype="fp8"):
+        if seed.dtype == "fp8":
+            params = {**default, **dict(seed.params)}
+            _, problems_seen = feasible.project(params, H200, head_dim, "fp8", problems)
+            assert problems_seen == [], seed.source
+    # the 16-bit space at the same head dim is as it was: no V^T order, d128 tiles to 192
+    assert space.domain("vt_key_order", H200, head_dim, "bf16") == ("natural",)
+    assert max(space.domain("hopper_block_n", H200, 128, "bf16")) == 192
