@@ -347,3 +347,24 @@ def test_the_producer_kernels_sass_transposes_without_spills(d, causal, order):
     assert p["PRMT"] >= rt["PRMT"] + 4                      # four byte permutes a step
     assert p["UTMALDG"] == rt["UTMALDG"]                    # V by TMA either way (as given, or V^T)
     assert p["USETMAXREG"] == rt["USETMAXREG"] == 2
+
+
+# ---- search space -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("variant, layout", [("mha", "dense"), ("gqa", "varlen"), ("mqa", "paged")])
+def test_the_fp8_spaces_search_the_transpose_and_16_bit_spaces_do_not(variant, layout):
+    from search_spaces import load_space
+    from search_spaces.feasible import feasible_space
+
+    space = load_space(variant, layout=layout)
+    heads_kv = {"mha": 16, "gqa": 2, "mqa": 1}[variant]
+    page = 16 if layout == "paged" else None
+    for dtype in ("fp8", "bf16"):
+        shape = Problem(variant, 1, 16, heads_kv, 1024, 1024, 128, 128, True, dtype)
+        points = feasible_space(space, H100, 128, dtype, [shape], layout=layout, page_size=page).points
+        producers = [p.params for p in points if p.params.v_transpose == "producer"]
+        if dtype == "fp8":
+            assert producers and any(p.params.v_transpose == "runtime" for p in points)
+            assert all(p.producer_regs >= VT_PRODUCER_REGS for p in producers)
+        else:
+            assert not producers
