@@ -37,17 +37,16 @@ static bool check() {
       want[attn_sm90::swizzled_byte<kHeadDimV, kChunkVt>(d, c & ~15) + (c & 15)] = value(key, d);
     }
   constexpr int kKeyGroups = kBlockN / 16;
-  constexpr int kSteps = kKeyGroups * (kHeadDimV / 32);
   for (int warp = 0; warp < kWarps; ++warp) {
-    for (int step = warp; step < kSteps; step += kWarps) {   // transpose_v_tile's walk
-      const int g = step % kKeyGroups, p = step / kKeyGroups;
+    for (int p = 0; p < kHeadDimV / 32; ++p)   // transpose_v_tile's walk
+    for (int g = attn_sm90::vt_first_group<kKeyGroups, kWarps>(warp, p); g < kKeyGroups; g += kWarps) {
       uint32_t regs[32][4];
       // ldmatrix.x4.trans (16-bit elements): lane l addresses row l % 8 of matrix l / 8; lane 4r + q receives of
       // matrix m the elements (row 2q, column r) (low half) and (row 2q + 1, column r) (high half)
       int addr[32];
       for (int l = 0; l < 32; ++l) {
         const attn_sm90::VtLanes ln = attn_sm90::vt_lanes<kAcc>(l);
-        addr[l] = attn_sm90::swizzled_byte<kBlockN, kChunkStage>(16 * g + ln.key, 32 * p + ln.dcol);
+        addr[l] = attn_sm90::vt_stage_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p);
         if (addr[l] % 16) return false;
       }
       for (int l = 0; l < 32; ++l) {
@@ -69,7 +68,7 @@ static bool check() {
         out[l][1] = host_prmt(regs[l][0], regs[l][1], ln.sel_b);
         out[l][2] = host_prmt(regs[l][2], regs[l][3], ln.sel_a);
         out[l][3] = host_prmt(regs[l][2], regs[l][3], ln.sel_b);
-        dst[l] = attn_sm90::swizzled_byte<kHeadDimV, kChunkVt>(32 * p + ln.drow, 16 * g);
+        dst[l] = attn_sm90::vt_tile_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p);
         if (dst[l] % 16) return false;
       }
       for (int l = 0; l < 32; ++l) {

@@ -393,10 +393,11 @@ __forceinline__ __device__ void convert_p_fp8_in_place(TP& p, TS const& acc_s) {
 template <int kRows, int kChunk>
 CUTE_HOST_DEVICE int swizzled_byte(int row, int col) {
   static_assert(kChunk == 128 || kChunk == 64 || kChunk == 32, "128-, 64- or 32-byte swizzle atoms");
-  constexpr int kShift = kChunk == 128 ? 0 : (kChunk == 64 ? 1 : 2);
-  constexpr int kMask = kChunk / 16 - 1;
-  const int unit = (col % kChunk) / 16;
-  return (col / kChunk) * (kRows * kChunk) + row * kChunk + ((unit ^ ((row >> kShift) & kMask)) << 4);
+  constexpr unsigned kShift = kChunk == 128 ? 0 : (kChunk == 64 ? 1 : 2);
+  constexpr unsigned kMask = kChunk / 16 - 1;
+  const unsigned r = unsigned(row), c = unsigned(col);   // (unsigned: shifts and masks, no signed division)
+  const unsigned unit = (c % kChunk) / 16;
+  return int((c / kChunk) * (kRows * kChunk) + r * kChunk + ((unit ^ ((r >> kShift) & kMask)) << 4));
 }
 
 // Where one lane's ldmatrix / stmatrix rows lie in a step of the transpose (transpose_v_tile): the key (within the 16
@@ -430,28 +431,49 @@ CUTE_HOST_DEVICE VtLanes vt_lanes(int lane) {
   return v;
 }
 
+// The byte offsets of one lane's ldmatrix row in the staged V tile and of its stmatrix row in the V^T tile, for the
+// step of keys [16 g, 16 g + 16) and d columns [32 p, 32 p + 32). Host-callable: the host replay of the transpose
+// (tests/translate/vt_transpose_check.cpp) takes the same offsets.
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt>
+CUTE_HOST_DEVICE int vt_stage_offset(VtLanes const& ln, int g, int p) {
+  return swizzled_byte<kBlockN, kChunkStage>(16 * g + ln.key, 32 * p + ln.dcol);
+}
+
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt>
+CUTE_HOST_DEVICE int vt_tile_offset(VtLanes const& ln, int g, int p) {
+  return swizzled_byte<kHeadDimV, kChunkVt>(32 * p + ln.drow, 16 * g);
+}
+
+// The warp that takes step (g, p) of a tile: steps p x groups + g dealt round-robin to kWarps warps.
+template <int kKeyGroups, int kWarps>
+CUTE_HOST_DEVICE constexpr int vt_first_group(int warp, int p) {
+  return ((warp - p * kKeyGroups) % kWarps + kWarps) % kWarps;
+}
+
 // One V tile (kBlockN keys x kHeadDimV bytes, staged as TMA wrote it: boxes of kChunkStage bytes of d, 8-bit K-major)
 // into the transposed tile the FP8 P.V GEMM reads (kHeadDimV rows x kBlockN keys, boxes of kChunkVt keys: the image
 // tma_load_vt writes), in the key order kAccumulatorOrder says. kWarps warps share the steps of 16 keys x 32 d
-// (one ldmatrix.x4.trans, four prmt and one stmatrix.x4 each); ``warp`` is this one's index among them. The caller
-// orders the generic-proxy stores before the wgmma reads (fence.proxy.async) and hands the tile over.
+// (one ldmatrix.x4.trans, four prmt and one stmatrix.x4 each); ``warp`` is this one's index among them. Loops, not
+// unrolled: at the producer's 32 registers ptxas spilled every unrolled form (all steps: 60 bytes at d128; the key
+// groups by two, or the next step's ldmatrix issued ahead: 8-20 bytes), while this one needs none (28 instructions a
+// step at d128). The caller orders the generic-proxy stores before the wgmma reads (fence.proxy.async) and hands the
+// tile over.
 template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps>
 __forceinline__ __device__ void transpose_v_tile(uint8_t const* stage, uint8_t* vt, int warp, VtLanes const& ln) {
   static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0, "steps of 16 keys x 32 d");
   constexpr int kKeyGroups = kBlockN / 16;
-  constexpr int kSteps = kKeyGroups * (kHeadDimV / 32);
 #pragma unroll 1
-  for (int step = warp; step < kSteps; step += kWarps) {   // (not unrolled: the producer's registers are few)
-    {
-      const int g = step % kKeyGroups, p = step / kKeyGroups;   // the step's 16 keys and 32 d columns
+  for (int p = 0; p < kHeadDimV / 32; ++p) {
+#pragma unroll 1
+    for (int g = vt_first_group<kKeyGroups, kWarps>(warp, p); g < kKeyGroups; g += kWarps) {
       uint32_t w0, w1, w2, w3;
       SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(
-                                  stage + swizzled_byte<kBlockN, kChunkStage>(16 * g + ln.key, 32 * p + ln.dcol)),
+                                  stage + vt_stage_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)),
                               w0, w1, w2, w3);
       SM90_U32x4_STSM_N::copy(prmt(w0, w1, ln.sel_a), prmt(w0, w1, ln.sel_b), prmt(w2, w3, ln.sel_a),
                               prmt(w2, w3, ln.sel_b),
-                              *reinterpret_cast<uint128_t*>(vt + swizzled_byte<kHeadDimV, kChunkVt>(32 * p + ln.drow,
-                                                                                                   16 * g)));
+                              *reinterpret_cast<uint128_t*>(
+                                  vt + vt_tile_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)));
     }
   }
 }
