@@ -301,7 +301,7 @@ def test_the_transposes_lanes_write_the_runtimes_v_t_image(tmp_path):
     from host_checks import run_host_checks
 
     source = (Path(__file__).parent / "vt_transpose_check.cpp").read_text()
-    run_host_checks(source, "vt_transpose_check", tmp_path, count=14)
+    run_host_checks(source, "vt_transpose_check", tmp_path, count=15)
 
 
 def _sass_counts(gen, result) -> Counter:

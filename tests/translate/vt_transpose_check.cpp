@@ -91,7 +91,24 @@ static bool check() {
   std::printf("%s block_n %d d %d stage %d vt %d %s\n", check<N, D, CS, CV, ACC, 3>() ? "OK" : "FAIL", N, D, CS, CV, \
               ACC ? "accumulator" : "natural")
 
+// swizzled_byte against the byte images the kernels already use: the 64-byte swizzle of attn_sm90::sw64_offset (checked
+// against CuTe's Layout_K_SW64_Atom by tests/translate), and the 128-byte one of the varlen epilogue (chunk j of row r
+// at j ^ (r % 8)); the 32-byte one is CUTLASS's Swizzle<1, 4, 3> (bit 4 ^= bit 7).
+static bool swizzles_agree() {
+  for (int r = 0; r < 256; ++r) {
+    for (int j = 0; j < 16; ++j) {
+      if (attn_sm90::swizzled_byte<256, 64>(r, 16 * j) != 2 * attn_sm90::sw64_offset<256>(r, j)) return false;
+      if (attn_sm90::swizzled_byte<256, 128>(r, 16 * j) != (j / 8) * 256 * 128 + r * 128 + (((j % 8) ^ (r % 8)) * 16))
+        return false;
+      const int b32 = (j / 2) * 256 * 32 + r * 32 + (j % 2) * 16;   // unswizzled byte, then bit 4 ^= bit 7
+      if (attn_sm90::swizzled_byte<256, 32>(r, 16 * j) != (b32 ^ (((b32 >> 7) & 1) << 4))) return false;
+    }
+  }
+  return true;
+}
+
 int main() {
+  std::printf("%s swizzled_byte: the 128-, 64- and 32-byte swizzles\n", swizzles_agree() ? "OK" : "FAIL");
   for (int acc = 0; acc < 2; ++acc) {
     if (acc) {
       CHECK(64, 64, 64, 64, true); CHECK(128, 64, 64, 128, true); CHECK(160, 64, 64, 32, true);
