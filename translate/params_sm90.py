@@ -104,10 +104,19 @@ VT_KEY_ORDERS = ("natural", "accumulator")
 # Who transposes an FP8 kernel's V (KernelParams.v_transpose): the runtime's per-call copy V^T, or the producer
 # warpgroup, whose warps 1-3 transpose each V tile the TMA thread loads as given into the V^T tile the consumers read.
 V_TRANSPOSES = ("runtime", "producer")
-# The producer warpgroup's registers (setmaxnreg) with the in-kernel transpose: ptxas (nvcc 13.0, sm_90a) keeps the
-# transposer's loop (4 ldmatrix.trans words, 4 permuted words, two swizzled addresses, the ring's counters) without
-# local memory from 32 registers; 24 spills (tests/translate/test_fp8_vt_producer.py checks the SASS).
+# The producer warpgroup's registers (setmaxnreg) with the in-kernel transpose, by consumer warpgroups. ptxas (nvcc
+# 13.0, sm_90a) builds the transposer (4 ldmatrix.trans words, 4 permuted words, two swizzled addresses, a tile's
+# last-keys mask, the ring's counters) without local memory from 32 registers with three consumer warpgroups (d64
+# 192 x 128 and 192 x 160) and from 40 with two (d128 128 x 128 spills 8 bytes at 32); 24 spills. With two consumer
+# warpgroups 40 costs the consumers nothing: their share of the launch's 168 a thread rounds to 232 from 32 and from
+# 40 alike (consumer_registers). tests/translate/test_fp8_vt_producer.py checks the SASS.
 VT_PRODUCER_REGS = 32
+VT_PRODUCER_REGS_BY_WGS = {2: 40}
+
+
+def vt_producer_regs(params) -> int:
+    """The producer_regs the in-kernel transpose needs for these parameters' consumer warpgroups."""
+    return VT_PRODUCER_REGS_BY_WGS.get(consumer_warpgroups(params.block_m), VT_PRODUCER_REGS)
 
 
 def vt_staging_bytes(params, problem: Problem) -> int:
@@ -132,10 +141,11 @@ def v_transpose_reasons(params, problem: Problem, warp_specialized: bool) -> lis
                       "a 16-bit kernel reads V as given (keep 'runtime')")
     if not warp_specialized:
         errors.append("v_transpose 'producer' runs in the producer warpgroup: a warp-specialised sketch")
-    if params.producer_regs < VT_PRODUCER_REGS:
-        errors.append(f"v_transpose 'producer': producer_regs {params.producer_regs} < {VT_PRODUCER_REGS}, the "
-                      "registers the producer warpgroup's transposer (ldmatrix.trans, byte permutes, stmatrix) needs "
-                      "without spilling")
+    need = vt_producer_regs(params)
+    if params.producer_regs < need:
+        errors.append(f"v_transpose 'producer': producer_regs {params.producer_regs} < {need}, the registers the "
+                      f"producer warpgroup's transposer (ldmatrix.trans, byte permutes, stmatrix) needs without "
+                      f"spilling with {consumer_warpgroups(params.block_m)} consumer warpgroup(s)")
     if problem.d_v % 32 or params.block_n % 16:
         errors.append(f"v_transpose 'producer' transposes 16 keys x 32 columns a step: block_n {params.block_n} must "
                       f"be a multiple of 16 and d_v {problem.d_v} of 32")

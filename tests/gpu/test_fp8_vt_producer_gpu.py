@@ -25,7 +25,7 @@ from kernel_abi.spec import KernelSpec, Problem  # noqa: E402
 from translate import nvcc  # noqa: E402
 from translate.defaults import hopper_params  # noqa: E402
 from translate.params import KernelParams  # noqa: E402
-from translate.params_sm90 import VT_PRODUCER_REGS  # noqa: E402
+from translate.params_sm90 import vt_producer_regs  # noqa: E402
 
 
 def _gpu() -> str:
@@ -44,7 +44,7 @@ def producer_params(profile, spec, order: str, **changes) -> KernelParams:
     needs."""
     base = hopper_params(profile, spec)
     return KernelParams.from_dict({**base.to_dict(), "v_transpose": "producer", "vt_key_order": order,
-                                   "producer_regs": max(base.producer_regs, VT_PRODUCER_REGS), **changes})
+                                   "producer_regs": max(base.producer_regs, vt_producer_regs(base)), **changes})
 
 
 def _key(spec, order, what="producer"):

@@ -26,7 +26,7 @@ static int vt_col(int k, bool acc) {
 }
 
 template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAcc, int kWarps>
-static bool check() {
+static bool check(int keys) {   // keys < kBlockN: the tile's last keys past the sequence, zeros in V^T
   std::vector<uint8_t> stage(kBlockN * kHeadDimV), vt(kBlockN * kHeadDimV, 0), want(kBlockN * kHeadDimV, 0);
   std::vector<int> written(kBlockN * kHeadDimV, 0);
   auto value = [](int key, int d) { return uint8_t((key * 131 + d * 7 + (key >> 3) * 17) & 0xff); };
@@ -34,7 +34,7 @@ static bool check() {
     for (int d = 0; d < kHeadDimV; ++d) {
       stage[attn_sm90::swizzled_byte<kBlockN, kChunkStage>(key, d & ~15) + (d & 15)] = value(key, d);
       const int c = vt_col(key, kAcc);
-      want[attn_sm90::swizzled_byte<kHeadDimV, kChunkVt>(d, c & ~15) + (c & 15)] = value(key, d);
+      want[attn_sm90::swizzled_byte<kHeadDimV, kChunkVt>(d, c & ~15) + (c & 15)] = key < keys ? value(key, d) : 0;
     }
   constexpr int kKeyGroups = kBlockN / 16;
   for (int warp = 0; warp < kWarps; ++warp) {
@@ -64,10 +64,11 @@ static bool check() {
       int dst[32];
       for (int l = 0; l < 32; ++l) {
         const attn_sm90::VtLanes ln = attn_sm90::vt_lanes<kAcc>(l);
-        out[l][0] = host_prmt(regs[l][0], regs[l][1], ln.sel_a);
-        out[l][1] = host_prmt(regs[l][0], regs[l][1], ln.sel_b);
-        out[l][2] = host_prmt(regs[l][2], regs[l][3], ln.sel_a);
-        out[l][3] = host_prmt(regs[l][2], regs[l][3], ln.sel_b);
+        const uint32_t m = keys < kBlockN ? attn_sm90::vt_key_mask<kAcc>(l, g, keys) : 0xffffffffu;
+        out[l][0] = host_prmt(regs[l][0], regs[l][1], ln.sel_a) & m;
+        out[l][1] = host_prmt(regs[l][0], regs[l][1], ln.sel_b) & m;
+        out[l][2] = host_prmt(regs[l][2], regs[l][3], ln.sel_a) & m;
+        out[l][3] = host_prmt(regs[l][2], regs[l][3], ln.sel_b) & m;
         dst[l] = attn_sm90::vt_tile_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p);
         if (dst[l] % 16) return false;
       }
@@ -88,8 +89,12 @@ static bool check() {
 }
 
 #define CHECK(N, D, CS, CV, ACC)                                                                            \
-  std::printf("%s block_n %d d %d stage %d vt %d %s\n", check<N, D, CS, CV, ACC, 3>() ? "OK" : "FAIL", N, D, CS, CV, \
-              ACC ? "accumulator" : "natural")
+  std::printf("%s block_n %d d %d stage %d vt %d %s\n",                                                         \
+              check<N, D, CS, CV, ACC, 3>(N) && check<N, D, CS, CV, ACC, 3>(1) && check<N, D, CS, CV, ACC, 3>(17) &&   \
+                      check<N, D, CS, CV, ACC, 3>(N - 1) && check<N, D, CS, CV, ACC, 3>(N - 6)                      \
+                  ? "OK"                                                                                       \
+                  : "FAIL",                                                                                    \
+              N, D, CS, CV, ACC ? "accumulator" : "natural")
 
 // swizzled_byte against the byte images the kernels already use: the 64-byte swizzle of attn_sm90::sw64_offset (checked
 // against CuTe's Layout_K_SW64_Atom by tests/translate), and the 128-byte one of the varlen epilogue (chunk j of row r

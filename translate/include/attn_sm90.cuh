@@ -458,9 +458,20 @@ CUTE_HOST_DEVICE constexpr int vt_first_group(int warp, int p) {
 // groups by two, or the next step's ldmatrix issued ahead: 8-20 bytes), while this one needs none (28 instructions a
 // step at d128). The caller orders the generic-proxy stores before the wgmma reads (fence.proxy.async) and hands the
 // tile over.
-template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps>
-__forceinline__ __device__ void transpose_v_tile(uint8_t const* stage, uint8_t* vt, int warp, VtLanes const& ln) {
-  static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0, "steps of 16 keys x 32 d");
+// The bytes of this lane's V^T words that hold keys below ``keys`` (0xff each; 0 past them), for the step's 16 keys
+// from 16 g: lane 4r + q's word holds keys A(2q), A(2q) + 1, B(2q), B(2q) + 1 (vt_lanes), B(2q) = A(2q) + 8 in
+// accumulator order and A(2q) + 2 in natural order.
+template <bool kAccumulatorOrder>
+CUTE_HOST_DEVICE uint32_t vt_key_mask(int lane, int g, int keys) {
+  const int q = lane % 4;
+  const int a = 16 * g + (kAccumulatorOrder ? 2 * q : 4 * q), b = a + (kAccumulatorOrder ? 8 : 2);
+  return (a < keys ? 0xffu : 0u) | (a + 1 < keys ? 0xff00u : 0u) | (b < keys ? 0xff0000u : 0u) |
+         (b + 1 < keys ? 0xff000000u : 0u);
+}
+
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps, bool kMasked>
+__forceinline__ __device__ void transpose_v_steps(uint8_t const* stage, uint8_t* vt, int warp, VtLanes const& ln,
+                                                  int keys, int lane) {
   constexpr int kKeyGroups = kBlockN / 16;
 #pragma unroll 1
   for (int p = 0; p < kHeadDimV / 32; ++p) {
@@ -470,11 +481,29 @@ __forceinline__ __device__ void transpose_v_tile(uint8_t const* stage, uint8_t* 
       SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(
                                   stage + vt_stage_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)),
                               w0, w1, w2, w3);
-      SM90_U32x4_STSM_N::copy(prmt(w0, w1, ln.sel_a), prmt(w0, w1, ln.sel_b), prmt(w2, w3, ln.sel_a),
-                              prmt(w2, w3, ln.sel_b),
+      const uint32_t m = kMasked ? vt_key_mask<kAccumulatorOrder>(lane, g, keys) : 0xffffffffu;
+      SM90_U32x4_STSM_N::copy(prmt(w0, w1, ln.sel_a) & m, prmt(w0, w1, ln.sel_b) & m, prmt(w2, w3, ln.sel_a) & m,
+                              prmt(w2, w3, ln.sel_b) & m,
                               *reinterpret_cast<uint128_t*>(
                                   vt + vt_tile_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)));
     }
+  }
+}
+
+// ``keys``: the tile's keys that exist (its sequence's keys past the tile's first); the transposed tile holds zeros past
+// them, as the runtime's V^T does: rows past a sequence's keys are zeros past a dense tensor's end (TMA), but another
+// sequence's V (packed) or whatever a paged cache's last page holds past the used keys, where e4m3 NaN times P = 0
+// would be NaN in the P.V GEMM. Only a tile short of kBlockN keys takes the masked loop.
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps>
+__forceinline__ __device__ void transpose_v_tile(uint8_t const* stage, uint8_t* vt, int warp, VtLanes const& ln,
+                                                 int keys, int lane) {
+  static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0, "steps of 16 keys x 32 d");
+  if (keys >= kBlockN) {
+    transpose_v_steps<kBlockN, kHeadDimV, kChunkStage, kChunkVt, kAccumulatorOrder, kWarps, false>(stage, vt, warp, ln,
+                                                                                                  keys, lane);
+  } else {
+    transpose_v_steps<kBlockN, kHeadDimV, kChunkStage, kChunkVt, kAccumulatorOrder, kWarps, true>(stage, vt, warp, ln,
+                                                                                                 keys, lane);
   }
 }
 
