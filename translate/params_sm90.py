@@ -105,11 +105,11 @@ VT_KEY_ORDERS = ("natural", "accumulator")
 # warpgroup, whose warps 1-3 transpose each V tile the TMA thread loads as given into the V^T tile the consumers read.
 V_TRANSPOSES = ("runtime", "producer")
 # The producer warpgroup's registers (setmaxnreg) with the in-kernel transpose, by consumer warpgroups. ptxas (nvcc
-# 13.0, sm_90a) builds the transposer (4 ldmatrix.trans words, 4 permuted words, two swizzled addresses, a tile's
-# last-keys mask, the ring's counters) without local memory from 32 registers with three consumer warpgroups (d64
-# 192 x 128 and 192 x 160) and from 40 with two (d128 128 x 128 spills 8 bytes at 32); 24 spills. With two consumer
-# warpgroups 40 costs the consumers nothing: their share of the launch's 168 a thread rounds to 232 from 32 and from
-# 40 alike (consumer_registers). tests/translate/test_fp8_vt_producer.py checks the SASS.
+# 13.0, sm_90a) builds the transposer (4 ldmatrix.trans words, 4 permuted words, two swizzled addresses, the ring's
+# counters) without local memory from 32 registers with three consumer warpgroups (d64 192 x 128 and 192 x 160, both
+# key orders, dense, varlen and paged) and from 40 with two (d128 128 x 128 causal spilled 4 bytes at 32); 24 spills.
+# With two consumer warpgroups 40 costs the consumers nothing: their share of the launch's 168 registers a thread
+# rounds to 232 from 32 and from 40 alike (consumer_registers). tests/translate/test_fp8_vt_producer.py checks the SASS.
 VT_PRODUCER_REGS = 32
 VT_PRODUCER_REGS_BY_WGS = {2: 40}
 

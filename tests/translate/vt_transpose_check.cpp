@@ -36,6 +36,9 @@ static bool check(int keys) {   // keys < kBlockN: the tile's last keys past the
       const int c = vt_col(key, kAcc);
       want[attn_sm90::swizzled_byte<kHeadDimV, kChunkVt>(d, c & ~15) + (c & 15)] = key < keys ? value(key, d) : 0;
     }
+  if (keys < kBlockN)   // transpose_v_tile's zeros past the tile's keys, every thread's share
+    for (int t = 0; t < 32 * kWarps; ++t)
+      attn_sm90::zero_staged_rows<kBlockN, kHeadDimV, kChunkStage, 32 * kWarps>(stage.data(), keys, t);
   constexpr int kKeyGroups = kBlockN / 16;
   for (int warp = 0; warp < kWarps; ++warp) {
     for (int p = 0; p < kHeadDimV / 32; ++p)   // transpose_v_tile's walk
@@ -64,11 +67,10 @@ static bool check(int keys) {   // keys < kBlockN: the tile's last keys past the
       int dst[32];
       for (int l = 0; l < 32; ++l) {
         const attn_sm90::VtLanes ln = attn_sm90::vt_lanes<kAcc>(l);
-        const uint32_t m = keys < kBlockN ? attn_sm90::vt_key_mask<kAcc>(l, g, keys) : 0xffffffffu;
-        out[l][0] = host_prmt(regs[l][0], regs[l][1], ln.sel_a) & m;
-        out[l][1] = host_prmt(regs[l][0], regs[l][1], ln.sel_b) & m;
-        out[l][2] = host_prmt(regs[l][2], regs[l][3], ln.sel_a) & m;
-        out[l][3] = host_prmt(regs[l][2], regs[l][3], ln.sel_b) & m;
+        out[l][0] = host_prmt(regs[l][0], regs[l][1], ln.sel_a);
+        out[l][1] = host_prmt(regs[l][0], regs[l][1], ln.sel_b);
+        out[l][2] = host_prmt(regs[l][2], regs[l][3], ln.sel_a);
+        out[l][3] = host_prmt(regs[l][2], regs[l][3], ln.sel_b);
         dst[l] = attn_sm90::vt_tile_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p);
         if (dst[l] % 16) return false;
       }

@@ -458,21 +458,32 @@ CUTE_HOST_DEVICE constexpr int vt_first_group(int warp, int p) {
 // groups by two, or the next step's ldmatrix issued ahead: 8-20 bytes), while this one needs none (28 instructions a
 // step at d128). The caller orders the generic-proxy stores before the wgmma reads (fence.proxy.async) and hands the
 // tile over.
-// The bytes of this lane's V^T words that hold keys below ``keys`` (0xff each; 0 past them), for the step's 16 keys
-// from 16 g: lane 4r + q's word holds keys A(2q), A(2q) + 1, B(2q), B(2q) + 1 (vt_lanes), B(2q) = A(2q) + 8 in
-// accumulator order and A(2q) + 2 in natural order.
-template <bool kAccumulatorOrder>
-CUTE_HOST_DEVICE uint32_t vt_key_mask(int lane, int g, int keys) {
-  const int q = lane % 4;
-  const int a = 16 * g + (kAccumulatorOrder ? 2 * q : 4 * q), b = a + (kAccumulatorOrder ? 8 : 2);
-  return (a < keys ? 0xffu : 0u) | (a + 1 < keys ? 0xff00u : 0u) | (b < keys ? 0xff0000u : 0u) |
-         (b + 1 < keys ? 0xff000000u : 0u);
+// Zeros into the rows [keys, kBlockN) of a staged V tile (kHeadDimV / 16 chunks of 16 bytes a row, swizzled as TMA
+// wrote them), ``thread`` of kThreads. Host-callable: the host replay zeroes its staged tile with it.
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kThreads>
+CUTE_HOST_DEVICE void zero_staged_rows(uint8_t* stage, int keys, int thread) {
+  constexpr int kChunks = kHeadDimV / 16;
+  for (int i = keys * kChunks + thread; i < kBlockN * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i - r * kChunks;
+    *reinterpret_cast<uint4*>(stage + swizzled_byte<kBlockN, kChunkStage>(r, 16 * c)) = make_uint4(0, 0, 0, 0);
+  }
 }
 
-template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps, bool kMasked>
-__forceinline__ __device__ void transpose_v_steps(uint8_t const* stage, uint8_t* vt, int warp, VtLanes const& ln,
-                                                  int keys, int lane) {
+// ``keys``: the tile's keys that exist (its sequence's keys from the tile's first). The transposed tile holds zeros
+// past them, as the runtime's V^T does: the staged rows past a sequence's keys are zeros past a dense tensor's end
+// (TMA), but another sequence's V (packed) or whatever a paged cache's last page holds past the used keys, where e4m3
+// NaN times P = 0 would be NaN in the P.V GEMM. A tile short of kBlockN keys (a sequence's last) has those rows zeroed
+// first (the kWarps warps, then their named barrier kBarrier); its transpose is the whole tile's, so the loop's
+// registers stay as they are (a mask in the loop spilled at the producer's 32).
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps, int kBarrier>
+__forceinline__ __device__ void transpose_v_tile(uint8_t* stage, uint8_t* vt, int warp, VtLanes const& ln, int keys,
+                                                 int thread) {
+  static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0, "steps of 16 keys x 32 d");
   constexpr int kKeyGroups = kBlockN / 16;
+  if (keys < kBlockN) {
+    zero_staged_rows<kBlockN, kHeadDimV, kChunkStage, 32 * kWarps>(stage, keys, thread);
+    cutlass::arch::NamedBarrier::sync(32 * kWarps, kBarrier);
+  }
 #pragma unroll 1
   for (int p = 0; p < kHeadDimV / 32; ++p) {
 #pragma unroll 1
@@ -481,29 +492,11 @@ __forceinline__ __device__ void transpose_v_steps(uint8_t const* stage, uint8_t*
       SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(
                                   stage + vt_stage_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)),
                               w0, w1, w2, w3);
-      const uint32_t m = kMasked ? vt_key_mask<kAccumulatorOrder>(lane, g, keys) : 0xffffffffu;
-      SM90_U32x4_STSM_N::copy(prmt(w0, w1, ln.sel_a) & m, prmt(w0, w1, ln.sel_b) & m, prmt(w2, w3, ln.sel_a) & m,
-                              prmt(w2, w3, ln.sel_b) & m,
+      SM90_U32x4_STSM_N::copy(prmt(w0, w1, ln.sel_a), prmt(w0, w1, ln.sel_b), prmt(w2, w3, ln.sel_a),
+                              prmt(w2, w3, ln.sel_b),
                               *reinterpret_cast<uint128_t*>(
                                   vt + vt_tile_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)));
     }
-  }
-}
-
-// ``keys``: the tile's keys that exist (its sequence's keys past the tile's first); the transposed tile holds zeros past
-// them, as the runtime's V^T does: rows past a sequence's keys are zeros past a dense tensor's end (TMA), but another
-// sequence's V (packed) or whatever a paged cache's last page holds past the used keys, where e4m3 NaN times P = 0
-// would be NaN in the P.V GEMM. Only a tile short of kBlockN keys takes the masked loop.
-template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps>
-__forceinline__ __device__ void transpose_v_tile(uint8_t const* stage, uint8_t* vt, int warp, VtLanes const& ln,
-                                                 int keys, int lane) {
-  static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0, "steps of 16 keys x 32 d");
-  if (keys >= kBlockN) {
-    transpose_v_steps<kBlockN, kHeadDimV, kChunkStage, kChunkVt, kAccumulatorOrder, kWarps, false>(stage, vt, warp, ln,
-                                                                                                  keys, lane);
-  } else {
-    transpose_v_steps<kBlockN, kHeadDimV, kChunkStage, kChunkVt, kAccumulatorOrder, kWarps, true>(stage, vt, warp, ln,
-                                                                                                 keys, lane);
   }
 }
 

@@ -285,10 +285,10 @@ def transposer_loop(varlen: bool, local: bool = False) -> list[str]:
         f"{I * 2}attn_sm90::wait_barrier(&vs_full[slot], (vt_read / kStages) & 1);  // the staged V tile landed",
         f"{I * 2}attn_sm90::wait_barrier(&v_empty[slot], ((vt_read / kStages) & 1) ^ 1);"
         "  // the consumers handed the V^T slot back",
-        f"{I * 2}attn_sm90::transpose_v_tile<kBlockN, kHeadDimV, kChunkVs, kChunkV, kVtAccumulatorOrder, {em.VT_WARPS}>("
-        "reinterpret_cast<uint8_t const*>(smem_vs + slot * kTileVElems), "
+        f"{I * 2}attn_sm90::transpose_v_tile<kBlockN, kHeadDimV, kChunkVs, kChunkV, kVtAccumulatorOrder, {em.VT_WARPS}, "
+        f"{em.VT_BARRIER}>(reinterpret_cast<uint8_t*>(smem_vs + slot * kTileVElems), "
         "reinterpret_cast<uint8_t*>(smem_v + slot * kTileVElems), vt_warp, vt_lanes, "
-        "seqlen_k - (n_tiles - 1 - t) * kBlockN, tidx % 32);  // zeros past the sequence's keys",
+        "seqlen_k - (n_tiles - 1 - t) * kBlockN, tidx - 32);  // zeros past the sequence's keys",
         f"{I * 2}cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by the wgmma (async proxy)",
         f"{I * 2}cutlass::arch::NamedBarrier::sync({em.VT_THREADS}, {em.VT_BARRIER});  // the whole tile is written",
         f"{I * 2}if (tidx == 32) {{",
