@@ -106,8 +106,9 @@ VT_KEY_ORDERS = ("natural", "accumulator")
 V_TRANSPOSES = ("runtime", "producer")
 # The producer warpgroup's registers (setmaxnreg) with the in-kernel transpose, by consumer warpgroups. ptxas (nvcc
 # 13.0, sm_90a) builds the transposer (4 ldmatrix.trans words, 4 permuted words, two swizzled addresses, the ring's
-# counters) without local memory from 32 registers with three consumer warpgroups (d64 192 x 128 and 192 x 160, both
-# key orders, dense, varlen and paged) and from 40 with two (d128 128 x 128 causal spilled 4 bytes at 32); 24 spills.
+# counters) without local memory from 32 registers with three consumer warpgroups (d64 192 x 64/128/160, both key
+# orders, dense, varlen and paged; 54 dense GQA tiles of 2 and 3 stages checked) and from 40 with two (at 32, 4 of 22
+# such tiles spilled 4-20 bytes); 24 spills.
 # With two consumer warpgroups 40 costs the consumers nothing: their share of the launch's 168 registers a thread
 # rounds to 232 from 32 and from 40 alike (consumer_registers). tests/translate/test_fp8_vt_producer.py checks the SASS.
 VT_PRODUCER_REGS = 32
@@ -124,7 +125,7 @@ def vt_staging_bytes(params, problem: Problem) -> int:
     each V^T stage, and a full/empty mbarrier pair per staging slot."""
     if getattr(params, "v_transpose", "runtime") != "producer":
         return 0
-    return params.kv_stages * (params.block_n * problem.d_v + 16)
+    return params.kv_stages * (params.block_n * problem.d_v + 16) + 8   # (+ the tile's V tile count and keys)
 
 
 def v_transpose_reasons(params, problem: Problem, warp_specialized: bool) -> list[str]:

@@ -88,7 +88,7 @@ def test_what_the_producer_transpose_cannot_take_is_refused_with_its_reason(chan
 def test_the_staging_tiles_count_in_the_shared_memory_budget():
     spec, problem = _spec(), _problem(128)
     runtime, producer = _params(spec), _params(spec, v_transpose="producer")
-    extra = producer.kv_stages * (producer.block_n * 128 + 16)
+    extra = producer.kv_stages * (producer.block_n * 128 + 16) + 8
     assert smem_bytes(producer, problem, True) == smem_bytes(runtime, problem, True) + extra
     gen = _generate(spec, v_transpose="producer")
     assert gen.smem_bytes == _generate(spec).smem_bytes + extra
@@ -196,7 +196,8 @@ def test_the_producer_kernel_transposes_v_in_its_producer_warpgroup(layout):
     body = gen.body
     assert "//           Compute Transpose V_shared and get Vt_shared" in body   # the kernel's TL program states it
     assert "attn_sm90::transpose_v_tile<kBlockN, kHeadDimV, kChunkVs, kChunkV, kVtAccumulatorOrder, 3, 0>" in body
-    assert "vt_warp, vt_lanes, seqlen_k - (n_tiles - 1 - t) * kBlockN, tidx - 32);  // zeros past" in body
+    assert "vt_keys - (n_tiles - 1 - t) * kBlockN, tidx - 32);  // zeros past the sequence's keys" in body
+    assert "vt_info[0] = n_tiles; vt_info[1] = seqlen_k;" in body
     assert "} else if (tidx >= 32) {  // warps 1-3: V's transpose" in body
     assert body.count("cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by the wgmma") == 1
     assert "attn_sm90::FullBarrier::arrive(&v_full[slot]);  // V^T to the consumers" in body

@@ -453,7 +453,7 @@ CUTE_HOST_DEVICE constexpr int vt_first_group(int warp, int p) {
 // One V tile (kBlockN keys x kHeadDimV bytes, staged as TMA wrote it: boxes of kChunkStage bytes of d, 8-bit K-major)
 // into the transposed tile the FP8 P.V GEMM reads (kHeadDimV rows x kBlockN keys, boxes of kChunkVt keys: the image
 // tma_load_vt writes), in the key order kAccumulatorOrder says. kWarps warps share the steps of 16 keys x 32 d
-// (one ldmatrix.x4.trans, four prmt and one stmatrix.x4 each); ``warp`` is this one's index among them. Loops, not
+// (one ldmatrix.x4.trans, four prmt and one stmatrix.x4 each); ``thread`` is this one's index among them. Loops, not
 // unrolled: at the producer's 32 registers ptxas spilled every unrolled form (all steps: 60 bytes at d128; the key
 // groups by two, or the next step's ldmatrix issued ahead: 8-20 bytes), while this one needs none (28 instructions a
 // step at d128). The caller orders the generic-proxy stores before the wgmma reads (fence.proxy.async) and hands the
@@ -476,10 +476,12 @@ CUTE_HOST_DEVICE void zero_staged_rows(uint8_t* stage, int keys, int thread) {
 // first (the kWarps warps, then their named barrier kBarrier); its transpose is the whole tile's, so the loop's
 // registers stay as they are (a mask in the loop spilled at the producer's 32).
 template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps, int kBarrier>
-__forceinline__ __device__ void transpose_v_tile(uint8_t* stage, uint8_t* vt, int warp, VtLanes const& ln, int keys,
-                                                 int thread) {
+__forceinline__ __device__ void transpose_v_tile(uint8_t* stage, uint8_t* vt, int keys, int thread) {
   static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0, "steps of 16 keys x 32 d");
   constexpr int kKeyGroups = kBlockN / 16;
+  // (the lanes' rows per tile, a few instructions: held across the tiles they cost the producer's few registers)
+  const int warp = thread / 32;
+  const VtLanes ln = vt_lanes<kAccumulatorOrder>(thread % 32);
   if (keys < kBlockN) {
     zero_staged_rows<kBlockN, kHeadDimV, kChunkStage, 32 * kWarps>(stage, keys, thread);
     cutlass::arch::NamedBarrier::sync(32 * kWarps, kBarrier);

@@ -304,7 +304,9 @@ def kernel_setup(params, pack: bool = False, fp8: bool = False, vt: bool = False
         staging = ["Element* smem_vs = smem_v + kStages * kTileVElems;  // staged V tiles, as loaded (transposer's input)"]
         slot = ["uint64_t* vs_full = v_empty + kStages;  // a staged V tile landed",
                 "uint64_t* vs_empty = vs_full + kStages;  // the transposer has read it",
-                "int* tile_slot = reinterpret_cast<int*>(vs_empty + kStages);  // the tile the producer hands out next"]
+                "int* vt_info = reinterpret_cast<int*>(vs_empty + kStages);  // the tile's V tiles and keys, for the "
+                "transposer",
+                "int* tile_slot = vt_info + 2;  // the tile the producer hands out next"]
         q_empty_count = "kConsumerWGs + 1);  // and the transposer, once it read the tile's number"
         vs_init = ["    attn_sm90::FullBarrier::init(&vs_full[s], 1);",
                    "    attn_sm90::EmptyBarrier::init(&vs_empty[s], 1);  // one transposer thread hands back"]

@@ -163,6 +163,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_empty, (q_iter & 1) ^ 1);  // the consumers are done with the last Q",
         *hand_out,
+        *([f"{I}vt_info[0] = n_tiles; vt_info[1] = seqlen_k;  // for the transposer: its V tiles, the keys they end at"]
+          if vt else []),
         f"{I}if (n_tiles <= 0) {{ {one}attn_sm90::FullBarrier::arrive(q_full); }} else {{",
         *em._indent(producer_lines, 2),
         f"{I}}}",
@@ -198,7 +200,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         f"tidx, {em.PRODUCER_BARRIER}); }}",
         f"{I}const int* order = ordered ? seq_order : nullptr;  // the sequences, most keys first",
     ] if ordered else []
-    transposer = transposer_loop(varlen, local) if vt else []
+    transposer = transposer_loop() if vt else []
     kernel = [
         "if (tidx < 128) {  // producer warpgroup",
         *([f"{I}cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();"] if use_setmaxnreg else []),
@@ -254,30 +256,24 @@ def _with_v_transpose(program: Program, params, spec) -> Program:
     return program
 
 
-def transposer_loop(varlen: bool, local: bool = False) -> list[str]:
+def transposer_loop() -> list[str]:
     """Warps 1-3 of the producer warpgroup (the in-kernel transpose of an FP8 kernel's V): per tile the producer hands
-    out (q_full; its number and coordinates as the consumers take them), one transpose per K tile of the tile, in the
-    V ring's order: wait for the staged tile (vs_full) and for the consumers to hand the V^T slot back (v_empty), then
-    ldmatrix.trans / prmt / stmatrix (attn_sm90::transpose_v_tile), fence.proxy.async (generic-proxy stores that
-    the wgmma's async proxy reads), a named barrier of the 96 threads, and one thread hands V^T over (v_full) and the
-    staging slot back (vs_empty). The transposer also arrives on q_empty once it read a tile's number, so that the
-    producer does not hand out the next one before."""
+    out (q_full; its number, and in vt_info its K tile count and its sequence's keys), one transpose per K tile of the
+    tile, in the V ring's order: wait for the staged tile (vs_full) and for the consumers to hand the V^T slot back
+    (v_empty), then (a tile short of block N keys: its rows past them zeroed) ldmatrix.trans / prmt / stmatrix
+    (attn_sm90::transpose_v_tile), fence.proxy.async (generic-proxy stores that the wgmma's async proxy reads, and that
+    TMA writes over in the staging slot next), a named barrier of the 96 threads, and one thread hands V^T over
+    (v_full) and the staging slot back (vs_empty). The transposer also arrives on q_empty once it read a tile's number,
+    so that the producer does not hand out the next one before. (The count and keys come from the producer, not from
+    the tile's coordinates as the consumers find them: that walk held registers across the loop, and ptxas spilled
+    some at the producer's 32.)"""
     I = em.INDENT
-    if varlen:
-        take = ["if (*tile_slot >= num_tiles) { break; }  // kNoTile: no tile left",
-                "const attn_sm90::VarlenTile vt = *tile_info;  // the sequence's lengths, from the producer",
-                *tiles.tile_setup(True, "vt", local=local)]
-    else:
-        take = ["const int tile = *tile_slot;",
-                "if (tile >= num_tiles) { break; }",
-                *tiles.tile_setup(decoded=True, local=local)]
     return [
-        f"const int vt_warp = tidx / 32 - 1;  // 0..{em.VT_WARPS - 1}",
-        "const attn_sm90::VtLanes vt_lanes = attn_sm90::vt_lanes<kVtAccumulatorOrder>(tidx % 32);",
         "int vt_iter = 0, vt_read = 0;  // tiles taken; V tiles transposed (the ring's count)",
         "for (;;) {",
-        f"{I}attn_sm90::wait_barrier(q_full, vt_iter & 1);  // the next tile's number (and coordinates) arrived",
-        *em._indent(take),
+        f"{I}attn_sm90::wait_barrier(q_full, vt_iter & 1);  // the next tile's number arrived",
+        f"{I}if (*tile_slot >= num_tiles) {{ break; }}  // no tile left",
+        f"{I}const int n_tiles = vt_info[0], vt_keys = vt_info[1];  // the tile's V tiles; its sequence's keys",
         f"{I}cutlass::arch::NamedBarrier::sync({em.VT_THREADS}, {em.VT_BARRIER});  // every transposer thread read them",
         f"{I}if (tidx == 32) {{ attn_sm90::EmptyBarrier::arrive(q_empty); }}  // the producer may hand out the next",
         f"{I}for (int t = 0; t < n_tiles; ++t, ++vt_read) {{",
@@ -287,8 +283,8 @@ def transposer_loop(varlen: bool, local: bool = False) -> list[str]:
         "  // the consumers handed the V^T slot back",
         f"{I * 2}attn_sm90::transpose_v_tile<kBlockN, kHeadDimV, kChunkVs, kChunkV, kVtAccumulatorOrder, {em.VT_WARPS}, "
         f"{em.VT_BARRIER}>(reinterpret_cast<uint8_t*>(smem_vs + slot * kTileVElems), "
-        "reinterpret_cast<uint8_t*>(smem_v + slot * kTileVElems), vt_warp, vt_lanes, "
-        "seqlen_k - (n_tiles - 1 - t) * kBlockN, tidx - 32);  // zeros past the sequence's keys",
+        "reinterpret_cast<uint8_t*>(smem_v + slot * kTileVElems), vt_keys - (n_tiles - 1 - t) * kBlockN, tidx - 32);"
+        "  // zeros past the sequence's keys",
         f"{I * 2}cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by the wgmma (async proxy)",
         f"{I * 2}cutlass::arch::NamedBarrier::sync({em.VT_THREADS}, {em.VT_BARRIER});  // the whole tile is written",
         f"{I * 2}if (tidx == 32) {{",
@@ -317,7 +313,7 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = F
     info = 32 if spec.layout != "dense" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
     order = ORDER_BYTES if ordered else 0
     if spec.dtype == "fp8":   # bytes: Q, O (bf16), K and V stages, no P tile (+ the in-kernel transpose's staging)
-        staging = stages * (params.block_n * spec.d_v + 16) if frame.vt_producer(spec, params) else 0
+        staging = stages * (params.block_n * spec.d_v + 16) + 8 if frame.vt_producer(spec, params) else 0
         return params.block_m * (spec.d_qk + 2 * spec.d_v) + stages * params.block_n * (spec.d_qk + spec.d_v) + \
             (2 + 4 * stages) * 8 + 16 + info + order + staging
     q = params.block_m * max(spec.d_qk, spec.d_v)
