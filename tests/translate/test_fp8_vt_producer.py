@@ -276,6 +276,36 @@ def test_the_plan_maps_v_as_given_for_a_producer_kernel(monkeypatch):
     assert maps["v"].address == 0x3000_0000
 
 
+def test_packed_and_paged_plans_map_v_as_k_for_a_producer_kernel(monkeypatch):
+    import torch
+
+    from test_runtime import FakeTensor, _fake_encoding
+    from tuner.serving.launch import plan as launch_plan, tma
+
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
+    e4m3 = torch.float8_e4m3fn
+    for name in ("transposed_packed_v", "packed_vt_probe"):
+        monkeypatch.setattr(launch_plan, name, lambda *a, **k: pytest.fail("a producer kernel's plan made V^T"))
+    d, hq, hkv = 128, 16, 2
+    varlen = _kernel(_spec(variant="gqa", layout="varlen"), v_transpose="producer")
+    q = FakeTensor((700, hq, d), 0x1000_0000, dtype=e4m3)
+    k = FakeTensor((1001, hkv, d), 0x2000_0000, dtype=e4m3)
+    v = FakeTensor((1001, hkv, d), 0x3000_0000, dtype=e4m3)
+    plan = launch_plan.build_varlen_plan(varlen, q, k, v, None, None, 3, 400, 600)
+    maps = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
+    assert maps["v"].dims == maps["k"].dims == (d, 1001, hkv, 1) and maps["v"].box == maps["k"].box
+    paged = _kernel(_spec(variant="gqa", layout="paged"), v_transpose="producer")
+    kc = FakeTensor((40, 16, hkv, d), 0x2000_0000, dtype=e4m3)
+    vc = FakeTensor((40, 16, hkv, d), 0x3000_0000, dtype=e4m3)
+    plan = launch_plan.build_paged_plan(paged, q, kc, vc, None, None, 3, 128, 8)   # no vt_keys: none needed
+    maps = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
+    assert maps["v"].dims == maps["k"].dims == (d, 16, hkv, 40) and maps["v"].box == maps["k"].box == (128, 16, 1, 1)
+    with pytest.raises(ValueError, match="not a multiple of 8"):   # K's and V's e4m3 boxes a page
+        launch_plan.build_paged_plan(paged, q, FakeTensor((40, 4, hkv, d), 0x2000_0000, dtype=e4m3),
+                                     FakeTensor((40, 4, hkv, d), 0x3000_0000, dtype=e4m3), None, None, 3, 128, 8)
+
+
 def test_a_producer_call_launches_no_v_t_copy(monkeypatch):
     """The kernel's call passes V itself to its launch (no Triton V^T copy, no v_t)."""
     import types
