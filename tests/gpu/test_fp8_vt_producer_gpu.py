@@ -152,8 +152,8 @@ def _time_ms(fn, iters: int = 30) -> float:
 @pytest.mark.parametrize("spec", [DENSE[0], DENSE[2]], ids=lambda s: s.label())
 def test_timing_runtime_transpose_against_the_producer_transpose(built, spec):
     """Prints ms a call: the runtime-transpose kernel with its per-call V^T copy, the same kernel given that copy made
-    before (v_t: the kernel alone), and the producer kernel (no copy), same inputs. Not a pass/fail criterion beyond both
-    agreeing."""
+    before (v_t: the kernel alone), and the producer kernel (no copy), same inputs; and the memory a call allocates
+    (the producer kernel none). The times are not a pass/fail criterion; the outputs must agree."""
     from tuner.measure import verify_fp8
     from tuner.serving.launch.plan import transposed_v, vt_key_order
 
@@ -166,6 +166,18 @@ def test_timing_runtime_transpose_against_the_producer_transpose(built, spec):
     out_r, out_p = runtime(q, k, v, **scales), producer(q, k, v, **scales)
     torch.cuda.synchronize()
     assert (out_r.float() - out_p.float()).abs().max().item() <= 2e-2 * out_r.float().abs().max().item() + 1e-3
+    out = torch.empty_like(out_p)   # the producer kernel allocates nothing a call; the runtime's V^T copy does
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    producer(q, k, v, out=out, **scales)
+    torch.cuda.synchronize()
+    producer_bytes = torch.cuda.max_memory_allocated() - base
+    torch.cuda.reset_peak_memory_stats()
+    runtime(q, k, v, out=out, **scales)
+    torch.cuda.synchronize()
+    runtime_bytes = torch.cuda.max_memory_allocated() - base
+    assert producer_bytes == 0 and runtime_bytes >= v.numel(), (producer_bytes, runtime_bytes)
     v_t = transposed_v(v, order=vt_key_order(runtime.meta))
     ms_copy = _time_ms(lambda: runtime(q, k, v, **scales))
     ms_kernel = _time_ms(lambda: runtime(q, k, v, v_t=v_t, **scales))
@@ -174,4 +186,5 @@ def test_timing_runtime_transpose_against_the_producer_transpose(built, spec):
     print(f"\n[vt timing] {spec.label()} b{b} s{s} h{hq}: runtime transpose {ms_copy:.3f} ms incl. its V^T copy "
           f"({flops / ms_copy / 1e9:.0f} TFLOPS), {ms_kernel:.3f} ms kernel alone; producer transpose {ms_producer:.3f} "
           f"ms ({flops / ms_producer / 1e9:.0f} TFLOPS): x{ms_copy / ms_producer:.3f} vs runtime incl. copy, "
-          f"x{ms_kernel / ms_producer:.3f} vs kernel alone")
+          f"x{ms_kernel / ms_producer:.3f} vs kernel alone; memory a call: runtime {runtime_bytes / 2**20:.1f} MiB "
+          f"(V^T), producer {producer_bytes} B")
