@@ -403,3 +403,17 @@ def test_the_fp8_spaces_search_the_transpose_and_16_bit_spaces_do_not(variant, l
             assert all(p.producer_regs >= vt_producer_regs(p) for p in producers)
         else:
             assert not producers
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_the_fp8_default_and_its_producer_form_are_points_of_the_fp8_space(d):
+    """Both key orders are listed (a [dtype] table only narrows a parameter's choices): the FP8 default's "accumulator"
+    order and its in-kernel-transpose form project onto the space."""
+    from search_spaces import load_space
+    from search_spaces.feasible import feasible_space
+
+    spec, shape = _spec(d), _problem(d)
+    space = feasible_space(load_space("mha"), H100, d, "fp8", [shape])
+    for params in (_params(spec), _params(spec, v_transpose="producer")):
+        chosen, reasons = space.project({**params.to_dict(), "schedule": "ws_overlap"}, H100, d, "fp8", [shape])
+        assert not reasons, reasons
