@@ -17,6 +17,7 @@ from tl.diagnostics import Diagnostic
 from tl.layout import layout_diagnostics
 from tl.phase import phase_diagnostics
 from tl.options import option_diagnostics
+from tl.vtranspose import transpose_diagnostics
 from tl.pipelines import CheckLimits, pipeline_diagnostics, producer_fills, role_diagnostics
 
 __all__ = ["OpSpec", "KNOWN_OPS", "CheckLimits", "check", "check_source"]
@@ -59,6 +60,8 @@ KNOWN_OPS: dict[str, OpSpec] = {spec.name.lower(): spec for spec in (
     OpSpec("Zero", 1, 1, "fill"),
     # decode (tl/phase.py): merge the splits' partial outputs by their row maxima and sums
     OpSpec("Combine", 1, 3, "elementwise"),
+    # FP8 (tl/vtranspose.py): the producer warpgroup transposes the V tile it loaded, (BN, HeadDim) -> (HeadDim, BN)
+    OpSpec("Transpose", 1, 1, "transpose", needs_result=True),
 )}
 
 RESHAPE_EXAMPLE = "(MMA_C, MMA_M, MMA_N) to (MMA_A, MMA_M, MMA_N_new)"
@@ -164,6 +167,7 @@ class _Checker:
         role_diagnostics(self.program.statements, self.error)
         pipeline_diagnostics(self.program.statements, self.error, self.limits)
         self.diags += option_diagnostics(self.program, self.path)
+        self.diags += transpose_diagnostics(self.program, self.path)
         self.diags += layout_diagnostics(self.program, self.path)
         self.diags += phase_diagnostics(self.program, self.path)
         return self.diags
@@ -303,6 +307,9 @@ class _Checker:
         c_line = next((e.c_line for e in tensors if e.layout == "C"), 0)
         if spec is not None and spec.kind == "reduce" and len(s.args) == 1:
             layout, shape = None, None
+        elif spec is not None and spec.kind == "transpose":   # (BN, HeadDim) -> (HeadDim, BN), a shared tile
+            layout = None
+            shape = tuple(reversed(first.shape)) if first and first.shape else None
         else:
             shape = first.shape if first else None
         if s.result is not None:

@@ -36,6 +36,12 @@ CODES = {
                      "raw scores)",
     "sink-place": "a Sink inside the key loop, before the Softmax it joins, with other running values than the "
                   "Softmax's, or after the output was divided by the sum",
+    "transpose-place": "a Transpose of V outside the producer warpgroup's pipelined loop, or before the Copy that "
+                       "fills its tile (tl/vtranspose.py)",
+    "transpose-operand": "a Transpose of a tile the producer does not load, of K, or whose result no P·V GEMM reads "
+                         "as a shared tile",
+    "transpose-read": "a P·V GEMM that reads the transposed V without .T (not K-major), or reads V instead of its "
+                      "transpose",
     "internal": "the checker itself failed (a bug: please report the input)",
 }
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
-from tl.ast import ROLES, Allocate, Compute, Copy, For, If, Warpgroup, walk
+from tl.ast import ROLES, Allocate, Compute, Copy, For, If, TensorRef, Warpgroup, walk
 from tl.expr import ExprError, evaluate
 
 Error = Callable[..., None]   # error(line, col, code, message, hint)
@@ -46,13 +46,27 @@ def _blocks(statements, role: str) -> list[Warpgroup]:
     return [s for s in walk(statements) if isinstance(s, Warpgroup) and s.role == role]
 
 
+def _is_transpose(s) -> bool:
+    return isinstance(s, Compute) and s.op_key == "transpose"
+
+
+def _transpose_fill(s: Compute, shapes: dict) -> Copy:
+    """A producer's `Compute Transpose V_shared and get Vt_shared` (tl/vtranspose.py) as the fill of Vt_shared: a
+    shared tile of V's shape reversed."""
+    src = shapes.get(s.args[0].name) if s.args else None
+    return Copy(TensorRef(TensorRef(s.result).base), "shared", "shared",
+                shape=tuple(reversed(src)) if src else None, line=s.line, col=s.col)
+
+
 def producer_fills(statements) -> dict[str, Copy]:
-    """Shared buffers the producer fills (``K_shared``) -> the first Copy that fills it."""
+    """Shared buffers the producer fills (``K_shared``; a transpose's ``Vt_shared``) -> the first Copy that fills it."""
     out: dict[str, Copy] = {}
     for block in _blocks(statements, "producer"):
         for s in walk(block.body):
             if isinstance(s, Copy) and s.src == "global" and s.dst == "shared":
                 out.setdefault(f"{s.tensor.base}_shared", s)
+            elif _is_transpose(s) and s.result:
+                out.setdefault(s.result, _transpose_fill(s, {k: c.shape for k, c in out.items()}))
     return out
 
 
@@ -88,7 +102,8 @@ def role_diagnostics(statements, error: Error) -> None:
               "move it into the producer (loads) or the consumer (everything else)")
     for block in _blocks(statements, "producer"):
         for s in walk(block.body):
-            if isinstance(s, (For, If)) or (isinstance(s, Copy) and s.src == "global" and s.dst == "shared"):
+            if isinstance(s, (For, If)) or (isinstance(s, Copy) and s.src == "global" and s.dst == "shared") \
+                    or _is_transpose(s):   # (a transpose's place: tl/vtranspose.py)
                 continue
             error(s.line, s.col, "bad-role", "the producer warpgroup only copies tiles from global to shared memory",
                   "move this statement into the `warpgroup consumer` block")
@@ -125,7 +140,14 @@ def _nesting(statements, error: Error, inside: Optional[str]) -> None:
 # ---- pipelines ------------------------------------------------------------------------------------
 
 def _fills_in(loop: For) -> list[Copy]:
-    return [s for s in walk(loop.body) if isinstance(s, Copy) and s.src == "global" and s.dst == "shared"]
+    """The loop's fills of shared buffers: its copies from global, and its transposes' tiles."""
+    out: list[Copy] = []
+    for s in walk(loop.body):
+        if isinstance(s, Copy) and s.src == "global" and s.dst == "shared":
+            out.append(s)
+        elif _is_transpose(s) and s.result:
+            out.append(_transpose_fill(s, {f"{c.tensor.base}_shared": c.shape for c in out}))
+    return out
 
 
 def pipeline_diagnostics(statements, error: Error, limits: Optional[CheckLimits] = None) -> None:
@@ -221,6 +243,8 @@ def _count(statements, env: dict, fills: dict, reads: dict, steps: list) -> None
         if isinstance(s, Copy) and s.src == "global" and s.dst == "shared":
             key = f"{s.tensor.base}_shared"
             fills[key] = fills.get(key, 0) + 1
+        elif _is_transpose(s) and s.result:
+            fills[s.result] = fills.get(s.result, 0) + 1
         elif isinstance(s, Compute) and s.op_key == "gemm":
             for ref in s.args:
                 if ref.level == "shared":

@@ -42,6 +42,11 @@ def generate(program: Program, params: KernelParams, profile, spec: KernelSpec) 
     warp_specialized = has_roles(program.statements)
     problems = layout_problems(program, spec, warp_specialized)
     problems += validate(params, profile, _representative_problem(spec), warp_specialized=warp_specialized)
+    if warp_specialized and spec.dtype == "fp8":   # a sketch that states how V is transposed pins v_transpose
+        from tl.vtranspose import v_transpose_of
+        from translate.params_sm90 import v_transpose_sketch_reasons
+
+        problems += v_transpose_sketch_reasons(params, v_transpose_of(program))
     if problems:
         raise TranslationError("parameters rejected: " + "; ".join(problems))
     if warp_specialized:
@@ -61,6 +66,12 @@ def layout_problems(program: Program, spec: KernelSpec, warp_specialized: bool) 
     if spec.layout != "dense" and not warp_specialized:
         problems.append(f"packed sequences ({spec.layout}) are built by the warp-specialised Hopper kernel, whose "
                         "scheduler walks them: use a sketch with warpgroup roles (tl/sketches/hopper)")
+    from tl.vtranspose import v_transpose_of
+
+    v_form = v_transpose_of(program) if warp_specialized else None
+    if v_form is not None and spec.dtype != "fp8":
+        problems.append(f"the sketch states the {v_form} transpose of V, which FP8 kernels take (8-bit wgmma "
+                        f"operands are K-major); a {spec.dtype} kernel reads V as given")
     features = getattr(spec, "features", ())
     if features and not warp_specialized:
         problems.append(f"{', '.join(features)}: built by the warp-specialised Hopper kernels only (a sketch with "

@@ -53,6 +53,11 @@ class KernelParams:
     # accumulator holds them, so P converts in place (no shuffles) and V's bytes move instead, for free, in the
     # transpose the runtime makes anyway (attn_sm90.cuh convert_p_fp8_in_place) (not in the repr, as above)
     vt_key_order: str = field(default="natural", repr=False)
+    # FP8 kernels: who transposes V for the P·V GEMM (8-bit wgmma operands are K-major). "runtime": the caller's
+    # per-call copy V^T, which the kernel TMA-loads; "producer": the kernel reads V as given, and the producer
+    # warpgroup's warps transpose each TMA-loaded tile through shared memory (ldmatrix.trans, byte permutes,
+    # stmatrix) into the V^T tile the consumers read (attn_sm90::transpose_v_tile) (not in the repr, as above)
+    v_transpose: str = field(default="runtime", repr=False)
 
     @property
     def num_threads(self) -> int:
@@ -96,12 +101,14 @@ class KernelParams:
             key += f"_w{self.pv_wait}"
         if self.vt_key_order != "natural":
             key += "_vta"
+        if self.v_transpose != "runtime":
+            key += "_vtp"
         return key
 
 
 # The fields only the Hopper (wgmma) kernels read; an sm80-class candidate must leave them at their defaults.
 HOPPER_ONLY = ("pv_operand", "pingpong", "producer_regs", "persistent", "rescale_threshold", "pack_gqa", "exp2_poly",
-               "pv_wait", "vt_key_order")
+               "pv_wait", "vt_key_order", "v_transpose")
 _DEFAULTS = {f.name: f.default for f in fields(KernelParams)}
 
 _TYPE_WORDS = {int: "an integer", bool: "true or false", str: "a string"}

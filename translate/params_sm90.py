@@ -81,7 +81,8 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
     barriers = (2 + 4 * params.kv_stages) * 8 + 16 if warp_specialized else 0
     if problem.dtype == "fp8":   # 1-byte Q, K, V and a bf16 output tile (translate/sm90/generate.py smem_bytes_ws)
         q = params.block_m * (problem.d_qk + 2 * problem.d_v)
-        return q + params.kv_stages * params.block_n * (problem.d_qk + problem.d_v) + barriers
+        return q + params.kv_stages * params.block_n * (problem.d_qk + problem.d_v) + barriers + \
+            vt_staging_bytes(params, problem)
     q = params.block_m * max(problem.d_qk, problem.d_v)
     kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
@@ -98,6 +99,70 @@ FP8_BLOCK_N = (64, 128, 160, 192, 224, 256)
 # The key order of an FP8 kernel's transposed V (KernelParams.vt_key_order): as the keys come, or in the order of P's
 # accumulator within 16 keys (P then converts without shuffles).
 VT_KEY_ORDERS = ("natural", "accumulator")
+
+
+# Who transposes an FP8 kernel's V (KernelParams.v_transpose): the runtime's per-call copy V^T, or the producer
+# warpgroup, whose warps 1-3 transpose each V tile the TMA thread loads as given into the V^T tile the consumers read.
+V_TRANSPOSES = ("runtime", "producer")
+# The producer warpgroup's registers (setmaxnreg) with the in-kernel transpose, by consumer warpgroups. ptxas (nvcc
+# 13.0, sm_90a) builds the transposer (4 ldmatrix.trans words, 4 permuted words, two swizzled addresses, the ring's
+# counters) without local memory from 32 registers with three consumer warpgroups (d64 192 x 64/128/160, both key
+# orders, dense, varlen and paged; 54 dense GQA tiles of 2 and 3 stages checked) and from 40 with two (at 32, 4 of 22
+# such tiles spilled 4-20 bytes); 24 spills.
+# With two consumer warpgroups 40 costs the consumers nothing: their share of the launch's 168 registers a thread
+# rounds to 232 from 32 and from 40 alike (consumer_registers). tests/translate/test_fp8_vt_producer.py checks the SASS.
+VT_PRODUCER_REGS = 32
+VT_PRODUCER_REGS_BY_WGS = {2: 40}
+
+
+def vt_producer_regs(params) -> int:
+    """The producer_regs the in-kernel transpose needs for these parameters' consumer warpgroups."""
+    return VT_PRODUCER_REGS_BY_WGS.get(consumer_warpgroups(params.block_m), VT_PRODUCER_REGS)
+
+
+def vt_staging_bytes(params, problem: Problem) -> int:
+    """Shared memory the in-kernel transpose adds: a staging V tile (block N x d_v bytes, as TMA loads it) beside
+    each V^T stage, and a full/empty mbarrier pair per staging slot."""
+    if getattr(params, "v_transpose", "runtime") != "producer":
+        return 0
+    return params.kv_stages * (params.block_n * problem.d_v + 16) + 8   # (+ the tile's V tile count and keys)
+
+
+def v_transpose_reasons(params, problem: Problem, warp_specialized: bool) -> list[str]:
+    """Why this kernel cannot take its v_transpose: the in-kernel transpose is an FP8 kernel's (a 16-bit kernel reads
+    V as given), runs in the warp-specialised producer warpgroup, and needs that warpgroup's registers."""
+    v_transpose = getattr(params, "v_transpose", "runtime")
+    if v_transpose not in V_TRANSPOSES:
+        return [f"v_transpose {v_transpose!r} must be one of {', '.join(V_TRANSPOSES)}"]
+    if v_transpose == "runtime":
+        return []
+    errors = []
+    if problem.dtype != "fp8":
+        errors.append(f"v_transpose {v_transpose!r} transposes an FP8 kernel's V (8-bit wgmma operands are K-major); "
+                      "a 16-bit kernel reads V as given (keep 'runtime')")
+    if not warp_specialized:
+        errors.append("v_transpose 'producer' runs in the producer warpgroup: a warp-specialised sketch")
+    need = vt_producer_regs(params)
+    if params.producer_regs < need:
+        errors.append(f"v_transpose 'producer': producer_regs {params.producer_regs} < {need}, the registers the "
+                      f"producer warpgroup's transposer (ldmatrix.trans, byte permutes, stmatrix) needs without "
+                      f"spilling with {consumer_warpgroups(params.block_m)} consumer warpgroup(s)")
+    if problem.d_v % 32 or params.block_n % 16:
+        errors.append(f"v_transpose 'producer' transposes 16 keys x 32 columns a step: block_n {params.block_n} must "
+                      f"be a multiple of 16 and d_v {problem.d_v} of 32")
+    return errors
+
+
+def v_transpose_sketch_reasons(params, stated: str | None) -> list[str]:
+    """A sketch that states how V is transposed (tl/vtranspose.py: a producer `Compute Transpose V_shared and get
+    Vt_shared`, or the caller's V^T copied from global) pins v_transpose; an unstated sketch takes the parameter."""
+    v_transpose = getattr(params, "v_transpose", "runtime")
+    if stated is None or stated == v_transpose:
+        return []
+    return [f"the sketch states the {stated} transpose of V ("
+            + ("`Compute Transpose V_shared and get Vt_shared` in the producer" if stated == "producer"
+               else "the caller's V^T copied from global") + f") but v_transpose is {v_transpose!r}: the sketch "
+            f"pins v_transpose {stated!r}"]
 
 
 def fp8_reasons(params, warp_specialized: bool) -> list[str]:
@@ -184,6 +249,7 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores")
     if problem.dtype == "fp8":
         errors += fp8_reasons(params, warp_specialized)
+    errors += v_transpose_reasons(params, problem, warp_specialized)
     if params.vt_key_order not in VT_KEY_ORDERS:
         errors.append(f"vt_key_order {params.vt_key_order!r} must be one of {', '.join(VT_KEY_ORDERS)}")
     elif params.vt_key_order != "natural" and problem.dtype != "fp8":
@@ -267,6 +333,8 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
     if smem > profile.smem_per_block_bytes:
         errors.append(f"shared memory {smem // 1024} KB (Q {params.block_m}x{max(problem.d_qk, problem.d_v)} + "
                       f"{params.kv_stages} stage(s) of K/V {params.block_n}x({problem.d_qk}+{problem.d_v})"
-                      f"{' + P' if params.pv_operand == 'ss' else ''}) exceeds the {profile.smem_per_block_kb} KB "
+                      f"{' + P' if params.pv_operand == 'ss' else ''}"
+                      f"{' + V staging for the in-kernel transpose' if vt_staging_bytes(params, problem) else ''}) "
+                      f"exceeds the {profile.smem_per_block_kb} KB "
                       f"per-block limit of {profile.name}")
     return errors

@@ -385,6 +385,123 @@ __forceinline__ __device__ void convert_p_fp8_in_place(TP& p, TS const& acc_s) {
   }
 }
 
+// ---- FP8: V transposed in the kernel (KernelParams.v_transpose "producer") -----------------------------
+// The byte offset of (row, byte col) in a K-major tile of 8-bit elements laid out as TMA boxes of kChunk bytes x
+// kRows rows side by side (box c at c x kRows x kChunk), each in the kChunk-byte swizzle: 16-byte unit u of row r at
+// u ^ (r % 8) (128 bytes), u ^ ((r / 2) % 4) (64) or u ^ ((r / 4) % 2) (32), as SWIZZLE_128B/64B/32B and the GMMA
+// descriptors' layout types put them (address bits 4.. xor bits 7..). ``col`` is a multiple of 16.
+template <int kRows, int kChunk>
+CUTE_HOST_DEVICE int swizzled_byte(int row, int col) {
+  static_assert(kChunk == 128 || kChunk == 64 || kChunk == 32, "128-, 64- or 32-byte swizzle atoms");
+  constexpr unsigned kShift = kChunk == 128 ? 0 : (kChunk == 64 ? 1 : 2);
+  constexpr unsigned kMask = kChunk / 16 - 1;
+  const unsigned r = unsigned(row), c = unsigned(col);   // (unsigned: shifts and masks, no signed division)
+  const unsigned unit = (c % kChunk) / 16;
+  return int((c / kChunk) * (kRows * kChunk) + r * kChunk + ((unit ^ ((r >> kShift) & kMask)) << 4));
+}
+
+// Where one lane's ldmatrix / stmatrix rows lie in a step of the transpose (transpose_v_tile): the key (within the 16
+// of a step) and the d column (within its 32) of the staged V row it reads, and the d row (within 32) of V^T it writes.
+struct VtLanes {
+  int key, dcol, drow;
+  uint32_t sel_a, sel_b;   // byte selectors (prmt) of the two V^T words made from each pair of ldmatrix words
+};
+
+// ldmatrix.x4.trans over 16-bit elements reads four 8 x 16-byte matrices: lane l addresses row l % 8 of matrix l / 8 and
+// receives, of each matrix, the 16-bit elements (rows 2q and 2q + 1, column r) for r = l / 4, q = l % 4: for V's rows
+// (keys) of bytes (d), keys k(2q), k(2q + 1) of columns d = 2r and 2r + 1. Matrices 0 and 2 read the keys A(i), 1 and 3
+// the keys B(i) of the step's 16, at d unit 2p (0, 1) and 2p + 1 (2, 3). Two words of A and B keys permute (prmt) into
+// one word of 4 keys A(2q), A(2q + 1), B(2q), B(2q + 1) of a single d row: columns 4q .. 4q + 3 of that V^T row's
+// 16-key unit, which is where stmatrix (lane 4r + q's word -> row r, bytes 4q .. 4q + 3) puts it. So the keys land at
+// column 4q + 2h + b = key of (h ? B : A)(2q + b): natural order (column c = key c) takes A(i) = 4(i / 2) + i % 2,
+// B(i) = A(i) + 2; accumulator order (key 8h + 2q + b at column 4q + 2h + b, convert_p_fp8_in_place) A(i) = i,
+// B(i) = 8 + i, whose eight consecutive rows read without bank conflicts (natural order's two-way). Of each stmatrix
+// matrix, row r holds d = 2r + (r >= 4) (matrices 0, 2) or 2r + (r < 4) (1, 3): eight d rows that fall in eight
+// different bank groups for every swizzle, so the stores run without bank conflicts.
+template <bool kAccumulatorOrder>
+CUTE_HOST_DEVICE VtLanes vt_lanes(int lane) {
+  const int m = lane / 8, i = lane % 8;
+  VtLanes v;
+  v.key = kAccumulatorOrder ? 8 * (m % 2) + i : 4 * (i / 2) + i % 2 + 2 * (m % 2);
+  v.dcol = 16 * (m / 2);
+  v.drow = 16 * (m / 2) + 2 * i + ((m % 2) ^ (i >= 4 ? 1 : 0));
+  const bool odd_first = lane >= 16;   // the data rows r = lane / 4 >= 4 take the odd d row in matrices 0 and 2
+  v.sel_a = odd_first ? 0x7531u : 0x6420u;
+  v.sel_b = odd_first ? 0x6420u : 0x7531u;
+  return v;
+}
+
+// The byte offsets of one lane's ldmatrix row in the staged V tile and of its stmatrix row in the V^T tile, for the
+// step of keys [16 g, 16 g + 16) and d columns [32 p, 32 p + 32). Host-callable: the host replay of the transpose
+// (tests/translate/vt_transpose_check.cpp) takes the same offsets.
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt>
+CUTE_HOST_DEVICE int vt_stage_offset(VtLanes const& ln, int g, int p) {
+  return swizzled_byte<kBlockN, kChunkStage>(16 * g + ln.key, 32 * p + ln.dcol);
+}
+
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt>
+CUTE_HOST_DEVICE int vt_tile_offset(VtLanes const& ln, int g, int p) {
+  return swizzled_byte<kHeadDimV, kChunkVt>(32 * p + ln.drow, 16 * g);
+}
+
+// The warp that takes step (g, p) of a tile: steps p x groups + g dealt round-robin to kWarps warps.
+template <int kKeyGroups, int kWarps>
+CUTE_HOST_DEVICE constexpr int vt_first_group(int warp, int p) {
+  return ((warp - p * kKeyGroups) % kWarps + kWarps) % kWarps;
+}
+
+// One V tile (kBlockN keys x kHeadDimV bytes, staged as TMA wrote it: boxes of kChunkStage bytes of d, 8-bit K-major)
+// into the transposed tile the FP8 P.V GEMM reads (kHeadDimV rows x kBlockN keys, boxes of kChunkVt keys: the image
+// tma_load_vt writes), in the key order kAccumulatorOrder says. kWarps warps share the steps of 16 keys x 32 d
+// (one ldmatrix.x4.trans, four prmt and one stmatrix.x4 each); ``thread`` is this one's index among them. Loops, not
+// unrolled: at the producer's 32 registers ptxas spilled every unrolled form (all steps: 60 bytes at d128; the key
+// groups by two, or the next step's ldmatrix issued ahead: 8-20 bytes), while this one needs none (28 instructions a
+// step at d128). The caller orders the generic-proxy stores before the wgmma reads (fence.proxy.async) and hands the
+// tile over.
+// Zeros into the rows [keys, kBlockN) of a staged V tile (kHeadDimV / 16 chunks of 16 bytes a row, swizzled as TMA
+// wrote them), ``thread`` of kThreads. Host-callable: the host replay zeroes its staged tile with it.
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kThreads>
+CUTE_HOST_DEVICE void zero_staged_rows(uint8_t* stage, int keys, int thread) {
+  constexpr int kChunks = kHeadDimV / 16;
+  for (int i = keys * kChunks + thread; i < kBlockN * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i - r * kChunks;
+    *reinterpret_cast<uint4*>(stage + swizzled_byte<kBlockN, kChunkStage>(r, 16 * c)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+// ``keys``: the tile's keys that exist (its sequence's keys from the tile's first). The transposed tile holds zeros
+// past them, as the runtime's V^T does: the staged rows past a sequence's keys are zeros past a dense tensor's end
+// (TMA), but another sequence's V (packed) or whatever a paged cache's last page holds past the used keys, where e4m3
+// NaN times P = 0 would be NaN in the P.V GEMM. A tile short of kBlockN keys (a sequence's last) has those rows zeroed
+// first (the kWarps warps, then their named barrier kBarrier); its transpose is the whole tile's, so the loop's
+// registers stay as they are (a mask in the loop spilled at the producer's 32).
+template <int kBlockN, int kHeadDimV, int kChunkStage, int kChunkVt, bool kAccumulatorOrder, int kWarps, int kBarrier>
+__forceinline__ __device__ void transpose_v_tile(uint8_t* stage, uint8_t* vt, int keys, int thread) {
+  static_assert(kBlockN % 16 == 0 && kHeadDimV % 32 == 0, "steps of 16 keys x 32 d");
+  constexpr int kKeyGroups = kBlockN / 16;
+  // (the lanes' rows per tile, a few instructions: held across the tiles they cost the producer's few registers)
+  const int warp = thread / 32;
+  const VtLanes ln = vt_lanes<kAccumulatorOrder>(thread % 32);
+  if (keys < kBlockN) {
+    zero_staged_rows<kBlockN, kHeadDimV, kChunkStage, 32 * kWarps>(stage, keys, thread);
+    cutlass::arch::NamedBarrier::sync(32 * kWarps, kBarrier);
+  }
+#pragma unroll 1
+  for (int p = 0; p < kHeadDimV / 32; ++p) {
+#pragma unroll 1
+    for (int g = vt_first_group<kKeyGroups, kWarps>(warp, p); g < kKeyGroups; g += kWarps) {
+      uint32_t w0, w1, w2, w3;
+      SM75_U16x8_LDSM_T::copy(*reinterpret_cast<uint128_t const*>(
+                                  stage + vt_stage_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)),
+                              w0, w1, w2, w3);
+      SM90_U32x4_STSM_N::copy(prmt(w0, w1, ln.sel_a), prmt(w0, w1, ln.sel_b), prmt(w2, w3, ln.sel_a),
+                              prmt(w2, w3, ln.sel_b),
+                              *reinterpret_cast<uint128_t*>(
+                                  vt + vt_tile_offset<kBlockN, kHeadDimV, kChunkStage, kChunkVt>(ln, g, p)));
+    }
+  }
+}
+
 // ---- epilogue: registers -> shared memory -----------------------------------------------------------
 // The 16-bit output fragment of the consumer warpgroups (a wgmma accumulator: per 8-column group j, a
 // thread holds two neighbouring columns of rows r and r + 8, as registers 2j and 2j + 1 of 32 bits) into

@@ -30,6 +30,12 @@ PINGPONG_REVISION = 2
 KERNEL_REVISION = 2
 # The indexed (cp.async) producer's warpgroup: the next tile's number, from thread 0 to the others.
 PRODUCER_BARRIER = 4
+# The FP8 in-kernel transpose of V (KernelParams.v_transpose "producer"): warps 1-3 of the producer warpgroup, which
+# transpose the V tiles the TMA thread stages (attn_sm90::transpose_v_tile), hand each tile over on this barrier (id 0:
+# CUTLASS's first free one, no other use in these kernels).
+VT_BARRIER = 0
+VT_THREADS = 96
+VT_WARPS = 3
 # Producer threads that copy K/V with cp.async (the whole producer warpgroup, as FA3's paged path): each
 # arrives on a stage's full barrier once its own copies landed.
 CP_ASYNC_PRODUCER_THREADS = 128
@@ -47,6 +53,7 @@ class Ctx:
     paged: bool = False                      # keys and values through a page table (tl/layout.py)
     kv_cp_async: bool = False                # K/V copied by the producer warpgroup's threads (else one thread's TMA)
     pack: bool = False                       # pack_gqa: a tile's rows are (token, query head) of one KV head
+    vt_producer: bool = False                # FP8: the producer warpgroup transposes V (else the runtime's V^T)
     loop_vars: list = field(default_factory=list)
     gemm_names: dict = field(default_factory=dict)
     # cp.async producer: the page lookups in scope, by tile expression (K's serves V's copy of the same tile)
@@ -148,6 +155,8 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
             f"{INDENT}attn_sm90::cp_async_arrive(&{x}_full[slot]);  // this thread's part of the stage, once it landed",
             "}",
         ]
+    if ctx.vt_producer and x == "v":
+        return _staged_v_load(op, ctx, tile, k_row)
     if ctx.fp8:   # TMA only (frame.fp8_reasons)
         load = INDENT + _fp8_load(x, k_row, ctx)
     elif ctx.paged:
@@ -167,6 +176,36 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
         load,
         "}",
     ]
+
+
+def _staged_v_load(op: Op, ctx: Ctx, tile: str, k_row: str) -> list[str]:
+    """The FP8 in-kernel transpose's V copy: V as given (keys x d_v bytes, boxes of kChunkVs bytes, as K's) into the
+    staging slot of the V ring's stage, behind its own full/empty pair (vs_full: the bytes landed; vs_empty: the
+    transposer read them). The V^T slot's barriers (v_full, v_empty) are the transposer's and the consumers'."""
+    if ctx.paged:
+        load = ("attn_sm90::tma_load_paged<kHeadDimV / kChunkVs, kBlockN, kChunkVs>(&tma_v, &vs_full[slot], "
+                "smem_vs + slot * kTileVElems, n_block * kBlockN, seqlen_k, bidh_kv, pages, page_size);")
+    else:
+        load = (f"attn_sm90::tma_load_tile<kHeadDimV / kChunkVs, kBlockN, kChunkVs>(&tma_v, &vs_full[slot], "
+                f"smem_vs + slot * kTileVElems, {k_row}, bidh_kv, bidb);")
+    return [
+        "{",
+        f"{INDENT}const int slot = v_write % kStages;",
+        f"{INDENT}attn_sm90::wait_barrier(&vs_empty[slot], (((v_write / kStages) & 1) ^ 1));"
+        "  // the transposer has read the staging slot",
+        f"{INDENT}++v_write;",
+        f"{INDENT}attn_sm90::FullBarrier::arrive_and_expect_tx(&vs_full[slot], kTileVBytes);",
+        f"{INDENT}const int n_block = {ctx.top} - 1 - ({tile});  // tile {tile} in iteration order: last KV block first",
+        f"{INDENT}{load}  // V as given: the transposer makes V^T",
+        "}",
+    ]
+
+
+def emit_transpose_v(op: Op, ctx: Ctx) -> list[str]:
+    """The producer's `Compute Transpose V_shared and get Vt_shared`: warps 1-3 of the producer warpgroup run it, in
+    their own loop over the V ring (generate.py transposer_loop), as each staged tile lands."""
+    return [f"// {op.data['dst']} = {op.data['src']} transposed: by warps 1-3 of this warpgroup (the transposer loop), "
+            "once the staged tile lands"]
 
 
 def _fp8_load(x: str, k_row: str, ctx: Ctx) -> str:
@@ -372,6 +411,7 @@ def emit_drain(op: Op, ctx: Ctx) -> list[str]:
 
 EMITTERS = {
     "tma_copy": emit_tma_copy,
+    "transpose_v": emit_transpose_v,
     "alloc_acc": emit_alloc_acc,
     "gemm": emit_gemm,
     "mask": emit_mask,

@@ -187,8 +187,19 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
         "constexpr int kTileQBytes = kBlockM * kHeadDimQK;",
         "constexpr int kTileKBytes = kTileKElems;",
         "constexpr int kTileVBytes = kTileVElems;",
-        "constexpr int kBarrierOffset = kTileQElems + kStages * (kTileKElems + kTileVElems);",
+        *(["// the in-kernel transpose: a staging V tile (kBlockN x kHeadDimV, as loaded) per stage after the V^T stages",
+           f"constexpr int kChunkVs = {fp8_chunk(spec.d_v)};  // columns of a staged V box and swizzle atom (bytes)",
+           f"constexpr bool kVtAccumulatorOrder = {'true' if params.vt_key_order == 'accumulator' else 'false'};"
+           "  // V^T's keys in P's accumulator order",
+           "constexpr int kBarrierOffset = kTileQElems + kStages * (kTileKElems + 2 * kTileVElems);"]
+          if vt_producer(spec, params) else
+          ["constexpr int kBarrierOffset = kTileQElems + kStages * (kTileKElems + kTileVElems);"]),
     ]
+
+
+def vt_producer(spec, params) -> bool:
+    """An FP8 kernel whose producer warpgroup transposes V (KernelParams.v_transpose "producer")."""
+    return is_fp8(spec) and getattr(params, "v_transpose", "runtime") == "producer"
 
 
 # A packed sequence's keys start at a multiple of this in the transposed V (attn_sm90::packed_vt_key0): TMA boxes start
@@ -285,9 +296,24 @@ def kernel_signature(name: str, varlen: bool = False, paged: bool = False, pack:
     return base.kernel_signature(name, args)
 
 
-def kernel_setup(params, pack: bool = False, fp8: bool = False) -> list[str]:
-    """What every thread does once: the tile count, the shared-memory plan and the mbarriers."""
+def kernel_setup(params, pack: bool = False, fp8: bool = False, vt: bool = False) -> list[str]:
+    """What every thread does once: the tile count, the shared-memory plan and the mbarriers. ``vt``: the in-kernel
+    transpose's staging tiles and their barriers, and the transposer's hand-back of each tile's number (q_empty)."""
     kv_arrivals = "kKVFullArrivals" if kv_cp_async(params) else "1"   # (a TMA kernel's source as it always was)
+    if vt:
+        staging = ["Element* smem_vs = smem_v + kStages * kTileVElems;  // staged V tiles, as loaded (transposer's input)"]
+        slot = ["uint64_t* vs_full = v_empty + kStages;  // a staged V tile landed",
+                "uint64_t* vs_empty = vs_full + kStages;  // the transposer has read it",
+                "int* vt_info = reinterpret_cast<int*>(vs_empty + kStages);  // the tile's V tiles and keys, for the "
+                "transposer",
+                "int* tile_slot = vt_info + 2;  // the tile the producer hands out next"]
+        q_empty_count = "kConsumerWGs + 1);  // and the transposer, once it read the tile's number"
+        vs_init = ["    attn_sm90::FullBarrier::init(&vs_full[s], 1);",
+                   "    attn_sm90::EmptyBarrier::init(&vs_empty[s], 1);  // one transposer thread hands back"]
+    else:
+        staging, vs_init = [], []
+        slot = ["int* tile_slot = reinterpret_cast<int*>(v_empty + kStages);  // the tile the producer hands out next"]
+        q_empty_count = "kConsumerWGs);"
     return [
         "extern __shared__ __align__(1024) char attn_smem[];",
         "const int tidx = threadIdx.x;",
@@ -299,6 +325,7 @@ def kernel_setup(params, pack: bool = False, fp8: bool = False) -> list[str]:
         "Element* smem_q = reinterpret_cast<Element*>(attn_smem);",
         "Element* smem_k = smem_q + kTileQElems;",
         "Element* smem_v = smem_k + kStages * kTileKElems;",
+        *staging,
         *_smem_p_and_o(fp8),
         "uint64_t* q_full = reinterpret_cast<uint64_t*>(attn_smem + kBarrierOffset);  // Q and its tile number",
         "uint64_t* q_empty = q_full + 1;",
@@ -306,15 +333,16 @@ def kernel_setup(params, pack: bool = False, fp8: bool = False) -> list[str]:
         "uint64_t* k_empty = k_full + kStages;",
         "uint64_t* v_full = k_empty + kStages;",
         "uint64_t* v_empty = v_full + kStages;",
-        "int* tile_slot = reinterpret_cast<int*>(v_empty + kStages);  // the tile the producer hands out next",
+        *slot,
         "if (tidx == 0) {",
         "  attn_sm90::FullBarrier::init(q_full, 1);",
-        "  attn_sm90::EmptyBarrier::init(q_empty, kConsumerWGs);",
+        f"  attn_sm90::EmptyBarrier::init(q_empty, {q_empty_count}",
         "  for (int s = 0; s < kStages; ++s) {",
         f"    attn_sm90::FullBarrier::init(&k_full[s], {kv_arrivals});",
         f"    attn_sm90::FullBarrier::init(&v_full[s], {kv_arrivals});",
         "    attn_sm90::EmptyBarrier::init(&k_empty[s], kConsumerWGs);  // one thread per consumer warpgroup hands back",
         "    attn_sm90::EmptyBarrier::init(&v_empty[s], kConsumerWGs);",
+        *vs_init,
         "  }",
         "  cutlass::arch::fence_barrier_init();",
         "}",

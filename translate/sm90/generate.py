@@ -14,7 +14,8 @@ from __future__ import annotations
 from kernel_abi.spec import fp8_layout_errors
 from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
-from translate.params_sm90 import kv_cp_async
+from tl.vtranspose import v_transpose_of, with_v_transpose
+from translate.params_sm90 import kv_cp_async, v_transpose_sketch_reasons
 from translate.sm90 import emit as em
 from translate.sm90 import frame, swizzle
 from translate.sm90 import tiles
@@ -65,6 +66,7 @@ def extra_args(layout: str, pack: bool = False, options: tuple = ()) -> tuple:
 
 
 def generate_warp_specialized(program: Program, params, profile, spec) -> GeneratedKernel:
+    program = _with_v_transpose(program, params, spec)
     lowered = WsLowering(program, params, spec).run()
     if params.block_m % 64 or not 1 <= params.block_m // 64 <= 3:
         raise TranslationError(f"block_m {params.block_m} must be 64, 128 or 192 (64 rows per consumer warpgroup)")
@@ -73,6 +75,13 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     fp8 = spec.dtype == "fp8"
     if fp8 and fp8_layout_errors(spec.layout):
         raise TranslationError(fp8_layout_errors(spec.layout)[0])
+    if lowered.v_form is not None and not fp8:
+        raise TranslationError(f"the sketch states the {lowered.v_form} transpose of V, which FP8 kernels take (8-bit "
+                               f"wgmma operands are K-major); a {spec.dtype} kernel reads V as given")
+    vt_reasons = v_transpose_sketch_reasons(params, lowered.v_form if fp8 else None)
+    if vt_reasons:
+        raise TranslationError(vt_reasons[0])
+    vt = frame.vt_producer(spec, params)
     # (FP8: O, bf16, always has its own tile: a Q row of 1 byte a column is not an O row)
     separate_o = fp8 or smem_bytes_ws(params, spec, lowered.stages, True) <= profile.smem_per_block_bytes
     fenced = set(lowered.score_accs) | (set(lowered.p_tensors) if params.pv_operand == "rs" else set())
@@ -97,7 +106,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
                                f"{spec.layout} layout finds its rows by sequence (one query head a tile)")
     ctx = em.Ctx(spec=spec, params=params, lowered=lowered, stage_holders=holders,
                  buffer_role=WsLowering_buffer_roles(lowered), separate_o=separate_o, varlen=varlen, paged=paged,
-                 kv_cp_async=cp_async, pack=pack)
+                 kv_cp_async=cp_async, pack=pack, vt_producer=vt)
     # the sketch is part of the kernel: two schedules with the same parameters are two kernels
     name = f"attn_{spec.label()}_{params.key()}_ws{sketch_hash(program)}"
 
@@ -154,6 +163,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         "for (;;) {",
         f"{I}attn_sm90::wait_barrier(q_empty, (q_iter & 1) ^ 1);  // the consumers are done with the last Q",
         *hand_out,
+        *([f"{I}vt_info[0] = n_tiles; vt_info[1] = seqlen_k;  // for the transposer: its V tiles, the keys they end at"]
+          if vt else []),
         f"{I}if (n_tiles <= 0) {{ {one}attn_sm90::FullBarrier::arrive(q_full); }} else {{",
         *em._indent(producer_lines, 2),
         f"{I}}}",
@@ -189,6 +200,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         f"tidx, {em.PRODUCER_BARRIER}); }}",
         f"{I}const int* order = ordered ? seq_order : nullptr;  // the sequences, most keys first",
     ] if ordered else []
+    transposer = transposer_loop() if vt else []
     kernel = [
         "if (tidx < 128) {  // producer warpgroup",
         *([f"{I}cutlass::arch::warpgroup_reg_dealloc<kProducerRegs>();"] if use_setmaxnreg else []),
@@ -199,6 +211,8 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         *([f"{I * 2}const int page_shift = attn_sm90::page_shift_of(page_size);  // a page lookup's shift (-1: divide)"]
           if cp_async else []),
         *em._indent(producer, 2),
+        *([f"{I}}} else if (tidx >= 32) {{  // warps 1-3: V's transpose (the TL Transpose), tile after tile of the ring"]
+          + em._indent(transposer, 2) if vt else []),
         f"{I}}}",
         "} else {  // consumer warpgroups",
         *([f"{I}cutlass::arch::warpgroup_reg_alloc<kConsumerRegs>();"] if use_setmaxnreg else []),
@@ -214,7 +228,7 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
     body_lines = header + frame.wgmma_declarations(spec, params) + [f"namespace {name}_ns {{", "using namespace cute;", ""]
     body_lines += frame.kernel_types(spec, params, lowered.stages, separate_o) + [""]
     body_lines += frame.kernel_signature(name, varlen, paged, pack, option_args(spec), fp8)
-    setup = frame.kernel_setup(params, pack, fp8)
+    setup = frame.kernel_setup(params, pack, fp8, vt)
     if varlen:   # the tile's lengths travel beside its number (smem_bytes_ws reserves the room)
         setup.append("attn_sm90::VarlenTile* tile_info = reinterpret_cast<attn_sm90::VarlenTile*>(tile_slot + 2);")
     if cp_async:   # after the VarlenTile (7 ints from tile_slot + 2), within smem_bytes_ws's 48 bytes
@@ -233,6 +247,56 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
                            grid="persistent" if params.persistent else "tiles")
 
 
+def _with_v_transpose(program: Program, params, spec) -> Program:
+    """An FP8 kernel with the in-kernel transpose of V built from a sketch that states no transpose: the sketch gets
+    the producer's `Compute Transpose V_shared and get Vt_shared` (tl/vtranspose.py with_v_transpose), so that the
+    kernel's TL program (its header, its name's hash) says what it does. Every other kernel's sketch is left as is."""
+    if spec.dtype == "fp8" and getattr(params, "v_transpose", "runtime") == "producer" and v_transpose_of(program) is None:
+        return with_v_transpose(program, "producer")
+    return program
+
+
+def transposer_loop() -> list[str]:
+    """Warps 1-3 of the producer warpgroup (the in-kernel transpose of an FP8 kernel's V): per tile the producer hands
+    out (q_full; its number, and in vt_info its K tile count and its sequence's keys), one transpose per K tile of the
+    tile, in the V ring's order: wait for the staged tile (vs_full) and for the consumers to hand the V^T slot back
+    (v_empty), then (a tile short of block N keys: its rows past them zeroed) ldmatrix.trans / prmt / stmatrix
+    (attn_sm90::transpose_v_tile), fence.proxy.async (generic-proxy stores that the wgmma's async proxy reads, and that
+    TMA writes over in the staging slot next), a named barrier of the 96 threads, and one thread hands V^T over
+    (v_full) and the staging slot back (vs_empty). The transposer also arrives on q_empty once it read a tile's number,
+    so that the producer does not hand out the next one before. (The count and keys come from the producer, not from
+    the tile's coordinates as the consumers find them: that walk held registers across the loop, and ptxas spilled
+    some at the producer's 32.)"""
+    I = em.INDENT
+    return [
+        "int vt_iter = 0, vt_read = 0;  // tiles taken; V tiles transposed (the ring's count)",
+        "for (;;) {",
+        f"{I}attn_sm90::wait_barrier(q_full, vt_iter & 1);  // the next tile's number arrived",
+        f"{I}if (*tile_slot >= num_tiles) {{ break; }}  // no tile left",
+        f"{I}const int n_tiles = vt_info[0], vt_keys = vt_info[1];  // the tile's V tiles; its sequence's keys",
+        f"{I}cutlass::arch::NamedBarrier::sync({em.VT_THREADS}, {em.VT_BARRIER});  // every transposer thread read them",
+        f"{I}if (tidx == 32) {{ attn_sm90::EmptyBarrier::arrive(q_empty); }}  // the producer may hand out the next",
+        f"{I}for (int t = 0; t < n_tiles; ++t, ++vt_read) {{",
+        f"{I * 2}const int slot = vt_read % kStages;",
+        f"{I * 2}attn_sm90::wait_barrier(&vs_full[slot], (vt_read / kStages) & 1);  // the staged V tile landed",
+        f"{I * 2}attn_sm90::wait_barrier(&v_empty[slot], ((vt_read / kStages) & 1) ^ 1);"
+        "  // the consumers handed the V^T slot back",
+        f"{I * 2}attn_sm90::transpose_v_tile<kBlockN, kHeadDimV, kChunkVs, kChunkV, kVtAccumulatorOrder, {em.VT_WARPS}, "
+        f"{em.VT_BARRIER}>(reinterpret_cast<uint8_t*>(smem_vs + slot * kTileVElems), "
+        "reinterpret_cast<uint8_t*>(smem_v + slot * kTileVElems), vt_keys - (n_tiles - 1 - t) * kBlockN, tidx - 32);"
+        "  // zeros past the sequence's keys",
+        f"{I * 2}cutlass::arch::fence_view_async_shared();  // generic-proxy stores, read by the wgmma (async proxy)",
+        f"{I * 2}cutlass::arch::NamedBarrier::sync({em.VT_THREADS}, {em.VT_BARRIER});  // the whole tile is written",
+        f"{I * 2}if (tidx == 32) {{",
+        f"{I * 3}attn_sm90::FullBarrier::arrive(&v_full[slot]);  // V^T to the consumers",
+        f"{I * 3}attn_sm90::EmptyBarrier::arrive(&vs_empty[slot]);  // the staging slot back to the TMA thread",
+        f"{I * 2}}}",
+        f"{I}}}",
+        f"{I}++vt_iter;",
+        "}",
+    ]
+
+
 def _q_buffers(lowered) -> set:
     return {f"{n}_shared" for n, r in lowered.roles.items() if r == "q"}
 
@@ -248,9 +312,10 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = F
     """Q + stages x (K + V) + P (SS only) + O (its own tile, else in Q's) + the mbarriers, as laid out."""
     info = 32 if spec.layout != "dense" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
     order = ORDER_BYTES if ordered else 0
-    if spec.dtype == "fp8":   # bytes: Q, O (bf16), K and V stages, no P tile
+    if spec.dtype == "fp8":   # bytes: Q, O (bf16), K and V stages, no P tile (+ the in-kernel transpose's staging)
+        staging = stages * (params.block_n * spec.d_v + 16) + 8 if frame.vt_producer(spec, params) else 0
         return params.block_m * (spec.d_qk + 2 * spec.d_v) + stages * params.block_n * (spec.d_qk + spec.d_v) + \
-            (2 + 4 * stages) * 8 + 16 + info + order
+            (2 + 4 * stages) * 8 + 16 + info + order + staging
     q = params.block_m * max(spec.d_qk, spec.d_v)
     kv = stages * params.block_n * (spec.d_qk + spec.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
@@ -266,6 +331,11 @@ def tensor_map_boxes(params, spec) -> dict:
     heads x rows / heads tokens, heads fastest (the call's ``pack``: tuner/serving/launch/plan.py)."""
     if spec.dtype == "fp8":   # e4m3 boxes of kChunkQK / kChunkV bytes; V transposed (b, h, d, s): keys x d_v rows
         qk = frame.fp8_chunk(spec.d_qk)
+        if frame.vt_producer(spec, params):   # V as given, in boxes as K's: the kernel transposes it (no runtime copy)
+            return {"q": {"rows": params.block_m, "dim": "d_qk", "cols": qk},
+                    "k": {"rows": params.block_n, "dim": "d_qk", "cols": qk},
+                    "v": {"rows": params.block_n, "dim": "d_v", "cols": frame.fp8_chunk(spec.d_v)},
+                    "o": {"rows": 64, "dim": "d_v"}}
         return {"q": {"rows": params.block_m, "dim": "d_qk", "cols": qk},
                 "k": {"rows": params.block_n, "dim": "d_qk", "cols": qk},
                 "v": {"rows": spec.d_v, "dim": "d_v", "cols": frame.fp8_chunk(params.block_n), "transposed": True,

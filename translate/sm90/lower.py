@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from tl.ast import Allocate, Compute, Copy, For, If, Program, Reshape, Warpgroup, walk
 from tl.expr import ExprError, evaluate
 from tl.printer import format_statement
+from tl.vtranspose import TRANSPOSE, transposes, v_transpose_of
 from translate.kernel import TranslationError
 from translate.sm90.ir import Cond, Loop, Op
 
@@ -46,6 +47,8 @@ class Lowered:
     score_accs: set = field(default_factory=set)
     p_tensors: set = field(default_factory=set)   # physical names of operand (A-layout) copies
     has_mask: bool = False
+    # how the sketch states V's transpose (tl/vtranspose.py): "producer", "runtime" (V^T copied from global) or None
+    v_form: str | None = None
 
 
 class WsLowering:
@@ -67,6 +70,8 @@ class WsLowering:
         self.producer_block, self.consumer_block = self._blocks()
         self.globals = {s.name: s for s in self.program.statements if isinstance(s, Allocate)}
         self.roles: dict[str, str] = {}
+        self.v_form = v_transpose_of(self.program)
+        self.transposed = transposes(self.program)   # Vt_shared -> the producer's Transpose of V_shared
         gemms = [s for s in walk(self.consumer_block.body) if isinstance(s, Compute) and s.op_key == "gemm"]
         if not gemms:
             raise TranslationError("the consumer has no GEMM")
@@ -81,7 +86,17 @@ class WsLowering:
                 self._role(a.base, "q", g.line)
                 self._role(b.base, "k", g.line)
             elif b.level == "shared" and a.level != "shared":
-                if b.transposed:
+                made = self.transposed.get(b.name)
+                if made is not None:   # the producer's transpose of V (tl/vtranspose.py): V's role is the source's
+                    if not b.transposed:
+                        raise TranslationError(f"{b.name} is V transposed, (HeadDimV, BN): read it K-major as "
+                                               f"{b.name}.T", g.line)
+                    self._role(made.args[0].base, "v", g.line)
+                    continue
+                if any(t.args and t.args[0].name == b.name for t in self.transposed.values()):
+                    raise TranslationError(f"the P·V GEMM reads {b.name}, which the producer transposes: read the "
+                                           "transposed tile (`... .T`)", g.line)
+                if b.transposed and self.spec.dtype != "fp8":
                     raise TranslationError(f"GEMM layout error: {b.name} is (BN, HeadDimV) and multiplies P as is; "
                                            "drop the .T", g.line)
                 self._role(b.base, "v", g.line)
@@ -166,8 +181,12 @@ class WsLowering:
                 stages = self._stages(s)
                 body = []
                 for c in s.body:
+                    if isinstance(c, Compute) and c.op_key == TRANSPOSE:
+                        body.append(self._transpose(c, body))
+                        continue
                     if not isinstance(c, Copy):
-                        raise TranslationError("the pipelined loop holds only the K and V copies", c.line)
+                        raise TranslationError("the pipelined loop holds only the K and V copies (and V's "
+                                               "transpose)", c.line)
                     role = self._producer_copy_role(c)
                     if role == "q":
                         raise TranslationError("Q is loaded once, outside the pipelined loop", c.line)
@@ -188,6 +207,13 @@ class WsLowering:
             raise TranslationError("the producer has no pipelined loop (`for j = 0:N with stages kv_stages`)")
         return out, stages
 
+    def _transpose(self, c: Compute, body: list) -> Op:
+        """The producer's `Compute Transpose V_shared and get Vt_shared`, after the copy of V in the same loop."""
+        src = c.args[0].name if c.args else ""
+        if not any(op.data.get("buffer") == src and op.data.get("role") == "v" for op in body):
+            raise TranslationError(f"Transpose {src}: it transposes the V tile copied before it in this loop", c.line)
+        return Op("transpose_v", c, stmt_text(c), data={"src": src, "dst": c.result})
+
     def _producer_copy_role(self, s: Copy) -> str:
         if (s.src, s.dst) != ("global", "shared"):
             raise TranslationError("the producer only copies from global to shared memory", s.line)
@@ -200,9 +226,11 @@ class WsLowering:
             cols = self._num(s.shape[-1], s.line)
             want = (self.params.block_m if role == "q" else self.params.block_n,
                     self.spec.d_v if role == "v" else self.spec.d_qk)
+            names = (want_rows, 'HeadDimV' if role == 'v' else 'HeadDimQK')
+            if role == "v" and self.v_form == "runtime":   # the caller's V^T: (HeadDimV, BN) tiles
+                want, names = want[::-1], names[::-1]
             if (rows, cols) != want:
-                raise TranslationError(f"{s.tensor.base} tiles are ({want_rows}, "
-                                       f"{'HeadDimV' if role == 'v' else 'HeadDimQK'}) = {want} for this kernel, "
+                raise TranslationError(f"{s.tensor.base} tiles are ({names[0]}, {names[1]}) = {want} for this kernel, "
                                        f"the statement says ({rows}, {cols})", s.line)
         return role
 
@@ -225,6 +253,8 @@ class WsLowering:
 
     def _check_tile_order(self, loop: For) -> None:
         for c in loop.body:
+            if not isinstance(c, Copy):
+                continue
             tile = c.coordinate[0][1] if c.coordinate else loop.var
             for n in ORDER_CHECK_TILE_COUNTS:
                 try:
@@ -320,9 +350,11 @@ class WsLowering:
                 raise TranslationError(f"{a.name} is in the accumulator layout; reshape it to the operand layout "
                                        f"(Reshape {a.name} from (MMA_C, ...) to (MMA_A, ...)) first", s.line)
             acc = self._phys(result, s.line)
+            # the producer's transpose of V fills the V ring's stages (its V^T tile stands for the V_shared it was made of)
+            buffer = self.transposed[b.name].args[0].name if b.name in self.transposed else b.name
             return [Op("gemm", s, text, writes=(acc,), reads=(p, acc) if s.mode == "accumulate" else (p,),
-                       data={"mma": "pv", "a": p, "b": b.name, "result": acc, "zero_init": s.mode != "accumulate",
-                             "buffers": (b.name,)})]
+                       data={"mma": "pv", "a": p, "b": buffer, "result": acc, "zero_init": s.mode != "accumulate",
+                             "buffers": (buffer,)})]
         if key == "mask":
             acc = self._score(s.args[0].name, s.line)
             self.masked.add(acc)
@@ -399,4 +431,4 @@ class WsLowering:
         producer, stages = self.lower_producer()
         consumer = self.lower_consumer()
         return Lowered(producer, consumer, self.roles, stages, str(stages), next(iter(self.pv_results)),
-                       set(self.score_accs), set(self.p_tensors), self.has_mask)
+                       set(self.score_accs), set(self.p_tensors), self.has_mask, self.v_form)

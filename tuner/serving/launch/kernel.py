@@ -164,7 +164,8 @@ class AttentionKernel:
             v = transposed_v(v, order=order) if v_t is None else \
                 _checked_v_t(v_t, v, transposed_v(v, alloc=False, order=order).shape)
         elif v_t is not None:
-            raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels")
+            raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels that read the runtime's V^T "
+                             "(v_transpose 'runtime'), not to those that transpose V in the kernel")
         self._launch(plan, q, k, v, out, extra)
         return out
 
@@ -230,7 +231,8 @@ class AttentionKernel:
             v = transposed_packed_v(v, cu_seqlens_k, batch, align, order=order) if v_t is None else \
                 _checked_v_t(v_t, v, transposed_packed_v(v, None, batch, align, alloc=False, order=order).shape)
         elif v_t is not None:
-            raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels")
+            raise ValueError(f"{self.name} reads V as given: v_t applies to FP8 kernels that read the runtime's V^T "
+                             "(v_transpose 'runtime'), not to those that transpose V in the kernel")
         self._launch(plan, q, k, v, out, (cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
                                           0 if seqused_k is None else seqused_k.data_ptr())
                      + (() if sinks is None else (sinks.data_ptr(),)) + descales)

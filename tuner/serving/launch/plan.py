@@ -247,7 +247,9 @@ def packed_vt_align(meta: dict) -> int:
 
 
 def transposes_v(meta: dict) -> bool:
-    """The kernel reads V transposed, (batch, heads, d, keys): an FP8 kernel (8-bit wgmma operands are K-major)."""
+    """The kernel reads V transposed, (batch, heads, d, keys): an FP8 kernel (8-bit wgmma operands are K-major) whose
+    V^T the runtime copies per call. An FP8 kernel built with the in-kernel transpose (translate's KernelParams.v_transpose
+    "producer") reads V as given: its map has no ``transposed``, and the call makes no copy."""
     return bool(meta.get("tensor_maps", {}).get("v", {}).get("transposed"))
 
 
@@ -511,7 +513,7 @@ def build_paged_plan(kernel, q, k_cache, v_cache, out, softmax_scale, batch: int
                          "page size or heads")
     page_size, block_n = int(k_cache.shape[1]), int(kernel.meta["block_n"])
     misfit = page_misfit(page_size, block_n, kv_copy_of(kernel.meta))
-    if misfit is None and transposes_v(kernel.meta):
+    if misfit is None and spec.get("dtype") == "fp8":   # K's e4m3 boxes a page (and V's, read as given or not)
         misfit = fp8_page_misfit(page_size)
     if misfit is not None:
         raise ValueError(misfit)
