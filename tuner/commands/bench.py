@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tuner.build import ModelOptions, build_kernels
-from tuner.measure import fa4
-from tuner.measure.dense import BASELINES, DEFAULT_SEQLENS, bench_problems, bench_rows
+from tuner.measure import fa4, flashinfer_fp8
+from tuner.measure.dense import BASELINES, DEFAULT_SEQLENS, FP8_BASELINES, bench_problems, bench_rows
 from tuner.measure.timer import first_line
 
 
@@ -109,8 +109,11 @@ def parse_seqlens(text: Optional[str]) -> tuple[int, ...]:
 def results_table(rows: Sequence[dict], title: str) -> Table:
     table = Table(title=title)
     bf16 = any("ours_bf16" in r for r in rows)   # an FP8 bench: our bf16 kernel on the same values beside
+    fp8 = FP8_BASELINES if any(FP8_BASELINES[0] in r for r in rows) else ()   # ... and FlashInfer's FP8 prefill
+    names = BASELINES + fp8
     for col in ("seqlen", "causal", "batch", "heads", "ours TF", *(("ours bf16", "ours/bf16") if bf16 else ()),
-                "flash", "cudnn", "efficient", "fa4", "ours/flash", "ours/cudnn", "ours/eff", "ours/fa4", "status"):
+                "flash", "cudnn", "efficient", "fa4", *(("fi fp8",) if fp8 else ()), "ours/flash", "ours/cudnn",
+                "ours/eff", "ours/fa4", *(("ours/fi fp8",) if fp8 else ()), "status"):
         table.add_column(col, justify="right" if col not in ("status", "causal") else "left")
 
     def fmt(x):
@@ -124,8 +127,8 @@ def results_table(rows: Sequence[dict], title: str) -> Table:
         table.add_row(str(r["seqlen"]), "yes" if r["causal"] else "no", str(r["batch"]),
                       f"{r['heads_q']}/{r['heads_kv']}", fmt(r.get("ours")),
                       *((fmt(r.get("ours_bf16")), fmt(r.get("ours/ours_bf16"))) if bf16 else ()),
-                      *(base(r, name) for name in BASELINES),
-                      *(fmt(r.get(f"ours/{name}")) for name in BASELINES), status)
+                      *(base(r, name) for name in names),
+                      *(fmt(r.get(f"ours/{name}")) for name in names), status)
     return table
 
 
@@ -157,7 +160,8 @@ def environment_record(profile, nvcc_version) -> dict:
             "device": torch.cuda.get_device_name(), "capability": f"{major}.{minor}", "gpu_profile": profile.name,
             "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-            "python": platform.python_version(), "nvcc": nvcc_version, "fa4": fa4.status()}
+            "python": platform.python_version(), "nvcc": nvcc_version, "fa4": fa4.status(),
+            "flashinfer": flashinfer_fp8.library_status()}
 
 
 def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: Optional[Path],
@@ -242,7 +246,10 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
                           on_row=lambda r: console.print(
                               f"  s={r['seqlen']:>5} causal={r['causal']!s:5} ours={r.get('ours')} "
                               f"flash={r.get('flash')} cudnn={r.get('cudnn')} eff={r.get('efficient')} "
-                              f"fa4={r.get('fa4')} {r['status']}", markup=False, highlight=False, soft_wrap=True))
+                              f"fa4={r.get('fa4')}"
+                              + (f" flashinfer_fp8={r.get('flashinfer_fp8')}" if "flashinfer_fp8" in r else "")
+                              + (f" ({r['flashinfer_fp8_err']})" if r.get("flashinfer_fp8_err") else "")
+                              + f" {r['status']}", markup=False, highlight=False, soft_wrap=True))
         if bf16_built.get(b.spec.causal):
             add_bf16_twins(rows, bf16_built[b.spec.causal], problems, console)
         all_rows += rows

@@ -18,7 +18,7 @@ from rich.table import Table
 from kernel_abi.abi import TMA_KV
 from tuner import build
 from tuner.commands import bench as bench_cmd
-from tuner.measure import fa4, timer
+from tuner.measure import fa4, flashinfer_fp8, timer
 from tuner.measure.mixes import serving_problems
 from tuner.measure.serving import mix_rows
 from tuner.measure.serving_baselines import BASELINES
@@ -172,7 +172,7 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
     env = bench_cmd.environment_record(profile, built[0].compiled.nvcc_version)
     who = target.model or target.variant
     console.print(results_table(rows, f"{who} {layout} prefill on {env['device']} ({profile.name}), TFLOPS"))
-    record = {"tool": "tune bench", **env, "flashinfer": _flashinfer_status(), "layout": layout,
+    record = {"tool": "tune bench", **env, "flashinfer": flashinfer_fp8.library_status(), "layout": layout,
               "variant": target.variant, "model": target.model, "heads": list(heads),
               "page_sizes": sorted({s for v in sizes.values() for s in v if s is not None}),
               "kernels": info, "rows": rows}
@@ -223,9 +223,3 @@ def _print_unverified(err: Console, info: dict, prefix: str, consequence: str) -
                       markup=False, highlight=False)
 
 
-def _flashinfer_status() -> dict:
-    try:
-        import flashinfer
-    except Exception as exc:  # noqa: BLE001
-        return {"installed": False, "reason": f"{type(exc).__name__}: {timer.first_line(exc)}"}
-    return {"installed": True, "version": getattr(flashinfer, "__version__", None)}

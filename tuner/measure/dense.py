@@ -10,7 +10,8 @@ Our kernel and FA4 take (b, s, h, d); SDPA takes (b, h, s, d): SDPA gets transpo
 
 FP8 problems (e4m3 inputs, descales of one: tuner/measure/verify_fp8.py for the gate's scales): ours reads the e4m3
 tensors (V transposed per call, as the op does) and the baselines, which take no FP8, run the same values in bf16 (a
-bf16 copy of an e4m3 value is exact): the bars are what a user gets without FP8.
+bf16 copy of an e4m3 value is exact): the bars are what a user gets without FP8. FlashInfer's FP8 prefill
+(tuner/measure/flashinfer_fp8.py, where installed) runs the e4m3 tensors themselves: the FP8 a user could pick instead.
 """
 from __future__ import annotations
 
@@ -19,11 +20,19 @@ import math
 from typing import Callable, Optional, Sequence
 
 from kernel_abi.spec import TORCH_DTYPES, Problem, grid_problems
-from tuner.measure import fa4, timer
+from tuner.measure import fa4, flashinfer_fp8, timer
 
 SDPA_BASELINES = ("flash", "cudnn", "efficient")
 # In this order: our output is cross-checked against the first that ran, so an SDPA backend when one can.
 BASELINES = SDPA_BASELINES + ("fa4",)
+# FP8 problems also time these on the e4m3 inputs (after the bf16 ones: their output is held to the FP8 bound against
+# the first SDPA backend's)
+FP8_BASELINES = (flashinfer_fp8.NAME,)
+
+
+def baseline_names(problem: Problem) -> tuple[str, ...]:
+    """The baselines a problem's row has: FP8 problems add the FP8 libraries."""
+    return BASELINES + FP8_BASELINES if problem.dtype == "fp8" else BASELINES
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
 # Our output against the first baseline that ran, on the benchmark inputs themselves: a kernel that
 # passed verification on small shapes but breaks at grid size (index overflow, grid limits) is caught.
@@ -179,7 +188,8 @@ def measure_baselines(problem: Problem, inputs: Optional[Sequence[tuple]] = None
     library called wrongly would otherwise be a fast, meaningless bar."""
     if inputs is None:
         inputs = make_inputs(problem, timing.rotate if timing is not None else rotate, device=device)
-    if problem.dtype == "fp8":   # no baseline takes e4m3: the same values in bf16
+    fp8_problem, fp8_inputs = problem, inputs
+    if problem.dtype == "fp8":   # the 16-bit baselines take the same values in bf16
         import dataclasses
 
         import torch
@@ -208,6 +218,33 @@ def measure_baselines(problem: Problem, inputs: Optional[Sequence[tuple]] = None
             result[name] = None
             if errors is not None:
                 errors[name] = timer.first_line(exc)
+    if fp8_problem.dtype == "fp8":
+        result.update(_fp8_baselines(fp8_problem, fp8_inputs, ref, errors, outputs, timing))
+    return result
+
+
+def _fp8_baselines(problem: Problem, inputs, ref, errors, outputs, timing) -> dict[str, Optional[float]]:
+    """FlashInfer's FP8 prefill on the e4m3 inputs (folded untimed per input set), its output held to the FP8 bound
+    against ``ref`` (the first SDPA backend's (name, output) on the same values, or None)."""
+    result: dict[str, Optional[float]] = {}
+    name = flashinfer_fp8.NAME
+    try:
+        call = flashinfer_fp8.dense_call(problem, device=inputs[0][0].device)
+        folded = [flashinfer_fp8.fold(*x) for x in inputs]
+        out = flashinfer_fp8.unfold(call(*folded[0]), problem.batch)
+        timer.sync()
+        if ref is not None:
+            rel = rel_err(out, ref[1])
+            if not rel <= FP8_CROSS_CHECK_REL_ERR:   # also NaN
+                raise ValueError(f"output differs from torch SDPA {ref[0]} on the benchmark inputs (rel err {rel:.3g}"
+                                 f" > {FP8_CROSS_CHECK_REL_ERR})")
+        if outputs is not None:
+            outputs[name] = out
+        result[name] = tflops(problem, timer.time_ms(timer.rotating(call, folded), timing=timing))
+    except Exception as exc:  # noqa: BLE001 - not installed, no FA3 backend, a shape it refuses: a reason, not a crash
+        result[name] = None
+        if errors is not None:
+            errors[name] = timer.first_line(exc)
     return result
 
 
@@ -263,7 +300,7 @@ def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, ve
         errors: dict[str, str] = {}
         outputs: dict = {}
         baselines = measure_baselines(problem, inputs, errors=errors, outputs=outputs) if with_baselines else {}
-        row.update({name: _round(baselines.get(name)) for name in BASELINES})
+        row.update({name: _round(baselines.get(name)) for name in baseline_names(problem)})
         raw = dict(baselines)
         row.update({f"{name}_err": msg for name, msg in errors.items()})
         row["ours"] = None
@@ -299,7 +336,7 @@ def bench_rows(kernel, problems: Sequence[Problem], *, verified: bool = True, ve
             except Exception as exc:  # noqa: BLE001 - a launch failure is a result for this row
                 row["status"] = "error"
                 row["reason"] = timer.first_line(exc)
-        for name in BASELINES:
+        for name in baseline_names(problem):
             ours, base = raw.get("ours"), raw.get(name)
             row[f"ours/{name}"] = round(ours / base, 3) if ours is not None and base else None
         del inputs, outputs
