@@ -74,6 +74,8 @@ def transpose_paged_into(buf, v_cache, page_table, starts, batch: int, align: in
     order) from column align x ceil(starts[b] / align) + align x b (in accumulator order: plan.vt_column), zeros
     between and for READ_PAST_END columns after the last sequence, the rest unwritten; False when Triton is not
     there."""
+    if v_cache.data_ptr() % 16 or any(v_cache.stride(i) % 16 for i in range(3)):
+        return False   # (the kernel loads V's rows 16 bytes at a time: torch's gather takes any other layout)
     try:
         kernel = _kernel("transpose_paged_v")
     except ImportError:

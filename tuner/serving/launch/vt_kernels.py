@@ -70,7 +70,7 @@ if triton is not None:
 
     # (no specialisation on the shapes: one build for every call; a build specialised on a page-256 call's strides
     # failed in Triton's layout pass on an H200)
-    @triton.jit(do_not_specialize=["batch", "keys_t", "page_size", "t_b", "s_p", "s_r", "s_h", "d_h", "d_d"])
+    @triton.jit(do_not_specialize=["batch", "page_size", "t_b", "s_p", "s_r", "s_h"])
     def transpose_paged_v(src, dst, table, cu, batch, keys_t, page_size, t_b, s_p, s_r, s_h, d_h, d_d,
                           D: tl.constexpr, T: tl.constexpr, A: tl.constexpr, STEPS: tl.constexpr, ACC: tl.constexpr,
                           PAST: tl.constexpr):
@@ -87,9 +87,13 @@ if triton is not None:
             valid = written & (key >= 0) & (key < tl.load(cu + seq + 1) - first)
             key = tl.where(valid, key, 0)
             page = tl.load(table + seq.to(tl.int64) * t_b + key // page_size, mask=valid, other=0)
-            row = page.to(tl.int64) * s_p + (key % page_size).to(tl.int64) * s_r + h * s_h
+            # (V's strides are not specialised: its rows' 16-byte alignment, d a multiple of 16 and rows contiguous, is
+            # stated, for 16-byte loads instead of one byte each)
+            row = tl.multiple_of(page.to(tl.int64) * s_p + (key % page_size).to(tl.int64) * s_r + h * s_h, 16)
+            vt_row = dst + h.to(tl.int64) * d_h
             for d0 in tl.static_range(0, D, T):
                 d = d0 + tl.arange(0, T)
-                tile = tl.load(src + row[:, None] + d[None, :], mask=valid[:, None] & (d[None, :] < D), other=0)
-                out = dst + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
-                tl.store(out, tile, mask=written[:, None] & (d[None, :] < D))
+                tile = tl.load(src + row[:, None] + d[None, :], mask=valid[:, None], other=0)
+                # the whole tile up to V^T's width: columns past ``limit`` in it are zeros, read by no kernel
+                out = vt_row + d[None, :].to(tl.int64) * d_d + c[:, None]
+                tl.store(out, tile, mask=c[:, None] < keys_t)
