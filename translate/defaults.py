@@ -57,6 +57,12 @@ CP_ASYNC_PRODUCER_REGS = 56
 # vLLM's default, and cp.async reads any multiple of 8; a campaign searches both (hopper_kv_copy).
 
 
+# An FP8 paged kernel's K may come by the cp.async producer too (translate/params_sm90.py: the e4m3 rows as 16-bit rows
+# of half the columns, V^T still by TMA), at the registers the 16-bit one needs (CP_ASYNC_PRODUCER_REGS). Not yet timed
+# on a GPU, so not a default: an FP8 paged kernel keeps TMA K (pages of 16: 616 us against the bf16 cp.async
+# default's 485 on 8 x 2k keys, H200, BENCHMARKS.md), and an FP8 paged campaign searches both (hopper_kv_copy).
+
+
 # Ping-pong (revision 2: each consumer warpgroup waits for its K tile before its turn) by (layout, head dim), for the
 # serving layouts; dense kernels take it from the bucket table (hardware_profiles/bucket_defaults). llama3-8b's paged
 # kernel (GQA 32/8, d128, causal, bf16, the cp.async producer; BENCHMARKS.md 2026-11-26), ping-pong against none, two
@@ -154,7 +160,9 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
         if warp_specialized:
             regs = seed.get("producer_regs", 24)
             copies = [dict(g2s_atom="SM90_TMA", persistent=True, producer_regs=regs)]
-            if spec.layout == "paged":   # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA)
+            # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA), and FP8's K (above: not
+            # yet timed, searched)
+            if spec.layout == "paged" and spec.dtype != "fp8":
                 copies.insert(0, dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True,
                                       producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
                 if _whole_tile_pages(spec, page_size, seed["block_n"]):
