@@ -2,7 +2,8 @@
 still by TMA from the runtime's gathered copy) on a Hopper GPU (marker gpu; skipped elsewhere): MHA/GQA at head dims 64
 and 128, causal and not, through the packed FP8 gate (tuner/measure/verify_varlen.py: descales per (sequence, KV head)
 1000x apart, shuffled pages beside spare pages of e4m3 NaN) on every paged mix the kernel reads (pages of 16, 48, 64,
-128, 256) and on pages of 32 and 8; the cp.async kernel's output equals the TMA-K kernel's bit for bit (the same bytes
+128, 256) and on pages of 32 and 8, and the FP8 paged export test's call with NaN page tails at pages of 16 and 32;
+the cp.async kernel's output equals the TMA-K kernel's bit for bit (the same bytes
 in the same shared-memory places); and a timing line per kernel against the TMA-K FP8 paged kernel and the bf16 paged
 default on 8 x 2k keys in pages of 16 (llama3-8b heads 32/8 at d128; the same inputs, one process).
 
@@ -84,6 +85,22 @@ def test_cp_async_k_kernels_pass_the_packed_fp8_gate(built, spec):
     assert report.passed, report.reason
     pages = {c.problem.split(" page")[1].split()[0] for c in report.checks}
     assert {"8", "16", "32", "48"} <= pages, pages
+
+
+@pytest.mark.parametrize("page", [16, 32])
+def test_nan_tails_and_spare_pages_never_reach_the_output(built, page):
+    """The FP8 paged export test's call (tests/gpu/test_fp8_paged_gpu.py: each sequence's last page's tail and the spare
+    pages hold e4m3 NaN bytes, a shuffled table, descales 1000x apart) on the cp.async kernel: finite, and each
+    sequence within the FP8 bounds of its own reference (rows past a sequence's keys are zero-filled, never read)."""
+    from test_fp8_paged_gpu import _check_sequences, _paged_call_inputs
+
+    _, kernel = _load(built, ("cp", TIMED.label()))
+    q, k, v, kc, vc, cu, table, scales, lens_q, lens_k = _paged_call_inputs(page)
+    used = torch.tensor(lens_k, dtype=torch.int32, device="cuda")
+    out = kernel.paged(q, kc, vc, cu[0], used, table, max(lens_q), **scales)
+    rows = torch.cat([torch.arange(int(cu[0][b]), int(cu[0][b + 1])) for b in range(len(lens_q))])
+    assert torch.isfinite(out[rows.cuda()]).all()
+    _check_sequences(out, q, k, v, cu, scales)
 
 
 def _paged_inputs(lens, page, hq, hkv, d, seed=0):
