@@ -57,6 +57,14 @@ CP_ASYNC_PRODUCER_REGS = 56
 # vLLM's default, and cp.async reads any multiple of 8; a campaign searches both (hopper_kv_copy).
 
 
+# An FP8 paged kernel's K may come by the cp.async producer too (translate/params_sm90.py: the e4m3 rows as 16-bit rows
+# of half the columns, V^T still by TMA), at the registers the 16-bit one needs (CP_ASYNC_PRODUCER_REGS). Not yet timed
+# on a GPU, so not a default: an FP8 paged kernel keeps TMA K (pages of 16: 616 us against the bf16 cp.async
+# default's 485 on 8 x 2k keys, H200, BENCHMARKS.md), and an FP8 paged campaign searches both (hopper_kv_copy) and
+# seeds the cp.async form of its default beside the default (FP8_PAGED_SEED_CHANGES), for its per-bucket re-timing to
+# judge.
+
+
 # Ping-pong (revision 2: each consumer warpgroup waits for its K tile before its turn) by (layout, head dim), for the
 # serving layouts; dense kernels take it from the bucket table (hardware_profiles/bucket_defaults). llama3-8b's paged
 # kernel (GQA 32/8, d128, causal, bf16, the cp.async producer; BENCHMARKS.md 2026-11-26), ping-pong against none, two
@@ -72,6 +80,9 @@ SERVING_PINGPONG = {("paged", 128)}
 # FA4 in an earlier run of that day), and 0.32-0.44x FA4 on the skewed and short mixes, where the longest-first walk matters; with
 # pages of 16 x0.989 and x1.000. The search rarely meets it on its own (a 360 s campaign at pages of 128 did not).
 SERVING_SEED_CHANGES = {"paged": ({"persistent": False},)}
+# An FP8 paged campaign's seeded change of its layout's default (TMA K): K by the cp.async producer, at its registers.
+# Not yet timed on a GPU (see CP_ASYNC_PRODUCER_REGS's FP8 note).
+FP8_PAGED_SEED_CHANGES = ({"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": CP_ASYNC_PRODUCER_REGS},)
 # With pages a whole number of K/V tiles (page size a multiple of block N), a paged kernel whose page size is known
 # (`tune build --page-size`, a paged campaign, an export per page size) reads its tiles as TMA boxes and waits for its
 # P.V GEMM after half the exponentials (pv_wait "half"): llama3-8b's paged kernel with pages of 128, against the
@@ -154,7 +165,9 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
         if warp_specialized:
             regs = seed.get("producer_regs", 24)
             copies = [dict(g2s_atom="SM90_TMA", persistent=True, producer_regs=regs)]
-            if spec.layout == "paged":   # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA)
+            # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA), and FP8's K (above: not
+            # yet timed, searched)
+            if spec.layout == "paged" and spec.dtype != "fp8":
                 copies.insert(0, dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True,
                                       producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
                 if _whole_tile_pages(spec, page_size, seed["block_n"]):

@@ -101,6 +101,11 @@ FP8_BLOCK_N = (64, 128, 160, 192, 224, 256)
 VT_KEY_ORDERS = ("natural", "accumulator")
 
 
+# An FP8 kernel's K and V: TMA, or (a paged cache, v_transpose "runtime": search_spaces.feasible.layout_reasons, the
+# translator) the producer warpgroup's cp.async for K, the e4m3 rows as the 16-bit rows of half the columns
+# (attn_sm90_copy.cuh cp_async_load_paged_8bit), while one thread still loads V^T from the runtime's packed copy by TMA.
+
+
 # Who transposes an FP8 kernel's V (KernelParams.v_transpose): the runtime's per-call copy V^T, or the producer
 # warpgroup, whose warps 1-3 transpose each V tile the TMA thread loads as given into the V^T tile the consumers read.
 V_TRANSPOSES = ("runtime", "producer")
@@ -181,10 +186,11 @@ def fp8_reasons(params, warp_specialized: bool) -> list[str]:
                       "e4m3 ends at 448")
     if params.pack_gqa:
         errors.append("pack_gqa is not built for fp8 kernels")
-    if kv_cp_async(params):
-        errors.append("fp8 kernels load K and V with TMA (g2s_atom SM90_TMA): V is read transposed from a per-call "
-                      "copy (a paged cache's too), and the cp.async producer's rows are 16-bit K/V rows, not built "
-                      "for e4m3")
+    if kv_cp_async(params) and getattr(params, "v_transpose", "runtime") != "runtime":
+        errors.append(f"fp8 kernels with v_transpose {params.v_transpose!r} load K and V with TMA (g2s_atom SM90_TMA): "
+                      "warps 1-3 of the producer warpgroup transpose the staged V tiles, so the warpgroup cannot copy "
+                      "K with cp.async (the FP8 cp.async producer copies K and leaves V^T to TMA: v_transpose "
+                      "'runtime')")
     return errors
 
 

@@ -147,3 +147,37 @@ def test_a_serving_campaign_measures_the_mixes_and_decides_per_serving_bucket(ra
     buckets = {w["bucket"] for w in summary["winners"]}
     suffix = f"-p{page}" if page else ""
     assert {"t16k-even" + suffix, "t16k-skewed" + suffix, "t16k-short" + suffix} <= buckets
+
+
+@pytest.mark.parametrize("dtype, layout, page", [("fp8", "paged", 16), ("fp8", "paged", None), ("bf16", "paged", 16),
+                                                 ("fp8", "varlen", None)])
+def test_an_fp8_paged_campaign_seeds_its_default_with_k_by_the_cp_async_producer(dtype, layout, page):
+    """FP8 paged: the default (TMA K) first, its one-CTA-a-tile neighbour, then the same kernel with K by the cp.async
+    producer at its registers (translate.defaults.FP8_PAGED_SEED_CHANGES: not yet timed, for the re-timing to judge);
+    every seed valid. Other serving campaigns' seeds are as they were."""
+    from kernel_abi.spec import KernelSpec, Problem
+    from search_spaces.feasible import layout_reasons
+    from translate.defaults import CP_ASYNC_PRODUCER_REGS
+    from translate.params import KernelParams, validate
+    from tuner.campaign.driver import serving_default_seeds
+
+    profile = load_profile("h200")
+    spec = KernelSpec("gqa", 128, 128, True, dtype, layout=layout)
+    seeds = serving_default_seeds(profile, spec, page)
+    sources = [s for _, s, _ in seeds]
+    assert sources[0] == f"the {layout} layout's default"
+    params = [KernelParams.from_dict({k: v for k, v in p.items() if k != "schedule"}) for p, _, _ in seeds]
+    copies = [p.g2s_atom for p in params]
+    if dtype == "fp8" and layout == "paged":
+        assert copies == ["SM90_TMA", "SM90_TMA", "SM80_CP_ASYNC_CACHEGLOBAL"]
+        assert params[2] == KernelParams.from_dict({**params[0].to_dict(), "g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL",
+                                                    "producer_regs": CP_ASYNC_PRODUCER_REGS})
+        assert "not yet timed" in seeds[2][2]
+    elif layout == "paged":
+        assert copies == ["SM80_CP_ASYNC_CACHEGLOBAL"] * 2 and params[1].persistent is False
+    else:
+        assert copies == ["SM90_TMA"] and len(seeds) == 1
+    problem = Problem("gqa", 1, 32, 8, 1024, 1024, 128, 128, True, dtype)
+    for p in params:
+        assert validate(p, profile, problem, warp_specialized=True) == []
+        assert layout_reasons(p, "ws_overlap", layout, page) == []

@@ -243,6 +243,22 @@ __forceinline__ __device__ void cp_async_load_paged(Element* smem, Element const
   }
 }
 
+// An FP8 (e4m3) kernel's K tile by the same producer. Its K-major tile of kCols bytes a row, in kChunkQK-byte swizzle
+// atoms (the 128-byte swizzle at 128 bytes a row, the 64-byte one at 64: translate/sm90/frame.py fp8_chunk), is byte for
+// byte the 16-bit tile of kCols / 2 columns (128-byte swizzle where 64 columns divide the row, else 32-column blocks
+// of the 64-byte swizzle: frame._fp8_k_major), and a TMA box of kChunkQK bytes x rows puts a row's 16-byte chunks where
+// the 16-bit box of half the columns does. So the e4m3 rows are copied as 16-bit rows of half the columns: the same
+// chunks to the same places, rows at or past seqlen_k zero-filled (e4m3 zeros). Offsets and strides come in e4m3
+// elements (bytes) and are halved for the 16-bit view (all even: rows of 64 or 128 bytes, pages of whole rows).
+template <int kCols, int kTileRows, typename Element>
+__forceinline__ __device__ void cp_async_load_paged_8bit(Element* smem, Element const* row_base, int64_t group_offset,
+                                                         int64_t row_stride, int row0, int seqlen_k, int thread) {
+  static_assert(sizeof(Element) == 1 && kCols % 64 == 0, "e4m3 rows of a multiple of 64 bytes");
+  using Half = uint16_t;
+  cp_async_load_paged<kCols / 2, kTileRows>(reinterpret_cast<Half*>(smem), reinterpret_cast<Half const*>(row_base),
+                                            group_offset >> 1, row_stride >> 1, row0, seqlen_k, thread);
+}
+
 // The stage's full barrier counts one arrival per producer thread: each arrives once its own cp.asyncs so far
 // have landed (noinc: the arrival is one of the count the barrier was initialised with).
 __forceinline__ __device__ void cp_async_arrive(uint64_t* bar) {

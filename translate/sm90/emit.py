@@ -132,6 +132,9 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     x = role   # k or v
     dim = "kHeadDimQK" if x == "k" else "kHeadDimV"
     boxes = _box_args(dim, ctx.spec.d_qk if x == "k" else ctx.spec.d_v, "kBlockN")
+    if ctx.kv_cp_async and ctx.fp8 and x == "v":   # V^T from the runtime's packed copy: still one thread's TMA
+        return ["if (tidx == 0) {  // one thread loads V^T (TMA); the warpgroup copies K"] + \
+            _indent(_tma_kv_block(x, INDENT + _fp8_load(x, k_row, ctx), tile, ctx)) + ["}"]
     if ctx.kv_cp_async:
         lookup = ctx.page_lookups.get(tile)
         lines = []
@@ -140,6 +143,9 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
             lines.append(f"const attn_sm90::PagedGroup {lookup} = attn_sm90::paged_group_rows<kBlockN>(({ctx.top} - 1 - "
                          f"({tile})) * kBlockN, seqlen_k, pages, page_size, page_shift, tidx);  // tile {tile}'s pages, "
                          "read before the stage's wait (K's and V's)")
+        # an FP8 kernel's e4m3 K rows: the 16-bit rows of half the columns, the same bytes in the same places
+        copy, note = ("cp_async_load_paged_8bit", "  // e4m3 rows as the 16-bit rows of half the columns") if ctx.fp8 \
+            else ("cp_async_load_paged", "")
         return lines + [
             "{",
             f"{INDENT}const int slot = {x}_write % kStages;",
@@ -149,15 +155,15 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
             f"{INDENT}attn_sm90::wait_barrier(&{x}_empty[slot], ((({x}_write / kStages) & 1) ^ 1));"
             "  // the consumers handed the stage back",
             f"{INDENT}++{x}_write;",
-            f"{INDENT}attn_sm90::cp_async_load_paged<{dim}, kBlockN>(smem_{x} + slot * "
+            f"{INDENT}attn_sm90::{copy}<{dim}, kBlockN>(smem_{x} + slot * "
             f"kTile{x.upper()}Elems, {x}_ptr + bidh_kv * {x}_head_stride, rows_at, {x}_row_stride, "
-            "n_block * kBlockN, seqlen_k, tidx);",
+            "n_block * kBlockN, seqlen_k, tidx);" + note,
             f"{INDENT}attn_sm90::cp_async_arrive(&{x}_full[slot]);  // this thread's part of the stage, once it landed",
             "}",
         ]
     if ctx.vt_producer and x == "v":
         return _staged_v_load(op, ctx, tile, k_row)
-    if ctx.fp8:   # TMA only (frame.fp8_reasons)
+    if ctx.fp8:   # TMA (K by cp.async above: a paged kernel's g2s_atom SM80_CP_ASYNC_CACHEGLOBAL)
         load = INDENT + _fp8_load(x, k_row, ctx)
     elif ctx.paged:
         load = (f"{INDENT}attn_sm90::tma_load_paged<{boxes}>(&tma_{x}, &{x}_full[slot], "
@@ -165,6 +171,11 @@ def emit_tma_copy(op: Op, ctx: Ctx) -> list[str]:
     else:
         load = (f"{INDENT}attn_sm90::tma_load_tile<{boxes}>(&tma_{x}, &{x}_full[slot], "
                 f"smem_{x} + slot * kTile{x.upper()}Elems, {k_row}, bidh_kv, bidb);")
+    return _tma_kv_block(x, load, tile, ctx)
+
+
+def _tma_kv_block(x: str, load: str, tile: str, ctx: Ctx) -> list[str]:
+    """A K or V tile by one thread's TMA: wait for the stage, count it, expect its bytes, ``load``."""
     return [
         "{",
         f"{INDENT}const int slot = {x}_write % kStages;",

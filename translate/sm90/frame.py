@@ -156,7 +156,8 @@ def _shape_constants(spec, params, stages: int) -> list[str]:
         f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
         f"constexpr int kProducerRegs = {params.producer_regs};",
         *([f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  // per K/V stage: every producer thread "
-           "(cp.async)"] if kv_cp_async(params) else []),
+           "(cp.async)" if not is_fp8(spec) else f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  "
+           "// per K stage: every producer thread (cp.async; V^T by TMA)"] if kv_cp_async(params) else []),
         f"constexpr int kConsumerRegs = {consumer_registers(params)};",
     ]
 
@@ -300,6 +301,8 @@ def kernel_setup(params, pack: bool = False, fp8: bool = False, vt: bool = False
     """What every thread does once: the tile count, the shared-memory plan and the mbarriers. ``vt``: the in-kernel
     transpose's staging tiles and their barriers, and the transposer's hand-back of each tile's number (q_empty)."""
     kv_arrivals = "kKVFullArrivals" if kv_cp_async(params) else "1"   # (a TMA kernel's source as it always was)
+    # an FP8 kernel's cp.async producer copies K only: V^T is still one thread's TMA (one arrival and its bytes)
+    v_arrivals = "1" if fp8 and kv_cp_async(params) else kv_arrivals
     if vt:
         staging = ["Element* smem_vs = smem_v + kStages * kTileVElems;  // staged V tiles, as loaded (transposer's input)"]
         slot = ["uint64_t* vs_full = v_empty + kStages;  // a staged V tile landed",
@@ -339,7 +342,8 @@ def kernel_setup(params, pack: bool = False, fp8: bool = False, vt: bool = False
         f"  attn_sm90::EmptyBarrier::init(q_empty, {q_empty_count}",
         "  for (int s = 0; s < kStages; ++s) {",
         f"    attn_sm90::FullBarrier::init(&k_full[s], {kv_arrivals});",
-        f"    attn_sm90::FullBarrier::init(&v_full[s], {kv_arrivals});",
+        f"    attn_sm90::FullBarrier::init(&v_full[s], {v_arrivals});"
+        + ("  // V^T: one thread's TMA" if v_arrivals != kv_arrivals else ""),
         "    attn_sm90::EmptyBarrier::init(&k_empty[s], kConsumerWGs);  // one thread per consumer warpgroup hands back",
         "    attn_sm90::EmptyBarrier::init(&v_empty[s], kConsumerWGs);",
         *vs_init,

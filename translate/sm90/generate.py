@@ -99,6 +99,9 @@ def generate_warp_specialized(program: Program, params, profile, spec) -> Genera
         raise TranslationError(f"g2s_atom {params.g2s_atom}: the warp-specialised producer copies K/V with cp.async "
                                f"only from a paged cache (layout paged); the {spec.layout} layout loads them with TMA "
                                "(g2s_atom SM90_TMA)")
+    if cp_async and vt:
+        raise TranslationError("v_transpose 'producer' transposes V in warps 1-3 of the producer warpgroup: its K/V "
+                               "come by TMA (g2s_atom SM90_TMA), not by the whole warpgroup's cp.async")
     pack = bool(params.pack_gqa)
     local = bool(getattr(spec, "local", False))
     if pack and spec.layout != "dense":

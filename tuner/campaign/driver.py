@@ -301,19 +301,7 @@ def _enqueue_seeds(camp: Campaign) -> None:
     proposals = [(s.params.to_dict(), s.source, getattr(s, "rationale", "")) for s in camp.llm_seeds]
     published = []
     if not decode and camp.spec.layout != "dense":
-        # a serving layout's own default first: what `tune build --layout` gives (for paged, the cp.async producer,
-        # which the published dense seeds do not have), so the seeds a winner must beat include it
-        from translate.defaults import default_params
-
-        own_default = default_params(camp.profile, camp.spec, "ws_overlap", page_size=camp.combo.page_size).to_dict()
-        published.append(({**own_default, SCHEDULE: "ws_overlap"}, f"the {camp.spec.layout} layout's default", ""))
-        # and its measured one-bucket neighbours (translate.defaults.SERVING_SEED_CHANGES), for the re-timing to judge
-        from translate.defaults import SERVING_SEED_CHANGES
-
-        for change in SERVING_SEED_CHANGES.get(camp.spec.layout, ()):
-            published.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
-                              f"the {camp.spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
-                              "won one serving bucket's mix, lost the others (translate.defaults.SERVING_SEED_CHANGES)"))
+        published += serving_default_seeds(camp.profile, camp.spec, camp.combo.page_size)
     if not decode and camp.spec.layout == "dense":
         published += per_spec_default_seed(camp.profile, camp.spec)
         published += bucket_default_seeds(camp.profile, camp.spec)
@@ -364,6 +352,30 @@ def _enqueue_seeds(camp: Campaign) -> None:
         camp.console.print(f"{camp.label}: {other_schedule} seed(s) of the sm80-class schedules left out: the "
                            f"{camp.spec.layout} layout is built by the warp-specialised ones", markup=False)
     camp.console.print(f"{camp.label}: enqueued {count} seed(s)", markup=False)
+
+
+def serving_default_seeds(profile, spec, page_size) -> list[tuple[dict, str, str]]:
+    """A serving layout's seeds as (params, source, rationale): its own default first, what `tune build --layout`
+    gives (for a 16-bit paged kernel, the cp.async producer, which the published dense seeds do not have), so the seeds
+    a winner must beat include it; then its measured one-bucket neighbours (translate.defaults.SERVING_SEED_CHANGES)
+    and, an FP8 paged kernel, its default with K by the cp.async producer (FP8_PAGED_SEED_CHANGES: not yet timed),
+    for the re-timing to judge."""
+    from translate.defaults import FP8_PAGED_SEED_CHANGES, SERVING_SEED_CHANGES, default_params
+
+    own_default = default_params(profile, spec, "ws_overlap", page_size=page_size).to_dict()
+    seeds = [({**own_default, SCHEDULE: "ws_overlap"}, f"the {spec.layout} layout's default", "")]
+    for change in SERVING_SEED_CHANGES.get(spec.layout, ()):
+        seeds.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
+                      f"the {spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
+                      "won one serving bucket's mix, lost the others (translate.defaults.SERVING_SEED_CHANGES)"))
+    if spec.layout == "paged" and spec.dtype == "fp8":
+        for change in FP8_PAGED_SEED_CHANGES:
+            change = {**change, "producer_regs": max(own_default["producer_regs"], change["producer_regs"])}
+            seeds.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
+                          f"the {spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
+                          "FP8 K by the producer warpgroup's cp.async through the page table, V^T by TMA: not yet "
+                          "timed on a GPU (translate.defaults.FP8_PAGED_SEED_CHANGES)"))
+    return seeds
 
 
 def tables_hidden() -> bool:
