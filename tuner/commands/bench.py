@@ -222,6 +222,7 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
 
     all_rows: list[dict] = []
     kernels_info = {}
+    bf16_loaded: dict = {}
     for b in built:
         label = b.spec.label() if b.seqlens is None else f"{b.spec.label()}@{','.join(map(str, b.seqlens))}"
         problems = [p.with_(**options.problem_changes(p.causal))
@@ -251,7 +252,9 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
                               + (f" ({r['flashinfer_fp8_err']})" if r.get("flashinfer_fp8_err") else "")
                               + f" {r['status']}", markup=False, highlight=False, soft_wrap=True))
         if bf16_built.get(b.spec.causal):
-            add_bf16_twins(rows, bf16_built[b.spec.causal], problems, console)
+            if b.spec.causal not in bf16_loaded:   # (verified once, whatever the FP8 kernels' bucket groups)
+                bf16_loaded[b.spec.causal] = load_bf16_twins(bf16_built[b.spec.causal], console)
+            add_bf16_twins(rows, bf16_loaded[b.spec.causal], problems)
         all_rows += rows
     console.print(results_table(all_rows, f"{variant} on {device_name} ({profile.name}), TFLOPS"))
 
@@ -265,11 +268,8 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
     return 0
 
 
-def add_bf16_twins(rows: list[dict], twins: list, problems, console: Console) -> None:
-    """Our bf16 default of the same spec (its bucket's, where the profile's table has one) timed on each FP8 row's
-    problem in bf16, after the gate: ``ours_bf16`` and ``ours/ours_bf16`` in the rows."""
-    import dataclasses
-
+def load_bf16_twins(twins: list, console: Console) -> dict:
+    """{the seqlens a twin serves (None: all): its loaded kernel} of the bf16 twins that pass the gate."""
     from tuner.measure.verify import verify
     from tuner.serving.launch import load_kernel
 
@@ -280,6 +280,14 @@ def add_bf16_twins(rows: list[dict], twins: list, problems, console: Console) ->
         console.print(f"  bf16 twin {twin.kernel.name}: verified={report.passed}", markup=False, highlight=False)
         if report.passed:
             loaded[twin.seqlens and tuple(twin.seqlens)] = kernel
+    return loaded
+
+
+def add_bf16_twins(rows: list[dict], loaded: dict, problems) -> None:
+    """Our bf16 default of the same spec (its bucket's, where the profile's table has one; ``loaded``:
+    load_bf16_twins) timed on each FP8 row's problem in bf16: ``ours_bf16`` and ``ours/ours_bf16`` in the rows."""
+    import dataclasses
+
     for row, problem in zip(rows, problems):
         kernel = next((k for seqlens, k in loaded.items() if seqlens is None or problem.seqlen_k in seqlens), None)
         if kernel is None:
