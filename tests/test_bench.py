@@ -240,3 +240,20 @@ def test_a_trial_and_a_retiming_cross_check_an_fp8_kernel_by_the_fp8_bound():
     assert trial.cross_check_bound(fp8) == dense.FP8_CROSS_CHECK_REL_ERR
     assert trial.cross_check_bound(Problem("gqa", 2, 8, 2, 64, 64, 128, 128, True, "bf16")) == \
         trial.BENCH_CROSS_CHECK_REL_ERR == 2e-2
+
+
+def test_each_fp8_row_gets_the_bf16_twin_of_its_own_bucket(monkeypatch):
+    """The bf16 twins are verified once (load_bf16_twins) and each FP8 row is timed against the twin whose seqlens hold
+    its key length (the profile's table gives several), or the one for all lengths."""
+    timed = []
+
+    def fake_rows(kernel, problems, with_baselines=True):
+        timed.append((kernel, problems[0].seqlen_k, problems[0].dtype))
+        return [{"ours": {"short": 500.0, "all": 400.0}[kernel]}]
+
+    monkeypatch.setattr(bench_cmd, "bench_rows", fake_rows)
+    problems = [Problem("mha", 1, 16, 16, s, s, 128, 128, False, "fp8") for s in (512, 16384)]
+    rows = [{"ours": 600.0}, {"ours": 800.0}]
+    bench_cmd.add_bf16_twins(rows, {(512, 1024): "short", None: "all"}, problems)
+    assert timed == [("short", 512, "bf16"), ("all", 16384, "bf16")]
+    assert [r["ours/ours_bf16"] for r in rows] == [1.2, 2.0]
