@@ -18,8 +18,8 @@
 
     python3 scripts/bench_serving.py --gpu h100 --out $OUT/serving.json [--layers 2] [--skip-model] [--skip-host]
         [--variants '{"pingpong": {"pingpong": true}}']
-    python3 scripts/bench_serving.py --gpu h100 --family gpt-oss --out $OUT/gpt-oss.json   # a model with options:
-        # its window and sink kernels exported, the model against transformers' eager and flex attention
+    python3 scripts/bench_serving.py --gpu h100 --family gpt-oss|gemma2 --out $OUT/family.json   # options: its
+        # window, sink or soft-cap kernels exported, the model against transformers' eager and flex attention
 
 Prints a table last; writes every number to --out.
 """
@@ -510,15 +510,27 @@ OPTION_FAMILIES = {
         "specs": (("gqa", 64, ("local", "sinks")), ("gqa", 64, ("sinks",))),
         "baselines": ("eager", "flex_attention"),
     },
+    "gemma2": {
+        # gemma-2-9b: 16 query heads over 8 KV heads at head dim 256, scores soft-capped at 50 on every layer, a
+        # 4096-key window on alternate layers (local first), the scale 1/sqrt(query_pre_attn_scalar = 256)
+        "config": dict(vocab_size=256000, hidden_size=3584, intermediate_size=14336, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=256, sliding_window=4096, attn_logit_softcapping=50.0,
+                       final_logit_softcapping=30.0, query_pre_attn_scalar=256, max_position_embeddings=8192),
+        "specs": (("gqa", 256, ("local", "softcap")), ("gqa", 256, ("softcap",))),
+        # (SDPA takes no soft-capping: transformers computes Gemma 2's attention eagerly or with flex attention)
+        "baselines": ("eager", "flex_attention"),
+    },
 }
+FAMILY_CLASSES = {"gpt-oss": ("GptOssForCausalLM", "GptOssConfig"), "gemma2": ("Gemma2ForCausalLM", "Gemma2Config")}
 
 
 def _family_model(family: str, config: dict, attn_implementation: str, state=None):
     import torch
     import transformers
 
-    cls = {"gpt-oss": transformers.GptOssForCausalLM}[family]
-    conf = {"gpt-oss": transformers.GptOssConfig}[family](**config)
+    model_name, config_name = FAMILY_CLASSES[family]
+    cls = getattr(transformers, model_name)
+    conf = getattr(transformers, config_name)(**config)
     model = cls._from_config(conf, attn_implementation=attn_implementation).to("cuda", torch.bfloat16).eval()
     if state is not None:
         model.load_state_dict(state)
