@@ -37,7 +37,7 @@ def S(variant, causal, dtype="bf16", layout="dense", phase="prefill", **options)
 
 
 TMA_PAGES = {"g2s_atom": "SM90_TMA", "producer_regs": 40}
-FA4_D96 = {"block_m": 192, "block_n": 144, "num_warps": 12, "pv_operand": "ss"}   # spills (translate/defaults.py)
+FA4_D96 = {"block_m": 192, "block_n": 144, "num_warps": 12, "pv_operand": "ss"}   # FA4's tile (translate/defaults.py)
 # (id, spec, schedule, parameter changes on top of the default); layout and phase come with the spec
 CASES = [
     ("mha96c", S("mha", True), "ws_overlap", {}),

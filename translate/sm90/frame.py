@@ -391,7 +391,9 @@ def consumer_setup(params, lowered, holders, ctx: Ctx) -> list[str]:
         lines += ["Tensor sP = make_tensor(make_smem_ptr(smem_p), SmemLayoutP{});",
                   gmma_operand_line("tOsP", "smem_p", gmma_operand("p", ctx.spec, params, ctx.lowered.stages))
                   + "  // P as GMMA descriptors",
-                  "auto r2s_p = make_tiled_copy_C(Copy_Atom<DefaultCopy, Element>{}, tiled_mma_qk);",
+                  # (stmatrix: four 8x8 matrices an instruction; CuTe's element-wise copy kept a 64-bit smem pointer per
+                  # element and spilled them, 760 bytes at FA4's d96 192 x 144 tile and 1100 at FA3's d64 192 x 192)
+                  "auto r2s_p = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, tiled_mma_qk);",
                   "auto r2s_thr_p = r2s_p.get_thread_slice(mma_tidx);"]
     elif is_fp8(ctx.spec):   # e4m3 A operand: 16 values a thread per 32-column k-block
         if params.vt_key_order == "natural":
