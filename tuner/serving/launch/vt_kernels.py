@@ -32,22 +32,13 @@ if triton is not None:
     @triton.jit
     def transpose_packed_v(src, dst, cu, batch, keys_t, s_s, s_h, d_h, d_d, D: tl.constexpr, T: tl.constexpr,
                            A: tl.constexpr, STEPS: tl.constexpr, ACC: tl.constexpr):
-        # a tile of V^T columns: each column's sequence by a binary search over the aligned starts
-        # (align x ceil(cu[b] / align) + align x b, strictly increasing in b), its key, or a zero in a gap
+        # a tile of V^T columns: each column's sequence (sequence_of_column), its key, or a zero in a gap
         pid_c, pid_d, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         c = pid_c * T + tl.arange(0, T)
         d = pid_d * T + tl.arange(0, T)
-        lo = tl.zeros([T], dtype=tl.int32)
-        hi = tl.zeros([T], dtype=tl.int32) + batch
-        for _ in tl.static_range(STEPS):
-            mid = (lo + hi) // 2
-            go = hi - lo > 1
-            at = (tl.load(cu + mid, mask=go, other=0) + A - 1) // A * A + A * mid
-            lo = tl.where(go & (at <= c), mid, lo)
-            hi = tl.where(go & (at > c), mid, hi)
-        first = tl.load(cu + lo)
-        key = first + vt_key(c - ((first + A - 1) // A * A + A * lo), ACC)
-        valid = (key >= first) & (key < tl.load(cu + lo + 1))
+        seq, first, column0 = sequence_of_column(c, cu, batch, A, STEPS)
+        key = first + vt_key(c - column0, ACC)
+        valid = (key >= first) & (key < tl.load(cu + seq + 1))
         tile = tl.load(src + key[:, None].to(tl.int64) * s_s + h * s_h + d[None, :],
                        mask=valid[:, None] & (d[None, :] < D), other=0)
         out = dst + h.to(tl.int64) * d_h + d[None, :].to(tl.int64) * d_d + c[:, None]
