@@ -4,6 +4,7 @@ and column -> key mapping (a pure-python reference of attn_sm90::packed_vt_key0'
 import pytest
 import torch
 
+from fp8_pages import spread_over_pages
 from test_runtime import FakeTensor, _fake_encoding
 from tuner.serving.launch import kernel as attention, paged_vt, plan as launch_plan, tma
 from tuner.serving.launch.paging import fp8_page_misfit
@@ -195,17 +196,7 @@ def test_the_paged_v_t_is_the_packed_v_t_of_the_same_keys(order):
     page, lens = 16, [37, 0, 16, 5, 100]
     gen = torch.Generator().manual_seed(3)
     packed = torch.randint(1, 120, (sum(lens), 2, 64), generator=gen, dtype=torch.uint8)
-    counts = [-(-n // page) for n in lens]
-    cache = torch.full((sum(counts) + 3, page, 2, 64), 0x7F, dtype=torch.uint8)
-    table = torch.zeros(len(lens), max(counts), dtype=torch.int32)
-    order = torch.randperm(cache.shape[0], generator=gen).tolist()
-    at, row = 0, 0
-    for b, (n, c) in enumerate(zip(lens, counts)):
-        for j in range(c):
-            table[b, j] = order[at]
-            rows = min(page, n - j * page)
-            cache[order[at], :rows] = packed[row:row + rows]
-            at, row = at + 1, row + rows
+    cache, table = spread_over_pages(packed, lens, page, gen, spare=3)
     starts = paged_vt.key_starts(torch.tensor(lens, dtype=torch.int32))
     varlen = launch_plan.transposed_packed_v(packed.view(E4M3), starts, len(lens), 16, order=order).view(torch.uint8)
     paged = paged_vt.transposed_paged_v(cache.view(E4M3), table, starts, len(lens),

@@ -14,6 +14,7 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                                  reason="needs a Hopper (sm_90) GPU")]
 
+from fp8_pages import spread_over_pages  # noqa: E402
 from test_fp8_gpu import _gpu, build_defaults  # noqa: E402
 
 from kernel_abi.spec import KernelSpec  # noqa: E402
@@ -89,23 +90,6 @@ def test_the_kernel_refuses_bad_descales_and_page_sizes_before_launching(built):
                      q_descale=ones, k_descale=ones, v_descale=ones)
 
 
-def _spread(packed, lens, page, gen, spare=5):
-    """Packed rows (uint8 bytes of e4m3, (total, heads, d)) spread over the pages of a cache in a shuffled order, spare
-    pages and each sequence's last page's tail holding e4m3 NaN bytes (0x7F); the table (int32, batch x most pages)."""
-    counts = [-(-n // page) for n in lens]
-    cache = torch.full((sum(counts) + spare, page, *packed.shape[1:]), 0x7F, dtype=torch.uint8)
-    table = torch.zeros(len(lens), max(1, max(counts)), dtype=torch.int32)
-    order = torch.randperm(cache.shape[0], generator=gen).tolist()
-    at, row = 0, 0
-    for b, (n, c) in enumerate(zip(lens, counts)):
-        for j in range(c):
-            table[b, j] = order[at]
-            rows = min(page, n - j * page)
-            cache[order[at], :rows] = packed[row:row + rows]
-            at, row = at + 1, row + rows
-    return cache, table
-
-
 @pytest.mark.parametrize("page", [16, 64, 256])   # (a page-256 build once failed in Triton's layout pass)
 def test_the_triton_gather_of_v_t_matches_torchs(page):
     """The Triton copy (CUDA) writes what torch's gather (CPU) writes: each sequence's keys from its pages in table
@@ -116,7 +100,7 @@ def test_the_triton_gather_of_v_t_matches_torchs(page):
     gen = torch.Generator().manual_seed(page)
     for lens in ([0], [1], [0, 1, 127, 128, 129, 2000, 5, 64], [4097, 3]):
         packed = torch.randint(0, 0x7E, (sum(lens), 3, 128), generator=gen, dtype=torch.uint8)
-        cache, table = _spread(packed, lens, page, gen)
+        cache, table = spread_over_pages(packed, lens, page, gen)
         used = torch.tensor(lens, dtype=torch.int32)
         keys = paged_vt_keys(len(lens), max(max(lens), 1), 16)
         on_cpu = transposed_paged_v(cache.view(E4M3), table, key_starts(used), len(lens), keys, 16)
@@ -135,7 +119,7 @@ def test_the_gathered_v_t_is_the_packed_kernels_v_t_of_the_same_keys():
     page, lens = 16, [37, 0, 16, 5, 2000, 1]
     gen = torch.Generator().manual_seed(5)
     packed = torch.randint(0, 0x7E, (sum(lens), 4, 128), generator=gen, dtype=torch.uint8)
-    cache, table = _spread(packed, lens, page, gen, spare=3)
+    cache, table = spread_over_pages(packed, lens, page, gen, spare=3)
     starts = key_starts(torch.tensor(lens, dtype=torch.int32, device="cuda"))
     varlen = transposed_packed_v(packed.cuda().view(E4M3), starts, len(lens), 16).view(torch.uint8)
     paged = transposed_paged_v(cache.cuda().view(E4M3), table.cuda(), starts, len(lens),
@@ -172,8 +156,8 @@ def _paged_call_inputs(page, seed=3):
     q, k, v = draw(sum(lens_q), hq), draw(sum(lens_k), hkv), draw(sum(lens_k), hkv)
     scales = dict(zip(("q_descale", "k_descale", "v_descale"), verify_fp8.descales(4, hkv, gen, "cuda")))
     shuffle = torch.Generator().manual_seed(seed)
-    kc, table = _spread(k.view(torch.uint8).cpu(), lens_k, page, shuffle, spare=6)
-    vc, _ = _spread(v.view(torch.uint8).cpu(), lens_k, page, torch.Generator().manual_seed(seed), spare=6)   # same order
+    kc, table = spread_over_pages(k.view(torch.uint8).cpu(), lens_k, page, shuffle, spare=6)
+    vc, _ = spread_over_pages(v.view(torch.uint8).cpu(), lens_k, page, torch.Generator().manual_seed(seed), spare=6)   # same order
     kc, vc = kc.cuda().view(E4M3), vc.cuda().view(E4M3)
     cu = [torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
           for x in (lens_q, lens_k)]
