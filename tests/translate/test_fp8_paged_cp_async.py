@@ -6,11 +6,11 @@ copies in a paged space only), the runtime's plan; with nvcc (slow): a host repl
 K tile's layout and TMA boxes, and the SASS against the TMA-K kernel's."""
 from __future__ import annotations
 
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from sass_counts import sass_counts
 
 import tl
 import translate
@@ -205,23 +205,6 @@ def test_the_cp_async_lanes_put_e4m3_k_where_the_tma_boxes_and_the_wgmma_layout_
     run_host_checks(source, "fp8_cp_async_k_check", tmp_path, count=12, arch="sm_90a")
 
 
-def _sass_counts(gen, result) -> Counter:
-    from translate.sass import sass_instructions
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(result.cubin)
-        lines = sass_instructions(path)
-    if lines is None:
-        pytest.skip("cuobjdump not installed")
-    counts: Counter = Counter()
-    for line in lines[gen.name]:
-        words = line.split()
-        opcode = words[1] if words[0].startswith("@") else words[0]
-        counts[opcode.split(".")[0].rstrip(";")] += 1
-    return counts
-
-
 # (The page size is a run-time argument: one cubin reads pages of 16, 32 or any multiple of 8.)
 @pytest.mark.slow
 @pytest.mark.parametrize("d, causal, variant", [(64, True, "gqa"), (64, False, "mha"), (128, True, "gqa"),
@@ -240,7 +223,7 @@ def test_the_cp_async_kernels_sass_copies_k_by_ldgsts_without_spills(d, causal, 
     for r in built:
         assert r.ok, r.log[-3000:]
         assert r.spill_stores == 0 and r.spill_loads == 0 and not r.stack_bytes, (r.spill_stores, r.spill_loads)
-    c, t = _sass_counts(cp, built[0]), _sass_counts(tma, built[1])
+    c, t = sass_counts(cp.name, built[0].cubin), sass_counts(tma.name, built[1].cubin)
     assert c["STL"] == c["LDL"] == 0
     assert c["QGMMA"] == t["QGMMA"] > 0                    # the same GEMMs
     # K by cp.async: a warp-wide copy per row group of 8 (two of 4 rows at 128 bytes), the full-tile and last-tile paths

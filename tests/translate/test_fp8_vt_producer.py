@@ -5,11 +5,10 @@ each, the runtime's plan (no V^T copy for a producer kernel); with nvcc (slow): 
 ldmatrix.trans / prmt / stmatrix lanes against the runtime's V^T image, and the producer kernel's SASS."""
 from __future__ import annotations
 
-import tempfile
-from collections import Counter
 from pathlib import Path
 
 import pytest
+from sass_counts import sass_counts
 
 import tl
 import translate
@@ -339,23 +338,6 @@ def test_the_transposes_lanes_write_the_runtimes_v_t_image(tmp_path):
     run_host_checks(source, "vt_transpose_check", tmp_path, count=15)
 
 
-def _sass_counts(gen, result) -> Counter:
-    from translate.sass import sass_instructions
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(result.cubin)
-        lines = sass_instructions(path)
-    if lines is None:
-        pytest.skip("cuobjdump not installed")
-    counts: Counter = Counter()
-    for line in lines[gen.name]:
-        words = line.split()
-        opcode = words[1] if words[0].startswith("@") else words[0]
-        counts[opcode.split(".")[0].rstrip(";")] += 1
-    return counts
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("d, causal, order", [(128, True, "accumulator"), (64, False, "natural"), (64, True, "accumulator")])
 def test_the_producer_kernels_sass_transposes_without_spills(d, causal, order):
@@ -374,7 +356,7 @@ def test_the_producer_kernels_sass_transposes_without_spills(d, causal, order):
     for r in built:
         assert r.ok, r.log[-3000:]
         assert r.spill_stores == 0 and r.spill_loads == 0 and not r.stack_bytes, (r.spill_stores, r.spill_loads)
-    p, rt = _sass_counts(producer, built[0]), _sass_counts(runtime, built[1])
+    p, rt = sass_counts(producer.name, built[0].cubin), sass_counts(runtime.name, built[1].cubin)
     assert p["STL"] == p["LDL"] == 0
     assert p["QGMMA"] == rt["QGMMA"] > 0                    # the same GEMMs
     assert p["LDSM"] == 1 and rt["LDSM"] == 0               # the transposer's loop: one ldmatrix.x4.trans a step

@@ -2,11 +2,9 @@
 CuTe's element-wise copy, which kept a 64-bit shared-memory pointer per element and spilled them (nvcc 13.0: 760 bytes
 at FA4's d96 192 x 144 tile, 1100 at FA3's d64 192 x 192, 92-492 at 128- and 192-row tiles of d64-d256)."""
 import dataclasses
-import tempfile
-from collections import Counter
-from pathlib import Path
 
 import pytest
+from sass_counts import sass_counts
 
 import tl
 import translate
@@ -37,18 +35,11 @@ def test_the_ss_consumer_stores_p_by_stmatrix():
 @pytest.mark.slow
 def test_ss_kernels_build_without_spills_and_store_p_by_stsm():
     from translate import nvcc
-    from translate.sass import sass_instructions
 
     gens = [_ss(*case) for case in TILES]
     results = nvcc.compile_kernels(gens, "sm_90a", jobs=2, batch_size=1)
     for case, gen, result in zip(TILES, gens, results):
         assert result.ok, (case, result.log[-2000:])
         assert result.spill_stores == 0, (case, result.spill_stores)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "k.cubin"
-            path.write_bytes(result.cubin)
-            lines = sass_instructions(path)
-        if lines is None:
-            pytest.skip("cuobjdump not installed")
-        ops = Counter(line.split()[1 if line.split()[0].startswith("@") else 0].split(".")[0] for line in lines[gen.name])
+        ops = sass_counts(gen.name, result.cubin)
         assert ops["STSM"] >= 1 and ops["STL"] == 0 and ops["LDL"] == 0, (case, ops["STSM"], ops["STL"])
