@@ -112,7 +112,7 @@ def test_packed_and_paged_producer_kernels_pass_the_packed_fp8_gate(built, spec)
     gen, kernel = _load(built, _key(spec, ORDERS[spec.d_v == 64]))
     report = verify_varlen(kernel, gen.spec)
     assert report.passed, report.reason
-    assert len(report.checks) >= 5
+    assert len(report.checks) >= 4   # (the packed gate checks a paged kernel on 4 mixes)
 
 
 def test_a_transposer_writing_the_other_key_order_fails_the_gate(built):
