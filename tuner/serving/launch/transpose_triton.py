@@ -68,11 +68,9 @@ def transpose_into(buf, v, columns: int | None = None, accumulator_order: bool =
     return True
 
 
-def search_steps(batch: int, at_least: int = 1) -> int:
-    """The binary search's steps that find a column's sequence among ``batch`` (sequence_of_column); a step past the
-    last does nothing. The paged copy takes at least 2: Triton 3.6's layout pass fails on its one-step form (an H200,
-    batches of 1 and 2), 3.5 builds both."""
-    return max(at_least, (batch - 1).bit_length())
+def search_steps(batch: int) -> int:
+    """The binary search's steps that find a column's sequence among ``batch`` (sequence_of_column)."""
+    return max(1, (batch - 1).bit_length())
 
 
 def transpose_paged_into(buf, v_cache, page_table, starts, batch: int, align: int,
@@ -94,5 +92,5 @@ def transpose_paged_into(buf, v_cache, page_table, starts, batch: int, align: in
     grid = (-(-keys // TILE), h)
     kernel[grid](src, dst, page_table, starts, batch, keys, v_cache.shape[1], page_table.stride(0), v_cache.stride(0),
                  v_cache.stride(1), v_cache.stride(2), buf.stride(1), buf.stride(2), D=d, T=TILE, A=align,
-                 STEPS=search_steps(batch, at_least=2), ACC=accumulator_order, PAST=READ_PAST_END)
+                 STEPS=search_steps(batch), ACC=accumulator_order, PAST=READ_PAST_END)
     return True

@@ -71,7 +71,9 @@ if triton is not None:
         pid_c, h = tl.program_id(0), tl.program_id(1)
         limit = tl.load(cu + batch) + A * (batch + 1) + PAST
         if pid_c * T < limit:
-            c = pid_c * T + tl.arange(0, T)
+            # the columns as a (T, 1) tensor from the start: one layout for the search, the keys and the tile (with
+            # (T,) vectors broadcast later, Triton 3.6's layout pass failed on some search depths and key orders)
+            c = pid_c * T + tl.arange(0, T)[:, None]
             written = (c < keys_t) & (c < limit)
             seq, first, column0 = sequence_of_column(c, cu, batch, A, STEPS)
             key = vt_key(c - column0, ACC)
@@ -80,11 +82,11 @@ if triton is not None:
             page = tl.load(table + seq.to(tl.int64) * t_b + key // page_size, mask=valid, other=0)
             # (V's strides are not specialised: its rows' 16-byte alignment, d a multiple of 16 and rows contiguous, is
             # stated, for 16-byte loads instead of one byte each)
-            row = tl.multiple_of(page.to(tl.int64) * s_p + (key % page_size).to(tl.int64) * s_r + h * s_h, 16)
+            row = tl.multiple_of(page.to(tl.int64) * s_p + (key % page_size).to(tl.int64) * s_r + h * s_h, [16, 16])
             vt_row = dst + h.to(tl.int64) * d_h
             for d0 in tl.static_range(0, D, T):
-                d = d0 + tl.arange(0, T)
-                tile = tl.load(src + row[:, None] + d[None, :], mask=valid[:, None], other=0)
+                d = d0 + tl.arange(0, T)[None, :]
+                tile = tl.load(src + row + d, mask=valid, other=0)
                 # the whole tile up to V^T's width: columns past ``limit`` in it are zeros, read by no kernel
-                out = vt_row + d[None, :].to(tl.int64) * d_d + c[:, None]
-                tl.store(out, tile, mask=c[:, None] < keys_t)
+                out = vt_row + d.to(tl.int64) * d_d + c
+                tl.store(out, tile, mask=c < keys_t)
