@@ -12,7 +12,8 @@ from tuner.serving.launch.paging import fp8_page_misfit
 E4M3 = torch.float8_e4m3fn
 
 
-def _paged_kernel(d=128, causal=True, variant="gqa"):
+def _paged_kernel(d=128, causal=True, variant="gqa", page_size=128):
+    """The FP8 paged default built for ``page_size``: pages of 128 (whole tiles) read K by TMA, as these tests plan."""
     import tl
     import translate
     from hardware_profiles import load_profile
@@ -22,7 +23,7 @@ def _paged_kernel(d=128, causal=True, variant="gqa"):
     profile = load_profile("h100")
     spec = KernelSpec(variant, d, d, causal, "fp8", layout="paged")
     gen = translate.generate(tl.parse_program(tl.load_sketch(variant, causal, "ws_overlap", "paged")),
-                             hopper_params(profile, spec, page_size=16), profile, spec)
+                             hopper_params(profile, spec, page_size=page_size), profile, spec)
     return attention.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
 
 

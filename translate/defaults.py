@@ -57,12 +57,14 @@ CP_ASYNC_PRODUCER_REGS = 56
 # vLLM's default, and cp.async reads any multiple of 8; a campaign searches both (hopper_kv_copy).
 
 
-# An FP8 paged kernel's K may come by the cp.async producer too (translate/params_sm90.py: the e4m3 rows as 16-bit rows
-# of half the columns, V^T still by TMA), at the registers the 16-bit one needs (CP_ASYNC_PRODUCER_REGS). Not yet timed
-# on a GPU, so not a default: an FP8 paged kernel keeps TMA K (pages of 16: 616 us against the bf16 cp.async
-# default's 485 on 8 x 2k keys, H200, BENCHMARKS.md), and an FP8 paged campaign searches both (hopper_kv_copy) and
-# seeds the cp.async form of its default beside the default (FP8_PAGED_SEED_CHANGES), for its per-bucket re-timing to
-# judge.
+# An FP8 paged kernel's K comes by the cp.async producer (translate/params_sm90.py: the e4m3 rows as 16-bit rows of half
+# the columns, V^T still by TMA) at the registers the 16-bit one needs (CP_ASYNC_PRODUCER_REGS), except where its pages
+# are whole K tiles (a known page size, a multiple of block N), where TMA boxes read them. H200, llama3-8b heads, GQA
+# d128 causal, 128 x 128 (BENCHMARKS.md 2026-11-29, third session): pages of 16, 8 x 2k keys, the kernel alone 478 us
+# with cp.async K against 636 with TMA K's 16-key boxes (x1.33; the call with the V^T gather x1.31) and 490 for the
+# bf16 paged default (x1.025); with TMA K the FP8 paged bench ran 0.80-0.81x our bf16 on all four mixes at pages of 16.
+# Pages of 128 with TMA K: 1.20-1.30x our bf16 on three mixes, 0.995x on 64 random 1-512. An FP8 paged campaign searches
+# both (hopper_kv_copy) and seeds the other copy beside the default (fp8_paged_other_k_copy).
 
 
 # Ping-pong (revision 2: each consumer warpgroup waits for its K tile before its turn) by (layout, head dim), for the
@@ -80,9 +82,6 @@ SERVING_PINGPONG = {("paged", 128)}
 # FA4 in an earlier run of that day), and 0.32-0.44x FA4 on the skewed and short mixes, where the longest-first walk matters; with
 # pages of 16 x0.989 and x1.000. The search rarely meets it on its own (a 360 s campaign at pages of 128 did not).
 SERVING_SEED_CHANGES = {"paged": ({"persistent": False},)}
-# An FP8 paged campaign's seeded change of its layout's default (TMA K): K by the cp.async producer, at its registers.
-# Not yet timed on a GPU (see CP_ASYNC_PRODUCER_REGS's FP8 note).
-FP8_PAGED_SEED_CHANGES = ({"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": CP_ASYNC_PRODUCER_REGS},)
 # With pages a whole number of K/V tiles (page size a multiple of block N), a paged kernel whose page size is known
 # (`tune build --page-size`, a paged campaign, an export per page size) reads its tiles as TMA boxes and waits for its
 # P.V GEMM after half the exponentials (pv_wait "half"): llama3-8b's paged kernel with pages of 128, against the
@@ -166,13 +165,16 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
         if warp_specialized:
             regs = seed.get("producer_regs", 24)
             copies = [dict(g2s_atom="SM90_TMA", persistent=True, producer_regs=regs)]
-            # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA), and FP8's K (above: not
-            # yet timed, searched)
+            # the indexed producer first (see CP_ASYNC_PRODUCER_REGS); TMA where it cannot (MLA), and FP8's K where
+            # pages are whole tiles (see the FP8 note there)
             if spec.layout == "paged" and spec.dtype != "fp8":
                 copies.insert(0, dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True,
                                       producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
                 if _whole_tile_pages(spec, page_size, seed["block_n"]):
                     copies.insert(0, dict(persistent=True, **WHOLE_TILE_PAGES))
+            elif spec.layout == "paged" and not (page_size and page_size % seed["block_n"] == 0):
+                copies.insert(0, dict(g2s_atom="SM80_CP_ASYNC_CACHEGLOBAL", persistent=True,
+                                      producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
         for copy in copies:
             params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy,
                                   rescale_threshold=_rescale_threshold(spec) if warp_specialized else 0,
@@ -200,6 +202,15 @@ def _local_params(params: KernelParams, spec: KernelSpec, profile: Profile, prob
         return params
     local = KernelParams.from_dict({**params.to_dict(), **LOCAL_GROUPED_D64})
     return local if not validate(local, profile, probe, warp_specialized=True) else params
+
+
+def fp8_paged_other_k_copy(params: dict) -> dict:
+    """The change that gives an FP8 paged default the other K copy (a campaign seeds it beside the default, for its
+    re-timing to judge): TMA boxes at the paged producer's registers for a cp.async default, the cp.async producer at
+    its registers for a TMA one."""
+    if params["g2s_atom"] == "SM80_CP_ASYNC_CACHEGLOBAL":
+        return {"g2s_atom": "SM90_TMA", "producer_regs": SERVING_PRODUCER_REGS["paged"]}
+    return {"g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": max(params["producer_regs"], CP_ASYNC_PRODUCER_REGS)}
 
 
 def _whole_tile_pages(spec: KernelSpec, page_size: int | None, block_n: int) -> bool:

@@ -149,15 +149,15 @@ def test_a_serving_campaign_measures_the_mixes_and_decides_per_serving_bucket(ra
     assert {"t16k-even" + suffix, "t16k-skewed" + suffix, "t16k-short" + suffix} <= buckets
 
 
-@pytest.mark.parametrize("dtype, layout, page", [("fp8", "paged", 16), ("fp8", "paged", None), ("bf16", "paged", 16),
-                                                 ("fp8", "varlen", None)])
-def test_an_fp8_paged_campaign_seeds_its_default_with_k_by_the_cp_async_producer(dtype, layout, page):
-    """FP8 paged: the default (TMA K) first, its one-CTA-a-tile neighbour, then the same kernel with K by the cp.async
-    producer at its registers (translate.defaults.FP8_PAGED_SEED_CHANGES: not yet timed, for the re-timing to judge);
-    every seed valid. Other serving campaigns' seeds are as they were."""
+@pytest.mark.parametrize("dtype, layout, page", [("fp8", "paged", 16), ("fp8", "paged", None), ("fp8", "paged", 128),
+                                                 ("bf16", "paged", 16), ("fp8", "varlen", None)])
+def test_an_fp8_paged_campaign_seeds_its_default_with_the_other_k_copy(dtype, layout, page):
+    """FP8 paged: the default first (K by the cp.async producer, or TMA boxes where pages are whole tiles), its
+    one-CTA-a-tile neighbour, then the same kernel with the other K copy at that copy's producer registers
+    (translate.defaults.fp8_paged_other_k_copy); every seed valid. Other serving campaigns' seeds are as they were."""
     from kernel_abi.spec import KernelSpec, Problem
     from search_spaces.feasible import layout_reasons
-    from translate.defaults import CP_ASYNC_PRODUCER_REGS
+    from translate.defaults import CP_ASYNC_PRODUCER_REGS, SERVING_PRODUCER_REGS
     from translate.params import KernelParams, validate
     from tuner.campaign.driver import serving_default_seeds
 
@@ -168,15 +168,18 @@ def test_an_fp8_paged_campaign_seeds_its_default_with_k_by_the_cp_async_producer
     assert sources[0] == f"the {layout} layout's default"
     params = [KernelParams.from_dict({k: v for k, v in p.items() if k != "schedule"}) for p, _, _ in seeds]
     copies = [p.g2s_atom for p in params]
+    cp, tma = "SM80_CP_ASYNC_CACHEGLOBAL", "SM90_TMA"
     if dtype == "fp8" and layout == "paged":
-        assert copies == ["SM90_TMA", "SM90_TMA", "SM80_CP_ASYNC_CACHEGLOBAL"]
-        assert params[2] == KernelParams.from_dict({**params[0].to_dict(), "g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL",
-                                                    "producer_regs": CP_ASYNC_PRODUCER_REGS})
-        assert "not yet timed" in seeds[2][2]
+        default, other = (tma, cp) if page == 128 else (cp, tma)
+        assert copies == [default, default, other]
+        regs = {cp: CP_ASYNC_PRODUCER_REGS, tma: SERVING_PRODUCER_REGS["paged"]}
+        assert params[0].producer_regs == regs[default]
+        assert params[2] == KernelParams.from_dict({**params[0].to_dict(), "g2s_atom": other,
+                                                    "producer_regs": regs[other]})
     elif layout == "paged":
-        assert copies == ["SM80_CP_ASYNC_CACHEGLOBAL"] * 2 and params[1].persistent is False
+        assert copies == [cp] * 2 and params[1].persistent is False
     else:
-        assert copies == ["SM90_TMA"] and len(seeds) == 1
+        assert copies == [tma] and len(seeds) == 1
     problem = Problem("gqa", 1, 32, 8, 1024, 1024, 128, 128, True, dtype)
     for p in params:
         assert validate(p, profile, problem, warp_specialized=True) == []

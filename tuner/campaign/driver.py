@@ -358,9 +358,9 @@ def serving_default_seeds(profile, spec, page_size) -> list[tuple[dict, str, str
     """A serving layout's seeds as (params, source, rationale): its own default first, what `tune build --layout`
     gives (for a 16-bit paged kernel, the cp.async producer, which the published dense seeds do not have), so the seeds
     a winner must beat include it; then its measured one-bucket neighbours (translate.defaults.SERVING_SEED_CHANGES)
-    and, an FP8 paged kernel, its default with K by the cp.async producer (FP8_PAGED_SEED_CHANGES: not yet timed),
-    for the re-timing to judge."""
-    from translate.defaults import FP8_PAGED_SEED_CHANGES, SERVING_SEED_CHANGES, default_params
+    and, an FP8 paged kernel, its default with the other K copy (cp.async or TMA: fp8_paged_other_k_copy), for the
+    re-timing to judge."""
+    from translate.defaults import SERVING_SEED_CHANGES, default_params, fp8_paged_other_k_copy
 
     own_default = default_params(profile, spec, "ws_overlap", page_size=page_size).to_dict()
     seeds = [({**own_default, SCHEDULE: "ws_overlap"}, f"the {spec.layout} layout's default", "")]
@@ -369,12 +369,11 @@ def serving_default_seeds(profile, spec, page_size) -> list[tuple[dict, str, str
                       f"the {spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
                       "won one serving bucket's mix, lost the others (translate.defaults.SERVING_SEED_CHANGES)"))
     if spec.layout == "paged" and spec.dtype == "fp8":
-        for change in FP8_PAGED_SEED_CHANGES:
-            change = {**change, "producer_regs": max(own_default["producer_regs"], change["producer_regs"])}
-            seeds.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
-                          f"the {spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
-                          "FP8 K by the producer warpgroup's cp.async through the page table, V^T by TMA: not yet "
-                          "timed on a GPU (translate.defaults.FP8_PAGED_SEED_CHANGES)"))
+        change = fp8_paged_other_k_copy(own_default)
+        seeds.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
+                      f"the {spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
+                      "FP8 K by the other copy (cp.async through the page table or TMA boxes): the default's is "
+                      "measured on pages of 16 and 128 only (translate.defaults.fp8_paged_other_k_copy)"))
     return seeds
 
 
