@@ -28,12 +28,12 @@ SPECS = [KernelSpec(v, d, d, c, "fp8") for v, d, c in (("mha", 128, False), ("mh
                                                         ("mqa", 128, False), ("mha", 64, True), ("gqa", 64, False))]
 
 
-def build_defaults(specs) -> dict:
-    """{spec label: (generated, compile result)} of each spec's default warp-specialised kernel for this GPU, through
-    the nvcc cache KERNEL_CACHE_DIR names (if any)."""
+def build_defaults(specs, page_size=None) -> dict:
+    """{spec label: (generated, compile result)} of each spec's default warp-specialised kernel for this GPU (paged:
+    for ``page_size``, if given), through the nvcc cache KERNEL_CACHE_DIR names (if any)."""
     profile = load_profile(_gpu())
     gens = [translate.generate(tl.parse_program(tl.load_sketch(s.variant, s.causal, "ws_overlap", s.layout)),
-                               hopper_params(profile, s), profile, s) for s in specs]
+                               hopper_params(profile, s, page_size=page_size), profile, s) for s in specs]
     cache = os.environ.get("KERNEL_CACHE_DIR")
     results = nvcc.compile_kernels(gens, "sm_90a", jobs=os.cpu_count() or 4, batch_size=1,
                                    cache_dir=Path(cache) if cache else None)

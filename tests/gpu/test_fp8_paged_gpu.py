@@ -3,7 +3,8 @@ at head dims 64 and 128, causal and not, pass the packed FP8 gate on every paged
 and 256; a descale per (sequence, KV head) 1000x apart, values near 448, shuffled pages beside spare pages of e4m3
 NaN); a kernel fed the first sequence's descales, or with one descale ignored, fails it; the Triton gather of V^T
 writes what torch's does; an export serves flash_attn_varlen_func(block_table=...) with e4m3 tensors on the kernel,
-eager and compiled."""
+eager and compiled. Their K comes by the cp.async producer; built for pages of 128 (whole tiles), by TMA boxes.
+"""
 import os
 from pathlib import Path
 
@@ -43,11 +44,27 @@ def test_fp8_paged_defaults_pass_the_packed_fp8_gate(built, spec):
     from tuner.measure.verify_varlen import verify_varlen
 
     gen, kernel = _kernel(built, spec)
-    assert gen.params.g2s_atom == "SM90_TMA"
+    assert gen.params.g2s_atom == "SM80_CP_ASYNC_CACHEGLOBAL"   # (no page size given: the cp.async producer's K)
     report = verify_varlen(kernel, gen.spec)
     assert report.passed, report.reason
     pages = {c.problem.split(" page")[1].split()[0] for c in report.checks}
     assert {"16", "64"} <= pages, pages
+
+
+@pytest.fixture(scope="module")
+def built_tma():
+    """The FP8 paged kernels for pages of whole tiles (page size 128): K by TMA boxes."""
+    return build_defaults(SPECS[:2], page_size=128)
+
+
+@pytest.mark.parametrize("spec", SPECS[:2], ids=lambda s: s.label())
+def test_fp8_paged_tma_k_kernels_pass_the_packed_fp8_gate(built_tma, spec):
+    from tuner.measure.verify_varlen import verify_varlen
+
+    gen, kernel = _kernel(built_tma, spec)
+    assert gen.params.g2s_atom == "SM90_TMA"
+    report = verify_varlen(kernel, gen.spec)
+    assert report.passed, report.reason
 
 
 @pytest.mark.parametrize("planted", ["first sequence's descales", "v_descale ignored", "k_descale ignored"])

@@ -42,7 +42,8 @@ ORDERS = ("accumulator", "natural")
 def producer_params(profile, spec, order: str, **changes) -> KernelParams:
     """The spec's default with the in-kernel transpose: V^T's keys in ``order``, the producer's registers the transposer
     needs."""
-    base = hopper_params(profile, spec)
+    # (paged: built for pages of whole tiles, so K comes by TMA, as the producer transpose needs)
+    base = hopper_params(profile, spec, page_size=128 if spec.layout == "paged" else None)
     return KernelParams.from_dict({**base.to_dict(), "v_transpose": "producer", "vt_key_order": order,
                                    "producer_regs": max(base.producer_regs, vt_producer_regs(base)), **changes})
 

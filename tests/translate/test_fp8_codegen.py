@@ -28,7 +28,9 @@ def _problem(d=128, **kw):
 
 
 def _generate(spec, **changes):
-    params = KernelParams.from_dict({**hopper_params(H100, spec).to_dict(), **changes})
+    """The spec's default (paged: built for pages of 128, whole tiles, so K by TMA) with ``changes``."""
+    page_size = 128 if spec.layout == "paged" else None
+    params = KernelParams.from_dict({**hopper_params(H100, spec, page_size=page_size).to_dict(), **changes})
     program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap", spec.layout))
     return translate.generate(program, params, H100, spec)
 

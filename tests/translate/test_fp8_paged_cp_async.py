@@ -34,7 +34,8 @@ def _problem(d=128, variant="gqa", causal=True, dtype="fp8"):
 
 
 def _params(spec, **changes) -> KernelParams:
-    return KernelParams.from_dict({**hopper_params(H100, spec, page_size=16).to_dict(), **changes})
+    """The FP8 paged default's TMA-K form (built for pages of whole tiles), with ``changes``."""
+    return KernelParams.from_dict({**hopper_params(H100, spec, page_size=128).to_dict(), **changes})
 
 
 def _cp_async(spec, **changes) -> KernelParams:
@@ -84,12 +85,18 @@ def test_a_tma_k_kernel_still_reads_only_pages_that_fit_its_tile():
     assert any("page size 48 neither divides block_n 128" in e for e in layout_reasons(params, "ws_overlap", "paged", 48))
 
 
-@pytest.mark.parametrize("page", [None, 16, 32, 128])
+@pytest.mark.parametrize("page", [None, 16, 32, 64, 128, 256])
 @pytest.mark.parametrize("d", [64, 128])
-def test_the_fp8_paged_default_keeps_tma_and_the_16_bit_one_cp_async(page, d):
-    """Not yet timed on a GPU: no FP8 default changes (translate/defaults.py hopper_params)."""
-    assert hopper_params(H100, _spec(d), page_size=page).g2s_atom == "SM90_TMA"
-    assert hopper_params(H100, _spec(d, dtype="bf16"), page_size=page).g2s_atom in (CP_ASYNC, "SM90_TMA")
+def test_the_fp8_paged_default_takes_cp_async_k_unless_its_pages_are_whole_tiles(page, d):
+    """translate/defaults.py (pages of 16, H200: x1.33 over TMA K's 16-key boxes): K by the cp.async producer at its
+    registers, TMA boxes where the page size is known and a multiple of block N; the 16-bit default as it was."""
+    fp8 = hopper_params(H100, _spec(d), page_size=page)
+    if page in (128, 256):
+        assert fp8.g2s_atom == "SM90_TMA" and page % fp8.block_n == 0
+    else:
+        assert fp8.g2s_atom == CP_ASYNC and fp8.producer_regs == CP_ASYNC_PRODUCER_REGS
+    assert validate(fp8, H100, _problem(d), warp_specialized=True) == []
+    assert layout_reasons(fp8, "ws_overlap", "paged", page) == []
     if page in (None, 16, 32):
         assert hopper_params(H100, _spec(d, dtype="bf16"), page_size=page).g2s_atom == CP_ASYNC
 

@@ -36,7 +36,8 @@ def _problem(d=128, dtype="fp8", **kw):
 
 
 def _params(spec, **changes) -> KernelParams:
-    base = hopper_params(H100, spec)
+    # (paged: built for pages of whole tiles, so K comes by TMA, as the producer transpose needs)
+    base = hopper_params(H100, spec, page_size=128 if spec.layout == "paged" else None)
     if changes.get("v_transpose") == "producer":
         changes.setdefault("producer_regs", max(base.producer_regs, vt_producer_regs(base)))
     return KernelParams.from_dict({**base.to_dict(), **changes})
