@@ -19,7 +19,8 @@
     python3 scripts/bench_serving.py --gpu h100 --out $OUT/serving.json [--layers 2] [--skip-model] [--skip-host]
         [--variants '{"pingpong": {"pingpong": true}}']
     python3 scripts/bench_serving.py --gpu h100 --family gpt-oss|gemma2 --out $OUT/family.json   # options: its
-        # window, sink or soft-cap kernels exported, the model against transformers' eager and flex attention
+        # window, sink or soft-cap kernels exported, the model against transformers' eager and flex attention,
+        # compiled also with each model in a process of its own (tuner/measure/compiled_apart.py)
 
 Prints a table last; writes every number to --out.
 """
@@ -195,16 +196,21 @@ def compare(calls: dict, ours: str, rounds: int | None = None) -> dict:
     median of per-round ratios (its ms over ours) with the confirm rule's 95% interval of that median
     (tuner.campaign.confirm: exact percentile bootstrap). The pick and the ratio come from different rounds:
     the best of several baselines' noisy times, reused for the ratio, would favour the baseline."""
-    from tuner.campaign.confirm import ConfirmRule, verdict
-
     med = {k: statistics.median(v) for k, v in interleaved_ms(calls).items()}
     best = min((k for k in med if not k.startswith("ours")), key=med.get)
     ours_ms, best_ms = paired_ms(calls[ours], calls[best], rounds)
-    result = verdict(ours_ms, best_ms, ConfirmRule(rounds=len(ours_ms)))
-    ratios = [b / a for a, b in zip(ours_ms, best_ms)]
     return {"pick_ms": med, "best_sdpa": best, "ms": {ours: statistics.median(ours_ms), best: statistics.median(best_ms)},
-            "round_ms": {ours: ours_ms, best: best_ms}, "ratio": result.ratio, "ratio_low": result.low,
-            "ratio_high": result.high, "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": len(ratios)}
+            "round_ms": {ours: ours_ms, best: best_ms}, **rounds_verdict(ours_ms, best_ms)}
+
+
+def rounds_verdict(ours_ms: list[float], theirs_ms: list[float]) -> dict:
+    """The confirm rule's median of the per-round ratios (their ms over ours) with its 95% interval, and the spread."""
+    from tuner.campaign.confirm import ConfirmRule, verdict
+
+    result = verdict(ours_ms, theirs_ms, ConfirmRule(rounds=len(ours_ms)))
+    ratios = [b / a for a, b in zip(ours_ms, theirs_ms)]
+    return {"ratio": result.ratio, "ratio_low": result.low, "ratio_high": result.high, "ratio_min": min(ratios),
+            "ratio_max": max(ratios), "rounds": len(ratios)}
 
 
 def kernel_breakdown(call, steps: int = 3, top: int = 12) -> dict:
@@ -521,42 +527,26 @@ OPTION_FAMILIES = {
         "baselines": ("eager", "flex_attention"),
     },
 }
-FAMILY_CLASSES = {"gpt-oss": ("GptOssForCausalLM", "GptOssConfig"), "gemma2": ("Gemma2ForCausalLM", "Gemma2Config")}
 
 
-def _family_model(family: str, config: dict, attn_implementation: str, state=None):
-    import torch
-    import transformers
-
-    model_name, config_name = FAMILY_CLASSES[family]
-    cls = getattr(transformers, model_name)
-    conf = getattr(transformers, config_name)(**config)
-    model = cls._from_config(conf, attn_implementation=attn_implementation).to("cuda", torch.bfloat16).eval()
-    if state is not None:
-        model.load_state_dict(state)
-    elif family == "gpt-oss":
-        with torch.no_grad():     # sinks that matter (they start at zero)
-            for layer in model.model.layers:
-                layer.self_attn.sinks.normal_(std=2.0)
-    return model
-
-
-def bench_option_model(attn, family: str, layers: int, rounds: int = 41) -> dict:
+def bench_option_model(attn, family: str, layers: int, rounds: int = 41, export_dir: str | None = None) -> dict:
     """A model of ``family`` on our kernels against transformers' other implementations of its attention:
-    logits, calls on the kernel path, then eager and compiled forwards in paired rounds (``compare``)."""
+    logits, calls on the kernel path, then eager and compiled forwards in paired rounds (``compare``); with
+    ``export_dir``, the compiled models again, each in a process of its own (tuner/measure/compiled_apart.py)."""
     import torch
 
+    from tuner.measure.compiled_apart import compiled_apart, family_model
     from tuner.serving import hf
 
     spec = OPTION_FAMILIES[family]
     config = dict(spec["config"], num_hidden_layers=layers)
     ours_name = hf.register_transformers(attn)
     torch.manual_seed(0)
-    first = _family_model(family, config, spec["baselines"][0])
+    first = family_model(family, config, spec["baselines"][0])
     state = first.state_dict()
-    models = {"ours": _family_model(family, config, ours_name, state), spec["baselines"][0]: first}
+    models = {"ours": family_model(family, config, ours_name, state), spec["baselines"][0]: first}
     for name in spec["baselines"][1:]:
-        models[name] = _family_model(family, config, name, state)
+        models[name] = family_model(family, config, name, state)
     result = {"family": family, "config": config, "shapes": []}
     for b, s in MODEL_SHAPES:
         ids = torch.randint(0, 1000, (b, s), device="cuda", generator=torch.Generator(device="cuda").manual_seed(s))
@@ -596,11 +586,24 @@ def bench_option_model(attn, family: str, layers: int, rounds: int = 41) -> dict
             if mode == "compiled" and (b, s) == MODEL_SHAPES[0]:
                 row["compiled_kernels"] = {key: kernel_breakdown(calls[key])
                                            for key in ("ours/default", row[mode]["best_sdpa"])}
+            if mode == "compiled":
+                # what Dynamo did in this process (recompiles and their reasons, graph breaks, frames run eagerly)
+                from torch._dynamo.utils import counters
+                row["dynamo_counters"] = {k: {str(n): c for n, c in counters[k].items()}
+                                          for k in ("stats", "recompiles", "unimplemented", "graph_break") if k in counters}
             calls = None
             torch._dynamo.reset()
         row["reasons_after"] = dict(attn.reasons)
         result["shapes"].append(row)
         print(f"{family} {row['shape']}: eager {row['eager']['ms']} compiled {row['compiled']['ms']}", flush=True)
+    if export_dir is not None:
+        models = first = state = None
+        torch.cuda.empty_cache()
+        try:
+            result["compiled_apart"] = compiled_apart(family, config, spec["baselines"], export_dir, MODEL_SHAPES,
+                                                      rounds, rounds_verdict)
+        except Exception as exc:  # noqa: BLE001 - the in-process numbers above are kept
+            result["compiled_apart"] = {"errors": {"pool": f"{type(exc).__name__}: {str(exc)[:300]}"}}
     return result
 
 
@@ -653,7 +656,7 @@ def main(argv=None) -> int:
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "export_s": round(time.time() - t0, 1)}
     print(f"export ready in {result['export_s']} s", flush=True)
     if args.family:
-        result["model"] = bench_option_model(attn, args.family, args.layers, args.rounds)
+        result["model"] = bench_option_model(attn, args.family, args.layers, args.rounds, args.export_dir)
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(f"\n{result['device']}, torch {result['torch']}: {args.family}, {args.layers} layers")
         for r in result["model"]["shapes"]:
@@ -668,6 +671,15 @@ def main(argv=None) -> int:
                 print(f"  compiled {key}: host {kernels['host_ms']} ms, GPU idle {kernels['gpu_idle_us']} us, "
                       f"by kind {kernels['by_kind_us']}; " + "; ".join(f"{n[:40]} {t:.0f}x{c:g}"
                                                                         for n, t, c in kernels["top"][:6]))
+        apart = result["model"].get("compiled_apart", {})
+        if apart.get("errors"):
+            print(f"compiled apart: errors {apart['errors']}")
+        for r in apart.get("shapes", []):
+            for name, m in r["against"].items():
+                print(f"{r['shape']} compiled, each model in its own process: ours {m['ms']['ours']:.2f} ms, {name} "
+                      f"{m['ms'][name]:.2f} ms: {m['ratio']:.3f}x, 95% [{m['ratio_low']:.3f}, {m['ratio_high']:.3f}] "
+                      f"of {m['rounds']} paired rounds (min-max {m['ratio_min']:.3f}-{m['ratio_max']:.3f}); "
+                      f"max |logit diff| {m['max_abs_logit_diff']:.3g}")
         return 0
     result["host"] = [] if args.skip_host else bench_host(attn)
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -40,8 +40,11 @@ def test_a_familys_config_and_kernels_are_its_presets(family):
 
 def test_the_gemma2_config_builds_a_model_whose_layers_alternate_local_first():
     transformers = pytest.importorskip("transformers")
+    from tuner.measure.compiled_apart import FAMILY_CLASSES
+
     script = _script()
-    model_name, config_name = script.FAMILY_CLASSES["gemma2"]
+    assert set(FAMILY_CLASSES) == set(script.OPTION_FAMILIES)
+    model_name, config_name = FAMILY_CLASSES["gemma2"]
     tiny = dict(script.OPTION_FAMILIES["gemma2"]["config"], vocab_size=64, hidden_size=64, intermediate_size=64,
                 head_dim=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2)
     config = getattr(transformers, config_name)(**tiny)
