@@ -165,3 +165,21 @@ def test_a_campaign_trial_cross_checks_the_options_of_its_problem(layout):
 
     assert cross_check(out((40, 0)), x, problem) < 2e-2
     assert cross_check(out((-1, -1)), x, problem) > 5e-2
+
+
+@pytest.mark.parametrize("window, causal, capacity, want", [
+    ((-1, -1), True, 32768, 32768),          # no window: the cache's capacity
+    ((127, 0), True, 32768, 127 + 1 + 64),   # a 128-key window: its keys, the query, one tile of slack
+    ((127, 0), True, 100, 100),              # a cache shorter than the window bounds it
+    ((100, -1), False, 32768, 32768),        # open to the right and not causal: every key
+    ((100, 5), False, 32768, 100 + 1 + 5 + 64),
+])
+def test_the_splits_divide_the_keys_a_window_shows(window, causal, capacity, want):
+    """DecodeKernel.visible_keys: what the call's split plan and `tune bench --phase decode`'s splits column divide
+    (the bench once showed the capacity's splits, 64 for a 128-key window at 32k keys)."""
+    from types import SimpleNamespace
+
+    from tuner.serving.launch.decode_kernel import DecodeKernel
+
+    kernel = SimpleNamespace(spec={"causal": causal}, params={"block_n": 64})
+    assert DecodeKernel.visible_keys(kernel, capacity, 1, window) == want

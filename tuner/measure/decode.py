@@ -148,7 +148,11 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     row = {"point": p.label(), "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q}
     o = ours()
     capacity = x["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
-    row["splits"] = kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q, capacity)[0].num_splits
+    from kernel_abi.spec import effective_window
+
+    window = effective_window(tuple(options.get("window_size", (-1, -1))), p.causal)
+    row["splits"] = kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q,
+                                      kernel.visible_keys(capacity, p.seqlen_q, window))[0].num_splits
     if not fa4_first:
         row["ours_gbs"] = p.kv_bytes / time_ms(ours) / 1e6
     if with_fa4:

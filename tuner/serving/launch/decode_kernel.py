@@ -190,6 +190,15 @@ class DecodeKernel:
                            self.ctas_per_sm, p["min_split_blocks"], num_splits)
         return plan, m_blocks, units
 
+    def visible_keys(self, capacity: int, seqlen_q: int, window=(-1, -1)) -> int:
+        """The most keys a sequence's queries see, which the splits divide: a window's (the kernel starts them at the
+        window's first tile, one tile of slack) or the cache's capacity (a leftpad, whose values are not read back,
+        only shortens a sequence). ``window``: effective (kernel_abi.spec.effective_window)."""
+        left, right = window
+        if left < 0 or (right < 0 and not self.spec.get("causal")):
+            return capacity
+        return min(capacity, left + seqlen_q + max(right, 0) + int(self.params["block_n"]))
+
     @property
     def v_from_k(self) -> bool:
         """V is the first d_v columns of k_cache (absorbed MLA): v_cache is None or that view."""
@@ -390,12 +399,7 @@ class DecodeKernel:
             capacity = page_table.shape[1] * page_size
         else:
             page_size, capacity = 0, k_cache.shape[1]
-        # a window: the splits divide the keys it shows (the kernel starts them at the window's first tile); a
-        # leftpad, whose values are not read back, only shortens a sequence: the capacity stays the bound
-        left, right = window
-        visible = capacity if left < 0 or (right < 0 and not spec.get("causal")) else \
-            min(capacity, left + sq + max(right, 0) + int(self.params["block_n"]))
-        split, m_blocks, units = self.split_plan(b, hq, hkv, sq, visible, num_splits)
+        split, m_blocks, units = self.split_plan(b, hq, hkv, sq, self.visible_keys(capacity, sq, window), num_splits)
         out_shape = (b, sq, hq, spec["d_v"])
         if out is not None:
             if tuple(out.shape) != out_shape or out.dtype != dtype or out.device != q.device:
