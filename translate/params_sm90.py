@@ -91,8 +91,12 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
 
 # FP8 (e4m3) kernels: 8-bit wgmma operands are K-major only, so V comes transposed (batch, heads, d, seqlen) and its
 # tile is (d, block N) with the keys along 64- or 128-byte swizzled rows; the P.V GEMM's k-blocks are 32 keys.
-# P is rounded to e4m3 in registers (RS): the largest P of a row is 2^8 (attn_sm90::softmax_tile's kMaxOffset),
-# which leaves no room for the conditional rescale's growth (e4m3's largest finite value is 448).
+# P is rounded to e4m3 in registers (RS): the largest P of a row is 2^8 (attn_sm90::softmax_tile's kMaxOffset, FA3's),
+# e4m3's largest finite value being 448. The conditional rescale lets a row's P grow 2^threshold past its running max,
+# so an FP8 kernel with a threshold offsets P by 8 - threshold (translate/sm90/frame.py fp8_max_offset): P still peaks
+# at 2^8. Thresholds up to 4 only: a settled row's P then tops out at 2^(8 - threshold), and past 4 its small P fall
+# into e4m3's subnormals (below 2^-6) where FA3's offset keeps P down to 2^-14 of the max normal.
+FP8_RESCALE_THRESHOLDS = (0, 2, 4)
 # Block N of an FP8 kernel: multiples of 64 among CuTe's base wgmma N, and FA3's FP8 tiles (hopper/tile_size.h: 224 at
 # head dim 128, 160 at 64), whose QK^T wgmma translate/sm90/wgmma_ops.py declares and whose V^T rows take 32-byte boxes.
 FP8_BLOCK_N = (64, 128, 160, 192, 224, 256)
@@ -181,9 +185,10 @@ def fp8_reasons(params, warp_specialized: bool) -> list[str]:
     if params.block_n not in FP8_BLOCK_N:
         errors.append(f"fp8 block_n {params.block_n} must be one of {FP8_BLOCK_N}: V's transposed tile has block_n "
                       "keys a row in swizzle atoms of 32 bytes or more, and the QK^T op of each N is declared")
-    if params.rescale_threshold:
-        errors.append("fp8 kernels rescale every tile (rescale_threshold 0): P's row maximum is already 2^8 and "
-                      "e4m3 ends at 448")
+    if params.rescale_threshold not in FP8_RESCALE_THRESHOLDS:
+        errors.append(f"fp8 rescale_threshold {params.rescale_threshold} must be one of {FP8_RESCALE_THRESHOLDS}: P is "
+                      "offset by 8 - threshold to peak at 2^8 (e4m3 ends at 448), and past 4 a settled row's small P "
+                      "fall into e4m3's subnormals")
     if params.pack_gqa:
         errors.append("pack_gqa is not built for fp8 kernels")
     if kv_cp_async(params) and getattr(params, "v_transpose", "runtime") != "runtime":

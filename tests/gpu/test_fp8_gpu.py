@@ -1,6 +1,7 @@
 """FP8 (e4m3) kernels on a Hopper GPU (marker gpu; skipped elsewhere): the default kernels of MHA/GQA/MQA at head dims
 64 and 128, causal and not, pass the FP8 gate (tuner/measure/verify_fp8.py: descales 1000x apart, values near 448);
-a kernel that ignores a descale fails it; an export of an FP8 default serves flash_attn_func on the kernel (eager and
+so do kernels with the conditional rescale (P offset by 8 less the threshold); a kernel that ignores a descale
+fails it; an export of an FP8 default serves flash_attn_func on the kernel (eager and
 compiled) and refuses bad descales before any launch."""
 import os
 from pathlib import Path
@@ -28,12 +29,16 @@ SPECS = [KernelSpec(v, d, d, c, "fp8") for v, d, c in (("mha", 128, False), ("mh
                                                         ("mqa", 128, False), ("mha", 64, True), ("gqa", 64, False))]
 
 
-def build_defaults(specs, page_size=None) -> dict:
+def build_defaults(specs, page_size=None, **changes) -> dict:
     """{spec label: (generated, compile result)} of each spec's default warp-specialised kernel for this GPU (paged:
-    for ``page_size``, if given), through the nvcc cache KERNEL_CACHE_DIR names (if any)."""
+    for ``page_size``, if given; with parameter ``changes``), through the nvcc cache KERNEL_CACHE_DIR names (if any)."""
+    from translate.params import KernelParams
+
     profile = load_profile(_gpu())
+    params = [KernelParams.from_dict({**hopper_params(profile, s, page_size=page_size).to_dict(), **changes})
+              for s in specs]
     gens = [translate.generate(tl.parse_program(tl.load_sketch(s.variant, s.causal, "ws_overlap", s.layout)),
-                               hopper_params(profile, s, page_size=page_size), profile, s) for s in specs]
+                               p, profile, s) for s, p in zip(specs, params)]
     cache = os.environ.get("KERNEL_CACHE_DIR")
     results = nvcc.compile_kernels(gens, "sm_90a", jobs=os.cpu_count() or 4, batch_size=1,
                                    cache_dir=Path(cache) if cache else None)
@@ -54,6 +59,22 @@ def test_fp8_defaults_pass_the_fp8_gate(built, spec):
     assert result.ok, result.log[-3000:]
     report = verify(load_kernel(result.cubin, gen.meta()), gen.spec)
     assert report.passed, report.reason
+
+
+@pytest.mark.parametrize("threshold", [2, 4])
+def test_kernels_with_the_conditional_rescale_pass_the_fp8_gate(threshold):
+    """A rescale threshold t lets a row's P run 2^t past its running max, so P is offset by 8 - t
+    (translate/sm90/frame.py fp8_max_offset): held to the same gate as the defaults (the emulation's offset 8)."""
+    from tuner.measure.verify import verify
+    from tuner.serving.launch import load_kernel
+
+    specs = [SPECS[0], SPECS[1], SPECS[4]]
+    built = build_defaults(specs, rescale_threshold=threshold)
+    for spec in specs:
+        gen, result = built[spec.label()]
+        assert result.ok and result.spill_stores == 0, result.log[-3000:]
+        report = verify(load_kernel(result.cubin, gen.meta()), gen.spec)
+        assert report.passed, (spec.label(), report.reason)
 
 
 @pytest.mark.parametrize("ignored", ["q_descale", "k_descale", "v_descale"])

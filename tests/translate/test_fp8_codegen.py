@@ -50,7 +50,7 @@ def test_fp8_problems_take_head_dims_64_and_128_without_options():
 @pytest.mark.parametrize("change, reason", [
     ({"pv_operand": "ss"}, "keep P in registers"),
     ({"block_n": 176}, "block_n 176 must be one of"),
-    ({"rescale_threshold": 8}, "rescale every tile"),
+    ({"rescale_threshold": 8}, "fp8 rescale_threshold 8 must be one of (0, 2, 4)"),
     ({"pack_gqa": True}, "pack_gqa is not built for fp8"),
 ])
 def test_parameters_an_fp8_kernel_cannot_take_are_refused_with_their_reason(change, reason):
@@ -200,7 +200,7 @@ def test_the_search_spaces_offer_fp8_only_what_fp8_kernels_take(variant):
     domains = load_space(variant).domains(H100, 128, "fp8")
     assert set(domains["schedule"]) <= {"ws_overlap", "ws_serial"}
     assert set(domains["hopper_block_n"]) <= set(FP8_BLOCK_N)
-    assert domains["pv_operand"] == ("rs",) and domains["rescale_threshold"] == (0,)
+    assert domains["pv_operand"] == ("rs",) and domains["rescale_threshold"] == (0, 2, 4)
     assert domains["hopper_kv_copy"] == ("SM90_TMA", "SM80_CP_ASYNC_CACHEGLOBAL")   # cp.async: paged spaces only
     assert set(load_space(variant).domains(H100, 128, "bf16")["hopper_block_n"]) - set(FP8_BLOCK_N)   # 16-bit: more
 
@@ -213,3 +213,19 @@ def test_fa3s_fp8_d64_tile_fits_three_consumer_warpgroups_and_a_wider_one_does_n
     assert validate(fits, H100, _problem(64), warp_specialized=True) == []
     wide = KernelParams.from_dict({**base, "block_m": 192, "num_warps": 12, "block_n": 192})
     assert any("registers" in e for e in validate(wide, H100, _problem(64), warp_specialized=True))
+
+
+@pytest.mark.parametrize("threshold, offset", [(0, 8), (2, 6), (4, 4)])
+def test_an_fp8_kernels_conditional_rescale_offsets_p_by_8_less_its_threshold(threshold, offset):
+    """P may run 2^threshold past a row's running max before the max moves (attn_tl::update_row_max), so P is offset by
+    8 - threshold (translate/sm90/frame.py fp8_max_offset) and still peaks at 2^8 < 448; the output's rescale skips a
+    row whose factor is 1. Threshold 0 is the kernel as it was: offset 8, every tile rescaled."""
+    for schedule in ("ws_overlap", "ws_serial"):
+        spec = _spec(128)
+        params = KernelParams.from_dict({**hopper_params(H100, spec).to_dict(), "rescale_threshold": threshold})
+        assert validate(params, H100, _problem(128), warp_specialized=True) == []
+        program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, schedule, spec.layout))
+        body = translate.generate(program, params, H100, spec).body
+        assert f"constexpr int kMaxOffset = {offset};" in body
+        assert f"attn_sm90::softmax_tile<{threshold}, 0, kMaxOffset, kMaxChains>(" in body
+        assert ("attn_sm90::rescale_rows<true>(" in body) == (threshold > 0)

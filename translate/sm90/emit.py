@@ -321,9 +321,9 @@ def emit_softmax(op: Op, ctx: Ctx) -> list[str]:
 def softmax_template(params, fp8: bool = False) -> str:
     """softmax_tile's template arguments: none (every tile rescales, MUFU for every exponential: the source as it
     always was), <threshold>, or <threshold, exponentials of every 8 by the FMA pipe's polynomial>; an FP8 kernel's
-    third, P's row maximum offset (threshold 0: translate/params_sm90.py fp8_reasons)."""
+    third, P's offset (kMaxOffset, 8 less the threshold: translate/sm90/frame.py fp8_max_offset)."""
     if fp8:
-        return f"<0, {params.exp2_poly}, kMaxOffset, kMaxChains>"
+        return f"<{params.rescale_threshold}, {params.exp2_poly}, kMaxOffset, kMaxChains>"
     if params.exp2_poly:
         return f"<{params.rescale_threshold}, {params.exp2_poly}>"
     return f"<{params.rescale_threshold}>" if params.rescale_threshold else ""
@@ -475,7 +475,8 @@ def emit_softmax_split(softmax: Op, reshape: Op, ctx: Ctx) -> list[str]:
     t, p = softmax.data["target"], ctx.params
     before = PV_WAIT_EIGHTHS[p.pv_wait]
     out = [comment(softmax)] + sync_lines(softmax, ctx)
-    scores = "<0, kMaxOffset, kMaxChains>" if ctx.fp8 else (f"<{p.rescale_threshold}>" if p.rescale_threshold else "")
+    scores = f"<{p.rescale_threshold}, kMaxOffset, kMaxChains>" if ctx.fp8 else \
+        (f"<{p.rescale_threshold}>" if p.rescale_threshold else "")
     out.append(f"attn_sm90::softmax_scores{scores}(acc_{t}, "
                f"{softmax.data['max']}, rescale_o, {ctx.scale_log2});  // maxima first; the exponentials after the wait")
     if before:

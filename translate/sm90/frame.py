@@ -173,7 +173,8 @@ def fp8_kernel_types(spec, params, stages: int) -> list[str]:
         f"constexpr int kChunkV = {fp8_chunk(params.block_n)};  // keys of a transposed-V box and atom",
         *([f"constexpr int kPackedVtAlign = {PACKED_VT_ALIGN};  // keys: where a packed sequence's V^T starts"]
           if packs_vt(spec) else []),
-        f"constexpr int kMaxOffset = {FP8_MAX_OFFSET};  // P's row maximum is 2^kMaxOffset (attn_sm90::softmax_tile)",
+        f"constexpr int kMaxOffset = {fp8_max_offset(params)};  // P peaks at 2^8: 2^kMaxOffset past its running max, "
+        "which may lag by the rescale threshold (attn_sm90::softmax_tile)",
         f"constexpr int kMaxChains = {fp8_max_chains(spec.d_qk)};  // independent FMNMX chains of a row's maximum "
         "(attn_tl::update_row_max)",
         "",
@@ -213,6 +214,12 @@ def packs_vt(spec) -> bool:
     whose pages the runtime gathers into the same layout)."""
     return is_fp8(spec) and spec.layout in ("varlen", "paged")
 FP8_MAX_OFFSET = 8   # FA3's: P's row maximum 2^8 < 448 (e4m3's largest finite), fewer small P in e4m3's subnormals
+
+
+def fp8_max_offset(params) -> int:
+    """kMaxOffset of an FP8 kernel: FP8_MAX_OFFSET less its rescale threshold, since a row's P may then exceed 2^offset
+    by 2^threshold before its max moves (translate/params_sm90.py FP8_RESCALE_THRESHOLDS)."""
+    return FP8_MAX_OFFSET - params.rescale_threshold
 
 
 def fp8_max_chains(head_dim: int) -> int:

@@ -25,7 +25,8 @@ import math
 FP8_MAX = 448.0                  # e4m3fn's largest finite value
 DESCALE_SPREAD = (-1.5, 1.5)     # log10 of the descales across (batch, KV head): 1000x
 NEAR_MAX_EVERY = 3               # every third check shape draws values near FP8_MAX
-P_MAX_OFFSET = 8                 # the kernels' P row maximum, 2^8 (translate/sm90/frame.py FP8_MAX_OFFSET)
+P_MAX_OFFSET = 8                 # the kernels' P row maximum, 2^8 (translate/sm90/frame.py FP8_MAX_OFFSET; a kernel
+                                 # with a rescale threshold t offsets by 8 - t and is held to this yardstick)
 
 
 def descales(batch: int, heads_kv: int, gen, device):
