@@ -254,8 +254,8 @@ PV_WAITS = ("after", *PV_WAIT_EIGHTHS)
 def head_dim_reasons(d: int, warp_specialized: bool, fp8: bool = False) -> list[str]:
     """Why a head dim cannot make the tiles of a Hopper kernel. The warp-specialised kernel's 16-bit tiles are rows of
     64-column atoms of the 128-byte swizzle, or of 32-column atoms of the 64-byte swizzle where 64 do not divide the
-    head dim (96: three 32-column TMA boxes a row, as FlashAttention-3 lays d96 out); the plain schedule and the FP8
-    kernels have the 128-byte layouts only."""
+    head dim (96: three 32-column TMA boxes a row, as FlashAttention-3 lays d96 out); the plain schedule has the
+    128-byte layouts only; an FP8 kernel's e4m3 rows take 128-, 64- or 32-byte atoms (d96: three 32-byte atoms)."""
     if fp8:
         if d % 32:
             return [f"head dim {d} must be a multiple of 32 for fp8 kernels: e4m3 rows of 128-, 64- or 32-byte swizzle "
