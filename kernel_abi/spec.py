@@ -21,7 +21,10 @@ from dataclasses import asdict, dataclass, replace
 VARIANTS = ("mha", "gqa", "mqa", "mla")
 DTYPES = ("fp16", "bf16", "fp8")
 # fp8: e4m3 q, k and v with fp32 descales per (batch, KV head) (FlashAttention-3's q/k/v_descale), a bf16 output.
-FP8_HEAD_DIMS = (64, 128)   # the head dims the FP8 kernels take (one or two 128-byte rows of e4m3)
+# The head dims the FP8 kernels take: rows of e4m3 in 128-byte swizzle atoms (64: one 64-byte atom; 128 and 256: one
+# and two 128-byte atoms) or, at 96 (Phi-3-mini), three 32-byte atoms a row (translate/sm90/frame.py fp8_chunk), as
+# FA3's FP8 kernels take 64, 96, 128, 192 and 256 (hopper/tile_size.h); 256 is Gemma's.
+FP8_HEAD_DIMS = (64, 96, 128, 256)
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}   # torch's names of the inputs
 OUTPUT_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}                  # and of the output
 
@@ -171,10 +174,11 @@ def validate_problem(p: Problem) -> list[str]:
 
 
 def fp8_errors(variant: str, d_qk: int, d_v: int, options: bool) -> list[str]:
-    """Why an FP8 problem is not one the FP8 kernels take (dense e4m3 attention of head dim 64 or 128)."""
+    """Why an FP8 problem is not one the FP8 kernels take (e4m3 attention of a head dim of FP8_HEAD_DIMS)."""
     errors = []
     if variant == "mla" or d_qk != d_v or d_qk not in FP8_HEAD_DIMS:
-        errors.append(f"fp8 kernels take head dims {' and '.join(map(str, FP8_HEAD_DIMS))} with d_qk == d_v, not "
+        dims = ", ".join(map(str, FP8_HEAD_DIMS[:-1])) + f" and {FP8_HEAD_DIMS[-1]}"
+        errors.append(f"fp8 kernels take head dims {dims} with d_qk == d_v, not "
                       f"{variant} {d_qk}/{d_v}")
     if options:
         errors.append("fp8 kernels take no sliding window, soft-capping or sinks (bf16/fp16 kernels do)")

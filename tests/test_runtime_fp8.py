@@ -151,12 +151,13 @@ def test_packed_v_transposed_starts_each_sequence_at_an_aligned_key_with_zeros_b
     assert tuple(probe.shape) == tuple(vt.shape) and probe.stride() == vt.stride()
 
 
-def test_transposed_v_in_accumulator_order_puts_each_key_at_its_column_and_zeros_past_the_keys():
+@pytest.mark.parametrize("d", [64, 96, 256])
+def test_transposed_v_in_accumulator_order_puts_each_key_at_its_column_and_zeros_past_the_keys(d):
     """The key order the FP8 defaults read (plan.vt_column): key 8h + 2q + b of each 16 at column 4q + 2h + b; the
     view spans the whole last 16 (37 keys -> 48 columns), the columns no key takes hold zeros, not e4m3 NaN."""
-    v = (torch.arange(2 * 37 * 3 * 64) % 200 + 1).float().view(2, 37, 3, 64).to(E4M3)
+    v = (torch.arange(2 * 37 * 3 * d) % 200 + 1).float().view(2, 37, 3, d).to(E4M3)
     vt = launch_plan.transposed_v(v, order="accumulator")
-    assert tuple(vt.shape) == (2, 64, 3, 48) and vt.stride(-1) == 1
+    assert tuple(vt.shape) == (2, d, 3, 48) and vt.stride(-1) == 1
     cols = launch_plan.vt_column(torch.arange(37), "accumulator")
     assert cols[:16].tolist() == [0, 1, 4, 5, 8, 9, 12, 13, 2, 3, 6, 7, 10, 11, 14, 15]
     assert torch.equal(vt[..., cols].permute(0, 3, 2, 1).view(torch.uint8), v.view(torch.uint8))
@@ -210,3 +211,34 @@ def test_fa3s_block_n_224_maps_v_t_in_seven_32_byte_swizzled_boxes(monkeypatch):
     assert maps["k"].box == (128, 224, 1, 1) and maps["k"].swizzle_bytes == 128
     with pytest.raises(tma.TensorMapError, match="not a 32-, 64- or 128-byte swizzle span"):
         tma.tensor_map_spec(0x1000, (1, 64, 1, 128), (8192, 128, 128, 1), 1, 64, box_columns=16)
+
+
+@pytest.mark.parametrize("d, qk_box, o_box, o_swizzle", [(96, 32, 32, 64), (256, 128, 64, 128)])
+def test_the_plan_maps_d96_and_d256_in_the_kernels_boxes(monkeypatch, d, qk_box, o_box, o_swizzle):
+    """d96: e4m3 rows in 32-byte boxes (the 32-byte swizzle) and the bf16 O in 32-column boxes (the 64-byte swizzle:
+    the kernel stores three a row, as the 16-bit d96 kernels); d256: two 128-byte boxes a row, O in 64-column ones;
+    V^T over the 16-rounded keys, d rows a box."""
+    import tl
+    import translate
+    from hardware_profiles import load_profile
+    from kernel_abi.spec import KernelSpec
+    from translate.defaults import hopper_params
+
+    monkeypatch.setattr(tma, "encode_bytes", _fake_encoding)
+    monkeypatch.setattr(tma, "_offsets", {})
+    profile, spec = load_profile("h100"), KernelSpec("gqa", d, d, True, "fp8")
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap"))
+    gen = translate.generate(program, hopper_params(profile, spec), profile, spec)
+    kernel = attention.AttentionKernel(meta=gen.meta(), device_index=0, _module=None, _function=None, _sm_count=132)
+    b, s, hq, hkv = 2, 1000, 16, 2
+    q = FakeTensor((b, s, hq, d), 0x1000_0000, dtype=E4M3)
+    k = FakeTensor((b, s, hkv, d), 0x2000_0000, dtype=E4M3)
+    v = FakeTensor((b, s, hkv, d), 0x3000_0000, dtype=E4M3)
+    plan = launch_plan.build_plan(kernel, q, k, v, None, None)
+    assert plan.out_shape == (b, s, hq, d)
+    maps = {"qkvo"[slot.index]: slot.spec for slot in plan.maps}
+    assert maps["q"].box == (qk_box, gen.params.block_m, 1, 1) and maps["q"].swizzle_bytes == qk_box
+    assert maps["k"].box == (qk_box, gen.params.block_n, 1, 1)
+    assert maps["v"].box == (gen.params.block_n, d, 1, 1) and maps["v"].dims == (1008, d, hkv, b)
+    assert maps["o"].box == (o_box, 64, 1, 1) and maps["o"].swizzle_bytes == o_swizzle
+    assert maps["o"].element_bytes == 2

@@ -102,10 +102,11 @@ def test_column_keys_map_each_column_as_the_kernel_reads_it(lens):
     assert got == want
 
 
-def test_the_gathered_v_t_holds_each_sequences_keys_from_its_pages_in_table_order_and_zeros_elsewhere():
+@pytest.mark.parametrize("d", [32, 96, 256])
+def test_the_gathered_v_t_holds_each_sequences_keys_from_its_pages_in_table_order_and_zeros_elsewhere(d):
     """Pages out of order, shared by no two sequences, unused pages poisoned with e4m3 NaN bytes, the last page of each
     sequence partly used (its unused rows poisoned too): V^T holds exactly the used keys, zeros elsewhere."""
-    page_size, hkv, d, pages = 16, 2, 32, 24
+    page_size, hkv, pages = 16, 2, 24
     lens = [37, 0, 16, 5]
     v_cache = torch.full((pages, page_size, hkv, d), 0x7F, dtype=torch.uint8)   # 0x7F: e4m3 NaN
     order = torch.randperm(pages, generator=torch.Generator().manual_seed(1))

@@ -1,5 +1,6 @@
 """The Triton V^T copies build for sm_90 with the Triton installed here (no GPU needed: compiled to PTX for a stated
-target), at binary-search depths 1 to 4 (batches of 1 to 16) and both key orders, and move 16 bytes an instruction.
+target), at binary-search depths 1 to 4 (batches of 1 to 16), both key orders and every FP8 head dim (96: the last
+64-column tile masked at the head dim), and move 16 bytes an instruction.
 Triton 3.6's layout pass failed on an earlier paged copy at some depths and orders (seen on an H200: every paged FP8
 call raised), where Triton 3.5 built it.
 Marked slow (each build takes seconds); skipped where Triton is absent (CPU torch wheels do not bring it)."""
@@ -13,6 +14,7 @@ pytestmark = pytest.mark.slow
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from kernel_abi.spec import FP8_HEAD_DIMS  # noqa: E402
 from tuner.serving.launch import vt_kernels  # noqa: E402
 from tuner.serving.launch.transpose_triton import READ_PAST_END, TILE  # noqa: E402
 
@@ -32,7 +34,7 @@ def _vector_moves(ptx: str) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("steps", [1, 2, 3, 4])
 @pytest.mark.parametrize("accumulator_order", [True, False])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", FP8_HEAD_DIMS)
 def test_the_paged_copy_builds_for_sm90_with_16_byte_moves(steps, accumulator_order, d):
     signature = {"src": "*u8", "dst": "*u8", "table": "*i32", "cu": "*i32", "batch": "i32", "keys_t": "i32",
                  "page_size": "i32", "t_b": "i32", "s_p": "i32", "s_r": "i32", "s_h": "i32", "d_h": "i32",
@@ -41,7 +43,9 @@ def test_the_paged_copy_builds_for_sm90_with_16_byte_moves(steps, accumulator_or
     ptx = _ptx(vt_kernels.transpose_paged_v, signature, ["src", "dst", "table", "cu", "keys_t", "d_h", "d_d"],
                {"D": d, "T": TILE, "A": 16, "STEPS": steps, "ACC": accumulator_order, "PAST": READ_PAST_END})
     loads, stores, bytewise = _vector_moves(ptx)
-    assert loads >= d // TILE and stores >= d // TILE and bytewise == 0, (loads, stores, bytewise)
+    # a tile of T columns a step, the last one masked at d96 (its head-dim mask uniform over 16-byte groups)
+    tiles = -(-d // TILE)
+    assert loads >= tiles and stores >= tiles and bytewise == 0, (loads, stores, bytewise)
 
 
 def test_the_runtime_searches_as_deep_as_the_batch_needs():
@@ -52,11 +56,12 @@ def test_the_runtime_searches_as_deep_as_the_batch_needs():
 
 @pytest.mark.parametrize("steps", [1, 2, 3])
 @pytest.mark.parametrize("accumulator_order", [True, False])
-def test_the_packed_copy_builds_for_sm90_with_16_byte_moves(steps, accumulator_order):
+@pytest.mark.parametrize("d", [96, 128, 256])
+def test_the_packed_copy_builds_for_sm90_with_16_byte_moves(steps, accumulator_order, d):
     signature = {"src": "*u8", "dst": "*u8", "cu": "*i32", "batch": "i32", "keys_t": "i32", "s_s": "i32",
                  "s_h": "i32", "d_h": "i32", "d_d": "i32", "D": "constexpr", "T": "constexpr", "A": "constexpr",
                  "STEPS": "constexpr", "ACC": "constexpr"}
     ptx = _ptx(vt_kernels.transpose_packed_v, signature, ["src", "dst", "cu", "keys_t", "s_s", "s_h", "d_h", "d_d"],
-               {"D": 128, "T": TILE, "A": 16, "STEPS": steps, "ACC": accumulator_order})
+               {"D": d, "T": TILE, "A": 16, "STEPS": steps, "ACC": accumulator_order})
     loads, stores, bytewise = _vector_moves(ptx)
     assert loads >= 1 and stores >= 1 and bytewise == 0, (loads, stores, bytewise)

@@ -115,8 +115,18 @@ RESCALE_THRESHOLD_LAYOUTS = ("dense", "paged")
 FP8_VT_KEY_ORDER = "accumulator"
 
 # FP8 tiles: FA3's FP8 shapes where our block N set has them (d64 192 rows; d128 128 rows), else the 16-bit ones.
+# d96 and d256 take FA3's FP8 tiles (tile_size_fwd_sm90, element size 1): 192 x 128 at d96 and 128 x 128 at d256
+# (FA3 narrows 256's to 64 keys for a window only, which FP8 kernels here do not take). d96's three consumer
+# warpgroups hold S 64 + O 48 + P 16 + 28 = 156 of their 160 registers; d256's two hold S 64 + O 128 + P 16 + 24 + 8
+# (the wide O's: params_sm90.FP8_HEAD_DIM_OVERHEAD) = 240 of 240, and its shared memory (Q 128 x (256 + 512 bf16 O)
+# + 2 stages of 128 x 512 K/V^T) is 224 of 227 KB. A varlen or paged kernel's producer keeps 32-40 registers, which
+# leaves d256's consumers 232: there ptxas spilled 128 x 128 (32 bytes), validation refuses it and the next seed,
+# 128 x 64 (as the 16-bit d256 serving kernels fall to 64 keys), is taken. ptxas (nvcc 13.0, sm_90a) builds each
+# default without spills, dense, varlen and paged (tests/translate/test_fp8_head_dims.py).
 FP8_SEEDS = {64: [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128)],
-             128: [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)]}
+             96: [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128)],
+             128: [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)],
+             256: [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)]}
 
 
 def _hopper_seeds(spec: KernelSpec) -> list[dict]:

@@ -27,6 +27,11 @@ REGISTER_OVERHEAD = {1: 24, 2: 24, 3: 32}
 # FA3's FP8 tile 192 x 160 (80 + 32 + 20 + 28 = 160) builds without spills, 192 x 192 (an estimated 180) spills
 # 208-224 bytes.
 FP8_REGISTER_OVERHEAD = {**REGISTER_OVERHEAD, 3: 28}
+# More for an FP8 kernel of a wide O, by head dim: at d256 (O 64 x 256, 128 registers a consumer thread) ptxas (nvcc
+# 13.0, sm_90a, MHA) built the 128 x 128 tile (estimate 232) without spills in the dense kernel's 240 consumer registers
+# and spilled 32 bytes in a varlen or paged kernel's 232 (their producers keep 32-40): 8 more keeps the estimate
+# honest there, and refuses that tile where the budget is 232 (128 x 64 remains: 200).
+FP8_HEAD_DIM_OVERHEAD = {256: 8}
 SETMAXNREG_CAP = 240        # FA3's largest consumer allocation with two consumer warpgroups
 PLAIN_THREAD_REGS = 255     # no register reallocation: the compiler's per-thread limit
 
@@ -72,9 +77,12 @@ def tile_registers(params, problem: Problem) -> int:
 
 
 def register_overhead(params, problem: Problem) -> int:
-    """A consumer thread's registers besides the tiles (REGISTER_OVERHEAD; FP8_REGISTER_OVERHEAD for e4m3)."""
-    table = FP8_REGISTER_OVERHEAD if problem.dtype == "fp8" else REGISTER_OVERHEAD
-    return table.get(consumer_warpgroups(params.block_m), 32)
+    """A consumer thread's registers besides the tiles (REGISTER_OVERHEAD; FP8_REGISTER_OVERHEAD for e4m3, with
+    FP8_HEAD_DIM_OVERHEAD's more at a wide head dim)."""
+    if problem.dtype != "fp8":
+        return REGISTER_OVERHEAD.get(consumer_warpgroups(params.block_m), 32)
+    return FP8_REGISTER_OVERHEAD.get(consumer_warpgroups(params.block_m), 32) + \
+        FP8_HEAD_DIM_OVERHEAD.get(problem.d_v, 0)
 
 
 def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
@@ -199,6 +207,16 @@ def fp8_reasons(params, warp_specialized: bool) -> list[str]:
     return errors
 
 
+def fp8_cp_async_reasons(params, problem: Problem) -> list[str]:
+    """Why the cp.async producer cannot copy this FP8 kernel's K: it copies the e4m3 rows as the 16-bit rows of half
+    the columns (attn_sm90_copy.cuh cp_async_load_paged_8bit), whose copies take 32- or 64-column blocks of the 64- or
+    128-byte swizzle; a 96-byte row is three 32-byte atoms (fp8_chunk), which no 16-bit copy writes (TMA K does)."""
+    if not kv_cp_async(params) or problem.d_qk % 64 == 0:
+        return []
+    return [f"fp8 head dim {problem.d_qk}: the cp.async producer copies e4m3 K rows as 16-bit rows of 32- or "
+            "64-column swizzle blocks (head dim a multiple of 64); load K with TMA (g2s_atom SM90_TMA)"]
+
+
 # pack_gqa: a tile's rows are (token, query head) pairs of one KV head, heads fastest. Each consumer warpgroup stores
 # its 64 rows as one TMA box of (group heads x 64 / group tokens), so the group must divide 64; a kernel built with it
 # runs a call whose group does not one query head a tile (the unpacked walk: tuner/serving/launch/plan.py heads_per_tile).
@@ -236,13 +254,18 @@ PV_WAITS = ("after", *PV_WAIT_EIGHTHS)
 def head_dim_reasons(d: int, warp_specialized: bool, fp8: bool = False) -> list[str]:
     """Why a head dim cannot make the tiles of a Hopper kernel. The warp-specialised kernel's 16-bit tiles are rows of
     64-column atoms of the 128-byte swizzle, or of 32-column atoms of the 64-byte swizzle where 64 do not divide the
-    head dim (96: three 32-column TMA boxes a row, as FlashAttention-3 lays d96 out); the plain schedule and the FP8
-    kernels have the 128-byte layouts only."""
-    if fp8 or not warp_specialized:
+    head dim (96: three 32-column TMA boxes a row, as FlashAttention-3 lays d96 out); the plain schedule has the
+    128-byte layouts only; an FP8 kernel's e4m3 rows take 128-, 64- or 32-byte atoms (d96: three 32-byte atoms)."""
+    if fp8:
+        if d % 32:
+            return [f"head dim {d} must be a multiple of 32 for fp8 kernels: e4m3 rows of 128-, 64- or 32-byte swizzle "
+                    "atoms (translate/sm90/frame.py fp8_chunk), a QK^T k-block of 32 bytes"]
+        return []
+    if not warp_specialized:
         if d % 64:
-            what = "fp8 kernels" if fp8 else "the plain wgmma schedule (no warpgroup roles)"
-            return [f"head dim {d} must be a multiple of 64 for {what}: 128-byte swizzled tiles, 64-column copies "
-                    "(the warp-specialised 16-bit kernels take multiples of 32)"]
+            return [f"head dim {d} must be a multiple of 64 for the plain wgmma schedule (no warpgroup roles): "
+                    "128-byte swizzled tiles, 64-column copies (the warp-specialised 16-bit kernels take multiples "
+                    "of 32)"]
         return []
     if d % 32:
         return [f"head dim {d} must be a multiple of 32: the tiles are rows of 64-column (128-byte swizzle) or 32-column "
@@ -259,7 +282,7 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
     if problem.dtype not in profile.dtypes:
         errors.append(f"{profile.name} has no {problem.dtype} tensor cores")
     if problem.dtype == "fp8":
-        errors += fp8_reasons(params, warp_specialized)
+        errors += fp8_reasons(params, warp_specialized) + fp8_cp_async_reasons(params, problem)
     errors += v_transpose_reasons(params, problem, warp_specialized)
     if params.vt_key_order not in VT_KEY_ORDERS:
         errors.append(f"vt_key_order {params.vt_key_order!r} must be one of {', '.join(VT_KEY_ORDERS)}")

@@ -67,6 +67,27 @@ def test_fp8_paged_tma_k_kernels_pass_the_packed_fp8_gate(built_tma, spec):
     assert report.passed, report.reason
 
 
+# d96 reads K by TMA whatever the page size (the cp.async producer copies 64-byte blocks of a row), d256 by the
+# cp.async producer (128 x 64 tiles: a paged producer's registers leave d256's consumers too few for 128 keys)
+NEW_HEAD_DIM_SPECS = [KernelSpec("gqa", 96, 96, True, "fp8", layout="paged"),
+                      KernelSpec("mha", 256, 256, False, "fp8", layout="paged")]
+
+
+@pytest.fixture(scope="module")
+def built_new_head_dims():
+    return build_defaults(NEW_HEAD_DIM_SPECS)
+
+
+@pytest.mark.parametrize("spec", NEW_HEAD_DIM_SPECS, ids=lambda s: s.label())
+def test_fp8_paged_d96_and_d256_defaults_pass_the_packed_fp8_gate(built_new_head_dims, spec):
+    from tuner.measure.verify_varlen import verify_varlen
+
+    gen, kernel = _kernel(built_new_head_dims, spec)
+    assert gen.params.g2s_atom == ("SM90_TMA" if spec.d_qk == 96 else "SM80_CP_ASYNC_CACHEGLOBAL")
+    report = verify_varlen(kernel, gen.spec)
+    assert report.passed, report.reason
+
+
 @pytest.mark.parametrize("planted", ["first sequence's descales", "v_descale ignored", "k_descale ignored"])
 def test_a_kernel_given_wrong_descales_fails_the_gate(built, planted):
     """The caller plants the bug: every sequence gets the first sequence's descales (the dense kernel's batch index
@@ -107,8 +128,9 @@ def test_the_kernel_refuses_bad_descales_and_page_sizes_before_launching(built):
                      q_descale=ones, k_descale=ones, v_descale=ones)
 
 
+@pytest.mark.parametrize("d", [128, 96, 256])   # (96: the copy's last 64-column tile masked at the head dim)
 @pytest.mark.parametrize("page", [16, 64, 256])   # (a page-256 build once failed in Triton's layout pass)
-def test_the_triton_gather_of_v_t_matches_torchs(page):
+def test_the_triton_gather_of_v_t_matches_torchs(page, d):
     """The Triton copy (CUDA) writes what torch's gather (CPU) writes: each sequence's keys from its pages in table
     order, from its aligned column, zeros elsewhere (the spare pages hold e4m3 NaN bytes: none may reach V^T)."""
     from tuner.serving.launch.paged_vt import key_starts, paged_vt_keys, transposed_paged_v
@@ -116,7 +138,7 @@ def test_the_triton_gather_of_v_t_matches_torchs(page):
 
     gen = torch.Generator().manual_seed(page)
     for lens in ([0], [1], [0, 1, 127, 128, 129, 2000, 5, 64], [4097, 3]):
-        packed = torch.randint(0, 0x7E, (sum(lens), 3, 128), generator=gen, dtype=torch.uint8)
+        packed = torch.randint(0, 0x7E, (sum(lens), 3, d), generator=gen, dtype=torch.uint8)
         cache, table = spread_over_pages(packed, lens, page, gen)
         used = torch.tensor(lens, dtype=torch.int32)
         keys = paged_vt_keys(len(lens), max(max(lens), 1), 16)

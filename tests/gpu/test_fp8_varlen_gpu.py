@@ -17,7 +17,8 @@ from test_fp8_gpu import _gpu, build_defaults  # noqa: E402
 from kernel_abi.spec import KernelSpec  # noqa: E402
 
 SPECS = [KernelSpec(v, d, d, c, "fp8", layout="varlen")
-         for v, d, c in (("gqa", 128, True), ("mha", 128, False), ("mha", 64, True), ("mqa", 64, False))]
+         for v, d, c in (("gqa", 128, True), ("mha", 128, False), ("mha", 64, True), ("mqa", 64, False),
+                         ("gqa", 96, True), ("mha", 256, False))]
 
 
 @pytest.fixture(scope="module")

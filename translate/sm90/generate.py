@@ -334,17 +334,19 @@ def tensor_map_boxes(params, spec) -> dict:
     heads x rows / heads tokens, heads fastest (the call's ``pack``: tuner/serving/launch/plan.py)."""
     if spec.dtype == "fp8":   # e4m3 boxes of kChunkQK / kChunkV bytes; V transposed (b, h, d, s): keys x d_v rows
         qk = frame.fp8_chunk(spec.d_qk)
+        # O is bf16, stored as a 16-bit kernel's (store_o_tile, tma_store_rows): 32-column boxes at d96
+        o = {"rows": 64, "dim": "d_v", **({"cols": 32} if swizzle.chunk(spec.d_v) == 32 else {})}
         if frame.vt_producer(spec, params):   # V as given, in boxes as K's: the kernel transposes it (no runtime copy)
             return {"q": {"rows": params.block_m, "dim": "d_qk", "cols": qk},
                     "k": {"rows": params.block_n, "dim": "d_qk", "cols": qk},
                     "v": {"rows": params.block_n, "dim": "d_v", "cols": frame.fp8_chunk(spec.d_v)},
-                    "o": {"rows": 64, "dim": "d_v"}}
+                    "o": o}
         return {"q": {"rows": params.block_m, "dim": "d_qk", "cols": qk},
                 "k": {"rows": params.block_n, "dim": "d_qk", "cols": qk},
                 "v": {"rows": spec.d_v, "dim": "d_v", "cols": frame.fp8_chunk(params.block_n), "transposed": True,
                       **({"seq_align": frame.PACKED_VT_ALIGN} if frame.packs_vt(spec) else {}),
                       **({"key_order": params.vt_key_order} if params.vt_key_order != "natural" else {})},
-                "o": {"rows": 64, "dim": "d_v"}}
+                "o": o}
     packed = {"heads_first": True} if params.pack_gqa else {}
     # a head dim that 64 does not divide: boxes of 32 columns, 64-byte swizzle (translate/sm90/swizzle.py)
     qk = {"cols": 32} if swizzle.chunk(spec.d_qk) == 32 else {}

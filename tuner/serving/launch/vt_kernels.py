@@ -86,7 +86,11 @@ if triton is not None:
             vt_row = dst + h.to(tl.int64) * d_h
             for d0 in tl.static_range(0, D, T):
                 d = d0 + tl.arange(0, T)[None, :]
-                tile = tl.load(src + row + d, mask=valid, other=0)
+                # (d < D: the last T columns of a head dim T does not divide, 96, end at D, else the load reads the
+                # next head's row and the store writes the next head's V^T rows; a constant bound, a multiple of 32:
+                # the mask is uniform over 16-byte groups, which keep their vector moves)
+                in_d = d < D
+                tile = tl.load(src + row + d, mask=valid & in_d, other=0)
                 # the whole tile up to V^T's width: columns past ``limit`` in it are zeros, read by no kernel
                 out = vt_row + d.to(tl.int64) * d_d + c
-                tl.store(out, tile, mask=c < keys_t)
+                tl.store(out, tile, mask=(c < keys_t) & in_d)

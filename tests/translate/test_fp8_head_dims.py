@@ -1,0 +1,200 @@
+"""FP8 (e4m3) kernels at head dims 96 (Phi-3-mini) and 256 (Gemma): the defaults (FA3's FP8 tiles, hopper/tile_size.h:
+192 x 128 at d96, 128 x 128 at d256, 128 x 64 where a serving producer leaves d256's consumers 232 registers), what
+validation refuses there and why, what the generated kernels hold (d96's three 32-byte boxes a row, its bf16 O in
+32-column boxes; d256's two 128-byte boxes), and (slow) that nvcc builds the defaults for sm_90a without spills, on
+the e4m3 wgmma, without wgmma serialisation (C7510) or an ignored setmaxnreg (C7508)."""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import tl
+import translate
+from hardware_profiles import load_profile
+from kernel_abi.spec import FP8_HEAD_DIMS, KernelSpec, Problem
+from translate.defaults import hopper_params
+from translate.params import KernelParams, validate
+from translate.sm90 import frame
+
+H100 = load_profile("h100")
+NEW = (96, 256)
+LAYOUTS = ("dense", "varlen", "paged")
+# the defaults: (head dim, layout) -> (block_m, block_n); paged at pages of 128 (whole tiles: K by TMA)
+DEFAULT_TILES = {(96, "dense"): (192, 128), (96, "varlen"): (192, 128), (96, "paged"): (128, 128),
+                 (256, "dense"): (128, 128), (256, "varlen"): (128, 64), (256, "paged"): (128, 64)}
+
+
+def _spec(d, causal=True, layout="dense", variant="mha"):
+    return KernelSpec(variant, d, d, causal, "fp8", layout=layout)
+
+
+def _problem(d, causal=True):
+    return Problem(variant="mha", batch=1, heads_q=16, heads_kv=16, seqlen_q=1024, seqlen_k=1024, d_qk=d, d_v=d,
+                   causal=causal, dtype="fp8")
+
+
+def _params(spec, page_size=128, **changes):
+    page = page_size if spec.layout == "paged" else None
+    return KernelParams.from_dict({**hopper_params(H100, spec, page_size=page).to_dict(), **changes})
+
+
+def _generate(spec, page_size=128, **changes):
+    program = tl.parse_program(tl.load_sketch(spec.variant, spec.causal, "ws_overlap", spec.layout))
+    return translate.generate(program, _params(spec, page_size, **changes), H100, spec)
+
+
+def test_the_fp8_head_dims_are_64_96_128_and_256():
+    assert FP8_HEAD_DIMS == (64, 96, 128, 256)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("d", NEW)
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_defaults_are_fa3s_fp8_tiles_and_valid(d, layout, causal):
+    params = _params(_spec(d, causal, layout))
+    assert (params.block_m, params.block_n) == DEFAULT_TILES[d, layout]
+    assert params.pv_operand == "rs" and params.vt_key_order == "accumulator"
+    assert not validate(params, H100, _problem(d, causal), warp_specialized=True)
+
+
+def test_d96_loads_k_by_tma_even_from_pages_of_16():
+    """The cp.async producer copies e4m3 rows as 16-bit rows of 32- or 64-column blocks: a 96-byte row is three
+    32-byte atoms, so a d96 paged kernel reads K by TMA (boxes of 16 rows within the pages), and validation refuses
+    the cp.async producer with its reason."""
+    params = _params(_spec(96, layout="paged"), page_size=16)
+    assert params.g2s_atom == "SM90_TMA"
+    cp_async = KernelParams.from_dict({**params.to_dict(), "g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL",
+                                       "producer_regs": 56})
+    errors = validate(cp_async, H100, _problem(96), warp_specialized=True)
+    assert any("fp8 head dim 96: the cp.async producer" in e for e in errors), errors
+    d256 = _params(_spec(256, layout="paged"), page_size=16)   # 256 bytes: two 64-column 16-bit blocks
+    assert d256.g2s_atom == "SM80_CP_ASYNC_CACHEGLOBAL" and (d256.block_m, d256.block_n) == (128, 64)
+
+
+@pytest.mark.parametrize("d, change, reason", [
+    # d256's O takes 128 registers: 160 keys (S 80 + O 128 + P 20 + 24 + 8) pass the consumers' 240
+    (256, {"block_n": 160}, "a consumer thread needs about 260 registers"),
+    # a varlen/paged producer's 32 leave 232: ptxas spilled 32 bytes there at 128 x 128
+    (256, {"producer_regs": 32}, "a consumer thread needs about 240 registers"),
+    # three stages of 128 x 512 bytes of K and V^T beside Q and O: past 227 KB
+    (256, {"kv_stages": 3}, "exceeds the 227 KB"),
+    # three consumer warpgroups of d96 at 160 keys: S 80 + O 48 + P 20 + 28 past their 160
+    (96, {"block_n": 160}, "a consumer thread needs about 176 registers"),
+    (96, {"block_n": 176}, "fp8 block_n 176 must be one of"),
+])
+def test_tiles_that_do_not_fit_are_refused_with_the_reason(d, change, reason):
+    params = KernelParams.from_dict({**_params(_spec(d)).to_dict(), **change})
+    errors = validate(params, H100, _problem(d), warp_specialized=True)
+    assert any(reason in e for e in errors), errors
+
+
+def test_head_dims_that_are_not_rows_of_32_byte_atoms_are_refused():
+    from translate.params_sm90 import head_dim_reasons
+
+    assert head_dim_reasons(96, True, fp8=True) == [] and head_dim_reasons(256, True, fp8=True) == []
+    assert "must be a multiple of 32 for fp8 kernels" in head_dim_reasons(80, True, fp8=True)[0]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_d96_kernel_reads_rows_in_three_32_byte_boxes_and_stores_o_in_32_column_boxes(layout):
+    gen = _generate(_spec(96, layout=layout))
+    maps, body = gen.tensor_maps, gen.body
+    assert maps["q"]["cols"] == maps["k"]["cols"] == 32    # e4m3: 32 bytes, the 32-byte swizzle
+    assert maps["o"]["cols"] == 32                         # bf16: 32 columns, the 64-byte swizzle (16-bit d96's)
+    assert maps["v"]["rows"] == 96 and maps["v"]["transposed"]
+    assert "constexpr int kChunkQK = 32;" in body and "constexpr int kMaxChains = 2;" in body
+    # the dense kernel stores O by TMA in three boxes a row; a packed one row by row from the 64-byte swizzled tile
+    # (store_rows_predicated picks the 64-byte path where 64 do not divide the head dim), as the 16-bit d96 kernels
+    store = ("attn_sm90::tma_store_rows<kHeadDimV / 32, kBlockM, 32>" if layout == "dense" else
+             "attn_sm90::store_rows_predicated<kHeadDimV, kBlockM>")
+    assert store in body
+    assert "cp_async" not in body
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_d256_kernel_reads_rows_in_two_128_byte_boxes(layout):
+    gen = _generate(_spec(256, layout=layout))
+    maps, body = gen.tensor_maps, gen.body
+    assert maps["q"]["cols"] == maps["k"]["cols"] == 128 and "cols" not in maps["o"]   # bf16 O: 64-column boxes
+    assert maps["v"]["rows"] == 256 and maps["v"]["cols"] == gen.params.block_n
+    assert "constexpr int kChunkQK = 128;" in body and "constexpr int kMaxChains = 1;" in body
+    assert gen.smem_bytes <= H100.smem_per_block_bytes
+
+
+def test_the_max_chains_table_covers_every_fp8_head_dim():
+    assert set(frame.FP8_MAX_CHAINS) == set(FP8_HEAD_DIMS)
+
+
+@pytest.mark.parametrize("variant", ["mha", "gqa", "mqa"])
+@pytest.mark.parametrize("d", NEW)
+def test_the_search_spaces_have_fp8_tables_at_the_new_head_dims(variant, d):
+    from search_spaces import load_space
+    from translate.params_sm90 import FP8_BLOCK_N
+
+    domains = load_space(variant).domains(H100, d, "fp8")
+    assert domains["rescale_threshold"] == (0, 2, 4)
+    # d96: every FP8 block N (validation keeps what fits); d256: O leaves no registers for 160 keys or more
+    assert domains["hopper_block_n"] == (FP8_BLOCK_N if d == 96 else (64, 128))
+
+
+@pytest.mark.parametrize("d", NEW)
+def test_an_fp8_campaign_at_the_new_head_dims_has_feasible_points_with_the_default_tile(d):
+    from kernel_abi.spec import grid_problems
+    from search_spaces import load_space
+    from search_spaces.feasible import default_sketches, feasible_space
+
+    space = load_space("mha")
+    fs = feasible_space(space, H100, d, "fp8", grid_problems("mha", d, "fp8", True),
+                        default_sketches(space, H100, d, "fp8"))
+    tiles = {(p.params.block_m, p.params.block_n) for p in fs.points}
+    assert DEFAULT_TILES[d, "dense"] in tiles
+    assert all(n <= 128 for _, n in tiles) if d == 256 else (128, 256) in tiles
+
+
+# -- nvcc (slow) ----------------------------------------------------------------------------------------------------
+
+
+def _compiled(gens):
+    from translate import nvcc
+
+    try:
+        nvcc.find_nvcc()
+        nvcc.cutlass_include_dir()
+    except nvcc.ToolNotFound as exc:
+        pytest.skip(str(exc))
+    results = nvcc.compile_kernels(gens, "sm_90a", jobs=2, batch_size=1, timeout=900)
+    for result in results:
+        assert result.ok, result.log[-3000:]
+    return results
+
+
+def _counts(result, name):
+    from translate.sass import find_cuobjdump, sass_summary
+
+    try:
+        find_cuobjdump()
+    except Exception as exc:   # noqa: BLE001 (the tool's own not-found error)
+        pytest.skip(str(exc))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(result.cubin)
+        return sass_summary(path, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d", NEW)
+def test_the_defaults_build_without_spills_on_the_e4m3_wgmma(d):
+    """Dense non-causal and causal, varlen causal, paged at pages of 16 (d96: K by TMA in page boxes; d256: K by the
+    cp.async producer): no local memory, QGMMA and no HGMMA, ptxas neither serialises the wgmma (C7510) nor ignores
+    setmaxnreg (C7508)."""
+    specs = [(_spec(d, False), 128), (_spec(d, True), 128), (_spec(d, True, "varlen"), 128),
+             (_spec(d, False, "paged"), 16)]
+    gens = [_generate(spec, page) for spec, page in specs]
+    for gen, result in zip(gens, _compiled(gens)):
+        assert result.spill_stores == 0 and result.spill_loads == 0, (gen.name, result.resources())
+        assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]
+        counts = _counts(result, gen.name)
+        assert counts["QGMMA"] > 0 and counts.get("HGMMA", 0) == 0, counts
+        assert counts.get("LDL", 0) == 0 and counts.get("STL", 0) == 0, counts
