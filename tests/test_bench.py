@@ -254,6 +254,8 @@ def test_each_fp8_row_gets_the_bf16_twin_of_its_own_bucket(monkeypatch):
     monkeypatch.setattr(bench_cmd, "bench_rows", fake_rows)
     problems = [Problem("mha", 1, 16, 16, s, s, 128, 128, False, "fp8") for s in (512, 16384)]
     rows = [{"ours": 600.0}, {"ours": 800.0}]
-    bench_cmd.add_bf16_twins(rows, {(512, 1024): "short", None: "all"}, problems)
+    printed = []
+    bench_cmd.add_bf16_twins(rows, {(512, 1024): "short", None: "all"}, problems, on_row=printed.append)
     assert timed == [("short", 512, "bf16"), ("all", 16384, "bf16")]
     assert [r["ours/ours_bf16"] for r in rows] == [1.2, 2.0]
+    assert printed == rows    # each row's log line once its twin is timed

@@ -254,7 +254,9 @@ def run_bench(gpu: str, variant: Optional[str], params: Optional[str], sketch: O
         if bf16_built.get(b.spec.causal):
             if b.spec.causal not in bf16_loaded:   # (verified once, whatever the FP8 kernels' bucket groups)
                 bf16_loaded[b.spec.causal] = load_bf16_twins(bf16_built[b.spec.causal], console)
-            add_bf16_twins(rows, bf16_loaded[b.spec.causal], problems)
+            add_bf16_twins(rows, bf16_loaded[b.spec.causal], problems, on_row=lambda r: console.print(
+                f"  s={r['seqlen']:>5} causal={r['causal']!s:5} ours_bf16={r.get('ours_bf16')} "
+                f"ours/ours_bf16={r.get('ours/ours_bf16')}", markup=False, highlight=False, soft_wrap=True))
         all_rows += rows
     console.print(results_table(all_rows, f"{variant} on {device_name} ({profile.name}), TFLOPS"))
 
@@ -283,9 +285,10 @@ def load_bf16_twins(twins: list, console: Console) -> dict:
     return loaded
 
 
-def add_bf16_twins(rows: list[dict], loaded: dict, problems) -> None:
+def add_bf16_twins(rows: list[dict], loaded: dict, problems, on_row=None) -> None:
     """Our bf16 default of the same spec (its bucket's, where the profile's table has one; ``loaded``:
-    load_bf16_twins) timed on each FP8 row's problem in bf16: ``ours_bf16`` and ``ours/ours_bf16`` in the rows."""
+    load_bf16_twins) timed on each FP8 row's problem in bf16: ``ours_bf16`` and ``ours/ours_bf16`` in the rows;
+    ``on_row(row)`` after each (the log line: a narrow terminal truncates the table's columns)."""
     import dataclasses
 
     for row, problem in zip(rows, problems):
@@ -296,6 +299,8 @@ def add_bf16_twins(rows: list[dict], loaded: dict, problems) -> None:
         row["ours_bf16"] = other.get("ours")
         if row.get("ours") and other.get("ours"):
             row["ours/ours_bf16"] = round(row["ours"] / other["ours"], 3)
+        if on_row is not None:
+            on_row(row)
 
 
 def write_record(path: Path, record: dict) -> Optional[str]:
