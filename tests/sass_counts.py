@@ -1,9 +1,26 @@
-"""How many of each opcode a compiled kernel's SASS holds, for the tests that read a kernel's instructions."""
+"""Compiled kernels for the tests that read their instructions: the build (skipped without nvcc or CUTLASS), and how
+many of each opcode a kernel's SASS holds."""
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
+
+
+def compiled_or_skip(gens, arch: str = "sm_90a", timeout: float = 900) -> list:
+    """nvcc's results for ``gens`` (two jobs, one kernel a translation unit), each asserted built; the test is skipped
+    without nvcc or the CUTLASS headers."""
+    from translate import nvcc
+
+    try:
+        nvcc.find_nvcc()
+        nvcc.cutlass_include_dir()
+    except nvcc.ToolNotFound as exc:
+        pytest.skip(str(exc))
+    results = nvcc.compile_kernels(gens, arch, jobs=2, batch_size=1, timeout=timeout)
+    for result in results:
+        assert result.ok, result.log[-3000:]
+    return results
 
 
 def sass_counts(name: str, cubin: bytes) -> Counter:
@@ -23,3 +40,18 @@ def sass_counts(name: str, cubin: bytes) -> Counter:
         opcode = words[1] if words[0].startswith("@") else words[0]
         counts[opcode.split(".")[0].rstrip(";")] += 1
     return counts
+
+
+def sass_summary_of(result, name: str) -> dict:
+    """translate.sass.sass_summary of function ``name`` in a compile result's cubin (tensor-core MMAs, LDSM, LDGSTS,
+    MUFU.EX2, the total); the test is skipped without cuobjdump."""
+    from translate.sass import find_cuobjdump, sass_summary
+
+    try:
+        find_cuobjdump()
+    except Exception as exc:   # noqa: BLE001 (the tool's own not-found error)
+        pytest.skip(str(exc))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(result.cubin)
+        return sass_summary(path, name)

@@ -5,10 +5,8 @@ validation refuses there and why, what the generated kernels hold (d96's three 3
 the e4m3 wgmma, without wgmma serialisation (C7510) or an ignored setmaxnreg (C7508)."""
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import pytest
+from sass_counts import compiled_or_skip, sass_summary_of
 
 import tl
 import translate
@@ -156,33 +154,6 @@ def test_an_fp8_campaign_at_the_new_head_dims_has_feasible_points_with_the_defau
 # -- nvcc (slow) ----------------------------------------------------------------------------------------------------
 
 
-def _compiled(gens):
-    from translate import nvcc
-
-    try:
-        nvcc.find_nvcc()
-        nvcc.cutlass_include_dir()
-    except nvcc.ToolNotFound as exc:
-        pytest.skip(str(exc))
-    results = nvcc.compile_kernels(gens, "sm_90a", jobs=2, batch_size=1, timeout=900)
-    for result in results:
-        assert result.ok, result.log[-3000:]
-    return results
-
-
-def _counts(result, name):
-    from translate.sass import find_cuobjdump, sass_summary
-
-    try:
-        find_cuobjdump()
-    except Exception as exc:   # noqa: BLE001 (the tool's own not-found error)
-        pytest.skip(str(exc))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(result.cubin)
-        return sass_summary(path, name)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("d", NEW)
 def test_the_defaults_build_without_spills_on_the_e4m3_wgmma(d):
@@ -192,9 +163,9 @@ def test_the_defaults_build_without_spills_on_the_e4m3_wgmma(d):
     specs = [(_spec(d, False), 128), (_spec(d, True), 128), (_spec(d, True, "varlen"), 128),
              (_spec(d, False, "paged"), 16)]
     gens = [_generate(spec, page) for spec, page in specs]
-    for gen, result in zip(gens, _compiled(gens)):
+    for gen, result in zip(gens, compiled_or_skip(gens)):
         assert result.spill_stores == 0 and result.spill_loads == 0, (gen.name, result.resources())
         assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]
-        counts = _counts(result, gen.name)
+        counts = sass_summary_of(result, gen.name)
         assert counts["QGMMA"] > 0 and counts.get("HGMMA", 0) == 0, counts
         assert counts.get("LDL", 0) == 0 and counts.get("STL", 0) == 0, counts

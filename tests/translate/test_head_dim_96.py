@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sass_counts import compiled_or_skip, sass_summary_of
 
 import translate
 from hardware_profiles import load_profile
@@ -219,33 +220,10 @@ def test_the_search_space_at_96_has_feasible_points_and_seeds(gpu, dtype):
 
 
 def _compiled(gen, profile):
-    from translate import nvcc
-
-    try:
-        nvcc.find_nvcc()
-        nvcc.cutlass_include_dir()
-    except nvcc.ToolNotFound as exc:
-        pytest.skip(str(exc))
-    result = nvcc.compile_kernel(gen, profile.nvcc_arch, timeout=600)
-    assert result.ok, result.log[-3000:]
+    (result,) = compiled_or_skip([gen], profile.nvcc_arch, timeout=600)
     # ptxas says when it serialises wgmma (C7510) or ignores setmaxnreg (C7508)
     assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]
     return result
-
-
-def _counts(result, name):
-    import tempfile
-
-    from translate.sass import find_cuobjdump, sass_summary
-
-    try:
-        find_cuobjdump()
-    except Exception as exc:   # noqa: BLE001 (the tool's own not-found error)
-        pytest.skip(str(exc))
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(result.cubin)
-        return sass_summary(path, name)
 
 
 @pytest.mark.slow
@@ -255,7 +233,7 @@ def test_the_d96_default_builds_without_spills_on_wgmma_and_three_boxes_a_row():
     gen = _generate(H100, MHA96)
     result = _compiled(gen, H100)
     assert result.spill_stores == 0 and result.spill_loads == 0
-    counts = _counts(result, gen.name)
+    counts = sass_summary_of(result, gen.name)
     assert counts["HGMMA"] == 28 and counts["UTMALDG"] == 9 and counts["UTMASTG"] == 3, counts
     assert counts.get("LDL", 0) == 0 and counts.get("STL", 0) == 0, counts
 
@@ -269,7 +247,7 @@ def test_the_d96_cp_async_producer_copies_32_column_blocks():
     assert gen.params.g2s_atom == "SM80_CP_ASYNC_CACHEGLOBAL"
     result = _compiled(gen, H100)
     assert result.spill_stores <= 32, result.spill_stores
-    counts = _counts(result, gen.name)
+    counts = sass_summary_of(result, gen.name)
     # 128-row tiles: 4 row groups a warp x 3 blocks, K and V, twice (full tiles and a sequence's last)
     assert counts["HGMMA"] == 28 and counts["UTMALDG"] == 3 and 48 <= counts["LDGSTS"] <= 96, counts
 
