@@ -90,7 +90,7 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
     if problem.dtype == "fp8":   # 1-byte Q, K, V and a bf16 output tile (translate/sm90/generate.py smem_bytes_ws)
         q = params.block_m * (problem.d_qk + 2 * problem.d_v)
         return q + params.kv_stages * params.block_n * (problem.d_qk + problem.d_v) + barriers + \
-            vt_staging_bytes(params, problem)
+            vt_staging_bytes(params, problem.d_v)
     q = params.block_m * max(problem.d_qk, problem.d_v)
     kv = params.kv_stages * params.block_n * (problem.d_qk + problem.d_v)
     p = params.block_m * params.block_n if params.pv_operand == "ss" else 0
@@ -139,12 +139,13 @@ def vt_producer_regs(params) -> int:
     return VT_PRODUCER_REGS_BY_WGS.get(consumer_warpgroups(params.block_m), VT_PRODUCER_REGS)
 
 
-def vt_staging_bytes(params, problem: Problem) -> int:
+def vt_staging_bytes(params, d_v: int, stages: int | None = None) -> int:
     """Shared memory the in-kernel transpose adds: a staging V tile (block N x d_v bytes, as TMA loads it) beside
-    each V^T stage, and a full/empty mbarrier pair per staging slot."""
+    each V^T stage (``stages``, else the parameters' kv_stages), and a full/empty mbarrier pair per staging slot."""
     if getattr(params, "v_transpose", "runtime") != "producer":
         return 0
-    return params.kv_stages * (params.block_n * problem.d_v + 16) + 8   # (+ the tile's V tile count and keys)
+    stages = params.kv_stages if stages is None else stages
+    return stages * (params.block_n * d_v + 16) + 8   # (+ the tile's V tile count and keys)
 
 
 def v_transpose_reasons(params, problem: Problem, warp_specialized: bool) -> list[str]:
@@ -370,7 +371,7 @@ def validate_sm90(params, profile: Profile, problem: Problem, warp_specialized: 
         errors.append(f"shared memory {smem // 1024} KB (Q {params.block_m}x{max(problem.d_qk, problem.d_v)} + "
                       f"{params.kv_stages} stage(s) of K/V {params.block_n}x({problem.d_qk}+{problem.d_v})"
                       f"{' + P' if params.pv_operand == 'ss' else ''}"
-                      f"{' + V staging for the in-kernel transpose' if vt_staging_bytes(params, problem) else ''}) "
+                      f"{' + V staging for the in-kernel transpose' if vt_staging_bytes(params, problem.d_v) else ''}) "
                       f"exceeds the {profile.smem_per_block_kb} KB "
                       f"per-block limit of {profile.name}")
     return errors

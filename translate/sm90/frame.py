@@ -155,9 +155,9 @@ def _shape_constants(spec, params, stages: int) -> list[str]:
         f"constexpr bool kCausal = {'true' if spec.causal else 'false'};",
         f"[[maybe_unused]] constexpr float kLog2e = {math.log2(math.e)!r}f;",
         f"constexpr int kProducerRegs = {params.producer_regs};",
-        *([f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  // per K/V stage: every producer thread "
-           "(cp.async)" if not is_fp8(spec) else f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  "
-           "// per K stage: every producer thread (cp.async; V^T by TMA)"] if kv_cp_async(params) else []),
+        *([f"constexpr int kKVFullArrivals = {CP_ASYNC_PRODUCER_THREADS};  // per "
+           + ("K stage: every producer thread (cp.async; V^T by TMA)" if is_fp8(spec)
+              else "K/V stage: every producer thread (cp.async)")] if kv_cp_async(params) else []),
         f"constexpr int kConsumerRegs = {consumer_registers(params)};",
     ]
 

@@ -15,7 +15,7 @@ from kernel_abi.spec import fp8_layout_errors
 from tl.ast import Program
 from translate.kernel import GeneratedKernel, TranslationError, sketch_hash
 from tl.vtranspose import v_transpose_of, with_v_transpose
-from translate.params_sm90 import kv_cp_async, v_transpose_sketch_reasons
+from translate.params_sm90 import kv_cp_async, v_transpose_sketch_reasons, vt_staging_bytes
 from translate.sm90 import emit as em
 from translate.sm90 import frame, swizzle
 from translate.sm90 import tiles
@@ -316,7 +316,7 @@ def smem_bytes_ws(params, spec, stages: int, separate_o: bool, ordered: bool = F
     info = 32 if spec.layout != "dense" else 0   # a varlen tile's lengths (attn_sm90::VarlenTile), 8-byte aligned
     order = ORDER_BYTES if ordered else 0
     if spec.dtype == "fp8":   # bytes: Q, O (bf16), K and V stages, no P tile (+ the in-kernel transpose's staging)
-        staging = stages * (params.block_n * spec.d_v + 16) + 8 if frame.vt_producer(spec, params) else 0
+        staging = vt_staging_bytes(params, spec.d_v, stages)
         return params.block_m * (spec.d_qk + 2 * spec.d_v) + stages * params.block_n * (spec.d_qk + spec.d_v) + \
             (2 + 4 * stages) * 8 + 16 + info + order + staging
     q = params.block_m * max(spec.d_qk, spec.d_v)
