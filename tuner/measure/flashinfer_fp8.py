@@ -15,6 +15,7 @@ from typing import Callable
 
 from kernel_abi.spec import Problem
 from tuner.measure.fa4 import NOT_INSTALLED
+from tuner.measure.timer import first_line
 
 NAME = "flashinfer_fp8"
 
@@ -25,8 +26,7 @@ def library_status() -> dict:
     try:
         import flashinfer
     except Exception as exc:  # noqa: BLE001 - missing, or a broken install that fails at import
-        text = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        return {"installed": False, "reason": f"{type(exc).__name__}: {text}"}
+        return {"installed": False, "reason": f"{type(exc).__name__}: {first_line(exc)}"}
     return {"installed": True, "version": getattr(flashinfer, "__version__", None)}
 
 
