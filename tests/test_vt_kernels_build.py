@@ -1,8 +1,8 @@
 """The Triton V^T copies build for sm_90 with the Triton installed here (no GPU needed: compiled to PTX for a stated
 target), at binary-search depths 1 to 4 (batches of 1 to 16), both key orders and every FP8 head dim (96: the last
 64-column tile masked at the head dim), and move 16 bytes an instruction.
-Triton 3.6's layout pass failed on an earlier paged copy at some depths and orders (seen on an H200: every paged FP8
-call raised), where Triton 3.5 built it.
+Why here: Triton 3.6's layout pass fails on some forms of the paged copy that 3.5 builds (its columns as a (T,) vector
+at some depths and orders), and a copy that does not build makes every paged FP8 call raise.
 Marked slow (each build takes seconds); skipped where Triton is absent (CPU torch wheels do not bring it)."""
 import re
 

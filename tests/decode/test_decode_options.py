@@ -176,7 +176,7 @@ def test_a_campaign_trial_cross_checks_the_options_of_its_problem(layout):
 ])
 def test_the_splits_divide_the_keys_a_window_shows(window, causal, capacity, want):
     """DecodeKernel.visible_keys: what the call's split plan and `tune bench --phase decode`'s splits column divide
-    (the bench once showed the capacity's splits, 64 for a 128-key window at 32k keys)."""
+    (a 128-key window over 32k keys: 192 keys to divide, not 32k)."""
     from types import SimpleNamespace
 
     from tuner.serving.launch.decode_kernel import DecodeKernel

@@ -3,8 +3,8 @@
 
 Why: compiled in one process, a model of ours ran at 11.3 ms (gpt-oss-shaped) and 16.3 ms (Gemma-2-shaped) right
 after its compile and at 17.3 / 22.9 ms once transformers' eager and flex-attention models had been compiled in the
-same process, its profile then in ATen's eager kernels around the attention (BENCHMARKS.md 2026-11-28 later and
-2026-11-29 third session): the one-process ratio measures that interaction, not the models. Reproduced on the CPU
+same process, its profile then in ATen's eager kernels around the attention (BENCHMARKS.md, the gpt-oss- and
+Gemma-2-shaped models): the one-process ratio measures that interaction, not the models. Reproduced on the CPU
 (a tiny Gemma-2, stand-in kernels): the three models share transformers' decorator frame (utils/generic.py
 ``wrapper``), whose Dynamo cache then holds an entry per model; the flex-attention model's, compiled last and checked
 first, graph-breaks early with guards that our model's calls pass too, so ours runs that entry and resumes in frames
