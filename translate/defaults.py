@@ -60,11 +60,11 @@ CP_ASYNC_PRODUCER_REGS = 56
 # An FP8 paged kernel's K comes by the cp.async producer (translate/params_sm90.py: the e4m3 rows as 16-bit rows of half
 # the columns, V^T still by TMA) at the registers the 16-bit one needs (CP_ASYNC_PRODUCER_REGS), except where its pages
 # are whole K tiles (a known page size, a multiple of block N), where TMA boxes read them. H200, llama3-8b heads, GQA
-# d128 causal, 128 x 128 (BENCHMARKS.md, FP8 paged K: cp.async against TMA): pages of 16, 8 x 2k keys, the kernel alone 478 us
-# with cp.async K against 636 with TMA K's 16-key boxes (x1.33; the call with the V^T gather x1.31) and 490 for the
-# bf16 paged default (x1.025); with TMA K the FP8 paged bench ran 0.80-0.81x our bf16 on all four mixes at pages of 16.
-# Pages of 128 with TMA K: 1.20-1.30x our bf16 on three mixes, 0.995x on 64 random 1-512. An FP8 paged campaign searches
-# both (hopper_kv_copy) and seeds the other copy beside the default (fp8_paged_other_k_copy).
+# d128 causal, 128 x 128 (BENCHMARKS.md, FP8 paged K: cp.async against TMA): pages of 16, 8 x 2k keys, the kernel
+# alone 478 us with cp.async K against 636 with TMA K's 16-key boxes (x1.33; the call with the V^T gather x1.31) and
+# 490 for the bf16 paged default (x1.025); with TMA K the FP8 paged bench ran 0.80-0.81x our bf16 on all four mixes at
+# pages of 16. Pages of 128 with TMA K: 1.20-1.30x our bf16 on three mixes, 0.995x on 64 random 1-512. An FP8 paged
+# campaign searches both (hopper_kv_copy) and seeds the other copy beside the default (fp8_paged_other_k_copy).
 
 
 # Ping-pong (revision 2: each consumer warpgroup waits for its K tile before its turn) by (layout, head dim), for the

@@ -104,8 +104,9 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
 # so an FP8 kernel with a threshold offsets P by 8 - threshold (translate/sm90/frame.py fp8_max_offset): P still peaks
 # at 2^8. Thresholds up to 4 only: a settled row's P then tops out at 2^(8 - threshold), and past 4 its small P fall
 # into e4m3's subnormals (below 2^-6) where FA3's offset keeps P down to 2^-14 of the max normal. Not yet timed: at
-# threshold 0 the warp vote that skips the output's multiply alone cost the d128 kernel 3-5% (BENCHMARKS.md, FP8
-# dense prefill, "tried, not kept": the branch splits the block where ptxas interleaves the FMULs with the MUFU stream), so the search decides.
+# threshold 0 the warp vote that skips the output's multiply alone cost the d128 kernel 3-5% (BENCHMARKS.md, FP8 dense
+# prefill, "tried, not kept": the branch splits the block where ptxas interleaves the FMULs with the MUFU stream), so
+# the search decides.
 FP8_RESCALE_THRESHOLDS = (0, 2, 4)
 # Block N of an FP8 kernel: multiples of 64 among CuTe's base wgmma N, and FA3's FP8 tiles (hopper/tile_size.h: 224 at
 # head dim 128, 160 at 64), whose QK^T wgmma translate/sm90/wgmma_ops.py declares and whose V^T rows take 32-byte boxes.

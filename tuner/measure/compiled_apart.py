@@ -8,10 +8,11 @@ Gemma-2-shaped models): the one-process ratio measures that interaction, not the
 (a tiny Gemma-2, stand-in kernels): the three models share transformers' decorator frame (utils/generic.py
 ``wrapper``), whose Dynamo cache then holds an entry per model; the flex-attention model's, compiled last and checked
 first, graph-breaks early with guards that our model's calls pass too, so ours runs that entry and resumes in frames
-compiled for flex's path (RMSNorm, rotary and the logit cap in ATen's eager ops) instead of its own full graph. Here each implementation's
-model is built from the same seed, compiled and warmed in its own worker process on the same GPU; the parent then
-asks the workers in turn for a round of forwards (the order flipped every round), so the rounds of ours and of a
-baseline alternate in time as the one-process paired rounds do, and no process holds another's compiled code.
+compiled for flex's path (RMSNorm, rotary and the logit cap in ATen's eager ops) instead of its own full graph.
+Here each implementation's model is built from the same seed, compiled and warmed in its own worker process on the
+same GPU; the parent then asks the workers in turn for a round of forwards (the order flipped every round), so the
+rounds of ours and of a baseline alternate in time as the one-process paired rounds do, and no process holds
+another's compiled code.
 
 ``paired_rounds`` is the pairing, given any round-timing callables (a test drives it without a GPU; the caller judges
 the rounds);
