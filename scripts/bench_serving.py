@@ -20,7 +20,7 @@
         [--variants '{"pingpong": {"pingpong": true}}']
     python3 scripts/bench_serving.py --gpu h100 --family gpt-oss|gemma2 --out $OUT/family.json   # options: its
         # window, sink or soft-cap kernels exported, the model against transformers' eager and flex attention,
-        # compiled also with each model in a process of its own (tuner/measure/compiled_apart.py)
+        # eager in one process, compiled with each model in a process of its own (tuner/measure/compiled_apart.py)
 
 Prints a table last; writes every number to --out.
 """
@@ -531,8 +531,8 @@ OPTION_FAMILIES = {
 
 def bench_option_model(attn, family: str, layers: int, rounds: int = 41, export_dir: str | None = None) -> dict:
     """A model of ``family`` on our kernels against transformers' other implementations of its attention:
-    logits, calls on the kernel path, then eager and compiled forwards in paired rounds (``compare``); with
-    ``export_dir``, the compiled models again, each in a process of its own (tuner/measure/compiled_apart.py)."""
+    logits, calls on the kernel path, then eager forwards in paired rounds (``compare``); with ``export_dir``, the
+    compiled models, each in a process of its own (tuner/measure/compiled_apart.py)."""
     import torch
 
     from tuner.measure.compiled_apart import compiled_apart, family_model
@@ -562,40 +562,21 @@ def bench_option_model(attn, family: str, layers: int, rounds: int = 41, export_
         row["max_abs_logit_diff"]["between_baselines"] = max(
             ((a - b).abs().max().item() for a in logits.values() for b in logits.values() if a is not b), default=0.0)
         del logits, got
-        for mode in ("eager", "compiled"):
-            calls = {}
-            for name, model in models.items():
-                fn = torch.compile(model, fullgraph=name == "ours") if mode == "compiled" else model
-                try:
-                    with torch.no_grad():
-                        fn(ids)
-                    calls["ours/default" if name == "ours" else f"{name}/default"] = lambda fn=fn: fn(ids)
-                    # each alone, right after its compile: once the other models are compiled in this process, ours
-                    # runs its MoE eagerly (BENCHMARKS.md, 2026-11-28 later): the paired compiled ratio is not the models'
-                    if mode == "compiled":
-                        with torch.no_grad():
-                            row.setdefault("alone_ms", {})[name] = statistics.median(_forward_ms(lambda: fn(ids))
-                                                                                      for _ in range(5))
-                except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
-                    row["errors"][f"{mode} {name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
-            row[mode] = compare(calls, "ours/default", rounds)
-            if mode == "compiled":
+        # eager in this process; compiled, each model in a process of its own (compiled_apart below): compiled in
+        # one process, ours ran transformers' flex-attention model's Dynamo entry (tuner/measure/compiled_apart.py)
+        calls = {}
+        for name, model in models.items():
+            try:
                 with torch.no_grad():
-                    row["after_ms"] = {k: statistics.median(_forward_ms(c) for _ in range(5)) for k, c in calls.items()}
-                print(f"compiled alone {row['alone_ms']}, after the comparison {row['after_ms']}", flush=True)
-            if mode == "compiled" and (b, s) == MODEL_SHAPES[0]:
-                row["compiled_kernels"] = {key: kernel_breakdown(calls[key])
-                                           for key in ("ours/default", row[mode]["best_sdpa"])}
-            if mode == "compiled":
-                # what Dynamo did in this process (recompiles and their reasons, graph breaks, frames run eagerly)
-                from torch._dynamo.utils import counters
-                row["dynamo_counters"] = {k: {str(n): c for n, c in counters[k].items()}
-                                          for k in ("stats", "recompiles", "unimplemented", "graph_break") if k in counters}
-            calls = None
-            torch._dynamo.reset()
+                    model(ids)
+                calls["ours/default" if name == "ours" else f"{name}/default"] = lambda model=model: model(ids)
+            except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is reported, not fatal
+                row["errors"][f"eager {name}"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        row["eager"] = compare(calls, "ours/default", rounds)
+        calls = None
         row["reasons_after"] = dict(attn.reasons)
         result["shapes"].append(row)
-        print(f"{family} {row['shape']}: eager {row['eager']['ms']} compiled {row['compiled']['ms']}", flush=True)
+        print(f"{family} {row['shape']}: eager {row['eager']['ms']}", flush=True)
     if export_dir is not None:
         models = first = state = None
         torch.cuda.empty_cache()
@@ -660,17 +641,12 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=1))
         print(f"\n{result['device']}, torch {result['torch']}: {args.family}, {args.layers} layers")
         for r in result["model"]["shapes"]:
-            for mode in ("eager", "compiled"):
-                m = r[mode]
-                print(f"{r['shape']} {mode}: ours {m['ms']['ours/default']:.2f} ms, best other {m['best_sdpa']} "
-                      f"{m['ms'][m['best_sdpa']]:.2f} ms: {m['ratio']:.3f}x, 95% [{m['ratio_low']:.3f}, "
-                      f"{m['ratio_high']:.3f}] of {m['rounds']} paired rounds (min-max {m['ratio_min']:.3f}-"
-                      f"{m['ratio_max']:.3f}); picks {', '.join(f'{k} {v:.2f}' for k, v in m['pick_ms'].items())}")
+            m = r["eager"]
+            print(f"{r['shape']} eager: ours {m['ms']['ours/default']:.2f} ms, best other {m['best_sdpa']} "
+                  f"{m['ms'][m['best_sdpa']]:.2f} ms: {m['ratio']:.3f}x, 95% [{m['ratio_low']:.3f}, "
+                  f"{m['ratio_high']:.3f}] of {m['rounds']} paired rounds (min-max {m['ratio_min']:.3f}-"
+                  f"{m['ratio_max']:.3f}); picks {', '.join(f'{k} {v:.2f}' for k, v in m['pick_ms'].items())}")
             print(f"{r['shape']}: calls {r['calls']}, max |logit diff| {r['max_abs_logit_diff']}, errors {r['errors']}")
-            for key, kernels in r.get("compiled_kernels", {}).items():
-                print(f"  compiled {key}: host {kernels['host_ms']} ms, GPU idle {kernels['gpu_idle_us']} us, "
-                      f"by kind {kernels['by_kind_us']}; " + "; ".join(f"{n[:40]} {t:.0f}x{c:g}"
-                                                                        for n, t, c in kernels["top"][:6]))
         apart = result["model"].get("compiled_apart", {})
         if apart.get("errors"):
             print(f"compiled apart: errors {apart['errors']}")

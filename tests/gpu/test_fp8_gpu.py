@@ -64,7 +64,7 @@ def test_fp8_defaults_pass_the_fp8_gate(built, spec):
     assert report.passed, report.reason
 
 
-@pytest.mark.parametrize("threshold", [2, 4])
+@pytest.mark.parametrize("threshold", [2])
 def test_kernels_with_the_conditional_rescale_pass_the_fp8_gate(threshold):
     """A rescale threshold t lets a row's P run 2^t past its running max, so P is offset by 8 - t
     (translate/sm90/frame.py fp8_max_offset): held to the same gate as the defaults (the emulation's offset 8)."""
