@@ -104,9 +104,10 @@ def smem_bytes(params, problem: Problem, warp_specialized: bool) -> int:
 # so an FP8 kernel with a threshold offsets P by 8 - threshold (translate/sm90/frame.py fp8_max_offset): P still peaks
 # at 2^8, but a settled row's P tops out at 2^(8 - threshold), so its small P reach e4m3's subnormals (below 2^-6)
 # sooner. Thresholds 0 and 2 only: at 4 the d128 kernel failed the FP8 gate on an H200 (max error 3.96 against the
-# bound 3.7 at 1k keys, 4.3 against 3.95 at 2.5k; BENCHMARKS.md, FP8 dense prefill, "the conditional rescale"), 2 passed.
-# The warp vote that skips the output's multiply cost the d128 kernel 3-5% at threshold 0 (same section, "tried, not
-# kept": the branch splits the block where ptxas interleaves the FMULs with the MUFU stream), so the search decides.
+# bound 3.7), 2 passed and timed x0.95-1.00 against 0 at d128 and d64, 2k-16k (BENCHMARKS.md, "FP8 kernels with the
+# conditional rescale"), as the warp vote that skips the output's multiply alone cost 3-5% at threshold 0 (same file,
+# FP8 dense prefill, "tried, not kept": the branch splits the block where ptxas interleaves the FMULs with the MUFU
+# stream). 0 is the default; the search decides.
 FP8_RESCALE_THRESHOLDS = (0, 2)
 # Block N of an FP8 kernel: multiples of 64 among CuTe's base wgmma N, and FA3's FP8 tiles (hopper/tile_size.h: 224 at
 # head dim 128, 160 at 64), whose QK^T wgmma translate/sm90/wgmma_ops.py declares and whose V^T rows take 32-byte boxes.
