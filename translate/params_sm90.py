@@ -117,11 +117,6 @@ FP8_BLOCK_N = (64, 128, 160, 192, 224, 256)
 VT_KEY_ORDERS = ("natural", "accumulator")
 
 
-# An FP8 kernel's K and V: TMA, or (a paged cache, v_transpose "runtime": search_spaces.feasible.layout_reasons, the
-# translator) the producer warpgroup's cp.async for K, the e4m3 rows as the 16-bit rows of half the columns
-# (attn_sm90_copy.cuh cp_async_load_paged_8bit), while one thread still loads V^T from the runtime's packed copy by TMA.
-
-
 # Who transposes an FP8 kernel's V (KernelParams.v_transpose): the runtime's per-call copy V^T, or the producer
 # warpgroup, whose warps 1-3 transpose each V tile the TMA thread loads as given into the V^T tile the consumers read.
 V_TRANSPOSES = ("runtime", "producer")
@@ -212,6 +207,9 @@ def fp8_reasons(params, warp_specialized: bool) -> list[str]:
     return errors
 
 
+# An FP8 kernel's K and V: TMA, or (a paged cache, v_transpose "runtime": search_spaces.feasible.layout_reasons, the
+# translator) the producer warpgroup's cp.async for K, the e4m3 rows as the 16-bit rows of half the columns
+# (attn_sm90_copy.cuh cp_async_load_paged_8bit), while one thread still loads V^T from the runtime's packed copy by TMA.
 def fp8_cp_async_reasons(params, problem: Problem) -> list[str]:
     """Why the cp.async producer cannot copy this FP8 kernel's K: it copies the e4m3 rows as the 16-bit rows of half
     the columns (attn_sm90_copy.cuh cp_async_load_paged_8bit), whose copies take 32- or 64-column blocks of the 64- or
