@@ -22,9 +22,10 @@ VARIANTS = ("mha", "gqa", "mqa", "mla")
 DTYPES = ("fp16", "bf16", "fp8")
 # fp8: e4m3 q, k and v with fp32 descales per (batch, KV head) (FlashAttention-3's q/k/v_descale), a bf16 output.
 # The head dims the FP8 kernels take: rows of e4m3 in 128-byte swizzle atoms (64: one 64-byte atom; 128 and 256: one
-# and two 128-byte atoms) or, at 96 (Phi-3-mini), three 32-byte atoms a row (translate/sm90/frame.py fp8_chunk), as
-# FA3's FP8 kernels take 64, 96, 128, 192 and 256 (hopper/tile_size.h); 256 is Gemma's.
-FP8_HEAD_DIMS = (64, 96, 128, 256)
+# and two 128-byte atoms), at 192 three 64-byte atoms and at 96 (Phi-3-mini) three 32-byte atoms a row
+# (translate/sm90/frame.py fp8_chunk), as FA3's FP8 kernels take 64, 96, 128, 192 and 256 (hopper/tile_size.h); 256 is
+# Gemma's, 192 the one the 16-bit kernels take besides.
+FP8_HEAD_DIMS = (64, 96, 128, 192, 256)
 TORCH_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp8": "float8_e4m3fn"}   # torch's names of the inputs
 OUTPUT_DTYPES = {"fp16": "fp16", "bf16": "bf16", "fp8": "bf16"}                  # and of the output
 

@@ -56,7 +56,7 @@ def test_the_runtime_searches_as_deep_as_the_batch_needs():
 
 @pytest.mark.parametrize("steps", [1, 2, 3])
 @pytest.mark.parametrize("accumulator_order", [True, False])
-@pytest.mark.parametrize("d", [96, 128, 256])
+@pytest.mark.parametrize("d", [96, 128, 192, 256])
 def test_the_packed_copy_builds_for_sm90_with_16_byte_moves(steps, accumulator_order, d):
     signature = {"src": "*u8", "dst": "*u8", "cu": "*i32", "batch": "i32", "keys_t": "i32", "s_s": "i32",
                  "s_h": "i32", "d_h": "i32", "d_d": "i32", "D": "constexpr", "T": "constexpr", "A": "constexpr",

@@ -47,6 +47,9 @@ def default_schedule(profile: Profile) -> str:
 # spilled 32 bytes of it (nvcc 13.0, gqa d128 128x128), in 32 none; the paged one also looks pages up (16
 # bytes spilled in 32, none in 40). Two consumer warpgroups keep 232 registers either way.
 SERVING_PRODUCER_REGS = {"varlen": 32, "paged": 40}
+# An FP8 kernel's producer at head dim 192 (three 64-byte TMA boxes a row): the varlen producer of 128 x 160 spilled
+# 20 bytes in 32 registers (80 in 24), none in 40 (nvcc 13.0, sm_90a); its consumers' 232 still hold the tile.
+FP8_SERVING_PRODUCER_REGS = {192: {"varlen": 40}}
 # The cp.async producer (every producer thread copies K/V rows, attn_sm90_copy.cuh cp_async_load_paged) holds its
 # rows' cache offsets and swizzle: gqa d128 128x128 spilled 116 bytes in 40 registers, 20 in 56 (a few values
 # once a tile, outside the copies; nvcc 13.0).
@@ -122,10 +125,13 @@ FP8_VT_KEY_ORDER = "accumulator"
 # + 2 stages of 128 x 512 K/V^T) is 224 of 227 KB. A varlen or paged kernel's producer keeps 32-40 registers, which
 # leaves d256's consumers 232: there ptxas spilled 128 x 128 (32 bytes), validation refuses it and the next seed,
 # 128 x 64 (as the 16-bit d256 serving kernels fall to 64 keys), is taken. ptxas (nvcc 13.0, sm_90a) builds each
-# default without spills, dense, varlen and paged (tests/translate/test_fp8_head_dims.py).
+# default without spills, dense, varlen and paged (tests/translate/test_fp8_head_dims.py). d192 takes FA3's 128 x 160:
+# S 80 + O 96 + P 20 + 24 + 8 (params_sm90.FP8_HEAD_DIM_OVERHEAD) = 228 registers, shared memory 192 KB; 128 x 192
+# spilled 32 bytes in the dense kernel's 240 (FA3 does not take it either).
 FP8_SEEDS = {64: [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128)],
              96: [dict(block_m=192, block_n=128, producer_regs=32), dict(block_m=128, block_n=128)],
              128: [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)],
+             192: [dict(block_m=128, block_n=160), dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)],
              256: [dict(block_m=128, block_n=128), dict(block_m=128, block_n=64)]}
 
 
@@ -158,6 +164,8 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
         seeds = [dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
     if spec.layout != "dense":
         regs = SERVING_PRODUCER_REGS[spec.layout]
+        if spec.dtype == "fp8":
+            regs = max(regs, FP8_SERVING_PRODUCER_REGS.get(d, {}).get(spec.layout, 0))
         seeds = [dict(seed, producer_regs=max(seed.get("producer_regs", 24), regs)) for seed in seeds]
     return seeds
 

@@ -25,11 +25,11 @@ def _gpu() -> str:
     return "h200" if "h200" in torch.cuda.get_device_name().lower() else "h100"
 
 
-# (d96 and d256, last: built and checked on the CPU, not yet run on a GPU when added)
+# (d192, last: built and checked on the CPU, not yet run on a GPU when added)
 SPECS = [KernelSpec(v, d, d, c, "fp8") for v, d, c in (("mha", 128, False), ("mha", 128, True), ("gqa", 128, True),
                                                         ("mqa", 128, False), ("mha", 64, True), ("gqa", 64, False),
                                                         ("mha", 96, True), ("gqa", 96, False), ("mha", 256, False),
-                                                        ("gqa", 256, True))]
+                                                        ("gqa", 256, True), ("mha", 192, False), ("gqa", 192, True))]
 
 
 def build_defaults(specs, page_size=None, **changes) -> dict:
@@ -158,7 +158,7 @@ def test_a_compiled_fp8_call_runs_the_kernel(exported):
 
 
 @pytest.mark.parametrize("shape", [(2, 1000, 3, 128), (1, 1, 1, 64), (3, 4097, 2, 64), (2, 1000, 3, 96),
-                                   (2, 333, 2, 256)])
+                                   (2, 333, 2, 256), (2, 777, 2, 192)])
 def test_v_is_transposed_by_the_triton_kernel_as_torch_would(shape):
     from tuner.serving.launch.plan import transposed_v
 

@@ -70,7 +70,8 @@ def test_fp8_paged_tma_k_kernels_pass_the_packed_fp8_gate(built_tma, spec):
 # d96 reads K by TMA whatever the page size (the cp.async producer copies 64-byte blocks of a row), d256 by the
 # cp.async producer (128 x 64 tiles: a paged producer's registers leave d256's consumers too few for 128 keys)
 NEW_HEAD_DIM_SPECS = [KernelSpec("gqa", 96, 96, True, "fp8", layout="paged"),
-                      KernelSpec("mha", 256, 256, False, "fp8", layout="paged")]
+                      KernelSpec("mha", 256, 256, False, "fp8", layout="paged"),
+                      KernelSpec("mha", 192, 192, True, "fp8", layout="paged")]
 
 
 @pytest.fixture(scope="module")
@@ -79,11 +80,12 @@ def built_new_head_dims():
 
 
 @pytest.mark.parametrize("spec", NEW_HEAD_DIM_SPECS, ids=lambda s: s.label())
-def test_fp8_paged_d96_and_d256_defaults_pass_the_packed_fp8_gate(built_new_head_dims, spec):
+def test_fp8_paged_d96_d192_and_d256_defaults_pass_the_packed_fp8_gate(built_new_head_dims, spec):
     from tuner.measure.verify_varlen import verify_varlen
 
     gen, kernel = _kernel(built_new_head_dims, spec)
-    assert gen.params.g2s_atom == ("SM90_TMA" if spec.d_qk == 96 else "SM80_CP_ASYNC_CACHEGLOBAL")
+    # (the cp.async producer copies 64-, 128- or 256-byte rows: d96 and d192 read K by TMA boxes within the pages)
+    assert gen.params.g2s_atom == ("SM80_CP_ASYNC_CACHEGLOBAL" if spec.d_qk == 256 else "SM90_TMA")
     report = verify_varlen(kernel, gen.spec)
     assert report.passed, report.reason
 
@@ -128,7 +130,7 @@ def test_the_kernel_refuses_bad_descales_and_page_sizes_before_launching(built):
                      q_descale=ones, k_descale=ones, v_descale=ones)
 
 
-@pytest.mark.parametrize("d", [128, 96, 256])   # (96: the copy's last 64-column tile masked at the head dim)
+@pytest.mark.parametrize("d", [128, 96, 192, 256])   # (96: the copy's last 64-column tile masked at the head dim)
 @pytest.mark.parametrize("page", [16, 64, 256])   # (a page-256 build once failed in Triton's layout pass)
 def test_the_triton_gather_of_v_t_matches_torchs(page, d):
     """The Triton copy (CUDA) writes what torch's gather (CPU) writes: each sequence's keys from its pages in table

@@ -1,8 +1,9 @@
-"""FP8 (e4m3) kernels at head dims 96 (Phi-3-mini) and 256 (Gemma): the defaults (FA3's FP8 tiles, hopper/tile_size.h:
-192 x 128 at d96, 128 x 128 at d256, 128 x 64 where a serving producer leaves d256's consumers 232 registers), what
-validation refuses there and why, what the generated kernels hold (d96's three 32-byte boxes a row, its bf16 O in
-32-column boxes; d256's two 128-byte boxes), and (slow) that nvcc builds the defaults for sm_90a without spills, on
-the e4m3 wgmma, without wgmma serialisation (C7510) or an ignored setmaxnreg (C7508)."""
+"""FP8 (e4m3) kernels at head dims 96 (Phi-3-mini), 192 and 256 (Gemma): the defaults (FA3's FP8 tiles,
+hopper/tile_size.h: 192 x 128 at d96, 128 x 160 at d192, 128 x 128 at d256, 128 x 64 where a serving producer leaves
+d256's consumers 232 registers), what validation refuses there and why, what the generated kernels hold (d96's three
+32-byte boxes a row, its bf16 O in 32-column boxes; d192's three 64-byte boxes; d256's two 128-byte boxes), and
+(slow) that nvcc builds the defaults for sm_90a without spills, on the e4m3 wgmma, without wgmma serialisation
+(C7510) or an ignored setmaxnreg (C7508)."""
 from __future__ import annotations
 
 import pytest
@@ -17,10 +18,11 @@ from translate.params import KernelParams, validate
 from translate.sm90 import frame
 
 H100 = load_profile("h100")
-NEW = (96, 256)
+NEW = (96, 192, 256)
 LAYOUTS = ("dense", "varlen", "paged")
 # the defaults: (head dim, layout) -> (block_m, block_n); paged at pages of 128 (whole tiles: K by TMA)
 DEFAULT_TILES = {(96, "dense"): (192, 128), (96, "varlen"): (192, 128), (96, "paged"): (128, 128),
+                 (192, "dense"): (128, 160), (192, "varlen"): (128, 160), (192, "paged"): (128, 160),
                  (256, "dense"): (128, 128), (256, "varlen"): (128, 64), (256, "paged"): (128, 64)}
 
 
@@ -43,8 +45,8 @@ def _generate(spec, page_size=128, **changes):
     return translate.generate(program, _params(spec, page_size, **changes), H100, spec)
 
 
-def test_the_fp8_head_dims_are_64_96_128_and_256():
-    assert FP8_HEAD_DIMS == (64, 96, 128, 256)
+def test_the_fp8_head_dims_are_64_96_128_192_and_256():
+    assert FP8_HEAD_DIMS == (64, 96, 128, 192, 256)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -69,6 +71,20 @@ def test_d96_loads_k_by_tma_even_from_pages_of_16():
     assert any("fp8 head dim 96: the cp.async producer" in e for e in errors), errors
     d256 = _params(_spec(256, layout="paged"), page_size=16)   # 256 bytes: two 64-column 16-bit blocks
     assert d256.g2s_atom == "SM80_CP_ASYNC_CACHEGLOBAL" and (d256.block_m, d256.block_n) == (128, 64)
+    # 192 bytes: the cp.async producer's warp copies whole rows of 64, 128 or 256 bytes; TMA boxes within the pages
+    d192 = _params(_spec(192, layout="paged"), page_size=16)
+    assert d192.g2s_atom == "SM90_TMA" and (d192.block_m, d192.block_n) == (128, 160)
+    cp_async = KernelParams.from_dict({**d192.to_dict(), "g2s_atom": "SM80_CP_ASYNC_CACHEGLOBAL", "producer_regs": 56})
+    assert any("cp.async producer copies whole rows" in e
+               for e in validate(cp_async, H100, _problem(192), warp_specialized=True))
+
+
+def test_a_d192_varlen_producer_keeps_40_registers():
+    """d192's varlen producer spilled 20 bytes in the 16-bit serving kernels' 32 registers (nvcc 13.0, 128 x 160):
+    defaults.FP8_SERVING_PRODUCER_REGS gives it the paged producer's 40; dense keeps 24."""
+    assert _params(_spec(192, layout="varlen")).producer_regs == 40
+    assert _params(_spec(192)).producer_regs == 24
+    assert _params(_spec(128, layout="varlen")).producer_regs == 32
 
 
 @pytest.mark.parametrize("d, change, reason", [
@@ -81,6 +97,9 @@ def test_d96_loads_k_by_tma_even_from_pages_of_16():
     # three consumer warpgroups of d96 at 160 keys: S 80 + O 48 + P 20 + 28 past their 160
     (96, {"block_n": 160}, "a consumer thread needs about 176 registers"),
     (96, {"block_n": 176}, "fp8 block_n 176 must be one of"),
+    # d192's O takes 96 registers: 192 keys (S 96 + O 96 + P 24 + 24 + 8) past 240 (ptxas spilled 32 bytes there)
+    (192, {"block_n": 192}, "a consumer thread needs about 248 registers"),
+    (192, {"kv_stages": 3}, "exceeds the 227 KB"),
 ])
 def test_tiles_that_do_not_fit_are_refused_with_the_reason(d, change, reason):
     params = KernelParams.from_dict({**_params(_spec(d)).to_dict(), **change})
@@ -121,6 +140,16 @@ def test_a_d256_kernel_reads_rows_in_two_128_byte_boxes(layout):
     assert gen.smem_bytes <= H100.smem_per_block_bytes
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_a_d192_kernel_reads_rows_in_three_64_byte_boxes(layout):
+    gen = _generate(_spec(192, layout=layout))
+    maps, body = gen.tensor_maps, gen.body
+    assert maps["q"]["cols"] == maps["k"]["cols"] == 64 and "cols" not in maps["o"]   # bf16 O: 64-column boxes
+    assert maps["v"]["rows"] == 192 and maps["v"]["cols"] == 32   # V^T rows of 160 keys: 32-byte boxes
+    assert "constexpr int kChunkQK = 64;" in body and "constexpr int kMaxChains = 1;" in body
+    assert gen.smem_bytes <= H100.smem_per_block_bytes
+
+
 def test_the_max_chains_table_covers_every_fp8_head_dim():
     assert set(frame.FP8_MAX_CHAINS) == set(FP8_HEAD_DIMS)
 
@@ -133,8 +162,9 @@ def test_the_search_spaces_have_fp8_tables_at_the_new_head_dims(variant, d):
 
     domains = load_space(variant).domains(H100, d, "fp8")
     assert domains["rescale_threshold"] == (0, 2)
-    # d96: every FP8 block N (validation keeps what fits); d256: O leaves no registers for 160 keys or more
-    assert domains["hopper_block_n"] == (FP8_BLOCK_N if d == 96 else (64, 128))
+    # d96: every FP8 block N (validation keeps what fits); d192 FA3's 160 and below; d256: O leaves no registers
+    # for 160 keys or more
+    assert domains["hopper_block_n"] == {96: FP8_BLOCK_N, 192: (64, 128, 160), 256: (64, 128)}[d]
 
 
 @pytest.mark.parametrize("d", NEW)
@@ -148,7 +178,9 @@ def test_an_fp8_campaign_at_the_new_head_dims_has_feasible_points_with_the_defau
                         default_sketches(space, H100, d, "fp8"))
     tiles = {(p.params.block_m, p.params.block_n) for p in fs.points}
     assert DEFAULT_TILES[d, "dense"] in tiles
-    assert all(n <= 128 for _, n in tiles) if d == 256 else (128, 256) in tiles
+    assert all(n <= {96: 256, 192: 160, 256: 128}[d] for _, n in tiles)
+    if d == 96:
+        assert (128, 256) in tiles
 
 
 # -- nvcc (slow) ----------------------------------------------------------------------------------------------------
@@ -157,8 +189,8 @@ def test_an_fp8_campaign_at_the_new_head_dims_has_feasible_points_with_the_defau
 @pytest.mark.slow
 @pytest.mark.parametrize("d", NEW)
 def test_the_defaults_build_without_spills_on_the_e4m3_wgmma(d):
-    """Dense non-causal and causal, varlen causal, paged at pages of 16 (d96: K by TMA in page boxes; d256: K by the
-    cp.async producer): no local memory, QGMMA and no HGMMA, ptxas neither serialises the wgmma (C7510) nor ignores
+    """Dense non-causal and causal, varlen causal, paged at pages of 16 (d96 and d192: K by TMA in page boxes; d256: K
+    by the cp.async producer): no local memory, QGMMA and no HGMMA, ptxas neither serialises the wgmma (C7510) nor ignores
     setmaxnreg (C7508)."""
     specs = [(_spec(d, False), 128), (_spec(d, True), 128), (_spec(d, True, "varlen"), 128),
              (_spec(d, False, "paged"), 16)]

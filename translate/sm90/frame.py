@@ -227,7 +227,7 @@ def fp8_max_offset(params) -> int:
 # 635.5 against 584.0 TFLOPS; causal 613.3 against 582.4), four 0-7% and eight slower; at 128 one chain was fastest
 # (two to eight 1-3% slower). 96 and 256 are not measured yet: 96 takes d64's two (its 192-row tile is d64's, and its
 # GEMMs per score, 1.5x d64's, leave the softmax's latency as exposed), 256 d128's one (twice d128's GEMM per score).
-FP8_MAX_CHAINS = {64: 2, 96: 2, 128: 1, 256: 1}
+FP8_MAX_CHAINS = {64: 2, 96: 2, 128: 1, 192: 1, 256: 1}
 
 
 def fp8_max_chains(head_dim: int) -> int:

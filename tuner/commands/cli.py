@@ -191,7 +191,7 @@ def campaign(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="Wall-clock budget in seconds (the whole run)."),
     head_dim: Optional[str] = typer.Option(None, "--head-dim", help=HEAD_DIM_HELP + ", or a comma list."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16, bf16 or fp8 (e4m3 in, bf16 out: Hopper, dense, "
-                                                              "varlen and paged, head dims 64, 96, 128 and 256), or a comma list (default: bf16 "
+                                                              "varlen and paged, head dims 64, 96, 128, 192 and 256), or a comma list (default: bf16 "
                                                               "where supported)."),
     causal: bool = typer.Option(True, "--causal/--no-causal", help="Causal mask (bottom-right aligned); "
                                                                    "`--causal both` tunes both."),
@@ -343,7 +343,7 @@ def build(
     params: Optional[str] = typer.Option(None, "--params", help="JSON object or file of kernel parameters."),
     head_dim: Optional[int] = typer.Option(None, "--head-dim", help=HEAD_DIM_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16, bf16 or fp8 (e4m3 q/k/v with descales, bf16 out; Hopper, "
-                                                      "dense, varlen and paged, head dims 64, 96, 128 and 256)."),
+                                                      "dense, varlen and paged, head dims 64, 96, 128, 192 and 256)."),
     causal: bool = typer.Option(True, "--causal/--no-causal"),
     out: Path = typer.Option(..., "-o", "--out", help="Output directory for .cu, .cubin and resources JSON."),
     schedule: Optional[str] = typer.Option(None, "--schedule", help=SCHEDULE_HELP),
@@ -400,7 +400,7 @@ def bench(
     sketch: Optional[Path] = typer.Option(None, "--sketch"),
     head_dim: Optional[int] = typer.Option(None, "--head-dim", help=HEAD_DIM_HELP),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="fp16, bf16 or fp8 (e4m3 q/k/v with descales, bf16 out; Hopper, "
-                                                      "dense, varlen and paged, head dims 64, 96, 128 and 256)."),
+                                                      "dense, varlen and paged, head dims 64, 96, 128, 192 and 256)."),
     causal: Optional[bool] = typer.Option(None, "--causal/--no-causal", help="Default: both."),
     seqlens: Optional[str] = typer.Option(None, "--seqlens", help="Comma list (default 512..16384)."),
     out_json: Optional[Path] = typer.Option(None, "--json", help="Write results here."),
