@@ -175,11 +175,13 @@ def validate_problem(p: Problem) -> list[str]:
 
 
 def fp8_errors(variant: str, d_qk: int, d_v: int, options: bool) -> list[str]:
-    """Why an FP8 problem is not one the FP8 kernels take (e4m3 attention of a head dim of FP8_HEAD_DIMS)."""
+    """Why an FP8 problem is not one the FP8 kernels take (e4m3 attention of a head dim of FP8_HEAD_DIMS, or MLA's
+    192/128 prefill, FA3's FP8 hdim-192 kernel with a narrower V)."""
     errors = []
-    if variant == "mla" or d_qk != d_v or d_qk not in FP8_HEAD_DIMS:
+    mla = variant == "mla" and (d_qk, d_v) == (MLA_D_QK, MLA_D_V)
+    if not mla and (variant == "mla" or d_qk != d_v or d_qk not in FP8_HEAD_DIMS):
         dims = ", ".join(map(str, FP8_HEAD_DIMS[:-1])) + f" and {FP8_HEAD_DIMS[-1]}"
-        errors.append(f"fp8 kernels take head dims {dims} with d_qk == d_v, not "
+        errors.append(f"fp8 kernels take head dims {dims} with d_qk == d_v (mla {MLA_D_QK}/{MLA_D_V}), not "
                       f"{variant} {d_qk}/{d_v}")
     if options:
         errors.append("fp8 kernels take no sliding window, soft-capping or sinks (bf16/fp16 kernels do)")
@@ -331,8 +333,6 @@ def spec_for(variant: str, head_dim: int | None, dtype: str, causal: bool) -> Ke
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if variant == "mla":
-        if dtype == "fp8":
-            raise ValueError(fp8_errors(variant, MLA_D_QK, MLA_D_V, False)[0])
         if head_dim not in (None, MLA_D_QK):
             raise ValueError(f"mla has head dims q/k {MLA_D_QK}, v {MLA_D_V}; --head-dim {head_dim} does not apply")
         return KernelSpec(variant, MLA_D_QK, MLA_D_V, causal, dtype)

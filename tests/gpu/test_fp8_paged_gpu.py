@@ -71,7 +71,8 @@ def test_fp8_paged_tma_k_kernels_pass_the_packed_fp8_gate(built_tma, spec):
 # cp.async producer (128 x 64 tiles: a paged producer's registers leave d256's consumers too few for 128 keys)
 NEW_HEAD_DIM_SPECS = [KernelSpec("gqa", 96, 96, True, "fp8", layout="paged"),
                       KernelSpec("mha", 256, 256, False, "fp8", layout="paged"),
-                      KernelSpec("mha", 192, 192, True, "fp8", layout="paged")]
+                      KernelSpec("mha", 192, 192, True, "fp8", layout="paged"),
+                      KernelSpec("mla", 192, 128, True, "fp8", layout="paged")]
 
 
 @pytest.fixture(scope="module")

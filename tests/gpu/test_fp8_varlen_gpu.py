@@ -18,7 +18,8 @@ from kernel_abi.spec import KernelSpec  # noqa: E402
 
 SPECS = [KernelSpec(v, d, d, c, "fp8", layout="varlen")
          for v, d, c in (("gqa", 128, True), ("mha", 128, False), ("mha", 64, True), ("mqa", 64, False),
-                         ("gqa", 96, True), ("mha", 256, False), ("gqa", 192, True))]
+                         ("gqa", 96, True), ("mha", 256, False), ("gqa", 192, True))] + \
+    [KernelSpec("mla", 192, 128, True, "fp8", layout="varlen")]
 
 
 @pytest.fixture(scope="module")

@@ -42,9 +42,11 @@ def test_fp8_problems_take_head_dims_64_96_128_192_and_256_without_options():
             _problem(d)
     with pytest.raises(ValueError, match="no sliding window, soft-capping or sinks"):
         _problem(128, softcap=50.0)
-    with pytest.raises(ValueError, match="fp8 kernels take head dims"):
-        spec_for("mla", None, "fp8", True)
     assert spec_for("mha", 192, "fp8", True).d_qk == 192
+    mla = spec_for("mla", None, "fp8", True)   # MLA's 192/128 prefill, FA3's FP8 hdim-192 kernel
+    assert (mla.d_qk, mla.d_v, mla.dtype) == (192, 128, "fp8")
+    with pytest.raises(ValueError, match=r"with d_qk == d_v \(mla 192/128\), not gqa 192/128"):
+        _problem(192, variant="gqa", d_v=128)
 
 
 @pytest.mark.parametrize("change, reason", [

@@ -201,3 +201,44 @@ def test_the_defaults_build_without_spills_on_the_e4m3_wgmma(d):
         counts = sass_summary_of(result, gen.name)
         assert counts["QGMMA"] > 0 and counts.get("HGMMA", 0) == 0, counts
         assert counts.get("LDL", 0) == 0 and counts.get("STL", 0) == 0, counts
+
+
+# -- MLA's 192/128 prefill in FP8 (FA3's FP8 hdim-192 kernel with a narrower V) ---------------------------------------
+
+
+def _mla(causal=True, layout="dense"):
+    return KernelSpec("mla", 192, 128, causal, "fp8", layout=layout)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_an_mla_fp8_kernel_takes_the_d192_tile_and_reads_v_t_of_128_rows(layout):
+    """FA3's FP8 hdim-192 tile, 128 x 160, whatever d_v; K rows of three 64-byte boxes, V^T rows of 160 keys."""
+    params = _params(_mla(layout=layout), page_size=16)
+    assert (params.block_m, params.block_n) == (128, 160) and params.g2s_atom == "SM90_TMA"
+    assert not validate(params, H100, Problem("mla", 1, 16, 16, 1024, 1024, 192, 128, True, "fp8"),
+                        warp_specialized=True)
+    gen = _generate(_mla(layout=layout), page_size=16)
+    maps = gen.tensor_maps
+    assert maps["q"]["cols"] == maps["k"]["cols"] == 64 and maps["v"]["rows"] == 128 and maps["v"]["transposed"]
+    assert "constexpr int kHeadDimQK = 192;" in gen.body and "constexpr int kHeadDimV = 128;" in gen.body
+
+
+def test_the_mla_space_has_an_fp8_table():
+    from search_spaces import load_space
+
+    domains = load_space("mla").domains(H100, 192, "fp8")
+    assert domains["hopper_block_n"] == (64, 128, 160, 192, 224) and domains["pv_operand"] == ("rs",)
+    assert domains["vt_key_order"] == ("accumulator", "natural") and domains["rescale_threshold"] == (0, 2)
+    bf16 = load_space("mla").domains(H100, 192, "bf16")   # the 16-bit kernels read V as given
+    assert bf16["vt_key_order"] == ("natural",) and bf16["v_transpose"] == ("runtime",)
+
+
+@pytest.mark.slow
+def test_the_mla_fp8_defaults_build_without_spills_on_the_e4m3_wgmma():
+    specs = [(_mla(False), 128), (_mla(True), 128), (_mla(True, "varlen"), 128), (_mla(False, "paged"), 16)]
+    gens = [_generate(spec, page) for spec, page in specs]
+    for gen, result in zip(gens, compiled_or_skip(gens)):
+        assert result.spill_stores == 0 and result.spill_loads == 0, (gen.name, result.resources())
+        assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]
+        counts = sass_summary_of(result, gen.name)
+        assert counts["QGMMA"] > 0 and counts.get("HGMMA", 0) == 0, counts
