@@ -25,7 +25,6 @@ def _gpu() -> str:
     return "h200" if "h200" in torch.cuda.get_device_name().lower() else "h100"
 
 
-# (d192 and MLA's 192/128, last: built and checked on the CPU, not yet run on a GPU when added)
 SPECS = [KernelSpec(v, d, d, c, "fp8") for v, d, c in (("mha", 128, False), ("mha", 128, True), ("gqa", 128, True),
                                                         ("mqa", 128, False), ("mha", 64, True), ("gqa", 64, False),
                                                         ("mha", 96, True), ("gqa", 96, False), ("mha", 256, False),
