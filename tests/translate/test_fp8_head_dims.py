@@ -192,8 +192,12 @@ def test_the_defaults_build_without_spills_on_the_e4m3_wgmma(d):
     """Dense non-causal and causal, varlen causal, paged at pages of 16 (d96 and d192: K by TMA in page boxes; d256: K
     by the cp.async producer): no local memory, QGMMA and no HGMMA, ptxas neither serialises the wgmma (C7510) nor ignores
     setmaxnreg (C7508)."""
-    specs = [(_spec(d, False), 128), (_spec(d, True), 128), (_spec(d, True, "varlen"), 128),
-             (_spec(d, False, "paged"), 16)]
+    _assert_built_clean([(_spec(d, False), 128), (_spec(d, True), 128), (_spec(d, True, "varlen"), 128),
+                         (_spec(d, False, "paged"), 16)])
+
+
+def _assert_built_clean(specs):
+    """Each (spec, page size)'s default, built by nvcc: no spills or local memory, QGMMA and no HGMMA, no C7510/C7508."""
     gens = [_generate(spec, page) for spec, page in specs]
     for gen, result in zip(gens, compiled_or_skip(gens)):
         assert result.spill_stores == 0 and result.spill_loads == 0, (gen.name, result.resources())
@@ -235,10 +239,4 @@ def test_the_mla_space_has_an_fp8_table():
 
 @pytest.mark.slow
 def test_the_mla_fp8_defaults_build_without_spills_on_the_e4m3_wgmma():
-    specs = [(_mla(False), 128), (_mla(True), 128), (_mla(True, "varlen"), 128), (_mla(False, "paged"), 16)]
-    gens = [_generate(spec, page) for spec, page in specs]
-    for gen, result in zip(gens, compiled_or_skip(gens)):
-        assert result.spill_stores == 0 and result.spill_loads == 0, (gen.name, result.resources())
-        assert "C7510" not in result.log and "C7508" not in result.log, result.log[-3000:]
-        counts = sass_summary_of(result, gen.name)
-        assert counts["QGMMA"] > 0 and counts.get("HGMMA", 0) == 0, counts
+    _assert_built_clean([(_mla(False), 128), (_mla(True), 128), (_mla(True, "varlen"), 128), (_mla(False, "paged"), 16)])
