@@ -158,10 +158,16 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     elif spec.layout == "dense" and not getattr(spec, "local", False):
         # hd256: FA3's and FA4's 128x80 (O 64x256 is 128 of a consumer thread's registers)
         seeds = [dict(block_m=128, block_n=80), dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
-    else:
-        # hd256 varlen/paged (their producers take registers from the consumers) and with a window (its bounds): ptxas
+    elif spec.layout == "dense" or (spec.layout == "varlen" and not (getattr(spec, "local", False)
+                                                                     or getattr(spec, "softcap", False))):
+        # hd256 varlen (its producer takes registers from the consumers) and with a window (its bounds): ptxas
         # spilled at 128x80 (nvcc 13.0, gqa causal: varlen 20 bytes, window + softcap 4) and not at 128x64
         seeds = [dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
+    else:
+        # hd256 paged (the cp.async producer keeps 56 registers) and varlen with a window or a cap (Gemma 2's padded
+        # batches): ptxas spilled at 128x64 (nvcc 13.0, gqa causal: paged 16-48 bytes, varlen with the options 4-44)
+        # and not at 128x48
+        seeds = [dict(block_m=128, block_n=48), dict(block_m=64, block_n=64)]
     if spec.layout != "dense":
         regs = SERVING_PRODUCER_REGS[spec.layout]
         if spec.dtype == "fp8":

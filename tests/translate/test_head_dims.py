@@ -1,5 +1,6 @@
 """Head dims 192 and 256 (d_qk = d_v: Gemma 2/3 take 256): specs, defaults per GPU and layout, search spaces and
-decode defaults that the profiles accept (CPU; the builds are in test_codegen_compile.py)."""
+decode defaults that the profiles accept (CPU; the builds are in test_codegen_compile.py, but for d256's serving
+kernels with options, here)."""
 from dataclasses import replace
 
 import pytest
@@ -21,10 +22,39 @@ def test_the_head_dims_and_their_hopper_defaults_are_fa3_fa4s_tiles():
     assert key(KernelSpec("mha", 192, 192, False, "bf16")).startswith("m128n112w8s2_sm90_tma")
     assert key(KernelSpec("mha", 256, 256, False, "bf16")).startswith("m128n80w8s2_sm90_tma")
     assert key(KernelSpec("mla", 192, 128, True, "bf16")).startswith("m128n128w8s2_sm90_tma")     # MLA unchanged
-    # the serving layouts and a window take 64-key tiles at 256 (ptxas spilled at 80)
+    # varlen and a window take 64-key tiles at 256 (ptxas spilled at 80)
     assert key(KernelSpec("gqa", 256, 256, True, "bf16", "varlen")).startswith("m128n64w8s2_sm90_tma_")
-    assert key(KernelSpec("gqa", 256, 256, True, "bf16", "paged"), page_size=16).startswith("m128n64w8s2_sm90_cpag")
     assert key(KernelSpec("gqa", 256, 256, True, "bf16", local=True)).startswith("m128n64w8s2")
+    # paged (the cp.async producer's 56 registers), and varlen with a window or a cap (Gemma 2's padded batches), take
+    # 48-key tiles (ptxas spilled at 64)
+    assert key(KernelSpec("gqa", 256, 256, True, "bf16", "paged"), page_size=16).startswith("m128n48w8s2_sm90_cpag")
+    for layout, page in (("varlen", None), ("paged", 16)):
+        for options in (dict(softcap=True), dict(local=True), dict(local=True, softcap=True)):
+            spec = KernelSpec("gqa", 256, 256, True, "bf16", layout, **options)
+            assert key(spec, page_size=page).startswith("m128n48w8s2"), (layout, options)
+
+
+@pytest.mark.slow
+def test_head_dim_256_serving_kernels_with_options_build_without_spills():
+    """Gemma 2's layers in the serving layouts (a cap; a window and a cap) and the plain ones: no spill at their
+    defaults (nvcc, sm_90a)."""
+    from sass_counts import compiled_or_skip
+
+    import tl
+    import translate
+    from tl.options import with_options
+
+    h100 = load_profile("h100")
+    gens = []
+    for layout, page in (("varlen", None), ("paged", 16)):
+        for options in (dict(softcap=True), dict(local=True, softcap=True), {}):
+            spec = KernelSpec("gqa", 256, 256, True, "bf16", layout, **options)
+            program = with_options(tl.parse_program(tl.load_sketch("gqa", True, "ws_overlap", layout)),
+                                   spec.local, spec.softcap, spec.sinks)
+            gens.append(translate.generate(program, default_params(h100, spec, "ws_overlap", page_size=page), h100,
+                                           spec))
+    for gen, result in zip(gens, compiled_or_skip(gens)):
+        assert result.spill_stores == 0 and result.spill_loads == 0, (gen.name, result.resources())
 
 
 @pytest.mark.parametrize("gpu, dtype", [("h100", "bf16"), ("t4", "fp16"), pytest.param("a100", "bf16", marks=pytest.mark.slow),
