@@ -22,7 +22,8 @@ COMMON = dict(vocab_size=320, hidden_size=256, num_hidden_layers=2, num_attentio
 @pytest.fixture
 def served_models(tmp_path):
     records = [_record(), _record(("local", "softcap")), _record(("softcap",)), _record(("local", "sinks")),
-               _record(("sinks",)), _record(("local", "sinks"), layout="varlen"), _record(("sinks",), layout="varlen")]
+               _record(("sinks",)), _record(("local", "sinks"), layout="varlen"), _record(("sinks",), layout="varlen"),
+               _record(("local", "softcap"), layout="varlen"), _record(("softcap",), layout="varlen")]
     return _serve(tmp_path / "export", records)
 
 
@@ -90,8 +91,8 @@ def test_every_attention_call_runs_a_kernel_of_its_options(served_models, family
 
 @pytest.mark.parametrize("family", ["gemma2", "gpt-oss"])
 def test_a_left_padded_batch_keeps_its_options_packed(served_models, family):
-    """Packed through the varlen kernels built with the options (gpt-oss: exported here), else the fp32 reference
-    sequence by sequence (Gemma 2: no varlen config with a cap here), the options applied either way."""
+    """Packed through the varlen kernels built with the options (a window on the local layer; sinks or a cap on
+    both), the options reaching them."""
     ref, ours = _pair(served_models, family)
     ids = torch.randint(0, 320, (2, 40), generator=torch.Generator().manual_seed(2))
     mask = torch.ones(2, 40, dtype=torch.long)
@@ -100,16 +101,15 @@ def test_a_left_padded_batch_keeps_its_options_packed(served_models, family):
         want = ref(ids, attention_mask=mask).logits.float()
         got = ours(ids, attention_mask=mask).logits.float()
     assert (got[1] - want[1]).abs().max() < LOGIT_TOL and (got[0, 7:] - want[0, 7:]).abs().max() < LOGIT_TOL
-    if family == "gpt-oss":
-        assert served_models.stats == {"kernel": 2} and served_models.last_reason == "gqa varlen"
-        seen = [call for s in served_models.stand_ins if s.meta["spec"].get("layout") == "varlen" for call in s.seen]
-        assert sorted(seen) == [((-1, -1), 0.0, True), ((WINDOW - 1, 0), 0.0, True)]
-    else:
-        assert served_models.reasons == {"no-shape-config": 2}
+    assert served_models.stats == {"kernel": 2} and served_models.last_reason == "gqa varlen"
+    seen = [call for s in served_models.stand_ins if s.meta["spec"].get("layout") == "varlen" for call in s.seen]
+    cap, sinks = (50.0, False) if family == "gemma2" else (0.0, True)
+    assert sorted(seen) == [((-1, -1), cap, sinks), ((WINDOW - 1, 0), cap, sinks)]
 
 
-def test_a_left_padded_gpt_oss_batch_generates_on_the_kernels(served_models):
-    ref, ours = _pair(served_models, "gpt-oss")
+@pytest.mark.parametrize("family", ["gemma2", "gpt-oss"])
+def test_a_left_padded_batch_generates_on_the_kernels(served_models, family):
+    ref, ours = _pair(served_models, family)
     ids = torch.randint(0, 320, (2, 24), generator=torch.Generator().manual_seed(7))
     mask = torch.ones(2, 24, dtype=torch.long)
     mask[0, :5] = 0
