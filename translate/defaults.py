@@ -158,8 +158,7 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     elif spec.layout == "dense" and not getattr(spec, "local", False):
         # hd256: FA3's and FA4's 128x80 (O 64x256 is 128 of a consumer thread's registers)
         seeds = [dict(block_m=128, block_n=80), dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
-    elif spec.layout == "dense" or (spec.layout == "varlen" and not (getattr(spec, "local", False)
-                                                                     or getattr(spec, "softcap", False))):
+    elif spec.layout == "dense" or (spec.layout == "varlen" and not (spec.local or spec.softcap)):
         # hd256 varlen (its producer takes registers from the consumers) and with a window (its bounds): ptxas
         # spilled at 128x80 (nvcc 13.0, gqa causal: varlen 20 bytes, window + softcap 4) and not at 128x64
         seeds = [dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]

@@ -225,8 +225,9 @@ def fp8_max_offset(params) -> int:
 # FMNMX chains of a row's maximum in an FP8 kernel, by head dim. Measured on an H200 (5 interleaved rounds, one process;
 # BENCHMARKS.md, FP8 dense prefill): at head dim 64 two chains ran 5-9% faster than one at 8k-16k keys (non-causal 16k
 # 635.5 against 584.0 TFLOPS; causal 613.3 against 582.4), four 0-7% and eight slower; at 128 one chain was fastest
-# (two to eight 1-3% slower). 96 and 256 are not measured yet: 96 takes d64's two (its 192-row tile is d64's, and its
-# GEMMs per score, 1.5x d64's, leave the softmax's latency as exposed), 256 d128's one (twice d128's GEMM per score).
+# (two to eight 1-3% slower). 96, 192 and 256 are not measured yet: 96 takes d64's two (its 192-row tile is d64's, and
+# its GEMMs per score, 1.5x d64's, leave the softmax's latency as exposed), 192 and 256 d128's one (1.5x and twice
+# d128's GEMM per score).
 FP8_MAX_CHAINS = {64: 2, 96: 2, 128: 1, 192: 1, 256: 1}
 
 
