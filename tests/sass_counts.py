@@ -42,6 +42,24 @@ def sass_counts(name: str, cubin: bytes) -> Counter:
     return counts
 
 
+def local_memory_in_key_loop(name: str, cubin: bytes) -> int:
+    """How many local-memory loads and stores (spills) function ``name`` in ``cubin`` holds between its first and last
+    tensor-core MMA, where a spill costs once per key tile rather than once per tile; the test is skipped without
+    cuobjdump."""
+    from translate.sass import sass_instructions
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "k.cubin"
+        path.write_bytes(cubin)
+        functions = sass_instructions(path)
+    if functions is None:
+        pytest.skip("cuobjdump not installed")
+    opcodes = [(line.split()[1] if line.split()[0].startswith("@") else line.split()[0]).split(".")[0]
+               for line in functions[name] if line.split()]
+    mmas = [i for i, op in enumerate(opcodes) if op in ("HGMMA", "QGMMA", "HMMA")]
+    return sum(op in ("STL", "LDL") for op in opcodes[mmas[0]:mmas[-1] + 1]) if mmas else 0
+
+
 def sass_summary_of(result, name: str) -> dict:
     """translate.sass.sass_summary of function ``name`` in a compile result's cubin (tensor-core MMAs, LDSM, LDGSTS,
     MUFU.EX2, the total); the test is skipped without cuobjdump."""

@@ -158,14 +158,16 @@ def _hopper_seeds(spec: KernelSpec) -> list[dict]:
     elif spec.layout == "dense" and not getattr(spec, "local", False):
         # hd256: FA3's and FA4's 128x80 (O 64x256 is 128 of a consumer thread's registers)
         seeds = [dict(block_m=128, block_n=80), dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
-    elif spec.layout == "dense" or (spec.layout == "varlen" and not (spec.local or spec.softcap)):
+    elif spec.layout == "dense" or not (spec.local or spec.softcap):
         # hd256 varlen (its producer takes registers from the consumers) and with a window (its bounds): ptxas
-        # spilled at 128x80 (nvcc 13.0, gqa causal: varlen 20 bytes, window + softcap 4) and not at 128x64
+        # spilled at 128x80 (nvcc 13.0, gqa causal: varlen 20 bytes, window + softcap 4) and not at 128x64. Paged
+        # (the cp.async producer's 56 registers leave the consumers 224) spills 16 bytes at 128x64, none inside the
+        # key loop (a tile's epilogue and the producer): 0.93-0.97x FA4 on the serving mixes against 0.84-0.89x at
+        # 128x48 (H200, BENCHMARKS.md "2026-11-29 (fifth session)")
         seeds = [dict(block_m=128, block_n=64), dict(block_m=64, block_n=64)]
     else:
-        # hd256 paged (the cp.async producer keeps 56 registers) and varlen with a window or a cap (Gemma 2's padded
-        # batches): ptxas spilled at 128x64 (nvcc 13.0, gqa causal: paged 16-48 bytes, varlen with the options 4-44)
-        # and not at 128x48
+        # hd256 paged and varlen with a window or a cap (Gemma 2's padded batches): ptxas spilled at 128x64 (nvcc
+        # 13.0, gqa causal: paged 16-48 bytes, varlen with the options 4-44) and not at 128x48
         seeds = [dict(block_m=128, block_n=48), dict(block_m=64, block_n=64)]
     if spec.layout != "dense":
         regs = SERVING_PRODUCER_REGS[spec.layout]

@@ -40,6 +40,10 @@ CASES = [
     # head dim 96: the varlen epilogue's and the cp.async producer's 32-column blocks of the 64-byte swizzle
     ("gqa96c", KernelSpec("gqa", 96, 96, True, "bf16", "varlen"), {}),
     ("paged_gqa96c", KernelSpec("gqa", 96, 96, True, "bf16", "paged"), {}),
+    # head dim 256: 64-key tiles, the paged one beside the cp.async producer's 56 registers (spills outside the loop)
+    ("gqa256c", KernelSpec("gqa", 256, 256, True, "bf16", "varlen"), {}),
+    ("paged_gqa256c", KernelSpec("gqa", 256, 256, True, "bf16", "paged"), {}),
+    ("paged_gqa256n", KernelSpec("gqa", 256, 256, False, "bf16", "paged"), {}),
 ]
 
 

@@ -25,9 +25,10 @@ def test_the_head_dims_and_their_hopper_defaults_are_fa3_fa4s_tiles():
     # varlen and a window take 64-key tiles at 256 (ptxas spilled at 80)
     assert key(KernelSpec("gqa", 256, 256, True, "bf16", "varlen")).startswith("m128n64w8s2_sm90_tma_")
     assert key(KernelSpec("gqa", 256, 256, True, "bf16", local=True)).startswith("m128n64w8s2")
-    # paged (the cp.async producer's 56 registers), and varlen with a window or a cap (Gemma 2's padded batches), take
-    # 48-key tiles (ptxas spilled at 64)
-    assert key(KernelSpec("gqa", 256, 256, True, "bf16", "paged"), page_size=16).startswith("m128n48w8s2_sm90_cpag")
+    # paged takes 64 too (its spills outside the key loop; 0.93-0.97x FA4 against 0.84-0.89x at 48); with a window or
+    # a cap, paged and varlen (Gemma 2's padded batches) take 48-key tiles (ptxas spilled at 64)
+    for page in (16, 128):
+        assert key(KernelSpec("gqa", 256, 256, True, "bf16", "paged"), page_size=page).startswith("m128n64w8s2_sm90_cpag")
     for layout, page in (("varlen", None), ("paged", 16)):
         for options in (dict(softcap=True), dict(local=True), dict(local=True, softcap=True)):
             spec = KernelSpec("gqa", 256, 256, True, "bf16", layout, **options)
@@ -37,8 +38,8 @@ def test_the_head_dims_and_their_hopper_defaults_are_fa3_fa4s_tiles():
 @pytest.mark.slow
 def test_head_dim_256_serving_kernels_with_options_build_without_spills():
     """Gemma 2's layers in the serving layouts (a cap; a window and a cap) and the plain ones: no spill at their
-    defaults (nvcc, sm_90a)."""
-    from sass_counts import compiled_or_skip
+    defaults (nvcc, sm_90a), but for the plain paged kernel's, none of them inside the key loop."""
+    from sass_counts import compiled_or_skip, local_memory_in_key_loop
 
     import tl
     import translate
@@ -54,6 +55,9 @@ def test_head_dim_256_serving_kernels_with_options_build_without_spills():
             gens.append(translate.generate(program, default_params(h100, spec, "ws_overlap", page_size=page), h100,
                                            spec))
     for gen, result in zip(gens, compiled_or_skip(gens)):
+        assert local_memory_in_key_loop(gen.name, result.cubin) == 0, gen.name
+        if "_paged_" in gen.name and "softcap" not in gen.name:
+            continue    # 16 bytes in a tile's epilogue and the producer (translate/defaults.py)
         assert result.spill_stores == 0 and result.spill_loads == 0, (gen.name, result.resources())
 
 
