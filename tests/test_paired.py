@@ -26,3 +26,13 @@ def test_fp8_calls_rotate_e4m3_input_sets_and_pass_their_descales():
         calls["default"]()
     assert [names for _, names in seen] == [["k_descale", "q_descale", "v_descale"]] * 4
     assert len({ptr for ptr, _ in seen[:3]}) == 3 and seen[3][0] == seen[0][0]   # three sets, then the first again
+
+
+def test_a_timing_names_its_l2_flush():
+    import pytest
+
+    from tuner.measure.timer import Timing
+
+    assert Timing().l2_flush == "zero" and Timing(l2_flush="read").l2_flush == "read"
+    with pytest.raises(ValueError, match="l2_flush must be one of"):
+        Timing(l2_flush="memset")

@@ -2,17 +2,20 @@
 decode and the GPU's measured copy bandwidth, same process, same inputs.
 
 A point is one decode call: ``batch`` sequences of ``kv_len`` cached keys each in a shuffled paged cache, one
-(or a few) new query tokens. Both kernels are timed by tuner.measure.timer.time_ms (triton's do_bench, L2 flushed).
+(or a few) new query tokens. Every call (ours, FA4's, FlashInfer's, the copy) is timed by tuner.measure.timer.time_ms
+with DECODE_TIMING: do_bench's procedure with L2 emptied by a read, not a memset (see Timing.l2_flush).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from tuner.measure.timer import time_ms
+from tuner.measure.timer import Timing, time_ms
 
 BATCHES = (1, 8, 32, 64, 128)
 KV_LENS = (1024, 4096, 8192, 16384, 32768)
+# a decode call of 64k-128k cache tokens takes 70-140 us on an H200, of which do_bench's dirty flush would add 8-9
+DECODE_TIMING = Timing(l2_flush="read")
 
 
 def keys_read(kv_len: int, seqlen_q: int, window) -> int:
@@ -111,7 +114,7 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30) -> float:
 
     src = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
     dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
+    ms = time_ms(lambda: dst.copy_(src), timing=DECODE_TIMING)
     return 2 * nbytes / ms / 1e6
 
 
@@ -154,17 +157,17 @@ def measure_point(kernel, p: DecodePoint, with_fa4: bool = True, fa4_first: bool
     row["splits"] = kernel.split_plan(p.batch, p.heads_q, p.heads_kv, p.seqlen_q,
                                       kernel.visible_keys(capacity, p.seqlen_q, window))[0].num_splits
     if not fa4_first:
-        row["ours_gbs"] = p.kv_bytes / time_ms(ours) / 1e6
+        row["ours_gbs"] = p.kv_bytes / time_ms(ours, timing=DECODE_TIMING) / 1e6
     if with_fa4:
         try:
             fa = fa4_decode_call(p, x)
             ref = fa()
-            row["fa4_gbs"] = p.kv_bytes / time_ms(fa) / 1e6
+            row["fa4_gbs"] = p.kv_bytes / time_ms(fa, timing=DECODE_TIMING) / 1e6
             row["max_diff_vs_fa4"] = float((o.float() - ref.float()).abs().max())
         except Exception as exc:  # noqa: BLE001 - a baseline that cannot run is recorded, not fatal
             row["fa4_error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
     if fa4_first:
-        row["ours_gbs"] = p.kv_bytes / time_ms(ours) / 1e6
+        row["ours_gbs"] = p.kv_bytes / time_ms(ours, timing=DECODE_TIMING) / 1e6
     del x
     torch.cuda.empty_cache()
     return row
@@ -251,7 +254,7 @@ def measure_fp8_point(fp8_kernel, kernel, p: DecodePoint, with_flashinfer: bool 
     names = list(calls)
     for order in (names, names[::-1]):
         for name in order:
-            ms[name] = min(ms[name], time_ms(calls[name]))
+            ms[name] = min(ms[name], time_ms(calls[name], timing=DECODE_TIMING))
     ms8, ms16 = ms["fp8"], ms["base"]
     capacity = x8["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
     tokens = p.batch * p.seqlen_q
@@ -365,7 +368,7 @@ def measure_mla_point(kernel, p: MLAPoint) -> dict:
     capacity = x["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
     row = {"point": p.label(), "heads_q": p.heads_q, "batch": p.batch, "kv_len": p.kv_len, "seqlen_q": p.seqlen_q,
            "splits": kernel.split_plan(p.batch, p.heads_q, 1, p.seqlen_q, capacity)[0].num_splits}
-    ms = time_ms(ours)
+    ms = time_ms(ours, timing=DECODE_TIMING)
     row.update(ms=ms, ours_gbs=p.kv_bytes / ms / 1e6, ours_tflops=p.flops / ms / 1e9)
     del x
     torch.cuda.empty_cache()
@@ -398,7 +401,7 @@ def measure_fp8_mla_point(fp8_kernel, kernel, p: MLAPoint) -> dict:
     ms = {name: math.inf for name in calls}
     for order in (list(calls), list(calls)[::-1]):
         for name in order:
-            ms[name] = min(ms[name], time_ms(calls[name]))
+            ms[name] = min(ms[name], time_ms(calls[name], timing=DECODE_TIMING))
     ms8, ms16 = ms["fp8"], ms["base"]
     capacity = x8["page_table"].shape[1] * p.page_size if p.page_size else p.kv_len
     tokens = p.batch * p.seqlen_q
