@@ -14,7 +14,8 @@ records are kept beside the table (``hardware_profiles/bucket_defaults/records/<
 re-derived.
 
 Prints the derived entries as TOML (``[[change]]`` tables, ``measured`` filled from the ratios), and the changes that
-won in fewer processes as comments. ``--check GPU`` instead compares the derivation with that GPU's table
+won in fewer processes as comments. With ``--gpu GPU`` (and with ``--check GPU``) a change is reduced to what that
+GPU's per-spec default does not already hold: a win the default has since taken makes no entry. ``--check GPU`` instead compares the derivation with that GPU's table
 (variants, head dim, causal, bucket -> change) and exits 1 on any difference, naming it.
 """
 from __future__ import annotations
@@ -102,14 +103,28 @@ def choose(collected, min_processes: int = 2) -> tuple[dict, list[str]]:
     return chosen, notes
 
 
-def entries(chosen) -> list[dict]:
-    """Table entries: per (head dim, causal, change, buckets) with the variants that share them."""
+def beyond_default(change: dict, spec, profile) -> dict:
+    """The part of ``change`` that the spec's per-spec default on ``profile`` does not already hold (a record timed
+    its change against the default of its day; a later default may have taken some of it, e.g. pack_gqa at d64)."""
+    from translate.defaults import default_params
+
+    default = default_params(profile, spec, "ws_overlap").to_dict()
+    return {k: v for k, v in change.items() if default.get(k) != v}
+
+
+def entries(chosen, profile=None) -> list[dict]:
+    """Table entries: per (head dim, causal, change, buckets) with the variants that share them; with ``profile``,
+    each change less what the per-spec default already holds (beyond_default), and none where nothing is left."""
     from tuner.defaults.table import parse_spec_label
     from tuner.serving.buckets.seqlen import BUCKETS, bucket_name
 
     per_spec: dict[tuple, dict] = {}
     for (spec, bucket), (change, verdicts) in chosen.items():
         parsed = parse_spec_label(spec)
+        if profile is not None:
+            change = beyond_default(change, parsed, profile)
+            if not change:
+                continue
         key = (parsed.variant, parsed.d_qk, parsed.causal, json.dumps(change, sort_keys=True))
         per_spec.setdefault(key, {"buckets": [], "measured": []})
         per_spec[key]["buckets"].append(bucket)
@@ -165,6 +180,7 @@ def main(argv=None) -> int:
     ap.add_argument("records", metavar="RECORD.json", nargs="+", type=Path, help="a param_ab_check.py --changes record")
     ap.add_argument("--min-processes", type=int, default=2, help="records in which a change must win (default 2)")
     ap.add_argument("--check", metavar="GPU", help="compare with hardware_profiles/bucket_defaults/GPU.toml")
+    ap.add_argument("--gpu", help="print the changes beyond this GPU's per-spec defaults (--check GPU implies it)")
     args = ap.parse_args(argv)
     try:
         records = [json.loads(p.read_text()) for p in args.records]
@@ -172,7 +188,9 @@ def main(argv=None) -> int:
     except (OSError, ValueError, KeyError) as exc:
         print(f"bad input: {exc}", file=sys.stderr)
         return 2
-    items = entries(chosen)
+    from hardware_profiles import load_profile
+
+    items = entries(chosen, load_profile(args.check or args.gpu) if (args.check or args.gpu) else None)
     if args.check:
         from tuner.defaults.table import load_table
 

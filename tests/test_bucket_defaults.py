@@ -108,9 +108,9 @@ def test_the_h100_table_gives_the_measured_kernels_per_bucket():
     assert not any(p.pingpong or p.pack_gqa for b, p in gqa.items() if b in ("s2048", "s4096", "s8192"))
     assert gqa["s16384"].pingpong and not gqa["s16384"].persistent and gqa["s16384"].block_n == 128
     assert "s1024 x1.032 x1.024" in bucket_change(H100, GQA128N, "s1024").measured
-    gqa64 = bucket_defaults(H100, KernelSpec("gqa", 64, 64, True, "bf16"))   # packed heads, except 8k
-    assert [b for b, p in gqa64.items() if p.pack_gqa] == ["s512", "s1024", "s2048", "s4096", "s16384"]
-    assert gqa64["s8192"].block_n == 96 and not gqa64["s8192"].pack_gqa
+    gqa64 = bucket_defaults(H100, KernelSpec("gqa", 64, 64, True, "bf16"))   # packed heads: the per-spec default
+    assert all(p.pack_gqa for p in gqa64.values()) and gqa64["s8192"].block_n == 96
+    assert gqa64["s4096"] == default_params(H100, KernelSpec("gqa", 64, 64, True, "bf16"), "ws_overlap")
     mha64n = bucket_defaults(H100, KernelSpec("mha", 64, 64, False, "bf16"))
     assert [b for b, p in mha64n.items() if p.pingpong] == ["s512", "s4096"]
     assert mha64n["s4096"].block_n == 112 and mha64n["s16384"].block_n == 112 and not mha64n["s16384"].pingpong
@@ -353,7 +353,7 @@ def test_the_h100_table_is_what_its_records_give(capsys):
     table = bt.assignments(load_table("h100"))
     table[("mha", 64, True, "s4096")] = {"block_n": 112}
     derived = bt.assignments(bt.as_table(bt.entries(bt.choose(bt.collect([json.loads(f.read_text())
-                                                                            for f in files]))[0])))
+                                                                            for f in files]))[0], H100)))
     assert bt.differences(derived, table) == [
         "('mha', 64, True, 's4096'): records give {'block_n': 96, 'rescale_threshold': 8}, the table has {'block_n': 112}"]
 

@@ -202,6 +202,7 @@ def hopper_params(profile: Profile, spec: KernelSpec, warp_specialized: bool = T
                                       producer_regs=max(regs, CP_ASYNC_PRODUCER_REGS)))
         for copy in copies:
             params = KernelParams(block_m=seed["block_m"], block_n=seed["block_n"], **base, **copy,
+                                  pack_gqa=warp_specialized and _packs_query_heads(spec),
                                   rescale_threshold=_rescale_threshold(spec) if warp_specialized else 0,
                                   pingpong=warp_specialized and _serving_pingpong(spec),
                                   vt_key_order=FP8_VT_KEY_ORDER if spec.dtype == "fp8" else "natural")
@@ -243,6 +244,20 @@ def _whole_tile_pages(spec: KernelSpec, page_size: int | None, block_n: int) -> 
     FP8 paged kernel keeps the FP8 varlen kernel's choices, TMA already)."""
     return (bool(page_size) and page_size % block_n == 0 and spec.d_qk == spec.d_v
             and spec.d_qk in WHOLE_TILE_PAGES_HEAD_DIMS and spec.dtype != "fp8")
+
+
+# Causal grouped heads at head dim 64 pack the group's query heads into a tile's rows (FA4's default for GQA/MQA):
+# per-spec default / packed, H100, 2 processes x 15 paired rounds (BENCHMARKS.md 2026-11-26 "packed query heads"):
+# gqa 32/4 x1.26-1.30 at 512-1k, x1.12 at 2k, x1.03-1.11 at 4k-16k; mqa 32/1 x1.04-1.32. H200, gpt-oss's 64/8 with
+# sinks, FA4 in each process (BENCHMARKS.md "2026-11-29 (fifth session)"): 0.835 / 0.922 / 0.935 / 0.939x FA4 at
+# 1k / 2k / 4k / 16k unpacked, 1.052 / 0.998 / 0.986 / 1.032x packed. d128 gained at most 1-5%, not everywhere.
+PACKED_HEAD_DIMS = (64,)
+
+
+def _packs_query_heads(spec: KernelSpec) -> bool:
+    """pack_gqa in a dense causal 16-bit GQA/MQA spec's default at PACKED_HEAD_DIMS (d_qk = d_v)."""
+    return (spec.variant in ("gqa", "mqa") and spec.layout == "dense" and spec.causal and spec.dtype != "fp8"
+            and spec.d_qk == spec.d_v and spec.d_qk in PACKED_HEAD_DIMS)
 
 
 def _serving_pingpong(spec: KernelSpec) -> bool:
