@@ -246,17 +246,18 @@ def _whole_tile_pages(spec: KernelSpec, page_size: int | None, block_n: int) -> 
             and spec.d_qk in WHOLE_TILE_PAGES_HEAD_DIMS and spec.dtype != "fp8")
 
 
-# Causal grouped heads at head dim 64 pack the group's query heads into a tile's rows (FA4's default for GQA/MQA):
-# per-spec default / packed, H100, 2 processes x 15 paired rounds (BENCHMARKS.md 2026-11-26 "packed query heads"):
-# gqa 32/4 x1.26-1.30 at 512-1k, x1.12 at 2k, x1.03-1.11 at 4k-16k; mqa 32/1 x1.04-1.32. H200, gpt-oss's 64/8 with
-# sinks, FA4 in each process (BENCHMARKS.md "2026-11-29 (fifth session)"): 0.835 / 0.922 / 0.935 / 0.939x FA4 at
-# 1k / 2k / 4k / 16k unpacked, 1.052 / 0.998 / 0.986 / 1.032x packed. d128 gained at most 1-5%, not everywhere.
+# Grouped heads at head dim 64 pack the group's query heads into a tile's rows (FA4's default for GQA/MQA). Unpacked
+# default / packed: causal, H100, 2 processes x 15 paired rounds (BENCHMARKS.md 2026-11-26 "packed query heads"): gqa
+# 32/4 x1.26-1.30 at 512-1k, x1.12 at 2k, x1.03-1.11 at 4k-16k; mqa 32/1 x1.04-1.32. H200 (BENCHMARKS.md "2026-11-29
+# (fifth session)"): causal gqa/mqa x1.29-1.31 at 1k, x1.03-1.05 at 16k; non-causal (2 processes) x1.12 at 1k,
+# x1.04-1.05 at 2k-4k, level at 16k (x0.999-1.006); gpt-oss's 64/8 with sinks 1.051 / 1.007 / 0.996 / 1.069x FA4 at
+# 1k / 2k / 4k / 16k (0.835-0.939x unpacked). d128 gained at most 1-5%, not everywhere: its table decides.
 PACKED_HEAD_DIMS = (64,)
 
 
 def _packs_query_heads(spec: KernelSpec) -> bool:
-    """pack_gqa in a dense causal 16-bit GQA/MQA spec's default at PACKED_HEAD_DIMS (d_qk = d_v)."""
-    return (spec.variant in ("gqa", "mqa") and spec.layout == "dense" and spec.causal and spec.dtype != "fp8"
+    """pack_gqa in a dense 16-bit GQA/MQA spec's default at PACKED_HEAD_DIMS (d_qk = d_v)."""
+    return (spec.variant in ("gqa", "mqa") and spec.layout == "dense" and spec.dtype != "fp8"
             and spec.d_qk == spec.d_v and spec.d_qk in PACKED_HEAD_DIMS)
 
 
