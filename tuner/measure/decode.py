@@ -14,7 +14,7 @@ from tuner.measure.timer import Timing, time_ms
 
 BATCHES = (1, 8, 32, 64, 128)
 KV_LENS = (1024, 4096, 8192, 16384, 32768)
-# a decode call of 64k-128k cache tokens takes 70-140 us on an H200, of which do_bench's dirty flush would add 8-9
+# a decode call of 128k cache tokens takes 70-140 us on an H200, of which do_bench's dirty flush would add 8-9
 DECODE_TIMING = Timing(l2_flush="read")
 
 
