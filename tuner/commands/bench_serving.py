@@ -9,6 +9,7 @@ DEFAULT_PAGE_SIZES (pages smaller than a tile and one tile large), those the ker
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -19,9 +20,9 @@ from kernel_abi.abi import TMA_KV
 from tuner import build
 from tuner.commands import bench as bench_cmd
 from tuner.measure import fa4, flashinfer_fp8, timer
-from tuner.measure.mixes import serving_problems
+from tuner.measure.mixes import options_label, serving_problems
 from tuner.measure.serving import mix_rows
-from tuner.measure.serving_baselines import BASELINES
+from tuner.measure.serving_baselines import BASELINES, NOT_APPLICABLE
 from tuner.serving.launch.paging import compatible_page_sizes, page_misfit, page_size_error
 
 DEFAULT_PAGE_SIZES = (16, 128)
@@ -32,7 +33,9 @@ def _cell(row: dict, name: str) -> str:
     value, err = row.get(name), row.get(f"{name}_err")
     if value is not None:
         return f"{value:g}"
-    return fa4.NOT_INSTALLED if fa4.is_not_installed(err) else ("error" if err else "–")
+    if fa4.is_not_installed(err):
+        return fa4.NOT_INSTALLED
+    return "n/a" if err and err.startswith(NOT_APPLICABLE) else ("error" if err else "–")
 
 
 def results_table(rows: Sequence[dict], title: str, baselines: Sequence[str] = tuple(b.name for b in BASELINES)
@@ -96,11 +99,14 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
                   params: Optional[str], sketch: Optional[Path], head_dim: Optional[int], dtype: Optional[str],
                   causal: Optional[bool], schedule: Optional[str], out_json: Optional[Path],
                   console: Optional[Console] = None, cache_dir: Optional[Path] = None,
-                  page_sizes: Optional[Sequence[int]] = None, record_out: Optional[dict] = None) -> int:
+                  page_sizes: Optional[Sequence[int]] = None, record_out: Optional[dict] = None,
+                  options=None, layer: Optional[str] = None) -> int:
     """0 measured (rows may be FAILED: see the table); 1 compile or verification failed; 2 bad input, no GPU.
-    ``page_sizes`` (paged) replaces the defaults; ``record_out`` receives the JSON record."""
+    ``page_sizes`` (paged) replaces the defaults; ``record_out`` receives the JSON record. ``options`` (--window,
+    --softcap, --sinks) or a preset's ``layer`` kind are built into the kernel, checked by the gate's option cases and
+    given to every timed call, ours and the libraries' (a library with no form for one is "n/a" in its column)."""
     from translate.defaults import default_params
-    from tuner.build import UsageError, parse_params_arg, resolve_schedule, resolve_target
+    from tuner.build import NO_OPTIONS, UsageError, parse_params_arg, resolve_schedule, resolve_target
 
     console = console or Console()
     err = Console(stderr=True, soft_wrap=True)
@@ -111,7 +117,8 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
 
     try:
         target = bench_cmd.resolve_bench_target(variant, model, head_dim, dtype, causal)
-        targets = [resolve_target(gpu, target.variant, target.head_dim, target.dtype, c, layout)
+        options, options_note = bench_cmd.preset_options(model, layer, options or NO_OPTIONS)
+        targets = [resolve_target(gpu, target.variant, target.head_dim, target.dtype, c, layout, options=options)
                    for c in target.causals]
         profile = targets[0][0]
         schedule = resolve_schedule(schedule, profile)
@@ -129,6 +136,8 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
         sizes = {c: resolve_page_sizes(layout, page_size, c[0], page_sizes or DEFAULT_PAGE_SIZES, c[1]) for c in copies}
     except (UsageError, ValueError) as exc:
         return usage(str(exc))
+    if options_note:
+        err.print(f"tune bench: {options_note}", markup=False, highlight=False)
     problem = bench_cmd.device_problem(profile, err)
     if problem is not None:
         return usage(problem)
@@ -144,7 +153,8 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
 
     twins = {}   # an FP8 bench times our bf16 default of each spec too, in the same rounds on the same values
     if target.dtype == "fp8" and params is None and sketch is None:
-        bf16_targets = [resolve_target(gpu, target.variant, target.head_dim, "bf16", c, layout) for c in target.causals]
+        bf16_targets = [resolve_target(gpu, target.variant, target.head_dim, "bf16", c, layout, options=options)
+                        for c in target.causals]
         more, code = build.build_kernels(bf16_targets, target.variant, None, None, profile, err, cache_dir, schedule,
                                          page_size=page_size)
         if more is None:
@@ -159,7 +169,8 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
     heads = target.heads or _grid_heads(target.variant, target.head_dim)
     rows: list[dict] = []
     for b, kernel in zip(built, kernels):
-        problems = [p for size in sizes[(b.params.block_n, b.params.g2s_atom)]
+        problems = [dataclasses.replace(p, **options.problem_changes(b.spec.causal))
+                    for size in sizes[(b.params.block_n, b.params.g2s_atom)]
                     for p in serving_problems(layout, target.variant, heads[0], heads[1], b.spec.d_qk, b.spec.d_v,
                                               b.spec.causal, b.spec.dtype, size)]
         console.print(f"[bold]{b.spec.label()}[/bold]: {b.kernel.name} {b.params.key()} "
@@ -171,7 +182,8 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
             markup=False, highlight=False, soft_wrap=True))
     env = bench_cmd.environment_record(profile, built[0].compiled.nvcc_version)
     who = target.model or target.variant
-    console.print(results_table(rows, f"{who} {layout} prefill on {env['device']} ({profile.name}), TFLOPS"))
+    console.print(results_table(rows, f"{who} {layout} prefill{options_label(options)} on {env['device']} "
+                                      f"({profile.name}), TFLOPS"))
     record = {"tool": "tune bench", **env, "flashinfer": flashinfer_fp8.library_status(), "layout": layout,
               "variant": target.variant, "model": target.model, "heads": list(heads),
               "page_sizes": sorted({s for v in sizes.values() for s in v if s is not None}),

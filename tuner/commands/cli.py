@@ -108,21 +108,15 @@ PHASE_HELP = ("prefill, or decode: split-KV decode kernels (a few new tokens per
               "capacity, tuner/serving/buckets/decode.py) against FA4's paged decode.")
 
 
-def _model_options(command: str, window, softcap, sinks, phase: str, layout: str = "dense"):
-    """--window / --softcap / --sinks as tuner.build.ModelOptions; a one-line usage error where they do not apply
-    (`tune bench` of the serving layouts takes none yet; absorbed MLA decode refuses them where its target is
-    resolved)."""
+def _model_options(command: str, window, softcap, sinks):
+    """--window / --softcap / --sinks as tuner.build.ModelOptions; a one-line usage error where they are malformed
+    (absorbed MLA decode refuses them where its target is resolved)."""
     from tuner.build import UsageError, parse_options
 
     try:
         options = parse_options(window, softcap, sinks)
     except UsageError as exc:
         typer.echo(f"{command}: error: {exc}", err=True)
-        raise typer.Exit(2)
-    given = window is not None or softcap is not None or sinks
-    if given and command == "tune bench" and phase == "prefill" and layout != "dense":
-        typer.echo(f"{command}: error: --window, --softcap and --sinks are timed on dense prefill and decode only so "
-                   "far", err=True)
         raise typer.Exit(2)
     return options
 
@@ -371,7 +365,7 @@ def build(
     if phase not in ("prefill", "decode"):
         typer.echo(f"tune build: error: --phase must be prefill or decode, got {phase!r}", err=True)
         raise typer.Exit(2)
-    options = _model_options("tune build", window, softcap, sinks, phase)
+    options = _model_options("tune build", window, softcap, sinks)
     if phase == "decode":
         if seqlen is not None:
             typer.echo("tune build: error: --seqlen picks a dense prefill bucket's default; a decode kernel's "
@@ -429,7 +423,7 @@ def bench(
     _no_bucket_table(no_bucket_table)
     layout_given, layout = layout, (layout or "dense").strip().lower()
     phase = phase.strip().lower()
-    options = _model_options("tune bench", window, softcap, sinks, phase, layout)
+    options = _model_options("tune bench", window, softcap, sinks)
     if phase not in ("prefill", "decode"):
         typer.echo(f"tune bench: error: --phase must be prefill or decode, got {phase!r}", err=True)
         raise typer.Exit(2)
@@ -453,7 +447,7 @@ def bench(
 
         raise typer.Exit(run_mix_bench(gpu=gpu, variant=variant, model=model, layout=layout, page_size=page_size,
                                        params=params, sketch=sketch, head_dim=head_dim, dtype=dtype, causal=causal,
-                                       schedule=schedule, out_json=out_json))
+                                       schedule=schedule, out_json=out_json, options=options, layer=layer))
     from tuner.commands.bench import run_bench
 
     raise typer.Exit(run_bench(gpu=gpu, variant=variant, params=params, sketch=sketch, head_dim=head_dim,

@@ -64,13 +64,11 @@ def status() -> dict:
     return {"installed": True, "version": version}
 
 
-def attention_call(problem, sinks=None) -> Callable:
-    """``call(q, k, v) -> out`` in (b, s, h, d) for ``problem`` (a kernel_abi.spec.Problem), its window, cap and
-    ``sinks`` (one logit per query head, given to FA4 as ``learnable_sink`` in bf16) as FA4 takes them; raises
-    Fa4Unavailable when FA4 is not importable."""
-    func = _flash_attn_func()
+def option_kwargs(problem, sinks=None) -> dict:
+    """FA4's keywords for a problem's window and cap (a kernel_abi.spec.Problem or a serving mix) and ``sinks`` (one
+    logit per query head, given as ``learnable_sink`` in bf16); none for a plain problem."""
     options = {}
-    if getattr(problem, "window", (-1, -1)) != (-1, -1):   # FA4: None leaves a side open
+    if tuple(getattr(problem, "window", (-1, -1))) != (-1, -1):   # FA4: None leaves a side open
         options["window_size"] = tuple(None if w < 0 else w for w in problem.window)
     if getattr(problem, "softcap", 0.0):
         options["softcap"] = problem.softcap
@@ -78,6 +76,15 @@ def attention_call(problem, sinks=None) -> Callable:
         import torch
 
         options["learnable_sink"] = sinks.to(torch.bfloat16)
+    return options
+
+
+def attention_call(problem, sinks=None) -> Callable:
+    """``call(q, k, v) -> out`` in (b, s, h, d) for ``problem`` (a kernel_abi.spec.Problem), its window, cap and
+    ``sinks`` (one logit per query head, given to FA4 as ``learnable_sink`` in bf16) as FA4 takes them; raises
+    Fa4Unavailable when FA4 is not importable."""
+    func = _flash_attn_func()
+    options = option_kwargs(problem, sinks)
 
     def call(q, k, v):
         out = func(q, k, v, causal=problem.causal, softmax_scale=problem.softmax_scale, **options)

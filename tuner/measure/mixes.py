@@ -14,7 +14,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from kernel_abi.spec import DTYPES, VARIANTS
+from kernel_abi.spec import (DTYPES, NO_WINDOW, VARIANTS, effective_window, softcap_errors, visible_pairs,
+                              window_errors)
 from tuner.serving.buckets.serving import SERVING_LAYOUTS, page_size_problem, serving_bucket
 
 MIXES_FILE = Path(__file__).resolve().parent / "mixes.toml"
@@ -48,9 +49,15 @@ class ServingProblem:
     causal: bool
     dtype: str
     page_size: int | None = None
+    # the options a kernel built with them is called with (kernel_abi.spec's conventions): ours and the libraries alike
+    window: tuple = NO_WINDOW
+    softcap: float = 0.0
+    sinks: bool = False
 
     def __post_init__(self) -> None:
-        errors = []
+        if isinstance(self.window, list):   # read back from JSON, where a tuple is a list
+            object.__setattr__(self, "window", tuple(self.window))
+        errors = window_errors(self.window, self.causal) + softcap_errors(self.softcap)
         if self.layout not in SERVING_LAYOUTS:
             errors.append(f"layout must be one of {', '.join(SERVING_LAYOUTS)}, got {self.layout!r}")
         if (self.layout == "paged") != (self.page_size is not None):
@@ -93,7 +100,11 @@ class ServingProblem:
 
     @property
     def pairs(self) -> int:
-        """(query, key) pairs computed: causal aligns bottom-right, so a query sees the keys up to its own."""
+        """(query, key) pairs computed: causal aligns bottom-right, so a query sees the keys up to its own; a window
+        counts the pairs it leaves visible."""
+        if self.window != NO_WINDOW:
+            left, right = effective_window(self.window, self.causal)
+            return sum(visible_pairs(q, k, left, right) for q, k in zip(self.seqlens_q, self.seqlens_k))
         if not self.causal:
             return sum(q * k for q, k in zip(self.seqlens_q, self.seqlens_k))
         return sum(q * (k - q) + q * (q + 1) // 2 for q, k in zip(self.seqlens_q, self.seqlens_k))
@@ -114,7 +125,13 @@ class ServingProblem:
         page = f" page{self.page_size}" if self.page_size else ""
         return (f"{self.variant} {self.layout}{page} '{self.name}' ({self.batch} seqs, {self.total_q} q / "
                 f"{self.total_k} k tokens) hq{self.heads_q} hkv{self.heads_kv} d{self.d_qk}/{self.d_v} "
-                f"{'causal' if self.causal else 'noncausal'} {self.dtype}")
+                f"{'causal' if self.causal else 'noncausal'} {self.dtype}" + options_label(self))
+
+
+def options_label(p) -> str:
+    """`` window 4096,0 softcap 50 sinks``: a problem's options; "" for none."""
+    return "".join((f" window {p.window[0]},{p.window[1]}" if tuple(p.window) != NO_WINDOW else "",
+                    f" softcap {p.softcap:g}" if p.softcap else "", " sinks" if p.sinks else ""))
 
 
 def _lengths(name: str, data: dict, which: str) -> tuple[int, ...] | None:

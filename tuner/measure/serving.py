@@ -24,7 +24,7 @@ from typing import Callable, Optional, Sequence
 
 from tuner.measure import dense, timer
 from tuner.measure.mixes import ServingProblem
-from tuner.measure.serving_baselines import BASELINES, Baseline, Unavailable
+from tuner.measure.serving_baselines import BASELINES, Baseline, NotApplicable, Unavailable
 from tuner.measure.serving_inputs import baseline_view, make_mix_inputs
 
 # Rounds of ours and the baselines per mix (module doc): three, so that one round's first timing, after idle time,
@@ -34,21 +34,38 @@ CROSS_CHECK_ORDER = ("sdpa", "fa4", "flashinfer")
 
 
 def problem_row(p: ServingProblem) -> dict:
-    return {"layout": p.layout, "mix": p.name, "bucket": p.bucket, "page_size": p.page_size, "batch": p.batch,
-            "total_q": p.total_q, "total_k": p.total_k, "max_seqlen_q": p.max_seqlen_q,
-            "max_seqlen_k": p.max_seqlen_k, "variant": p.variant, "heads_q": p.heads_q, "heads_kv": p.heads_kv,
-            "d_qk": p.d_qk, "d_v": p.d_v, "causal": p.causal, "dtype": p.dtype, "flops": p.flops}
+    row = {"layout": p.layout, "mix": p.name, "bucket": p.bucket, "page_size": p.page_size, "batch": p.batch,
+           "total_q": p.total_q, "total_k": p.total_k, "max_seqlen_q": p.max_seqlen_q,
+           "max_seqlen_k": p.max_seqlen_k, "variant": p.variant, "heads_q": p.heads_q, "heads_kv": p.heads_kv,
+           "d_qk": p.d_qk, "d_v": p.d_v, "causal": p.causal, "dtype": p.dtype, "flops": p.flops}
+    if p.window != (-1, -1) or p.softcap or p.sinks:
+        row.update(window=list(p.window), softcap=p.softcap, sinks=p.sinks)
+    return row
+
+
+def option_kwargs(p: ServingProblem, device) -> dict:
+    """Our kernel's keyword arguments for the mix's options: window_size, softcap, sinks (tuner.measure.dense's
+    seeded sink logits, which FA4 is given too); none for a plain mix."""
+    out: dict = {}
+    if p.window != (-1, -1):
+        out["window_size"] = p.window
+    if p.softcap:
+        out["softcap"] = p.softcap
+    if p.sinks:
+        out["sinks"] = dense.problem_sinks(p, device)
+    return out
 
 
 def ours_call(kernel, p: ServingProblem, x) -> Callable[[], object]:
-    """Our kernel's call on the mix's inputs (AttentionKernel.varlen or .paged)."""
+    """Our kernel's call on the mix's inputs (AttentionKernel.varlen or .paged), with the mix's options."""
     descales = x.descales or {}
+    options = option_kwargs(p, x.q.device)
     if p.layout == "paged":   # FP8: the descales, and the mix's longest keys bound the V^T gathered per call
         fp8 = {**descales, "max_seqlen_k": p.max_seqlen_k} if descales else {}
         return lambda: kernel.paged(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.seqused_k, x.page_table,
-                                    p.max_seqlen_q, softmax_scale=p.softmax_scale, **fp8)
+                                    p.max_seqlen_q, softmax_scale=p.softmax_scale, **fp8, **options)
     return lambda: kernel.varlen(x.q, x.k, x.v, x.cu_seqlens_q, x.cu_seqlens_k, p.max_seqlen_q, p.max_seqlen_k,
-                                 softmax_scale=p.softmax_scale, **descales)
+                                 softmax_scale=p.softmax_scale, **descales, **options)
 
 
 def _diffs(out, ref) -> tuple[float, float]:
@@ -90,7 +107,7 @@ def mix_row(kernel, problem: ServingProblem, *, baselines: Sequence[Baseline] = 
                 row[f"{b.name}_max_abs_diff"], rel[b.name] = _diffs(out, theirs)
             prepared[b.name] = prep
             del theirs
-        except Unavailable as exc:
+        except (Unavailable, NotApplicable) as exc:
             row[f"{b.name}_err"] = str(exc)
         except Exception as exc:  # noqa: BLE001 - "cannot run this mix" comes in many exception types
             row[f"{b.name}_err"] = f"{type(exc).__name__}: {timer.first_line(exc)}"
@@ -222,7 +239,7 @@ def measure_baselines(problem, timing, device: str, errors: dict) -> dict:
             prepared = lib.prepare(problem, x)
             prepared.call()   # a first call may compile (FA4's JIT, FlashInfer's) or allocate: not timed
             row[lib.name] = round(tflops(problem, timer.time_ms(prepared.call, timing=timing)), 2)
-        except Unavailable as exc:
+        except (Unavailable, NotApplicable) as exc:
             row[lib.name], errors[lib.name] = None, str(exc)
         except Exception as exc:  # noqa: BLE001 - a baseline that cannot run has a reason, not a number
             row[lib.name], errors[lib.name] = None, f"{type(exc).__name__}: {str(exc).strip()[:200]}"

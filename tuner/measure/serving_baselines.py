@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from tuner.measure import fa4
+from tuner.measure import dense, fa4
 from tuner.measure.serving_inputs import MixInputs, page_counts
 from tuner.measure.mixes import ServingProblem
 
@@ -27,6 +27,14 @@ FLASHINFER_WORKSPACE_BYTES = 128 * 1024 * 1024   # FlashInfer's documented examp
 
 class Unavailable(RuntimeError):
     """The baseline's library is not importable here; the message starts with NOT_INSTALLED."""
+
+
+NOT_APPLICABLE = "not applicable"
+
+
+class NotApplicable(RuntimeError):
+    """The baseline cannot compute this mix's attention (an option it has no form for); the message starts with
+    NOT_APPLICABLE and names the option."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ def _fa4(problem: ServingProblem, x: MixInputs) -> Prepared:
     except fa4.Fa4Unavailable as exc:
         raise Unavailable(str(exc)) from None
     common = {"max_seqlen_q": problem.max_seqlen_q, "causal": problem.causal,
-              "softmax_scale": problem.softmax_scale}
+              "softmax_scale": problem.softmax_scale,
+              **fa4.option_kwargs(problem, dense.problem_sinks(problem, x.q.device))}
     if problem.layout == "paged":
         def call():
             return func(x.q, x.k_cache, x.v_cache, cu_seqlens_q=x.cu_seqlens_q, cu_seqlens_k=None,
@@ -67,16 +76,22 @@ def _fa4(problem: ServingProblem, x: MixInputs) -> Prepared:
 def _flashinfer(problem: ServingProblem, x: MixInputs) -> Prepared:
     """BatchPrefillWithRaggedKVCacheWrapper (varlen) or BatchPrefillWithPagedKVCacheWrapper (paged), NHD;
     plan() is per batch and untimed (an engine plans once for all layers). FlashInfer's causal mask is
-    bottom-right aligned (append attention), as ours."""
+    bottom-right aligned (append attention), as ours; its window is ``window_left`` and its cap
+    ``logits_soft_cap``; it has no sinks and no right window bound (NotApplicable)."""
     import torch
 
+    p = problem
+    if p.sinks:
+        raise NotApplicable(f"{NOT_APPLICABLE}: FlashInfer's batch prefill takes no attention sinks")
+    if p.window[1] > 0:
+        raise NotApplicable(f"{NOT_APPLICABLE}: FlashInfer's batch prefill bounds a window on the left only")
     try:
         import flashinfer
     except Exception as exc:  # noqa: BLE001 - missing, or a broken install that fails at import
         raise Unavailable(f"{NOT_INSTALLED}: flashinfer is not importable ({type(exc).__name__})") from None
-    p = problem
     workspace = torch.empty(FLASHINFER_WORKSPACE_BYTES, dtype=torch.uint8, device=x.q.device)
-    common = {"head_dim_vo": p.d_v, "causal": p.causal, "sm_scale": p.softmax_scale, "q_data_type": x.q.dtype}
+    common = {"head_dim_vo": p.d_v, "causal": p.causal, "sm_scale": p.softmax_scale, "q_data_type": x.q.dtype,
+              "window_left": p.window[0], "logits_soft_cap": p.softcap or None}
     if p.layout == "paged":
         counts = page_counts(p)
         table = x.page_table.cpu()
@@ -96,23 +111,35 @@ def _flashinfer(problem: ServingProblem, x: MixInputs) -> Prepared:
 
 def sdpa_mask_free(problem: ServingProblem) -> bool:
     """Whether SDPA's own masking (is_causal, or none) gives every valid row of the padded batch right."""
+    if problem.window != (-1, -1):
+        return False
     if problem.causal:
         return all(q == k for q, k in zip(problem.seqlens_q, problem.seqlens_k))
     return all(k == problem.max_seqlen_k for k in problem.seqlens_k)
 
 
 def padded_mask(problem: ServingProblem, device):
-    """(batch, 1, max_q, max_k) bool, True where a query sees a key: keys of its sequence only, and with
-    causal those up to its own position counted from the end (bottom-right)."""
+    """(batch, 1, max_q, max_k) bool, True where a query sees a key: keys of its sequence only, with causal those
+    up to its own position counted from the end (bottom-right), and with a window those within it of that
+    position."""
     import torch
 
+    from kernel_abi.spec import effective_window
+
     p = problem
+    left, right = effective_window(p.window, p.causal)
+    right = 0 if p.causal and right < 0 else right
     i = torch.arange(p.max_seqlen_q, device=device)[:, None]
     j = torch.arange(p.max_seqlen_k, device=device)[None, :]
     masks = []
     for sq, sk in zip(p.seqlens_q, p.seqlens_k):
-        m = j < sk
-        masks.append(m & (j <= i + (sk - sq)) if p.causal else m.expand(p.max_seqlen_q, -1))
+        m = (j < sk).expand(p.max_seqlen_q, -1)
+        diag = i + (sk - sq)
+        if right >= 0:
+            m = m & (j <= diag + right)
+        if left >= 0:
+            m = m & (j >= diag - left)
+        masks.append(m)
     return torch.stack(masks)[:, None]
 
 
@@ -121,6 +148,8 @@ def _sdpa(problem: ServingProblem, x: MixInputs) -> Prepared:
     import torch.nn.functional as F
 
     p = problem
+    if p.softcap or p.sinks:
+        raise NotApplicable(f"{NOT_APPLICABLE}: SDPA has no {'soft-capping' if p.softcap else 'attention sinks'}")
     q = x.q.new_zeros(p.batch, p.heads_q, p.max_seqlen_q, p.d_qk)
     k = x.k.new_zeros(p.batch, p.heads_kv, p.max_seqlen_k, p.d_qk)
     v = x.v.new_zeros(p.batch, p.heads_kv, p.max_seqlen_k, p.d_v)
@@ -138,7 +167,8 @@ def _sdpa(problem: ServingProblem, x: MixInputs) -> Prepared:
         note = "is_causal on the padded batch" if p.causal else "no mask (no padded keys)"
     else:
         kwargs["attn_mask"] = padded_mask(p, x.q.device)
-        note = ("explicit bottom-right causal mask (more keys than queries: SDPA's is_causal is top-left)"
+        note = ("explicit mask of the window" if p.window != (-1, -1) else
+                "explicit bottom-right causal mask (more keys than queries: SDPA's is_causal is top-left)"
                 if p.causal and any(q != k for q, k in zip(p.seqlens_q, p.seqlens_k))
                 else "explicit mask hiding the padded keys")
         if p.heads_q != p.heads_kv:   # enable_gqa runs on flash (no mask) and math (S in memory) only
