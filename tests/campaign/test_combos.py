@@ -177,12 +177,18 @@ def test_several_layouts_keep_what_the_gpu_and_the_options_allow_and_say_what_th
     notes = []
     combos = expand_combinations(load_profile("h100"), None, None, None, None, "gpt-oss-20b", "all", None, "all",
                                  notes=notes)
-    # gpt-oss's local and global layers: dense prefill and decode build their options, varlen/paged prefill not yet
-    assert [(c.layout, c.phase, c.layer) for c in combos] == [("dense", "prefill", "local"), ("dense", "prefill", "global"),
-                                                               ("paged", "decode", "local"), ("paged", "decode", "global")]
+    # gpt-oss's local and global layers: every layout and phase builds their options
+    assert [(c.layout, c.phase, c.layer) for c in combos] == [
+        (layout, phase, layer) for layout, phase in (("dense", "prefill"), ("varlen", "prefill"), ("paged", "prefill"),
+                                                     ("paged", "decode")) for layer in ("local", "global")]
     assert all(c.sinks for c in combos) and combos[2].window == (127, 0) and combos[2].spec().features == \
-        ("local", "sinks")
-    assert len(notes) == 2 and all("tuned for dense prefill and decode only" in n for n in notes)
+        ("local", "sinks") and combos[2].spec().layout == "varlen"
+    assert notes == []
+    notes = []
+    combos = expand_combinations(load_profile("h100"), "gqa,mla", None, None, None, None, "all", None, "all",
+                                 softcap=30.0, notes=notes)
+    assert ("mla", "decode") not in [(c.variant, c.phase) for c in combos] and len(notes) == 1
+    assert "absorbed-MLA combination(s) with a window, softcap or sinks are left out" in notes[0]
     dense_decode = expand_combinations(load_profile("h100"), "mha", None, None, None, None, "dense", None, "all")
     assert [(c.layout, c.phase) for c in dense_decode] == [("dense", "prefill"), ("dense", "decode")]
 

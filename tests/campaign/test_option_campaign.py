@@ -2,6 +2,7 @@
 combinations and study names they make, the sketches they search (the warp-specialised ones, with the options'
 statements), what is refused where the kernels cannot build them, and (slow: the fake-GPU Ray cluster, the replay
 backend) a window campaign that stores and exports local kernels."""
+import dataclasses
 import json
 
 import pytest
@@ -38,6 +39,27 @@ def test_phi3_minis_preset_is_a_head_dim_96_campaign_of_its_sliding_window():
     assert (problem.heads_q, problem.heads_kv, problem.window) == (32, 32, (2046, 0))
 
 
+@pytest.mark.parametrize("layout, page", [("varlen", None), ("paged", 16)])
+def test_a_serving_layouts_campaign_builds_and_times_a_presets_options(layout, page):
+    """Gemma 2's local layers in a serving layout: kernels built with the window and the cap (the warp-specialised
+    sketches with their statements) and every mix carrying them, so that a trial times what the layer computes."""
+    from tl.options import options_of
+    import tl
+
+    (c,) = [c for c in expand_combinations(load_profile("h100"), None, None, None, None, "gemma2-9b", layout, page)
+            if c.layer == "local"]
+    spec = c.spec()
+    assert (spec.layout, spec.features, spec.d_qk) == (layout, ("local", "softcap"), 256)
+    problems = c.problems()
+    assert problems and all((p.window, p.softcap, p.sinks, p.layout) == ((4095, 0), 50.0, False, layout)
+                            for p in problems)
+    assert all(p.pairs < dataclasses.replace(p, window=(-1, -1)).pairs for p in problems if p.max_seqlen_k > 4096)
+    sketches = sk.campaign_sketches(spec.variant, spec.causal, ["fa2", "ws_overlap", "ws_serial"], (), layout,
+                                    features=spec.features)
+    assert sketches and all(s.base.startswith("ws_") for s in sketches)
+    assert all(options_of(tl.parse_program(s.text)) == {"local", "softcap"} for s in sketches)
+
+
 def test_flags_apply_to_every_combination_and_win_over_a_presets_options():
     combos = expand_combinations(load_profile("h100"), "mha,gqa", "128", None, "both", None, window=(4096, 0),
                                  softcap=50.0)
@@ -49,7 +71,6 @@ def test_flags_apply_to_every_combination_and_win_over_a_presets_options():
 
 @pytest.mark.parametrize("kwargs, words", [
     (dict(variant="mha", window=(128, 0), gpu="a100"), "a100 is not a Hopper GPU"),
-    (dict(variant="mha", sinks=True, layout="varlen"), "tuned for dense prefill and decode so far"),
     (dict(variant="mla", softcap=30.0, phase="decode"), "absorbed MLA decode kernels are built without"),
     (dict(variant="mha", layer="local"), "give --model"),
     (dict(model="mistral-7b-v0.1", layer="global"), "has local layers; --layer global is not one of them"),
@@ -108,6 +129,28 @@ def test_a_window_campaign_stores_and_exports_local_kernels(ray_cluster, tmp_pat
     assert run_export(gpu="h100", variant="mha", study_dir=studies, out_dir=out) == 0
     (config,) = read_configs(out)
     assert config.features == ("local",) and ",features=local," in config.path.name
+
+
+@pytest.mark.slow
+def test_a_varlen_window_campaign_stores_and_exports_local_serving_kernels(ray_cluster, tmp_path):
+    from tuner.campaign import run_campaign
+    from tuner.serving import read_configs
+    from tuner.store.export import run_export
+    from tuner.store.records import KernelStore
+
+    from .conftest import replay_options
+
+    studies = tmp_path / "studies"
+    assert run_campaign(replay_options(studies, window=(4096, 0), trials=6, layout="varlen")) == 0
+    (summary,) = studies.glob("*-w4096-varlen/summary.json")
+    assert json.loads(summary.read_text())["trials"]["done"] == 6
+    records = KernelStore(studies).records(gpu="h100", variant="mha")
+    assert records and all(r.features == ("local",) and r.kernel_meta["spec"]["layout"] == "varlen" for r in records)
+    assert all("Window" in r.tl_program and tuple(r.problem["window"]) == (4096, 0) for r in records)
+    out = tmp_path / "exported"
+    assert run_export(gpu="h100", variant="mha", study_dir=studies, out_dir=out) == 0
+    configs = read_configs(out)
+    assert configs and all(c.features == ("local",) and c.layout == "varlen" for c in configs)
 
 
 @pytest.mark.parametrize("model, layer, features, window", [

@@ -119,8 +119,11 @@ class Combination:
         spec = self.spec()
         hq, hkv, _, _ = heads_for(self.variant, spec.d_qk)
         hq, hkv = self.heads or (hq, hkv)
-        return serving_problems(self.layout, self.variant, hq, hkv, spec.d_qk, spec.d_v, self.causal, self.dtype,
-                                self.page_size)
+        problems = serving_problems(self.layout, self.variant, hq, hkv, spec.d_qk, spec.d_v, self.causal, self.dtype,
+                                    self.page_size)
+        if not self.has_options():
+            return problems
+        return [replace(p, window=self.window_for_mask(), softcap=self.softcap, sinks=self.sinks) for p in problems]
 
     def shapes(self) -> list[Problem]:
         """Dense problems of this combination's heads and dims (what the validators check a parameter set
@@ -304,13 +307,13 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
 
     Attention options: ``window`` (left, right), ``softcap``, ``sinks`` (--window/--softcap/--sinks) apply to every
     combination; without them a model preset's own (tuner/models.toml) give one combination per kind of its layers
-    (local, global), or the ``layer`` kind alone. Options are tuned for the dense prefill of Hopper GPUs (the
-    warp-specialised kernels build them) and for decode (sm80+, not absorbed MLA) so far: elsewhere a ComboError says
+    (local, global), or the ``layer`` kind alone. Options are tuned for the prefill of Hopper GPUs in every layout
+    (the warp-specialised kernels build them) and for decode (sm80+, not absorbed MLA): elsewhere a ComboError says
     so.
 
     Several layouts or phases (``all`` or comma lists, several page sizes: serving_targets) give the combinations
-    of each, in order (dense prefill, varlen, paged, decode); the combinations with options only for dense prefill
-    and decode, each left out named in ``notes``.
+    of each, in order (dense prefill, varlen, paged, decode); absorbed MLA's decode with options left out, named in
+    ``notes``.
 
     ``profile`` is a hardware_profiles.Profile (its name and dtypes are used)."""
     if several(layout) or several(phase) or several(page_size):
@@ -323,13 +326,13 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
             if (lay, ph) == ("dense", "prefill"):
                 out += dense
                 continue
-            # decode kernels build the options (not absorbed MLA's, which no model needs them for)
-            takes = [c for c in dense if c.variant != "mla"] if ph == "decode" else plain
+            # every prefill layout builds the options; decode too, but absorbed MLA's (no model needs them there)
+            takes = [c for c in dense if c.variant != "mla"] if ph == "decode" else dense
             kept = plain + [c for c in takes if c.has_options()]
             if len(kept) < len(dense):
                 left_out.append(f"{lay} {ph}{f' (pages of {size})' if size else ''}: the {len(dense) - len(kept)} "
-                                "combination(s) with a window, softcap or sinks are tuned for dense prefill and "
-                                "decode only so far")
+                                "absorbed-MLA combination(s) with a window, softcap or sinks are left out (its decode "
+                                "kernels are built without them)")
             out += [replace(c, layout=lay, page_size=size, phase=ph) for c in dense if c in kept]   # (serving_targets)
         if notes is not None:
             notes.extend(left_out)
@@ -347,10 +350,6 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
         if phase == "decode" and any(c.variant == "mla" for c in combos):
             raise ComboError("absorbed MLA decode kernels are built without windows, soft-capping or sinks (no MLA "
                              "model uses them); drop the options")
-        if phase != "decode" and layout != "dense":
-            raise ComboError("sliding windows, soft-capping and sinks are tuned for dense prefill and decode so far "
-                             "(the varlen and paged prefill kernels serve them, `tune bench` times them); drop "
-                             "--layout or the options")
         if phase != "decode" and "SM90_GMMA" not in getattr(profile, "mma_atoms", ()):
             raise ComboError(f"sliding windows, soft-capping and sinks are built into the warp-specialised Hopper "
                              f"kernels; {profile.name} is not a Hopper GPU")
