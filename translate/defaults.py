@@ -85,6 +85,21 @@ SERVING_PINGPONG = {("paged", 128)}
 # FA4 in an earlier run of that day), and 0.32-0.44x FA4 on the skewed and short mixes, where the longest-first walk matters; with
 # pages of 16 x0.989 and x1.000. The search rarely meets it on its own (a 360 s campaign at pages of 128 did not).
 SERVING_SEED_CHANGES = {"paged": ({"persistent": False},)}
+# The same for one head dim of a layout, a 16-bit kernel without options: FA3's d256 tile, 128 x 80 with the producer
+# at 24 registers (the consumers' 240 hold it; ptxas's 20 spilled bytes lie outside the key loop), on gqa 8/1 against
+# the varlen default 128 x 64 (H200, one process each, FA4 in each, BENCHMARKS.md "2026-11-29 (fifth session)"):
+# 0.976 / 0.991 non-causal and 0.939 / 0.954 causal of FA4 on 8x2k and 1x8k+32x256 against 0.927 / 0.935 and 0.929 /
+# 0.920, but 0.850 / 0.809 against 0.867 / 0.868 on 64 random 1-512.
+HEAD_DIM_SERVING_SEED_CHANGES = {("varlen", 256): ({"block_n": 80, "producer_regs": 24},)}
+
+
+def serving_seed_changes(spec: KernelSpec) -> tuple:
+    """The changes a serving campaign seeds beside a spec's default (SERVING_SEED_CHANGES, and
+    HEAD_DIM_SERVING_SEED_CHANGES where the spec is a plain 16-bit one of that head dim)."""
+    changes = SERVING_SEED_CHANGES.get(spec.layout, ())
+    plain = (spec.dtype != "fp8" and spec.d_qk == spec.d_v and not spec.local and not spec.softcap
+             and not spec.sinks)
+    return changes + (HEAD_DIM_SERVING_SEED_CHANGES.get((spec.layout, spec.d_qk), ()) if plain else ())
 # With pages a whole number of K/V tiles (page size a multiple of block N), a paged kernel whose page size is known
 # (`tune build --page-size`, a paged campaign, an export per page size) reads its tiles as TMA boxes and waits for its
 # P.V GEMM after half the exponentials (pv_wait "half"): llama3-8b's paged kernel with pages of 128, against the

@@ -184,3 +184,25 @@ def test_an_fp8_paged_campaign_seeds_its_default_with_the_other_k_copy(dtype, la
     for p in params:
         assert validate(p, profile, problem, warp_specialized=True) == []
         assert layout_reasons(p, "ws_overlap", layout, page) == []
+
+
+@pytest.mark.parametrize("options", [{}, {"local": True, "softcap": True}])
+def test_a_head_dim_256_varlen_campaign_seeds_fa3s_tile_beside_its_default(options):
+    """d256 varlen: the 64-key default, then FA3's 128 x 80 with the producer at 24 registers (ahead on the long
+    mixes, behind on the short one: the per-bucket re-timing decides); with a window and a cap only the default
+    (not measured there). Both seeds valid."""
+    from kernel_abi.spec import KernelSpec, Problem
+    from translate.params import KernelParams, validate
+    from tuner.campaign.driver import serving_default_seeds
+
+    profile = load_profile("h200")
+    spec = KernelSpec("gqa", 256, 256, True, "bf16", layout="varlen", **options)
+    params = [KernelParams.from_dict({k: v for k, v in p.items() if k != "schedule"})
+              for p, _, _ in serving_default_seeds(profile, spec, None)]
+    if options:
+        assert [(p.block_n, p.producer_regs) for p in params] == [(48, 32)]
+        return
+    assert [(p.block_n, p.producer_regs) for p in params] == [(64, 32), (80, 24)]
+    assert params[1] == KernelParams.from_dict({**params[0].to_dict(), "block_n": 80, "producer_regs": 24})
+    problem = Problem("gqa", 1, 8, 1, 1024, 1024, 256, 256, True, "bf16")
+    assert all(validate(p, profile, problem, warp_specialized=True) == [] for p in params)

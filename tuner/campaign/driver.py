@@ -357,17 +357,17 @@ def _enqueue_seeds(camp: Campaign) -> None:
 def serving_default_seeds(profile, spec, page_size) -> list[tuple[dict, str, str]]:
     """A serving layout's seeds as (params, source, rationale): its own default first, what `tune build --layout`
     gives (for a 16-bit paged kernel, the cp.async producer, which the published dense seeds do not have), so the seeds
-    a winner must beat include it; then its measured one-bucket neighbours (translate.defaults.SERVING_SEED_CHANGES)
+    a winner must beat include it; then its measured one-bucket neighbours (translate.defaults.serving_seed_changes)
     and, an FP8 paged kernel, its default with the other K copy (cp.async or TMA: fp8_paged_other_k_copy), for the
     re-timing to judge."""
-    from translate.defaults import SERVING_SEED_CHANGES, default_params, fp8_paged_other_k_copy
+    from translate.defaults import default_params, fp8_paged_other_k_copy, serving_seed_changes
 
     own_default = default_params(profile, spec, "ws_overlap", page_size=page_size).to_dict()
     seeds = [({**own_default, SCHEDULE: "ws_overlap"}, f"the {spec.layout} layout's default", "")]
-    for change in SERVING_SEED_CHANGES.get(spec.layout, ()):
+    for change in serving_seed_changes(spec):
         seeds.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
                       f"the {spec.layout} layout's default with {json.dumps(change, sort_keys=True)}",
-                      "won one serving bucket's mix, lost the others (translate.defaults.SERVING_SEED_CHANGES)"))
+                      "won some serving buckets' mixes, lost others (translate.defaults.serving_seed_changes)"))
     if spec.layout == "paged" and spec.dtype == "fp8":
         change = fp8_paged_other_k_copy(own_default)
         seeds.append(({**own_default, **change, SCHEDULE: "ws_overlap"},
