@@ -23,8 +23,8 @@ def compiled_or_skip(gens, arch: str = "sm_90a", timeout: float = 900) -> list:
     return results
 
 
-def sass_counts(name: str, cubin: bytes) -> Counter:
-    """{base opcode (STSM, QGMMA, STL ...): count} of function ``name`` in ``cubin``; the test is skipped without
+def _sass_functions(cubin: bytes) -> dict:
+    """{function name: its SASS lines} of ``cubin`` (translate.sass.sass_instructions); the test is skipped without
     cuobjdump."""
     from translate.sass import sass_instructions
 
@@ -34,6 +34,13 @@ def sass_counts(name: str, cubin: bytes) -> Counter:
         functions = sass_instructions(path)
     if functions is None:
         pytest.skip("cuobjdump not installed")
+    return functions
+
+
+def sass_counts(name: str, cubin: bytes) -> Counter:
+    """{base opcode (STSM, QGMMA, STL ...): count} of function ``name`` in ``cubin``; the test is skipped without
+    cuobjdump."""
+    functions = _sass_functions(cubin)
     counts: Counter = Counter()
     for line in functions[name]:
         words = line.split()
@@ -46,14 +53,7 @@ def local_memory_in_key_loop(name: str, cubin: bytes) -> int:
     """How many local-memory loads and stores (spills) function ``name`` in ``cubin`` holds between its first and last
     tensor-core MMA, where a spill costs once per key tile rather than once per tile; the test is skipped without
     cuobjdump."""
-    from translate.sass import sass_instructions
-
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "k.cubin"
-        path.write_bytes(cubin)
-        functions = sass_instructions(path)
-    if functions is None:
-        pytest.skip("cuobjdump not installed")
+    functions = _sass_functions(cubin)
     opcodes = [(line.split()[1] if line.split()[0].startswith("@") else line.split()[0]).split(".")[0]
                for line in functions[name] if line.split()]
     mmas = [i for i, op in enumerate(opcodes) if op in ("HGMMA", "QGMMA", "HMMA")]
