@@ -13,10 +13,11 @@ timings at that point. Among several such changes, the one with the best median 
 records are kept beside the table (``hardware_profiles/bucket_defaults/records/<gpu>/``), so the table can be
 re-derived.
 
-Prints the derived entries as TOML (``[[change]]`` tables, ``measured`` filled from the ratios), and the changes that
-won in fewer processes as comments. With ``--gpu GPU`` (and with ``--check GPU``) a change is reduced to what that
-GPU's per-spec default does not already hold: a win the default has since taken makes no entry. ``--check GPU`` instead compares the derivation with that GPU's table
-(variants, head dim, causal, bucket -> change) and exits 1 on any difference, naming it.
+Prints the derived entries as TOML (``[[change]]`` tables, ``measured`` filled from the ratios), and the changes
+that won in fewer processes as comments. With ``--gpu GPU`` (and with ``--check GPU``) a change is reduced to what
+that GPU's per-spec default does not already hold: a win the default has since taken makes no entry. ``--check GPU``
+instead compares the derivation with that GPU's table (variants, head dim, causal, bucket -> change) and exits 1 on
+any difference, naming it.
 """
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """A stand-in for flash-attn-4's ``flash_attn.cute`` (the ``fa4_stand_in`` fixture of tests/conftest.py
-installs it as ``flash_attn/cute/__init__.py`` in a temporary folder on sys.path): FA4's signature and
-(b, s, h, d) layout, attention computed with torch on the CPU. Knobs a test may set on the module:
-``RETURN_LSE`` (return (out, lse) as some FA4 versions do), ``WRONG`` (a wrong output); every call is
-recorded in ``CALLS``. ``window_size``, ``softcap`` and ``learnable_sink`` as FA4 takes them (the fp32 reference). Head dims FA4 has no kernel for raise, as FA4 does."""
+installs it as ``flash_attn/cute/__init__.py`` in a temporary folder on sys.path): FA4's signature and (b, s, h, d)
+layout, attention computed with torch on the CPU. Knobs a test may set on the module: ``RETURN_LSE`` (return (out,
+lse) as some FA4 versions do), ``WRONG`` (a wrong output); every call is recorded in ``CALLS``. ``window_size``,
+``softcap`` and ``learnable_sink`` as FA4 takes them (the fp32 reference). Head dims FA4 has no kernel for raise, as
+FA4 does."""
 import math
 
 import torch

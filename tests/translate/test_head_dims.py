@@ -28,7 +28,8 @@ def test_the_head_dims_and_their_hopper_defaults_are_fa3_fa4s_tiles():
     # paged takes 64 too (its spills outside the key loop; 0.93-0.97x FA4 against 0.84-0.89x at 48); with a window or
     # a cap, paged and varlen (Gemma 2's padded batches) take 48-key tiles (ptxas spilled at 64)
     for page in (16, 128):
-        assert key(KernelSpec("gqa", 256, 256, True, "bf16", "paged"), page_size=page).startswith("m128n64w8s2_sm90_cpag")
+        paged = KernelSpec("gqa", 256, 256, True, "bf16", "paged")
+        assert key(paged, page_size=page).startswith("m128n64w8s2_sm90_cpag")
     for layout, page in (("varlen", None), ("paged", 16)):
         for options in (dict(softcap=True), dict(local=True), dict(local=True, softcap=True)):
             spec = KernelSpec("gqa", 256, 256, True, "bf16", layout, **options)

@@ -326,7 +326,7 @@ def expand_combinations(profile, variant: str | None, head_dim: str | int | None
             if (lay, ph) == ("dense", "prefill"):
                 out += dense
                 continue
-            # every prefill layout builds the options; decode too, but absorbed MLA's (no model needs them there)
+            # every prefill layout builds the options; decode too, absorbed MLA's excepted (no model needs them there)
             takes = [c for c in dense if c.variant != "mla"] if ph == "decode" else dense
             kept = plain + [c for c in takes if c.has_options()]
             if len(kept) < len(dense):

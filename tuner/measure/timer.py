@@ -19,9 +19,9 @@ class Timing:
     rotate: int = 3
     # How L2 is emptied before each timed run. "zero": do_bench's memset of 256 MB, which leaves L2 full of dirty
     # lines that the timed call then writes back as it evicts them: 8-9 us more for an H200 decode call of 128k
-    # cache tokens, FP8 and bf16 alike, under 1 us for one of 1k (BENCHMARKS.md "2026-11-29 (fifth session)"). "read": a sum over the same bytes, which leaves L2
-    # clean (as the weights a model's other kernels read do). Memory-bound calls of tens of microseconds, timed
-    # against the copy bandwidth, take "read".
+    # cache tokens, FP8 and bf16 alike, under 1 us for one of 1k (BENCHMARKS.md "2026-11-29 (fifth session)").
+    # "read": a sum over the same bytes, which leaves L2 clean (as the weights a model's other kernels read do).
+    # Memory-bound calls of tens of microseconds, timed against the copy bandwidth, take "read".
     l2_flush: str = "zero"
 
     def __post_init__(self) -> None:
