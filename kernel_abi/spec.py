@@ -114,6 +114,13 @@ def is_local(window, causal: bool) -> bool:
     return left >= 0 or (right >= 0 and not causal)
 
 
+def options_text(window, softcap: float, sinks: bool) -> str:
+    """`` window 127,0 softcap 50 sinks``: a problem's options in its label (the measure layer's decode points and
+    serving mixes); "" for none."""
+    return "".join((f" window {window[0]},{window[1]}" if tuple(window) != NO_WINDOW else "",
+                    f" softcap {softcap:g}" if softcap else "", " sinks" if sinks else ""))
+
+
 def effective_window(window, causal: bool) -> tuple[int, int]:
     left, right = window
     return (left, 0 if causal else right)

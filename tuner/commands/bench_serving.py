@@ -17,10 +17,11 @@ from rich.console import Console
 from rich.table import Table
 
 from kernel_abi.abi import TMA_KV
+from kernel_abi.spec import options_text
 from tuner import build
 from tuner.commands import bench as bench_cmd
 from tuner.measure import fa4, flashinfer_fp8, timer
-from tuner.measure.mixes import options_label, serving_problems
+from tuner.measure.mixes import serving_problems
 from tuner.measure.serving import mix_rows
 from tuner.measure.serving_baselines import BASELINES, NOT_APPLICABLE
 from tuner.serving.launch.paging import compatible_page_sizes, page_misfit, page_size_error
@@ -182,7 +183,7 @@ def run_mix_bench(gpu: str, variant: Optional[str], model: Optional[str], layout
             markup=False, highlight=False, soft_wrap=True))
     env = bench_cmd.environment_record(profile, built[0].compiled.nvcc_version)
     who = target.model or target.variant
-    console.print(results_table(rows, f"{who} {layout} prefill{options_label(options)} on {env['device']} "
+    console.print(results_table(rows, f"{who} {layout} prefill{options_text(options.window, options.softcap, options.sinks)} on {env['device']} "
                                       f"({profile.name}), TFLOPS"))
     record = {"tool": "tune bench", **env, "flashinfer": flashinfer_fp8.library_status(), "layout": layout,
               "variant": target.variant, "model": target.model, "heads": list(heads),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kernel_abi.spec import options_text
 from tuner.measure.timer import Timing, time_ms
 
 BATCHES = (1, 8, 32, 64, 128)
@@ -23,12 +24,6 @@ def keys_read(kv_len: int, seqlen_q: int, window) -> int:
     kv_len (the kernel skips the tiles before the window)."""
     left, right = window
     return kv_len if left < 0 else min(kv_len, left + seqlen_q + max(right, 0))
-
-
-def options_text(window, softcap: float, sinks: bool) -> str:
-    """`` window 127,0 softcap 50 sinks``: a point's options in its label; "" for none."""
-    return "".join((f" window {window[0]},{window[1]}" if tuple(window) != (-1, -1) else "",
-                    f" softcap {softcap:g}" if softcap else "", " sinks" if sinks else ""))
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ class DecodeProblem:
         return 1.0 / math.sqrt(self.d_qk)
 
     def label(self) -> str:
-        from tuner.measure.decode import options_text
+        from kernel_abi.spec import options_text
 
         cache = f"p{self.page_size}" if self.page_size else "dense"
         return f"decode b{self.batch} kv{self.kv_len} sq{self.seqlen_q} {cache}" + \

@@ -93,22 +93,29 @@ def problem_sinks(problem: Problem, device: str = "cuda"):
     return (torch.randn(problem.heads_q, generator=gen) * 2).to(torch.bfloat16).float().to(device)
 
 
-def kernel_options(problem: Problem, device: str = "cuda") -> dict:
-    """Our kernel's keyword arguments for the problem's options (kernel_abi.spec): window_size, softcap, sinks; an
-    FP8 problem's descales (ones: the timing does not depend on their values)."""
+def option_kwargs(problem, device: str = "cuda") -> dict:
+    """Our kernel's keyword arguments for a problem's options (kernel_abi.spec; a dense Problem or a serving mix):
+    window_size, softcap, sinks (problem_sinks); none for a plain problem."""
     options = {}
-    if problem.dtype == "fp8":
-        import torch
-
-        ones = torch.ones(problem.batch, problem.heads_kv, dtype=torch.float32, device=device)
-        options.update(q_descale=ones, k_descale=ones.clone(), v_descale=ones.clone())
-    if problem.window != (-1, -1):
+    if tuple(problem.window) != (-1, -1):
         options["window_size"] = problem.window
     if problem.softcap:
         options["softcap"] = problem.softcap
     if problem.sinks:
         options["sinks"] = problem_sinks(problem, device)
     return options
+
+
+def kernel_options(problem: Problem, device: str = "cuda") -> dict:
+    """Our kernel's keyword arguments for the problem: its options (option_kwargs) and an FP8 problem's descales
+    (ones: the timing does not depend on their values)."""
+    options = {}
+    if problem.dtype == "fp8":
+        import torch
+
+        ones = torch.ones(problem.batch, problem.heads_kv, dtype=torch.float32, device=device)
+        options.update(q_descale=ones, k_descale=ones.clone(), v_descale=ones.clone())
+    return {**options, **option_kwargs(problem, device)}
 
 
 def ours_call(kernel, problem: Problem, device: str = "cuda"):

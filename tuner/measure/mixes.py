@@ -14,8 +14,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-from kernel_abi.spec import (DTYPES, NO_WINDOW, VARIANTS, effective_window, softcap_errors, visible_pairs,
-                              window_errors)
+from kernel_abi.spec import (DTYPES, NO_WINDOW, VARIANTS, effective_window, options_text, softcap_errors,
+                              visible_pairs, window_errors)
 from tuner.serving.buckets.serving import SERVING_LAYOUTS, page_size_problem, serving_bucket
 
 MIXES_FILE = Path(__file__).resolve().parent / "mixes.toml"
@@ -125,13 +125,8 @@ class ServingProblem:
         page = f" page{self.page_size}" if self.page_size else ""
         return (f"{self.variant} {self.layout}{page} '{self.name}' ({self.batch} seqs, {self.total_q} q / "
                 f"{self.total_k} k tokens) hq{self.heads_q} hkv{self.heads_kv} d{self.d_qk}/{self.d_v} "
-                f"{'causal' if self.causal else 'noncausal'} {self.dtype}" + options_label(self))
-
-
-def options_label(p) -> str:
-    """`` window 4096,0 softcap 50 sinks``: a problem's options; "" for none."""
-    return "".join((f" window {p.window[0]},{p.window[1]}" if tuple(p.window) != NO_WINDOW else "",
-                    f" softcap {p.softcap:g}" if p.softcap else "", " sinks" if p.sinks else ""))
+                f"{'causal' if self.causal else 'noncausal'} {self.dtype}"
+                + options_text(self.window, self.softcap, self.sinks))
 
 
 def _lengths(name: str, data: dict, which: str) -> tuple[int, ...] | None:

@@ -43,23 +43,10 @@ def problem_row(p: ServingProblem) -> dict:
     return row
 
 
-def option_kwargs(p: ServingProblem, device) -> dict:
-    """Our kernel's keyword arguments for the mix's options: window_size, softcap, sinks (tuner.measure.dense's
-    seeded sink logits, which FA4 is given too); none for a plain mix."""
-    out: dict = {}
-    if p.window != (-1, -1):
-        out["window_size"] = p.window
-    if p.softcap:
-        out["softcap"] = p.softcap
-    if p.sinks:
-        out["sinks"] = dense.problem_sinks(p, device)
-    return out
-
-
 def ours_call(kernel, p: ServingProblem, x) -> Callable[[], object]:
     """Our kernel's call on the mix's inputs (AttentionKernel.varlen or .paged), with the mix's options."""
     descales = x.descales or {}
-    options = option_kwargs(p, x.q.device)
+    options = dense.option_kwargs(p, x.q.device)   # (the seeded sink logits FA4 is given too)
     if p.layout == "paged":   # FP8: the descales, and the mix's longest keys bound the V^T gathered per call
         fp8 = {**descales, "max_seqlen_k": p.max_seqlen_k} if descales else {}
         return lambda: kernel.paged(x.q, x.k_cache, x.v_cache, x.cu_seqlens_q, x.seqused_k, x.page_table,

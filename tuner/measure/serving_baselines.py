@@ -127,8 +127,7 @@ def padded_mask(problem: ServingProblem, device):
     from kernel_abi.spec import effective_window
 
     p = problem
-    left, right = effective_window(p.window, p.causal)
-    right = 0 if p.causal and right < 0 else right
+    left, right = effective_window(p.window, p.causal)   # causal: the right side 0
     i = torch.arange(p.max_seqlen_q, device=device)[:, None]
     j = torch.arange(p.max_seqlen_k, device=device)[None, :]
     masks = []
